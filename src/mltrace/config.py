@@ -1,0 +1,85 @@
+"""Options shared by the CLI and ``mltrace.profile``.
+
+Precedence: explicit argument, then ``MLTRACE_*`` environment variable, then
+the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mltrace.errors import UsageError
+from mltrace.tracer.levels import Level
+
+
+@dataclass
+class ProfileOptions:
+    """How a session records.
+
+    Attributes:
+        output: the run directory to create (must be absent or empty). None:
+            ``./mltrace-runs/<name>-<YYYYmmdd-HHMMSS>/``.
+        name: the run's name (default: the script's stem, or "profile").
+        level: the deepest level recorded; None records every level available.
+        flush_interval_s: how often (s) completed events are streamed to disk.
+        summary: print the short report and the run directory on stderr at the end.
+        command: the command line recorded in run.json.
+        py_spy: sample Python stacks with py-spy (source level).
+        native: include native frames in py-spy samples.
+        otlp: OTLP endpoint to send spans to at the end (None: do not send).
+        source_options: per-source settings, by source name.
+    """
+
+    output: Path | None = None
+    name: str | None = None
+    level: Level | None = None
+    flush_interval_s: float = 0.5
+    summary: bool = True
+    command: list[str] | None = None
+    py_spy: bool = False
+    native: bool = False
+    otlp: str | None = None
+    source_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> ProfileOptions:
+        """Builds options from keyword arguments, the environment and defaults.
+
+        Raises:
+            UsageError: on an unknown option or an invalid value.
+        """
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+        env = os.environ
+        if kwargs.get("output") is None and env.get("MLTRACE_OUTPUT"):
+            kwargs["output"] = env["MLTRACE_OUTPUT"]
+        if kwargs.get("level") is None and env.get("MLTRACE_LEVEL"):
+            kwargs["level"] = env["MLTRACE_LEVEL"]
+        if kwargs.get("name") is None and env.get("MLTRACE_NAME"):
+            kwargs["name"] = env["MLTRACE_NAME"]
+        if kwargs.get("otlp") is None and env.get("MLTRACE_OTLP"):
+            kwargs["otlp"] = env["MLTRACE_OTLP"]
+        if "flush_interval_s" not in kwargs and env.get("MLTRACE_FLUSH_INTERVAL"):
+            kwargs["flush_interval_s"] = env["MLTRACE_FLUSH_INTERVAL"]
+        if isinstance(kwargs.get("level"), str):
+            try:
+                kwargs["level"] = Level.parse(kwargs["level"])
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        if kwargs.get("level") is Level.USER:
+            raise UsageError("--level takes a hierarchy level: model, layer, op, library or kernel")
+        if kwargs.get("output") is not None:
+            kwargs["output"] = Path(kwargs["output"])
+        if "flush_interval_s" in kwargs:
+            try:
+                kwargs["flush_interval_s"] = float(kwargs["flush_interval_s"])
+            except ValueError:
+                raise UsageError(f"flush interval must be a number of seconds, not {kwargs['flush_interval_s']!r}") from None
+            if not 0.01 <= kwargs["flush_interval_s"] <= 60:
+                raise UsageError("flush interval must be between 0.01 and 60 seconds")
+        return cls(**kwargs)

@@ -1,0 +1,166 @@
+"""The live recorder: begin/end spans on per-context stacks, streamed to disk.
+
+The parent of a new span is the innermost open span of the calling context
+(a ``ContextVar``, so threads and asyncio tasks each have their own stack).
+Completed events go to lock-free deques; a daemon thread drains them every
+flush interval into the run directory, so a killed run loses at most one
+interval of events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from mltrace.tracer.clock import now_ns
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Attrs, CounterSample, Event, Flow, Instant, Span, Track
+from mltrace.tracer.tracks import TrackRegistry
+
+log = logging.getLogger("mltrace")
+
+#: The innermost open span of the current context (thread or asyncio task).
+current_span: ContextVar[Span | None] = ContextVar("mltrace_current_span", default=None)
+
+_get_ident = threading.get_ident
+
+
+class Recorder:
+    """Records live events of one session.
+
+    Args:
+        tracks: the session's track registry.
+        ids: the session's id allocator (shared with post-hoc sources).
+    """
+
+    def __init__(self, tracks: TrackRegistry, ids: itertools.count[int]) -> None:
+        self.tracks = tracks
+        self._ids = ids
+        self._thread_track: dict[int, int] = {}
+        self.done: deque[Span] = deque()
+        self.instants: deque[Instant] = deque()
+        self.counters: deque[CounterSample] = deque()
+        self.flows: deque[Flow] = deque()
+        self._open: dict[int, Span] = {}
+        self.span_count = 0
+
+    def _track_id(self) -> int:
+        ident = _get_ident()
+        tid = self._thread_track.get(ident)
+        if tid is None:
+            tid = self.tracks.current_thread().id
+            self._thread_track[ident] = tid
+        return tid
+
+    def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:
+        """Opens a span as a child of the current context's innermost span."""
+        up = current_span.get()
+        span = Span(
+            next(self._ids),
+            up.id if up is not None else None,
+            level,
+            name,
+            now_ns() if start_ns is None else start_ns,
+            -1,
+            self._track_id(),
+            attrs,
+        )
+        span._up = up
+        current_span.set(span)
+        self._open[span.id] = span
+        return span
+
+    def end(self, span: Span, end_ns: int | None = None) -> None:
+        """Closes ``span`` and makes its parent current again."""
+        span.end_ns = now_ns() if end_ns is None else end_ns
+        current_span.set(span._up)
+        span._up = None
+        self._open.pop(span.id, None)
+        self.done.append(span)
+        self.span_count += 1
+
+    def close_open_spans(self, at_ns: int) -> int:
+        """Ends spans left open (an interrupt, an exception through a hook) at ``at_ns``.
+
+        Returns how many were closed; each gets ``mltrace.truncated = True``.
+        """
+        spans = list(self._open.values())
+        for span in spans:
+            span.attrs["mltrace.truncated"] = True
+            span.end_ns = max(at_ns, span.start_ns)
+            span._up = None
+            self.done.append(span)
+        self._open.clear()
+        self.span_count += len(spans)
+        return len(spans)
+
+    def instant(self, name: str, level: Level = Level.USER, attrs: Attrs | None = None) -> None:
+        """Records a point event on the calling thread's track."""
+        self.instants.append(Instant(name, now_ns(), self._track_id(), level, attrs or {}))
+
+    def counter(self, track: Track, value: float, ts_ns: int | None = None) -> None:
+        """Records one counter value."""
+        self.counters.append(CounterSample(track.id, now_ns() if ts_ns is None else ts_ns, value))
+
+    def new_id(self) -> int:
+        """A fresh event id, unique within the session."""
+        return next(self._ids)
+
+    def drain(self) -> dict[str, list[Any]]:
+        """Takes every completed event recorded so far (thread-safe)."""
+
+        def take(dq: deque[Any]) -> list[Any]:
+            n = len(dq)
+            return [dq.popleft() for _ in range(n)]
+
+        return {
+            "tracks": take(self.tracks.pending),
+            "spans": take(self.done),
+            "instants": take(self.instants),
+            "counters": take(self.counters),
+            "flows": take(self.flows),
+        }
+
+
+class Flusher(threading.Thread):
+    """Calls ``flush()`` every ``interval_s`` seconds until stopped."""
+
+    def __init__(self, flush: Callable[[], None], interval_s: float) -> None:
+        super().__init__(name="mltrace-flusher", daemon=True)
+        self._flush = flush
+        self._interval_s = interval_s
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            try:
+                self._flush()
+            except Exception as exc:  # never into the user's program
+                log.warning("mltrace: streaming flush failed: %s", exc)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=10)
+
+
+def events_of(batch: list[Event]) -> dict[str, list[Any]]:
+    """Splits a mixed list of post-hoc events into the store's batch keys."""
+    out: dict[str, list[Any]] = {"tracks": [], "spans": [], "instants": [], "counters": [], "flows": []}
+    for e in batch:
+        if isinstance(e, Span):
+            out["spans"].append(e)
+        elif isinstance(e, Instant):
+            out["instants"].append(e)
+        elif isinstance(e, CounterSample):
+            out["counters"].append(e)
+        elif isinstance(e, Flow):
+            out["flows"].append(e)
+        else:
+            out["tracks"].append(e)
+    return out

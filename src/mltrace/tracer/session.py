@@ -1,0 +1,286 @@
+"""A profiling session: run directory, recorder, sources, and the final write.
+
+``Session.start()`` creates the run directory, starts the streaming flusher
+and every enabled, available source. ``Session.stop()`` stops the sources (each
+in its own ``try``), closes what was left open, runs the correlator passes over
+all events and rewrites the run's files atomically. Failures of mltrace's own
+parts are warned about and recorded in run.json; they never raise into the
+user's program once it is running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mltrace.config import ProfileOptions
+from mltrace.errors import UsageError
+from mltrace.run import store
+from mltrace.run.metadata import base_metadata
+from mltrace.tracer.clock import ClockAnchor, now_ns
+from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
+from mltrace.tracer.model import Event
+from mltrace.tracer.recorder import Flusher, Recorder, events_of
+from mltrace.tracer.sources.base import Source
+from mltrace.tracer.tracks import TrackRegistry
+
+log = logging.getLogger("mltrace")
+
+_active: Session | None = None
+
+
+def active_session() -> Session | None:
+    """The running session, if any."""
+    return _active
+
+
+def warn(message: str) -> None:
+    """Prints one mltrace warning line on stderr."""
+    try:
+        sys.stderr.write(f"mltrace: warning: {message}\n")
+        sys.stderr.flush()
+    except Exception:  # stderr closed by the program: nothing else to do
+        pass
+
+
+def default_run_dir(name: str, base: Path | None = None) -> Path:
+    """``./mltrace-runs/<name>-<YYYYmmdd-HHMMSS>`` (with a suffix if taken)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
+    root = (base or Path.cwd()) / "mltrace-runs"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate = root / f"{safe}-{stamp}"
+    n = 2
+    while candidate.exists():
+        candidate = root / f"{safe}-{stamp}-{n}"
+        n += 1
+    return candidate
+
+
+def prepare_run_dir(path: Path) -> Path:
+    """Creates ``path`` for a new run; refuses a non-empty or unwritable one.
+
+    Raises:
+        UsageError: if the directory cannot be used.
+    """
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(f"output {path} exists and is not a directory")
+        if any(path.iterdir()):
+            raise UsageError(f"output directory {path} is not empty (choose a new one)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".mltrace-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write output directory {path}: {exc.strerror or exc}") from None
+    return path
+
+
+class Session:
+    """One recording, from ``start()`` to ``stop()``.
+
+    Attributes:
+        options: the options it was started with.
+        run_dir: the run directory (set by ``start``).
+        levels: the levels enabled in this session.
+        anchor: the clock anchor (monotonic ↔ epoch).
+        tracks: the track registry.
+        recorder: the live recorder.
+        meta: run metadata being built (written to run.json).
+    """
+
+    def __init__(self, options: ProfileOptions | None = None, sources: list[Source] | None = None) -> None:
+        self.options = options or ProfileOptions()
+        self._sources_override = sources
+        self.run_dir: Path | None = None
+        self.levels: frozenset[Level] = frozenset()
+        self.anchor = ClockAnchor.take()
+        self.tracks = TrackRegistry()
+        self._ids = itertools.count(1)
+        self.recorder = Recorder(self.tracks, self._ids)
+        self.meta: dict[str, Any] = {}
+        self.started: list[Source] = []
+        self._flusher: Flusher | None = None
+        self._writer: store.EventWriter | None = None
+        self._pftrace: Any = None
+        self._stream_failed = False
+        self._stopped = False
+        self.limitations: list[str] = []
+        self.errors: list[str] = []
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> Session:
+        """Creates the run directory and starts recording.
+
+        Raises:
+            UsageError: for an unusable output directory or a second session.
+        """
+        global _active
+        if _active is not None:
+            raise UsageError("an mltrace session is already running in this process")
+        opts = self.options
+        name = opts.name or "profile"
+        self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name))
+        self.meta = base_metadata(opts.command, name)
+        self.meta["clock"] = {
+            "domain": "CLOCK_MONOTONIC",
+            "unit": "ns",
+            "anchor_monotonic_ns": self.anchor.monotonic_ns,
+            "anchor_epoch_ns": self.anchor.epoch_ns,
+            "anchor_uncertainty_ns": self.anchor.uncertainty_ns,
+        }
+        wanted = set(levels_down_to(opts.level)) if opts.level is not None else set(HIERARCHY)
+        self.levels = frozenset(wanted | {Level.USER})
+        level_status: dict[str, dict[str, Any]] = {
+            lv.label: {"requested": lv in wanted, "recorded": False, "sources": [], "reason": None} for lv in HIERARCHY
+        }
+        sources = self._sources_override if self._sources_override is not None else _default_sources()
+        for source in sources:
+            wanted_here = [lv for lv in source.levels if lv in wanted]
+            if not wanted_here:
+                continue
+            try:
+                reason = source.available()
+            except Exception as exc:
+                reason = f"availability check failed: {exc}"
+            if reason is None:
+                try:
+                    source.start(self)
+                except Exception as exc:
+                    reason = f"failed to start: {exc}"
+                    warn(f"source {source.name} {reason}")
+                else:
+                    self.started.append(source)
+                    for lv in wanted_here:
+                        level_status[lv.label]["recorded"] = True
+                        level_status[lv.label]["sources"].append(source.name)
+                    continue
+            for lv in wanted_here:
+                level_status[lv.label].setdefault("unavailable", {})[source.name] = reason
+        for lv in HIERARCHY:
+            st = level_status[lv.label]
+            if not st["requested"]:
+                st["reason"] = f"not requested (--level {opts.level.label})" if opts.level else "not requested"
+            elif not st["recorded"]:
+                why = st.get("unavailable")
+                st["reason"] = "; ".join(f"{k}: {v}" for k, v in why.items()) if why else "no source for this level in mltrace yet"
+        self.meta["levels"] = level_status
+        self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
+        store.write_meta(self.run_dir, self.meta)
+        self._open_streams()
+        self._flusher = Flusher(self.flush, opts.flush_interval_s)
+        self._flusher.start()
+        _active = self
+        return self
+
+    def _open_streams(self) -> None:
+        assert self.run_dir is not None
+        self._writer = store.EventWriter(self.run_dir / store.EVENTS_FILE)
+        try:
+            from mltrace.exporters.perfetto import PerfettoStreamWriter
+
+            self._pftrace = PerfettoStreamWriter.open(self.run_dir / store.TRACE_FILE, self.meta)
+        except Exception as exc:
+            self._pftrace = None
+            warn(f"Perfetto streaming disabled: {exc}")
+
+    def flush(self) -> None:
+        """Streams every completed event to the run directory (called by the flusher)."""
+        batch = self.recorder.drain()
+        if not any(batch.values()) or self._stream_failed:
+            return
+        try:
+            assert self._writer is not None
+            self._writer.write(**batch)
+            self._writer.flush()
+            if self._pftrace is not None:
+                self._pftrace.write(**batch)
+                self._pftrace.flush()
+        except Exception as exc:
+            self._stream_failed = True
+            warn(f"could not stream events to {self.run_dir}: {exc}")
+
+    def add_events(self, events: list[Event]) -> None:
+        """Queues post-hoc events (from a source's ``stop``) for the next flush."""
+        parts = events_of(events)
+        self.recorder.tracks.pending.extend(parts["tracks"])
+        self.recorder.done.extend(parts["spans"])
+        self.recorder.instants.extend(parts["instants"])
+        self.recorder.counters.extend(parts["counters"])
+        self.recorder.flows.extend(parts["flows"])
+
+    def new_id(self) -> int:
+        """A fresh event id for post-hoc sources."""
+        return next(self._ids)
+
+    def note_limitation(self, text: str) -> None:
+        """Records something the run could not see (written to run.json once)."""
+        if text not in self.limitations:
+            self.limitations.append(text)
+
+    def stop(self) -> Path:
+        """Stops every source, finalizes the run directory and returns its path."""
+        global _active
+        if self._stopped:
+            assert self.run_dir is not None
+            return self.run_dir
+        self._stopped = True
+        if _active is self:
+            _active = None
+        stop_ns = now_ns()
+        for source in reversed(self.started):
+            try:
+                events = source.stop()
+            except Exception as exc:
+                self.errors.append(f"{source.name}: stop failed: {exc}")
+                warn(f"source {source.name} failed to stop cleanly: {exc}")
+                continue
+            if events:
+                self.add_events(events)
+        truncated = self.recorder.close_open_spans(stop_ns)
+        if self._flusher is not None:
+            self._flusher.stop()
+        self.flush()
+        for closer in (self._writer, self._pftrace):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception as exc:
+                    warn(f"closing a stream failed: {exc}")
+        self.meta["stopped_at_epoch_ns"] = self.anchor.session_to_epoch(now_ns())
+        self.meta["duration_ns"] = stop_ns - self.anchor.monotonic_ns
+        self.meta["limitations"] = self.limitations
+        self.meta["errors"] = self.errors
+        if truncated:
+            self.meta["truncated_spans"] = truncated
+        assert self.run_dir is not None
+        try:
+            from mltrace.tracer.finalize import finalize_run
+
+            finalize_run(self.run_dir, self.meta)
+        except Exception as exc:  # the streamed files stay as they are
+            self.meta["errors"].append(f"finalize failed: {exc}")
+            warn(f"could not finalize the run ({exc}); the streamed trace in {self.run_dir} is kept")
+            try:
+                store.write_meta(self.run_dir, self.meta)
+            except OSError:
+                pass
+        return self.run_dir
+
+
+def _default_sources() -> list[Source]:
+    from mltrace.tracer.sources import default_sources
+
+    return default_sources()
+
+
+def pid() -> int:
+    return os.getpid()
