@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -141,12 +141,6 @@ def _decode_line(run: Run, obj: dict[str, Any]) -> None:
         run.counters.append(CounterSample(r[0], r[1], r[2]))
     for r in obj.get("flows", ()):
         run.flows.append(Flow(r[0], r[1], r[2], r[3]))
-
-
-def iter_event_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            yield number, line
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

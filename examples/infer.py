@@ -1,0 +1,48 @@
+"""Example inference script: a ResNet-style CNN and a Transformer encoder.
+
+Run it plainly (``python examples/infer.py``) or traced, without changes:
+``mltrace python examples/infer.py --batch 2 --iters 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from models import encoder, resnet_small  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--model", choices=("cnn", "transformer", "both"), default="both")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        if args.model in ("cnn", "both"):
+            cnn = resnet_small()
+            images = torch.randn(args.batch, 3, args.image_size, args.image_size)
+            for i in range(args.iters):
+                t0 = time.perf_counter()
+                logits = cnn(images)
+                print(f"cnn iter {i}: top class {int(logits.argmax(1)[0])}, {1e3 * (time.perf_counter() - t0):.1f} ms")
+        if args.model in ("transformer", "both"):
+            enc = encoder()
+            tokens = torch.randint(0, 30522, (args.batch, args.seq_len))
+            for i in range(args.iters):
+                t0 = time.perf_counter()
+                out = enc(tokens)
+                print(f"encoder iter {i}: {tuple(out.shape)}, {1e3 * (time.perf_counter() - t0):.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

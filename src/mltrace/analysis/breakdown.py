@@ -1,0 +1,173 @@
+"""Where the time went: per level, per layer, per layer type.
+
+Definitions (all times in ns):
+
+- A span's *total* time is its duration.
+- A layer's *self* time is its total minus the total of its direct children at
+  the model, layer or user level (ops, library calls and kernels inside a layer
+  are its contents, not its children in this sense).
+- A level's *time* is the sum of the durations of the spans of that level that
+  have no ancestor of the same level, so nested layers are not counted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.tracer.model import Span
+
+_STRUCTURAL = (Level.MODEL, Level.LAYER, Level.USER)
+
+
+@dataclass
+class LevelTime:
+    """Time recorded at one level."""
+
+    level: Level
+    spans: int
+    time_ns: int
+
+
+@dataclass
+class LayerStat:
+    """One layer (or model), aggregated over its calls.
+
+    Attributes:
+        name: the layer path ("layer1.0.conv1") or the model's class name.
+        level: MODEL or LAYER.
+        type: the layer type ("Conv2d").
+        calls: number of calls.
+        total_ns: sum of call durations (ns).
+        self_ns: sum of self times (ns).
+        file, line: source location of the layer's class.
+        ops: op name → (calls, total ns) of ops nested directly in this layer.
+    """
+
+    name: str
+    level: Level
+    type: str
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    file: str | None = None
+    line: int | None = None
+    framework: str = ""
+    ops: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def location(self) -> str:
+        """``file:line`` or "" when unknown."""
+        return f"{self.file}:{self.line}" if self.file else ""
+
+
+@dataclass
+class TypeStat:
+    """All layers of one type together."""
+
+    type: str
+    calls: int = 0
+    self_ns: int = 0
+
+
+@dataclass
+class Breakdown:
+    """The report's data.
+
+    Attributes:
+        levels: time per hierarchy level present.
+        layers: model and layer stats, by total time, largest first.
+        types: layer types, by self time, largest first.
+        model_calls: number of model spans.
+        model_ns: total model time (ns).
+        wall_ns: first start to last end over all spans (ns).
+        span_count: number of spans.
+    """
+
+    levels: list[LevelTime]
+    layers: list[LayerStat]
+    types: list[TypeStat]
+    model_calls: int
+    model_ns: int
+    wall_ns: int
+    span_count: int
+
+
+def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
+    counts: dict[Level, int] = {}
+    times: dict[Level, int] = {}
+    for s in spans:
+        counts[s.level] = counts.get(s.level, 0) + 1
+        p = by_id.get(s.parent_id) if s.parent_id is not None else None
+        nested = False
+        while p is not None:
+            if p.level == s.level:
+                nested = True
+                break
+            p = by_id.get(p.parent_id) if p.parent_id is not None else None
+        if not nested:
+            times[s.level] = times.get(s.level, 0) + s.duration_ns
+    order = [*HIERARCHY, Level.USER]
+    return [LevelTime(lv, counts[lv], times.get(lv, 0)) for lv in order if lv in counts]
+
+
+def breakdown(run: Run) -> Breakdown:
+    """Computes the per-level, per-layer and per-type tables of a run."""
+    spans = run.spans
+    by_id = {s.id: s for s in spans}
+    child_structural: dict[int, int] = {}
+    ops_in: dict[int, list[Span]] = {}
+    for s in spans:
+        if s.parent_id is None:
+            continue
+        if s.level in _STRUCTURAL:
+            child_structural[s.parent_id] = child_structural.get(s.parent_id, 0) + s.duration_ns
+        elif s.level == Level.OP:
+            ops_in.setdefault(s.parent_id, []).append(s)
+    layers: dict[tuple[str, Level], LayerStat] = {}
+    types: dict[str, TypeStat] = {}
+    model_calls = 0
+    model_ns = 0
+    for s in spans:
+        if s.level not in (Level.MODEL, Level.LAYER):
+            continue
+        a = s.attrs
+        ltype = str(a.get("ml.layer.type", ""))
+        key = (s.name, s.level)
+        st = layers.get(key)
+        if st is None:
+            st = LayerStat(
+                s.name,
+                s.level,
+                ltype,
+                file=a.get("code.file.path"),
+                line=a.get("code.line.number"),
+                framework=str(a.get("ml.framework", "")),
+            )
+            layers[key] = st
+        self_ns = max(0, s.duration_ns - child_structural.get(s.id, 0))
+        st.calls += 1
+        st.total_ns += s.duration_ns
+        st.self_ns += self_ns
+        for op in ops_in.get(s.id, ()):
+            agg = st.ops.setdefault(op.name, [0, 0])
+            agg[0] += 1
+            agg[1] += op.duration_ns
+        if s.level == Level.MODEL:
+            model_calls += 1
+            model_ns += s.duration_ns
+        else:
+            ts = types.setdefault(ltype, TypeStat(ltype))
+            ts.calls += 1
+            ts.self_ns += self_ns
+    wall = (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) if spans else 0
+    return Breakdown(
+        levels=_level_times(spans, by_id),
+        layers=sorted(layers.values(), key=lambda x: (-x.total_ns, x.name)),
+        types=sorted(types.values(), key=lambda x: (-x.self_ns, x.type)),
+        model_calls=model_calls,
+        model_ns=model_ns,
+        wall_ns=wall,
+        span_count=len(spans),
+    )

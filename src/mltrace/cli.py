@@ -1,0 +1,199 @@
+"""The ``mltrace`` command line.
+
+``mltrace python [OPTIONS] SCRIPT [ARGS…]`` (or ``-m MODULE``, or ``mltrace run``)
+traces a program; everything from SCRIPT on belongs to the script. Other
+subcommands work on run directories. Usage errors print one line on stderr and
+exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from mltrace._version import __version__
+from mltrace.errors import UsageError
+
+#: Subcommand modules under mltrace.commands (each has add_parser and run).
+COMMANDS = ("report", "export", "import_", "view", "diff", "bench", "bricks", "metrics")
+
+TRACE_COMMANDS = ("python", "run")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _trace_options_parser(prog: str) -> _Parser:
+    p = _Parser(prog=prog, add_help=True, description="Trace a Python program (everything from SCRIPT on is the script's).")
+    p.add_argument("-o", "--output", metavar="DIR", help="run directory to create (must be absent or empty)")
+    p.add_argument("--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)")
+    p.add_argument("--name", help="run name (default: the script's stem)")
+    p.add_argument("--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
+    p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")
+    p.add_argument("--native", action="store_true", help="with --py-spy: include native frames")
+    p.add_argument(
+        "--otlp",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="send spans over OTLP at the end (write --otlp=URL; default endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)",
+    )
+    return p
+
+
+_VALUE_OPTIONS = {"-o", "--output", "--level", "--name", "--flush-interval"}
+
+
+def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
+    """Splits ``[OPTIONS] SCRIPT ARGS…`` / ``[OPTIONS] -m MODULE ARGS…``.
+
+    Returns:
+        (mltrace options, script, module, script arguments).
+
+    Raises:
+        UsageError: when no script or module is given.
+    """
+    options: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            i += 1
+            break
+        if tok == "-m":
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name")
+            return options, None, argv[i + 1], list(argv[i + 2 :])
+        if tok.startswith("-") and tok != "-":
+            options.append(tok)
+            if tok in _VALUE_OPTIONS:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{tok} needs a value")
+                options.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        break
+    if i < len(argv) and argv[i] == "-m":
+        if i + 1 >= len(argv):
+            raise UsageError("-m needs a module name")
+        return options, None, argv[i + 1], list(argv[i + 2 :])
+    if i >= len(argv):
+        if "-h" in options or "--help" in options:
+            return options, None, None, []
+        raise UsageError("no script given (usage: mltrace python [OPTIONS] SCRIPT [ARGS...] or -m MODULE)")
+    return options, argv[i], None, list(argv[i + 1 :])
+
+
+def trace_main(command: str, argv: Sequence[str]) -> int:
+    """``mltrace python|run …``: trace the program and return its exit status."""
+    from mltrace.config import ProfileOptions
+    from mltrace.runner import Target, check_target, run_target
+    from mltrace.tracer.session import Session, warn
+
+    opt_argv, script, module, script_args = split_trace_argv(argv)
+    parser = _trace_options_parser(f"mltrace {command}")
+    ns = parser.parse_args(opt_argv)
+    if script is None and module is None:
+        parser.print_help()
+        return 0
+    target = Target(script, module, script_args)
+    check_target(target)
+    kwargs: dict[str, Any] = {
+        "output": ns.output,
+        "level": ns.level,
+        "name": ns.name or target.stem,
+        "summary": not ns.quiet,
+        "py_spy": ns.py_spy,
+        "native": ns.native,
+        "otlp": ns.otlp,
+        "command": ["mltrace", command, *argv],
+    }
+    if ns.flush_interval_s is not None:
+        kwargs["flush_interval_s"] = ns.flush_interval_s
+    options = ProfileOptions.build(**kwargs)
+    session = Session(options).start()
+    status = 0
+    try:
+        status = run_target(target)
+    finally:
+        session.meta["exit_status"] = status
+        run_dir = session.stop()
+        if options.otlp is not None:
+            _send_otlp(run_dir, options.otlp or None, warn)
+        if options.summary:
+            from mltrace.viewers.terminal import print_run_summary
+
+            try:
+                print_run_summary(run_dir)
+            except Exception as exc:
+                warn(f"summary failed: {exc}")
+    return status
+
+
+def _send_otlp(run_dir: Any, endpoint: str | None, warn: Any) -> None:
+    try:
+        from mltrace.exporters.otlp import export_otlp
+        from mltrace.run.store import load_run
+
+        result = export_otlp(load_run(run_dir), endpoint)
+        errors = getattr(result, "errors", None)
+        if errors:
+            warn(f"OTLP export incomplete: {errors}")
+    except Exception as exc:  # never changes the script's status
+        warn(f"OTLP export failed: {exc}")
+
+
+def build_parser() -> _Parser:
+    """The parser of every subcommand except the tracing ones."""
+    parser = _Parser(prog="mltrace", description="Cross-stack tracer for deep-learning inference.")
+    parser.add_argument("--version", action="version", version=f"mltrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.add_parser("python", help="trace a Python program: mltrace python [OPTIONS] SCRIPT [ARGS...]")
+    sub.add_parser("run", help="same as 'python'")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"mltrace.commands.{name}")
+        except ImportError:
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    from mltrace.run.store import RunError
+
+    try:
+        if args and args[0] in TRACE_COMMANDS:
+            return trace_main(args[0], args[1:])
+        parser = build_parser()
+        if not args:
+            parser.print_help(sys.stderr)
+            return 2
+        ns = parser.parse_args(args)
+        func = getattr(ns, "func", None)
+        if func is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return int(func(ns))
+    except UsageError as exc:
+        sys.stderr.write(f"mltrace: error: {exc}\n")
+        return 2
+    except RunError as exc:
+        sys.stderr.write(f"mltrace: error: {exc}\n")
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def entry() -> NoReturn:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Runs the user's script or module in this process, as Python would.
+
+The script runs as ``__main__`` (also registered as ``__mp_main__`` so
+multiprocessing's spawn workers can unpickle its objects) with its own
+``sys.argv`` and ``sys.path[0]``. ``run_target`` returns the exit status Python
+would have given: the ``SystemExit`` code, 1 after an uncaught exception
+(printed through ``sys.excepthook``, as Python does), 130 after Ctrl-C, 143
+after SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import signal
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from mltrace.errors import UsageError
+
+_RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: a script path or a module name, and its arguments."""
+
+    script: str | None
+    module: str | None
+    args: list[str]
+
+    @property
+    def stem(self) -> str:
+        """A short name for the run directory."""
+        if self.module:
+            return self.module.rsplit(".", 1)[-1]
+        assert self.script is not None
+        return os.path.splitext(os.path.basename(self.script))[0] or "script"
+
+
+def check_target(target: Target) -> None:
+    """Fails early, before tracing starts, if the target cannot run.
+
+    Raises:
+        UsageError: missing script, or module that cannot be found.
+    """
+    if target.script is not None:
+        if not os.path.exists(target.script):
+            raise UsageError(f"can't open file {target.script!r}: no such file")
+        if os.path.isdir(target.script) and not os.path.exists(os.path.join(target.script, "__main__.py")):
+            raise UsageError(f"can't find '__main__' module in {target.script!r}")
+    else:
+        assert target.module is not None
+        saved = sys.path[0] if sys.path else None
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(target.module)
+        except (ImportError, ValueError) as exc:
+            raise UsageError(f"cannot import module {target.module!r}: {exc}") from None
+        finally:
+            sys.path.pop(0)
+            del saved
+        if spec is None:
+            raise UsageError(f"no module named {target.module!r}")
+
+
+class _Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM so the trace is finished."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated(128 + signum)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF  # as the OS reports it
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def _user_traceback(exc: BaseException) -> types.TracebackType | None:
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
+        tb = tb.tb_next
+    return tb
+
+
+def _exec_script(path: str, args: list[str]) -> None:
+    if os.path.isdir(path):
+        sys.argv = [path, *args]
+        sys.path[0] = path
+        runpy.run_path(path, run_name="__main__")
+        return
+    with open(path, "rb") as f:
+        source = f.read()
+    sys.argv = [path, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(path))
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": path, "__builtins__": __builtins__, "__cached__": None})
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    sys.modules["__mp_main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        # Leave the script's module in place: objects it created may still refer to it.
+        del saved_main
+
+
+def _exec_module(name: str, args: list[str]) -> None:
+    sys.argv = [name, *args]
+    sys.path[0] = os.getcwd()
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+
+
+def _join_threads() -> None:
+    # Python waits for non-daemon threads before exit; do the same so their spans land.
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            try:
+                t.join()
+            except KeyboardInterrupt:
+                return
+
+
+def run_target(target: Target) -> int:
+    """Runs the target and returns its exit status (never raises for the script's errors)."""
+    installed_sigterm = False
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
+                installed_sigterm = True
+        except (ValueError, OSError):
+            pass
+    if not sys.path:
+        sys.path.append("")
+    status = 0
+    try:
+        try:
+            if target.module is not None:
+                _exec_module(target.module, target.args)
+            else:
+                assert target.script is not None
+                _exec_script(target.script, target.args)
+            _join_threads()
+        except SystemExit as exc:
+            status = _exit_status(exc)
+        except KeyboardInterrupt as exc:
+            sys.excepthook(type(exc), exc, _user_traceback(exc))
+            status = 130
+        except BaseException as exc:  # noqa: BLE001 - the user's error, reported as Python would
+            sys.excepthook(type(exc), exc, _user_traceback(exc))
+            status = 1
+    finally:
+        if installed_sigterm:
+            try:
+                if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+    return status

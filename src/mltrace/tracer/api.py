@@ -1,0 +1,211 @@
+"""The user API: ``trace`` (decorator), ``span`` (context manager), ``profile``.
+
+Outside a session ``span`` returns a shared no-op object and a ``trace``d
+function calls straight through after one global check, so instrumented code
+costs well under a microsecond when nobody is profiling.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from mltrace.config import ProfileOptions
+from mltrace.tracer import session as _session_mod
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _NoSpan:
+    """Returned by ``span()`` outside a session: does nothing, cheaply."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NoSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: Any) -> None:
+        """Ignored outside a session."""
+
+
+_NO_SPAN = _NoSpan()
+
+
+class _LiveSpan:
+    __slots__ = ("_session", "_name", "_level", "_attrs", "span")
+
+    def __init__(self, session: _session_mod.Session, name: str, level: Level, attrs: dict[str, Any]) -> None:
+        self._session = session
+        self._name = name
+        self._level = level
+        self._attrs = attrs
+        self.span: Span | None = None
+
+    def __enter__(self) -> _LiveSpan:
+        self.span = self._session.recorder.begin(self._name, self._level, self._attrs)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.span is not None:
+            if exc_type is not None:
+                self.span.attrs["error.type"] = exc_type.__name__
+            self._session.recorder.end(self.span)
+
+    def set(self, key: str, value: Any) -> None:
+        """Sets an attribute on the open span."""
+        if self.span is not None:
+            self.span.attrs[key] = value
+
+
+def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSpan | _NoSpan:
+    """Marks a region of code as a span::
+
+        with mltrace.span("preprocess", batch=8):
+            x = prepare(images)
+
+    Args:
+        name: the span's name.
+        level: the level it is recorded at (default ``user``).
+        **attrs: attributes (str, int, float, bool, or lists of them).
+
+    Returns:
+        A context manager; a no-op when no session is running.
+    """
+    session = _session_mod._active
+    if session is None:
+        return _NO_SPAN
+    lv = Level.parse(level) if isinstance(level, str) else level
+    return _LiveSpan(session, name, lv, attrs)
+
+
+@overload
+def trace(func: F) -> F: ...
+
+
+@overload
+def trace(
+    func: None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any
+) -> Callable[[F], F]: ...
+
+
+def trace(
+    func: F | None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any
+) -> F | Callable[[F], F]:
+    """Decorator: each call of the function becomes a span.
+
+    Works on plain and ``async`` functions, with or without arguments::
+
+        @mltrace.trace
+        def preprocess(x): ...
+
+        @mltrace.trace(name="decode", level="layer", stage=2)
+        async def decode(x): ...
+
+    Args:
+        func: the function (when used without parentheses).
+        name: span name (default: the function's qualified name).
+        level: level to record at (default ``user``).
+        **attrs: attributes added to every span.
+    """
+    lv = Level.parse(level) if isinstance(level, str) else level
+
+    def decorate(fn: F) -> F:
+        span_name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
+        code_attrs: dict[str, Any] = {"code.function.name": span_name}
+        try:
+            code_attrs["code.file.path"] = inspect.getsourcefile(fn) or ""
+            code_attrs["code.line.number"] = inspect.getsourcelines(fn)[1]
+        except (OSError, TypeError):
+            pass
+        code_attrs.update(attrs)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                session = _session_mod._active
+                if session is None:
+                    return await fn(*args, **kwargs)
+                with _LiveSpan(session, span_name, lv, dict(code_attrs)):
+                    return await fn(*args, **kwargs)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            session = _session_mod._active
+            if session is None:
+                return fn(*args, **kwargs)
+            with _LiveSpan(session, span_name, lv, dict(code_attrs)):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
+    """Profiles a region of a program: context manager, decorator, or start()/stop().
+
+    Takes the same options as the CLI (see ``ProfileOptions``)::
+
+        with mltrace.profile(level="layer", output="runs/r1") as p:
+            model(x)
+        print(p.run_dir)
+
+    Attributes:
+        run_dir: the run directory, once started.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._session: _session_mod.Session | None = None
+        self.run_dir: Path | None = None
+
+    def start(self) -> profile:
+        """Starts a session.
+
+        Raises:
+            mltrace.errors.UsageError: for invalid options or a second session.
+        """
+        opts = ProfileOptions.build(**self._options)
+        self._session = _session_mod.Session(opts).start()
+        self.run_dir = self._session.run_dir
+        return self
+
+    def stop(self) -> Path | None:
+        """Stops the session, writes the run, and prints the summary if asked."""
+        if self._session is None:
+            return None
+        session, self._session = self._session, None
+        run_dir = session.stop()
+        if session.options.summary:
+            from mltrace.viewers.terminal import print_run_summary
+
+            print_run_summary(run_dir)
+        return run_dir
+
+    def __enter__(self) -> profile:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with profile(**self._options):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]

@@ -1,0 +1,38 @@
+"""The end of a run: correlate every event and rewrite the run's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mltrace.run import store
+from mltrace.run.store import Run
+from mltrace.tracer.passes import correlate
+
+
+def finalize_run(run_dir: Path, meta: dict[str, Any]) -> Run:
+    """Loads the streamed events, runs the correlator passes, writes the final files.
+
+    events.jsonl and trace.pftrace are replaced atomically; run.json gets the
+    summary and ``complete: true`` last, so a crash during finalization leaves
+    the streamed files and ``complete: false``.
+
+    Args:
+        run_dir: the run directory.
+        meta: the metadata to write (updated in place).
+
+    Returns:
+        The correlated run.
+    """
+    from mltrace.analysis.summary import summarize
+    from mltrace.exporters.perfetto import export_perfetto
+
+    run = store.load_run(run_dir)
+    run.meta = meta
+    run = correlate(run)
+    store.write_events_atomically(run_dir / store.EVENTS_FILE, run)
+    export_perfetto(run, run_dir / store.TRACE_FILE)
+    meta["summary"] = summarize(run)
+    meta["complete"] = True
+    store.write_meta(run_dir, meta)
+    return run

@@ -1,0 +1,261 @@
+"""PyTorch model and layer levels from global ``nn.Module`` forward hooks.
+
+Every module call becomes a span: the outermost call on a thread is the model
+span (named by the model's class), and each nested call a layer span named by
+its qualified path in the model (``layer1.0.conv1``). Paths come from the
+calling module's children, so shared modules and modules created after tracing
+started get the path they were called through.
+
+The hooks are installed when torch is imported (now, if it already is), never
+import torch themselves, and are removed in ``stop()``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Span
+from mltrace.tracer.sources._imports import PostImportHook
+
+if TYPE_CHECKING:
+    from mltrace.tracer.session import Session
+
+_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Static:
+    """Per-module facts computed once: type, parameters, class source location."""
+
+    __slots__ = ("ref", "type_name", "attrs")
+
+    def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
+        self.ref = weakref.ref(module)
+        self.type_name = type(module).__name__
+        self.attrs: dict[str, Any] = {
+            "ml.framework": "pytorch",
+            "ml.layer.type": self.type_name,
+            "ml.layer.params": params,
+        }
+        if file is not None:
+            self.attrs["code.file.path"] = file
+            self.attrs["code.line.number"] = line
+            self.attrs["code.function.name"] = f"{self.type_name}.forward"
+
+
+class TorchModuleSource:
+    """Model and layer spans for PyTorch (``torch.nn.Module``)."""
+
+    name = "torch.modules"
+    levels = (Level.MODEL, Level.LAYER)
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+        self._handles: list[Any] = []
+        self._import_hook: PostImportHook | None = None
+        self._session: Session | None = None
+        self._static: dict[int, _Static] = {}
+        self._children: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+        self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+        self._class_loc: dict[type, tuple[str | None, int | None]] = {}
+        self._dtype_names: dict[Any, str] = {}
+        self._invocations: dict[int, int] = {}
+        self._torch_dir = ""
+        self._tensor: type = object
+        self._script_module: type | None = None
+        self._lock = threading.Lock()
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed"
+        return None
+
+    def start(self, session: Session) -> None:
+        self._session = session
+        self._record_layers = Level.LAYER in session.levels
+        self._begin = session.recorder.begin
+        self._end = session.recorder.end
+        self._import_hook = PostImportHook("torch", self._install)
+
+    def _install(self, torch: Any) -> None:
+        from torch.nn.modules import module as module_mod
+
+        self._tensor = torch.Tensor
+        self._torch_dir = os.path.dirname(torch.__file__)
+        self._script_module = getattr(torch.jit, "ScriptModule", None)
+        self._handles.append(module_mod.register_module_forward_pre_hook(self._pre))
+        self._handles.append(module_mod.register_module_forward_hook(self._post, always_call=True))
+
+    def stop(self) -> list[Event]:
+        try:
+            for handle in self._handles:
+                handle.remove()
+        finally:
+            self._handles.clear()
+            if self._import_hook is not None:
+                self._import_hook.remove()
+                self._import_hook = None
+        return []
+
+    # -- per-module facts ------------------------------------------------
+
+    def _static_of(self, module: Any) -> _Static:
+        info = self._static.get(id(module))
+        if info is not None and info.ref() is module:
+            return info
+        cls = type(module)
+        loc = self._class_loc.get(cls)
+        if loc is None:
+            # The forward() code object gives file:line for free; inspect would read the file.
+            code = getattr(getattr(cls, "forward", None), "__code__", None)
+            loc = (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
+            self._class_loc[cls] = loc
+        try:
+            params = sum(int(p.numel()) for p in module.parameters())
+        except Exception:
+            params = 0
+        info = _Static(module, params, loc[0], loc[1])
+        self._static[id(module)] = info
+        return info
+
+    def _child_name(self, parent: Any, child: Any) -> str | None:
+        entry = self._children.get(id(parent))
+        if entry is None or entry[0]() is not parent or id(child) not in entry[1]:
+            names = {id(m): n for n, m in parent._modules.items() if m is not None}
+            entry = (weakref.ref(parent), names)
+            self._children[id(parent)] = entry
+        return entry[1].get(id(child))
+
+    def _root_name(self, root: Any, module: Any) -> str | None:
+        entry = self._roots.get(id(root))
+        if entry is None or entry[0]() is not root or id(module) not in entry[1]:
+            names: dict[int, str] = {}
+            for n, m in root.named_modules(remove_duplicate=False):
+                names.setdefault(id(m), n)
+            entry = (weakref.ref(root), names)
+            self._roots[id(root)] = entry
+        return entry[1].get(id(module))
+
+    def _path(self, parent: Any, parent_path: str, module: Any, root: Any) -> str:
+        attr = self._child_name(parent, module)
+        if attr is not None:
+            return f"{parent_path}.{attr}" if parent_path else attr
+        full = self._root_name(root, module)
+        if full:
+            return full
+        suffix = f"<{type(module).__name__}>"
+        return f"{parent_path}.{suffix}" if parent_path else suffix
+
+    def _shapes(self, value: Any, shapes: list[Any], dtypes: list[str], depth: int = 0) -> None:
+        if isinstance(value, self._tensor):
+            shapes.append(list(value.shape))
+            dt = value.dtype
+            name = self._dtype_names.get(dt)
+            if name is None:
+                name = str(dt).removeprefix("torch.")
+                self._dtype_names[dt] = name
+            dtypes.append(name)
+        elif depth == 0 and isinstance(value, (tuple, list)):
+            for v in value:
+                self._shapes(v, shapes, dtypes, 1)
+        elif depth == 0 and isinstance(value, dict):
+            for v in value.values():
+                self._shapes(v, shapes, dtypes, 1)
+
+    def _call_site(self) -> tuple[str, int] | None:
+        frame = sys._getframe(2)
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if not (fn.startswith(self._torch_dir) or fn.startswith(_MLTRACE_DIR)):
+                return fn, frame.f_lineno
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+    # -- hooks (hot path) ------------------------------------------------
+
+    def _pre(self, module: Any, args: tuple[Any, ...]) -> None:
+        tls = self._tls
+        try:
+            stack = tls.stack
+        except AttributeError:
+            stack = tls.stack = []
+        if stack:
+            parent, _, parent_path, root = stack[-1]
+            if not self._record_layers:
+                stack.append((module, None, parent_path, root))
+                return
+            path = self._path(parent, parent_path, module, root)
+            attrs = dict(self._static_of(module).attrs)
+            attrs["ml.layer.path"] = path
+            shapes: list[Any] = []
+            dtypes: list[str] = []
+            self._shapes(args, shapes, dtypes)
+            if shapes:
+                attrs["ml.input.shapes"] = shapes
+                attrs["ml.input.dtypes"] = dtypes
+            stack.append((module, self._begin(path, Level.LAYER, attrs), path, root))
+            return
+        self._model_begin(module, args, stack)
+
+    def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> None:
+        static = self._static_of(module)
+        name = static.type_name
+        attrs = dict(static.attrs)
+        with self._lock:
+            n = self._invocations.get(id(module), 0) + 1
+            self._invocations[id(module)] = n
+        attrs["ml.model.invocation"] = n
+        site = self._call_site()
+        if site is not None:
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+        shapes: list[Any] = []
+        dtypes: list[str] = []
+        self._shapes(args, shapes, dtypes)
+        if shapes:
+            attrs["ml.input.shapes"] = shapes
+            attrs["ml.input.dtypes"] = dtypes
+        self._note_opaque(module)
+        stack.append((module, self._begin(name, Level.MODEL, attrs), "", module))
+
+    def _note_opaque(self, module: Any) -> None:
+        session = self._session
+        if session is None:
+            return
+        cls = type(module).__name__
+        if self._script_module is not None and isinstance(module, self._script_module):
+            session.note_limitation(
+                f"torch.jit.ScriptModule {getattr(module, 'original_name', cls)}: its submodules run inside "
+                "TorchScript, so only the model span is recorded (no layer spans)"
+            )
+        elif cls == "OptimizedModule":
+            session.note_limitation(
+                "torch.compile model: code compiled by TorchDynamo runs without nn.Module hooks, "
+                "so only the model span (and layers that fall back to eager) are recorded"
+            )
+
+    def _post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        stack = getattr(self._tls, "stack", None)
+        if not stack:
+            return
+        frame = stack.pop()
+        if frame[0] is not module:  # a post-hook was skipped below us: unwind to this module
+            while stack and frame[0] is not module:
+                frame = stack.pop()
+            if frame[0] is not module:
+                return
+        span: Span | None = frame[1]
+        if span is None:
+            return
+        if output is not None:
+            shapes: list[Any] = []
+            dtypes: list[str] = []
+            self._shapes(output, shapes, dtypes)
+            if shapes:
+                span.attrs["ml.output.shapes"] = shapes
+                span.attrs["ml.output.dtypes"] = dtypes
+        self._end(span)
