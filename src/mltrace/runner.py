@@ -96,6 +96,16 @@ def _user_traceback(exc: BaseException) -> types.TracebackType | None:
     return tb
 
 
+def _report(exc: BaseException) -> None:
+    # Python's own hook prints exc.__traceback__, so trim mltrace's frames off it first.
+    tb = _user_traceback(exc)
+    exc.with_traceback(tb)
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except Exception:
+        pass
+
+
 def _exec_script(path: str, args: list[str]) -> None:
     if os.path.isdir(path):
         sys.argv = [path, *args]
@@ -159,10 +169,10 @@ def run_target(target: Target) -> int:
         except SystemExit as exc:
             status = _exit_status(exc)
         except KeyboardInterrupt as exc:
-            sys.excepthook(type(exc), exc, _user_traceback(exc))
+            _report(exc)
             status = 130
         except BaseException as exc:  # noqa: BLE001 - the user's error, reported as Python would
-            sys.excepthook(type(exc), exc, _user_traceback(exc))
+            _report(exc)
             status = 1
     finally:
         if installed_sigterm:

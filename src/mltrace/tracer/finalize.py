@@ -30,6 +30,9 @@ def finalize_run(run_dir: Path, meta: dict[str, Any]) -> Run:
     run = store.load_run(run_dir)
     run.meta = meta
     run = correlate(run)
+    if run.meta is not meta:  # a pass may have returned fresh metadata
+        meta.update(run.meta)
+        run.meta = meta
     store.write_events_atomically(run_dir / store.EVENTS_FILE, run)
     export_perfetto(run, run_dir / store.TRACE_FILE)
     meta["summary"] = summarize(run)

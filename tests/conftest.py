@@ -1,0 +1,50 @@
+"""Shared fixtures: leak checks for hooks, and a runner for the CLI as users run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_hooks() -> Iterator[None]:
+    """Fails any test that leaves a profiler hook, import hook or session behind."""
+    meta_path = list(sys.meta_path)
+    profile = sys.getprofile()
+    yield
+    from mltrace.tracer import session
+
+    assert session.active_session() is None, "a session was left running"
+    assert list(sys.meta_path) == meta_path, "an import hook was left on sys.meta_path"
+    assert sys.getprofile() is profile, "a profile hook was left installed"
+    if "torch" in sys.modules:
+        from torch.nn.modules import module as m
+
+        assert not m._global_forward_pre_hooks, "a global forward pre-hook leaked"
+        assert not m._global_forward_hooks, "a global forward hook leaked"
+
+
+def mltrace_cmd(*args: str) -> list[str]:
+    """The command line a user would type, through this interpreter."""
+    return [sys.executable, "-m", "mltrace", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Runs ``mltrace ARGS`` in a subprocess and captures its output (bytes)."""
+    full_env = dict(os.environ)
+    full_env.pop("MLTRACE_OUTPUT", None)
+    full_env.update(env or {})
+    return subprocess.run(mltrace_cmd(*args), cwd=cwd, capture_output=True, timeout=timeout, env=full_env, stdin=subprocess.DEVNULL)
+
+
+def run_plain(script: Path, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[bytes]:
+    """Runs the script with plain Python, for comparison."""
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -1,0 +1,259 @@
+"""End-to-end: `mltrace python` as a user runs it, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, mltrace_cmd, run_cli, run_plain
+from support.pftrace import parse_pftrace
+
+import mltrace
+from mltrace.tracer.levels import Level
+
+ECHO = SCRIPTS / "echo_env.py"
+MODELS = SCRIPTS / "tiny_models.py"
+
+
+def _single_run(base: Path) -> Path:
+    runs = sorted((base / "mltrace-runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_script_sees_what_plain_python_gives(tmp_path: Path) -> None:
+    plain = run_plain(ECHO, "a", "--flag", "-m", "x", cwd=tmp_path)
+    traced = run_cli("python", str(ECHO), "a", "--flag", "-m", "x", cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout  # byte-identical, argv, __name__, sys.path[0]
+    assert b"name __main__" in traced.stdout
+    assert f"path0 {SCRIPTS}".encode() in traced.stdout
+    run = mltrace.load_run(_single_run(tmp_path))
+    assert run.complete and run.meta["exit_status"] == 0
+    assert run.meta["command"][:3] == ["mltrace", "python", str(ECHO)]
+
+
+@pytest.mark.parametrize(("arg", "status"), [("exit=0", 0), ("exit=3", 3), ("raise", 1), ("sigint", 130)])
+def test_exit_status_and_trace_always_written(tmp_path: Path, arg: str, status: int) -> None:
+    traced = run_cli("python", "-o", str(tmp_path / "run"), str(ECHO), arg, cwd=tmp_path)
+    assert traced.returncode == status, traced.stderr.decode()
+    err = traced.stderr.decode()
+    if arg == "raise":
+        plain = run_plain(ECHO, arg, cwd=tmp_path)
+        assert plain.returncode == 1
+        assert "Traceback (most recent call last):" in err
+        assert 'echo_env.py", line' in err and "ValueError: boom from the script" in err
+        assert "mltrace/runner.py" not in err  # the user's traceback, not ours
+    if arg == "sigint":
+        assert "KeyboardInterrupt" in err
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete
+    assert run.meta["exit_status"] == status
+
+
+def test_module_mode(tmp_path: Path) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tool.py").write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(4)\n")
+    traced = run_cli("python", "-q", "-m", "mypkg.tool", "x", "-y", cwd=tmp_path)
+    assert traced.returncode == 4, traced.stderr.decode()
+    assert traced.stdout == b"__main__ ['x', '-y']\n"
+    assert _single_run(tmp_path).name.startswith("tool-")
+
+
+def test_models_end_to_end(tmp_path: Path) -> None:
+    plain = run_plain(MODELS, "2", cwd=tmp_path)
+    traced = run_cli("python", "--level", "layer", "-o", str(tmp_path / "run"), str(MODELS), "2", cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    assert b"trace:" in traced.stderr and b"Top layers by self time" in traced.stderr
+    run = mltrace.load_run(tmp_path / "run")
+    by_id = run.span_by_id()
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert sorted(s.name for s in models) == ["Cnn", "Cnn", "TransformerEncoder", "TransformerEncoder"]
+    names = {s.name for s in run.spans if s.level == Level.LAYER}
+    for expected in ("stem.0", "blocks.1.conv", "blocks.1.bn", "fc", "layers.0", "layers.1.self_attn", "layers.1.linear2"):
+        assert expected in names
+    for s in run.spans:
+        assert s.end_ns >= s.start_ns
+        if s.level == Level.LAYER:
+            parent = by_id[s.parent_id]
+            assert parent.track_id == s.track_id
+            assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns
+            if parent.level == Level.LAYER:
+                assert s.name.startswith(parent.name + ".")
+    conv = next(s for s in run.spans if s.name == "stem.0")
+    assert conv.attrs["ml.layer.type"] == "Conv2d"
+    assert conv.attrs["ml.input.shapes"] == [[2, 3, 16, 16]]
+    assert conv.attrs["ml.output.shapes"] == [[2, 8, 8, 8]]
+    assert conv.attrs["ml.input.dtypes"] == ["float32"]
+    assert conv.attrs["ml.layer.params"] == 3 * 8 * 9 + 8
+    assert conv.attrs["code.file.path"].endswith("torch/nn/modules/conv.py")
+    cnn = next(s for s in models if s.name == "Cnn")
+    assert cnn.attrs["ml.call.file.path"] == str(MODELS)
+    assert run.meta["levels"]["layer"]["recorded"] is True
+    assert run.meta["levels"]["op"]["requested"] is False
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+    # The Perfetto file holds the same slices, nested the same way.
+    trace = parse_pftrace(tmp_path / "run" / "trace.pftrace")
+    assert len(trace.slices) == len(run.spans)
+    assert sorted((s.name, s.category) for s in trace.slices) == sorted((s.name, s.level.label) for s in run.spans)
+    assert all(s.end >= s.start for s in trace.slices)
+    depth_of = {}
+    for s in run.spans:
+        d, p = 0, s.parent_id
+        while p is not None:
+            d, p = d + 1, by_id[p].parent_id
+        depth_of[(s.name, s.start_ns)] = d
+    for sl in trace.slices:
+        assert depth_of[(sl.name, sl.start)] == sl.depth
+    assert {sl.args.get("ml.layer.type") for sl in trace.slices} >= {"Conv2d", "MultiheadAttention", "Linear"}
+
+
+def test_level_model_records_only_models(tmp_path: Path) -> None:
+    traced = run_cli("python", "-q", "--level", "model", "-o", str(tmp_path / "run"), str(MODELS), "1", cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr.decode()
+    run = mltrace.load_run(tmp_path / "run")
+    assert {s.level for s in run.spans} == {Level.MODEL}
+    assert len(run.spans) == 2
+    assert run.meta["levels"]["layer"]["requested"] is False
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["python", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["python"], "no script given"),
+        (["python", "missing_script.py"], "can't open file"),
+        (["python", "-m", "no_such_module_xyz"], "no module named"),
+        (["python", "--level", "deep", "x.py"], "unknown level"),
+        (["report", "does-not-exist"], "no such run directory"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "x.py").write_text("print('ran')\n")
+    res = run_cli(*args, cwd=tmp_path)
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert err.count("\n") == 1 and err.startswith("mltrace: error:"), err
+    assert message in err
+    assert b"ran" not in res.stdout
+    assert "Traceback" not in err
+
+
+def test_non_empty_output_is_refused_and_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    res = run_cli("python", "-o", str(out), str(ECHO), cwd=tmp_path)
+    assert res.returncode == 2
+    assert b"not empty" in res.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    assert res.stdout == b""  # the script never ran
+
+
+def test_report_rejects_torn_and_foreign_files(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "run.json").write_text('{"hello": 1}')
+    res = run_cli("report", str(foreign))
+    assert res.returncode == 2 and b"not mltrace run metadata" in res.stderr
+    run_cli("python", "-q", "-o", str(tmp_path / "ok"), str(ECHO))
+    events = tmp_path / "ok" / "events.jsonl"
+    lines = events.read_bytes().split(b"\n")
+    events.write_bytes(lines[0] + b"\n" + b"{garbage\n" + b"\n".join(lines[1:]))
+    res = run_cli("report", str(tmp_path / "ok"))
+    assert res.returncode == 2 and b"corrupt event line" in res.stderr and b"Traceback" not in res.stderr
+
+
+LOOP = """
+import sys, time, torch
+from torch import nn
+model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+x = torch.randn(4, 64)
+n = 0
+while True:
+    model(x)
+    n += 1
+    if n == 200:
+        print("ready", flush=True)
+    time.sleep(0.001)
+"""
+
+
+def _start_loop(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        mltrace_cmd("python", "-q", "--flush-interval", "0.2", "-o", str(out), str(script)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line == b"ready\n", proc.stderr.read() if proc.stderr else b""
+    time.sleep(1.0)  # more than the flush interval
+    return proc, out
+
+
+def test_sigkill_leaves_readable_trace(tmp_path: Path) -> None:
+    proc, out = _start_loop(tmp_path)
+    proc.kill()
+    proc.wait(timeout=30)
+    run = mltrace.load_run(out)
+    assert not run.complete
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert len(models) >= 200
+    assert sum(1 for s in run.spans if s.level == Level.LAYER) >= 3 * 200
+    # The streamed Perfetto file parses too, up to its last flush.
+    trace = parse_pftrace(out / "trace.pftrace")
+    assert sum(1 for s in trace.slices if s.category == "model") >= 200
+    report = run_cli("report", str(out))
+    assert report.returncode == 0 and b"did not finish normally" in report.stdout
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_sigint_finish_the_trace(tmp_path: Path, sig: int, status: int) -> None:
+    proc, out = _start_loop(tmp_path)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == status
+    run = mltrace.load_run(out)
+    assert run.complete and run.meta["exit_status"] == status
+    assert len([s for s in run.spans if s.level == Level.MODEL]) >= 200
+
+
+def test_import_mltrace_imports_no_framework() -> None:
+    code = (
+        "import sys, mltrace, mltrace.cli, mltrace.tracer.session; "
+        "heavy = [m for m in ('torch','tensorflow','onnxruntime','grpc','pandas','opentelemetry','matplotlib') if m in sys.modules]; "
+        "print(heavy)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert res.stdout.strip() == b"[]", res.stderr
+
+
+def test_python_dash_m_mltrace_version() -> None:
+    res = run_cli("--version")
+    assert res.returncode == 0 and res.stdout.startswith(b"mltrace ")
+
+
+def test_chrome_json_export(tmp_path: Path) -> None:
+    from mltrace.exporters.chrome_json import export_chrome_json
+
+    run_cli("python", "-q", "--level", "layer", "-o", str(tmp_path / "run"), str(MODELS), "1")
+    run = mltrace.load_run(tmp_path / "run")
+    dest = export_chrome_json(run, tmp_path / "trace.json")
+    doc = json.loads(dest.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(run.spans)
+    assert {e["cat"] for e in xs} == {"model", "layer"}
+    assert all(e["dur"] >= 0 for e in xs)
+    assert os.path.getsize(dest) > 0
