@@ -27,8 +27,6 @@ log = logging.getLogger("mltrace")
 #: The innermost open span of the current context (thread or asyncio task).
 current_span: ContextVar[Span | None] = ContextVar("mltrace_current_span", default=None)
 
-_get_ident = threading.get_ident
-
 
 class Recorder:
     """Records live events of one session.
@@ -41,7 +39,7 @@ class Recorder:
     def __init__(self, tracks: TrackRegistry, ids: itertools.count[int]) -> None:
         self.tracks = tracks
         self._ids = ids
-        self._thread_track: dict[int, int] = {}
+        self._local = threading.local()
         self.done: deque[Span] = deque()
         self.instants: deque[Instant] = deque()
         self.counters: deque[CounterSample] = deque()
@@ -50,12 +48,13 @@ class Recorder:
         self.span_count = 0
 
     def _track_id(self) -> int:
-        ident = _get_ident()
-        tid = self._thread_track.get(ident)
-        if tid is None:
+        # Thread-local, not keyed by thread ident: idents are reused once a thread ends.
+        try:
+            return self._local.track_id  # type: ignore[no-any-return]
+        except AttributeError:
             tid = self.tracks.current_thread().id
-            self._thread_track[ident] = tid
-        return tid
+            self._local.track_id = tid
+            return tid
 
     def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:
         """Opens a span as a child of the current context's innermost span."""
