@@ -24,6 +24,7 @@ class Level(enum.IntEnum):
     LIBRARY = 4
     KERNEL = 5
     USER = 9
+    SOURCE = 10
 
     @property
     def label(self) -> str:

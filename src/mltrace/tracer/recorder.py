@@ -40,6 +40,8 @@ class Recorder:
         self.tracks = tracks
         self._ids = ids
         self._local = threading.local()
+        #: pthread ident → track id of every thread that recorded (samplers report idents).
+        self.thread_idents: dict[int, int] = {}
         self.done: deque[Span] = deque()
         self.instants: deque[Instant] = deque()
         self.counters: deque[CounterSample] = deque()
@@ -54,6 +56,7 @@ class Recorder:
         except AttributeError:
             tid = self.tracks.current_thread().id
             self._local.track_id = tid
+            self.thread_idents[threading.get_ident()] = tid
             return tid
 
     def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import re
 import sys
 import time
@@ -142,10 +141,10 @@ class Session:
         level_status: dict[str, dict[str, Any]] = {
             lv.label: {"requested": lv in wanted, "recorded": False, "sources": [], "reason": None} for lv in HIERARCHY
         }
-        sources = self._sources_override if self._sources_override is not None else _default_sources()
+        sources = self._sources_override if self._sources_override is not None else _default_sources(opts)
         for source in sources:
             wanted_here = [lv for lv in source.levels if lv in wanted]
-            if not wanted_here:
+            if not wanted_here and source.levels:
                 continue
             try:
                 reason = source.available()
@@ -163,6 +162,9 @@ class Session:
                         level_status[lv.label]["recorded"] = True
                         level_status[lv.label]["sources"].append(source.name)
                     continue
+            if not source.levels:
+                warn(f"{source.name} unavailable: {reason}")
+                self.meta.setdefault("sources", {})[source.name] = {"unavailable": reason}
             for lv in wanted_here:
                 level_status[lv.label].setdefault("unavailable", {})[source.name] = reason
         for lv in HIERARCHY:
@@ -276,11 +278,7 @@ class Session:
         return self.run_dir
 
 
-def _default_sources() -> list[Source]:
+def _default_sources(options: ProfileOptions) -> list[Source]:
     from mltrace.tracer.sources import default_sources
 
-    return default_sources()
-
-
-def pid() -> int:
-    return os.getpid()
+    return default_sources(options)

@@ -4,14 +4,28 @@ available here."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mltrace.tracer.sources.base import Source
 
+if TYPE_CHECKING:
+    from mltrace.config import ProfileOptions
 
-def default_sources() -> list[Source]:
-    """Fresh instances of every known source (nothing heavy is imported)."""
+
+def default_sources(options: ProfileOptions | None = None) -> list[Source]:
+    """Fresh instances of every known source (nothing heavy is imported).
+
+    Sources with no levels are option-driven (``--py-spy``) and listed only
+    when their option is on.
+    """
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
 
-    return [TorchModuleSource()]
+    sources: list[Source] = [TorchModuleSource()]
+    if options is not None and options.py_spy:
+        from mltrace.tracer.sources.pyspy import PySpySource
+
+        sources.append(PySpySource(native=options.native))
+    return sources
 
 
 __all__ = ["Source", "default_sources"]

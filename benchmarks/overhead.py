@@ -1,0 +1,152 @@
+"""Tracing overhead, measured side by side in one process.
+
+For each example model: median latency plain and under each tracing
+condition, in interleaved rounds (plain block, traced block, plain block, …) so
+that machine noise hits both alike. Also the per-span cost of the user API
+inside and outside a session.
+
+    python benchmarks/overhead.py            # full (a few minutes on 2 cores)
+    python benchmarks/overhead.py --quick    # smoke run
+
+Prints a table; ``--json FILE`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import torch  # noqa: E402
+
+import mltrace  # noqa: E402
+
+
+def _time_block(fn: Callable[[], Any], iters: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
+CONDITIONS: dict[str, dict[str, Any]] = {
+    "model": {"level": "model"},
+    "layer": {"level": "layer"},
+}
+
+
+def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str]) -> dict[str, Any]:
+    """Median ns per call, plain and per condition, from interleaved rounds."""
+    for _ in range(3):
+        fn()  # warm-up: allocator, oneDNN primitive cache
+    samples: dict[str, list[float]] = {"plain": [], **{c: [] for c in conditions}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            samples["plain"] += _time_block(fn, iters)
+            for c in conditions:
+                with mltrace.profile(output=Path(tmp) / f"{c}-{r}", summary=False, **CONDITIONS[c]):
+                    fn()  # first call under a new session: outside the measured block
+                    samples[c] += _time_block(fn, iters)
+    plain = statistics.median(samples["plain"])
+    res: dict[str, Any] = {"model": name, "plain_ms": plain / 1e6, "samples_per_condition": len(samples["plain"])}
+    for c in conditions:
+        med = statistics.median(samples[c])
+        res[f"{c}_ms"] = med / 1e6
+        res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
+    return res
+
+
+def measure_api(n: int) -> dict[str, float]:
+    """ns per call of a @trace'd function and a span() block, outside and inside a session."""
+
+    def plain() -> None:
+        pass
+
+    traced = mltrace.trace(plain)
+
+    def loop(f: Callable[[], None]) -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            f()
+        return (time.perf_counter_ns() - t0) / n
+
+    def span_loop() -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            with mltrace.span("s"):
+                pass
+        return (time.perf_counter_ns() - t0) / n
+
+    base = min(loop(plain) for _ in range(3))
+    off_trace = min(loop(traced) for _ in range(3)) - base
+    off_span = min(span_loop() for _ in range(3))
+    with tempfile.TemporaryDirectory() as tmp, mltrace.profile(output=Path(tmp) / "api", summary=False, level="model"):
+        on_trace = min(loop(traced) for _ in range(3)) - base
+        on_span = min(span_loop() for _ in range(3))
+    return {
+        "trace_decorator_outside_session_ns": off_trace,
+        "span_outside_session_ns": off_span,
+        "trace_decorator_in_session_ns": on_trace,
+        "span_in_session_ns": on_span,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few rounds, small inputs (smoke run)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--conditions", default="layer", help="comma list of: " + ", ".join(CONDITIONS))
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args()
+    conditions = [c for c in args.conditions.split(",") if c]
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        parser.error(f"unknown condition(s): {', '.join(unknown)}")
+    from models import encoder, resnet_small
+
+    torch.manual_seed(0)
+    rounds, iters = (2, 2) if args.quick else (args.rounds, args.iters)
+    size, seq, layers = (64, 32, 2) if args.quick else (224, 128, 12)
+    cnn = resnet_small()
+    enc = encoder(layers=layers)
+    images = torch.randn(1, 3, size, size)
+    tokens = torch.randint(0, 30522, (1, seq))
+    results = []
+    with torch.inference_mode():
+        for name, fn in (
+            (f"ResNet-18-style CNN, batch 1, {size}x{size}", lambda: cnn(images)),
+            (f"Transformer encoder ({layers}x768), batch 1, seq {seq}", lambda: enc(tokens)),
+        ):
+            print(f"measuring {name} ...", file=sys.stderr, flush=True)
+            results.append(measure_model(name, fn, rounds, iters, conditions))
+    api = measure_api(20_000 if args.quick else 200_000)
+    print(f"\ntorch {torch.__version__}, threads {torch.get_num_threads()}, cpu count {os.cpu_count()}")
+    header = f"{'model':52} {'plain ms':>9}" + "".join(f" {c + ' ms':>10} {c + ' %':>9}" for c in conditions)
+    print(header)
+    for r in results:
+        row = f"{r['model']:52} {r['plain_ms']:9.2f}"
+        for c in conditions:
+            row += f" {r[f'{c}_ms']:10.2f} {r[f'{c}_overhead_pct']:+8.2f}%"
+        print(row)
+    print("\nuser API cost per call (ns):")
+    for k, v in api.items():
+        print(f"  {k:40} {v:8.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"models": results, "api": api}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Source level: Python stack samples from py-spy, attributed to spans.
+
+py-spy samples this process from outside (``py-spy record -p PID -f
+chrometrace``), so sampling costs the program little. Its timestamps count
+from py-spy's own start; they are aligned to the session clock by a marker: a
+uniquely named busy function run for a known interval right after py-spy
+attaches. The first sample inside the marker fixes the offset, with an error of
+at most one sampling period (recorded in run.json).
+
+Samples become ``Level.SOURCE`` slices on a "(python)" track next to each
+thread; the ``attribute_samples`` pass then gives every span the hottest
+source lines sampled while it was the innermost span on its thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.clock import now_ns
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Span, Track, TrackKind
+
+if TYPE_CHECKING:
+    from mltrace.tracer.session import Session
+
+MARKER = "_mltrace_pyspy_clock_marker"
+_MARKER_NS = 60_000_000  # long enough for several samples at 100 Hz
+
+
+def _mltrace_pyspy_clock_marker(duration_ns: int) -> tuple[int, int]:
+    start = now_ns()
+    x = 0
+    while now_ns() - start < duration_ns:
+        x += 1
+    return start, now_ns()
+
+
+def find_py_spy() -> str | None:
+    """The py-spy executable: next to this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+class PySpySource:
+    """Samples Python stacks with py-spy while the session runs.
+
+    Args:
+        rate_hz: samples per second.
+        native: also sample native (C/C++) frames.
+    """
+
+    name = "py-spy"
+    levels: tuple[Level, ...] = ()  # started by the --py-spy option, not by a level
+
+    def __init__(self, rate_hz: int = 100, native: bool = False) -> None:
+        self.rate_hz = rate_hz
+        self.native = native
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._session: Session | None = None
+        self._marker: tuple[int, int] | None = None
+        self._stderr: list[bytes] = []
+
+    def available(self) -> str | None:
+        if find_py_spy() is None:
+            return "py-spy is not installed (pip install 'mltrace[source]')"
+        return None
+
+    def start(self, session: Session) -> None:
+        exe = find_py_spy()
+        assert exe is not None
+        self._session = session
+        self._tmp = tempfile.TemporaryDirectory(prefix="mltrace-pyspy-")
+        out = os.path.join(self._tmp.name, "samples.json")
+        cmd = [exe, "record", "-p", str(os.getpid()), "-f", "chrometrace", "-o", out, "-r", str(self.rate_hz), "-t", "--nonblocking"]
+        if self.native:
+            cmd.append("--native")
+        self._out = out
+        # py-spy announces "Sampling process" on stdout; errors go to stderr: read both.
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        started = threading.Event()
+
+        def read_stderr() -> None:
+            assert self._proc is not None and self._proc.stdout is not None
+            for line in self._proc.stdout:
+                self._stderr.append(line)
+                if b"Sampling process" in line:
+                    started.set()
+            started.set()
+
+        threading.Thread(target=read_stderr, name="mltrace-pyspy-stderr", daemon=True).start()
+        if not started.wait(10) or self._proc.poll() is not None:
+            err = b"".join(self._stderr).decode(errors="replace").strip().splitlines()
+            self._kill()
+            raise RuntimeError(err[-1] if err else "py-spy did not start (is ptrace permitted?)")
+        # py-spy reports it is sampling slightly before the first sample: give it two periods.
+        time.sleep(2.0 / self.rate_hz)
+        self._marker = _mltrace_pyspy_clock_marker(_MARKER_NS)
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+
+    def stop(self) -> list[Event]:
+        try:
+            if self._proc is None:
+                return []
+            if self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGINT)
+                try:
+                    self._proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self._kill()
+            try:
+                with open(self._out, encoding="utf-8") as f:
+                    trace = json.load(f)
+            except (OSError, ValueError) as exc:
+                raise RuntimeError(f"py-spy wrote no readable samples: {exc}") from None
+            assert self._session is not None and self._marker is not None
+            return self._convert(trace)
+        finally:
+            self._kill()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
+
+    def _convert(self, trace: Any) -> list[Event]:
+        session = self._session
+        assert session is not None and self._marker is not None
+        events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
+        offset = marker_offset_ns(events, self._marker[0])
+        period = 1_000_000_000 // self.rate_hz
+        session.meta.setdefault("sources", {})["py-spy"] = {
+            "rate_hz": self.rate_hz,
+            "native": self.native,
+            "alignment_uncertainty_ns": period,
+            "aligned": offset is not None,
+        }
+        if offset is None:
+            session.note_limitation("py-spy samples could not be aligned to the trace (marker not sampled); samples dropped")
+            return []
+        idents = session.recorder.thread_idents
+        out: list[Event] = []
+        tracks: dict[int, Track] = {}
+        stacks: dict[int, list[Span]] = {}
+        for ev in events:
+            ph = ev.get("ph")
+            if ph not in ("B", "E"):
+                continue
+            tid = int(ev.get("tid", 0))
+            name = str(ev.get("name", ""))
+            ts = int(float(ev.get("ts", 0)) * 1000) + offset
+            if ph == "B":
+                if name.startswith("thread ("):
+                    stacks.setdefault(tid, [])
+                    continue
+                track = tracks.get(tid)
+                if track is None:
+                    parent_id = idents.get(tid)
+                    parent = session.tracks.tracks.get(parent_id) if parent_id is not None else None
+                    base = parent.name if parent is not None else f"thread {tid}"
+                    track = _sample_track(session, parent, base, tid)
+                    tracks[tid] = track
+                    out.append(track)
+                st = stacks.setdefault(tid, [])
+                args = ev.get("args") or {}
+                attrs: dict[str, Any] = {"code.function.name": name, "mltrace.source": "py-spy"}
+                if args.get("filename"):
+                    attrs["code.file.path"] = args["filename"]
+                    attrs["code.line.number"] = int(args.get("line", 0))
+                span = Span(session.new_id(), st[-1].id if st else None, Level.SOURCE, name, ts, -1, track.id, attrs)
+                st.append(span)
+            else:
+                st = stacks.get(tid)
+                if not st or name.startswith("thread ("):
+                    continue
+                span = st.pop()
+                span.end_ns = max(ts, span.start_ns)
+                if name != MARKER:  # the marker is mltrace's own, not the program's
+                    out.append(span)
+        return out
+
+
+def _sample_track(session: Session, parent: Track | None, base: str, tid: int) -> Track:
+    return session.tracks._get(  # noqa: SLF001 - the registry's keyed constructor
+        ("pyspy", parent.id if parent else tid),
+        Track,
+        kind=TrackKind.ASYNC,
+        name=f"{base} (python)",
+        pid=session.tracks.pid,
+        tid=parent.tid if parent else 0,
+        parent_track=parent.id if parent else -1,
+    )
+
+
+def marker_offset_ns(events: list[dict[str, Any]], marker_start_ns: int) -> int | None:
+    """Offset (ns) to add to py-spy timestamps (µs × 1000) to get session ns.
+
+    The first ``B`` event of the marker function marks the first sample taken
+    inside it, which happened within one sampling period after the marker
+    began, so ``marker_start - ts`` is the offset up to that period.
+    """
+    for ev in events:
+        if ev.get("ph") == "B" and ev.get("name") == MARKER:
+            return marker_start_ns - int(float(ev["ts"]) * 1000)
+    return None
