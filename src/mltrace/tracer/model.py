@@ -8,6 +8,7 @@ docs/CONVENTIONS.md. Nothing here holds tensor values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Union
 
 from mltrace.tracer.levels import Level
@@ -30,7 +31,7 @@ class Span:
         attrs: attributes (names per docs/CONVENTIONS.md).
     """
 
-    __slots__ = ("id", "parent_id", "level", "name", "start_ns", "end_ns", "track_id", "attrs", "_up")
+    __slots__ = ("id", "parent_id", "level", "name", "start_ns", "end_ns", "track_id", "attrs", "_up", "_fin")
 
     def __init__(
         self,
@@ -52,6 +53,8 @@ class Span:
         self.track_id = track_id
         self.attrs: Attrs = attrs if attrs is not None else {}
         self._up: Span | None = None  # live recording only: the enclosing open span
+        # Live recording only: completes attrs off the hot path (called when the span is drained).
+        self._fin: Callable[[Span], None] | None = None
 
     @property
     def duration_ns(self) -> int:

@@ -120,9 +120,18 @@ class Recorder:
             n = len(dq)
             return [dq.popleft() for _ in range(n)]
 
+        spans = take(self.done)
+        for span in spans:
+            fin = span._fin
+            if fin is not None:
+                span._fin = None
+                try:
+                    fin(span)
+                except Exception as exc:  # a source's bug must not lose the span
+                    span.attrs["mltrace.error"] = f"attribute finalizer failed: {exc}"
         return {
             "tracks": take(self.tracks.pending),
-            "spans": take(self.done),
+            "spans": spans,
             "instants": take(self.instants),
             "counters": take(self.counters),
             "flows": take(self.flows),

@@ -26,16 +26,18 @@ from mltrace.tracer.sources._imports import PostImportHook
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
+_SHAPE_KEYS = (("_in", "ml.input.shapes", "ml.input.dtypes"), ("_out", "ml.output.shapes", "ml.output.dtypes"))
 _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _Static:
     """Per-module facts computed once: type, parameters, class source location."""
 
-    __slots__ = ("ref", "type_name", "attrs")
+    __slots__ = ("ref", "type_name", "attrs", "paths")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
+        self.paths: dict[str, str] = {}  # parent path → this module's path under it
         self.type_name = type(module).__name__
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
@@ -125,11 +127,13 @@ class TorchModuleSource:
 
     def _child_name(self, parent: Any, child: Any) -> str | None:
         entry = self._children.get(id(parent))
-        if entry is None or entry[0]() is not parent or id(child) not in entry[1]:
-            names = {id(m): n for n, m in parent._modules.items() if m is not None}
-            entry = (weakref.ref(parent), names)
+        if entry is None or entry[0]() is not parent:
+            entry = (weakref.ref(parent), {})
             self._children[id(parent)] = entry
-        return entry[1].get(id(child))
+        names = entry[1]
+        if id(child) not in names:
+            names[id(child)] = next((n for n, m in parent._modules.items() if m is child), None)
+        return names[id(child)]
 
     def _root_name(self, root: Any, module: Any) -> str | None:
         entry = self._roots.get(id(root))
@@ -151,21 +155,43 @@ class TorchModuleSource:
         suffix = f"<{type(module).__name__}>"
         return f"{parent_path}.{suffix}" if parent_path else suffix
 
-    def _shapes(self, value: Any, shapes: list[Any], dtypes: list[str], depth: int = 0) -> None:
-        if isinstance(value, self._tensor):
-            shapes.append(list(value.shape))
-            dt = value.dtype
-            name = self._dtype_names.get(dt)
-            if name is None:
-                name = str(dt).removeprefix("torch.")
-                self._dtype_names[dt] = name
-            dtypes.append(name)
-        elif depth == 0 and isinstance(value, (tuple, list)):
-            for v in value:
-                self._shapes(v, shapes, dtypes, 1)
-        elif depth == 0 and isinstance(value, dict):
-            for v in value.values():
-                self._shapes(v, shapes, dtypes, 1)
+    def _raw_shapes(self, value: Any) -> list[Any]:
+        """Tensor shapes and dtypes as torch objects; converted later, off the hot path."""
+        tensor = self._tensor
+        if isinstance(value, tensor):
+            return [(value.shape, value.dtype)]
+        out: list[Any] = []
+        if isinstance(value, (tuple, list)):
+            items = value
+        elif isinstance(value, dict):
+            items = value.values()
+        else:
+            return out
+        for v in items:
+            if isinstance(v, tensor):
+                out.append((v.shape, v.dtype))
+            elif isinstance(v, (tuple, list)):
+                out.extend((w.shape, w.dtype) for w in v if isinstance(w, tensor))
+        return out
+
+    def _finish(self, span: Span) -> None:
+        """Completes a span's attributes when the recorder drains it (flusher thread)."""
+        attrs = span.attrs
+        static = attrs.pop("_static", None)
+        names = self._dtype_names
+        for raw_key, shapes_key, dtypes_key in _SHAPE_KEYS:
+            raw = attrs.pop(raw_key, None)
+            if raw:
+                attrs[shapes_key] = [list(shape) for shape, _ in raw]
+                dtypes = []
+                for _, dt in raw:
+                    name = names.get(dt)
+                    if name is None:
+                        name = names[dt] = str(dt).removeprefix("torch.")
+                    dtypes.append(name)
+                attrs[dtypes_key] = dtypes
+        if static is not None:
+            span.attrs = {**static, **attrs}
 
     def _call_site(self) -> tuple[str, int] | None:
         frame = sys._getframe(2)
@@ -184,23 +210,25 @@ class TorchModuleSource:
             stack = tls.stack
         except AttributeError:
             stack = tls.stack = []
-        if stack:
-            parent, _, parent_path, root = stack[-1]
-            if not self._record_layers:
-                stack.append((module, None, parent_path, root))
-                return
-            path = self._path(parent, parent_path, module, root)
-            attrs = dict(self._static_of(module).attrs)
-            attrs["ml.layer.path"] = path
-            shapes: list[Any] = []
-            dtypes: list[str] = []
-            self._shapes(args, shapes, dtypes)
-            if shapes:
-                attrs["ml.input.shapes"] = shapes
-                attrs["ml.input.dtypes"] = dtypes
-            stack.append((module, self._begin(path, Level.LAYER, attrs), path, root))
+        if not stack:
+            self._model_begin(module, args, stack)
             return
-        self._model_begin(module, args, stack)
+        parent, _, parent_path, root = stack[-1]
+        if not self._record_layers:
+            stack.append((module, None, parent_path, root))
+            return
+        static = self._static.get(id(module))
+        if static is None or static.ref() is not module:
+            static = self._static_of(module)
+        path = static.paths.get(parent_path)
+        if path is None:
+            path = static.paths[parent_path] = self._path(parent, parent_path, module, root)
+        attrs: dict[str, Any] = {"ml.layer.path": path, "_static": static.attrs}
+        if args:
+            attrs["_in"] = self._raw_shapes(args)
+        span = self._begin(path, Level.LAYER, attrs)
+        span._fin = self._finish
+        stack.append((module, span, path, root))
 
     def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> None:
         static = self._static_of(module)
@@ -213,14 +241,11 @@ class TorchModuleSource:
         site = self._call_site()
         if site is not None:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
-        shapes: list[Any] = []
-        dtypes: list[str] = []
-        self._shapes(args, shapes, dtypes)
-        if shapes:
-            attrs["ml.input.shapes"] = shapes
-            attrs["ml.input.dtypes"] = dtypes
+        attrs["_in"] = self._raw_shapes(args)
         self._note_opaque(module)
-        stack.append((module, self._begin(name, Level.MODEL, attrs), "", module))
+        span = self._begin(name, Level.MODEL, attrs)
+        span._fin = self._finish
+        stack.append((module, span, "", module))
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
@@ -252,10 +277,5 @@ class TorchModuleSource:
         if span is None:
             return
         if output is not None:
-            shapes: list[Any] = []
-            dtypes: list[str] = []
-            self._shapes(output, shapes, dtypes)
-            if shapes:
-                span.attrs["ml.output.shapes"] = shapes
-                span.attrs["ml.output.dtypes"] = dtypes
+            span.attrs["_out"] = self._raw_shapes(output)
         self._end(span)
