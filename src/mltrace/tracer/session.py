@@ -14,6 +14,7 @@ import itertools
 import logging
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,8 @@ class Session:
         self._writer: store.EventWriter | None = None
         self._pftrace: Any = None
         self._stream_failed = False
+        self._streams_closed = False
+        self._flush_lock = threading.Lock()
         self._stopped = False
         self.limitations: list[str] = []
         self.errors: list[str] = []
@@ -196,8 +199,12 @@ class Session:
 
     def flush(self) -> None:
         """Streams every completed event to the run directory (called by the flusher)."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         batch = self.recorder.drain()
-        if not any(batch.values()) or self._stream_failed:
+        if not any(batch.values()) or self._stream_failed or self._streams_closed:
             return
         try:
             assert self._writer is not None
@@ -250,13 +257,15 @@ class Session:
         truncated = self.recorder.close_open_spans(stop_ns)
         if self._flusher is not None:
             self._flusher.stop()
-        self.flush()
-        for closer in (self._writer, self._pftrace):
-            if closer is not None:
-                try:
-                    closer.close()
-                except Exception as exc:
-                    warn(f"closing a stream failed: {exc}")
+        with self._flush_lock:  # a flusher still busy (join timed out) finishes first
+            self._flush_locked()
+            self._streams_closed = True
+            for closer in (self._writer, self._pftrace):
+                if closer is not None:
+                    try:
+                        closer.close()
+                    except Exception as exc:
+                        warn(f"closing a stream failed: {exc}")
         self.meta["stopped_at_epoch_ns"] = self.anchor.session_to_epoch(now_ns())
         self.meta["duration_ns"] = stop_ns - self.anchor.monotonic_ns
         self.meta["limitations"] = self.limitations

@@ -19,8 +19,9 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     when their option is on.
     """
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
+    from mltrace.tracer.sources.torch_ops import TorchOpSource
 
-    sources: list[Source] = [TorchModuleSource()]
+    sources: list[Source] = [TorchModuleSource(), TorchOpSource()]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
 

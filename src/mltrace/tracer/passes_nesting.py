@@ -1,0 +1,209 @@
+"""Correlator passes that give spans their parents from time and from launches.
+
+``nest_by_containment``
+    On one track (one thread, one GPU stream), a span whose interval lies
+    inside another's ran inside it: an op inside the layer whose forward
+    called it, a CUDA launch call inside its op. Post-hoc sources (Kineto,
+    ONNX Runtime profiles, verbose logs) know the times but not mltrace's
+    live parents, so this pass supplies them.
+``attach_gpu_to_launch``
+    A GPU activity runs on a stream track, after the CPU call that launched
+    it returned; it is nested under that call through its launch flow.
+
+Both are pure: they return a new ``Run`` whose changed spans are copies; the
+input run's spans are not modified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span
+
+#: Sort rank of each level for spans with identical intervals: the coarser
+#: span is the container. User spans (``record_function``, ``mltrace.span``)
+#: usually wrap what they annotate, so they rank outermost.
+_TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
+# The same, indexed by the level's integer value: list indexing is much
+# cheaper than hashing an enum member, and the sort key runs once per span.
+def _rank_table() -> tuple[int, ...]:
+    table = [9] * (max(Level) + 1)
+    for level, rank in _TIE_RANK.items():
+        table[level] = rank
+    return tuple(table)
+
+
+_RANK_BY_VALUE = _rank_table()
+
+#: Dead entries (ended before the current span) tolerated in the sweep stack
+#: before it is compacted; only partially overlapping spans leave them.
+_COMPACT_AFTER = 32
+
+
+def _note(run: Run, name: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``run.meta`` with ``facts`` under ``correlation.<name>``."""
+    meta = dict(run.meta)
+    correlation = dict(meta.get("correlation") or {})
+    correlation[name] = facts
+    meta["correlation"] = correlation
+    return meta
+
+
+def _may_contain(outer: Level, inner: Level) -> bool:
+    """Whether a span at ``outer`` may be the parent of one at ``inner``.
+
+    Levels nest from the model down (an op never contains a layer); spans of
+    the same level nest (aten::linear → aten::addmm); user spans go anywhere.
+    """
+    return outer is Level.USER or inner is Level.USER or outer <= inner
+
+
+def _copy_with_parent(s: Span, parent_id: int | None) -> Span:
+    return Span(s.id, parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs)
+
+
+def innermost_containers(spans: list[Span]) -> tuple[dict[int, int], dict[int, int]]:
+    """Finds, for spans of one track, the innermost span containing each one.
+
+    A span ``p`` contains ``s`` when ``p.start_ns <= s.start_ns`` and
+    ``s.end_ns <= p.end_ns`` and ``p``'s level may hold ``s``'s (see
+    ``_may_contain``). Identical intervals nest by level (coarser outside),
+    then by id. Among several containers the one that started last wins
+    (with proper nesting, the innermost one).
+
+    One sweep over the spans sorted by (start, -end, level rank, id) with a
+    stack of open spans: O(n log n) for the sort, O(n) for the sweep when
+    spans nest properly.
+
+    Args:
+        spans: spans of one track (not modified; any order).
+
+    Returns:
+        ``(container, order)``: span id → id of its innermost container
+        (absent when none), and span id → position in the sweep order.
+    """
+    rank = _RANK_BY_VALUE
+    ordered = sorted(spans, key=lambda s: (s.start_ns, -s.end_ns, rank[s.level], s.id))
+    container: dict[int, int] = {}
+    order: dict[int, int] = {}
+    stack: list[Span] = []
+    user = Level.USER
+    for i, s in enumerate(ordered):
+        sid = s.id
+        order[sid] = i
+        start, end, level = s.start_ns, s.end_ns, s.level
+        # Spans that ended by the time s starts are done (unless s is a
+        # zero-length span at their very end, which they still contain).
+        while stack and stack[-1].end_ns <= start and not (stack[-1].start_ns <= start and end <= stack[-1].end_ns):
+            stack.pop()
+        dead = 0
+        for j in range(len(stack) - 1, -1, -1):
+            p = stack[j]
+            # _may_contain, inlined: this loop runs once per span.
+            if p.end_ns >= end and (p.level is user or level is user or p.level <= level):
+                container[sid] = p.id  # p.start_ns <= start holds: p came earlier in the sort
+                break
+            if p.end_ns < start:
+                dead += 1
+        if dead > _COMPACT_AFTER:
+            stack = [p for p in stack if p.end_ns >= start]
+        stack.append(s)
+    return container, order
+
+
+def nest_by_containment(run: Run) -> Run:
+    """Sets parents from time containment on each track.
+
+    A span gets the innermost span of its track that contains it (see
+    ``innermost_containers``) as parent when it has no parent, when its
+    parent is missing from the run, or when its parent is on the same track
+    and that innermost container lies inside the parent (the container is a
+    closer ancestor: e.g. a ``record_function`` range between a layer and an
+    op). Parents on other tracks (a kernel's launch call) are kept.
+
+    Records ``parents_set`` and ``parents_refined`` under
+    ``meta["correlation"]["nest_by_containment"]``.
+
+    Args:
+        run: the run (not modified).
+
+    Returns:
+        A run with new span list; changed spans are copies.
+    """
+    by_track: dict[int, list[Span]] = {}
+    for s in run.spans:
+        by_track.setdefault(s.track_id, []).append(s)
+    by_id = {s.id: s for s in run.spans}
+    new_parent: dict[int, int] = {}
+    set_count = refined = 0
+    for spans in by_track.values():
+        container, order = innermost_containers(spans)
+        for s in spans:
+            c = container.get(s.id)
+            if c is None or c == s.parent_id:
+                continue
+            parent = by_id.get(s.parent_id) if s.parent_id is not None else None
+            if parent is None:
+                new_parent[s.id] = c
+                set_count += 1
+                continue
+            if parent.track_id != s.track_id or parent.id not in order:
+                continue
+            inner = by_id[c]
+            if (
+                parent.start_ns <= inner.start_ns
+                and inner.end_ns <= parent.end_ns
+                and order[parent.id] < order[c]
+                and _may_contain(parent.level, inner.level)
+            ):
+                new_parent[s.id] = c
+                refined += 1
+    spans_out = [_copy_with_parent(s, new_parent[s.id]) if s.id in new_parent else s for s in run.spans]
+    meta = _note(run, "nest_by_containment", {"parents_set": set_count, "parents_refined": refined})
+    return replace(run, spans=spans_out, meta=meta)
+
+
+def attach_gpu_to_launch(run: Run) -> Run:
+    """Makes each GPU activity a child of the CPU call that launched it.
+
+    The link is the ``Flow(kind="launch")`` from the launch call (a
+    ``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaGraphLaunch``…) to the
+    activity; every kernel of a graph launch gets the one graph launch as
+    parent. The launch call itself is nested in its op by
+    ``nest_by_containment``. A child here runs after its parent ended (the
+    GPU is asynchronous), which validation must allow for parents reached
+    by a launch flow.
+
+    Records ``attached`` and ``missing_endpoint`` (flows naming a span that
+    is not in the run) under ``meta["correlation"]["attach_gpu_to_launch"]``.
+
+    Args:
+        run: the run (not modified).
+
+    Returns:
+        A run with a new span list; changed spans are copies.
+    """
+    ids = {s.id for s in run.spans}
+    parent_of: dict[int, int] = {}
+    missing = 0
+    for f in run.flows:
+        if f.kind != "launch":
+            continue
+        if f.from_span not in ids or f.to_span not in ids:
+            missing += 1
+            continue
+        parent_of.setdefault(f.to_span, f.from_span)  # the first launch flow wins
+    spans_out: list[Span] = []
+    attached = 0
+    for s in run.spans:
+        p = parent_of.get(s.id)
+        if p is not None and p != s.parent_id and p != s.id:
+            spans_out.append(_copy_with_parent(s, p))
+            attached += 1
+        else:
+            spans_out.append(s)
+    meta = _note(run, "attach_gpu_to_launch", {"attached": attached, "missing_endpoint": missing})
+    return replace(run, spans=spans_out, meta=meta)

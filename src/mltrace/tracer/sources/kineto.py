@@ -1,0 +1,550 @@
+"""Kineto (``torch.profiler``) Chrome-trace JSON → mltrace events.
+
+Kineto writes one JSON object whose ``traceEvents`` are Chrome trace events.
+What this module reads, as found in real traces (PyTorch 2.0 – 2.13, A100 and
+CPU runs, see tests/data/kineto/):
+
+- ``ph: "X"`` complete events with ``ts`` and ``dur`` in µs. Newer Kineto
+  writes floats with three decimals (ns resolution) and a top-level
+  ``baseTimeNanoseconds``; then ``ts * 1000 + baseTimeNanoseconds`` is Unix
+  epoch ns. Older traces have no base and ``ts`` is already epoch µs.
+- ``cat`` (category) decides the mapping:
+
+  ===================== ==========================================================
+  ``cpu_op``            ``Level.OP`` span on the thread's track (``ml.op.name``,
+                        ``ml.input.shapes`` from ``Input Dims``, ``ml.input.dtypes``
+                        from ``Input type``, ``ml.flops`` when Kineto wrote
+                        ``flops``)
+  ``user_annotation``   ``Level.USER`` span (``record_function``, ProfilerStep#N)
+  ``gpu_user_annotation`` ``Level.USER`` span on the GPU stream's track
+  ``python_function``   only ``nn.Module: <Type>_<n>`` frames (``with_modules``):
+                        ``Level.LAYER`` spans, the outermost one ``Level.MODEL``,
+                        parents set explicitly through ``Python parent id``
+  ``cuda_runtime``,     the CPU-side CUDA API call: ``Level.KERNEL`` span on the
+  ``cuda_driver``       calling thread's track with ``cuda.api.name``
+  ``kernel``,           ``Level.KERNEL`` span on ``tracks.gpu_stream(device,
+  ``gpu_memcpy``,       stream)``, with a ``Flow(kind="launch")`` from the API call
+  ``gpu_memset``        that has the same ``correlation`` id
+  ``cuda_sync``         (GPU-side waits) ``Instant`` on the stream's track, with
+                        its duration in ``cuda.sync.duration_ns``: they overlap
+                        kernels on the same stream, so they cannot be slices there
+  ===================== ==========================================================
+
+  Everything else (``Trace``, ``ac2g`` flow events, ``fwdbwd``, metadata,
+  other ``python_function`` frames, instants) is counted in the stats and
+  not converted.
+
+Launches are matched by the ``correlation`` argument, not by Kineto's
+``ac2g`` flow events: old traces draw ``ac2g`` arrows for API calls that
+launched nothing. Every GPU activity launched by a ``cudaGraphLaunch`` shares
+that call's correlation id, so each gets a flow from the one launch. Kineto's
+own ids stay in attributes (``gpu.correlation_id``, ``kineto.external_id``);
+mltrace ids come from ``new_id``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mltrace.run.store import RunError
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Flow, Instant, Span, Track
+from mltrace.tracer.tracks import TrackRegistry
+
+#: Categories of GPU activities that become kernel-level spans on a stream track.
+GPU_ACTIVITY_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+#: Categories of CPU-side CUDA API calls.
+CUDA_API_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+
+_MODULE_PREFIX = "nn.Module: "
+_MEMCPY_KIND = re.compile(r"Memcpy (\w+)")
+_MODULE_INDEX = re.compile(r"_\d+$")
+#: Timestamps (µs) above this are taken as Unix-epoch µs when a trace has no
+#: ``baseTimeNanoseconds`` (1e15 µs is 2001-09-09; uptime-based clocks are far lower).
+_EPOCH_US_THRESHOLD = 1e15
+#: The stream id CUPTI gives context-wide synchronizations (uint32 -1).
+_ALL_STREAMS = 0xFFFFFFFF
+#: How many unmatched correlation ids the stats keep as examples.
+_MAX_EXAMPLES = 20
+
+
+@dataclass
+class KinetoStats:
+    """What a conversion found, for run.json and for tests.
+
+    Attributes:
+        events_by_category: every ``ph: "X"`` event by ``cat`` (raw counts).
+        spans_by_category: spans made, by the ``cat`` they came from.
+        instants: instants made (GPU-side ``cuda_sync`` waits).
+        skipped: events not converted, by reason.
+        gpu_activities: kernels + memcpys + memsets converted.
+        gpu_activities_launched: those linked to their launching API call.
+        unmatched_correlation_ids: how many GPU activities had no API call
+            with their correlation id (or no id at all).
+        unmatched_examples: up to 20 of those correlation ids.
+        clock: ``"baseTimeNanoseconds"``, ``"epoch_us"`` or ``"relative"``
+            (no base and timestamps too small for epoch µs: the times keep
+            the trace's own origin).
+        base_time_ns: the trace's ``baseTimeNanoseconds`` (ns), or 0.
+    """
+
+    events_by_category: dict[str, int] = field(default_factory=dict)
+    spans_by_category: dict[str, int] = field(default_factory=dict)
+    instants: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    gpu_activities: int = 0
+    gpu_activities_launched: int = 0
+    unmatched_correlation_ids: int = 0
+    unmatched_examples: list[int] = field(default_factory=list)
+    clock: str = "relative"
+    base_time_ns: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return {
+            "events_by_category": dict(self.events_by_category),
+            "spans_by_category": dict(self.spans_by_category),
+            "instants": self.instants,
+            "skipped": dict(self.skipped),
+            "gpu_activities": self.gpu_activities,
+            "gpu_activities_launched": self.gpu_activities_launched,
+            "unmatched_correlation_ids": self.unmatched_correlation_ids,
+            "unmatched_examples": list(self.unmatched_examples),
+            "clock": self.clock,
+            "base_time_ns": self.base_time_ns,
+        }
+
+
+@dataclass
+class KinetoEvents:
+    """The result of ``kineto_to_events``.
+
+    Attributes:
+        spans: every span, in trace order.
+        flows: launch flows (API call → GPU activity).
+        instants: GPU-side synchronization events.
+        tracks: the tracks the events use (already in the registry).
+        stats: counts of what was converted and linked.
+    """
+
+    spans: list[Span] = field(default_factory=list)
+    flows: list[Flow] = field(default_factory=list)
+    instants: list[Instant] = field(default_factory=list)
+    tracks: list[Track] = field(default_factory=list)
+    stats: KinetoStats = field(default_factory=KinetoStats)
+
+    def events(self, with_tracks: bool = False) -> list[Event]:
+        """All events as one list (tracks only when asked: a session's registry
+        already queues the tracks it creates)."""
+        out: list[Event] = list(self.tracks) if with_tracks else []
+        out.extend(self.spans)
+        out.extend(self.instants)
+        out.extend(self.flows)
+        return out
+
+
+def load_kineto_json(path: str | Path) -> dict[str, Any]:
+    """Reads a Kineto trace (``.json`` or ``.json.gz``).
+
+    Args:
+        path: the trace file.
+
+    Returns:
+        The trace object (a dict with a ``traceEvents`` list). A bare JSON
+        array of events is accepted and wrapped.
+
+    Raises:
+        RunError: if the file is missing, torn (truncated gzip or JSON) or not
+            a Chrome/Kineto trace.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise RunError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise RunError(f"{p}: is a directory, not a Kineto trace file") from None
+    except OSError as exc:
+        raise RunError(f"{p}: {exc.strerror or exc}") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as exc:
+            raise RunError(f"{p}: truncated or corrupt gzip data ({exc})") from None
+    try:
+        import orjson
+
+        obj = orjson.loads(raw)
+    except ImportError:  # pragma: no cover - orjson is a dependency
+        obj = _json_loads(p, raw)
+    except ValueError as exc:
+        hint = " (the file looks truncated)" if raw.rstrip()[-1:] not in (b"}", b"]") else ""
+        raise RunError(f"{p}: not valid JSON{hint}: {exc}") from None
+    if isinstance(obj, list):
+        obj = {"traceEvents": obj}
+    if not isinstance(obj, dict) or not isinstance(obj.get("traceEvents"), list):
+        raise RunError(f"{p}: not a Kineto/Chrome trace (no traceEvents list)")
+    return obj
+
+
+def _json_loads(p: Path, raw: bytes) -> Any:  # pragma: no cover - fallback without orjson
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RunError(f"{p}: not valid JSON: {exc}") from None
+
+
+def trace_epoch_offset(trace: dict[str, Any]) -> tuple[int, str]:
+    """How a trace's ``ts`` (µs) becomes Unix-epoch ns: ``ts * 1000 + offset``.
+
+    Returns:
+        ``(offset_ns, clock)``: ``baseTimeNanoseconds`` when present
+        (clock ``"baseTimeNanoseconds"``); else 0 with clock ``"epoch_us"``
+        when timestamps look like epoch µs, or ``"relative"`` when they do not.
+    """
+    base = trace.get("baseTimeNanoseconds")
+    if isinstance(base, (int, float)) and not isinstance(base, bool):
+        return int(base), "baseTimeNanoseconds"
+    for e in trace.get("traceEvents", ()):
+        if isinstance(e, dict) and e.get("ph") == "X":
+            ts = e.get("ts")
+            if isinstance(ts, (int, float)):
+                return 0, "epoch_us" if ts > _EPOCH_US_THRESHOLD else "relative"
+    return 0, "relative"
+
+
+def _us_to_ns(us: float | int) -> int:
+    """µs → ns without losing Kineto's ns fraction on large epoch values."""
+    if isinstance(us, int):
+        return us * 1000
+    whole = int(us)
+    frac = (us - whole) * 1000  # the ns fraction; Kineto timestamps are never negative
+    return whole * 1000 + int(frac + 0.5 if frac >= 0 else frac - 0.5)
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _names(events: list[Any]) -> tuple[dict[tuple[int, int], str], int | None]:
+    """Thread names by (pid, tid) and the pid labelled "CPU" from metadata events."""
+    thread_names: dict[tuple[int, int], str] = {}
+    cpu_pid: int | None = None
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "M":
+            continue
+        args = e.get("args") or {}
+        pid, tid = _as_int(e.get("pid")), _as_int(e.get("tid"))
+        if pid is None:
+            continue
+        if e.get("name") == "thread_name" and tid is not None and isinstance(args.get("name"), str):
+            thread_names.setdefault((pid, tid), args["name"].strip())
+        elif e.get("name") == "process_labels" and args.get("labels") == "CPU" and cpu_pid is None:
+            cpu_pid = pid
+    return thread_names, cpu_pid
+
+
+def _module_paths(py_events: list[dict[str, Any]]) -> dict[int, tuple[str, int | None]]:
+    """Layer path and enclosing module frame for every ``nn.Module`` frame.
+
+    Kineto names module frames ``nn.Module: <Type>_<n>`` and links every
+    Python frame to its caller by ``Python parent id``; the attribute names
+    (``encoder.layers.0``) are not in the trace, so paths join the labels
+    from the model down (``Net_0.Sequential_0.Linear_0``).
+
+    Returns:
+        Python id → (full label path, Python id of the nearest enclosing
+        module frame or None for a model).
+    """
+    parent_of: dict[int, int | None] = {}
+    label_of: dict[int, str] = {}
+    for e in py_events:
+        args = e.get("args") or {}
+        pyid = _as_int(args.get("Python id"))
+        if pyid is None:
+            continue
+        parent_of[pyid] = _as_int(args.get("Python parent id"))
+        name = e.get("name", "")
+        if name.startswith(_MODULE_PREFIX):
+            label_of[pyid] = name[len(_MODULE_PREFIX) :]
+    enclosing: dict[int, int | None] = {}  # frame → nearest module frame at or above it
+
+    def module_at_or_above(pyid: int | None) -> int | None:
+        chain: list[int] = []
+        found: int | None = None
+        while pyid is not None and len(chain) < 100_000:  # the bound guards against a cyclic trace
+            if pyid in label_of:
+                found = pyid
+                break
+            if pyid in enclosing:
+                found = enclosing[pyid]
+                break
+            chain.append(pyid)
+            pyid = parent_of.get(pyid)
+        for c in chain:
+            enclosing[c] = found
+        return found
+
+    outer_of: dict[int, int | None] = {}
+    for pyid in label_of:
+        outer = module_at_or_above(parent_of.get(pyid))
+        outer_of[pyid] = outer if outer != pyid else None
+    paths: dict[int, str] = {}
+    for pyid in label_of:
+        chain: list[int] = []
+        cur: int | None = pyid
+        while cur is not None and cur not in paths:
+            if len(chain) > 1000:  # a cyclic trace: cut the path here
+                cur = None
+                break
+            chain.append(cur)
+            cur = outer_of[cur]
+        prefix = paths[cur] if cur is not None and cur in paths else ""
+        for c in reversed(chain):
+            prefix = f"{prefix}.{label_of[c]}" if prefix else label_of[c]
+            paths[c] = prefix
+    return {pyid: (paths[pyid], outer_of[pyid]) for pyid in label_of}
+
+
+def kineto_to_events(
+    trace: dict[str, Any],
+    tracks: TrackRegistry,
+    new_id: Callable[[], int],
+    to_session_ns: Callable[[int], int],
+) -> KinetoEvents:
+    """Converts a Kineto trace into spans, flows and instants.
+
+    Args:
+        trace: the trace object (see ``load_kineto_json``).
+        tracks: the registry that allocates thread and GPU stream tracks.
+            Thread tracks are keyed by the trace's (pid, tid); GPU stream
+            tracks belong to the trace's CPU process.
+        new_id: allocates span and flow ids.
+        to_session_ns: converts Unix-epoch ns to session ns.
+
+    Returns:
+        The events and the conversion stats. Parents of ops, API calls and
+        GPU activities are left to the correlator passes
+        (``nest_by_containment``, ``attach_gpu_to_launch``); module spans get
+        explicit parents.
+    """
+    events: list[Any] = trace.get("traceEvents") or []
+    offset_ns, clock = trace_epoch_offset(trace)
+    stats = KinetoStats(clock=clock, base_time_ns=offset_ns if clock == "baseTimeNanoseconds" else 0)
+    out = KinetoEvents(stats=stats)
+    thread_names, cpu_pid = _names(events)
+    by_cat: Counter[str] = Counter()
+    made: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+
+    complete = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    for e in complete:
+        by_cat[str(e.get("cat", ""))] += 1
+    if cpu_pid is None:
+        pids = Counter(_as_int(e.get("pid")) for e in complete if e.get("cat") == "cpu_op")
+        pids.pop(None, None)
+        cpu_pid = pids.most_common(1)[0][0] if pids else None
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") not in ("X", "M"):
+            skipped[f"ph={e.get('ph')}"] += 1
+
+    modules = _module_paths([e for e in complete if e.get("cat") == "python_function"])
+    module_span: dict[int, int] = {}  # Python id → span id
+    for pyid in modules:
+        module_span[pyid] = new_id()
+
+    used_tracks: dict[int, Track] = {}
+    launch_by_corr: dict[int, Span] = {}
+    gpu_spans: list[tuple[Span, int | None]] = []
+
+    def times(e: dict[str, Any]) -> tuple[int, int] | None:
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+            return None
+        start = to_session_ns(_us_to_ns(ts) + offset_ns)
+        return start, start + _us_to_ns(dur)
+
+    thread_cache: dict[tuple[Any, Any], Track | None] = {}
+
+    def thread_track(e: dict[str, Any]) -> Track | None:
+        key = (e.get("pid"), e.get("tid"))
+        if key in thread_cache:
+            return thread_cache[key]
+        pid, tid = _as_int(key[0]), _as_int(key[1])
+        t = None
+        if pid is not None and tid is not None:
+            t = tracks.thread(tid, thread_names.get((pid, tid), ""), pid=pid)
+            used_tracks[t.id] = t
+        thread_cache[key] = t
+        return t
+
+    def stream_track(e: dict[str, Any], args: dict[str, Any]) -> Track | None:
+        device = _as_int(args.get("device"))
+        stream = _as_int(args.get("stream"))
+        if device is None:
+            device = _as_int(e.get("pid"))
+        if stream is None:
+            stream = _as_int(e.get("tid"))
+        if device is None or stream is None:
+            return None
+        t = tracks.gpu_stream(device, stream, pid=cpu_pid)
+        used_tracks[t.id] = t
+        return t
+
+    for e in complete:
+        cat = str(e.get("cat", ""))
+        name = str(e.get("name", ""))
+        args = e.get("args") or {}
+        if cat == "python_function" and not name.startswith(_MODULE_PREFIX):
+            skipped["python_function (not a module)"] += 1
+            continue
+        if cat not in _HANDLED:
+            skipped[cat or "(no category)"] += 1
+            continue
+        when = times(e)
+        if when is None:
+            skipped["bad ts/dur"] += 1
+            continue
+        start, end = when
+        gpu_side = cat in GPU_ACTIVITY_CATEGORIES or cat in ("gpu_user_annotation", "cuda_sync")
+        if cat == "cuda_sync" and _as_int(args.get("stream")) in (-1, _ALL_STREAMS):
+            skipped["cuda_sync (context-wide)"] += 1  # no stream to draw it on
+            continue
+        track = stream_track(e, args) if gpu_side else thread_track(e)
+        if track is None:
+            skipped["no pid/tid"] += 1
+            continue
+        corr = _as_int(args.get("correlation"))
+        if cat == "cuda_sync":
+            attrs = {"cuda.sync.kind": args.get("cuda_sync_kind", name), "cuda.sync.duration_ns": end - start}
+            if corr is not None:
+                attrs["gpu.correlation_id"] = corr
+            out.instants.append(Instant(name, start, track.id, Level.KERNEL, attrs))
+            continue
+        attrs = {}
+        parent: int | None = None
+        ext = _as_int(args.get("External id"))
+        if cat == "cpu_op":
+            level = Level.OP
+            attrs = {"ml.framework": "pytorch", "ml.op.name": name}
+            if "Input Dims" in args:
+                attrs["ml.input.shapes"] = args["Input Dims"]
+            if "Input type" in args:
+                attrs["ml.input.dtypes"] = args["Input type"]
+            flops = args.get("flops")
+            if isinstance(flops, (int, float)) and flops > 0:
+                attrs["ml.flops"] = flops
+        elif cat in ("user_annotation", "gpu_user_annotation"):
+            level = Level.USER
+        elif cat == "python_function":
+            frame_id = _as_int(args.get("Python id"))
+            if frame_id is None or frame_id not in modules:
+                skipped["python_function (no Python id)"] += 1
+                continue
+            full_path, outer = modules[frame_id]
+            type_name = _MODULE_INDEX.sub("", name[len(_MODULE_PREFIX) :])
+            attrs = {"ml.framework": "pytorch", "ml.layer.type": type_name}
+            if outer is None:  # as the torch.modules source does: the model span is named by its class
+                level, span_name = Level.MODEL, type_name
+            else:  # layer paths are relative to the model, as in torch.modules
+                level, span_name = Level.LAYER, full_path.split(".", 1)[1]
+                parent = module_span[outer]
+                attrs["ml.layer.path"] = span_name
+            span = Span(module_span[frame_id], parent, level, span_name, start, end, track.id, attrs)
+            out.spans.append(span)
+            made[cat] += 1
+            continue
+        elif cat in CUDA_API_CATEGORIES:
+            level = Level.KERNEL
+            attrs = {"cuda.api.name": name, "cuda.api.kind": "runtime" if cat == "cuda_runtime" else "driver"}
+            if corr is not None:
+                attrs["gpu.correlation_id"] = corr
+        else:  # GPU activity
+            level = Level.KERNEL
+            attrs = _gpu_attrs(cat, name, args, track)
+            if corr is not None:
+                attrs["gpu.correlation_id"] = corr
+        if ext is not None and cat != "python_function":
+            attrs["kineto.external_id"] = ext
+        span = Span(new_id(), parent, level, name, start, end, track.id, attrs)
+        out.spans.append(span)
+        made[cat] += 1
+        if cat in CUDA_API_CATEGORIES and corr is not None:
+            known = launch_by_corr.get(corr)
+            # One correlation id can tag a runtime call and the driver call it made;
+            # the runtime call is what the program called, so it is the launch.
+            if known is None or (known.attrs["cuda.api.kind"] == "driver" and cat == "cuda_runtime"):
+                launch_by_corr[corr] = span
+        elif cat in GPU_ACTIVITY_CATEGORIES:
+            gpu_spans.append((span, corr))
+
+    unmatched: list[int] = []
+    for span, corr in gpu_spans:
+        launch = launch_by_corr.get(corr) if corr is not None else None
+        if launch is None:
+            stats.unmatched_correlation_ids += 1
+            if corr is not None and len(unmatched) < _MAX_EXAMPLES:
+                unmatched.append(corr)
+            continue
+        out.flows.append(Flow(new_id(), launch.id, span.id, "launch"))
+        stats.gpu_activities_launched += 1
+    stats.gpu_activities = len(gpu_spans)
+    stats.instants = len(out.instants)
+    stats.unmatched_examples = unmatched
+    stats.events_by_category = dict(sorted(by_cat.items()))
+    stats.spans_by_category = dict(sorted(made.items()))
+    stats.skipped = dict(sorted(skipped.items()))
+    out.tracks = [used_tracks[k] for k in sorted(used_tracks)]
+    return out
+
+
+_HANDLED = frozenset(
+    {"cpu_op", "user_annotation", "gpu_user_annotation", "python_function", "cuda_sync"}
+    | CUDA_API_CATEGORIES
+    | GPU_ACTIVITY_CATEGORIES
+)
+
+
+def _gpu_attrs(cat: str, name: str, args: dict[str, Any], track: Track) -> dict[str, Any]:
+    """Attributes of a kernel, memcpy or memset (units: bytes, registers, threads)."""
+    attrs: dict[str, Any] = {"gpu.device": track.device, "gpu.stream": track.stream, "gpu.activity": cat}
+    if cat == "kernel":
+        attrs["gpu.kernel.name"] = name
+        for key, attr in (
+            ("grid", "gpu.grid"),
+            ("block", "gpu.block"),
+            ("registers per thread", "gpu.registers_per_thread"),
+            ("shared memory", "gpu.shared_memory_bytes"),
+            ("blocks per SM", "gpu.blocks_per_sm"),
+            ("warps per SM", "gpu.warps_per_sm"),
+            ("est. achieved occupancy %", "gpu.estimated_occupancy_pct"),
+        ):
+            if key in args:
+                attrs[attr] = args[key]
+    else:
+        if cat == "gpu_memcpy":
+            m = _MEMCPY_KIND.match(name)
+            if m:
+                attrs["gpu.memcpy.kind"] = m.group(1)
+        if "bytes" in args:
+            attrs["gpu.bytes"] = args["bytes"]
+    return attrs

@@ -1,0 +1,200 @@
+"""PyTorch op level (and, with CUDA, kernel level) from ``torch.profiler``.
+
+The source runs ``torch.profiler.profile`` (Kineto) for the whole session:
+CPU activity with ``record_shapes`` and ``with_flops``, plus CUDA activity
+(runtime calls, kernels, memcpys, memsets) when the kernel level is enabled
+and torch sees a GPU. At ``stop()`` it exports Kineto's Chrome trace to a
+temporary file and converts it with ``kineto_to_events``; it is a post-hoc
+source: ops reach the run directory only when the session stops.
+
+Placement. Kineto's thread ids are OS thread ids, so ops land on the same
+thread tracks as the live model and layer spans of the ``torch.modules``
+source, where ``nest_by_containment`` makes each op a child of the
+innermost layer around it. Ops on other threads (intra-op workers, user
+threads, the autograd engine) keep their own tracks. All threads are
+profiled when torch supports it (``_ExperimentalConfig(profile_all_threads=
+True)``, PyTorch ≥ 2.6); older versions see only the thread that started
+the profiler, which run.json records as a limitation.
+
+Clock. ``ts * 1000 + baseTimeNanoseconds`` is Unix-epoch ns (Kineto reads
+the system clock); ``session.anchor.epoch_to_session`` converts it. Measured
+on this project's 2-core CPU machine under load (PyTorch 2.13): 200 of 200
+``record_function`` ranges, each entered and left between two
+``time.monotonic_ns()`` readings, landed inside their window after
+conversion, with smallest margins of 9.6 µs before and 1.5 µs after; so the
+conversion error lies between −9.6 µs and +1.5 µs (anchor uncertainty
+61 ns). That is below the gap between a layer hook's timestamp and the first
+op of its forward, which is what nesting needs;
+``tests/tracer/test_torch_ops.py`` checks the bracketing on every run.
+
+Start. torch is never imported by mltrace: if the program has not imported
+torch when the session starts, the profiler starts right after its
+``import torch`` finishes (a post-import hook), so ops run before that
+import are none anyway.
+
+Limits. Kineto keeps every event in memory until ``stop()`` and allows one
+profiler per process: a program that runs its own ``torch.profiler`` while
+this source is on gets an error from torch, so use ``--level layer`` there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event
+from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.kineto import KinetoStats, kineto_to_events, load_kineto_json
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from mltrace.tracer.session import Session
+
+
+def _cuda_possible() -> bool:
+    """Whether torch may see a GPU here, without importing torch."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:
+            return False
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    if "+cpu" in version:
+        return False
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd"))
+
+
+class TorchOpSource:
+    """Op spans (and CUDA kernels) for PyTorch, recorded by ``torch.profiler``.
+
+    Attributes:
+        name: "torch.profiler".
+        levels: ``(Level.OP,)``, plus ``Level.KERNEL`` where torch may see a GPU.
+        stats: the conversion stats of the last ``stop()`` (None before).
+        export_ns: how long the last Chrome-trace export and conversion took (ns).
+    """
+
+    name = "torch.profiler"
+
+    def __init__(self) -> None:
+        self.levels: tuple[Level, ...] = (Level.OP, Level.KERNEL) if _cuda_possible() else (Level.OP,)
+        self._session: Session | None = None
+        self._hook: PostImportHook | None = None
+        self._prof: Any = None
+        self._kernels = False
+        self.stats: KinetoStats | None = None
+        self.export_ns = 0
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed"
+        return None
+
+    def start(self, session: Session) -> None:
+        self._session = session
+        self._kernels = Level.KERNEL in session.levels
+        self._hook = PostImportHook("torch", self._begin)
+
+    def _begin(self, torch: ModuleType) -> None:
+        """Starts the profiler (now, or right after the program's ``import torch``)."""
+        session = self._session
+        if session is None or self._prof is not None:
+            return
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if self._kernels:
+                if torch.cuda.is_available():
+                    activities.append(ProfilerActivity.CUDA)
+                else:
+                    session.note_limitation("kernel level: torch sees no CUDA device, so no kernels were recorded")
+            kwargs: dict[str, Any] = {"activities": activities, "record_shapes": True, "with_flops": True}
+            config = _all_threads_config()
+            if config is not None:
+                kwargs["experimental_config"] = config
+            else:
+                session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
+            prof = profile(**kwargs)
+            prof.start()
+            self._prof = prof
+        except Exception as exc:  # never into the user's program
+            session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
+            session.note_limitation(f"op level: torch.profiler did not start ({exc})")
+
+    def stop(self) -> list[Event]:
+        """Stops the profiler and returns its ops, API calls, kernels and flows."""
+        try:
+            prof, self._prof = self._prof, None
+            if prof is None:
+                return []
+            prof.stop()
+            t0 = time.perf_counter_ns()
+            flops = _flops_by_external_id(prof)
+            with tempfile.TemporaryDirectory(prefix="mltrace-kineto-") as tmp:
+                path = Path(tmp) / "kineto.json"
+                prof.export_chrome_trace(str(path))
+                trace = load_kineto_json(path)
+            session = self._session
+            assert session is not None
+            result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session)
+            if flops:
+                for span in result.spans:
+                    ext = span.attrs.get("kineto.external_id")
+                    if span.level is Level.OP and ext in flops and "ml.flops" not in span.attrs:
+                        span.attrs["ml.flops"] = flops[ext]
+            self.stats = result.stats
+            self.export_ns = time.perf_counter_ns() - t0
+            stats = result.stats.as_dict()
+            stats["export_ns"] = self.export_ns
+            session.meta["torch_profiler"] = stats
+            # Tracks are left out: the session's registry already queued them.
+            return result.events(with_tracks=False)
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+
+
+def _all_threads_config() -> Any:
+    """Kineto's config for profiling every thread, or None where torch lacks it."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(profile_all_threads=True)
+    except (ImportError, TypeError):
+        return None
+
+
+def _flops_by_external_id(prof: Any) -> dict[int, int]:
+    """FLOP counts of ops, keyed by Kineto's External id.
+
+    Recent Kineto traces no longer carry ``flops`` in the JSON; the
+    profiler's own events still do (same External ids, which are unique
+    within a profile).
+    """
+    out: dict[int, int] = {}
+    try:
+        events = prof.profiler.kineto_results.events()
+    except Exception:
+        return out
+    for e in events:
+        try:
+            flops = e.flops()
+            if flops:
+                out[int(e.external_id())] = int(flops)
+        except Exception:
+            continue
+    return out

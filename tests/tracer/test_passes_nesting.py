@@ -1,0 +1,194 @@
+"""nest_by_containment and attach_gpu_to_launch, from small tables of spans."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Flow, Span
+from mltrace.tracer.passes_nesting import attach_gpu_to_launch, innermost_containers, nest_by_containment
+
+M, LY, OP, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.KERNEL, Level.USER
+
+# (id, explicit parent, level, start ns, end ns, track)
+Row = tuple[int, int | None, Level, int, int, int]
+
+
+def make_run(rows: list[Row], flows: list[Flow] | None = None) -> Run:
+    spans = [Span(i, p, lv, f"s{i}", a, b, t) for i, p, lv, a, b, t in rows]
+    return Run(path=Path("."), meta={}, spans=spans, flows=flows or [])
+
+
+def parents(run: Run) -> dict[int, int | None]:
+    return {s.id: s.parent_id for s in run.spans}
+
+
+CASES: list[tuple[str, list[Row], dict[int, int | None]]] = [
+    (
+        "layer > op > op > launch call; a sibling op",
+        [(1, None, LY, 0, 100, 1), (2, None, OP, 10, 50, 1), (3, None, OP, 20, 40, 1), (4, None, K, 25, 30, 1), (5, None, OP, 60, 90, 1)],
+        {1: None, 2: 1, 3: 2, 4: 3, 5: 1},
+    ),
+    (
+        "input order does not matter",
+        [(5, None, OP, 60, 90, 1), (4, None, K, 25, 30, 1), (3, None, OP, 20, 40, 1), (2, None, OP, 10, 50, 1), (1, None, LY, 0, 100, 1)],
+        {1: None, 2: 1, 3: 2, 4: 3, 5: 1},
+    ),
+    (
+        "an op never contains a layer, even when its interval does",
+        [(1, None, OP, 0, 100, 1), (2, None, LY, 10, 20, 1), (3, None, OP, 12, 18, 1)],
+        {1: None, 2: None, 3: 2},
+    ),
+    (
+        "identical intervals nest by level, coarser outside, whatever the ids",
+        [(9, None, OP, 0, 10, 1), (8, None, LY, 0, 10, 1), (7, None, U, 0, 10, 1), (6, None, K, 0, 10, 1)],
+        {7: None, 8: 7, 9: 8, 6: 9},
+    ),
+    (
+        "identical intervals at one level: the earlier id is the container",
+        [(1, None, OP, 0, 10, 1), (2, None, OP, 0, 10, 1)],
+        {1: None, 2: 1},
+    ),
+    (
+        "user spans nest anywhere and hold anything",
+        [(1, None, OP, 0, 100, 1), (2, None, U, 10, 90, 1), (3, None, OP, 20, 30, 1), (4, None, U, 40, 50, 1), (5, None, M, 41, 49, 1)],
+        {1: None, 2: 1, 3: 2, 4: 2, 5: 4},
+    ),
+    (
+        "touching siblings do not nest; a zero-length span at the end does",
+        [(1, None, OP, 0, 10, 1), (2, None, OP, 10, 20, 1), (3, None, K, 20, 20, 1), (4, None, K, 0, 0, 1)],
+        {1: None, 2: None, 3: 2, 4: 1},
+    ),
+    (
+        "tracks are separate",
+        [(1, None, LY, 0, 100, 1), (2, None, OP, 10, 20, 2)],
+        {1: None, 2: None},
+    ),
+    (
+        "partial overlap: the latest-started container wins; no container, no parent",
+        [(1, None, OP, 0, 10, 1), (2, None, OP, 5, 15, 1), (3, None, K, 6, 9, 1), (4, None, K, 11, 14, 1), (5, None, K, 8, 12, 1)],
+        {1: None, 2: None, 3: 2, 4: 2, 5: 2},
+    ),
+    (
+        "an explicit parent on another track is kept (a kernel's launch call)",
+        [(1, None, K, 0, 10, 1), (2, 1, K, 20, 30, 2), (3, None, U, 15, 40, 2)],
+        {1: None, 2: 1, 3: None},
+    ),
+    (
+        "an explicit parent is refined to a closer container inside it",
+        [(1, None, M, 0, 100, 1), (2, 1, LY, 10, 90, 1), (3, 1, OP, 20, 30, 1)],
+        {1: None, 2: 1, 3: 2},
+    ),
+    (
+        "an explicit parent is not replaced by a coarser container",
+        [(1, None, M, 0, 100, 1), (2, 1, LY, 10, 90, 1), (3, 2, OP, 5, 95, 1)],
+        {1: None, 2: 1, 3: 2},
+    ),
+    (
+        "a missing explicit parent is replaced by the container",
+        [(1, None, LY, 0, 100, 1), (2, 77, OP, 10, 20, 1)],
+        {1: None, 2: 1},
+    ),
+]
+
+
+@pytest.mark.parametrize(("rows", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_nest_by_containment(rows: list[Row], expected: dict[int, int | None]) -> None:
+    assert parents(nest_by_containment(make_run(rows))) == expected
+
+
+def test_nest_is_pure_and_reports() -> None:
+    run = make_run([(1, None, LY, 0, 100, 1), (2, None, OP, 10, 50, 1), (3, 1, OP, 20, 40, 1)])
+    before = [(s.id, s.parent_id) for s in run.spans]
+    originals = list(run.spans)
+    out = nest_by_containment(run)
+    assert [(s.id, s.parent_id) for s in run.spans] == before
+    assert all(a is b for a, b in zip(run.spans, originals))
+    assert "correlation" not in run.meta
+    assert out.meta["correlation"]["nest_by_containment"] == {"parents_set": 1, "parents_refined": 1}
+    assert parents(out) == {1: None, 2: 1, 3: 2}
+    assert out.spans[0] is run.spans[0]  # unchanged spans are shared, changed ones copied
+
+
+def test_nest_deep_random_tree_matches_brute_force() -> None:
+    """A random properly nested tree (with ties) on two tracks against an O(n²) oracle."""
+    rng = random.Random(7)
+    rows: list[Row] = []
+    next_id = 1
+
+    def grow(start: int, end: int, depth: int, track: int, limit: int) -> None:
+        nonlocal next_id
+        t = start
+        while t < end and len(rows) < limit:
+            a = t + rng.randint(0, 3)
+            b = min(end, a + rng.randint(0, (end - start) // 2 + 1))
+            if a > b:
+                break
+            level = [M, LY, LY, OP, OP, K][min(depth, 5)]
+            rows.append((next_id, None, level, a, b, track))
+            next_id += 1
+            if depth < 8 and b - a > 2:
+                grow(a, b, depth + 1, track, limit)
+            t = b + rng.randint(0, 2)
+
+    grow(0, 100_000, 0, 1, 700)
+    grow(0, 100_000, 0, 2, 1400)
+    assert len(rows) == 1400
+    out = parents(nest_by_containment(make_run(rows)))
+    assert sum(p is not None for p in out.values()) > 1000  # mostly nested: the oracle is exercised
+    rank = {U: 0, M: 1, LY: 2, OP: 3, K: 5}
+    for i, _, lv, a, b, tr in rows:
+        best: Row | None = None
+        for row in rows:
+            j, _, lv2, a2, b2, tr2 = row
+            if j == i or tr2 != tr or not (a2 <= a and b <= b2) or lv2 > lv:
+                continue
+            if (a2, -b2, rank[lv2], j) >= (a, -b, rank[lv], i):
+                continue  # sorts after the span: inside it, not around it
+            if best is None or (a2, -b2, rank[lv2], j) > (best[3], -best[4], rank[best[2]], best[0]):
+                best = row
+        assert out[i] == (best[0] if best else None), i
+
+
+def test_innermost_containers_handles_many_spans() -> None:
+    # 50 000 sequential ops inside one layer, each with a launch call: one sweep.
+    spans = [Span(1, None, LY, "layer", 0, 10**9, 1)]
+    for n in range(50_000):
+        start = 10 + n * 100
+        spans.append(Span(2 + 2 * n, None, OP, "op", start, start + 50, 1))
+        spans.append(Span(3 + 2 * n, None, K, "launch", start + 10, start + 20, 1))
+    container, order = innermost_containers(spans)
+    assert len(order) == len(spans)
+    assert all(container[2 + 2 * n] == 1 and container[3 + 2 * n] == 2 + 2 * n for n in range(50_000))
+
+
+def test_attach_gpu_to_launch() -> None:
+    rows: list[Row] = [
+        (1, None, OP, 0, 100, 1),
+        (2, None, K, 10, 20, 1),  # cudaGraphLaunch
+        (3, None, K, 30, 40, 1),  # cudaLaunchKernel
+        (10, None, K, 50, 60, 2),  # three kernels of the graph
+        (11, None, K, 60, 70, 2),
+        (12, None, K, 70, 80, 2),
+        (13, 99, K, 80, 90, 2),  # launched by 3; its old parent is replaced
+        (14, None, K, 90, 95, 2),  # no launch flow
+    ]
+    flows = [
+        Flow(100, 2, 10),
+        Flow(101, 2, 11),
+        Flow(102, 2, 12),
+        Flow(103, 3, 13),
+        Flow(104, 3, 14, kind="async"),  # not a launch
+        Flow(105, 3, 555),  # endpoint missing
+    ]
+    run = make_run(rows, flows)
+    out = attach_gpu_to_launch(nest_by_containment(run))
+    assert parents(out) == {1: None, 2: 1, 3: 1, 10: 2, 11: 2, 12: 2, 13: 3, 14: None}
+    assert out.meta["correlation"]["attach_gpu_to_launch"] == {"attached": 4, "missing_endpoint": 1}
+    assert [s.parent_id for s in run.spans] == [None, None, None, None, None, None, 99, None]
+    # The other order gives the same parents: nesting keeps cross-track parents.
+    assert parents(nest_by_containment(attach_gpu_to_launch(run))) == parents(out)

@@ -1,0 +1,184 @@
+"""The live op level: torch.profiler ops nest under mltrace's own layer spans.
+
+A real torch.nn model runs on CPU in a real session with the torch.modules
+and torch.profiler sources; the checks read the finished run directory.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mltrace.config import ProfileOptions
+from mltrace.run.store import Run, load_run
+from mltrace.tracer import api
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, TrackKind
+from mltrace.tracer.session import Session
+from mltrace.tracer.sources.torch_modules import TorchModuleSource
+from mltrace.tracer.sources.torch_ops import TorchOpSource
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.head = nn.Sequential(nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x))
+
+
+def record(tmp_path: Path, body) -> tuple[Run, TorchOpSource]:  # type: ignore[no-untyped-def]
+    ops = TorchOpSource()
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False), sources=[TorchModuleSource(), ops])
+    session.start()
+    try:
+        body()
+    finally:
+        session.stop()
+    return load_run(tmp_path / "run"), ops
+
+
+def module_around(op: Span, run: Run) -> Span | None:
+    """The innermost model/layer span on the op's track whose interval holds it (brute force)."""
+    best = None
+    for s in run.spans:
+        if s.level in (Level.MODEL, Level.LAYER) and s.track_id == op.track_id:
+            if s.start_ns <= op.start_ns and op.end_ns <= s.end_ns and (best is None or s.start_ns >= best.start_ns):
+                best = s
+    return best
+
+
+def test_ops_nest_under_live_layer_spans(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = torch.randn(2, 3, 16, 16)
+
+    def body() -> None:
+        with torch.no_grad():
+            for _ in range(2):
+                model(x)
+
+    run, source = record(tmp_path, body)
+    assert run.complete
+    assert run.meta["levels"]["op"]["recorded"] and run.meta["levels"]["op"]["sources"] == ["torch.profiler"]
+    by_id = run.span_by_id()
+    ops = [s for s in run.spans if s.level is Level.OP]
+    assert len(ops) >= 2 * 10
+    assert source.stats is not None and source.stats.spans_by_category["cpu_op"] == len(ops)
+    for op in ops:
+        around = module_around(op, run)
+        assert around is not None, f"{op.name} is outside every module span"
+        parent = by_id[op.parent_id]
+        while parent.level is Level.OP:  # aten::linear → aten::addmm: ops nest in ops first
+            assert parent.track_id == op.track_id
+            parent = by_id[parent.parent_id]
+        assert parent.id == around.id, (op.name, parent.name, around.name)
+
+    def layers_of(name: str) -> list[str]:
+        out = []
+        for op in ops:
+            if op.name == name:
+                parent = by_id[op.parent_id]
+                while parent.level is Level.OP:
+                    parent = by_id[parent.parent_id]
+                out.append(parent.name)
+        return out
+
+    assert layers_of("aten::conv2d") == ["conv", "conv"]
+    assert layers_of("aten::relu") == ["head.0", "head.0"]
+    assert layers_of("aten::addmm") == ["head.2", "head.2"]
+    conv = next(op for op in ops if op.name == "aten::conv2d")
+    assert conv.attrs["ml.input.shapes"][:3] == [[2, 3, 16, 16], [8, 3, 3, 3], [8]]
+    assert conv.attrs["ml.input.dtypes"][:3] == ["float", "float", "float"]
+    addmm = next(op for op in ops if op.name == "aten::addmm")
+    assert addmm.attrs["ml.flops"] == 2 * 2 * (8 * 14 * 14) * 10  # 2·M·K·N for a [2, 1568] × [1568, 10] product
+    main_track = run.tracks[conv.track_id]
+    assert main_track.kind == TrackKind.THREAD and main_track.tid == threading.get_native_id()
+
+
+def test_record_function_lands_inside_the_mltrace_span_around_it(tmp_path: Path) -> None:
+    """Clock alignment: Kineto's converted times fall inside mltrace's bracketing span."""
+
+    def body() -> None:
+        for n in range(5):
+            with api.span(f"outer{n}"), torch.profiler.record_function(f"marker{n}"):
+                torch.ones(4).add_(1)
+
+    run, _ = record(tmp_path, body)
+    by_name = {s.name: s for s in run.spans}
+    for n in range(5):
+        outer, marker = by_name[f"outer{n}"], by_name[f"marker{n}"]
+        assert outer.start_ns <= marker.start_ns and marker.end_ns <= outer.end_ns
+        assert marker.parent_id == outer.id
+        add = next(s for s in run.spans if s.name == "aten::add_" and marker.start_ns <= s.start_ns <= marker.end_ns)
+        assert add.parent_id == marker.id
+
+
+def test_ops_on_a_worker_thread_keep_their_track(tmp_path: Path) -> None:
+    model = Net().eval()
+    x = torch.randn(1, 3, 16, 16)
+    worker_tid: list[int] = []
+
+    def work() -> None:
+        worker_tid.append(threading.get_native_id())
+        with torch.no_grad():
+            model(x)
+
+    def body() -> None:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+
+    run, _ = record(tmp_path, body)
+    ops = [s for s in run.spans if s.level is Level.OP]
+    assert ops, "ops on a worker thread were not recorded"
+    assert {run.tracks[s.track_id].tid for s in ops} == set(worker_tid)
+    for op in ops:
+        around = module_around(op, run)
+        assert around is not None and run.tracks[around.track_id].tid == worker_tid[0]
+
+
+def test_profiler_starts_at_once_when_torch_is_imported_and_stops_cleanly(tmp_path: Path) -> None:
+    source = TorchOpSource()
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False), sources=[source])
+    session.start()
+    try:
+        assert source._prof is not None
+    finally:
+        session.stop()
+    assert source._prof is None and source._hook is None
+
+
+DEFERRED = """
+import sys
+from pathlib import Path
+from mltrace.config import ProfileOptions
+from mltrace.run.store import load_run
+from mltrace.tracer.session import Session
+from mltrace.tracer.sources.torch_ops import TorchOpSource
+
+assert "torch" not in sys.modules
+source = TorchOpSource()
+session = Session(ProfileOptions(output=Path(sys.argv[1]), summary=False), sources=[source]).start()
+assert source._prof is None  # waits for the program's import
+import torch
+assert source._prof is not None
+torch.ones(3).mul_(2)
+session.stop()
+print(sorted({s.name for s in load_run(sys.argv[1]).spans}))
+"""
+
+
+def test_profiler_waits_for_the_programs_torch_import(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", DEFERRED, str(tmp_path / "run")], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+    assert out.returncode == 0, out.stderr
+    assert "aten::mul_" in out.stdout and "aten::ones" in out.stdout
