@@ -43,7 +43,29 @@ def _time_block(fn: Callable[[], Any], iters: int) -> list[float]:
 CONDITIONS: dict[str, dict[str, Any]] = {
     "model": {"level": "model"},
     "layer": {"level": "layer"},
+    "op": {"level": "op"},
+    "library": {"level": "library"},  # the full CPU trace: model + layer + op + library
+    "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
 }
+
+
+class _TorchProfilerAlone:
+    """torch.profiler as users run it, for the side-by-side baseline."""
+
+    def __enter__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        self._prof.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._prof.__exit__(None, None, None)
+
+
+def _condition(name: str, out: Path) -> Any:
+    if name == "torch.profiler":
+        return _TorchProfilerAlone()
+    return mltrace.profile(output=out, summary=False, **CONDITIONS[name])
 
 
 def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str]) -> dict[str, Any]:
@@ -55,7 +77,7 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
         for r in range(rounds):
             samples["plain"] += _time_block(fn, iters)
             for c in conditions:
-                with mltrace.profile(output=Path(tmp) / f"{c}-{r}", summary=False, **CONDITIONS[c]):
+                with _condition(c, Path(tmp) / f"{c}-{r}"):
                     fn()  # first call under a new session: outside the measured block
                     samples[c] += _time_block(fn, iters)
     plain = statistics.median(samples["plain"])
@@ -64,6 +86,9 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
         med = statistics.median(samples[c])
         res[f"{c}_ms"] = med / 1e6
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
+    if "library" in conditions and "torch.profiler" in conditions:
+        # The CPU cross-stack goal: mltrace's full CPU trace vs torch.profiler's own overhead.
+        res["library_vs_torch_profiler_ratio"] = res["library_ms"] / res["torch.profiler_ms"]
     return res
 
 
@@ -140,6 +165,8 @@ def main() -> int:
         for c in conditions:
             row += f" {r[f'{c}_ms']:10.2f} {r[f'{c}_overhead_pct']:+8.2f}%"
         print(row)
+        if "library_vs_torch_profiler_ratio" in r:
+            print(f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x")
     print("\nuser API cost per call (ns):")
     for k, v in api.items():
         print(f"  {k:40} {v:8.0f}")

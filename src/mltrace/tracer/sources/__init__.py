@@ -18,10 +18,11 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     Sources with no levels are option-driven (``--py-spy``) and listed only
     when their option is on.
     """
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
-    sources: list[Source] = [TorchModuleSource(), TorchOpSource()]
+    sources: list[Source] = [TorchModuleSource(), TorchOpSource(), CpuLibrarySource()]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
 

@@ -1,0 +1,341 @@
+"""Capture library verbose lines from file descriptor 1, forwarding everything else.
+
+oneDNN and oneMKL print their verbose lines with C ``printf`` on fd 1, below
+Python's ``sys.stdout``. ``FdTap`` puts a pipe in place of fd 1 for a while; a
+reader thread cuts out every run of bytes from a verbose prefix to the next
+newline (stamped with the session clock when it arrives) and writes every
+other byte to the original fd 1, unchanged and in order. Child processes
+started meanwhile inherit the pipe, so their output is forwarded the same way.
+
+The user's output must come out as in a plain run:
+
+- Python's and C's stdio buffers are flushed before fd 1 is switched, both
+  ways, so nothing written before lands on the wrong side of the switch.
+- A prefix is recognised mid-line too: a library that prints while the
+  program's own line is unfinished (``print("running…", end="")``) leaves
+  that line's two halves joined, as a run without verbose output shows them.
+  The price: a program line that itself contains ``MKL_VERBOSE `` or
+  ``onednn_verbose,`` loses its rest to the capture.
+- A partial line (a prompt, a progress bar, binary data) is forwarded as soon
+  as it cannot become a verbose line, so interactive output is not held back.
+  Only a tail that may still grow into a prefix waits, at most ``hold_s``; a
+  started verbose line waits for its newline.
+- ``stop()`` restores fd 1 in ``finally`` and reads the pipe to its end. A
+  child that outlives ``stop()`` still holds the pipe: after ``timeout_s`` the
+  reader is left running in the background, forwarding the child's output
+  until it closes its end (lines it captures then are not returned).
+- If the original fd 1 breaks (``| head`` exited), the reader keeps draining
+  the pipe so that writers never block, and counts the failure.
+
+Limitation: the reader is a Python thread and needs the GIL to run. A writer
+that holds the GIL while it fills the pipe would wait for the reader forever;
+the pipe is enlarged to 1 MiB (Linux) so that this takes over a thousand
+verbose lines in one GIL-holding call. torch, TensorFlow and ONNX Runtime
+release the GIL while their operators run, and Python's own writes release it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import fcntl
+import os
+import select
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
+
+_F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
+_READ_SIZE = 1 << 16
+_MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
+
+
+class TappedLine(NamedTuple):
+    """A captured line.
+
+    Attributes:
+        receive_ns: session-clock time (``time.monotonic_ns()``, ns) at which
+            the reader received the bytes that completed the line.
+        text: the line without its line ending, decoded as UTF-8 (invalid
+            bytes replaced).
+    """
+
+    receive_ns: int
+    text: str
+
+
+def _flush_stdio() -> None:
+    """Flushes Python's and C's stdout buffers, ignoring closed or broken streams."""
+    for stream in (sys.stdout, sys.__stdout__):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    with contextlib.suppress(Exception):
+        _libc().fflush(None)  # every C FILE*: stdout written by printf in a library
+
+
+_LIBC: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None)
+    return _LIBC
+
+
+class FdTap:
+    """Diverts lines with given prefixes from a file descriptor (fd 1 by default).
+
+    Usage::
+
+        with FdTap() as tap:
+            run_model()
+        for line in tap.lines():
+            ...
+
+    Args:
+        fd: the file descriptor to tap (1: standard output).
+        prefixes: the bytes from one of these to the next newline are
+            captured, not forwarded.
+        hold_s: longest time (s) to hold back a partial line that might still
+            become a captured line, before forwarding it.
+        pipe_size: requested pipe capacity (bytes); the kernel may cap it.
+
+    Attributes:
+        forwarded_bytes: bytes written to the original descriptor.
+        forward_errors: writes to the original descriptor that failed (the
+            bytes were dropped: its reader is gone).
+        detached: True when ``stop()`` returned before the pipe's end (a child
+            process still held it) and the reader went on in the background.
+    """
+
+    def __init__(
+        self,
+        fd: int = 1,
+        prefixes: tuple[bytes, ...] = VERBOSE_PREFIXES,
+        hold_s: float = 0.05,
+        pipe_size: int = 1 << 20,
+    ) -> None:
+        self.fd = fd
+        self.prefixes = prefixes
+        self.hold_s = hold_s
+        self.pipe_size = pipe_size
+        self.forwarded_bytes = 0
+        self.forward_errors = 0
+        self.detached = False
+        self._lines: list[TappedLine] = []
+        self._lock = threading.Lock()
+        self._saved_fd = -1
+        self._read_fd = -1
+        self._thread: threading.Thread | None = None
+        self._collecting = True
+        self._active = False
+        self._reader_done = False
+
+    # -- public ------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        """Whether the descriptor is currently diverted."""
+        return self._active
+
+    def start(self) -> FdTap:
+        """Replaces the descriptor with a pipe and starts the reader thread.
+
+        Raises:
+            RuntimeError: if this tap is already active.
+            OSError: if the descriptor is closed or no pipe can be made.
+        """
+        if self._active:
+            raise RuntimeError("FdTap already started")
+        _flush_stdio()
+        saved = os.dup(self.fd)
+        try:
+            read_fd, write_fd = os.pipe()
+        except OSError:
+            os.close(saved)
+            raise
+        try:
+            fcntl.fcntl(write_fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), self.pipe_size)
+        except OSError:
+            pass  # a smaller pipe only means more, smaller reads
+        try:
+            os.dup2(write_fd, self.fd)  # inheritable, so children write to the pipe too
+        except OSError:
+            for f in (saved, read_fd, write_fd):
+                os.close(f)
+            raise
+        os.close(write_fd)  # fd 1 is now the process's only write end
+        self._saved_fd, self._read_fd = saved, read_fd
+        self._collecting = True
+        self.detached = False
+        self._reader_done = False
+        self._thread = threading.Thread(target=self._run, name="mltrace-fdtap", daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:
+            os.dup2(saved, self.fd)  # nobody would read the pipe: writers would block
+            os.close(saved)
+            os.close(read_fd)
+            self._thread = None
+            raise
+        self._active = True
+        atexit.register(self.stop)  # a program that exits without stop() still gets its output
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> list[TappedLine]:
+        """Restores the descriptor, drains the pipe and returns the captured lines.
+
+        Safe to call twice. The descriptor is restored even if draining fails.
+
+        Args:
+            timeout_s: how long (s) to wait for the pipe's end, which comes
+                when every process holding it (children included) closed it.
+
+        Returns:
+            Every captured line, in arrival order.
+        """
+        if not self._active:
+            return self.lines()
+        self._active = False
+        atexit.unregister(self.stop)
+        try:
+            _flush_stdio()
+        finally:
+            # Restoring fd 1 closes this process's write end of the pipe.
+            os.dup2(self._saved_fd, self.fd)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self._lock:
+            if self._reader_done:
+                os.close(self._saved_fd)
+            else:
+                # A child still holds the pipe: the reader goes on forwarding
+                # its output and closes the descriptors when the pipe ends.
+                self.detached = True
+                self._collecting = False
+        self._thread = None
+        return self.lines()
+
+    def lines(self) -> list[TappedLine]:
+        """A copy of the lines captured so far."""
+        with self._lock:
+            return list(self._lines)
+
+    def __enter__(self) -> FdTap:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- reader ------------------------------------------------------------
+
+    def _forward(self, data: bytes) -> None:
+        if not data:
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._saved_fd, view)
+            except InterruptedError:
+                continue
+            except OSError:
+                self.forward_errors += 1
+                return  # the reader of the original fd is gone; keep draining
+            self.forwarded_bytes += n
+            view = view[n:]
+
+    def _capture(self, line: bytes, receive_ns: int) -> None:
+        text = line.rstrip(b"\r").decode("utf-8", "replace")
+        with self._lock:
+            if self._collecting:
+                self._lines.append(TappedLine(receive_ns, text))
+
+    def _run(self) -> None:
+        fd = self._read_fd
+        pending = b""  # a segment (no newline) held back: it may become a captured line
+        held_since = 0.0
+        try:
+            while True:
+                if pending:
+                    wait = self.hold_s - (time.monotonic() - held_since)
+                    ready = wait > 0 and select.select([fd], [], [], wait)[0]
+                    if not ready:
+                        if not pending.startswith(self.prefixes):
+                            self._forward(pending)  # still only a prefix of a prefix: user output
+                            pending = b""
+                            continue
+                        held_since = time.monotonic()  # a started verbose line: wait for its end
+                        continue
+                try:
+                    chunk = os.read(fd, _READ_SIZE)
+                except InterruptedError:
+                    continue
+                receive_ns = time.monotonic_ns()
+                if not chunk:
+                    break
+                try:
+                    pending = self._split(pending + chunk, receive_ns)
+                except Exception:  # a bug here must not cost the user's output
+                    self._forward(pending + chunk)
+                    pending = b""
+                if pending:
+                    held_since = time.monotonic()
+            if pending:  # the pipe ended inside a line
+                if pending.startswith(self.prefixes):
+                    self._capture(pending, time.monotonic_ns())
+                else:
+                    self._forward(pending)
+        finally:
+            os.close(fd)
+            with self._lock:
+                self._reader_done = True
+                if self.detached:
+                    os.close(self._saved_fd)
+
+    def _split(self, data: bytes, receive_ns: int) -> bytes:
+        """Captures every prefixed line of ``data``, forwards the rest in order.
+
+        A captured line runs from a prefix to the next newline, which it
+        consumes. The prefix may start mid-line: a library printing while the
+        program's own line is unfinished (``print("running…", end="")``)
+        yields that line's bytes on both sides of the captured one, exactly as
+        a run without verbose output would show them.
+
+        Returns:
+            The bytes to hold back: a started captured line without its
+            newline yet, or a tail that may still grow into a prefix.
+        """
+        pos = 0
+        while True:
+            hits = [i for i in (data.find(p, pos) for p in self.prefixes) if i >= 0]
+            if not hits:
+                break
+            begin = min(hits)
+            nl = data.find(b"\n", begin)
+            self._forward(data[pos:begin])
+            if nl < 0:
+                if len(data) - begin <= _MAX_LINE:
+                    return data[begin:]
+                # No library prints such a line: it is the program's (binary) data.
+                self._forward(data[begin:])
+                return b""
+            self._capture(data[begin:nl], receive_ns)
+            pos = nl + 1
+        keep = self._prefix_tail(data, pos)
+        self._forward(data[pos : len(data) - keep])
+        return data[len(data) - keep :]
+
+    def _prefix_tail(self, data: bytes, pos: int) -> int:
+        """Length of the longest tail of ``data[pos:]`` that is a proper start of a prefix."""
+        longest = max(len(p) for p in self.prefixes) - 1
+        for k in range(min(longest, len(data) - pos), 0, -1):
+            tail = data[len(data) - k :]
+            if any(p.startswith(tail) for p in self.prefixes):
+                return k
+        return 0

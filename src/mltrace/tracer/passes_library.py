@@ -1,0 +1,306 @@
+"""Correlator pass: put CPU library calls (oneDNN, MKL) under the ops that issued them.
+
+The verbose lines these calls come from name no thread, so the source puts
+them on the track of the thread that started it; this pass moves each call
+to the track of its op and sets its parent. Rules:
+
+Timed calls (oneDNN with ``ONEDNN_VERBOSE_TIMESTAMP``): the parent is the
+innermost OP span, on any thread track of the run, whose interval contains
+the call's (each end widened by ``slack_ns``: oneDNN stamps with a µs clock).
+Innermost means latest start, then earliest end; a tie prefers the call's
+current track. Without a containing OP span, the innermost containing span of
+any other CPU level (layer, model, user) is used.
+
+Untimed calls (every MKL call; ``ml.library.untimed``) ended at or before the
+time ``r`` their line was received, having run ``d`` ns. They are taken in
+issue order (``ml.library.seq``) and given to *leaf caller ops*: OP spans
+named in ``MKL_CALLER_OPS`` with no such op nested inside them on their
+track (``aten::linear`` → its ``aten::addmm``); untimed oneDNN calls use leaf
+OP spans (no OP inside) instead. A call goes to the caller op that started
+last among those that
+
+- started by ``r − d + slack_ns`` (before the call could have started),
+- ended after ``r − max_lag_ns`` (not long before the line arrived),
+- come no earlier than the previous call's op (issue order); that op itself
+  stays a candidate while it ran, since MKL runs some calls of one op in
+  parallel (attention heads on two OpenMP threads),
+- are not ruled out by shapes (``_compatible``): a batched call never comes
+  from a single-matrix op; with recorded input shapes (``ml.input.shapes``,
+  torch.profiler's ``record_shapes``), a GEMM-like op's (``GEMM_OPS``) inputs
+  must have M, N and K among their dimensions, and a native convolution's
+  (``IM2COL_OPS``) weight must give N and K.
+
+Without shapes, timing alone decides, which is right while the receive delay
+stays below the gap between two caller ops (tens of µs on an idle machine;
+milliseconds when the reader thread is starved of CPU). The call is then
+laid out inside its op: it ends at ``min(r, op end)``, lasts ``d`` where room
+allows, does not start before the previous call in the same op ends (it is
+shortened instead), and gets ``ml.library.placement = "estimated"``. Calls
+with no candidate keep their parent and track and are counted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, TrackKind
+
+CPU_LIBRARIES = frozenset({"oneDNN", "MKL"})
+"""``ml.library.name`` values this pass handles."""
+
+MKL_CALLER_OPS = frozenset(
+    {
+        # GEMM / GEMV (aten/src/ATen/native/LinearAlgebra.cpp → at::native::cpublas / mkl)
+        "aten::addmm",
+        "aten::_addmm_activation",
+        "aten::mm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::addbmm",
+        "aten::addmv",
+        "aten::addmv_",
+        "aten::mv",
+        "aten::dot",
+        "aten::vdot",
+        "aten::matmul",
+        "aten::linear",
+        "aten::einsum",
+        "aten::tensordot",
+        # convolutions on torch's native path (im2col + SGEMM): small 2D/3D, transposed,
+        # dilated. (Not aten::_convolution: it also wraps the oneDNN path.)
+        "aten::thnn_conv2d",
+        "aten::_slow_conv2d_forward",
+        "aten::slow_conv3d",
+        "aten::slow_conv3d_forward",
+        "aten::slow_conv_transpose2d",
+        "aten::slow_conv_transpose3d",
+        "aten::slow_conv_dilated2d",
+        "aten::slow_conv_dilated3d",
+        # fused attention / transformer kernels that call SGEMM directly
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_native_multi_head_attention",
+        "aten::_transformer_encoder_layer_fwd",
+    }
+)
+"""aten ops that reach MKL BLAS with torch 2.13 on CPU (seen in torch.profiler runs)."""
+
+GEMM_OPS = frozenset(
+    {
+        "aten::addmm",
+        "aten::_addmm_activation",
+        "aten::mm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::addbmm",
+        "aten::addmv",
+        "aten::addmv_",
+        "aten::mv",
+        "aten::matmul",
+        "aten::linear",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+    }
+)
+"""Caller ops whose BLAS sizes are sizes of their inputs (used to check a match by shape)."""
+
+IM2COL_OPS = frozenset({"aten::_slow_conv2d_forward", "aten::thnn_conv2d", "aten::slow_conv3d_forward", "aten::slow_conv3d"})
+"""Native convolutions that lower to one GEMM per image (checked by weight shape)."""
+
+_SINGLE_GEMM_OPS = frozenset({"aten::addmm", "aten::_addmm_activation", "aten::mm", "aten::addmv", "aten::addmv_", "aten::mv"})
+_CONTEXT_LEVELS = (Level.MODEL, Level.LAYER, Level.USER)
+_GEMM = re.compile(r"[SDCZ]GEMM(?:_BATCH_STRIDED)?\Z")
+_GEMV = re.compile(r"[SDCZ]GEMV\Z")
+
+
+def _blas_sizes(call: Span) -> tuple[int, ...]:
+    """The M, N(, K) of a GEMM/GEMV library span, from its ``ml.library.desc``; () if unknown."""
+    kind = str(call.attrs.get("ml.library.kind", ""))
+    args = str(call.attrs.get("ml.library.desc", "")).split(",")
+    picked = args[2:5] if _GEMM.match(kind) else args[1:3] if _GEMV.match(kind) else []
+    try:
+        return tuple(int(a) for a in picked)
+    except ValueError:
+        return ()
+
+
+def _input_dims(op: Span) -> set[int] | None:
+    """Every dimension of an op's input shapes (``ml.input.shapes``), or None if not recorded."""
+    shapes = op.attrs.get("ml.input.shapes")
+    if not isinstance(shapes, list):
+        return None
+    dims: set[int] = set()
+    for shape in shapes:
+        if isinstance(shape, list):
+            dims.update(d for d in shape if isinstance(d, int))
+    return dims or None
+
+
+def _compatible(call: Span, op: Span) -> bool:
+    """False only when shapes prove that ``op`` cannot have made ``call``.
+
+    A batched call (``SGEMM_BATCH``…) never comes from a single-matrix op
+    (``aten::addmm``, ``aten::mm``, …). GEMM-like ops: M, N and K are each
+    some dimension of the inputs.
+    Native convolutions (im2col + GEMM, one call per image): N is the number
+    of output channels and K the product of the other weight dimensions
+    (``ic/groups * kh * kw``), the weight being the second input.
+    """
+    kind = str(call.attrs.get("ml.library.kind", ""))
+    if "_BATCH" in kind and op.name in _SINGLE_GEMM_OPS:
+        return False  # a batched call comes from a batched op, even when its sizes are hidden
+    sizes = _blas_sizes(call)
+    if not sizes:
+        return True
+    if op.name in GEMM_OPS:
+        dims = _input_dims(op)
+        return dims is None or all(n in dims for n in sizes)
+    if op.name in IM2COL_OPS and len(sizes) == 3:
+        shapes = op.attrs.get("ml.input.shapes")
+        if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
+            return True
+        weight = [d for d in shapes[1] if isinstance(d, int)]
+        taps = 1
+        for d in weight[1:]:
+            taps *= d
+        return sizes[1] == weight[0] and sizes[2] == taps
+    return True
+
+
+def _with_note(run: Run, facts: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``run.meta`` with ``facts`` under ``correlation.attach_library_calls``."""
+    meta = dict(run.meta)
+    meta["correlation"] = {**(meta.get("correlation") or {}), "attach_library_calls": facts}
+    return meta
+
+
+def _leaf_callers(ops: list[Span], is_caller: Any) -> list[Span]:
+    """Caller ops with no other caller op nested in them on their track, by start time."""
+    by_track: dict[int, list[Span]] = {}
+    for s in ops:
+        if is_caller(s):
+            by_track.setdefault(s.track_id, []).append(s)
+    leaves: list[Span] = []
+    for spans in by_track.values():
+        spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
+        stack: list[Span] = []
+        inner: set[int] = set()
+        for s in spans:
+            while stack and stack[-1].end_ns <= s.start_ns:
+                stack.pop()
+            for outer in stack:
+                if s.end_ns <= outer.end_ns:
+                    inner.add(outer.id)
+            stack.append(s)
+        leaves.extend(s for s in spans if s.id not in inner)
+    leaves.sort(key=lambda s: (s.start_ns, s.end_ns, s.id))
+    return leaves
+
+
+def _innermost_containing(candidates: list[Span], start: int, end: int, slack_ns: int, prefer_track: int) -> Span | None:
+    best: Span | None = None
+    for c in candidates:
+        if c.start_ns - slack_ns <= start and end <= c.end_ns + slack_ns:
+            if best is None or (c.start_ns, -c.end_ns, c.track_id == prefer_track) > (
+                best.start_ns,
+                -best.end_ns,
+                best.track_id == prefer_track,
+            ):
+                best = c
+    return best
+
+
+def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 10_000_000) -> Run:
+    """Sets the parent (and track) of each CPU library span to the op that issued it.
+
+    See the module docstring for the rules.
+
+    Args:
+        run: the run; not modified.
+        slack_ns: tolerance (ns) on interval ends: clock resolution and alignment.
+        max_lag_ns: longest plausible delay (ns) between an untimed call's end
+            and the receipt of its line (a reader thread waiting for the GIL).
+
+    Returns:
+        A run whose CPU library spans are replaced by re-parented copies;
+        ``run.meta["correlation"]["attach_library_calls"]`` counts
+        ``timed``/``untimed`` calls attached and ``unattached``.
+    """
+    library = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") in CPU_LIBRARIES]
+    if not library:
+        return replace(run, meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
+    cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
+
+    def on_cpu(s: Span) -> bool:
+        return not run.tracks or s.track_id in cpu_tracks
+
+    ops = [s for s in run.spans if s.level == Level.OP and on_cpu(s)]
+    context = [s for s in run.spans if s.level in _CONTEXT_LEVELS and on_cpu(s)]
+
+    replaced: dict[int, Span] = {}
+    counts = {"timed": 0, "untimed": 0, "unattached": 0}
+
+    for s in library:
+        if s.attrs.get("ml.library.untimed"):
+            continue
+        parent = _innermost_containing(ops, s.start_ns, s.end_ns, slack_ns, s.track_id)
+        if parent is None:
+            parent = _innermost_containing(context, s.start_ns, s.end_ns, slack_ns, s.track_id)
+        if parent is None:
+            counts["unattached"] += 1
+            continue
+        counts["timed"] += 1
+        replaced[s.id] = Span(s.id, parent.id, s.level, s.name, s.start_ns, s.end_ns, parent.track_id, dict(s.attrs))
+
+    untimed = sorted(
+        (s for s in library if s.attrs.get("ml.library.untimed")),
+        key=lambda s: (s.attrs.get("ml.library.seq", 0), s.id),
+    )
+    if untimed:
+        mkl_callers = _leaf_callers(ops, lambda o: o.name in MKL_CALLER_OPS)
+        op_leaves = _leaf_callers(ops, lambda o: True)
+        cursors = {"MKL": 0, "oneDNN": 0}
+        used = {"MKL": False, "oneDNN": False}
+        last_end: dict[int, int] = {}  # op id -> end of the last call laid out in it
+        for s in untimed:
+            lib = s.attrs["ml.library.name"]
+            callers = mkl_callers if lib == "MKL" else op_leaves
+            d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
+            r = s.attrs.get("ml.library.receive_ns", s.end_ns)
+            chosen = -1
+            cur = cursors[lib]
+            if (
+                used[lib]
+                and cur < len(callers)
+                and callers[cur].start_ns <= r
+                and callers[cur].end_ns >= r - max_lag_ns
+                and _compatible(s, callers[cur])
+            ):
+                # Calls of one op may overlap (parallel SGEMMs on two OpenMP
+                # threads): the previous call's op stays a candidate.
+                chosen = cur
+            for i in range(cur, len(callers)):
+                op = callers[i]
+                if op.start_ns > r - d + slack_ns:
+                    break  # sorted by start: no later op qualifies
+                if op.end_ns >= r - max_lag_ns and _compatible(s, op):
+                    chosen = i
+            if chosen < 0:
+                counts["unattached"] += 1
+                continue
+            cursors[lib] = chosen
+            used[lib] = True
+            op = callers[chosen]
+            end = max(op.start_ns, min(r, op.end_ns))
+            start = max(op.start_ns, end - d, last_end.get(op.id, op.start_ns))
+            end = max(end, start)  # never after its receipt, unless pushed by the call before
+            last_end[op.id] = end
+            attrs = dict(s.attrs)
+            attrs["ml.library.placement"] = "estimated"
+            replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
+            counts["untimed"] += 1
+
+    spans = [replaced.get(s.id, s) for s in run.spans]
+    return replace(run, spans=spans, meta=_with_note(run, counts))

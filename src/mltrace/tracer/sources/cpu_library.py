@@ -1,0 +1,282 @@
+"""The library level on CPU: oneDNN primitives and oneMKL calls from their verbose logs.
+
+How verbosity is switched on (checked with torch 2.13, oneDNN 3.12, oneMKL
+2024, build 20240605): torch exposes the libraries' runtime switches,
+``torch._C._verbose.mkldnn_set_verbose(level)`` and
+``torch._C._verbose.mkl_set_verbose(level)`` (behind the context managers
+``torch.backends.mkldnn.verbose`` and ``torch.backends.mkl.verbose``). They work
+at any time, before or after oneDNN and MKL were first used, and switch off
+again, so no environment variable has to be set before torch loads. oneDNN
+reads ``ONEDNN_VERBOSE_TIMESTAMP`` once, when it first prints verbose output;
+``start()`` sets it in ``os.environ`` before switching verbosity on so lines
+carry their start time. (If the program printed oneDNN verbose output earlier
+without it, lines come without timestamps and are handled like MKL's.)
+
+The switches are flipped when torch is imported (now, if it already is);
+this source never imports torch itself. TensorFlow (2.21, its own oneDNN
+3.7) has no runtime switch but reads ``ONEDNN_VERBOSE`` at its first oneDNN
+call, even after ``import tensorflow``: ``CpuLibrarySource(use_env=True)``
+sets it (see the class).
+
+Lines are read from fd 1 by ``FdTap``. They carry no thread id, so spans are
+put on the track of the thread that started the source; the
+``attach_library_calls`` pass (``passes_library``) moves each to the thread of
+the op that issued it and sets its parent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.fdtap import FdTap, TappedLine
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Span
+from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.verbose_logs import (
+    MklCall,
+    OneDnnCall,
+    gemm_flops,
+    onednn_flops,
+    parse_mkl_line,
+    parse_onednn_line,
+)
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from mltrace.tracer.session import Session
+
+_TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
+_ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
+_POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
+
+
+def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "ml.library.name": "oneDNN",
+        "ml.library.kind": call.kind,
+        "ml.library.impl": call.impl,
+        "ml.library.prop": call.prop,
+        "ml.library.desc": call.desc,
+        "ml.library.memory": call.memory,
+    }
+    if call.aux:
+        attrs["ml.library.aux"] = call.aux
+    if call.attrs:
+        attrs["ml.library.attrs"] = call.attrs
+    return attrs
+
+
+def _mkl_attrs(call: MklCall) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "ml.library.name": "MKL",
+        "ml.library.kind": call.function,
+        # pointers change every run and say nothing: keep sizes, flags and strides
+        "ml.library.desc": ",".join("*" if _POINTER.match(a) else a for a in call.args),
+    }
+    if call.tid is not None:
+        attrs["ml.library.mkl_tid"] = call.tid
+    if call.nthr is not None:
+        attrs["ml.library.nthr"] = call.nthr
+    return attrs
+
+
+def library_spans(
+    lines: list[TappedLine],
+    epoch_to_session: Callable[[int], int],
+    track_id: int,
+    new_id: Callable[[], int],
+    framework: str | None = None,
+) -> tuple[list[Span], dict[str, int]]:
+    """Turns captured verbose lines into LIBRARY spans (a pure function).
+
+    Each oneDNN ``exec`` line and each MKL call becomes one span, in arrival
+    order, with ``ml.library.seq`` its index. A oneDNN line with a timestamp
+    is placed at its own start and duration (converted with
+    ``epoch_to_session``). A line without one (every MKL line) ends at its
+    receive time and lasts its reported duration, and gets
+    ``ml.library.untimed = True``: the call ended at or before it was
+    received, so this is an estimate that a later pass refines.
+
+    Args:
+        lines: captured lines (receive time in session ns, text).
+        epoch_to_session: converts Unix-epoch ns to session ns.
+        track_id: the track to put every span on.
+        new_id: returns a fresh span id per call.
+        framework: value for ``ml.framework``, if known.
+
+    Returns:
+        The spans and counts (``onednn``, ``mkl``, ``untimed``, ``unparsed``,
+        ``late`` = timed calls whose end is after their receipt by over 2 µs,
+        a sign of clock misalignment; with timed calls also
+        ``receive_lag_ns_median`` and ``receive_lag_ns_max``, the delay (ns)
+        from a call's end to its line's receipt, which bounds how well
+        untimed calls can be placed).
+    """
+    spans: list[Span] = []
+    counts = {"onednn": 0, "mkl": 0, "untimed": 0, "unparsed": 0, "late": 0}
+    lags: list[int] = []  # receipt minus end of timed calls (ns): the reader's delay
+    for receive_ns, text in lines:
+        attrs: dict[str, Any] = {"mltrace.level": Level.LIBRARY.label}
+        if framework:
+            attrs["ml.framework"] = framework
+        dnn = parse_onednn_line(text)
+        start_epoch: int | None = None
+        if dnn is not None:
+            if not dnn.is_exec:
+                continue  # creation lines (verbose level 2) are not calls to trace
+            counts["onednn"] += 1
+            name = f"oneDNN {dnn.kind} {dnn.impl}"
+            attrs.update(_onednn_attrs(dnn))
+            flops = onednn_flops(dnn)
+            start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
+        else:
+            blas = parse_mkl_line(text)
+            if blas is None:
+                if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
+                    counts["unparsed"] += 1
+                continue
+            counts["mkl"] += 1
+            name = f"MKL {blas.function}"
+            attrs.update(_mkl_attrs(blas))
+            flops, duration = gemm_flops(blas), blas.duration_ns
+        attrs["ml.library.exec_ns"] = duration
+        attrs["ml.library.seq"] = len(spans)
+        if flops is not None:
+            attrs["ml.flops"] = flops
+        if start_epoch is not None:
+            start = epoch_to_session(start_epoch)
+            end = start + duration
+            if end > receive_ns + 2_000:
+                counts["late"] += 1
+            lags.append(receive_ns - end)
+        else:
+            counts["untimed"] += 1
+            attrs["ml.library.untimed"] = True
+            attrs["ml.library.receive_ns"] = receive_ns
+            end = receive_ns
+            start = end - duration
+        spans.append(Span(new_id(), None, Level.LIBRARY, name, start, end, track_id, attrs))
+    if lags:
+        lags.sort()
+        counts["receive_lag_ns_median"] = lags[len(lags) // 2]
+        counts["receive_lag_ns_max"] = lags[-1]
+    return spans, counts
+
+
+class CpuLibrarySource:
+    """oneDNN and oneMKL calls (LIBRARY level) from their verbose output on fd 1.
+
+    Args:
+        use_env: also set ``ONEDNN_VERBOSE=profile_exec`` and ``MKL_VERBOSE=1``
+            in ``os.environ`` at start, for frameworks without a runtime
+            switch (TensorFlow 2.21 reads them at its first oneDNN call, so
+            setting them after ``import tensorflow`` works). They cannot be
+            switched off again: such a framework keeps printing verbose lines
+            to stdout after ``stop()``. Child processes started meanwhile
+            inherit them, and their lines are captured as this process's.
+    """
+
+    name = "cpu.library"
+    levels = (Level.LIBRARY,)
+
+    def __init__(self, use_env: bool = False) -> None:
+        self.use_env = use_env
+        self._session: Session | None = None
+        self._tap: FdTap | None = None
+        self._hook: PostImportHook | None = None
+        self._torch: ModuleType | None = None
+        self._track_id = 0
+        self._saved_env: dict[str, str | None] = {}
+        self._problems: list[str] = []
+
+    def available(self) -> str | None:
+        if os.name != "posix":
+            return "needs POSIX file descriptors"
+        if not self.use_env and importlib.util.find_spec("torch") is None:
+            return "torch is not installed (its runtime switches turn oneDNN/MKL verbose output on)"
+        return None
+
+    def start(self, session: Session) -> None:
+        self._session = session
+        self._problems = []
+        self._track_id = session.tracks.current_thread().id
+        settings = {_TIMESTAMP_ENV: "1"}
+        if self.use_env:
+            settings.update(_ENV_SWITCHES)
+            self._problems.append("verbose output switched on through the environment stays on after the session (TensorFlow)")
+        self._saved_env = {k: os.environ.get(k) for k in settings}
+        os.environ.update(settings)
+        self._tap = FdTap()
+        try:
+            self._tap.start()
+            self._hook = PostImportHook("torch", self._switch_on)
+        except BaseException:
+            self._restore()
+            raise
+
+    def _switch_on(self, torch: ModuleType) -> None:
+        """Turns oneDNN and MKL verbose output on through torch (called once torch is imported)."""
+        verbose = getattr(getattr(torch, "_C", None), "_verbose", None)
+        if verbose is None:
+            self._problems.append("this torch has no runtime verbose switches")
+            return
+        self._torch = torch
+        # Level 1 = executions only; 2 would add creation lines.
+        if torch.backends.mkldnn.is_available() and not verbose.mkldnn_set_verbose(1):
+            self._problems.append("torch could not switch oneDNN verbose output on")
+        if torch.backends.mkl.is_available() and not verbose.mkl_set_verbose(1):
+            self._problems.append("torch could not switch MKL verbose output on")
+
+    def _switch_off(self) -> None:
+        torch, self._torch = self._torch, None
+        if torch is None:
+            return
+        verbose = torch._C._verbose
+        if torch.backends.mkldnn.is_available():
+            verbose.mkldnn_set_verbose(0)
+        if torch.backends.mkl.is_available():
+            verbose.mkl_set_verbose(0)
+
+    def _restore(self) -> list[TappedLine]:
+        """Switches verbosity off, then restores fd 1 and the environment, whatever fails."""
+        lines: list[TappedLine] = []
+        try:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            self._switch_off()
+        finally:
+            try:
+                if self._tap is not None:
+                    lines = self._tap.stop()
+                    if self._tap.detached:
+                        self._problems.append("a child process kept stdout open; its later output was not traced")
+                    self._tap = None
+            finally:
+                for key, value in self._saved_env.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+                self._saved_env = {}
+        return lines
+
+    def stop(self) -> list[Event]:
+        session = self._session
+        lines = self._restore()
+        if session is None:
+            return []
+        framework = "pytorch" if "torch" in sys.modules else None
+        spans, counts = library_spans(lines, session.anchor.epoch_to_session, self._track_id, session.new_id, framework)
+        session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts}
+        if counts["untimed"]:
+            session.note_limitation(f"{counts['untimed']} library calls (MKL) carry no timestamp: placed by receive time and issue order")
+        for problem in self._problems:
+            session.note_limitation(f"{self.name}: {problem}")
+        return list(spans)

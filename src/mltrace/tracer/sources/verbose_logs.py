@@ -1,0 +1,396 @@
+"""Parsers for the verbose logs of oneDNN and oneMKL (pure functions).
+
+Both libraries print one line per call on the process's standard output
+(file descriptor 1) when their verbose mode is on:
+
+oneDNN (``ONEDNN_VERBOSE=profile_exec`` or the runtime call
+``dnnl_set_verbose(1)``; ``ONEDNN_VERBOSE_TIMESTAMP=1`` adds a start stamp)::
+
+    onednn_verbose,v1,1795322145360.506104,primitive,exec,cpu,convolution,jit:avx512_core,
+      forward_training,src:f32:a:blocked:abcd::f0 wei:... dst:...,attr-scratchpad:user,
+      alg:convolution_direct,mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3,3.48
+
+    i.e. prefix, [format version], [start timestamp (ms since the Unix epoch)],
+    [component], operation, engine, primitive kind, implementation, propagation
+    kind, memory descriptors, attributes, auxiliary, problem description,
+    time (ms). The bracketed fields depend on the oneDNN version and
+    settings: 2.x prints neither version nor component (``dnnl_verbose,exec,…``),
+    earlier 3.x releases add the component, recent ones (3.7 in TensorFlow
+    2.21, 3.12 in torch 2.13) also ``v1``. All are accepted.
+
+oneMKL (``MKL_VERBOSE=1`` or the runtime call ``mkl_verbose(1)``)::
+
+    MKL_VERBOSE SGEMM(T,N,128,4,256,0x7ffc…,0x5639…,256,0x5639…,256,0x7ffc…,0x5639…,128) 30.36us
+      CNR:OFF Dyn:0 FastMM:1 TID:0  NThr:2
+
+    i.e. the function, its arguments as passed (pointers print as addresses,
+    so batched calls show no sizes), the call's duration with a unit, and
+    ``key:value`` settings. ``TID`` is the OpenMP thread number of the
+    calling thread, not an OS thread id. There is no timestamp.
+
+Times: oneDNN stamps the start with ``gettimeofday`` (µs resolution) and prints
+it as a double with 6 decimals, whose spacing at today's epoch is 0.24 µs;
+durations are differences of two such stamps. The printed decimals are
+converted to integer ns exactly (no binary floating point on the way), so the
+only error is the libraries' own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+ONEDNN_PREFIXES: tuple[bytes, ...] = (b"onednn_verbose,", b"dnnl_verbose,")
+"""Line prefixes of oneDNN verbose output (``dnnl_`` before oneDNN 2.x renamed it)."""
+
+MKL_PREFIX = b"MKL_VERBOSE "
+"""Line prefix of oneMKL verbose output."""
+
+VERBOSE_PREFIXES: tuple[bytes, ...] = (*ONEDNN_PREFIXES, MKL_PREFIX)
+"""Every prefix that marks a library verbose line."""
+
+_NS_PER_MS = Decimal(1_000_000)
+_VERSION = re.compile(r"v\d+\Z")
+_NUMBER = re.compile(r"\d+(?:\.\d*)?\Z")
+_COMPONENTS = frozenset({"primitive", "graph", "common", "ukernel"})
+# Operations whose last field is a time: executions and primitive creations.
+_TIMED_OPERATIONS = ("exec", "create")
+_MKL_LINE = re.compile(
+    r"MKL_VERBOSE (?P<func>[A-Za-z_]\w*)\((?P<args>.*)\)\s+"
+    r"(?P<time>\d+(?:\.\d*)?(?:e[-+]?\d+)?)(?P<unit>ns|us|ms|s)\b(?P<rest>.*)\Z"
+)
+_MKL_UNIT_NS = {"ns": Decimal(1), "us": Decimal(1_000), "ms": Decimal(1_000_000), "s": Decimal(1_000_000_000)}
+_DESC_FIELD = re.compile(r"([a-z]+)(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class OneDnnCall:
+    """One oneDNN verbose line about a primitive (execution or creation).
+
+    Attributes:
+        start_epoch_ns: start of the call in ns since the Unix epoch, or None
+            when the line has no timestamp (``ONEDNN_VERBOSE_TIMESTAMP`` unset).
+        duration_ns: execution time (``exec``) or creation time (``create…``), ns.
+        operation: ``"exec"``, ``"create:cache_miss"``, ``"create:cache_hit"``,
+            ``"create_nested:cache_miss"``, …
+        engine: ``"cpu"``, ``"gpu:0"``, …
+        kind: primitive kind (``"convolution"``, ``"reorder"``, ``"matmul"``, …).
+        impl: implementation (``"jit:avx512_core"``, ``"brg_matmul:avx512_core_bf16"``).
+        prop: propagation kind (``"forward_training"``, ``"undef"`` for reorders).
+        memory: memory descriptors, space separated (``"src:f32::blocked:abcd::f0 dst:…"``).
+        attrs: primitive attributes (``"attr-scratchpad:user attr-post-ops:sum"``).
+        aux: auxiliary information (``"alg:convolution_direct"``), may be empty.
+        desc: problem description (``"mb1_ic3oc64_ih224oh112kh7…"``, ``"4x64:64x32"``).
+        component: ``"primitive"`` (``""`` on oneDNN 2.x, which prints none).
+    """
+
+    start_epoch_ns: int | None
+    duration_ns: int
+    operation: str
+    engine: str
+    kind: str
+    impl: str
+    prop: str
+    memory: str
+    attrs: str
+    aux: str
+    desc: str
+    component: str = "primitive"
+
+    @property
+    def is_exec(self) -> bool:
+        """Whether the line reports an execution (not a creation)."""
+        return self.operation == "exec"
+
+
+@dataclass(frozen=True, slots=True)
+class MklCall:
+    """One oneMKL verbose line.
+
+    Attributes:
+        function: the routine as MKL names it (``"SGEMM"``, ``"DGEMM"``,
+            ``"SGEMM_BATCH"``, ``"SGEMV"``, ``"FFT"``, …).
+        args: the arguments as printed, one string each (pointers as ``0x…``).
+        duration_ns: the call's duration (ns).
+        tid: ``TID``, the OpenMP thread number of the caller (not an OS id);
+            None if absent.
+        nthr: ``NThr``, threads MKL could use for the call; None if absent.
+        settings: every other ``key:value`` field (``{"CNR": "OFF", "Dyn": "0", …}``).
+    """
+
+    function: str
+    args: tuple[str, ...]
+    duration_ns: int
+    tid: int | None
+    nthr: int | None
+    settings: tuple[tuple[str, str], ...] = ()
+
+
+def is_verbose_line(line: bytes) -> bool:
+    """Whether ``line`` (bytes, with or without its newline) is oneDNN or MKL verbose output."""
+    return line.startswith(VERBOSE_PREFIXES)
+
+
+def _ms_to_ns(text: str) -> int | None:
+    """Converts a decimal number of milliseconds to integer ns (exactly, rounded half even)."""
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not value.is_finite() or value < 0:
+        return None
+    return int((value * _NS_PER_MS).to_integral_value())
+
+
+def parse_onednn_line(line: str) -> OneDnnCall | None:
+    """Parses one oneDNN verbose line about a primitive.
+
+    Args:
+        line: one line of output, with or without its trailing newline.
+
+    Returns:
+        The call, or None for anything else: ``info`` headers, graph-component
+        lines, ``error``/``check`` lines, other output, garbage.
+    """
+    text = line.rstrip("\r\n")
+    if not text.startswith(("onednn_verbose,", "dnnl_verbose,")):
+        return None
+    fields = text.split(",")
+    i = 1
+    if i < len(fields) and _VERSION.match(fields[i]):
+        i += 1
+    start_ns: int | None = None
+    if i < len(fields) and _NUMBER.match(fields[i]):
+        start_ns = _ms_to_ns(fields[i])
+        i += 1
+    component = ""
+    if i < len(fields) and fields[i] in _COMPONENTS:
+        component = fields[i]
+        i += 1
+    if component not in ("", "primitive"):
+        return None  # graph partitions have another layout; torch eager does not use them
+    if i >= len(fields) or not fields[i].startswith(_TIMED_OPERATIONS):
+        return None
+    operation = fields[i]
+    rest = fields[i + 1 :]
+    # engine, kind, impl, prop ... memory ..., attrs, aux, desc, time: memory
+    # descriptors may in principle hold commas, so the tail is read from the end.
+    if len(rest) < 9:
+        return None
+    duration_ns = _ms_to_ns(rest[-1])
+    if duration_ns is None:
+        return None
+    return OneDnnCall(
+        start_epoch_ns=start_ns,
+        duration_ns=duration_ns,
+        operation=operation,
+        engine=rest[0],
+        kind=rest[1],
+        impl=rest[2],
+        prop=rest[3],
+        memory=",".join(rest[4:-4]),
+        attrs=rest[-4],
+        aux=rest[-3],
+        desc=rest[-2],
+        component=component,
+    )
+
+
+def parse_mkl_line(line: str) -> MklCall | None:
+    """Parses one oneMKL verbose line.
+
+    Args:
+        line: one line of output, with or without its trailing newline.
+
+    Returns:
+        The call, or None for the version header, other output and garbage.
+    """
+    m = _MKL_LINE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    try:
+        duration = Decimal(m["time"]) * _MKL_UNIT_NS[m["unit"]]
+    except InvalidOperation:
+        return None
+    tid: int | None = None
+    nthr: int | None = None
+    settings: list[tuple[str, str]] = []
+    for item in m["rest"].split():
+        key, sep, value = item.partition(":")
+        if not sep:
+            continue
+        if key == "TID" and value.isdigit():
+            tid = int(value)
+        elif key == "NThr" and value.isdigit():
+            nthr = int(value)
+        else:
+            settings.append((key, value))
+    args = tuple(a.strip() for a in m["args"].split(",")) if m["args"] else ()
+    return MklCall(
+        function=m["func"].upper(),
+        args=args,
+        duration_ns=int(duration.to_integral_value()),
+        tid=tid,
+        nthr=nthr,
+        settings=tuple(settings),
+    )
+
+
+# -- FLOP estimates -------------------------------------------------------
+
+
+def parse_problem_desc(desc: str) -> dict[str, int]:
+    """Splits a oneDNN convolution-style problem description into its numbers.
+
+    ``"g16mb1_ic16oc16_ih32oh32kh3sh1dh0ph1_iw32ow32kw3sw1dw0pw1"`` gives
+    ``{"g": 16, "mb": 1, "ic": 16, "oc": 16, "ih": 32, "oh": 32, "kh": 3, …}``.
+    Names follow oneDNN's benchdnn: ``mb`` batch, ``g`` groups, ``ic``/``oc``
+    channels, ``i``/``o``/``k``/``s``/``d``/``p`` + ``d``/``h``/``w`` input,
+    output, kernel, stride, dilation and padding per spatial axis.
+    """
+    return {name: int(value) for name, value in _DESC_FIELD.findall(desc)}
+
+
+def conv_flops(desc: str, kind: str = "convolution") -> int | None:
+    """Estimates the FLOPs of a forward convolution or deconvolution (FLOP).
+
+    Formula (two FLOPs per multiply-add; bias and post-ops not counted)::
+
+        convolution:   2 * mb * oc * (od * oh * ow) * (ic / g) * (kd * kh * kw)
+        deconvolution: 2 * mb * ic * (id * ih * iw) * (oc / g) * (kd * kh * kw)
+
+    A deconvolution is the transpose of a convolution, so the roles of input
+    and output swap. Missing spatial axes count 1 (2D and 1D problems omit the
+    depth, and 1D the height); a missing width equals the height, as in
+    benchdnn's short form.
+
+    Args:
+        desc: the oneDNN problem description.
+        kind: ``"convolution"`` or ``"deconvolution"``.
+
+    Returns:
+        The FLOPs, or None when ``desc`` is not a convolution description.
+    """
+    p = parse_problem_desc(desc)
+    if not {"ic", "oc"} <= p.keys() or not ({"oh", "kh"} <= p.keys() or {"ow", "kw"} <= p.keys()):
+        return None
+    mb, g = p.get("mb", 1), p.get("g", 1)
+
+    def spatial(prefix: str) -> int:
+        h = p.get(prefix + "h", 1)
+        w = p.get(prefix + "w", h if prefix + "h" in p else 1)
+        return p.get(prefix + "d", 1) * h * w
+
+    kernel = spatial("k")
+    if kind == "convolution":
+        return 2 * mb * p["oc"] * spatial("o") * (p["ic"] // g) * kernel
+    if kind == "deconvolution":
+        return 2 * mb * p["ic"] * spatial("i") * (p["oc"] // g) * kernel
+    return None
+
+
+def matmul_flops(desc: str) -> int | None:
+    """Estimates the FLOPs of a oneDNN matmul from ``"[B…x]MxK:[B…x]KxN"`` (FLOP).
+
+    Formula: ``2 * batch * M * N * K`` with ``batch`` the product of the
+    (broadcast) leading dimensions; bias and post-ops are not counted.
+    Runtime dimensions (``*``) give None.
+    """
+    parts = desc.split(":")
+    if len(parts) < 2:
+        return None
+    try:
+        src = [int(v) for v in parts[0].split("x")]
+        wei = [int(v) for v in parts[1].split("x")]
+    except ValueError:
+        return None
+    if len(src) < 2 or len(src) != len(wei):
+        return None
+    batch = 1
+    for a, b in zip(src[:-2], wei[:-2]):
+        batch *= max(a, b)
+    m, k = src[-2], src[-1]
+    n = wei[-1]
+    return 2 * batch * m * n * k
+
+
+def inner_product_flops(desc: str) -> int | None:
+    """Estimates the FLOPs of a oneDNN inner product from ``"mbXicY[ihH…]ocZ"`` (FLOP).
+
+    Formula: ``2 * mb * oc * ic * (id * ih * iw)`` (spatial input dimensions,
+    if any, are folded into the reduction).
+    """
+    p = parse_problem_desc(desc)
+    if not {"mb", "ic", "oc"} <= p.keys():
+        return None
+    spatial = p.get("id", 1) * p.get("ih", 1) * p.get("iw", 1)
+    return 2 * p["mb"] * p["oc"] * p["ic"] * spatial
+
+
+def onednn_flops(call: OneDnnCall) -> int | None:
+    """Estimates the FLOPs of one oneDNN forward primitive (FLOP), or None.
+
+    Convolutions, deconvolutions, matmuls (and ``gemm_api``, oneDNN's BLAS-like
+    ``dnnl_sgemm``, same description) and inner products are estimated
+    (see the helpers above); backward passes and every other kind (reorders,
+    eltwise, pooling, …, which are memory-bound) give None.
+    """
+    if not call.prop.startswith("forward") and call.kind not in ("matmul", "gemm_api"):
+        return None
+    if call.kind in ("convolution", "deconvolution"):
+        return conv_flops(call.desc, call.kind)
+    if call.kind in ("matmul", "gemm_api"):  # gemm_api: dnnl_sgemm calls (TensorFlow's MatMul)
+        return matmul_flops(call.desc)
+    if call.kind == "inner_product":
+        return inner_product_flops(call.desc)
+    return None
+
+
+def gemm_mnk(call: MklCall) -> tuple[int, int, int] | None:
+    """The ``(M, N, K)`` of a BLAS ``?GEMM`` or ``?GEMM_BATCH_STRIDED`` call, else None.
+
+    BLAS signature: ``?GEMM(transa, transb, m, n, k, alpha, a, lda, b, ldb,
+    beta, c, ldc)``. ``?GEMM_BATCH`` passes its sizes by pointer, so MKL's
+    log shows addresses and the sizes cannot be known.
+    """
+    if not re.fullmatch(r"[SDCZ]GEMM(?:_BATCH_STRIDED)?", call.function) or len(call.args) < 5:
+        return None
+    try:
+        return int(call.args[2]), int(call.args[3]), int(call.args[4])
+    except ValueError:
+        return None
+
+
+def gemm_flops(call: MklCall) -> int | None:
+    """Estimates the FLOPs of a BLAS GEMM or GEMV call from its sizes (FLOP).
+
+    Formulas (two FLOPs per multiply-add; the ``beta * C`` term is not
+    counted, since ``beta`` is printed only as a pointer)::
+
+        SGEMM/DGEMM(…, M, N, K, …)                 2 * M * N * K
+        CGEMM/ZGEMM (complex: 4 mul + 4 add)       8 * M * N * K
+        ?GEMM_BATCH_STRIDED(…, batch_size)         the above * batch_size
+        SGEMV/DGEMV(trans, M, N, …)                2 * M * N   (complex: 8 * M * N)
+
+    Returns:
+        The FLOPs, or None for other routines and for calls whose sizes MKL
+        printed as pointers (``?GEMM_BATCH``).
+    """
+    per_mac = 8 if call.function[:1] in ("C", "Z") else 2
+    mnk = gemm_mnk(call)
+    if mnk is not None:
+        m, n, k = mnk
+        flops = per_mac * m * n * k
+        if call.function.endswith("_BATCH_STRIDED"):
+            try:
+                flops *= int(call.args[-1])
+            except ValueError:
+                return None
+        return flops
+    if re.fullmatch(r"[SDCZ]GEMV", call.function) and len(call.args) >= 3:
+        try:
+            return per_mac * int(call.args[1]) * int(call.args[2])
+        except ValueError:
+            return None
+    return None

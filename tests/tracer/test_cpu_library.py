@@ -1,0 +1,228 @@
+"""The cpu.library source: spans from real verbose logs, and a real torch run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mltrace.tracer.fdtap import TappedLine
+from mltrace.tracer.levels import Level
+from mltrace.tracer.sources.cpu_library import CpuLibrarySource, library_spans
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
+OFFSET = 1_795_000_000_000_000_000  # epoch ns of session time 0 in these tests
+
+
+def tapped(path: Path, first_receive_ns: int) -> list[TappedLine]:
+    """The verbose lines of a log, received 1 µs apart."""
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("== ")]
+    return [TappedLine(first_receive_ns + 1_000 * i, ln) for i, ln in enumerate(lines)]
+
+
+def test_onednn_lines_become_timed_spans() -> None:
+    # received after the last call of the log ended (its stamps run to ...166_132.3 ms)
+    lines = tapped(DATA / "onednn" / "torch_profile_exec.log", 1_795_322_166_140_000_000 - OFFSET)
+    ids = itertools.count(1)
+    spans, counts = library_spans(lines, lambda ns: ns - OFFSET, 7, lambda: next(ids), "pytorch")
+    lag_median, lag_max = counts.pop("receive_lag_ns_median"), counts.pop("receive_lag_ns_max")
+    assert counts == {"onednn": 19, "mkl": 0, "untimed": 0, "unparsed": 0, "late": 0}
+    assert 0 < lag_median <= lag_max
+    assert [s.id for s in spans] == list(range(1, 20))
+    stem = spans[1]
+    assert stem.name == "oneDNN convolution jit:avx512_core"
+    assert stem.level == Level.LIBRARY and stem.track_id == 7 and stem.parent_id is None
+    assert stem.start_ns == 1_795_322_166_121_667_969 - OFFSET
+    assert stem.end_ns - stem.start_ns == 2_150_150
+    assert stem.attrs == {
+        "mltrace.level": "library",
+        "ml.framework": "pytorch",
+        "ml.library.name": "oneDNN",
+        "ml.library.kind": "convolution",
+        "ml.library.impl": "jit:avx512_core",
+        "ml.library.prop": "forward_training",
+        "ml.library.desc": "mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3",
+        "ml.library.memory": (
+            "src:f32:a:blocked:abcd::f0 wei:f32:a:blocked:Acdb16a::f0 bia:f32:a:blocked:a::f0 dst:f32:a:blocked:aBcd16b::f0"
+        ),
+        "ml.library.aux": "alg:convolution_direct",
+        "ml.library.attrs": "attr-scratchpad:user",
+        "ml.library.exec_ns": 2_150_150,
+        "ml.library.seq": 1,
+        "ml.flops": 236_027_904,
+    }
+    assert [s.attrs["ml.library.seq"] for s in spans] == list(range(19))
+
+
+def test_mkl_lines_become_untimed_spans_ending_at_receipt() -> None:
+    lines = tapped(DATA / "mkl" / "torch_mkl_verbose.log", 5_000_000)
+    ids = itertools.count(100)
+    spans, counts = library_spans(lines, lambda ns: ns - OFFSET, 7, lambda: next(ids))
+    assert counts == {"onednn": 0, "mkl": 31, "untimed": 31, "unparsed": 0, "late": 0}
+    linear = spans[2]  # nn.Linear(256, 128) on 4 rows; line 3 after the header
+    assert linear.name == "MKL SGEMM"
+    receive = lines[3].receive_ns
+    assert (linear.start_ns, linear.end_ns) == (receive - 30_360, receive)
+    assert linear.attrs["ml.library.desc"] == "T,N,128,4,256,*,*,256,*,256,*,*,128"
+    assert linear.attrs["ml.library.untimed"] is True
+    assert linear.attrs["ml.library.receive_ns"] == receive
+    assert linear.attrs["ml.flops"] == 2 * 128 * 4 * 256
+    assert (linear.attrs["ml.library.mkl_tid"], linear.attrs["ml.library.nthr"]) == (0, 2)
+    assert "ml.framework" not in linear.attrs
+    assert {s.name for s in spans} == {"MKL SGEMM", "MKL SGEMM_BATCH", "MKL DGEMM", "MKL SGEMV"}
+
+
+def test_creation_lines_are_skipped_and_untimed_onednn_is_marked() -> None:
+    lines = tapped(DATA / "onednn" / "torch_toggle_create.log", 1_000)
+    ids = itertools.count(1)
+    spans, counts = library_spans(lines, lambda ns: ns, 1, lambda: next(ids))
+    assert counts["onednn"] == 19 and counts["untimed"] == 19 and counts["unparsed"] == 0
+    assert all(s.attrs["ml.library.untimed"] for s in spans)
+
+
+def test_late_timed_calls_are_counted() -> None:
+    line = "onednn_verbose,v1,1000.000000,primitive,exec,cpu,reorder,jit:uni,undef,src dst,,,2x2,0.010"
+    # the call ends at 1 ms + 10 µs on the epoch clock, but was received at 1 ms: clocks disagree
+    _, counts = library_spans([TappedLine(1_000_000, line)], lambda ns: ns, 1, lambda: 1)
+    assert counts["late"] == 1
+
+
+def test_source_contract() -> None:
+    source = CpuLibrarySource()
+    assert source.name == "cpu.library"
+    assert source.levels == (Level.LIBRARY,)
+    assert source.available() is None or "torch" in str(source.available())
+
+
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="torch is not installed",
+)
+def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
+    """torch imported after start(): verbosity switched on at import, off at stop, stdout clean."""
+    program = r"""
+    import itertools, json, os, sys
+    from mltrace.tracer.clock import ClockAnchor, now_ns
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+    from mltrace.tracer.tracks import TrackRegistry
+
+    class Session:  # the parts of mltrace's Session a source uses
+        def __init__(self):
+            self.anchor = ClockAnchor.take()
+            self.tracks = TrackRegistry()
+            self.meta, self.limitations = {}, []
+            self._ids = itertools.count(1)
+        def new_id(self):
+            return next(self._ids)
+        def note_limitation(self, text):
+            self.limitations.append(text)
+
+    session = Session()
+    source = CpuLibrarySource()
+    assert "torch" not in sys.modules
+    source.start(session)
+    t0 = now_ns()
+    import torch
+    conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3).eval()
+    lin = torch.nn.Linear(16, 4).eval()
+    with torch.no_grad():
+        print("running", end=" ", flush=True)
+        conv(torch.randn(1, 3, 32, 32))
+        lin(torch.randn(2, 16))
+    print("done", flush=True)
+    t1 = now_ns()
+    events = source.stop()
+    with torch.no_grad():
+        conv(torch.randn(1, 3, 32, 32))  # after stop: verbose is off, nothing printed
+        lin(torch.randn(2, 16))
+    print("after", flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump({
+            "spans": [[s.name, s.start_ns, s.end_ns, s.track_id, s.attrs] for s in events],
+            "t0": t0, "t1": t1, "meta": session.meta, "limitations": session.limitations,
+            "env": os.environ.get("ONEDNN_VERBOSE_TIMESTAMP"),
+        }, f)
+    """
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(program), encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("ONEDNN_VERBOSE_TIMESTAMP", None)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout == b"running done\nafter\n"
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    spans = report["spans"]
+    names = [s[0] for s in spans]
+    assert "oneDNN convolution jit:avx512_core" in names or any(n.startswith("oneDNN convolution") for n in names)
+    assert names.count("MKL SGEMM") == 1
+    conv = next(s for s in spans if s[0].startswith("oneDNN convolution"))
+    assert conv[4]["ml.library.desc"] == "mb1_ic3oc8_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3"
+    assert conv[4]["ml.framework"] == "pytorch"
+    assert "ml.library.untimed" not in conv[4]  # timestamps were switched on by start()
+    # converted through the session anchor: inside the window the calls ran in
+    assert report["t0"] <= conv[1] <= conv[2] <= report["t1"]
+    assert report["meta"]["sources_info"]["cpu.library"]["late"] == 0
+    assert report["env"] is None  # the environment is restored
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True).returncode != 0,
+    reason="tensorflow is not installed",
+)
+def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
+    """use_env=True after ``import tensorflow``: TF's own oneDNN reads the variables at its first op."""
+    program = r"""
+    import itertools, json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    import tensorflow as tf
+    from mltrace.tracer.clock import ClockAnchor
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+    from mltrace.tracer.tracks import TrackRegistry
+
+    class Session:
+        def __init__(self):
+            self.anchor, self.tracks, self.meta, self.limitations = ClockAnchor.take(), TrackRegistry(), {}, []
+            self._ids = itertools.count(1)
+        def new_id(self):
+            return next(self._ids)
+        def note_limitation(self, text):
+            self.limitations.append(text)
+
+    session = Session()
+    source = CpuLibrarySource(use_env=True)
+    source.start(session)
+    print("tf matmul", flush=True)
+    tf.matmul(tf.random.normal([4, 64]), tf.random.normal([64, 32]))
+    events = source.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"spans": [[s.name, s.attrs] for s in events], "limitations": session.limitations,
+                   "env": [os.environ.get(k) for k in ("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP")]}, f)
+    """
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(program), encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    for key in ("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout == b"tf matmul\n"
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    gemm = [attrs for name, attrs in report["spans"] if name.startswith("oneDNN gemm_api")]
+    assert [a["ml.library.desc"] for a in gemm] == ["4x64:64x32"]
+    assert gemm[0]["ml.flops"] == 2 * 4 * 32 * 64 and "ml.library.untimed" not in gemm[0]
+    assert report["env"] == [None, None, None]
+    assert any("stays on" in text for text in report["limitations"])

@@ -1,0 +1,242 @@
+"""FdTap: verbose lines are captured from fd 1, every other byte comes out unchanged.
+
+Each test runs a program in a subprocess (fd 1 is process-wide) and compares
+its real stdout, byte for byte, with what the program would print without
+the verbose lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROGRAM = r"""
+import json, os, subprocess, sys, time
+from mltrace.tracer.fdtap import FdTap
+
+expected = bytearray()  # what stdout must hold: everything but the verbose lines
+verbose = []            # every verbose line written, in order
+
+
+def user(data: bytes) -> None:
+    os.write(1, data)
+    expected.extend(data)
+
+
+def lib(line: str) -> None:
+    os.write(1, line.encode() + b"\n")
+    verbose.append(line)
+
+
+print("before the tap", flush=True)
+expected.extend(b"before the tap\n")
+sys.stdout.write("buffered before start, no newline")  # must be flushed before the switch
+expected.extend(b"buffered before start, no newline")
+
+tap = FdTap().start()
+user(b" / os.write right after start\n")  # comes after the buffered text only if start() flushed it
+print("printed", flush=True)
+expected.extend(b"printed\n")
+lib("onednn_verbose,v1,1795322166121.667969,primitive,exec,cpu,convolution,jit:avx512_core,x")
+user(b"progress: ")                      # partial line ...
+lib("MKL_VERBOSE SGEMM(N,N,2,2,2,0x1,0x2,2,0x3,2,0x4,0x5,2) 1.00us CNR:OFF Dyn:0 FastMM:1 TID:0  NThr:2")
+user(b"50%")                             # ... continued after a verbose line
+lib("MKL_VERBOSE SGEMM(N,N,3,3,3,0x1,0x2,3,0x3,3,0x4,0x5,3) 2.00us CNR:OFF Dyn:0 FastMM:1 TID:0  NThr:2")
+user(b" done\n")
+user(b"binary \x00\xff\xfe\r\n not utf-8 \x80\n")
+user(b"user text mentioning onednn on a line\n")
+user(b"ends in a prefix start: onedn")      # held back briefly, then forwarded
+time.sleep(0.2)
+user(b"n? no.\n")
+os.write(1, b"onednn_verbose,v1,split,")     # one verbose line in two writes
+time.sleep(0.1)
+os.write(1, b"across,writes\n")
+verbose.append("onednn_verbose,v1,split,across,writes")
+user(b"binary data with MKL_VERBOSE inside and no newline for a while " + b"\x01" * 200_000 + b"\n")
+print("print " * 3, end="", flush=True)
+expected.extend(b"print print print ")
+lib("dnnl_verbose,exec,cpu,reorder,simple:any,undef,src dst,,,2x2,0.01")
+print(flush=True)
+expected.extend(b"\n")
+
+# several MB in one write, with verbose lines inside, and many small prints
+big = bytearray()
+for i in range(60_000):
+    big.extend(b"row %06d %s\n" % (i, b"x" * 40))
+    if i % 10_000 == 5:
+        line = "MKL_VERBOSE DGEMM(N,N,%d,1,1,0x1,0x2,1,0x3,1,0x4,0x5,1) 3.00us CNR:OFF TID:0 NThr:1" % i
+        big.extend(line.encode() + b"\n")
+        verbose.append(line)
+os.write(1, bytes(big))
+expected.extend(b"".join(l + b"\n" for l in bytes(big).split(b"\n") if l and not l.startswith(b"MKL_VERBOSE")))
+for i in range(20_000):
+    print("printed line", i)
+    expected.extend(b"printed line %d\n" % i)
+sys.stdout.flush()  # as a plain run needs too, before a child writes
+
+# a child process inherits the pipe as its stdout
+child = ("import os; os.write(1, b'child says hi\\n"
+         "MKL_VERBOSE SGEMM(N,N,1,1,1,0x1,0x2,1,0x3,1,0x4,0x5,1) 4.00us TID:0 NThr:1\\nchild partial')")
+subprocess.run([sys.executable, "-c", child], check=True)
+expected.extend(b"child says hi\nchild partial")
+verbose.append("MKL_VERBOSE SGEMM(N,N,1,1,1,0x1,0x2,1,0x3,1,0x4,0x5,1) 4.00us TID:0 NThr:1")
+sys.stdout.write(" / unflushed tail")  # left in Python's buffer: stop() must flush it
+expected.extend(b" / unflushed tail")
+
+t0 = time.monotonic_ns()
+lines = tap.stop()
+t1 = time.monotonic_ns()
+assert tap.stop() == lines  # a second stop changes nothing
+os.write(1, b"\nafter the tap\n")  # comes after the buffered tail only if stop() flushed it
+expected.extend(b"\nafter the tap\n")
+os.write(1, b"MKL_VERBOSE after stop goes to stdout\n")
+expected.extend(b"MKL_VERBOSE after stop goes to stdout\n")
+sys.stdout.write("exit without newline")
+expected.extend(b"exit without newline")
+
+with open(sys.argv[1], "w") as f:
+    json.dump({
+        "expected": expected.decode("latin-1"),
+        "verbose": verbose,
+        "captured": [text for _, text in lines],
+        "receive_ns": [ns for ns, _ in lines],
+        "t0": t0, "t1": t1,
+        "detached": tap.detached,
+        "forward_errors": tap.forward_errors,
+        "fd1_is_pipe_after": os.readlink("/proc/self/fd/1"),
+    }, f)
+"""
+
+
+def run_program(tmp_path: Path, source: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[bytes], dict[str, Any]]:
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(source), encoding="utf-8")
+    report = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("PYTHONUNBUFFERED", None)  # test the buffered case: the flushes must happen
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report)],
+        capture_output=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return proc, json.loads(report.read_text(encoding="utf-8"))
+
+
+def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: Path) -> None:
+    proc, report = run_program(tmp_path, PROGRAM)
+    expected = str(report["expected"]).encode("latin-1")
+    assert len(proc.stdout) > 3_000_000
+    assert proc.stdout == expected
+    assert report["captured"] == report["verbose"]
+    assert b"onednn_verbose" not in proc.stdout and b"dnnl_verbose" not in proc.stdout
+    assert proc.stdout.count(b"MKL_VERBOSE") == 2  # in the over-long binary line, and written after stop()
+    assert report["detached"] is False and report["forward_errors"] == 0
+    receive = [int(ns) for ns in report["receive_ns"]]
+    assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
+
+
+def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path) -> None:
+    """A closed stdout pipe (``| head``) neither blocks the program nor loses verbose lines."""
+    source = r"""
+    import json, os, signal, sys
+    from mltrace.tracer.fdtap import FdTap
+    r, w = os.pipe()
+    os.dup2(w, 1); os.close(w); os.close(r)  # stdout is a pipe nobody reads
+    tap = FdTap().start()
+    for i in range(2000):
+        os.write(1, b"user output that goes nowhere %d\n" % i)
+        os.write(1, b"onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,a b,,,%d,0.1\n" % i)
+    lines = tap.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"n": len(lines), "errors": tap.forward_errors}, f)
+    """
+    _, report = run_program(tmp_path, source)
+    assert report["n"] == 2000
+    assert int(report["errors"]) > 0
+
+
+def test_context_manager_restores_fd_on_exception(tmp_path: Path) -> None:
+    source = r"""
+    import json, os, sys
+    from mltrace.tracer.fdtap import FdTap
+    before = os.fstat(1)
+    try:
+        with FdTap() as tap:
+            os.write(1, b"MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1\n")
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    after = os.fstat(1)
+    print("visible", flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump({"same": (before.st_ino, before.st_dev) == (after.st_ino, after.st_dev),
+                   "lines": [t for _, t in tap.lines()], "active": tap.active}, f)
+    """
+    proc, report = run_program(tmp_path, source)
+    assert proc.stdout == b"visible\n"
+    assert report == {"same": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"], "active": False}
+
+
+def test_child_outliving_stop_does_not_block(tmp_path: Path) -> None:
+    source = r"""
+    import json, os, subprocess, sys, time
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap().start()
+    child = subprocess.Popen([sys.executable, "-c",
+        "import os, time; time.sleep(1.5); os.write(1, b'late child output\\n')"])
+    t0 = time.monotonic()
+    tap.stop(timeout_s=0.3)
+    waited = time.monotonic() - t0
+    child.wait()
+    time.sleep(0.3)  # the detached reader forwards the child's line
+    with open(sys.argv[1], "w") as f:
+        json.dump({"detached": tap.detached, "waited_s": waited}, f)
+    """
+    proc, report = run_program(tmp_path, source)
+    assert report["detached"] is True
+    assert float(report["waited_s"]) < 1.4
+    assert proc.stdout == b"late child output\n"
+
+
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="torch is not installed",
+)
+def test_real_torch_onednn_verbose_is_captured(tmp_path: Path) -> None:
+    source = r"""
+    import json, sys
+    import torch
+    from mltrace.tracer.fdtap import FdTap
+    from mltrace.tracer.sources.verbose_logs import parse_mkl_line, parse_onednn_line
+    conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3).eval()
+    lin = torch.nn.Linear(16, 4).eval()
+    print("model ready", flush=True)
+    with FdTap() as tap:
+        with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+            with torch.no_grad():
+                print("running", end=" ", flush=True)
+                conv(torch.randn(1, 3, 32, 32))
+                lin(torch.randn(2, 16))
+                print("done", flush=True)
+    onednn = [c for c in (parse_onednn_line(t) for _, t in tap.lines()) if c is not None]
+    mkl = [c for c in (parse_mkl_line(t) for _, t in tap.lines()) if c is not None]
+    with open(sys.argv[1], "w") as f:
+        json.dump({"onednn": [(c.kind, c.desc) for c in onednn], "mkl": [list(c.args[:5]) for c in mkl],
+                   "n": len(tap.lines())}, f)
+    """
+    proc, report = run_program(tmp_path, source, timeout=300)
+    assert proc.stdout == b"model ready\nrunning done\n"
+    assert ["convolution", "mb1_ic3oc8_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3"] in report["onednn"]
+    assert report["mkl"] == [["T", "N", "4", "2", "16"]]  # nn.Linear(16, 4) on 2 rows: SGEMM M=4 N=2 K=16

@@ -1,0 +1,181 @@
+"""attach_library_calls, from small tables of spans."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track, TrackKind
+from mltrace.tracer.passes_library import attach_library_calls
+
+OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
+MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call
+
+TRACKS = {
+    MAIN: Track(MAIN, TrackKind.THREAD, "MainThread", 100, 100),
+    WORKER: Track(WORKER, TrackKind.THREAD, "worker", 100, 101),
+    SOURCE: Track(SOURCE, TrackKind.THREAD, "starter", 100, 102),
+    GPU: Track(GPU, TrackKind.GPU_STREAM, "GPU 0 stream 7", 100, device=0, stream=7),
+}
+
+
+def op(i: int, name: str, start: int, end: int, track: int = MAIN, level: Level = OP) -> Span:
+    return Span(i, None, level, name, start, end, track, {})
+
+
+def onednn(i: int, start: int, end: int) -> Span:
+    attrs = {"ml.library.name": "oneDNN", "ml.library.exec_ns": end - start, "ml.library.seq": i}
+    return Span(i, None, LIB, "oneDNN convolution jit:avx2", start, end, SOURCE, attrs)
+
+
+def mkl(i: int, seq: int, receive: int, exec_ns: int, name: str = "MKL", desc: str = "") -> Span:
+    attrs: dict[str, Any] = {
+        "ml.library.name": name,
+        "ml.library.kind": "SGEMM",
+        "ml.library.desc": desc,
+        "ml.library.exec_ns": exec_ns,
+        "ml.library.seq": seq,
+        "ml.library.untimed": True,
+        "ml.library.receive_ns": receive,
+    }
+    return Span(i, None, LIB, f"{name} SGEMM", receive - exec_ns, receive, SOURCE, attrs)
+
+
+def run_of(spans: list[Span]) -> Run:
+    return Run(path=Path("."), meta={}, tracks=dict(TRACKS), spans=spans)
+
+
+def placed(run: Run) -> dict[int, tuple[int | None, int, int, int]]:
+    """id -> (parent, start, end, track) of every library span."""
+    return {s.id: (s.parent_id, s.start_ns, s.end_ns, s.track_id) for s in run.spans if s.level == LIB}
+
+
+def test_timed_calls_go_to_the_innermost_containing_op_on_its_thread() -> None:
+    spans = [
+        op(1, "model", 0, 100_000, level=Level.MODEL),
+        op(2, "aten::conv2d", 10_000, 50_000),
+        op(3, "aten::mkldnn_convolution", 12_000, 48_000),
+        op(4, "aten::conv2d", 20_000, 40_000, track=WORKER),  # another thread, wider
+        op(5, "aten::relu", 60_000, 70_000),
+        onednn(10, 13_000, 30_000),  # inside 3 (and 2, and 4)
+        onednn(11, 11_000, 12_500),  # starts 1 µs before 3: within the slack of µs stamps
+        onednn(14, 21_000, 39_000),  # innermost container is on the worker thread
+        onednn(12, 80_000, 90_000),  # in no op: the model span
+        onednn(13, 200_000, 210_000),  # in nothing
+    ]
+    out = attach_library_calls(run_of(spans))
+    got = placed(out)
+    assert got[10] == (3, 13_000, 30_000, MAIN)
+    assert got[11] == (3, 11_000, 12_500, MAIN)
+    assert got[14] == (4, 21_000, 39_000, WORKER)
+    assert got[12] == (1, 80_000, 90_000, MAIN)
+    assert got[13] == (None, 200_000, 210_000, SOURCE)
+    assert out.meta["correlation"]["attach_library_calls"] == {"timed": 4, "untimed": 0, "unattached": 1}
+
+
+def test_slack_absorbs_microsecond_stamps() -> None:
+    spans = [op(1, "aten::mkldnn_convolution", 10_000, 20_000, track=WORKER), onednn(2, 9_500, 20_800)]
+    assert placed(attach_library_calls(run_of(spans)))[2] == (1, 9_500, 20_800, WORKER)
+    assert placed(attach_library_calls(run_of(spans), slack_ns=100))[2][0] is None
+
+
+def test_untimed_mkl_calls_follow_issue_order_into_leaf_caller_ops() -> None:
+    spans = [
+        op(1, "aten::linear", 100_000, 200_000),
+        op(2, "aten::t", 101_000, 105_000),
+        op(3, "aten::addmm", 110_000, 190_000),  # leaf caller inside aten::linear
+        op(4, "aten::relu", 200_000, 250_000),
+        op(5, "aten::bmm", 300_000, 400_000),
+        op(6, "aten::_scaled_dot_product_flash_attention_for_cpu", 500_000, 530_000),
+        mkl(20, 0, receive=185_000, exec_ns=50_000),  # ends inside addmm
+        mkl(21, 1, receive=420_000, exec_ns=30_000),  # received after bmm ended (reader delay)
+        mkl(22, 2, receive=510_000, exec_ns=10_000),  # three calls in one attention op
+        mkl(23, 3, receive=515_000, exec_ns=10_000),
+        mkl(24, 4, receive=520_000, exec_ns=10_000),
+    ]
+    out = attach_library_calls(run_of(spans))
+    got = placed(out)
+    assert got[20] == (3, 135_000, 185_000, MAIN)
+    assert got[21] == (5, 370_000, 400_000, MAIN)  # clipped to the op's end
+    assert got[22] == (6, 500_000, 510_000, MAIN)
+    assert got[23] == (6, 510_000, 515_000, MAIN)  # does not overlap the call before it
+    assert got[24] == (6, 515_000, 520_000, MAIN)
+    assert all(s.attrs["ml.library.placement"] == "estimated" for s in out.spans if s.level == LIB)
+    assert out.meta["correlation"]["attach_library_calls"] == {"timed": 0, "untimed": 5, "unattached": 0}
+
+
+def test_untimed_calls_never_go_back_in_issue_order_nor_to_long_finished_ops() -> None:
+    spans = [
+        op(1, "aten::mm", 100_000, 200_000),
+        op(2, "aten::mm", 300_000, 400_000),
+        mkl(10, 0, receive=350_000, exec_ns=10_000),  # in the second mm
+        mkl(11, 1, receive=352_000, exec_ns=60_000),  # ran beside 10 (another OpenMP thread): started before op 2
+        mkl(12, 2, receive=50_000_000, exec_ns=10_000),  # 49.6 ms after every op ended
+        mkl(13, 3, receive=50_000, exec_ns=10_000, name="MKL"),  # before any op
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[10][0] == 2
+    assert got[11] == (2, 350_000, 352_000, MAIN)  # the op of the call before it; shortened to fit
+    assert got[12] == (None, 49_990_000, 50_000_000, SOURCE)
+    assert got[13] == (None, 40_000, 50_000, SOURCE)
+
+
+def test_input_shapes_keep_a_late_call_out_of_the_next_op() -> None:
+    conv = op(1, "aten::_slow_conv2d_forward", 0, 100_000)
+    conv.attrs["ml.input.shapes"] = [[1, 2, 8, 8], [4, 2, 3, 3], [], [4], [], []]  # 36 pixels, 4 channels, 2*3*3 taps
+    mm = op(2, "aten::mm", 110_000, 200_000)
+    mm.attrs["ml.input.shapes"] = [[20, 64], [64, 192]]
+    im2col = "N,N,36,4,18,*,*,36,*,18,*,*,36"  # received 36 µs after mm began
+    proj = "T,N,192,20,64,*,*,64,*,64,*,*,192"
+    spans = [conv, mm, mkl(10, 0, receive=150_000, exec_ns=14_000, desc=im2col), mkl(11, 1, receive=190_000, exec_ns=60_000, desc=proj)]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[10][0] == 1 and got[11][0] == 2
+    # a linear layer's GEMM received late, while the convolution ran: the weight shape says no
+    linear = op(3, "aten::addmm", 90_000, 95_000)
+    linear.attrs["ml.input.shapes"] = [[10], [2, 32], [32, 10], [], []]
+    late = mkl(12, 0, receive=97_000, exec_ns=2_000, desc="T,N,10,2,32,*,*,32,*,32,*,*,10")
+    conv2 = op(4, "aten::_slow_conv2d_forward", 96_000, 120_000)
+    conv2.attrs["ml.input.shapes"] = conv.attrs["ml.input.shapes"]
+    assert placed(attach_library_calls(run_of([linear, conv2, late])))[12][0] == 3
+    # without recorded shapes only timing is left, and the late call goes to the op running then
+    del mm.attrs["ml.input.shapes"]
+    assert placed(attach_library_calls(run_of(spans)))[10][0] == 2
+
+
+def test_batched_calls_skip_single_matrix_ops() -> None:
+    spans = [op(1, "aten::bmm", 0, 100_000), op(2, "aten::addmm", 110_000, 200_000), mkl(10, 0, receive=150_000, exec_ns=20_000)]
+    spans[2].attrs.update({"ml.library.kind": "SGEMM_BATCH", "ml.library.desc": "T,N,*,*,*"})
+    assert placed(attach_library_calls(run_of(spans)))[10][0] == 1
+    spans[2].attrs["ml.library.kind"] = "SGEMM"  # a plain SGEMM received then would go to the running addmm
+    assert placed(attach_library_calls(run_of(spans)))[10][0] == 2
+
+
+def test_untimed_onednn_calls_use_leaf_ops() -> None:
+    spans = [
+        op(1, "aten::conv2d", 0, 100_000),
+        op(2, "aten::mkldnn_convolution", 10_000, 90_000),
+        mkl(5, 0, receive=95_000, exec_ns=20_000, name="oneDNN"),
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[5] == (2, 70_000, 90_000, MAIN)
+
+
+def test_other_spans_and_gpu_libraries_are_untouched_and_input_is_not_modified() -> None:
+    cublas = Span(7, None, LIB, "cuBLAS gemm", 10_000, 20_000, GPU, {"ml.library.name": "cuBLAS"})
+    call = onednn(8, 12_000, 18_000)
+    spans = [op(1, "aten::mkldnn_convolution", 10_000, 20_000), cublas, call]
+    run = run_of(spans)
+    out = attach_library_calls(run)
+    assert out.spans[0] is spans[0] and out.spans[1] is cublas
+    assert placed(out)[8] == (1, 12_000, 18_000, MAIN)
+    assert call.parent_id is None and call.track_id == SOURCE  # the input run is unchanged
+    assert run.meta == {}
+
+
+def test_run_without_library_calls_is_returned_as_is() -> None:
+    spans = [op(1, "aten::mm", 0, 10)]
+    out = attach_library_calls(run_of(spans))
+    assert out.spans == spans
+    assert out.meta["correlation"]["attach_library_calls"] == {"timed": 0, "untimed": 0, "unattached": 0}
