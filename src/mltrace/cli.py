@@ -142,10 +142,7 @@ def _send_otlp(run_dir: Any, endpoint: str | None, warn: Any) -> None:
         from mltrace.exporters.otlp import export_otlp
         from mltrace.run.store import load_run
 
-        result = export_otlp(load_run(run_dir), endpoint)
-        errors = getattr(result, "errors", None)
-        if errors:
-            warn(f"OTLP export incomplete: {errors}")
+        export_otlp(load_run(run_dir), endpoint)  # warns once itself on failure
     except Exception as exc:  # never changes the script's status
         warn(f"OTLP export failed: {exc}")
 

@@ -16,6 +16,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,12 @@ class Session:
         name = opts.name or "profile"
         self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name))
         self.meta = base_metadata(opts.command, name)
+        self.meta["run_id"] = uuid.uuid4().hex
+        from mltrace.exporters.otlp import capture_otel_parent, otel_parent_meta
+
+        otel_parent = capture_otel_parent()
+        if otel_parent is not None:
+            self.meta["otel_parent"] = otel_parent_meta(otel_parent)
         self.meta["clock"] = {
             "domain": "CLOCK_MONOTONIC",
             "unit": "ns",

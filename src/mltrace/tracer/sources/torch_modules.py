@@ -242,6 +242,12 @@ class TorchModuleSource:
         if site is not None:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
         attrs["_in"] = self._raw_shapes(args)
+        if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
+            from mltrace.exporters.otlp import OTEL_PARENT_ATTR, capture_otel_parent
+
+            otel = capture_otel_parent()
+            if otel is not None:
+                attrs[OTEL_PARENT_ATTR] = f"{otel[0]:032x}-{otel[1]:016x}"
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish

@@ -1,0 +1,794 @@
+"""Sends a run's spans to an OTLP receiver (Jaeger, an OpenTelemetry Collector, …).
+
+The mapping (ids, trace grouping, parents, links, attributes, resource) lives
+here and is shared with the Jaeger JSON exporter, so a trace uploaded as JSON
+and the same trace sent over OTLP carry the same ids:
+
+- every span becomes one OTLP span with its exact start and end (epoch ns,
+  converted through the run's clock anchor) and its parent;
+- span ids (64 bits) and trace ids (128 bits) are derived from the run id and
+  the mltrace span id, so sending a run twice sends the same ids (receivers
+  deduplicate, nothing doubles);
+- one trace per model invocation by default (``trace_per="invocation"``) or one
+  per run (``"run"``); see docs/CONVENTIONS.md for the rules;
+- flows become span links; attribute names follow docs/CONVENTIONS.md.
+
+Spans are handed in size-bounded chunks to the OpenTelemetry SDK's own
+``OTLPSpanExporter`` (gRPC or HTTP/protobuf), whose constructors honour the
+standard ``OTEL_EXPORTER_OTLP_*`` variables. Nothing is queued, so nothing is
+dropped silently: a chunk is either acknowledged by the receiver or counted in
+``OtlpExportResult.dropped``.
+
+Importing this module imports neither grpc nor opentelemetry; they are imported
+when spans are actually sent (the ``otlp`` extra).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from mltrace._version import __version__
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, TrackKind
+
+log = logging.getLogger("mltrace")
+
+try:  # orjson is a core dependency and ~10x faster on the nested shape lists
+    import orjson as _orjson
+
+    def _json(value: Any) -> str:
+        return _orjson.dumps(value, default=str).decode()
+
+except ImportError:  # pragma: no cover - depends on the environment
+
+    def _json(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+PROTOCOLS = ("grpc", "http/protobuf")
+"""OTLP transports this exporter speaks."""
+
+TRACE_PER = ("invocation", "run")
+"""Ways of grouping spans into traces."""
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Default bound (s) on how long a down or stalled receiver can delay the caller."""
+
+DEFAULT_SERVICE_NAME = "mltrace"
+"""``service.name`` when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES sets one."""
+
+OTEL_PARENT_ATTR = "mltrace.otel.parent"
+"""Span attribute a source may set on a model span: the OpenTelemetry span that
+was current when the invocation began, as ``"<32 hex trace id>-<16 hex span id>"``."""
+
+#: Most spans per request. Receivers cap request size (Jaeger and the Collector
+#: accept 4 MiB per gRPC message by default), so chunks are also cut by size.
+MAX_BATCH_SPANS = 2048
+#: Estimated serialized bytes per request before a chunk is cut (half the usual
+#: 4 MiB receive limit, so the estimate can be off by 2x and still fit).
+MAX_BATCH_BYTES = 2 * 1024 * 1024
+
+_INSTALL_HINT = "OTLP export needs the otlp extra: pip install 'mltrace[otlp]'"
+_M64 = (1 << 64) - 1
+_M128 = (1 << 128) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # odd, so multiplying by it is a bijection mod 2**64
+_LABELS = {lv: lv.label for lv in Level}
+
+#: Loggers of the SDK exporters whose retry chatter is folded into one warning.
+_SDK_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.exporter.otlp.common.http",
+    "opentelemetry.exporter.otlp.proto.common._internal",
+)
+
+
+# -- result ----------------------------------------------------------------
+
+
+@dataclass
+class OtlpExportResult:
+    """What one export did.
+
+    Attributes:
+        endpoint: where the spans were sent (URL or host:port).
+        protocol: "grpc" or "http/protobuf".
+        spans_total: spans in the run.
+        spans_sent: spans the receiver acknowledged.
+        batches: requests acknowledged.
+        traces: distinct trace ids among the spans.
+        links: span links (flows, cut parents) attached.
+        dropped: spans not delivered (a failed request, or never sent after one).
+        errors: one line per failure.
+        elapsed_ns: wall time of the whole export (ns), mapping included.
+        not_sent: events that OTLP traces do not carry, by kind (instants,
+            counter samples); they stay in the run directory and Perfetto trace.
+    """
+
+    endpoint: str
+    protocol: str
+    spans_total: int = 0
+    spans_sent: int = 0
+    batches: int = 0
+    traces: int = 0
+    links: int = 0
+    dropped: int = 0
+    errors: list[str] = field(default_factory=list)
+    elapsed_ns: int = 0
+    not_sent: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every span arrived."""
+        return not self.errors and self.dropped == 0
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        secs = self.elapsed_ns / 1e9
+        line = (
+            f"sent {self.spans_sent} of {self.spans_total} spans in {self.batches} requests "
+            f"({self.traces} traces) to {self.endpoint} over {self.protocol} in {secs:.2f} s"
+        )
+        if self.dropped:
+            line += f"; {self.dropped} not delivered"
+        return line
+
+
+# -- mapping (shared with jaeger_json) ----------------------------------------
+
+
+@dataclass(slots=True)
+class MappedSpan:
+    """One mltrace span in OpenTelemetry terms (plain data, no SDK objects).
+
+    Attributes:
+        name: span name.
+        trace_id: 128-bit trace id.
+        span_id: 64-bit span id.
+        parent_span_id: 64-bit id of the parent span, or 0 for a root.
+        start_ns: start, Unix epoch (ns).
+        end_ns: end, Unix epoch (ns).
+        attributes: OTLP-typed attributes (str, bool, int64, float, or a tuple
+            of one of those); anything else is a JSON string.
+        links: ``(trace_id, span_id, attributes)`` per link.
+        pid: the process the span ran in (selects the resource).
+    """
+
+    name: str
+    trace_id: int
+    span_id: int
+    parent_span_id: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    links: list[tuple[int, int, dict[str, Any]]]
+    pid: int
+
+
+def run_key(run: Run) -> str:
+    """The string every id of ``run`` is derived from (its run id when recorded)."""
+    meta = run.meta
+    rid = meta.get("run_id")
+    if rid:
+        return str(rid)
+    host = meta.get("host") or {}
+    started = meta.get("started_at_epoch_ns") or (meta.get("clock") or {}).get("anchor_epoch_ns")
+    return f"{meta.get('name', '')}|{host.get('hostname', '')}|{meta.get('pid', '')}|{started}"
+
+
+def run_id(run: Run) -> str:
+    """The run's id: ``meta["run_id"]`` or, for runs without one, a stable hash (32 hex)."""
+    rid = run.meta.get("run_id")
+    return str(rid) if rid else hashlib.blake2b(run_key(run).encode(), digest_size=16).hexdigest()
+
+
+def epoch_offset_ns(run: Run) -> int:
+    """What to add to a session timestamp (ns) to get Unix-epoch ns."""
+    clock = run.meta.get("clock") or {}
+    try:
+        return int(clock["anchor_epoch_ns"]) - int(clock["anchor_monotonic_ns"])
+    except (KeyError, TypeError, ValueError):
+        log.warning("run %s has no clock anchor; OTLP times are session-clock ns, not epoch", run.path)
+        return 0
+
+
+def _hash_id(key: str, nbytes: int) -> int:
+    value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=nbytes).digest(), "big")
+    return value or 1  # 0 is the invalid id in OpenTelemetry
+
+
+def parse_otel_parent(value: Any) -> tuple[int, int] | None:
+    """Parses a stored OpenTelemetry parent into ``(trace_id, span_id)``.
+
+    Accepts ``{"trace_id": hex, "span_id": hex}``, ``[hex, hex]`` or
+    ``"<trace hex>-<span hex>"``; returns None for anything else or invalid ids.
+    """
+    try:
+        if isinstance(value, dict):
+            t, s = value["trace_id"], value["span_id"]
+        elif isinstance(value, (list, tuple)):
+            t, s = value
+        elif isinstance(value, str):
+            t, s = value.split("-")
+        else:
+            return None
+        tid, sid = int(str(t), 16), int(str(s), 16)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if 0 < tid <= _M128 and 0 < sid <= _M64:
+        return tid, sid
+    return None
+
+
+def otel_parent_meta(parent: tuple[int, int]) -> dict[str, str]:
+    """The run.json form of ``(trace_id, span_id)``: ``{"trace_id": 32 hex, "span_id": 16 hex}``."""
+    return {"trace_id": f"{parent[0]:032x}", "span_id": f"{parent[1]:016x}"}
+
+
+def capture_otel_parent() -> tuple[int, int] | None:
+    """The OpenTelemetry span current in the calling context, if the program uses OpenTelemetry.
+
+    Looks only at an ``opentelemetry.trace`` the program has already imported
+    (never imports it). Never raises.
+
+    Returns:
+        ``(trace_id, span_id)`` of a valid current span, else None.
+    """
+    mod = sys.modules.get("opentelemetry.trace")
+    if mod is None:
+        return None
+    try:
+        ctx = mod.get_current_span().get_span_context()
+        if not ctx.is_valid:
+            return None
+        return int(ctx.trace_id), int(ctx.span_id)
+    except Exception:  # a foreign or half-initialised OpenTelemetry: no parent
+        return None
+
+
+def otlp_value(value: Any) -> Any:
+    """Converts a JSON attribute value to an OTLP-typed one (None: leave it out).
+
+    Flat lists of one primitive type become arrays; nested or mixed lists and
+    objects become compact JSON strings; integers outside int64 become strings.
+    """
+    t = type(value)
+    if t is str or t is bool or t is float:
+        return value
+    if t is int:
+        return value if _INT64_MIN <= value <= _INT64_MAX else str(value)
+    if value is None:
+        return None
+    if t is list or t is tuple:
+        if not value:
+            return ()
+        first = type(value[0])
+        if first in (str, bool, float) and all(type(v) is first for v in value):
+            return tuple(value)
+        if first is int and all(type(v) is int and _INT64_MIN <= v <= _INT64_MAX for v in value):
+            return tuple(value)
+        return _json(value)
+    if t is dict:
+        return _json(value)
+    return str(value)
+
+
+def _batch_size(attrs: dict[str, Any]) -> int | None:
+    shapes = attrs.get("ml.input.shapes")
+    if isinstance(shapes, list) and shapes and isinstance(shapes[0], list) and shapes[0]:
+        dim = shapes[0][0]
+        if type(dim) is int and dim >= 0:
+            return dim
+    return None
+
+
+def _env_resource_attributes() -> dict[str, str]:
+    """OTEL_RESOURCE_ATTRIBUTES (``k=v,k2=v2``, values percent-encoded) plus OTEL_SERVICE_NAME."""
+    out: dict[str, str] = {}
+    for item in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = urllib.parse.unquote(value.strip())
+    service = os.environ.get("OTEL_SERVICE_NAME", "").strip()
+    if service:
+        out["service.name"] = service
+    return out
+
+
+def _gpu_names(meta: dict[str, Any]) -> list[str]:
+    gpus = meta.get("gpus")
+    if gpus is None:
+        gpus = (meta.get("host") or {}).get("gpus")
+    names: list[str] = []
+    if isinstance(gpus, list):
+        for g in gpus:
+            if isinstance(g, dict) and g.get("name"):
+                names.append(str(g["name"]))
+            elif isinstance(g, str):
+                names.append(g)
+    return names
+
+
+def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
+    """The resource of ``run`` (process ``pid``): host, process, GPUs, versions, run id.
+
+    OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override what mltrace derives.
+    """
+    meta = run.meta
+    host = meta.get("host") or {}
+    attrs: dict[str, Any] = {"service.name": DEFAULT_SERVICE_NAME}
+    for key, src in (("host.name", "hostname"), ("host.arch", "machine"), ("os.description", "os"), ("host.cpu.model.name", "cpu")):
+        if host.get(src):
+            attrs[key] = str(host[src])
+    if host.get("os"):
+        attrs["os.type"] = str(host["os"]).split()[0].lower()
+    if host.get("cpu_count"):
+        attrs["host.cpu.count"] = int(host["cpu_count"])
+    if host.get("python"):
+        attrs["process.runtime.name"] = str(host.get("python_implementation") or "CPython").lower()
+        attrs["process.runtime.version"] = str(host["python"])
+    p = pid if pid is not None else meta.get("pid")
+    if isinstance(p, int):
+        attrs["process.pid"] = p
+    command = meta.get("command")
+    if isinstance(command, list) and command:
+        attrs["process.command_args"] = tuple(str(c) for c in command)
+    gpus = _gpu_names(meta)
+    if gpus:
+        attrs["host.gpu.count"] = len(gpus)
+        attrs["host.gpu.model"] = gpus[0]
+        attrs["host.gpu.names"] = tuple(gpus)
+    for dist, version in sorted((meta.get("versions") or {}).items()):
+        attrs[f"ml.version.{dist}"] = str(version)
+    levels = meta.get("levels")
+    if isinstance(levels, dict):
+        recorded = [lv for lv, st in levels.items() if isinstance(st, dict) and st.get("recorded")]
+        attrs["mltrace.levels"] = tuple(recorded)
+    attrs["mltrace.run.id"] = run_id(run)
+    if meta.get("name"):
+        attrs["mltrace.run.name"] = str(meta["name"])
+    attrs["mltrace.version"] = str(meta.get("mltrace_version") or __version__)
+    attrs.update(_env_resource_attributes())
+    return attrs
+
+
+class SpanMapper:
+    """Maps the spans of one run to OpenTelemetry ids, traces, parents and links.
+
+    Args:
+        run: the loaded run.
+        trace_per: "invocation" (one trace per model invocation) or "run".
+        parent: ``(trace_id, span_id)`` of an enclosing OpenTelemetry span;
+            None uses ``run.meta["otel_parent"]`` when recorded.
+
+    Raises:
+        ValueError: for an unknown ``trace_per``.
+    """
+
+    def __init__(self, run: Run, trace_per: str = "invocation", parent: tuple[int, int] | None = None) -> None:
+        if trace_per not in TRACE_PER:
+            raise ValueError(f"trace_per must be one of {', '.join(TRACE_PER)}, not {trace_per!r}")
+        self.run = run
+        self.trace_per = trace_per
+        self.parent = parent if parent is not None else parse_otel_parent(run.meta.get("otel_parent"))
+        self.key = run_key(run)
+        self._salt = _hash_id(self.key + "|span", 8)
+        self.offset_ns = epoch_offset_ns(run)
+        self.by_id: dict[int, Span] = run.span_by_id()
+        meta_pid = run.meta.get("pid")
+        self.default_pid: int = meta_pid if isinstance(meta_pid, int) else 0
+        self._roots = self._assign_roots()
+        self._trace_ids: dict[int, int] = {}
+        self._tracks: dict[int, tuple[int, tuple[tuple[str, Any], ...]]] = {}
+        self.flow_links: dict[int, list[tuple[int, str, int]]] = {}
+        self.flows_skipped = 0
+        for f in run.flows:
+            if f.from_span in self.by_id and f.to_span in self.by_id:
+                self.flow_links.setdefault(f.to_span, []).append((f.from_span, f.kind, f.id))
+            else:
+                self.flows_skipped += 1
+
+    def span_id(self, mltrace_id: int) -> int:
+        """The 64-bit OpenTelemetry span id of mltrace span ``mltrace_id``."""
+        sid = ((mltrace_id * _GOLDEN) & _M64) ^ self._salt
+        return sid or _hash_id(f"{self.key}|span0|{mltrace_id}", 8)
+
+    def _assign_roots(self) -> dict[int, int]:
+        """Span id → id of the span that starts its trace."""
+        by_id = self.by_id
+        per_run = self.trace_per == "run"
+        root: dict[int, int] = {}
+        in_model: dict[int, bool] = {}  # the span or one of its ancestors is a model span
+        for s in self.run.spans:
+            if s.id in root:
+                continue
+            chain: list[Span] = []
+            cur: Span | None = s
+            seen: set[int] = set()
+            while cur is not None and cur.id not in root and cur.id not in seen:
+                seen.add(cur.id)
+                chain.append(cur)
+                cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+            # chain runs child → ancestor; assign from the top down
+            for sp in reversed(chain):
+                up = by_id.get(sp.parent_id) if sp.parent_id is not None else None
+                if up is None or up.id not in root:  # a root of the run (or a cycle: cut it)
+                    root[sp.id] = sp.id
+                    in_model[sp.id] = sp.level is Level.MODEL
+                    continue
+                up_in_model = in_model[up.id]
+                if not per_run and sp.level is Level.MODEL and not up_in_model:
+                    root[sp.id] = sp.id  # an outermost model span: one invocation
+                else:
+                    root[sp.id] = root[up.id]
+                in_model[sp.id] = up_in_model or sp.level is Level.MODEL
+        return root
+
+    def _root_parent(self, root: Span) -> tuple[int, int] | None:
+        own = parse_otel_parent(root.attrs.get(OTEL_PARENT_ATTR)) if OTEL_PARENT_ATTR in root.attrs else None
+        return own if own is not None else self.parent
+
+    def trace_id(self, mltrace_id: int) -> int:
+        """The 128-bit trace id of the span ``mltrace_id``."""
+        rid = self._roots[mltrace_id]
+        tid = self._trace_ids.get(rid)
+        if tid is None:
+            otel = self._root_parent(self.by_id[rid])
+            if otel is not None:
+                tid = otel[0]
+            elif self.trace_per == "run":
+                tid = _hash_id(self.key + "|run", 16)
+            else:
+                tid = _hash_id(f"{self.key}|invocation|{rid}", 16)
+            self._trace_ids[rid] = tid
+        return tid
+
+    def _track_info(self, track_id: int) -> tuple[int, tuple[tuple[str, Any], ...]]:
+        """The process id and the attributes a span inherits from its track."""
+        info = self._tracks.get(track_id)
+        if info is None:
+            track = self.run.tracks.get(track_id)
+            extra: tuple[tuple[str, Any], ...] = ()
+            pid = self.default_pid
+            if track is not None:
+                pid = track.pid
+                if track.kind in (TrackKind.THREAD, TrackKind.ASYNC) and track.tid:
+                    extra = (("thread.id", track.tid), ("thread.name", track.name))
+                elif track.kind == TrackKind.GPU_STREAM:
+                    extra = (("gpu.device", track.device), ("gpu.stream", track.stream))
+            info = self._tracks[track_id] = (pid, extra)
+        return info
+
+    def map(self, s: Span) -> MappedSpan:
+        """Maps one span (which must belong to the run)."""
+        tid = self.trace_id(s.id)
+        attrs: dict[str, Any] = {}
+        for k, v in s.attrs.items():
+            ov = otlp_value(v)
+            if ov is not None:
+                attrs[k] = ov
+        attrs["mltrace.level"] = _LABELS[s.level]
+        attrs["mltrace.span.id"] = s.id
+        pid, track_attrs = self._track_info(s.track_id)
+        for k, v in track_attrs:
+            if k not in attrs:
+                attrs[k] = v
+        if s.level is Level.MODEL:
+            attrs.setdefault("ml.model.name", s.name)
+            batch = _batch_size(s.attrs)
+            if batch is not None:
+                attrs.setdefault("ml.batch_size", batch)
+        links: list[tuple[int, int, dict[str, Any]]] = []
+        parent_sid = 0
+        up = self.by_id.get(s.parent_id) if s.parent_id is not None else None
+        if up is not None and self.trace_id(up.id) == tid:
+            parent_sid = self.span_id(up.id)
+        else:
+            if self._roots[s.id] == s.id:
+                otel = self._root_parent(s)
+                if otel is not None:
+                    parent_sid = otel[1]
+            if up is not None:  # the parent is in another trace: keep the edge as a link
+                attrs["mltrace.parent.id"] = up.id
+                links.append((self.trace_id(up.id), self.span_id(up.id), {"mltrace.link.kind": "parent"}))
+        for from_id, kind, flow_id in self.flow_links.get(s.id, ()):
+            link_attrs = {"mltrace.link.kind": "flow", "mltrace.flow.kind": kind, "mltrace.flow.id": flow_id}
+            links.append((self.trace_id(from_id), self.span_id(from_id), link_attrs))
+        end = s.end_ns
+        if end < s.start_ns:  # still open when the run was cut short
+            end = s.start_ns
+            attrs["mltrace.truncated"] = True
+        return MappedSpan(
+            name=s.name,
+            trace_id=tid,
+            span_id=self.span_id(s.id),
+            parent_span_id=parent_sid,
+            start_ns=s.start_ns + self.offset_ns,
+            end_ns=end + self.offset_ns,
+            attributes=attrs,
+            links=links,
+            pid=pid,
+        )
+
+    def __iter__(self) -> Iterator[MappedSpan]:
+        for s in self.run.spans:
+            yield self.map(s)
+
+
+# -- configuration ------------------------------------------------------------
+
+
+def resolve_protocol(protocol: str | None, endpoint: str | None) -> str:
+    """The transport: the argument, else OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else from the URL.
+
+    A URL on port 4318 or ending in ``/v1/traces`` means HTTP; anything else gRPC.
+
+    Raises:
+        ValueError: for a protocol this exporter does not speak (e.g. http/json).
+    """
+    env = os.environ
+    chosen = protocol or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if not chosen:
+        url = endpoint or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or ""
+        parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
+        try:
+            port = parsed.port
+        except ValueError:
+            port = None
+        return "http/protobuf" if port == 4318 or parsed.path.rstrip("/").endswith("/v1/traces") else "grpc"
+    chosen = chosen.strip().lower()
+    if chosen in ("http", "http/protobuf"):
+        return "http/protobuf"
+    if chosen == "grpc":
+        return "grpc"
+    raise ValueError(f"unsupported OTLP protocol {chosen!r} (use grpc or http/protobuf)")
+
+
+def resolve_endpoint(endpoint: str | None, protocol: str) -> str:
+    """The URL requests go to, resolved as the SDK would (argument, then OTEL_* variables).
+
+    An explicit gRPC address without a scheme is taken as plaintext
+    (``host:4317`` → ``http://host:4317``); an explicit HTTP URL without a
+    path gets ``/v1/traces``.
+    """
+    env = os.environ
+    if protocol == "grpc":
+        if endpoint:
+            return endpoint if "://" in endpoint else f"http://{endpoint}"
+        return env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4317"
+    if endpoint:
+        url = endpoint if "://" in endpoint else f"http://{endpoint}"
+        parsed = urllib.parse.urlparse(url)
+        if parsed.path in ("", "/"):
+            url = url.rstrip("/") + "/v1/traces"
+        return url
+    if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+    return base.rstrip("/") + "/v1/traces"
+
+
+def resolve_timeout(timeout_s: float | None) -> float:
+    """The argument, else OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT (seconds, as the Python SDK reads it), else 5 s."""
+    if timeout_s is not None:
+        return max(float(timeout_s), 0.001)
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return max(float(raw), 0.001)
+            except ValueError:
+                log.warning("ignoring %s=%r (not a number of seconds)", name, raw)
+    return DEFAULT_TIMEOUT_S
+
+
+# -- sending ----------------------------------------------------------------
+
+
+class _Capture(logging.Filter):
+    """Holds back the SDK's per-retry log records on one thread; keeps the last error."""
+
+    def __init__(self, thread: int) -> None:
+        super().__init__()
+        self.thread = thread
+        self.last: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.thread != self.thread:
+            return True
+        if record.levelno >= logging.ERROR:
+            try:
+                self.last = record.getMessage()
+            except Exception:
+                self.last = str(record.msg)
+        return record.levelno < logging.WARNING
+
+
+def _make_exporter(protocol: str, endpoint: str, timeout_s: float) -> Any:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint, timeout=timeout_s)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint, timeout=timeout_s)
+
+
+def _chunks(mapper: SpanMapper) -> Iterator[list[MappedSpan]]:
+    """Mapped spans in chunks bounded by count and estimated serialized size."""
+    try:
+        import orjson
+
+        dumps: Any = orjson.dumps
+    except ImportError:  # pragma: no cover - orjson is a core dependency
+        dumps = lambda o: json.dumps(o, default=str)  # noqa: E731
+    chunk: list[MappedSpan] = []
+    size = 0
+    for s in mapper.run.spans:
+        # protobuf is about as compact as JSON for these attributes; the fixed part covers
+        # ids, times, level and thread attributes
+        est = 160 + len(s.name) + len(dumps(s.attrs)) + 96 * len(mapper.flow_links.get(s.id, ()))
+        if chunk and (len(chunk) >= MAX_BATCH_SPANS or size + est > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(mapper.map(s))
+        size += est
+    if chunk:
+        yield chunk
+
+
+def export_otlp(
+    run: Run,
+    endpoint: str | None = None,
+    *,
+    protocol: str | None = None,
+    trace_per: str = "invocation",
+    timeout_s: float | None = None,
+    parent: tuple[int, int] | None = None,
+) -> OtlpExportResult:
+    """Sends every span of ``run`` to an OTLP receiver. Never raises.
+
+    Args:
+        run: a loaded run (see ``mltrace.run.store.load_run``).
+        endpoint: receiver URL (``http://host:4317`` for gRPC,
+            ``http://host:4318[/v1/traces]`` for HTTP); None or "" uses
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT,
+            then the OTLP default for the protocol.
+        protocol: "grpc" or "http/protobuf" ("http" accepted); None uses
+            OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else guesses from the URL
+            (port 4318 or a ``/v1/traces`` path: HTTP), else gRPC.
+        trace_per: "invocation" (one trace per outermost model span) or "run".
+        timeout_s: the longest (s) a down, refusing or stalled receiver can
+            hold the caller: each request, retries included, must complete
+            within it, and the first request that does not ends the export
+            (the rest is counted as dropped). Time spent encoding and sending
+            to a healthy receiver is not limited. None: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT
+            (seconds, as the Python SDK reads it), else 5 s.
+        parent: ``(trace_id, span_id)`` of an OpenTelemetry span to hang the
+            run's root spans under (same trace); None uses ``run.meta["otel_parent"]``.
+
+    Returns:
+        What was sent, dropped and why. Failures are logged as one warning.
+    """
+    t0 = time.monotonic_ns()
+    result = OtlpExportResult(endpoint=endpoint or "", protocol=protocol or "", spans_total=len(run.spans))
+    if run.instants:
+        result.not_sent["instants"] = len(run.instants)
+    if run.counters:
+        result.not_sent["counters"] = len(run.counters)
+    try:
+        _send(run, endpoint or None, protocol, trace_per, timeout_s, parent, result)
+    except Exception as exc:  # never into the user's program
+        result.errors.append(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (ValueError, ImportError)) else str(exc))
+    result.dropped = result.spans_total - result.spans_sent
+    result.elapsed_ns = time.monotonic_ns() - t0
+    if result.errors or result.dropped:
+        reason = result.errors[0] if result.errors else "unknown error"
+        log.warning(
+            "mltrace: OTLP export to %s failed (%d of %d spans not delivered): %s",
+            result.endpoint or "(unresolved endpoint)",
+            result.dropped,
+            result.spans_total,
+            reason,
+        )
+    return result
+
+
+def _send(
+    run: Run,
+    endpoint: str | None,
+    protocol: str | None,
+    trace_per: str,
+    timeout_s: float | None,
+    parent: tuple[int, int] | None,
+    result: OtlpExportResult,
+) -> None:
+    result.protocol = proto = resolve_protocol(protocol, endpoint)
+    result.endpoint = url = resolve_endpoint(endpoint, proto)
+    timeout = resolve_timeout(timeout_s)
+    mapper = SpanMapper(run, trace_per, parent)
+    result.traces = len({mapper.trace_id(s.id) for s in run.spans})
+    if not run.spans:
+        return
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+    except ImportError:
+        raise ImportError(_INSTALL_HINT) from None
+
+    class _Resource(Resource):
+        # The SDK hashes a resource by dumping its attributes to JSON, once per span
+        # while encoding; ours never change, so hash once.
+        def __init__(self, attributes: dict[str, Any]) -> None:
+            super().__init__(attributes)
+            self._mltrace_hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._mltrace_hash
+
+    resources: dict[int, Any] = {}
+    scope = InstrumentationScope("mltrace", __version__)
+    sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def readable(m: MappedSpan) -> Any:
+        res = resources.get(m.pid)
+        if res is None:
+            res = resources[m.pid] = _Resource(resource_attributes(run, m.pid))
+        links = [Link(SpanContext(t, sp, False, sampled), a) for t, sp, a in m.links]
+        result.links += len(links)
+        return ReadableSpan(
+            name=m.name,
+            context=SpanContext(m.trace_id, m.span_id, False, sampled),
+            parent=SpanContext(m.trace_id, m.parent_span_id, False, sampled) if m.parent_span_id else None,
+            resource=res,
+            attributes=m.attributes,
+            links=links,
+            instrumentation_scope=scope,
+            start_time=m.start_ns,
+            end_time=m.end_ns,
+        )
+
+    try:
+        exporter = _make_exporter(proto, url, timeout)
+    except ImportError:
+        raise ImportError(_INSTALL_HINT) from None
+    capture = _Capture(threading.get_ident())
+    loggers = [logging.getLogger(name) for name in _SDK_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(capture)
+    try:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        for chunk in _chunks(mapper):
+            spans = [readable(m) for m in chunk]
+            outcome = exporter.export(spans)
+            if outcome is not SpanExportResult.SUCCESS:
+                why = capture.last or "the receiver did not accept the request"
+                result.errors.append(f"request {result.batches + 1} ({len(spans)} spans): {why}")
+                break
+            result.spans_sent += len(spans)
+            result.batches += 1
+    finally:
+        try:
+            exporter.shutdown()
+        except Exception:  # closing a broken channel: nothing left to do
+            pass
+        for lg in loggers:
+            lg.removeFilter(capture)
