@@ -105,6 +105,9 @@ class TorchOpSource:
     def start(self, session: Session) -> None:
         self._session = session
         self._kernels = Level.KERNEL in session.levels
+        # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
+        # stop; it reads this level when the profiler first starts. The user's own setting wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "99")
         self._hook = PostImportHook("torch", self._begin)
 
     def _begin(self, torch: ModuleType) -> None:
