@@ -57,8 +57,8 @@ def chrome_events(run: Run) -> list[dict[str, Any]]:
         out.append({"ph": "s", "id": f.id, "name": f.kind, "cat": f.kind, "ts": (a.start_ns - t0) / 1e3, "pid": pa, "tid": ta})
         out.append({"ph": "f", "bp": "e", "id": f.id, "name": f.kind, "cat": f.kind, "ts": (b.start_ns - t0) / 1e3, "pid": pb, "tid": tb})
     for c in run.counters:
-        t = run.tracks.get(c.track_id)
-        name = t.name if t else str(c.track_id)
+        counter_track = run.tracks.get(c.track_id)
+        name = counter_track.name if counter_track else str(c.track_id)
         pid = where.get(c.track_id, (0, 0))[0]
         out.append({"ph": "C", "name": name, "ts": (c.ts_ns - t0) / 1e3, "pid": pid, "args": {"value": c.value}})
     for i in run.instants:

@@ -119,7 +119,7 @@ def trace(
     lv = Level.parse(level) if isinstance(level, str) else level
 
     def decorate(fn: F) -> F:
-        span_name = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "function"))
+        span_name: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "function")))
         code_attrs: dict[str, Any] = {"code.function.name": span_name}
         try:
             code_attrs["code.file.path"] = inspect.getsourcefile(fn) or ""

@@ -183,7 +183,7 @@ class CpuLibrarySource:
     """
 
     name = "cpu.library"
-    levels = (Level.LIBRARY,)
+    levels: tuple[Level, ...] = (Level.LIBRARY,)
 
     def __init__(self, use_env: bool = False) -> None:
         self.use_env = use_env

@@ -184,10 +184,10 @@ class PySpySource:
                 span = Span(session.new_id(), st[-1].id if st else None, Level.SOURCE, name, ts, -1, track.id, attrs)
                 st.append(span)
             else:
-                st = stacks.get(tid)
-                if not st or name.startswith("thread ("):
+                open_stack = stacks.get(tid)
+                if not open_stack or name.startswith("thread ("):
                     continue
-                span = st.pop()
+                span = open_stack.pop()
                 span.end_ns = max(ts, span.start_ns)
                 if name != MARKER:  # the marker is mltrace's own, not the program's
                     out.append(span)

@@ -54,7 +54,7 @@ class TorchModuleSource:
     """Model and layer spans for PyTorch (``torch.nn.Module``)."""
 
     name = "torch.modules"
-    levels = (Level.MODEL, Level.LAYER)
+    levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER)
 
     def __init__(self) -> None:
         self._tls = threading.local()
@@ -62,13 +62,13 @@ class TorchModuleSource:
         self._import_hook: PostImportHook | None = None
         self._session: Session | None = None
         self._static: dict[int, _Static] = {}
-        self._children: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+        self._children: dict[int, tuple[weakref.ref[Any], dict[int, str | None]]] = {}
         self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
         self._class_loc: dict[type, tuple[str | None, int | None]] = {}
         self._dtype_names: dict[Any, str] = {}
         self._invocations: dict[int, int] = {}
         self._torch_dir = ""
-        self._tensor: type = object
+        self._tensor: Any = object
         self._script_module: type | None = None
         self._lock = threading.Lock()
 
@@ -161,6 +161,7 @@ class TorchModuleSource:
         if isinstance(value, tensor):
             return [(value.shape, value.dtype)]
         out: list[Any] = []
+        items: Any
         if isinstance(value, (tuple, list)):
             items = value
         elif isinstance(value, dict):
