@@ -183,7 +183,10 @@ class Session:
                 st["reason"] = f"not requested (--level {opts.level.label})" if opts.level else "not requested"
             elif not st["recorded"]:
                 why = st.get("unavailable")
-                st["reason"] = "; ".join(f"{k}: {v}" for k, v in why.items()) if why else "no source for this level in mltrace yet"
+                st["reason"] = "; ".join(f"{k}: {v}" for k, v in why.items()) if why else "no source for this level"
+                if opts.level is not None and lv == opts.level:
+                    # Asked for by name: say once why it will be missing; the other levels go on.
+                    warn(f"{lv.label} level unavailable: {st['reason']}")
         self.meta["levels"] = level_status
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         store.write_meta(self.run_dir, self.meta)

@@ -19,10 +19,13 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     when their option is on.
     """
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+    from mltrace.tracer.sources.cupti import CuptiSource
+    from mltrace.tracer.sources.nvml import NvmlSampler
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
-    sources: list[Source] = [TorchModuleSource(), TorchOpSource(), CpuLibrarySource()]
+    # Order matters: CuptiSource reads which sources started before it (the kernel path).
+    sources: list[Source] = [TorchModuleSource(), TorchOpSource(), CuptiSource(), CpuLibrarySource(), NvmlSampler()]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
 

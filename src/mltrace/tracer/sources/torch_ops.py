@@ -93,7 +93,7 @@ class TorchOpSource:
         self._session: Session | None = None
         self._hook: PostImportHook | None = None
         self._prof: Any = None
-        self._kernels = False
+        self.record_kernels = False
         self.stats: KinetoStats | None = None
         self.export_ns = 0
 
@@ -104,7 +104,7 @@ class TorchOpSource:
 
     def start(self, session: Session) -> None:
         self._session = session
-        self._kernels = Level.KERNEL in session.levels
+        self.record_kernels = Level.KERNEL in session.levels
         # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
         # stop; it reads this level when the profiler first starts. The user's own setting wins.
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -119,7 +119,7 @@ class TorchOpSource:
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU]
-            if self._kernels:
+            if self.record_kernels:
                 if torch.cuda.is_available():
                     activities.append(ProfilerActivity.CUDA)
                 else:
