@@ -1,4 +1,4 @@
-"""Terminal rendering of the report (rich tables). Draws; computes nothing."""
+"""Terminal rendering of the report and of a run diff (rich tables). Draws; computes nothing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from mltrace.analysis.breakdown import Breakdown, LayerStat, breakdown
+from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
+from mltrace.analysis.breakdown import breakdown
+from mltrace.analysis.diff import RunDiff
+from mltrace.analysis.peaks import Peaks
 from mltrace.run.store import Run, load_run
 
 
@@ -45,11 +48,40 @@ def _console(file: IO[str] | None) -> object:
     return Console(file=file or sys.stdout, width=None if (file or sys.stdout).isatty() else 160, highlight=False)
 
 
-def render_report(run: Run, b: Breakdown, top: int = 15, file: IO[str] | None = None) -> None:
-    """Prints the full report: levels, top layers (total and self), layer types."""
+def fmt_si(value: float, unit: str) -> str:
+    """A number with an SI prefix: 1.23 GFLOP, 45.6 MB, 0 B."""
+    if value == 0:
+        return f"0 {unit}"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+_BOUND_STYLE = {Bound.COMPUTE: "red", Bound.MEMORY: "blue", Bound.OVERHEAD: "yellow", Bound.UNKNOWN: "dim"}
+
+
+def _verdict_text(v: Verdict | None) -> str:
+    if v is None:
+        return ""
+    return f"[{_BOUND_STYLE[v.bound]}]{v.bound.short}[/]"
+
+
+def _peaks_line(p: Peaks) -> str:
+    extra = f"; {p.note}" if p.note else ""
+    half = f", {fmt_si(p.half_flops_per_s, 'FLOP/s')} fp16/bf16" if p.half_flops_per_s else ""
+    return (
+        f"{p.device.upper()} {p.name}: {fmt_si(p.flops_per_s, 'FLOP/s')}{half}, {fmt_si(p.bytes_per_s, 'B/s')} "
+        f"(ridge {p.ridge:.1f} FLOP/B; {p.source}{extra})"
+    )
+
+
+def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = None) -> None:
+    """Prints the bottleneck report: findings, levels, top layers with verdicts, aggregations."""
     from rich.table import Table
 
     console = _console(file)
+    b = a.breakdown
     meta = run.meta
     title = f"mltrace report — {meta.get('name', run.path.name)}  ({run.path})"
     console.print(f"[bold]{title}[/bold]")  # type: ignore[attr-defined]
@@ -58,22 +90,43 @@ def render_report(run: Run, b: Breakdown, top: int = 15, file: IO[str] | None = 
     console.print(  # type: ignore[attr-defined]
         f"{b.span_count} spans, {b.model_calls} model calls, model time {fmt_ns(b.model_ns)}, wall {fmt_ns(b.wall_ns)}"
     )
+    if a.peaks is not None:
+        console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.cpu) + "[/dim]")  # type: ignore[attr-defined]
+        if a.peaks.gpu is not None:
+            console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.gpu) + "[/dim]")  # type: ignore[attr-defined]
+    _findings(console, a)
     lt = Table(title="Time per level", title_justify="left")
     for col in ("level", "spans", "time", "% of model"):
         lt.add_column(col, justify="right" if col != "level" else "left")
     for row in b.levels:
         lt.add_row(row.level.label, str(row.spans), fmt_ns(row.time_ns), _pct(row.time_ns, b.model_ns))
     console.print(lt)  # type: ignore[attr-defined]
-    _layer_table(console, "Top layers by total time", b.layers[:top], b.model_ns)
-    by_self = sorted((x for x in b.layers if x.level.label == "layer"), key=lambda x: -x.self_ns)[:top]
-    _layer_table(console, "Top layers by self time", by_self, b.model_ns)
-    if b.types:
+    if a.layers:
+        _layer_table(console, "Top layers by total time", a.layers[:top], b.model_ns)
+        by_self = a.top_by_self(top)
+        if by_self:
+            _layer_table(console, "Top layers by self time", by_self, b.model_ns)
+            _why_table(console, by_self)
+    if a.types:
         tt = Table(title="By layer type (self time)", title_justify="left")
-        for col in ("type", "calls", "self", "% of model"):
-            tt.add_column(col, justify="right" if col != "type" else "left")
-        for t in b.types[:top]:
-            tt.add_row(t.type, str(t.calls), fmt_ns(t.self_ns), _pct(t.self_ns, b.model_ns))
+        for col in ("type", "calls", "total", "self", "% of model", "FLOP", "bytes", "verdict"):
+            tt.add_column(col, justify="left" if col in ("type", "verdict") else "right")
+        for t in a.types[:top]:
+            tt.add_row(
+                t.type,
+                str(t.calls),
+                fmt_ns(t.total_ns),
+                fmt_ns(t.self_ns),
+                _pct(t.self_ns, b.model_ns),
+                fmt_si(t.flops, "FLOP"),
+                fmt_si(t.bytes, "B"),
+                _verdict_text(t.verdict),
+            )
         console.print(tt)  # type: ignore[attr-defined]
+    _name_table(console, "By op (self time)", a.ops[:top], ops=True)
+    _name_table(console, "By library call", a.libraries[:top], detail="library")
+    _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
+    _name_table(console, "By CUDA API call (CPU side)", a.runtime[:top])
     levels = meta.get("levels", {})
     missing = [f"{k}: {v.get('reason')}" for k, v in levels.items() if v.get("requested") and not v.get("recorded")]
     if missing:
@@ -82,15 +135,58 @@ def render_report(run: Run, b: Breakdown, top: int = 15, file: IO[str] | None = 
         console.print(f"[dim]Limitation: {lim}[/dim]")  # type: ignore[attr-defined]
 
 
-def _layer_table(console: object, title: str, rows: list[LayerStat], model_ns: int) -> None:
+def _findings(console: object, a: Analysis) -> None:
+    f = a.findings
+    b = a.breakdown
+    lines: list[str] = []
+    total = sum(f.bound_ns.values())
+    if total:
+        shares = ", ".join(
+            f"{_verdict_text(Verdict(bound, ''))} {100 * ns / total:.0f}%"
+            for bound, ns in sorted(f.bound_ns.items(), key=lambda kv: -kv[1])
+            if ns
+        )
+        lines.append(f"Mostly [bold]{f.dominant.value}[/bold] — share of {f.basis}: {shares}")
+    for idle in f.idle:
+        text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})"
+        if idle.gaps:
+            g = idle.gaps[0]
+            text += f"; largest {fmt_ns(g.duration_ns)} after {_clip(g.before)} before {_clip(g.after)}"
+        lines.append(text)
+    if f.device_ns and f.cpu_ns:
+        lines.append(f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}")
+    if f.data_movement_base_ns:
+        top = ", ".join(f"{_clip(x.name)} {fmt_ns(x.total_ns)}" for x in f.data_movement_top[:3])
+        lines.append(
+            f"Data movement: {fmt_ns(f.data_movement_ns)} ({_pct(f.data_movement_ns, f.data_movement_base_ns)} of op+GPU time)"
+            + (f" — {top}" if top else "")
+        )
+    if f.framework_ns is not None:
+        lines.append(
+            f"Framework overhead (layer time not covered by ops): {fmt_ns(f.framework_ns)} "
+            f"({_pct(f.framework_ns, f.framework_base_ns)} of model time)"
+        )
+    for note in f.notes:
+        lines.append(f"[dim]{note}[/dim]")
+    if lines:
+        console.print("[bold]Findings[/bold]")  # type: ignore[attr-defined]
+        for line in lines:
+            console.print(f"  • {line}")  # type: ignore[attr-defined]
+    del b
+
+
+def _clip(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _layer_table(console: object, title: str, rows: list[LayerRow], model_ns: int) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for col in ("layer", "type", "calls", "total", "self", "% model", "top ops", "source"):
+    for col in ("layer", "type", "calls", "total", "self", "% model", "verdict", "top ops / libraries / kernels", "source"):
         table.add_column(col, justify="right" if col in ("calls", "total", "self", "% model") else "left")
-    for x in rows:
-        ops = sorted(x.ops.items(), key=lambda kv: -kv[1][1])[:2]
-        ops_text = ", ".join(f"{name} {fmt_ns(v[1])}" for name, v in ops)
+    for r in rows:
+        x = r.stat
         table.add_row(
             x.name if x.level.label == "layer" else f"[bold]{x.name}[/bold]",
             x.type,
@@ -98,16 +194,118 @@ def _layer_table(console: object, title: str, rows: list[LayerStat], model_ns: i
             fmt_ns(x.total_ns),
             fmt_ns(x.self_ns),
             _pct(x.total_ns, model_ns),
-            ops_text,
+            _verdict_text(r.verdict),
+            _contents(r),
             _short_path(x.file, x.line),
         )
     console.print(table)  # type: ignore[attr-defined]
 
 
-def print_report(path: str | Path, top: int = 15, file: IO[str] | None = None) -> None:
-    """Loads a run and prints its report."""
-    run = load_run(path)
-    render_report(run, breakdown(run), top=top, file=file)
+def _contents(r: LayerRow) -> str:
+    parts = []
+    ops = sorted(r.stat.ops.items(), key=lambda kv: -kv[1][1])[:2]
+    parts += [f"{name} {fmt_ns(v[1])}" for name, v in ops]
+    parts += [f"{_clip(x.name, 24)} {fmt_ns(x.total_ns)}" for x in r.libraries[:1]]
+    parts += [f"{_clip(x.name, 32)} {fmt_ns(x.total_ns)}" for x in r.kernels[:1]]
+    return ", ".join(parts)
+
+
+def _why_table(console: object, rows: list[LayerRow]) -> None:
+    from rich.table import Table
+
+    table = Table(title="Why: the roofline numbers of the top layers (by self time)", title_justify="left")
+    for col in ("layer", "verdict", "FLOP", "bytes", "FLOP/B", "achieved", "% roofline", "basis", "reason"):
+        table.add_column(col, justify="left" if col in ("layer", "verdict", "basis", "reason") else "right")
+    for r in rows:
+        v = r.verdict
+        table.add_row(
+            r.stat.name,
+            _verdict_text(v),
+            fmt_si(r.flops, "FLOP"),
+            fmt_si(r.bytes, "B"),
+            f"{v.intensity:.3g}" if v is not None and v.intensity is not None else "",
+            fmt_si(v.achieved_flops, "FLOP/s") if v is not None and v.achieved_flops else "",
+            f"{100 * v.efficiency:.2g}%" if v is not None and v.efficiency is not None else "",
+            r.work_source,
+            v.reason if v is not None else "",
+        )
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def _name_table(console: object, title: str, rows: list[NameRow], ops: bool = False, detail: str = "") -> None:
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title=title, title_justify="left")
+    cols = ["name", *([detail] if detail else []), "calls", "total", "self", "mean"]
+    if ops:
+        cols += ["FLOP", "GPU time", "verdict"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("name", detail, "verdict") else "right")
+    for r in rows:
+        cells = [_clip(r.name, 70), *([r.detail] if detail else []), str(r.calls), fmt_ns(r.total_ns), fmt_ns(r.self_ns), fmt_ns(r.mean_ns)]
+        if ops:
+            cells += [fmt_si(r.flops, "FLOP") if r.flops else "", fmt_ns(r.device_ns) if r.device_ns else "", _verdict_text(r.verdict)]
+        table.add_row(*cells)
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def render_diff(d: RunDiff, top: int = 15, file: IO[str] | None = None) -> None:
+    """Prints a run comparison: totals, then layers, layer types, ops and kernels that changed."""
+    from rich.table import Table
+
+    console = _console(file)
+    a = f"{d.a_name} ({d.a_path})" if d.a_path else d.a_name
+    b = f"{d.b_name} ({d.b_path})" if d.b_path else d.b_name
+    console.print(f"[bold]mltrace diff[/bold] — A: {a}  B: {b}")  # type: ignore[attr-defined]
+    console.print(f"[dim]model calls: {d.model_calls[0]} in A, {d.model_calls[1]} in B[/dim]")  # type: ignore[attr-defined]
+    console.print(f"[dim]times are {d.basis}; a change counts when it is over {100 * d.threshold:.0f}% and {fmt_ns(d.min_delta_ns)}[/dim]")  # type: ignore[attr-defined]
+    tt = Table(title="Totals", title_justify="left")
+    for col in ("", "A", "B", "change"):
+        tt.add_column(col, justify="left" if not col else "right")
+    for name, va, vb in d.totals:
+        tt.add_row(name, fmt_ns(va), fmt_ns(vb), _change(va, vb))
+    console.print(tt)  # type: ignore[attr-defined]
+    for title, section in (("Layers", d.layers), ("Layer types", d.types), ("Ops", d.ops), ("GPU kernels", d.kernels)):
+        if not section:
+            continue
+        counts: dict[str, int] = {}
+        for row in section:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        table = Table(title=f"{title}: {summary}", title_justify="left")
+        for col in ("name", "status", "calls A", "calls B", "time A", "time B", "Δ", "change"):
+            table.add_column(col, justify="left" if col in ("name", "status") else "right")
+        shown = [r for r in section if r.status != "same"][:top]
+        for r in shown:
+            table.add_row(
+                _clip(r.name, 60),
+                f"[{_STATUS_STYLE.get(r.status, '')}]{r.status}[/]" if r.status in _STATUS_STYLE else r.status,
+                str(r.calls_a),
+                str(r.calls_b),
+                fmt_ns(r.time_a) if r.calls_a else "",
+                fmt_ns(r.time_b) if r.calls_b else "",
+                _signed_ns(r.delta_ns),
+                _change(r.time_a, r.time_b) if r.calls_a and r.calls_b else "",
+            )
+        if shown:
+            console.print(table)  # type: ignore[attr-defined]
+        else:
+            console.print(f"[dim]{title}: no changes over the threshold[/dim]")  # type: ignore[attr-defined]
+
+
+_STATUS_STYLE = {"slower": "red", "faster": "green", "added": "yellow", "removed": "yellow"}
+
+
+def _signed_ns(ns: float) -> str:
+    return ("+" if ns > 0 else "-" if ns < 0 else "") + fmt_ns(abs(ns))
+
+
+def _change(a: float, b: float) -> str:
+    if a <= 0:
+        return ""
+    return f"{b / a:.2f}×"
 
 
 def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:

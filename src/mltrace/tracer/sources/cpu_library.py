@@ -20,7 +20,7 @@ sets it (see the class).
 
 Lines are read from fd 1 by ``FdTap``. They carry no thread id, so spans are
 put on the track of the thread that started the source; the
-``attach_library_calls`` pass (``passes_library``) moves each to the thread of
+``attach_library_calls`` pass (``tracer.passes.library``) moves each to the thread of
 the op that issued it and sets its parent.
 """
 

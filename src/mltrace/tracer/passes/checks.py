@@ -1,24 +1,20 @@
-"""Correlator passes: pure functions ``Run -> Run`` run in order at the end.
-
-Each pass takes the run's events and returns a run with corrected events; a
-pass records what it found under ``run.meta["correlation"][<pass name>]``.
-``PIPELINE`` is the order the session applies them in.
-"""
+"""Generic passes: ordering, overlap separation, and the containment check."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from mltrace.run.store import Run
 from mltrace.tracer.model import Span, Track, TrackKind
 
-Pass = Callable[[Run], Run]
 
-
-def _note(run: Run, name: str, facts: dict[str, Any]) -> None:
+def note(run: Run, name: str, facts: dict[str, Any]) -> None:
+    """Records what a pass found under ``run.meta["correlation"][name]``."""
     run.meta.setdefault("correlation", {})[name] = facts
+
+
+_note = note
 
 
 def sort_spans(run: Run) -> Run:
@@ -119,81 +115,3 @@ def _place(lanes: list[list[Span]], s: Span) -> int:
             return index
     lanes.append([s])
     return len(lanes) - 1
-
-
-def default_pipeline() -> list[Pass]:
-    """The passes in order. Sources' passes slot in before the checks."""
-    passes: list[Pass] = [sort_spans]
-    try:
-        from mltrace.tracer import passes_nesting
-
-        passes += [passes_nesting.nest_by_containment, passes_nesting.attach_gpu_to_launch]
-        from mltrace.tracer import gpu_library
-
-        passes.append(gpu_library.attribute_gpu_library)
-    except (ImportError, AttributeError):
-        pass
-    try:
-        from mltrace.tracer import passes_library
-
-        passes.append(passes_library.attach_library_calls)
-    except (ImportError, AttributeError):
-        pass
-    passes += [attribute_samples, separate_overlaps, check_containment]
-    return passes
-
-
-def correlate(run: Run, pipeline: list[Pass] | None = None) -> Run:
-    """Applies every pass in order."""
-    for p in pipeline if pipeline is not None else default_pipeline():
-        run = p(run)
-    return run
-
-
-def attribute_samples(run: Run, top: int = 5) -> Run:
-    """Gives each span the source lines sampled while it was innermost on its thread.
-
-    Leaf ``SOURCE`` slices (the sampled line at the top of a Python stack) on a
-    "(python)" track are matched by midpoint to the innermost model, layer, op
-    or user span on the thread track they sample; each span gets
-    ``ml.source.hot_lines``: up to ``top`` ``[file:line function, ns]`` pairs,
-    hottest first.
-    """
-    from mltrace.tracer.levels import Level
-
-    samples = [s for s in run.spans if s.level == Level.SOURCE]
-    if not samples:
-        return run
-    has_child = {s.parent_id for s in samples if s.parent_id is not None}
-    leaves = [s for s in samples if s.id not in has_child]
-    sample_track_parent = {t.id: t.parent_track for t in run.tracks.values() if t.parent_track >= 0}
-    targets: dict[int, list[Span]] = {}
-    for s in run.spans:
-        if s.level in (Level.MODEL, Level.LAYER, Level.OP, Level.USER):
-            targets.setdefault(s.track_id, []).append(s)
-    for spans in targets.values():
-        spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
-    hot: dict[int, dict[str, int]] = {}
-    attributed = 0
-    for leaf in leaves:
-        thread_track = sample_track_parent.get(leaf.track_id)
-        candidates = targets.get(thread_track, []) if thread_track is not None else []
-        mid = (leaf.start_ns + leaf.end_ns) // 2
-        best: Span | None = None
-        for c in candidates:  # innermost = last-starting container
-            if c.start_ns > mid:
-                break
-            if c.end_ns >= mid:
-                best = c
-        if best is None:
-            continue
-        attributed += 1
-        loc = f"{leaf.attrs.get('code.file.path', '?')}:{leaf.attrs.get('code.line.number', 0)} {leaf.name}"
-        per = hot.setdefault(best.id, {})
-        per[loc] = per.get(loc, 0) + max(leaf.duration_ns, 1)
-    for span in run.spans:
-        lines = hot.get(span.id)
-        if lines:
-            span.attrs["ml.source.hot_lines"] = [[k, v] for k, v in sorted(lines.items(), key=lambda kv: -kv[1])[:top]]
-    _note(run, "attribute_samples", {"sampled_leaves": len(leaves), "attributed": attributed})
-    return run

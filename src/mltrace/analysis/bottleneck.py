@@ -1,0 +1,1301 @@
+"""What is wrong with a run: verdicts per layer, op and type, and run-wide findings.
+
+Two parts:
+
+- ``classify``: the verdict rules, a pure function of plain numbers (times in
+  ns, FLOP, bytes, peaks). docs/ANALYSIS.md states the rules; tests check them
+  from tables.
+- ``analyze``: one pass over a run that gathers those numbers per layer, per
+  layer type, per op name, per library and per kernel name, and the run-wide
+  findings (idle gaps, data-movement share, framework overhead, launch
+  overhead). It also rebuilds the plain ``Breakdown`` (same definitions as
+  ``analysis.breakdown``), so a report needs a single pass over the spans.
+
+Nothing here draws; viewers render ``Analysis``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
+from mltrace.analysis.peaks import Peaks, PeakSet
+from mltrace.analysis.roofline import (
+    CHILDREN,
+    EXPLICIT,
+    IO,
+    OPS,
+    explicit_work,
+    io_bytes,
+    layer_formula_work,
+    op_bytes,
+    roofline_time_ns,
+)
+from mltrace.run.store import Run
+from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.tracer.model import Span, TrackKind
+
+# -- verdict rules -------------------------------------------------------------
+
+
+class Bound(str, enum.Enum):
+    """What limits a piece of work."""
+
+    COMPUTE = "compute-bound"
+    MEMORY = "memory-bound"
+    OVERHEAD = "overhead-bound"
+    UNKNOWN = "unknown"
+
+    @property
+    def short(self) -> str:
+        """One word: compute, memory, overhead, unknown."""
+        return self.value.split("-")[0]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The constants of the verdict rules (docs/ANALYSIS.md explains each).
+
+    Attributes:
+        min_efficiency: below this fraction of the roofline, fixed costs dominate.
+        tiny_efficiency: with many tiny ops, below this fraction already.
+        launch_ratio: CPU time at least this many times the device time is launch-bound.
+        tiny_op_ns: ops or kernels at most this long on average are "tiny" (ns).
+        many_ops_per_call: at least this many ops per call are "many".
+    """
+
+    min_efficiency: float = 0.02
+    tiny_efficiency: float = 0.10
+    launch_ratio: float = 2.0
+    tiny_op_ns: int = 20_000
+    many_ops_per_call: float = 8.0
+
+
+THRESHOLDS = Thresholds()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict and the numbers behind it.
+
+    Attributes:
+        bound: the verdict.
+        reason: one line saying why, with the numbers.
+        intensity: arithmetic intensity (FLOP/byte), when work is known.
+        efficiency: roofline time ÷ measured time (0..1, can exceed 1 when the
+            peaks are conservative), when work is known.
+        achieved_flops: FLOP/s reached, when FLOPs are known.
+        basis: where the work numbers come from ("formula", "ops", "io", …).
+    """
+
+    bound: Bound
+    reason: str
+    intensity: float | None = None
+    efficiency: float | None = None
+    achieved_flops: float | None = None
+    basis: str = ""
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:.1f} µs"
+
+
+def classify(
+    *,
+    time_ns: float,
+    flops: float,
+    moved_bytes: float,
+    peak_flops: float,
+    peak_bytes: float,
+    work_known: bool = True,
+    calls: int = 1,
+    ops: int = 0,
+    op_ns: float = 0,
+    kernels: int = 0,
+    device_ns: float = 0,
+    basis: str = "",
+    th: Thresholds = THRESHOLDS,
+) -> Verdict:
+    """The verdict for one piece of work, from plain numbers.
+
+    Rules, first match wins (docs/ANALYSIS.md):
+
+    1. no time → unknown.
+    2. launch-bound: GPU kernels ran (``device_ns > 0``) and the CPU time is at
+       least ``launch_ratio`` × the device time → overhead-bound.
+    3. no work estimate → overhead-bound if many tiny ops, else unknown; a known
+       zero (a view, an identity) → overhead-bound.
+    4. roofline efficiency e = max(FLOP/peak, bytes/bandwidth) ÷ time (device
+       time when kernels ran): many tiny ops and e < ``tiny_efficiency``, or
+       e < ``min_efficiency`` → overhead-bound.
+    5. intensity FLOP/byte ≥ the ridge peak/bandwidth → compute-bound, else memory-bound.
+
+    Args:
+        time_ns: wall time of the work on the CPU (ns), summed over calls.
+        flops: FLOP, summed over calls.
+        moved_bytes: bytes read and written, summed over calls.
+        peak_flops: the device's peak (FLOP/s) for the work's data type.
+        peak_bytes: the device's memory bandwidth (bytes/s).
+        work_known: False when nothing estimates the work (then flops and
+            bytes are ignored).
+        calls: number of calls.
+        ops: top-level ops inside, over all calls.
+        op_ns: their summed duration (ns).
+        kernels: GPU kernels launched inside, over all calls.
+        device_ns: their summed duration on the GPU (ns).
+        basis: where the work numbers come from (copied into the verdict).
+        th: thresholds.
+    """
+    if time_ns <= 0:
+        return Verdict(Bound.UNKNOWN, "no time recorded", basis=basis)
+    if device_ns > 0 and time_ns >= th.launch_ratio * device_ns:
+        mean = device_ns / kernels if kernels else device_ns
+        return Verdict(
+            Bound.OVERHEAD,
+            f"launch-bound: CPU time is {time_ns / device_ns:.1f}× the GPU time ({kernels} kernels, mean {_us(mean)})",
+            basis=basis,
+        )
+    many_tiny = ops > 0 and ops >= th.many_ops_per_call * max(calls, 1) and op_ns / ops <= th.tiny_op_ns
+    tiny_text = f"{ops / max(calls, 1):.0f} ops per call, mean {_us(op_ns / ops)}" if ops else ""
+    if not work_known or (flops <= 0 and moved_bytes <= 0):
+        if many_tiny:
+            return Verdict(Bound.OVERHEAD, f"many tiny ops: {tiny_text}", basis=basis)
+        if work_known:
+            return Verdict(Bound.OVERHEAD, "computes nothing and moves no data: the time is call overhead", basis=basis)
+        return Verdict(Bound.UNKNOWN, "no FLOP or byte estimate (unknown layer type, no op FLOPs)", basis=basis)
+    t = device_ns if device_ns > 0 else time_ns
+    t_roof = roofline_time_ns(flops, moved_bytes, peak_flops, peak_bytes)
+    eff = t_roof / t
+    intensity = flops / moved_bytes if moved_bytes > 0 else float("inf")
+    achieved = flops / (t * 1e-9) if flops > 0 else None
+    if many_tiny and eff < th.tiny_efficiency:
+        return Verdict(Bound.OVERHEAD, f"many tiny ops: {tiny_text}; {100 * eff:.2g}% of the roofline", intensity, eff, achieved, basis)
+    if eff < th.min_efficiency:
+        return Verdict(
+            Bound.OVERHEAD,
+            f"at {100 * eff:.2g}% of the roofline: fixed per-call costs dominate the work",
+            intensity,
+            eff,
+            achieved,
+            basis,
+        )
+    ridge = peak_flops / peak_bytes if peak_bytes > 0 else float("inf")
+    if intensity >= ridge:
+        return Verdict(
+            Bound.COMPUTE,
+            f"{_intensity_text(intensity)} FLOP/B ≥ ridge {ridge:.1f}; at {100 * eff:.0f}% of the roofline",
+            intensity,
+            eff,
+            achieved,
+            basis,
+        )
+    return Verdict(
+        Bound.MEMORY,
+        f"{_intensity_text(intensity)} FLOP/B < ridge {ridge:.1f}; at {100 * eff:.0f}% of the roofline",
+        intensity,
+        eff,
+        achieved,
+        basis,
+    )
+
+
+def _intensity_text(x: float) -> str:
+    return "∞" if x == float("inf") else f"{x:.3g}"
+
+
+# -- analysis data ----------------------------------------------------------------
+
+
+@dataclass
+class NameTime:
+    """Calls and time of one name (an op, a library, a kernel) inside something.
+
+    Attributes:
+        name: the name.
+        calls: number of spans.
+        total_ns: their summed duration (ns).
+    """
+
+    name: str
+    calls: int = 0
+    total_ns: int = 0
+
+
+@dataclass
+class LayerRow:
+    """One layer (or model), aggregated over its calls, with its verdict.
+
+    Attributes:
+        stat: calls, total and self time, type, source location and direct ops
+            (as in ``Breakdown``).
+        flops: FLOP over all calls (subtree included).
+        bytes: bytes moved over all calls.
+        work_source: where flops/bytes come from (``roofline`` source names).
+        op_ns: time of the top-level ops in the subtree (ns).
+        op_count: number of those ops.
+        framework_ns: self time not covered by the layer's direct ops (ns);
+            None when the run has no ops.
+        libraries: library calls in the subtree, by name, largest first.
+        kernels: GPU kernels in the subtree, by name, largest first.
+        kernel_ns: their summed GPU time (ns).
+        kernel_count: their number.
+        has_child_layers: whether any call contained layer spans.
+        dtype: data type of the first input of the first call ("" if unknown).
+        verdict: the verdict, or None when no peaks were given.
+    """
+
+    stat: LayerStat
+    flops: float = 0.0
+    bytes: float = 0.0
+    work_source: str = ""
+    op_ns: int = 0
+    op_count: int = 0
+    framework_ns: int | None = None
+    libraries: list[NameTime] = field(default_factory=list)
+    kernels: list[NameTime] = field(default_factory=list)
+    kernel_ns: int = 0
+    kernel_count: int = 0
+    has_child_layers: bool = False
+    dtype: str = ""
+    verdict: Verdict | None = None
+
+
+@dataclass
+class TypeRow:
+    """All layers of one type together (leaf and container calls alike).
+
+    Attributes:
+        type: the layer type.
+        calls: number of calls.
+        total_ns: summed durations (ns).
+        self_ns: summed self times (ns).
+        flops: FLOP over all calls.
+        bytes: bytes over all calls.
+        verdict: the verdict over the summed numbers, or None without peaks.
+    """
+
+    type: str
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    verdict: Verdict | None = None
+
+
+@dataclass
+class NameRow:
+    """One op, library or kernel name, aggregated over the run.
+
+    Attributes:
+        name: the name.
+        calls: number of spans.
+        total_ns: summed durations (ns).
+        self_ns: summed durations minus their children on the same track (ns).
+        flops: summed ``ml.flops`` (FLOP); 0 when not recorded.
+        bytes: estimated bytes moved (ops only; estimated from up to 256 calls).
+        device_ns: GPU time of the kernels they launched (ns).
+        kernels: number of those kernels.
+        detail: one extra word (the library of a library call or a kernel, a GPU activity kind).
+        verdict: the verdict, or None.
+    """
+
+    name: str
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    device_ns: int = 0
+    kernels: int = 0
+    detail: str = ""
+    verdict: Verdict | None = None
+
+    @property
+    def mean_ns(self) -> float:
+        """Mean duration per call (ns)."""
+        return self.total_ns / self.calls if self.calls else 0.0
+
+
+@dataclass
+class Gap:
+    """An idle interval between two pieces of work on one timeline.
+
+    Attributes:
+        start_ns, end_ns: the gap (ns).
+        where: the timeline ("between model calls", "GPU 0").
+        before, after: names of the work either side.
+    """
+
+    start_ns: int
+    end_ns: int
+    where: str
+    before: str
+    after: str
+
+    @property
+    def duration_ns(self) -> int:
+        """Length of the gap (ns)."""
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class Idle:
+    """Idle time on one timeline within its active window.
+
+    Attributes:
+        where: "between model calls", "GPU 0", …
+        window_ns: first start to last end of the work on it (ns).
+        busy_ns: union of the work's intervals (ns).
+        gaps: the largest gaps, longest first (at most 5).
+    """
+
+    where: str
+    window_ns: int
+    busy_ns: int
+    gaps: list[Gap] = field(default_factory=list)
+
+    @property
+    def idle_ns(self) -> int:
+        """Window minus busy time (ns)."""
+        return self.window_ns - self.busy_ns
+
+    @property
+    def idle_share(self) -> float:
+        """Idle time as a fraction of the window."""
+        return self.idle_ns / self.window_ns if self.window_ns else 0.0
+
+
+@dataclass
+class Findings:
+    """Run-wide findings.
+
+    Attributes:
+        basis: what the bound shares are over: "leaf layers", "ops" or "" (nothing).
+        bound_ns: time per verdict over that basis (ns).
+        idle: idle time per timeline (between model calls; per GPU).
+        data_movement_ns: time of copy/layout ops (outermost only) and GPU
+            memcpy/memset (ns).
+        data_movement_base_ns: what that is a share of: op time, plus GPU time (ns).
+        data_movement_top: the largest data-movement items.
+        framework_ns: layer self time not covered by the layers' ops (ns);
+            None when the run has no ops or no layers.
+        framework_base_ns: model time, the base of that share (ns).
+        cpu_ns: CPU time of the work that launched kernels (model time, or op time) (ns).
+        device_ns: GPU busy time (union per device, summed) (ns).
+        notes: caveats worth printing.
+    """
+
+    basis: str = ""
+    bound_ns: dict[Bound, int] = field(default_factory=dict)
+    idle: list[Idle] = field(default_factory=list)
+    data_movement_ns: int = 0
+    data_movement_base_ns: int = 0
+    data_movement_top: list[NameTime] = field(default_factory=list)
+    framework_ns: int | None = None
+    framework_base_ns: int = 0
+    cpu_ns: int = 0
+    device_ns: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dominant(self) -> Bound:
+        """The verdict holding the most time (unknown when none is known)."""
+        known = {b: t for b, t in self.bound_ns.items() if b is not Bound.UNKNOWN and t > 0}
+        return max(known, key=lambda b: known[b]) if known else Bound.UNKNOWN
+
+
+@dataclass
+class RooflinePoint:
+    """One point of the roofline plot.
+
+    Attributes:
+        label: what it is (a layer path, a layer type).
+        kind: "layer" or "type".
+        device: "cpu" or "gpu" (which roofs apply).
+        intensity: FLOP/byte.
+        flops_per_s: achieved FLOP/s.
+        time_ns: the time it took (ns), to size the marker.
+        bound: its verdict.
+    """
+
+    label: str
+    kind: str
+    device: str
+    intensity: float
+    flops_per_s: float
+    time_ns: int
+    bound: Bound
+
+
+@dataclass
+class Analysis:
+    """Everything the bottleneck report shows.
+
+    Attributes:
+        breakdown: time per level, layers and types (``analysis.breakdown``).
+        layers: every layer and model, by total time, largest first.
+        types: layer types, by self time, largest first.
+        ops: op names, by self time, largest first.
+        libraries: library calls by name, by total time.
+        kernels: GPU kernels by name, by total time.
+        runtime: CPU-side kernel-level calls (CUDA API) by name, by total time.
+        findings: run-wide findings.
+        roofline: points for the roofline plot.
+        peaks: the peaks the verdicts used, or None (no verdicts).
+        levels: the levels present in the run.
+    """
+
+    breakdown: Breakdown
+    layers: list[LayerRow]
+    types: list[TypeRow]
+    ops: list[NameRow]
+    libraries: list[NameRow]
+    kernels: list[NameRow]
+    runtime: list[NameRow]
+    findings: Findings
+    roofline: list[RooflinePoint]
+    peaks: PeakSet | None
+    levels: list[Level]
+
+    def top_by_self(self, n: int) -> list[LayerRow]:
+        """The ``n`` layers (not models) with the most self time."""
+        rows = [r for r in self.layers if r.stat.level is Level.LAYER]
+        return sorted(rows, key=lambda r: (-r.stat.self_ns, r.stat.name))[:n]
+
+
+# -- the pass ---------------------------------------------------------------------
+
+#: Ops that only move or re-lay data (PyTorch, ONNX Runtime, TensorFlow names).
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "aten::copy_",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::contiguous",
+        "aten::clone",
+        "aten::cat",
+        "aten::stack",
+        "aten::constant_pad_nd",
+        "aten::pad",
+        "aten::repeat",
+        "aten::index_select",
+        "aten::gather",
+        "aten::narrow_copy",
+        "aten::_copy_from",
+        "aten::_copy_from_and_resize",
+        "Transpose",
+        "Concat",
+        "Cast",
+        "Pad",
+        "Gather",
+        "Tile",
+        "MemcpyToHost",
+        "MemcpyFromHost",
+        "ConcatV2",
+        "Pack",
+        "TensorListStack",
+    }
+)
+_GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+_FLOPS_BIT = 1 << 20  # ancestor mask: an enclosing op already carries ml.flops
+_BYTES_SAMPLES = 256  # op calls per name whose bytes are estimated (the rest are scaled)
+_ROOFLINE_LAYERS = 40
+
+
+class _Call:
+    """Per layer-call accumulators (subtree sums are filled bottom-up).
+
+    Counters default to the class attributes and are set on the instance
+    only when they change: most calls touch few of them, and a run has
+    hundreds of thousands of calls.
+    """
+
+    child_ns = 0  # direct model/layer/user children (Breakdown's self time)
+    direct_op_ns = 0
+    op_flops = 0.0
+    has_op_flops = False
+    op_ns = 0  # top-level ops owned by this call, then (bottom-up) by its subtree
+    op_count = 0
+    kern_ns = 0
+    kern_count = 0
+    child_flops = 0.0
+    child_bytes = 0.0
+    has_children = False
+    libs: dict[str, list[int]] | None = None
+    kerns: dict[str, list[int]] | None = None
+
+    def __init__(self, span: Span, owner: _Call | None, depth: int, direct_ops: dict[str, list[int]]) -> None:
+        self.span = span
+        self.owner = owner  # the nearest model/layer call strictly above
+        self.depth = depth
+        self.direct_ops = direct_ops  # shared by every call of the same layer: name → [calls, ns]
+
+
+def _add(table: dict[str, list[int]], name: str, ns: int) -> None:
+    agg = table.get(name)
+    if agg is None:
+        table[name] = [1, ns]
+    else:
+        agg[0] += 1
+        agg[1] += ns
+
+
+def _merge(into: dict[str, list[int]], table: dict[str, list[int]]) -> None:
+    for name, (n, ns) in table.items():
+        agg = into.get(name)
+        if agg is None:
+            into[name] = [n, ns]
+        else:
+            agg[0] += n
+            agg[1] += ns
+
+
+def _name_times(table: dict[str, list[int]] | None) -> list[NameTime]:
+    if not table:
+        return []
+    return sorted((NameTime(k, v[0], v[1]) for k, v in table.items()), key=lambda x: (-x.total_ns, x.name))
+
+
+def _union(intervals: list[tuple[int, int, str]]) -> tuple[int, list[tuple[int, int, str, str]]]:
+    """Busy time of intervals and the gaps between them: (busy ns, [(start, end, before, after)])."""
+    intervals.sort(key=lambda x: (x[0], x[1]))
+    busy = 0
+    gaps: list[tuple[int, int, str, str]] = []
+    cur_s, cur_e, cur_name = intervals[0]
+    for s, e, name in intervals[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            gaps.append((cur_e, s, cur_name, name))
+            cur_s, cur_e, cur_name = s, e, name
+        elif e > cur_e:
+            cur_e, cur_name = e, name
+    busy += cur_e - cur_s
+    return busy, gaps
+
+
+def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5) -> Idle:
+    busy, gaps = _union(intervals)
+    window = max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals)
+    gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
+    return Idle(where, window, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]])
+
+
+# Accumulator of one name (op, library, runtime call): [calls, total ns, self ns,
+# FLOP, GPU ns, kernels]. Lists, not dataclasses: the pass updates them a million times.
+_CALLS, _TOTAL, _SELF, _FLOP, _GPU_NS, _KERNELS = range(6)
+
+# What a span passes down to its children:
+# (mask of levels at or above | _FLOPS_BIT, nearest model/layer call at or above,
+#  accumulator of the outermost op at or above, track id, model/layer depth,
+#  the span's own accumulator (a _Call, a name accumulator, or None), its level).
+_ROOT: Any = (0, None, None, -1, 0, None, 0)
+
+
+class _Pass:
+    """The single pass over a run's spans."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.by_id: dict[int, Span] = {s.id: s for s in run.spans}
+        self.gpu_tracks: dict[int, int] = {tid: max(t.device, 0) for tid, t in run.tracks.items() if t.kind == TrackKind.GPU_STREAM}
+        self.info: dict[int, Any] = {}
+        self.calls: list[_Call] = []
+        self.row_ops: dict[tuple[str, int], dict[str, list[int]]] = {}
+        self.counts = [0] * 16
+        self.level_ns = [0] * 16
+        self.ops: dict[str, list[Any]] = {}
+        self.op_samples: dict[str, list[int]] = {}
+        self.libs: dict[str, list[Any]] = {}
+        self.lib_library: dict[str, str] = {}
+        self.kernels: dict[str, list[Any]] = {}
+        self.kernel_detail: dict[str, str] = {}
+        self.runtime: dict[str, list[Any]] = {}
+        self.gpu_busy: dict[int, list[tuple[int, int, str]]] = {}
+        self.model_intervals: list[tuple[int, int, str]] = []
+        self.moves: dict[str, list[int]] = {}
+        self.top_op_ns = 0
+        self.min_start = 0
+        self.max_end = 0
+
+    def info_of(self, sid: int) -> Any:
+        """What span ``sid`` passes down, computing its ancestors first when they
+        were not seen yet (imported traces come in any order)."""
+        got = self.info.get(sid)
+        if got is not None:
+            return got
+        by_id = self.by_id
+        chain: list[Span] = []
+        seen: set[int] = set()
+        cur = by_id.get(sid)
+        while cur is not None and cur.id not in self.info:
+            if cur.id in seen:  # a corrupt, cyclic parent chain: treat its top as a root
+                cur = None
+                break
+            seen.add(cur.id)
+            chain.append(cur)
+            cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+        base = self.info[cur.id] if cur is not None and cur.id in self.info else _ROOT
+        for node in reversed(chain):
+            base = self.info[node.id] = self._down(base, node)
+        return self.info.get(sid, _ROOT)
+
+    def _down(self, base: Any, span: Span) -> Any:
+        """What ``span`` passes down, from what its parent passed down (slow path)."""
+        mask, owner, top_acc, _, depth, _, _ = base
+        lv = span.level
+        mask |= 1 << lv
+        if lv is Level.MODEL or lv is Level.LAYER:
+            call = self._call(span, owner, depth + 1)
+            return (mask, call, top_acc, span.track_id, depth + 1, call, lv)
+        acc: Any = None
+        if lv is Level.OP:
+            acc = self._op_acc(span.name)
+            if top_acc is None:
+                top_acc = acc
+            if "ml.flops" in span.attrs:
+                mask |= _FLOPS_BIT
+        elif lv is Level.LIBRARY:
+            acc = self._lib_acc(span)
+        elif lv is Level.KERNEL and span.track_id not in self.gpu_tracks:
+            acc = self._runtime_acc(span)
+        return (mask, owner, top_acc, span.track_id, depth, acc, lv)
+
+    def _call(self, span: Span, owner: _Call | None, depth: int) -> _Call:
+        key = (span.name, int(span.level))
+        ops = self.row_ops.get(key)
+        if ops is None:
+            ops = self.row_ops[key] = {}
+        call = _Call(span, owner, depth, ops)
+        self.calls.append(call)
+        return call
+
+    def _op_acc(self, name: str) -> list[Any]:
+        acc = self.ops.get(name)
+        if acc is None:
+            samples: list[int] = []
+            acc = self.ops[name] = [0, 0, 0, 0.0, 0, 0, samples]
+            self.op_samples[name] = samples
+        return acc
+
+    def _lib_acc(self, span: Span) -> list[Any]:
+        # By span name ("oneDNN convolution jit:avx512_core", "MKL SGEMM"): the
+        # library alone would lump every primitive together.
+        name = span.name
+        acc = self.libs.get(name)
+        if acc is None:
+            acc = self.libs[name] = [0, 0, 0, 0.0, 0, 0, name]
+            lib = span.attrs.get("ml.library.name")
+            self.lib_library[name] = str(lib) if lib else ""
+        return acc
+
+    def _runtime_acc(self, span: Span) -> list[Any]:
+        name = str(span.attrs.get("cuda.api.name") or span.name)
+        acc = self.runtime.get(name)
+        if acc is None:
+            acc = self.runtime[name] = [0, 0, 0, 0.0, 0, 0, name]
+        return acc
+
+    def run_pass(self) -> None:  # noqa: C901 - one loop on purpose: it runs once per span
+        spans = self.run.spans
+        if not spans:
+            return
+        by_id, info = self.by_id, self.info
+        info_get = info.get
+        counts, level_ns = self.counts, self.level_ns
+        gpu_tracks = self.gpu_tracks
+        lv_model, lv_layer, lv_op, lv_lib, lv_kernel, lv_user = Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER
+        op_bit = 1 << lv_op
+        flops_bit = _FLOPS_BIT
+        ops_get = self.ops.get
+        moves = self.moves
+        moving = DATA_MOVEMENT_OPS
+        top_op_ns = 0
+        mn = spans[0].start_ns
+        mx = spans[0].end_ns
+        # Reversed file order visits parents first in recorded runs (spans are written when they end).
+        pinfo: Any
+        for s in reversed(spans):
+            pid = s.parent_id
+            if pid is None:
+                pinfo = _ROOT
+            else:
+                pinfo = info_get(pid)
+                if pinfo is None:
+                    pinfo = self.info_of(pid) if pid in by_id else _ROOT
+            mask, owner, top_acc, ptrack, depth, pacc, plevel = pinfo
+            lv = s.level
+            start = s.start_ns
+            end = s.end_ns
+            d = end - start if end > start else 0
+            if start < mn:
+                mn = start
+            if end > mx:
+                mx = end
+            counts[lv] += 1
+            bit = 1 << lv
+            if not mask & bit:
+                level_ns[lv] += d
+            track = s.track_id
+            if lv is lv_op:
+                name = s.name
+                acc = ops_get(name)
+                if acc is None:
+                    acc = self._op_acc(name)
+                acc[0] += 1
+                acc[1] += d
+                acc[2] += d
+                attrs = s.attrs
+                f = attrs.get("ml.flops")
+                down_mask = mask | bit
+                if f is not None:
+                    down_mask |= flops_bit
+                    if not mask & flops_bit and isinstance(f, (int, float)):
+                        acc[3] += f
+                        if owner is not None:
+                            owner.op_flops += f
+                            owner.has_op_flops = True
+                if acc[0] <= _BYTES_SAMPLES:
+                    acc[6].append(op_bytes(attrs))
+                if owner is not None and (plevel is lv_layer or plevel is lv_model):
+                    owner.direct_op_ns += d
+                    direct = owner.direct_ops.get(name)
+                    if direct is None:
+                        owner.direct_ops[name] = [1, d]
+                    else:
+                        direct[0] += 1
+                        direct[1] += d
+                if not mask & op_bit:
+                    top_op_ns += d
+                    if name in moving:
+                        _add(moves, name, d)
+                    if owner is not None:
+                        owner.op_ns += d
+                        owner.op_count += 1
+                    info[s.id] = (down_mask, owner, acc, track, depth, acc, lv)
+                else:
+                    if name in moving and not self._inside_move(s):
+                        _add(moves, name, d)
+                    info[s.id] = (down_mask, owner, top_acc, track, depth, acc, lv)
+            elif lv is lv_layer or lv is lv_model:
+                seen = info_get(s.id)
+                if seen is None:
+                    call = self._call(s, owner, depth + 1)
+                    info[s.id] = (mask | bit, call, top_acc, track, depth + 1, call, lv)
+                if lv is lv_model:
+                    self.model_intervals.append((start, end, s.name))
+                if plevel is lv_layer or plevel is lv_model:
+                    pacc.child_ns += d
+                continue
+            elif lv is lv_kernel:
+                if track in gpu_tracks:
+                    self._gpu_kernel(s, d, owner, top_acc)
+                    info[s.id] = (mask | bit, owner, top_acc, track, depth, None, lv)
+                else:
+                    acc = self._runtime_acc(s)
+                    acc[0] += 1
+                    acc[1] += d
+                    acc[2] += d
+                    info[s.id] = (mask | bit, owner, top_acc, track, depth, acc, lv)
+            elif lv is lv_lib:
+                acc = self._lib_acc(s)
+                acc[0] += 1
+                acc[1] += d
+                acc[2] += d
+                if owner is not None:
+                    if owner.libs is None:
+                        owner.libs = {}
+                    _add(owner.libs, acc[6], d)
+                info[s.id] = (mask | bit, owner, top_acc, track, depth, acc, lv)
+            else:  # user spans and anything newer: structure only
+                info[s.id] = (mask | bit, owner, top_acc, track, depth, None, lv)
+                if lv is lv_user and (plevel is lv_layer or plevel is lv_model):
+                    pacc.child_ns += d
+                continue
+            if ptrack == track and pacc is not None and plevel is not lv_layer and plevel is not lv_model:
+                pacc[2] -= d  # self time of the enclosing op / library / API call on this track
+        self.top_op_ns = top_op_ns
+        self.min_start, self.max_end = mn, mx
+
+    def _gpu_kernel(self, s: Span, d: int, owner: _Call | None, top_acc: list[Any] | None) -> None:
+        attrs = s.attrs
+        kname = str(attrs.get("gpu.kernel.name") or s.name)
+        acc = self.kernels.get(kname)
+        if acc is None:
+            acc = self.kernels[kname] = [0, 0, 0, 0.0, 0, 0]
+            self.kernel_detail[kname] = str(attrs.get("ml.library.name") or attrs.get("gpu.activity") or "")
+        acc[0] += 1
+        acc[1] += d
+        acc[2] += d
+        self.gpu_busy.setdefault(self.gpu_tracks[s.track_id], []).append((s.start_ns, s.end_ns, kname))
+        if attrs.get("gpu.activity") in _GPU_COPY_ACTIVITIES or kname.startswith(("Memcpy", "Memset")):
+            _add(self.moves, kname if len(kname) <= 40 else kname[:39] + "…", d)
+        if top_acc is not None:
+            top_acc[_GPU_NS] += d
+            top_acc[_KERNELS] += 1
+        if owner is not None:
+            owner.kern_ns += d
+            owner.kern_count += 1
+            if owner.kerns is None:
+                owner.kerns = {}
+            _add(owner.kerns, kname, d)
+
+    def _inside_move(self, span: Span) -> bool:
+        """Whether an enclosing op is itself a data-movement op (counted already)."""
+        by_id = self.by_id
+        cur = by_id.get(span.parent_id) if span.parent_id is not None else None
+        while cur is not None and cur.level is Level.OP:
+            if cur.name in DATA_MOVEMENT_OPS:
+                return True
+            cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+        return False
+
+
+def _rows(table: dict[str, list[Any]], detail: dict[str, str] | None = None) -> list[NameRow]:
+    return [
+        NameRow(name, a[0], a[1], a[2], a[3], 0.0, a[4], a[5], (detail or {}).get(name, "")) for name, a in table.items() if a[0]
+    ]
+
+
+def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS) -> Analysis:
+    """Builds the bottleneck report's data from a run, in one pass over its spans.
+
+    Args:
+        run: a loaded run (any mix of levels; recorded or imported).
+        peaks: the roofs to judge by; None leaves every verdict None.
+        th: the verdict thresholds.
+
+    Returns:
+        The analysis; ``analysis.breakdown`` equals ``breakdown(run)``.
+    """
+    p = _Pass(run)
+    p.run_pass()
+    ops = _rows(p.ops)
+    for row in ops:
+        samples = p.op_samples[row.name]
+        if samples:
+            row.bytes = sum(samples) * (row.calls / len(samples))
+    counts = p.counts
+    has_ops = counts[Level.OP] > 0
+    layer_rows, type_rows = _layers_bottom_up(p.calls, has_ops, peaks, th)
+    models = [c.span for c in p.calls if c.span.level is Level.MODEL]
+    model_ns = sum(s.duration_ns for s in models)
+    order = [*HIERARCHY, Level.USER]
+    breakdown = Breakdown(
+        levels=[LevelTime(lv, counts[lv], p.level_ns[lv]) for lv in order if counts[lv]],
+        layers=[r.stat for r in layer_rows],
+        types=sorted((TypeStat(t.type, t.calls, t.self_ns) for t in type_rows), key=lambda x: (-x.self_ns, x.type)),
+        model_calls=len(models),
+        model_ns=model_ns,
+        wall_ns=p.max_end - p.min_start if run.spans else 0,
+        span_count=len(run.spans),
+    )
+    ops.sort(key=lambda r: (-r.self_ns, r.name))
+    if peaks is not None:
+        for row in ops:
+            row.verdict = _op_verdict(row, peaks, th)
+    findings = _findings(p, layer_rows, ops, peaks, model_ns, has_ops)
+    leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
+    libraries = _rows(p.libs, p.lib_library)
+    kernels = _rows(p.kernels, p.kernel_detail)
+    runtime = _rows(p.runtime)
+    return Analysis(
+        breakdown=breakdown,
+        layers=layer_rows,
+        types=sorted(type_rows, key=lambda t: (-t.self_ns, t.type)),
+        ops=ops,
+        libraries=sorted(libraries, key=lambda r: (-r.total_ns, r.name)),
+        kernels=sorted(kernels, key=lambda r: (-r.total_ns, r.name)),
+        runtime=sorted(runtime, key=lambda r: (-r.total_ns, r.name)),
+        findings=findings,
+        roofline=_roofline_points(leaf, type_rows),
+        peaks=peaks,
+        levels=[lv for lv in order if counts[lv]],
+    )
+
+
+def _findings(p: _Pass, layer_rows: list[LayerRow], ops: list[NameRow], peaks: PeakSet | None, model_ns: int, has_ops: bool) -> Findings:
+    findings = Findings()
+    leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
+    if peaks is not None:
+        if leaf:
+            findings.basis = "leaf layers (total time)"
+            for r in leaf:
+                if r.verdict is not None:
+                    findings.bound_ns[r.verdict.bound] = findings.bound_ns.get(r.verdict.bound, 0) + r.stat.total_ns
+        elif ops:
+            findings.basis = "ops (self time)"
+            for row in ops:
+                if row.verdict is not None:
+                    findings.bound_ns[row.verdict.bound] = findings.bound_ns.get(row.verdict.bound, 0) + row.self_ns
+    if len(p.model_intervals) >= 2:
+        findings.idle.append(_idle("between model calls", p.model_intervals))
+    for device in sorted(p.gpu_busy):
+        idle = _idle(f"GPU {device}", p.gpu_busy[device])
+        findings.idle.append(idle)
+        findings.device_ns += idle.busy_ns
+    if p.gpu_busy:
+        findings.cpu_ns = model_ns or p.top_op_ns
+    kernel_total = sum(a[_TOTAL] for a in p.kernels.values())
+    findings.data_movement_ns = sum(v[1] for v in p.moves.values())
+    findings.data_movement_base_ns = p.top_op_ns + kernel_total
+    findings.data_movement_top = _name_times(p.moves)[:5]
+    if has_ops and layer_rows:
+        findings.framework_ns = sum(r.framework_ns or 0 for r in layer_rows)
+        findings.framework_base_ns = model_ns or sum(r.stat.self_ns for r in layer_rows)
+    elif layer_rows:
+        findings.notes.append("no op spans: FLOPs come from layer formulas; framework overhead is not measured")
+    if peaks is not None and peaks.cpu.note:
+        findings.notes.append(f"CPU peaks {peaks.cpu.note}")
+    if p.gpu_busy and (peaks is None or peaks.gpu is None):
+        findings.notes.append("GPU not in the table of known GPUs (or its name was not recorded): GPU roofline verdicts are unknown")
+    return findings
+
+
+def _layers_bottom_up(
+    calls: list[_Call], has_ops: bool, peaks: PeakSet | None, th: Thresholds
+) -> tuple[list[LayerRow], list[TypeRow]]:
+    """Work per call (children first), then rows per layer name and per type."""
+    rows: dict[tuple[str, Level], LayerRow] = {}
+    types: dict[str, TypeRow] = {}
+    libs: dict[tuple[str, Level], dict[str, list[int]]] = {}
+    kerns: dict[tuple[str, Level], dict[str, list[int]]] = {}
+    work_cache: dict[tuple[str, Level], tuple[Any, ...]] = {}
+    for c in sorted(calls, key=lambda c: -c.depth):
+        s = c.span
+        attrs = s.attrs
+        key = (s.name, s.level)
+        ltype = str(attrs.get("ml.layer.type", ""))
+        d = s.duration_ns
+        flops, moved, source = _call_work(c, ltype, attrs, work_cache, key)
+        parent = c.owner
+        if parent is not None:
+            parent.has_children = True
+            parent.child_flops += flops
+            parent.child_bytes += moved
+            parent.op_ns += c.op_ns
+            parent.op_count += c.op_count
+            parent.kern_ns += c.kern_ns
+            parent.kern_count += c.kern_count
+            if c.has_op_flops:
+                parent.op_flops += c.op_flops
+                parent.has_op_flops = True
+            # Library and kernel tables of a row cover its subtree: hand them up.
+            if c.libs:
+                if parent.libs is None:
+                    parent.libs = {}
+                _merge(parent.libs, c.libs)
+            if c.kerns:
+                if parent.kerns is None:
+                    parent.kerns = {}
+                _merge(parent.kerns, c.kerns)
+        if c.libs:
+            _merge(libs.setdefault(key, {}), c.libs)
+        if c.kerns:
+            _merge(kerns.setdefault(key, {}), c.kerns)
+        row = rows.get(key)
+        if row is None:
+            stat = LayerStat(
+                s.name,
+                s.level,
+                ltype,
+                file=attrs.get("code.file.path"),
+                line=attrs.get("code.line.number"),
+                framework=str(attrs.get("ml.framework", "")),
+                ops=c.direct_ops,
+            )
+            dtypes = attrs.get("ml.input.dtypes")
+            dtype = str(dtypes[0]) if isinstance(dtypes, list) and dtypes else ""
+            row = rows[key] = LayerRow(stat, work_source=source, dtype=dtype, framework_ns=0 if has_ops else None)
+        self_ns = d - c.child_ns
+        if self_ns < 0:
+            self_ns = 0
+        stat = row.stat
+        stat.calls += 1
+        stat.total_ns += d
+        stat.self_ns += self_ns
+        row.flops += flops
+        row.bytes += moved
+        row.op_ns += c.op_ns
+        row.op_count += c.op_count
+        row.kernel_ns += c.kern_ns
+        row.kernel_count += c.kern_count
+        if c.has_children:
+            row.has_child_layers = True
+        if row.framework_ns is not None and self_ns > c.direct_op_ns:
+            row.framework_ns += self_ns - c.direct_op_ns
+        if s.level is Level.LAYER:
+            t = types.get(ltype)
+            if t is None:
+                t = types[ltype] = TypeRow(ltype)
+            t.calls += 1
+            t.total_ns += d
+            t.self_ns += self_ns
+            t.flops += flops
+            t.bytes += moved
+    for key, row in rows.items():
+        row.libraries = _name_times(libs.get(key))
+        row.kernels = _name_times(kerns.get(key))
+        if peaks is not None:
+            row.verdict = _layer_verdict(row, peaks, th)
+    if peaks is not None:
+        members: dict[str, list[LayerRow]] = {}
+        for row in rows.values():
+            if row.stat.level is Level.LAYER:
+                members.setdefault(row.stat.type, []).append(row)
+        for t in types.values():
+            t.verdict = _type_verdict(t, members.get(t.type, []), peaks, th)
+    layer_rows = sorted(rows.values(), key=lambda r: (-r.stat.total_ns, r.stat.name))
+    return layer_rows, list(types.values())
+
+
+def _call_work(
+    c: _Call, ltype: str, attrs: dict[str, Any], cache: dict[tuple[str, Level], tuple[Any, ...]], key: tuple[str, Level]
+) -> tuple[float, float, str]:
+    """FLOPs, bytes and their source for one layer call (docs/ANALYSIS.md, "Work")."""
+    f_exp, b_exp = explicit_work(attrs) if "ml.flops" in attrs or "ml.bytes" in attrs else (None, None)
+    ins = attrs.get("ml.input.shapes")
+    outs = attrs.get("ml.output.shapes")
+    params = attrs.get("ml.layer.params")
+    # A layer is called with the same shapes again and again: reuse the last estimate.
+    hit = cache.get(key)
+    if hit is not None and hit[0] == ins and hit[1] == outs and hit[2] == params and hit[3] == ltype:
+        formula, io = hit[4], hit[5]
+    else:
+        formula = layer_formula_work(ltype, attrs)
+        io = float(io_bytes(attrs))
+        cache[key] = (ins, outs, params, ltype, formula, io)
+    if f_exp is not None:
+        flops, source = f_exp, EXPLICIT
+    elif c.has_op_flops:
+        flops, source = c.op_flops, OPS
+    elif formula is not None:
+        flops, source = formula.flops, formula.source
+    elif c.has_children:
+        flops, source = c.child_flops, CHILDREN
+    else:
+        flops, source = 0.0, IO
+    if b_exp is not None:
+        moved = b_exp
+    elif formula is not None:
+        moved = formula.bytes
+    elif c.has_children:
+        moved = max(io, c.child_bytes)
+    else:
+        moved = io
+    return flops, moved, source
+
+
+def _peaks_for(row_kernels: int, peaks: PeakSet) -> Peaks | None:
+    if row_kernels > 0:
+        return peaks.gpu
+    return peaks.cpu
+
+
+def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
+    roofs = _peaks_for(row.kernel_count, peaks)
+    known = row.work_source != IO or row.bytes > 0
+    if roofs is None:  # kernels on a GPU not in the table: only the launch rule can speak
+        return classify(
+            time_ns=row.stat.total_ns,
+            flops=0,
+            moved_bytes=0,
+            peak_flops=1,
+            peak_bytes=1,
+            work_known=False,
+            calls=row.stat.calls,
+            kernels=row.kernel_count,
+            device_ns=row.kernel_ns,
+            basis=row.work_source,
+            th=th,
+        )
+    return classify(
+        time_ns=row.stat.total_ns,
+        flops=row.flops,
+        moved_bytes=row.bytes,
+        peak_flops=roofs.flops_for(row.dtype),
+        peak_bytes=roofs.bytes_per_s,
+        work_known=known,
+        calls=row.stat.calls,
+        ops=row.op_count,
+        op_ns=row.op_ns,
+        kernels=row.kernel_count,
+        device_ns=row.kernel_ns,
+        basis=row.work_source,
+        th=th,
+    )
+
+
+def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thresholds) -> Verdict:
+    kernels = sum(r.kernel_count for r in members)
+    roofs = _peaks_for(kernels, peaks)
+    sources = {r.work_source for r in members}
+    basis = sources.pop() if len(sources) == 1 else "mixed"
+    return classify(
+        time_ns=t.total_ns,
+        flops=t.flops if roofs is not None else 0,
+        moved_bytes=t.bytes if roofs is not None else 0,
+        peak_flops=roofs.flops_for(members[0].dtype if members else None) if roofs is not None else 1,
+        peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
+        work_known=roofs is not None and (t.flops > 0 or t.bytes > 0 or basis != IO),
+        calls=t.calls,
+        ops=sum(r.op_count for r in members),
+        op_ns=sum(r.op_ns for r in members),
+        kernels=kernels,
+        device_ns=sum(r.kernel_ns for r in members),
+        basis=basis,
+        th=th,
+    )
+
+
+def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:
+    roofs = peaks.gpu if row.kernels > 0 else peaks.cpu
+    return classify(
+        time_ns=row.total_ns,
+        flops=row.flops if roofs is not None else 0,
+        moved_bytes=row.bytes if roofs is not None else 0,
+        peak_flops=roofs.flops_per_s if roofs is not None else 1,
+        peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
+        work_known=roofs is not None and (row.flops > 0 or row.bytes > 0),
+        calls=row.calls,
+        kernels=row.kernels,
+        device_ns=row.device_ns,
+        basis="op shapes",
+        th=th,
+    )
+
+
+def _roofline_points(leaf: Iterable[LayerRow], types: Iterable[TypeRow]) -> list[RooflinePoint]:
+    points: list[RooflinePoint] = []
+    for r in sorted(leaf, key=lambda r: -r.stat.total_ns)[:_ROOFLINE_LAYERS]:
+        v = r.verdict
+        if v is None or v.intensity is None or not v.achieved_flops:
+            continue
+        device = "gpu" if r.kernel_count else "cpu"
+        points.append(RooflinePoint(r.stat.name, "layer", device, v.intensity, v.achieved_flops, r.stat.total_ns, v.bound))
+    for t in types:
+        v = t.verdict
+        if v is None or v.intensity is None or not v.achieved_flops:
+            continue
+        points.append(RooflinePoint(t.type, "type", "cpu", v.intensity, v.achieved_flops, t.total_ns, v.bound))
+    return points
+
+
+# -- timeline overview ------------------------------------------------------------
+
+
+@dataclass
+class Lane:
+    """How busy one level is on one track, over time.
+
+    Attributes:
+        track: the track's display name ("MainThread", "GPU 0 stream 7").
+        kind: the track kind ("thread", "gpu_stream", …).
+        level: the level drawn.
+        busy: per time bin, the fraction (0..1) covered by spans of this level.
+        spans: number of spans in the lane.
+    """
+
+    track: str
+    kind: str
+    level: Level
+    busy: list[float]
+    spans: int
+
+
+@dataclass
+class Timeline:
+    """A coarse overview of a run: lanes of busy fractions over equal time bins.
+
+    Attributes:
+        start_ns, end_ns: the window (ns).
+        bins: number of bins.
+        lanes: the lanes, threads first then GPU streams, outer levels first.
+        models: model calls as (start ns, end ns, name), at most ``max_models``.
+    """
+
+    start_ns: int
+    end_ns: int
+    bins: int
+    lanes: list[Lane] = field(default_factory=list)
+    models: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @property
+    def bin_ns(self) -> float:
+        """Width of one bin (ns)."""
+        return (self.end_ns - self.start_ns) / self.bins if self.bins else 0.0
+
+
+def timeline(run: Run, bins: int = 600, max_lanes: int = 24, max_models: int = 400) -> Timeline:
+    """Bins a run's spans into lanes (track × level) of busy fractions.
+
+    Args:
+        run: the run.
+        bins: number of time bins over the whole run.
+        max_lanes: lanes kept (the busiest, in track and level order).
+        max_models: model calls listed for markers.
+
+    Returns:
+        The overview; empty when the run has no spans.
+    """
+    spans = run.spans
+    if not spans:
+        return Timeline(0, 0, bins)
+    start = min(s.start_ns for s in spans)
+    end = max(s.end_ns for s in spans)
+    out = Timeline(start, max(end, start + 1), bins)
+    width = out.bin_ns
+    groups: dict[tuple[int, Level], list[tuple[int, int]]] = {}
+    for s in spans:
+        if s.level is Level.SOURCE or s.end_ns < s.start_ns:
+            continue
+        key = (s.track_id, s.level)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = []
+        group.append((s.start_ns, s.end_ns))
+        if s.level is Level.MODEL and len(out.models) < max_models:
+            out.models.append((s.start_ns, s.end_ns, s.name))
+    order = {lv: i for i, lv in enumerate((*HIERARCHY, Level.USER))}
+    lanes: list[tuple[tuple[int, int, int], Lane, int]] = []
+    for (track_id, level), intervals in groups.items():
+        intervals.sort()
+        busy = [0.0] * bins
+        total = 0
+        cur_s, cur_e = intervals[0]
+        merged = []
+        for s0, e0 in intervals[1:]:
+            if s0 > cur_e:
+                merged.append((cur_s, cur_e))
+                cur_s, cur_e = s0, e0
+            elif e0 > cur_e:
+                cur_e = e0
+        merged.append((cur_s, cur_e))
+        for s0, e0 in merged:
+            total += e0 - s0
+            first = min(int((s0 - start) / width), bins - 1)
+            last = min(int((e0 - start) / width), bins - 1)
+            for i in range(first, last + 1):
+                lo = max(s0, start + i * width)
+                hi = min(e0, start + (i + 1) * width)
+                if hi > lo:
+                    busy[i] += (hi - lo) / width
+        track = run.tracks.get(track_id)
+        kind = track.kind if track is not None else TrackKind.THREAD
+        name = _track_label(track) if track is not None else f"track {track_id}"
+        rank = (0 if kind == TrackKind.THREAD else 1 if kind == TrackKind.GPU_STREAM else 2, track_id, order.get(level, 99))
+        lanes.append((rank, Lane(name, kind, level, [min(b, 1.0) for b in busy], len(intervals)), total))
+    keep = {id(lane) for _, lane, _ in sorted(lanes, key=lambda x: -x[2])[:max_lanes]}
+    out.lanes = [lane for _, lane, _ in sorted(lanes, key=lambda x: x[0]) if id(lane) in keep]
+    return out
+
+
+def _track_label(track: Any) -> str:
+    if track.kind == TrackKind.GPU_STREAM:
+        return f"GPU {track.device} stream {track.stream}"
+    if track.kind == TrackKind.THREAD:
+        return f"{track.name} ({track.tid})" if track.tid else str(track.name)
+    return str(track.name)

@@ -1,0 +1,194 @@
+"""Two runs compared layer by layer, layer type by type, op by op and kernel by kernel.
+
+Rows are matched by name (layer path, layer type, op name, kernel name). A row
+is *added* (only in B), *removed* (only in A), *slower* or *faster* when its
+time changed by more than ``threshold`` (relative) and ``min_delta_ns``
+(absolute), else *same*.
+
+When both runs have model calls and their numbers differ (3 iterations
+against 10), times are compared per model call, so that the number of
+iterations does not read as a slowdown; otherwise totals are compared.
+Typical uses: batch 1 against batch 8, fp32 against bf16, PyTorch against
+ONNX Runtime (then layer names differ and the layer-type and op tables say
+more than the layer table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mltrace.analysis.bottleneck import Analysis, NameRow, analyze
+from mltrace.run.store import Run
+from mltrace.tracer.levels import HIERARCHY, Level
+
+ADDED, REMOVED, SLOWER, FASTER, SAME = "added", "removed", "slower", "faster", "same"
+
+
+@dataclass
+class DiffRow:
+    """One name in both runs.
+
+    Attributes:
+        name: the layer path, type, op or kernel name.
+        status: "added", "removed", "slower", "faster" or "same".
+        calls_a, calls_b: calls in each run (raw counts, not normalised).
+        time_a, time_b: time in each run (ns), per model call or total (see ``RunDiff.basis``).
+    """
+
+    name: str
+    status: str
+    calls_a: int
+    calls_b: int
+    time_a: float
+    time_b: float
+
+    @property
+    def delta_ns(self) -> float:
+        """B minus A (ns)."""
+        return self.time_b - self.time_a
+
+
+@dataclass
+class RunDiff:
+    """The comparison of run A and run B.
+
+    Attributes:
+        a_name, b_name: the runs' names.
+        a_path, b_path: the run directories ("" when not from disk).
+        basis: "per model call" or "totals".
+        threshold: relative change that counts (0.1 = 10%).
+        min_delta_ns: absolute change that counts (ns).
+        model_calls: model calls in A and in B.
+        totals: (what, A ns, B ns): model time and the time of each level.
+        layers: layers (total time), by |Δ|, largest first.
+        types: layer types (self time).
+        ops: op names (total time).
+        kernels: GPU kernel names (total time).
+    """
+
+    a_name: str
+    b_name: str
+    basis: str
+    threshold: float
+    min_delta_ns: int
+    model_calls: tuple[int, int]
+    a_path: str = ""
+    b_path: str = ""
+    totals: list[tuple[str, float, float]] = field(default_factory=list)
+    layers: list[DiffRow] = field(default_factory=list)
+    types: list[DiffRow] = field(default_factory=list)
+    ops: list[DiffRow] = field(default_factory=list)
+    kernels: list[DiffRow] = field(default_factory=list)
+
+    def row(self, section: str, name: str) -> DiffRow | None:
+        """The row named ``name`` in ``section`` ("layers", "types", "ops", "kernels"), or None."""
+        return next((r for r in getattr(self, section) if r.name == name), None)
+
+
+def status_of(calls_a: int, calls_b: int, time_a: float, time_b: float, threshold: float, min_delta_ns: float) -> str:
+    """The status of one row from its numbers (see the module docstring)."""
+    if calls_a == 0 and calls_b == 0:
+        return SAME
+    if calls_a == 0:
+        return ADDED
+    if calls_b == 0:
+        return REMOVED
+    delta = time_b - time_a
+    if abs(delta) < min_delta_ns:
+        return SAME
+    if time_b > time_a * (1 + threshold):
+        return SLOWER
+    if time_a > time_b * (1 + threshold):
+        return FASTER
+    return SAME
+
+
+def _section(
+    a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]], scale_a: float, scale_b: float, threshold: float, min_delta_ns: int
+) -> list[DiffRow]:
+    rows = []
+    for name in a.keys() | b.keys():
+        ca, ta = a.get(name, (0, 0))
+        cb, tb = b.get(name, (0, 0))
+        time_a, time_b = ta * scale_a, tb * scale_b
+        rows.append(DiffRow(name, status_of(ca, cb, time_a, time_b, threshold, min_delta_ns), ca, cb, time_a, time_b))
+    rows.sort(key=lambda r: (-abs(r.delta_ns), r.name))
+    return rows
+
+
+def _names(rows: list[NameRow]) -> dict[str, tuple[int, int]]:
+    return {r.name: (r.calls, r.total_ns) for r in rows}
+
+
+def diff_analyses(
+    a: Analysis,
+    b: Analysis,
+    a_name: str = "A",
+    b_name: str = "B",
+    threshold: float = 0.10,
+    min_delta_ns: int = 1_000,
+    per_call: bool | None = None,
+) -> RunDiff:
+    """Compares two analyses (see ``diff_runs``)."""
+    ma, mb = a.breakdown.model_calls, b.breakdown.model_calls
+    if per_call is None:
+        per_call = ma > 0 and mb > 0 and ma != mb
+    if per_call and (ma == 0 or mb == 0):
+        per_call = False
+    scale_a = 1.0 / ma if per_call else 1.0
+    scale_b = 1.0 / mb if per_call else 1.0
+    out = RunDiff(a_name, b_name, "per model call" if per_call else "totals", threshold, min_delta_ns, (ma, mb))
+    out.totals.append(("model time", a.breakdown.model_ns * scale_a, b.breakdown.model_ns * scale_b))
+    la = {lt.level: lt.time_ns for lt in a.breakdown.levels}
+    lb = {lt.level: lt.time_ns for lt in b.breakdown.levels}
+    for lv in (*HIERARCHY, Level.USER):
+        if lv in la or lv in lb:
+            out.totals.append((f"{lv.label} level", la.get(lv, 0) * scale_a, lb.get(lv, 0) * scale_b))
+    out.layers = _section(
+        {r.stat.name: (r.stat.calls, r.stat.total_ns) for r in a.layers},
+        {r.stat.name: (r.stat.calls, r.stat.total_ns) for r in b.layers},
+        scale_a,
+        scale_b,
+        threshold,
+        min_delta_ns,
+    )
+    out.types = _section(
+        {t.type: (t.calls, t.self_ns) for t in a.types},
+        {t.type: (t.calls, t.self_ns) for t in b.types},
+        scale_a,
+        scale_b,
+        threshold,
+        min_delta_ns,
+    )
+    out.ops = _section(_names(a.ops), _names(b.ops), scale_a, scale_b, threshold, min_delta_ns)
+    out.kernels = _section(_names(a.kernels), _names(b.kernels), scale_a, scale_b, threshold, min_delta_ns)
+    return out
+
+
+def diff_runs(
+    a: Run, b: Run, threshold: float = 0.10, min_delta_ns: int = 1_000, per_call: bool | None = None
+) -> RunDiff:
+    """Compares run B against run A.
+
+    Args:
+        a: the reference run.
+        b: the run compared with it.
+        threshold: relative change that counts as slower/faster (0.1 = 10%).
+        min_delta_ns: absolute change below which a row is "same" (ns).
+        per_call: compare per model call (True), totals (False), or decide
+            (None: per call when both runs have model calls in different numbers).
+
+    Returns:
+        The comparison; rows sorted by the size of their change.
+    """
+    d = diff_analyses(
+        analyze(a),
+        analyze(b),
+        str(a.meta.get("name") or a.path.name),
+        str(b.meta.get("name") or b.path.name),
+        threshold,
+        min_delta_ns,
+        per_call,
+    )
+    d.a_path, d.b_path = str(a.path), str(b.path)
+    return d

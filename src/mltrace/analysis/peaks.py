@@ -1,0 +1,310 @@
+"""Machine peaks for the roofline: arithmetic throughput (FLOP/s) and memory bandwidth (bytes/s).
+
+CPU peaks are *measured* once per machine — a float32 matrix multiply for
+FLOP/s, a large array copy for bytes/s, both with numpy — and cached in
+``$MLTRACE_CACHE_DIR`` (default ``~/.cache/mltrace``) as
+``peaks-<host hash>.json``. They are what this machine reaches from Python with
+the same BLAS and memory system the traced program uses, not datasheet
+numbers, so the roofline's ridge point is realistic for it.
+
+GPU peaks come from a table of known GPUs (vendor datasheets, dense math, SXM
+variants where several exist), looked up by the device name that imported and
+recorded runs keep in run.json (``devices``/``gpus``: ``[{"name": …}]``).
+
+See docs/ANALYSIS.md for how the peaks are used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mltrace.run.metadata import cpu_model
+
+#: Environment variable naming the cache folder (tests point it at a temp dir).
+CACHE_DIR_ENV = "MLTRACE_CACHE_DIR"
+#: Version of the measurement method; a cache written by another version is re-measured.
+METHOD_VERSION = 1
+
+_HALF_DTYPES = frozenset({"float16", "bfloat16", "half", "c10::Half", "c10::BFloat16"})
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The two roofs of one device.
+
+    Attributes:
+        device: "cpu" or "gpu".
+        name: what the peaks describe ("Intel Xeon … (measured)", "NVIDIA H100 SXM").
+        flops_per_s: float32 peak (FLOP/s).
+        bytes_per_s: memory bandwidth (bytes/s).
+        source: "measured" (now), "cache" (measured earlier on this host),
+            "table" (known-device table) or "assumed" (fallback constants).
+        half_flops_per_s: float16/bfloat16 dense tensor peak (FLOP/s); 0 means
+            the same as ``flops_per_s``.
+        note: why these peaks were chosen, when that is not obvious.
+    """
+
+    device: str
+    name: str
+    flops_per_s: float
+    bytes_per_s: float
+    source: str
+    half_flops_per_s: float = 0.0
+    note: str = ""
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
+        return self.flops_per_s / self.bytes_per_s if self.bytes_per_s > 0 else float("inf")
+
+    def flops_for(self, dtype: str | None) -> float:
+        """Peak FLOP/s for a data type name ("float32", "bfloat16", "c10::Half", …)."""
+        if dtype in _HALF_DTYPES and self.half_flops_per_s > 0:
+            return self.half_flops_per_s
+        return self.flops_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PeakSet:
+    """The peaks a report uses: always a CPU, and a GPU when the run has kernels.
+
+    Attributes:
+        cpu: peaks of the host (used for CPU layers and ops).
+        gpu: peaks of the GPU the kernels ran on, or None (CPU-only run, or a
+            GPU not in the table).
+    """
+
+    cpu: Peaks
+    gpu: Peaks | None = None
+
+
+# (name pattern, display name, fp32 TFLOP/s, fp16/bf16 dense tensor TFLOP/s, GB/s).
+# Datasheet numbers, dense (no sparsity), SXM/top memory variant where several exist.
+KNOWN_GPUS: tuple[tuple[str, str, float, float, float], ...] = (
+    (r"\bB200\b", "NVIDIA B200", 80.0, 2250.0, 8000.0),
+    (r"\bH200\b", "NVIDIA H200", 67.0, 989.0, 4800.0),
+    (r"\bH100\b.*\bPCIe\b", "NVIDIA H100 PCIe", 51.0, 756.0, 2000.0),
+    (r"\bH100\b|\bH800\b", "NVIDIA H100 SXM", 67.0, 989.0, 3350.0),
+    (r"\bGH200\b", "NVIDIA GH200", 67.0, 989.0, 4000.0),
+    (r"\bA100\b.*80\s*GB", "NVIDIA A100 80GB", 19.5, 312.0, 2039.0),
+    (r"\bA100\b|\bA800\b", "NVIDIA A100 40GB", 19.5, 312.0, 1555.0),
+    (r"\bA10G\b", "NVIDIA A10G", 31.2, 125.0, 600.0),
+    (r"\bA10\b", "NVIDIA A10", 31.2, 125.0, 600.0),
+    (r"\bL40S\b", "NVIDIA L40S", 91.6, 362.0, 864.0),
+    (r"\bL40\b", "NVIDIA L40", 90.5, 181.0, 864.0),
+    (r"\bL4\b", "NVIDIA L4", 30.3, 121.0, 300.0),
+    (r"\bV100\b", "NVIDIA V100", 15.7, 125.0, 900.0),
+    (r"\bT4\b", "NVIDIA T4", 8.1, 65.0, 320.0),
+    (r"RTX\s*4090", "NVIDIA GeForce RTX 4090", 82.6, 165.0, 1008.0),
+    (r"RTX\s*3090", "NVIDIA GeForce RTX 3090", 35.6, 71.0, 936.0),
+    (r"\bMI300X\b", "AMD Instinct MI300X", 163.4, 1307.0, 5300.0),
+    (r"\bMI250X?\b", "AMD Instinct MI250X", 47.9, 383.0, 3277.0),
+)
+
+#: Used only when numpy is missing and nothing is cached: an ordinary server
+#: core pair; the report says so.
+ASSUMED_CPU = Peaks("cpu", "CPU (assumed: numpy missing, nothing measured)", 100e9, 10e9, "assumed")
+
+
+def gpu_peaks(name: str) -> Peaks | None:
+    """Looks a GPU up in ``KNOWN_GPUS`` by its device name.
+
+    Args:
+        name: the name the driver reports ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3").
+
+    Returns:
+        Its peaks (source "table"), or None when the GPU is not in the table.
+    """
+    for pattern, display, fp32, half, gbps in KNOWN_GPUS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return Peaks("gpu", display, fp32 * 1e12, gbps * 1e9, "table", half * 1e12, f"datasheet peaks for {name}")
+    return None
+
+
+def gpu_names(meta: dict[str, Any]) -> list[str]:
+    """GPU names recorded in a run's metadata (``devices``, ``gpus`` or ``host.gpus``)."""
+    names: list[str] = []
+    host = meta.get("host")
+    if not isinstance(host, dict):
+        host = {}
+    for entries in (meta.get("devices"), meta.get("gpus"), host.get("gpus")):
+        if not isinstance(entries, list):
+            continue
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, dict) else entry
+            if isinstance(name, str) and name and name not in names:
+                names.append(name)
+    return names
+
+
+def cache_dir() -> Path:
+    """The cache folder: ``$MLTRACE_CACHE_DIR`` or ``~/.cache/mltrace``."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "mltrace"
+
+
+def host_key(hostname: str | None, cpu: str | None, cpu_count: int | None) -> str:
+    """A short stable hash naming a machine (host name, CPU model, core count)."""
+    text = f"{hostname or ''}|{cpu or ''}|{cpu_count or 0}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def this_host_key() -> str:
+    """``host_key`` of the machine this process runs on."""
+    import socket
+
+    return host_key(socket.gethostname(), cpu_model(), os.cpu_count())
+
+
+def run_host_key(meta: dict[str, Any]) -> str | None:
+    """``host_key`` of the machine a run was recorded on, or None if run.json does not say."""
+    host = meta.get("host")
+    if not isinstance(host, dict) or not host.get("hostname"):
+        return None
+    return host_key(host.get("hostname"), host.get("cpu"), host.get("cpu_count"))
+
+
+def measure_cpu_peaks(matmul_n: int = 1024, copy_bytes: int = 64 << 20, repeats: int = 5) -> Peaks:
+    """Measures this machine's float32 matmul FLOP/s and copy bandwidth with numpy.
+
+    Takes about half a second. Best of ``repeats`` for each, after a warm-up,
+    so that a busy machine lowers the figures as little as possible.
+
+    Args:
+        matmul_n: square matrix size; one product is 2·n³ FLOP.
+        copy_bytes: size of the copied array (bytes); one copy reads and writes
+            it, i.e. moves 2× that many bytes.
+        repeats: timed repetitions of each.
+
+    Returns:
+        Peaks with source "measured".
+
+    Raises:
+        ImportError: numpy is not installed.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((matmul_n, matmul_n), dtype=np.float32)
+    b = rng.standard_normal((matmul_n, matmul_n), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, b, out=out)  # warm-up: BLAS thread pool, page faults
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        np.matmul(a, b, out=out)
+        best = min(best, time.perf_counter_ns() - t0)
+    flops = 2.0 * matmul_n**3 / (best * 1e-9)
+
+    src = np.ones(copy_bytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # warm-up: first touch of dst
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter_ns() - t0)
+    bandwidth = 2.0 * src.nbytes / (best * 1e-9)
+    return Peaks("cpu", f"{cpu_model()} (measured)", flops, bandwidth, "measured")
+
+
+def _cache_file(key: str, directory: Path | None = None) -> Path:
+    return (directory or cache_dir()) / f"peaks-{key}.json"
+
+
+def read_cached(key: str, directory: Path | None = None) -> Peaks | None:
+    """The peaks cached for host ``key``, or None (absent, unreadable or stale)."""
+    try:
+        data = json.loads(_cache_file(key, directory).read_text(encoding="utf-8"))
+        if data.get("method_version") != METHOD_VERSION:
+            return None
+        p = data["peaks"]
+        return Peaks(p["device"], p["name"], float(p["flops_per_s"]), float(p["bytes_per_s"]), "cache", note=p.get("note", ""))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def write_cache(key: str, peaks: Peaks, directory: Path | None = None) -> Path | None:
+    """Caches measured peaks for host ``key`` (atomically); None when the folder is not writable."""
+    path = _cache_file(key, directory)
+    data = {"method_version": METHOD_VERSION, "host_key": key, "measured_at": time.time(), "peaks": peaks.to_dict()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        return None
+    return path
+
+
+def cpu_peaks(remeasure: bool = False, directory: Path | None = None) -> Peaks:
+    """This machine's CPU peaks: from the cache, else measured now and cached.
+
+    Args:
+        remeasure: measure even when a cached value exists (and replace it).
+        directory: cache folder (default ``cache_dir()``).
+    """
+    key = this_host_key()
+    if not remeasure:
+        cached = read_cached(key, directory)
+        if cached is not None:
+            return cached
+    try:
+        peaks = measure_cpu_peaks()
+    except ImportError:
+        return ASSUMED_CPU
+    write_cache(key, peaks, directory)
+    return peaks
+
+
+def peaks_for_run(meta: dict[str, Any], has_gpu_kernels: bool, remeasure: bool = False, directory: Path | None = None) -> PeakSet:
+    """The peaks to judge a run by.
+
+    CPU: the run's own host when its peaks are cached (it was reported on
+    there before, or it is this machine); otherwise this machine's, with a
+    note saying so. GPU: the table entry of the first recorded GPU name.
+
+    Args:
+        meta: the run's run.json.
+        has_gpu_kernels: whether the run holds GPU kernels (only then is a GPU looked up).
+        remeasure: re-measure this machine's CPU peaks.
+        directory: cache folder (default ``cache_dir()``).
+    """
+    key = run_host_key(meta)
+    here = this_host_key()
+    cpu: Peaks | None = None
+    if key is not None and key != here and not remeasure:
+        cpu = read_cached(key, directory)
+    if cpu is None:
+        cpu = cpu_peaks(remeasure=remeasure, directory=directory)
+        if key != here:
+            cpu = Peaks(
+                cpu.device,
+                cpu.name,
+                cpu.flops_per_s,
+                cpu.bytes_per_s,
+                cpu.source,
+                note="measured on this machine, not on the host that recorded the run",
+            )
+    gpu: Peaks | None = None
+    if has_gpu_kernels:
+        for name in gpu_names(meta):
+            gpu = gpu_peaks(name)
+            if gpu is not None:
+                break
+    return PeakSet(cpu=cpu, gpu=gpu)

@@ -1,0 +1,481 @@
+"""ONNX Runtime at the model, layer (graph node) and op (node kernel) levels.
+
+Nothing in the user's code changes. When the program imports ``onnxruntime``
+(now, if it already has), this source wraps:
+
+- ``InferenceSession.__init__``: when the layer or op level is on, it turns
+  ORT's own profiler on for the new session (``enable_profiling`` and a file
+  prefix in a private temporary directory) and restores the caller's
+  ``SessionOptions`` right after, so the object they passed is unchanged.
+  It also reads the model's graph (node names, value names and the
+  ``torch.onnx`` metadata, no weights) to map nodes to PyTorch modules.
+- ``Session.run``, ``run_with_iobinding`` and ``run_with_ort_values``: one
+  model span per call, on the calling thread, through the live recorder.
+- ``Session.end_profiling``: for sessions whose profiling mltrace turned on
+  it returns ``""`` as it would in a plain run, and keeps the file.
+
+At ``stop()`` the wrappers come off first (in ``finally``), then profiling is
+ended on sessions still alive (ORT writes the file of a session that was
+destroyed earlier itself), and each profile is converted by
+``ort_profile.ort_profile_to_events``: node spans (``Level.LAYER``) under the
+matching model span and kernel spans (``Level.OP``) under their node, on the
+threads ORT ran them on. A session whose profiling the program turned on
+itself is left alone; its profile is read only if the program calls
+``end_profiling()`` while tracing.
+
+ONNX Runtime 1.31's Python ``RunOptions`` has no per-run profiling switch
+(the C API gained one), so a session is profiled from its creation; its
+profiler stops recording after 1,000,000 events, which is detected and
+reported.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event
+from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.ort_profile import (
+    LiveRun,
+    OnnxGraph,
+    TorchModuleMapper,
+    iter_ort_profile,
+    ort_profile_to_events,
+    read_onnx_graph,
+)
+
+if TYPE_CHECKING:
+    from mltrace.tracer.session import Session
+
+_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_RUN_METHODS = ("run", "run_with_iobinding", "run_with_ort_values")
+
+
+@dataclass
+class _OrtSession:
+    """What mltrace knows about one ``InferenceSession``."""
+
+    index: int
+    model_name: str
+    attrs: dict[str, Any]
+    ref: weakref.ref[Any] | None = None
+    prefix: str | None = None  # profile file prefix when mltrace turned profiling on
+    user_profiling: bool = False  # the program turned profiling on itself
+    start_ns: int = 0  # get_profiling_start_time_ns()
+    clock: str = "epoch"
+    graph: OnnxGraph | None = None
+    gpu_device: int = 0
+    calls: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    runs: list[LiveRun] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)  # files the program's end_profiling() returned
+
+
+def _model_name(path: str | None, graph: OnnxGraph | None, meta_graph_name: str | None) -> str:
+    """The model span's name: the exported torch class, else the file's stem, else the graph's name."""
+    if graph is not None and graph.from_pytorch:
+        root = graph.torch_root_class()
+        if root:
+            return root
+    if path:
+        stem = os.path.basename(path)
+        return stem[: -len(".onnx")] if stem.endswith(".onnx") else stem
+    return meta_graph_name or (graph.graph_name if graph is not None else "") or "onnxruntime"
+
+
+def _start_clock(value: int) -> str:
+    """Which clock ``get_profiling_start_time_ns()`` counts on (the nearer of the two)."""
+    return "epoch" if abs(value - time.time_ns()) < abs(value - time.monotonic_ns()) else "monotonic"
+
+
+def _input_shapes(feed: Any) -> tuple[list[list[int]], list[str]]:
+    shapes: list[list[int]] = []
+    dtypes: list[str] = []
+    if not isinstance(feed, dict):
+        return shapes, dtypes
+    for value in feed.values():
+        shape = getattr(value, "shape", None)
+        if callable(shape):  # OrtValue.shape()
+            try:
+                shape = shape()
+                dtype = str(value.data_type()).removeprefix("tensor(").removesuffix(")")
+            except Exception:
+                continue
+            dtype = {"float": "float32", "double": "float64"}.get(dtype, dtype)
+        else:
+            dtype = str(getattr(getattr(value, "dtype", None), "name", "")) or type(value).__name__
+        if isinstance(shape, (tuple, list)):
+            shapes.append([int(d) for d in shape])
+            dtypes.append(dtype)
+    return shapes, dtypes
+
+
+class OrtSource:
+    """Model, node and kernel spans for ONNX Runtime, from wrappers and ORT's profiler."""
+
+    name = "onnxruntime"
+    levels = (Level.MODEL, Level.LAYER, Level.OP)
+
+    def __init__(self) -> None:
+        self._session: Session | None = None
+        self._hook: PostImportHook | None = None
+        self._patched: list[tuple[type, str, Any]] = []
+        self._infos: weakref.WeakKeyDictionary[Any, _OrtSession] = weakref.WeakKeyDictionary()
+        self._all: list[_OrtSession] = []
+        self._indices = itertools.count(1)
+        self._lock = threading.Lock()
+        self._tmp: str | None = None
+        self._profile = False
+        self._ort_dir = ""
+        self._thread_names: dict[int, str] = {}
+        self._active = False
+        self._problems: list[str] = []
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "onnxruntime is not installed"
+        return None
+
+    def start(self, session: Session) -> None:
+        self._session = session
+        self._profile = Level.LAYER in session.levels or Level.OP in session.levels
+        self._begin = session.recorder.begin
+        self._end = session.recorder.end
+        self._active = True
+        self._hook = PostImportHook("onnxruntime", self._install)
+
+    # -- patching ------------------------------------------------------------
+
+    def _install(self, ort: Any) -> None:
+        try:
+            from onnxruntime.capi import onnxruntime_inference_collection as oic
+        except Exception as exc:  # a broken install: the program will see it too
+            self._problems.append(f"could not hook onnxruntime: {exc}")
+            return
+        self._ort_dir = os.path.dirname(os.path.abspath(ort.__file__))
+        source = self
+        base, inference = oic.Session, oic.InferenceSession
+        orig_init = inference.__dict__["__init__"]
+
+        def __init__(sess: Any, *args: Any, **kwargs: Any) -> None:
+            source._init(orig_init, sess, args, kwargs)
+
+        __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+        self._patch(inference, "__init__", __init__)
+        for method in _RUN_METHODS:
+            orig = base.__dict__.get(method)
+            if orig is not None:
+                self._patch(base, method, self._run_wrapper(orig))
+        orig_end = base.__dict__.get("end_profiling")
+        if orig_end is not None:
+
+            def end_profiling(sess: Any) -> Any:
+                return source._end_profiling(orig_end, sess)
+
+            end_profiling.__wrapped__ = orig_end  # type: ignore[attr-defined]
+            self._patch(base, "end_profiling", end_profiling)
+
+    def _patch(self, cls: type, name: str, fn: Any) -> None:
+        self._patched.append((cls, name, cls.__dict__[name]))
+        setattr(cls, name, fn)
+
+    def _unpatch(self) -> None:
+        while self._patched:
+            cls, name, orig = self._patched.pop()
+            setattr(cls, name, orig)
+
+    # -- wrappers (they never raise into the program on mltrace's account) -----
+
+    def _init(self, orig: Callable[..., None], sess: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._active:
+            orig(sess, *args, **kwargs)
+            return
+        path_or_bytes = args[0] if args else kwargs.get("path_or_bytes")
+        options = args[1] if len(args) > 1 else kwargs.get("sess_options")
+        restore: tuple[Any, bool, str] | None = None
+        info: _OrtSession | None = None
+        try:
+            index = next(self._indices)  # atomic: concurrent constructors get distinct profile prefixes
+            info = _OrtSession(index, "onnxruntime", {})
+            if self._profile:
+                if options is None:
+                    import onnxruntime
+
+                    options = onnxruntime.SessionOptions()
+                    if len(args) > 1:
+                        args = (args[0], options, *args[2:])
+                    else:
+                        kwargs = {**kwargs, "sess_options": options}
+                if options.enable_profiling:
+                    info.user_profiling = True
+                else:
+                    restore = (options, options.enable_profiling, options.profile_file_prefix)
+                    if self._tmp is None:
+                        self._tmp = tempfile.mkdtemp(prefix="mltrace-ort-")
+                    info.prefix = os.path.join(self._tmp, f"s{index}")
+                    options.enable_profiling = True
+                    options.profile_file_prefix = info.prefix
+        except Exception as exc:
+            self._warn(f"could not enable ONNX Runtime profiling: {exc}")
+        try:
+            orig(sess, *args, **kwargs)
+        finally:
+            if restore is not None:
+                try:
+                    restore[0].enable_profiling = restore[1]
+                    restore[0].profile_file_prefix = restore[2]
+                except Exception:
+                    pass
+        if info is not None:
+            try:
+                self._register(sess, info, path_or_bytes)
+            except Exception as exc:
+                self._warn(f"could not inspect an InferenceSession: {exc}")
+
+    def _register(self, sess: Any, info: _OrtSession, path_or_bytes: Any) -> None:
+        path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
+        graph: OnnxGraph | None = None
+        if isinstance(path_or_bytes, (str, os.PathLike, bytes)) and (info.prefix is not None or info.user_profiling):
+            try:
+                graph = read_onnx_graph(path_or_bytes)
+            except (OSError, ValueError):
+                graph = None  # an .ort model or an unreadable file: nodes keep ORT's names only
+        info.graph = graph
+        meta_name: str | None = None
+        try:
+            meta_name = sess.get_modelmeta().graph_name
+        except Exception:
+            pass
+        info.model_name = _model_name(path, graph, meta_name)
+        providers: list[str] = []
+        try:
+            providers = list(sess.get_providers())
+            cuda = sess.get_provider_options().get("CUDAExecutionProvider", {})
+            info.gpu_device = int(cuda.get("device_id", 0) or 0)
+        except Exception:
+            pass
+        attrs: dict[str, Any] = {"ml.framework": "onnxruntime", "ml.layer.type": "InferenceSession", "ml.ort.session": info.index}
+        if providers:
+            attrs["ml.ort.provider"] = providers[0]
+            attrs["ml.ort.providers"] = providers
+        if path:
+            attrs["ml.ort.model.path"] = os.path.abspath(path)
+        if graph is not None:
+            attrs["ml.ort.graph"] = graph.graph_name
+            if graph.producer_name:
+                attrs["ml.ort.producer"] = f"{graph.producer_name} {graph.producer_version}".strip()
+        try:
+            level = sess.get_session_options().graph_optimization_level
+            attrs["ml.ort.graph_optimization_level"] = str(getattr(level, "name", level))
+        except Exception:
+            pass
+        info.attrs = attrs
+        if info.prefix is not None or info.user_profiling:
+            try:
+                info.start_ns = int(sess.get_profiling_start_time_ns())
+                info.clock = _start_clock(info.start_ns)
+            except Exception:
+                info.start_ns = 0
+        info.ref = weakref.ref(sess)
+        with self._lock:
+            self._all.append(info)
+            self._infos[sess] = info
+
+    def _info_of(self, sess: Any) -> _OrtSession | None:
+        info = self._infos.get(sess)
+        if info is None and self._active:
+            # A session made before tracing started: model spans only.
+            try:
+                info = _OrtSession(next(self._indices), "onnxruntime", {})
+                self._register(sess, info, getattr(sess, "_model_path", None))
+            except Exception:
+                return None
+        return info
+
+    def _run_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        source = self
+
+        def run(sess: Any, *args: Any, **kwargs: Any) -> Any:
+            if not source._active:
+                return orig(sess, *args, **kwargs)
+            span = None
+            info = None
+            try:
+                info = source._info_of(sess)
+                if info is not None:
+                    span = source._run_begin(info, orig.__name__, args, kwargs)
+            except Exception:
+                span = None
+            try:
+                return orig(sess, *args, **kwargs)
+            finally:
+                if span is not None and info is not None:
+                    source._end(span)
+                    info.runs.append(LiveRun(span.id, span.start_ns, span.end_ns, threading.get_native_id()))
+
+        run.__wrapped__ = orig  # type: ignore[attr-defined]
+        run.__name__ = orig.__name__
+        run.__doc__ = orig.__doc__
+        return run
+
+    def _run_begin(self, info: _OrtSession, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        attrs = dict(info.attrs)
+        attrs["ml.model.invocation"] = next(info.calls)
+        attrs["ml.ort.method"] = method
+        if method == "run":
+            feed = args[1] if len(args) > 1 else kwargs.get("input_feed")
+            shapes, dtypes = _input_shapes(feed)
+            if shapes:
+                attrs["ml.input.shapes"] = shapes
+                attrs["ml.input.dtypes"] = dtypes
+        site = self._call_site()
+        if site is not None:
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+        tid = threading.get_native_id()
+        if tid not in self._thread_names:
+            self._thread_names[tid] = threading.current_thread().name
+        return self._begin(info.model_name, Level.MODEL, attrs)
+
+    def _call_site(self) -> tuple[str, int] | None:
+        frame = sys._getframe(3)
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if not (fn.startswith(self._ort_dir) or fn.startswith(_MLTRACE_DIR)):
+                return fn, frame.f_lineno
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+    def _end_profiling(self, orig: Callable[[Any], Any], sess: Any) -> Any:
+        path = orig(sess)
+        info = self._infos.get(sess)
+        if info is None:
+            return path
+        if info.prefix is not None:
+            if path:
+                info.profiles.append(str(path))
+            return ""  # as in a plain run, where profiling was off
+        if info.user_profiling and path:
+            info.profiles.append(str(path))
+        return path
+
+    def _warn(self, message: str) -> None:
+        from mltrace.tracer.session import warn
+
+        if message not in self._problems:
+            self._problems.append(message)
+            warn(f"onnxruntime: {message}")
+
+    # -- stop -------------------------------------------------------------------
+
+    def stop(self) -> list[Event]:
+        self._active = False
+        try:
+            self._unpatch()
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+        session = self._session
+        events: list[Event] = []
+        try:
+            if session is not None:
+                events = self._collect(session)
+        finally:
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None
+        return events
+
+    def _collect(self, session: Session) -> list[Event]:
+        events: list[Event] = []
+        infos: list[dict[str, Any]] = []
+        for info in self._all:
+            files = list(info.profiles)
+            if info.prefix is not None:
+                sess = info.ref() if info.ref is not None else None
+                if sess is not None:
+                    try:
+                        path = sess._sess.end_profiling()  # the C session: our wrapper is already off
+                        if path:
+                            files.append(str(path))
+                    except Exception as exc:
+                        self._warn(f"end_profiling failed for session {info.index}: {exc}")
+                # Sessions destroyed earlier wrote their file themselves.
+                files += [f for f in sorted(glob.glob(glob.escape(info.prefix) + "_*.json")) if f not in files]
+            elif info.user_profiling and not files:
+                session.note_limitation(
+                    f"onnxruntime session {info.index} ({info.model_name}): the program enabled ONNX Runtime "
+                    "profiling itself and did not call end_profiling() while tracing, so only model spans are recorded"
+                )
+            summary: dict[str, Any] = {"session": info.index, "model": info.model_name, "runs": len(info.runs), "profiles": len(files)}
+            for n, path in enumerate(files):
+                if n > 0 and info.prefix is not None:
+                    # A second file comes from a session rebuilt by set_providers(): its start time is unknown.
+                    session.note_limitation(
+                        f"onnxruntime session {info.index}: profile {os.path.basename(path)} could not be aligned and is skipped"
+                    )
+                    continue
+                raw = iter_ort_profile(path)
+                to_session: Callable[[int], int]
+                if info.clock == "epoch":
+                    to_session = session.anchor.epoch_to_session
+                else:
+
+                    def to_session(ns: int) -> int:
+                        return ns
+
+                try:
+                    converted = ort_profile_to_events(
+                        raw,
+                        start_ns=info.start_ns,
+                        to_session_ns=to_session,
+                        tracks=session.tracks,
+                        new_id=session.new_id,
+                        levels=session.levels,
+                        live_runs=info.runs,
+                        mapper=TorchModuleMapper(info.graph) if info.graph is not None else None,
+                        model_name=info.model_name,
+                        model_attrs=info.attrs,
+                        thread_names=self._thread_names,
+                        gpu_device=info.gpu_device,
+                        clock=info.clock,
+                    )
+                except (OSError, ValueError) as exc:
+                    self._warn(f"could not read profile {path}: {exc}")
+                    continue
+                events.extend(converted.events())
+                st = converted.stats
+                summary.update(st.as_dict())
+                if st.truncated:
+                    session.note_limitation(
+                        f"onnxruntime session {info.index} ({info.model_name}): ONNX Runtime's profiler stopped at its "
+                        f"cap of 1,000,000 events; {st.runs_without_nodes} of {len(info.runs)} runs have no node spans"
+                    )
+                if st.alignment_slack_ns is not None and st.alignment_slack_ns < 0:
+                    session.note_limitation(
+                        f"onnxruntime session {info.index}: ORT's clock disagreed with mltrace's by up to "
+                        f"{-st.alignment_slack_ns} ns; its events were shifted by {st.shift_ns} ns"
+                    )
+                if st.torch_unmapped:
+                    session.note_limitation(
+                        f"onnxruntime session {info.index} ({info.model_name}): {st.torch_unmapped} node spans could not "
+                        f"be mapped to a PyTorch module (e.g. {', '.join(st.unmapped_examples[:3])})"
+                    )
+            infos.append(summary)
+        if self._all:
+            session.meta.setdefault("sources_info", {})[self.name] = {"sessions": infos, "problems": list(self._problems)}
+        for problem in self._problems:
+            session.note_limitation(f"{self.name}: {problem}")
+        return events

@@ -1,0 +1,513 @@
+"""TensorFlow / Keras at the model, layer and op levels.
+
+Nothing in the user's code changes. When the program imports ``keras``
+(``tf.keras`` is Keras 3 and imports it too) this source wraps:
+
+- ``Layer.__call__``: an eager call of the outermost layer (usually a
+  ``keras.Model``) is a model span; eager calls of the layers inside it are
+  layer spans named by their path (``Conv1``, ``head/fc1``: the layer names
+  joined the way Keras nests its name scopes). Symbolic calls (building a
+  functional model on ``KerasTensor``s) and calls while a ``tf.function`` is
+  being traced are not spans: nothing runs then.
+- ``predict``, ``evaluate``, ``predict_on_batch``, ``test_on_batch``: one
+  model span each. They run the model as a graph function, so their layers
+  and ops come from the profiler (below).
+
+When the program imports ``tensorflow`` and the layer or op level is on, the
+TensorFlow profiler runs (``tf.profiler.experimental.start`` into a private
+temporary directory, host tracer level 2, no Python tracer). At ``stop()``
+its ``xplane.pb`` is converted by ``xspace.xspace_to_events``: graph ops
+become op spans nested in layer spans rebuilt from their Keras name scopes,
+eager ops become op spans under the live layer spans. Only one TensorFlow
+profiler can run in a process: when the program starts its own (directly, or
+through ``tf.profiler.experimental.Profile`` or Keras's TensorBoard
+callback), mltrace's pauses until the program's stops, and says so.
+
+The library level: TensorFlow's oneDNN prints verbose lines when
+``ONEDNN_VERBOSE`` is set before its first primitive runs; the ``cpu.library``
+source captures them from stdout. TensorFlow exports no switch to turn that
+output off again, so it is turned on only for whole-program runs
+(``mltrace python …``, whose session ends with the program).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Span
+from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.xspace import (
+    KerasModelInfo,
+    LiveModelSpan,
+    find_xplane_files,
+    host_profile,
+    read_xspace,
+    std_thread_hash,
+    xspace_to_events,
+)
+
+if TYPE_CHECKING:
+    from mltrace.tracer.session import Session
+
+_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_GRAPH_METHODS = ("predict", "evaluate", "predict_on_batch", "test_on_batch")
+_ONEDNN_ENV = "ONEDNN_VERBOSE"
+
+
+def keras_layer_paths(model: Any) -> dict[str, str]:
+    """Every layer inside ``model`` by path (``"head/fc1"``) → its class name.
+
+    Paths join layer names from the model down, the way Keras nests name
+    scopes when a layer calls the layers it holds.
+    """
+    out: dict[str, str] = {}
+    seen: set[int] = set()
+
+    def walk(layer: Any, prefix: str, depth: int) -> None:
+        if depth > 32 or id(layer) in seen:
+            return
+        seen.add(id(layer))
+        try:
+            children = layer._flatten_layers(include_self=False, recursive=False)
+        except Exception:
+            children = getattr(layer, "layers", [])
+        for child in children:
+            path = f"{prefix}{child.name}"
+            out.setdefault(path, type(child).__name__)
+            walk(child, f"{path}/", depth + 1)
+
+    walk(model, "", 0)
+    return out
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x = args[0] if args else next(iter(kwargs.values()), None)
+    for _ in range(3):
+        if isinstance(x, (list, tuple)):
+            x = x[0] if x else None
+        elif isinstance(x, dict):
+            x = next(iter(x.values()), None)
+        else:
+            break
+    return x
+
+
+class TensorFlowSource:
+    """Model, layer and op spans for Keras 3 / TensorFlow."""
+
+    name = "tensorflow"
+    levels = (Level.MODEL, Level.LAYER, Level.OP)
+
+    def __init__(self) -> None:
+        self._session: Session | None = None
+        self._hooks: list[PostImportHook] = []
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._tls = threading.local()
+        self._active = False
+        self._profile = False
+        self._record_layers = False
+        self._tf: Any = None
+        self._logdirs: list[str] = []
+        self._profiling = False
+        self._user_profiler = False
+        self._orig_start: Callable[..., Any] | None = None
+        self._orig_stop: Callable[..., Any] | None = None
+        self._live: list[LiveModelSpan] = []
+        self._models: dict[str, KerasModelInfo] = {}
+        self._model_seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._invocations: dict[int, itertools.count[int]] = {}
+        self._threads: dict[int, tuple[int, str]] = {}  # TSL line id → (OS thread id, name)
+        self._idents: set[int] = set()
+        self._problems: list[str] = []
+        self._lock = threading.Lock()
+        self._keras_dir = ""
+        self._tf_dir = ""
+        self._eager: Callable[[], bool] = lambda: True
+        self._symbolic: type | None = None
+        self._onednn_env: str | None = None
+        self._set_onednn = False
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
+            return "neither keras nor tensorflow is installed"
+        return None
+
+    def start(self, session: Session) -> None:
+        self._session = session
+        self._active = True
+        self._profile = Level.LAYER in session.levels or Level.OP in session.levels
+        self._record_layers = Level.LAYER in session.levels
+        self._begin = session.recorder.begin
+        self._end = session.recorder.end
+        try:
+            self._hooks.append(PostImportHook("tensorflow", self._install_tf))
+            self._hooks.append(PostImportHook("keras", self._install_keras))
+        except BaseException:
+            self._remove_hooks()
+            raise
+
+    # -- installation ----------------------------------------------------------------
+
+    def _install_tf(self, tf: Any) -> None:
+        if not self._active:
+            return
+        self._tf = tf
+        self._tf_dir = os.path.dirname(os.path.abspath(tf.__file__))
+        try:
+            from tensorflow.python.eager import context
+
+            self._eager = context.executing_eagerly
+        except Exception:
+            pass
+        self._maybe_onednn()
+        if not self._profile:
+            return
+        try:
+            from tensorflow.python.profiler import profiler_v2
+
+            self._orig_start, self._orig_stop = profiler_v2.start, profiler_v2.stop
+            self._patch_profiler_api(profiler_v2)
+            self._start_profiler()
+        except Exception as exc:
+            self._warn(f"could not start the TensorFlow profiler ({exc}); only model and eager layer spans are recorded")
+
+    def _install_keras(self, keras: Any) -> None:
+        if not self._active:
+            return
+        try:
+            from keras.src.backend.common.keras_tensor import KerasTensor
+            from keras.src.layers.layer import Layer
+            from keras.src.models.model import Model
+        except Exception as exc:
+            self._warn(f"this keras is not supported ({exc}); no Keras spans")
+            return
+        self._symbolic = KerasTensor
+        self._model_cls = Model
+        self._keras_dir = os.path.dirname(os.path.abspath(keras.__file__))
+        try:
+            backend = keras.backend.backend()
+        except Exception:
+            backend = "tensorflow"
+        if backend == "jax":
+            self._note("Keras runs on JAX here: calls traced by jax.jit are recorded as they are traced, not as they run")
+        orig_call = Layer.__dict__["__call__"]
+        source = self
+
+        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            return source._layer_call(orig_call, layer, args, kwargs)
+
+        __call__.__wrapped__ = orig_call  # type: ignore[attr-defined]
+        self._patch(Layer, "__call__", __call__)
+        for method in _GRAPH_METHODS:
+            owner = next((c for c in Model.__mro__ if method in c.__dict__), None)
+            if owner is not None:
+                self._patch(owner, method, self._graph_wrapper(owner.__dict__[method], method))
+
+    def _patch(self, owner: Any, name: str, fn: Any) -> None:
+        self._patched.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, fn)
+
+    def _unpatch(self) -> None:
+        while self._patched:
+            owner, name, orig = self._patched.pop()
+            setattr(owner, name, orig)
+
+    def _remove_hooks(self) -> None:
+        while self._hooks:
+            self._hooks.pop().remove()
+
+    # -- the TensorFlow profiler --------------------------------------------------------
+
+    def _start_profiler(self) -> None:
+        assert self._orig_start is not None and self._tf is not None
+        logdir = tempfile.mkdtemp(prefix="mltrace-tf-")
+        self._logdirs.append(logdir)
+        # No options: the defaults are what is wanted (host tracer level 2, device 1, no Python tracer), and
+        # TensorFlow 2.21 passes explicit ProfilerOptions with the wrong type (it warns and ignores them).
+        self._orig_start(logdir)
+        self._profiling = True
+
+    def _stop_profiler(self) -> None:
+        if self._profiling and self._orig_stop is not None:
+            self._profiling = False
+            self._orig_stop()
+
+    def _patch_profiler_api(self, profiler_v2: Any) -> None:
+        """Lets the program's own profiler run: mltrace's pauses while it does."""
+        source = self
+        orig_start, orig_stop = profiler_v2.start, profiler_v2.stop
+
+        def start(*args: Any, **kwargs: Any) -> Any:
+            if source._profiling:
+                try:
+                    source._stop_profiler()
+                except Exception:
+                    pass
+                source._user_profiler = True
+                source._note("the program ran the TensorFlow profiler itself; mltrace's was paused meanwhile (no layers or ops then)")
+            return orig_start(*args, **kwargs)
+
+        def stop(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return orig_stop(*args, **kwargs)
+            finally:
+                if source._user_profiler and source._active:
+                    source._user_profiler = False
+                    try:
+                        source._start_profiler()
+                    except Exception as exc:
+                        source._warn(f"could not restart the TensorFlow profiler: {exc}")
+
+        start.__wrapped__ = orig_start  # type: ignore[attr-defined]
+        stop.__wrapped__ = orig_stop  # type: ignore[attr-defined]
+        for module in list(sys.modules.values()):
+            if module is None or not getattr(module, "__name__", "").startswith("tensorflow"):
+                continue
+            if getattr(module, "start", None) is orig_start:
+                self._patch(module, "start", start)
+            if getattr(module, "stop", None) is orig_stop:
+                self._patch(module, "stop", stop)
+
+    def _maybe_onednn(self) -> None:
+        """Turns TensorFlow's oneDNN verbose output on for the cpu.library source, when it can be."""
+        session = self._session
+        if session is None or Level.LIBRARY not in session.levels:
+            return
+        if not any(getattr(s, "name", "") == "cpu.library" for s in session.started):
+            return
+        if session.options.command is None:
+            session.note_limitation(
+                "TensorFlow oneDNN calls (library level) are recorded only for whole-program runs (mltrace python …): "
+                "TensorFlow cannot switch oneDNN's verbose output off again"
+            )
+            return
+        if os.environ.get(_ONEDNN_ENV):
+            return  # the program's own setting
+        self._onednn_env = os.environ.get(_ONEDNN_ENV)
+        os.environ[_ONEDNN_ENV] = "1"
+        self._set_onednn = True
+
+    # -- wrappers (hot path; they never raise into the program on mltrace's account) -----
+
+    def _stack(self) -> list[Any]:
+        try:
+            return self._tls.stack  # type: ignore[no-any-return]
+        except AttributeError:
+            self._tls.stack = []
+            return self._tls.stack  # type: ignore[no-any-return]
+
+    def _layer_call(self, orig: Callable[..., Any], layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self._active:
+            return orig(layer, *args, **kwargs)
+        try:
+            frame = self._enter_layer(layer, args, kwargs)
+        except Exception:
+            frame = None
+        if frame is None:
+            return orig(layer, *args, **kwargs)
+        stack = self._stack()
+        stack.append(frame)
+        output = None
+        try:
+            output = orig(layer, *args, **kwargs)
+            return output
+        finally:
+            self._exit(stack, frame, output)
+
+    def _enter_layer(self, layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any] | None:
+        x = _first_tensor(args, kwargs)
+        if self._symbolic is not None and isinstance(x, self._symbolic):
+            return None  # building a functional model: nothing runs
+        if not self._eager():
+            return None  # a tf.function is being traced: its ops run later, in the graph
+        stack = self._stack()
+        if not stack:
+            return self._model_frame(layer, "__call__", args, kwargs, eager=True)
+        parent = stack[-1]
+        if parent[0] is layer or not self._record_layers:
+            return [layer, None, parent[2], parent[3], False]  # re-entry (predict → model.__call__), or layers off
+        path = f"{parent[2]}/{layer.name}" if parent[2] else str(layer.name)
+        attrs: dict[str, Any] = {
+            "ml.framework": "tensorflow",
+            "ml.layer.path": path,
+            "ml.layer.type": type(layer).__name__,
+            "ml.tf.mode": "eager",
+        }
+        self._class_location(layer, attrs)
+        self._shapes(x, attrs, "input")
+        return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False]
+
+    def _model_frame(self, model: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], eager: bool) -> list[Any]:
+        name = str(getattr(model, "name", type(model).__name__))
+        attrs: dict[str, Any] = {"ml.framework": "tensorflow", "ml.layer.type": type(model).__name__, "ml.keras.method": method}
+        with self._lock:
+            counter = self._invocations.setdefault(id(model), itertools.count(1))
+            attrs["ml.model.invocation"] = next(counter)
+            if model not in self._model_seen:
+                self._model_seen.add(model)
+                self._models[name] = KerasModelInfo(name, keras_layer_paths(model))
+            ident = threading.get_ident()
+            if ident not in self._idents:
+                self._idents.add(ident)
+                self._threads[std_thread_hash(ident)] = (threading.get_native_id(), threading.current_thread().name)
+        self._class_location(model, attrs)
+        site = self._call_site()
+        if site is not None:
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+        self._shapes(_first_tensor(args, kwargs), attrs, "input")
+        return [model, self._begin(name, Level.MODEL, attrs), "", name, eager]
+
+    def _exit(self, stack: list[Any], frame: list[Any], output: Any) -> None:
+        while stack:
+            if stack.pop() is frame:
+                break
+        span: Span | None = frame[1]
+        if span is None:
+            return
+        if output is not None and span.level == Level.LAYER:
+            try:
+                self._shapes(_first_tensor((output,), {}), span.attrs, "output")
+            except Exception:
+                pass
+        self._end(span)
+        if span.level == Level.MODEL:
+            self._live.append(LiveModelSpan(span.id, span.start_ns, span.end_ns, threading.get_native_id(), frame[3], frame[4]))
+
+    def _graph_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
+        source = self
+
+        def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
+            if not source._active:
+                return orig(model, *args, **kwargs)
+            try:
+                frame = source._model_frame(model, method, args, kwargs, eager=False)
+            except Exception:
+                return orig(model, *args, **kwargs)
+            stack = source._stack()
+            stack.append(frame)
+            try:
+                return orig(model, *args, **kwargs)
+            finally:
+                source._exit(stack, frame, None)
+
+        wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+        wrapper.__name__ = method
+        wrapper.__doc__ = orig.__doc__
+        return wrapper
+
+    def _class_location(self, layer: Any, attrs: dict[str, Any]) -> None:
+        code = getattr(getattr(type(layer), "call", None), "__code__", None)
+        if code is not None:
+            attrs["code.file.path"] = code.co_filename
+            attrs["code.line.number"] = code.co_firstlineno
+            attrs["code.function.name"] = f"{type(layer).__name__}.call"
+
+    def _shapes(self, x: Any, attrs: dict[str, Any], which: str) -> None:
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            return
+        try:
+            dims = [-1 if d is None else int(d) for d in tuple(shape)]
+        except (TypeError, ValueError):
+            return
+        attrs[f"ml.{which}.shapes"] = [dims]
+        dtype = getattr(x, "dtype", None)
+        attrs[f"ml.{which}.dtypes"] = [str(getattr(dtype, "name", dtype))]
+
+    def _call_site(self) -> tuple[str, int] | None:
+        frame = sys._getframe(3)
+        skip = tuple(d for d in (self._keras_dir, self._tf_dir, _MLTRACE_DIR) if d)
+        while frame is not None:
+            fn = frame.f_code.co_filename
+            if not fn.startswith(skip):
+                return fn, frame.f_lineno
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+    def _note(self, message: str) -> None:
+        if message not in self._problems:
+            self._problems.append(message)
+
+    def _warn(self, message: str) -> None:
+        from mltrace.tracer.session import warn
+
+        if message not in self._problems:
+            self._problems.append(message)
+            warn(f"tensorflow: {message}")
+
+    # -- stop ------------------------------------------------------------------------
+
+    def stop(self) -> list[Event]:
+        self._active = False
+        try:
+            try:
+                self._stop_profiler()
+            except Exception as exc:
+                self._warn(f"stopping the TensorFlow profiler failed: {exc}")
+        finally:
+            try:
+                self._unpatch()
+            finally:
+                self._remove_hooks()
+                if self._set_onednn:
+                    # TensorFlow's oneDNN has read it already; restoring keeps child processes as they were.
+                    if self._onednn_env is None:
+                        os.environ.pop(_ONEDNN_ENV, None)
+                    else:
+                        os.environ[_ONEDNN_ENV] = self._onednn_env
+                    self._set_onednn = False
+        session = self._session
+        events: list[Event] = []
+        try:
+            if session is not None:
+                events = self._collect(session)
+        finally:
+            for logdir in self._logdirs:
+                shutil.rmtree(logdir, ignore_errors=True)
+            self._logdirs.clear()
+        return events
+
+    def _collect(self, session: Session) -> list[Event]:
+        events: list[Event] = []
+        info: dict[str, Any] = {"model_spans": len(self._live), "models": sorted(self._models), "profiles": []}
+        threads = dict(self._threads)
+        for t in threading.enumerate():
+            if t.ident is not None and t.native_id is not None:
+                threads.setdefault(std_thread_hash(t.ident), (t.native_id, t.name))
+        for logdir in self._logdirs:
+            for path in find_xplane_files(logdir):
+                try:
+                    profile = host_profile(read_xspace(path))
+                except (OSError, ValueError, ImportError) as exc:
+                    self._warn(f"could not read {path.name}: {exc}")
+                    continue
+                if profile.start_ns == 0 and profile.clock == "relative":
+                    self._warn(f"{path.name} has no profile start time; its events cannot be placed")
+                    continue
+                converted = xspace_to_events(
+                    profile,
+                    to_session_ns=session.anchor.epoch_to_session,
+                    tracks=session.tracks,
+                    new_id=session.new_id,
+                    levels=session.levels,
+                    live_models=self._live,
+                    models=self._models,
+                    python_threads=threads,
+                )
+                events.extend(converted.events())
+                info["profiles"].append(converted.stats.as_dict())
+        if self._live or self._logdirs:
+            session.meta.setdefault("sources_info", {})[self.name] = {**info, "problems": list(self._problems)}
+        for problem in self._problems:
+            session.note_limitation(f"{self.name}: {problem}")
+        return events

@@ -1,0 +1,621 @@
+"""TensorFlow profiler XSpace (``*.xplane.pb``) → mltrace events (pure functions).
+
+``tf.profiler.experimental.start/stop`` writes
+``<logdir>/plugins/profile/<run>/<host>.xplane.pb``, one serialized
+``tensorflow.profiler.XSpace``. What this module reads, as written by
+TensorFlow 2.21 (see tests/data/tensorflow/):
+
+- Plane ``/host:CPU``: one ``XLine`` per thread. ``line.id`` is TSL's thread
+  id, ``std::hash<std::thread::id>`` of the thread's ``pthread_t`` (libstdc++:
+  a 64-bit Murmur hash, see ``std_thread_hash``), so the line of a Python
+  thread is found from ``threading.get_ident()``; ``line.name`` is the
+  thread's name (``python``, ``tf_Compute/…``, ``tf_data_…``).
+- Times: ``line.timestamp_ns`` is ns after ``profile_start_time`` (a stat
+  of the ``Task Environment`` plane, ns since the Unix epoch), each event's
+  ``offset_ps`` is ps after its line's timestamp and ``duration_ps`` its
+  length. Older profiles with absolute line timestamps are accepted.
+- Graph execution (``predict``, ``tf.function``): the executor's TraceMe per
+  op, named ``<node name>:<op type>`` (``net_1/head_1/fc1_1/Relu:_MklNativeFusedMatMul``)
+  on the inter-op pool's threads (``tf_Compute``). The node name carries the
+  Keras name scopes: the model's, then each layer's, each uniquified with a
+  ``_<n>`` suffix when the function graph was built (``net_1``, ``head_1``).
+- Eager execution (``model(x)``, layers called outside ``tf.function``):
+  ``EagerExecute`` on the calling thread, with stats ``eager_op`` (the op
+  type, or the function's name) and ``is_func``.
+
+Loading uses the ``xplane_pb2`` module shipped inside TensorFlow, read from
+its file so that analysing a profile does not import TensorFlow itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event, Span, Track
+from mltrace.tracer.tracks import TrackRegistry
+
+HOST_PLANE = "/host:CPU"
+TASK_PLANE = "Task Environment"
+
+#: Ops that move or read data for a layer rather than compute it: they are
+#: op spans but do not open layer spans (the executor runs variable reads of
+#: later layers early, which would cut layers into fragments).
+BOOKKEEPING_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "Const", "NoOp", "Identity", "_Send", "_Recv", "_Arg", "_Retval"})
+
+#: Synthetic thread ids for TensorFlow's own threads start here: above Linux's
+#: largest pid (2^22), so they never collide with a real thread id.
+SYNTHETIC_TID_BASE = 0x40000000
+
+_OP_EVENT = re.compile(r"(?P<node>[^:]+):(?P<type>[A-Za-z_][A-Za-z0-9_]*)\Z")
+_UNIQUIFIER = re.compile(r"(.+)_\d+\Z")
+_M64 = (1 << 64) - 1
+_MUL = (0xC6A4A793 << 32) + 0x5BD1E995
+_SEED = 0xC70F6907
+_PB2: ModuleType | None = None
+
+
+def std_thread_hash(ident: int) -> int:
+    """``std::hash<std::thread::id>`` of a ``pthread_t`` with libstdc++ (signed 64 bits).
+
+    TSL names host-tracer lines by it; ``ident`` is ``threading.get_ident()``
+    (CPython returns ``pthread_self()``). This is libstdc++'s
+    ``_Hash_bytes(&id, 8, 0xc70f6907)``.
+    """
+    value = ident & _M64
+    h = (_SEED ^ (8 * _MUL)) & _M64
+    data = ((value * _MUL) & _M64) ^ (((value * _MUL) & _M64) >> 47)
+    h ^= (data * _MUL) & _M64
+    h = (h * _MUL) & _M64
+    h = ((h ^ (h >> 47)) * _MUL) & _M64
+    h ^= h >> 47
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+def synthetic_tid(line_id: int) -> int:
+    """A stable track tid for a TensorFlow thread whose OS id is unknown."""
+    return SYNTHETIC_TID_BASE | (line_id & 0x3FFFFFFF)
+
+
+def xplane_pb2() -> ModuleType:
+    """TensorFlow's ``xplane_pb2`` module, without importing TensorFlow when it is not loaded.
+
+    Raises:
+        ImportError: if TensorFlow (and so the proto module) is not installed.
+    """
+    global _PB2
+    if _PB2 is not None:
+        return _PB2
+    if "tensorflow" in sys.modules:
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2 as pb2  # type: ignore[import-not-found]
+
+        _PB2 = pb2
+        return pb2
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("reading an xplane.pb needs TensorFlow's protobuf classes: pip install tensorflow-cpu")
+    path = os.path.join(list(spec.submodule_search_locations)[0], "tsl", "profiler", "protobuf", "xplane_pb2.py")
+    file_spec = importlib.util.spec_from_file_location("mltrace._tf_xplane_pb2", path)
+    if file_spec is None or file_spec.loader is None or not os.path.exists(path):
+        raise ImportError(f"this TensorFlow has no {path}")
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    _PB2 = module
+    return module
+
+
+def read_xspace(source: str | os.PathLike[str] | bytes) -> Any:
+    """Parses an ``xplane.pb`` file (or its bytes) into an ``XSpace`` message.
+
+    Raises:
+        ValueError: if the data is not an XSpace.
+        OSError: if the file cannot be read.
+    """
+    data = bytes(source) if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    space = xplane_pb2().XSpace()
+    try:
+        space.ParseFromString(data)
+    except Exception as exc:  # google.protobuf.message.DecodeError
+        raise ValueError(f"not an XSpace: {exc}") from None
+    if not any(p.name == HOST_PLANE for p in space.planes):
+        raise ValueError("not a TensorFlow host profile (no /host:CPU plane)")
+    return space
+
+
+def find_xplane_files(logdir: str | os.PathLike[str]) -> list[Path]:
+    """Every ``*.xplane.pb`` under ``logdir/plugins/profile/``, oldest run first."""
+    return sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
+
+
+# -- flattening ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class XEventRow:
+    """One host event with absolute times.
+
+    Attributes:
+        line_id: its line's id (TSL thread id).
+        name: the event's name.
+        start_ns: start, ns since the Unix epoch.
+        end_ns: end, ns since the Unix epoch.
+        stats: the event's stats (reference values resolved to their names).
+    """
+
+    line_id: int
+    name: str
+    start_ns: int
+    end_ns: int
+    stats: Mapping[str, Any]
+
+
+@dataclass
+class HostProfile:
+    """The host plane of an XSpace, flattened.
+
+    Attributes:
+        start_ns: ``profile_start_time`` (ns since the epoch), 0 if absent.
+        stop_ns: ``profile_stop_time`` (ns since the epoch), 0 if absent.
+        lines: line id → thread name.
+        events: every event, in line order then time order.
+        hostnames: the XSpace's host names.
+        clock: ``"relative"`` (line times after ``profile_start_time``) or
+            ``"absolute"`` (older profiles: line times since the epoch).
+    """
+
+    start_ns: int = 0
+    stop_ns: int = 0
+    lines: dict[int, str] = field(default_factory=dict)
+    events: list[XEventRow] = field(default_factory=list)
+    hostnames: list[str] = field(default_factory=list)
+    clock: str = "relative"
+
+
+_WANTED_STATS = frozenset({"eager_op", "is_func"})
+
+
+def host_profile(space: Any, wanted_stats: Iterable[str] = _WANTED_STATS) -> HostProfile:
+    """Flattens the host plane's events into rows with absolute epoch times.
+
+    Args:
+        space: an ``XSpace`` message (see ``read_xspace``).
+        wanted_stats: stat names to keep on each row (resolving every stat
+            of every event is slow on large profiles).
+    """
+    out = HostProfile(hostnames=list(space.hostnames))
+    wanted = frozenset(wanted_stats)
+    host = None
+    for plane in space.planes:
+        if plane.name == TASK_PLANE:
+            names = {k: v.name for k, v in plane.stat_metadata.items()}
+            for st in plane.stats:
+                key = names.get(st.metadata_id)
+                if key == "profile_start_time":
+                    out.start_ns = int(st.uint64_value or st.int64_value)
+                elif key == "profile_stop_time":
+                    out.stop_ns = int(st.uint64_value or st.int64_value)
+        elif plane.name == HOST_PLANE:
+            host = plane
+    if host is None:
+        return out
+    stat_names = {k: v.name for k, v in host.stat_metadata.items()}
+    wanted_ids = {k for k, v in stat_names.items() if v in wanted}
+    event_names = {k: v.name for k, v in host.event_metadata.items()}
+    # Line timestamps after 1e17 ns (1973) are absolute: profiles before TF normalised them.
+    absolute = any(line.timestamp_ns > 10**17 for line in host.lines)
+    out.clock = "absolute" if absolute else "relative"
+    base = 0 if absolute else out.start_ns
+    for line in host.lines:
+        out.lines[line.id] = line.display_name or line.name
+        line_ns = base + line.timestamp_ns
+        rows = []
+        for e in line.events:
+            start = line_ns + e.offset_ps // 1000
+            stats: dict[str, Any] = {}
+            if wanted_ids:
+                for st in e.stats:
+                    if st.metadata_id in wanted_ids:
+                        kind = st.WhichOneof("value")
+                        value = getattr(st, kind) if kind else None
+                        stats[stat_names[st.metadata_id]] = stat_names.get(value, value) if kind == "ref_value" else value
+            rows.append(XEventRow(line.id, event_names.get(e.metadata_id, ""), start, start + e.duration_ps // 1000, stats))
+        rows.sort(key=lambda r: (r.start_ns, -r.end_ns))
+        out.events.extend(rows)
+    return out
+
+
+# -- Keras name scopes → layer paths -------------------------------------------------------
+
+
+def parse_op_event(name: str) -> tuple[str, str] | None:
+    """``"net_1/conv_1/BiasAdd:_MklNativeFusedConv2D"`` → ``(node name, op type)``; None for other events."""
+    if "::" in name or " " in name:
+        return None
+    m = _OP_EVENT.match(name)
+    if m is None:
+        return None
+    return m.group("node"), m.group("type")
+
+
+@dataclass(frozen=True)
+class KerasModelInfo:
+    """A Keras model's layers, by the paths mltrace names them with.
+
+    Attributes:
+        name: the model's name (``"mobilenetv2_1.00_96"``).
+        layers: layer path (``"Conv1"``, ``"head/fc1"``) → layer class name.
+    """
+
+    name: str
+    layers: Mapping[str, str]
+
+
+def _unscope(component: str, known: Callable[[str], bool], strip_first: bool) -> str | None:
+    """A name scope component → the layer name it stands for, or None."""
+    m = _UNIQUIFIER.match(component)
+    stripped = m.group(1) if m is not None else None
+    order = (stripped, component) if strip_first else (component, stripped)
+    for cand in order:
+        if cand is not None and known(cand):
+            return cand
+    return None
+
+
+def layer_of_node(node: str, models: Mapping[str, KerasModelInfo]) -> tuple[KerasModelInfo, str] | None:
+    """The model and the deepest layer path a graph node's name scopes lead to.
+
+    ``net_1/head_1/fc1_1/Relu`` with model ``net`` holding ``head`` and
+    ``head/fc1`` → ``(net, "head/fc1")``. Scopes before the model's (a
+    function call inlined into the graph: ``StatefulPartitionedCall/net_1/…``)
+    are skipped. A scope that is uniquified on the
+    model (``net_1``) is taken to be uniquified on every layer below it too
+    (TensorFlow adds the suffix when the function graph re-enters the scopes),
+    which decides between layers named ``conv`` and ``conv_1``.
+
+    Returns:
+        ``(model, layer path)`` (the path is ``""`` for ops of the model
+        outside any layer), or None when no scope is a known model.
+    """
+    comps = node.split("/")
+    model: KerasModelInfo | None = None
+    strip_first = False
+    start = -1
+    # The model's scope is usually first; function calls inlined into the graph add their own
+    # scopes before it ("StatefulPartitionedCall/net_1/…" in evaluate()).
+    while model is None and start < len(comps) - 2:
+        start += 1
+        model = models.get(comps[start])
+        if model is None:
+            m = _UNIQUIFIER.match(comps[start])
+            if m is not None:
+                model = models.get(m.group(1))
+                strip_first = model is not None
+    if model is None:
+        return None
+    path = ""
+    layers = model.layers
+    for comp in comps[start + 1 : -1]:
+        prefix = f"{path}/" if path else ""
+
+        def is_layer(c: str, prefix: str = prefix) -> bool:
+            return f"{prefix}{c}" in layers
+
+        name = _unscope(comp, is_layer, strip_first)
+        if name is None:
+            break
+        path = f"{prefix}{name}"
+    return model, path
+
+
+# -- conversion ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LiveModelSpan:
+    """A model span the live wrappers recorded (session clock, ns).
+
+    Attributes:
+        span_id: the span's id.
+        start_ns: its start (ns, session clock).
+        end_ns: its end (ns, session clock).
+        tid: OS id of the calling thread.
+        model: the Keras model's name.
+        eager: whether the call ran eagerly (``__call__``) rather than as a
+            graph function (``predict``, ``evaluate``).
+    """
+
+    span_id: int
+    start_ns: int
+    end_ns: int
+    tid: int
+    model: str
+    eager: bool
+
+
+@dataclass
+class XSpaceStats:
+    """What a conversion found.
+
+    Attributes:
+        events: host events read.
+        graph_ops: graph-op events seen.
+        graph_ops_in_models: those inside a model span (converted).
+        eager_ops_in_models: eager ops inside a model span (converted).
+        layer_spans: layer spans made from name scopes.
+        op_spans: op spans made.
+        ops_outside_layers: op spans of a model outside every layer.
+        function_models: model spans made for ``tf.function`` calls.
+        skipped: events not converted, by reason.
+        unknown_scopes: up to 10 node names whose first scope is no known model.
+        lines_matched: host lines mapped to a Python thread by their id.
+    """
+
+    events: int = 0
+    graph_ops: int = 0
+    graph_ops_in_models: int = 0
+    eager_ops_in_models: int = 0
+    layer_spans: int = 0
+    op_spans: int = 0
+    ops_outside_layers: int = 0
+    function_models: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    unknown_scopes: list[str] = field(default_factory=list)
+    lines_matched: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return {
+            "events": self.events,
+            "graph_ops": self.graph_ops,
+            "graph_ops_in_models": self.graph_ops_in_models,
+            "eager_ops_in_models": self.eager_ops_in_models,
+            "layer_spans": self.layer_spans,
+            "op_spans": self.op_spans,
+            "ops_outside_layers": self.ops_outside_layers,
+            "function_models": self.function_models,
+            "skipped": dict(self.skipped),
+            "unknown_scopes": list(self.unknown_scopes),
+            "lines_matched": self.lines_matched,
+        }
+
+
+@dataclass
+class XSpaceEvents:
+    """The result of ``xspace_to_events``."""
+
+    spans: list[Span] = field(default_factory=list)
+    tracks: list[Track] = field(default_factory=list)
+    stats: XSpaceStats = field(default_factory=XSpaceStats)
+
+    def events(self) -> list[Event]:
+        """The spans as one list (tracks are queued by the registry)."""
+        return list(self.spans)
+
+
+class _Intervals:
+    """Model spans sorted by start, for "which one contains t" queries."""
+
+    def __init__(self, spans: Sequence[tuple[int, int, Any]]) -> None:
+        self.spans = sorted(spans, key=lambda s: (s[0], -s[1]))
+        self.starts = [s[0] for s in self.spans]
+
+    def containing(self, start: int, end: int, accept: Callable[[Any], bool] = lambda _: True) -> Any:
+        import bisect
+
+        i = bisect.bisect_right(self.starts, start)
+        best = None
+        for j in range(i - 1, -1, -1):
+            s, e, item = self.spans[j]
+            if s <= start and end <= e and accept(item):
+                best = item
+                break
+            if i - j > 64:  # model spans rarely nest deeper; stop scanning far back
+                break
+        return best
+
+
+def xspace_to_events(
+    profile: HostProfile,
+    *,
+    to_session_ns: Callable[[int], int],
+    tracks: TrackRegistry,
+    new_id: Callable[[], int],
+    levels: frozenset[Level] | set[Level],
+    live_models: Sequence[LiveModelSpan] = (),
+    models: Mapping[str, KerasModelInfo] | None = None,
+    python_threads: Mapping[int, tuple[int, str]] | None = None,
+    pid: int | None = None,
+) -> XSpaceEvents:
+    """Converts a host profile into layer and op spans under the model spans.
+
+    Graph ops (``node:Type`` events) inside a live model span (any thread)
+    become op spans on their thread, and each run of consecutive ops of one
+    layer (by name scope) a layer span around them, nested by the layer's
+    path, with the model span as parent. A ``tf.function`` call
+    (``EagerExecute`` with ``is_func``) outside every live span whose ops
+    belong to a known model becomes a model span itself. Eager ops
+    (``EagerExecute``) inside a live model span on the same thread
+    become op spans there (their parent layer is found by
+    ``nest_by_containment``); inside ``predict`` those are the input
+    pipeline's. Events outside model spans are not converted.
+
+    Args:
+        profile: the flattened host plane (``host_profile``).
+        to_session_ns: converts epoch ns to the session clock.
+        tracks: allocates thread tracks.
+        new_id: allocates span ids.
+        levels: layer spans need ``LAYER``, op spans ``OP``.
+        live_models: the model spans the live wrappers recorded.
+        models: known Keras models by name, with their layer paths.
+        python_threads: ``std_thread_hash(ident)`` → (OS thread id, name) of
+            Python threads; their lines go on the threads' own tracks.
+        pid: the process id for thread tracks (default: the registry's).
+
+    Returns:
+        The spans (explicit parents) and stats.
+    """
+    stats = XSpaceStats(events=len(profile.events))
+    out = XSpaceEvents(stats=stats)
+    known = models or {}
+    pythons = python_threads or {}
+    skipped: Counter[str] = Counter()
+    used: dict[int, Track] = {}
+    want_layer, want_op = Level.LAYER in levels, Level.OP in levels
+
+    def track_of(line_id: int) -> Track:
+        mapped = pythons.get(line_id)
+        if mapped is not None:
+            t = tracks.thread(mapped[0], mapped[1], pid=pid)
+        else:
+            t = tracks.thread(synthetic_tid(line_id), profile.lines.get(line_id, f"tf thread {line_id}"), pid=pid)
+        used[t.id] = t
+        return t
+
+    stats.lines_matched = sum(1 for line_id in profile.lines if line_id in pythons)
+    # Model spans: the live ones, then one per tf.function call that ran a known model.
+    live = _Intervals([(m.start_ns, m.end_ns, m) for m in live_models])
+    graph: list[tuple[int, int, XEventRow, str, str]] = []  # (start, end, row, node, type), session ns
+    functions: list[tuple[int, int, XEventRow]] = []
+    eager: list[tuple[int, int, XEventRow]] = []
+    for row in profile.events:
+        parsed = parse_op_event(row.name)
+        if parsed is not None:
+            graph.append((to_session_ns(row.start_ns), to_session_ns(row.end_ns), row, parsed[0], parsed[1]))
+        elif row.name == "EagerExecute" and "eager_op" in row.stats:
+            item = (to_session_ns(row.start_ns), to_session_ns(row.end_ns), row)
+            (functions if row.stats.get("is_func") else eager).append(item)
+    stats.graph_ops = len(graph)
+
+    # Which model span holds each graph op: a live one, else a tf.function call.
+    owner: list[LiveModelSpan | None] = [live.containing(s, e) for s, e, *_ in graph]
+    pending = [i for i, o in enumerate(owner) if o is None]
+    if pending and functions:
+        calls = _Intervals([(s, e, (s, e, row)) for s, e, row in functions if live.containing(s, e) is None])
+        by_call: dict[tuple[int, int, int], list[int]] = {}
+        for i in pending:
+            s, e = graph[i][0], graph[i][1]
+            call = calls.containing(s, e)
+            if call is not None:
+                by_call.setdefault((call[0], call[1], call[2].line_id), []).append(i)
+        for (cs, ce, line_id), idxs in sorted(by_call.items()):
+            names = Counter(info.name for i in idxs if (found := layer_of_node(graph[i][3], known)) is not None for info in (found[0],))
+            if not names:
+                continue
+            model_name = names.most_common(1)[0][0]
+            row = next(r for s, e, r in functions if s == cs and e == ce and r.line_id == line_id)
+            t = track_of(line_id)
+            sid = new_id()
+            attrs = {
+                "ml.framework": "tensorflow",
+                "ml.layer.type": "Model",
+                "ml.keras.method": "tf.function",
+                "ml.tf.function": row.stats["eager_op"],
+            }
+            out.spans.append(Span(sid, None, Level.MODEL, model_name, cs, ce, t.id, attrs))
+            stats.function_models += 1
+            made = LiveModelSpan(sid, cs, ce, pythons.get(line_id, (0, ""))[0], model_name, False)
+            for i in idxs:
+                owner[i] = made
+
+    # Layer spans from name scopes, per (model span, thread); op spans under them.
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, o in enumerate(owner):
+        if o is None:
+            skipped["graph op outside model spans"] += 1
+            continue
+        groups.setdefault((o.span_id, graph[i][2].line_id), []).append(i)
+    for (model_id, line_id), idxs in groups.items():
+        t = track_of(line_id)
+        idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
+        paths: list[tuple[str, ...]] = []
+        types_of: dict[str, str] = {}
+        for i in idxs:
+            found = layer_of_node(graph[i][3], known)
+            if found is None:
+                if len(stats.unknown_scopes) < 10 and graph[i][3] not in stats.unknown_scopes:
+                    stats.unknown_scopes.append(graph[i][3])
+                paths.append(())
+                continue
+            info, path = found
+            parts = tuple(path.split("/")) if path else ()
+            paths.append(parts)
+            for k in range(1, len(parts) + 1):
+                p = "/".join(parts[:k])
+                types_of.setdefault(p, info.layers.get(p, ""))
+        # Open layer spans as a stack of (path parts, span); bookkeeping ops do not open or close them.
+        stack: list[tuple[tuple[str, ...], Span]] = []
+        parent_of_op: list[int] = []
+        for i, parts in zip(idxs, paths):
+            s, e, row, node, op_type = graph[i]
+            if op_type in BOOKKEEPING_OPS:
+                # Inside the innermost open span of its own layer (if that span is open), else the model.
+                parent = model_id
+                for sp_parts, sp in reversed(stack):
+                    if parts[: len(sp_parts)] == sp_parts:
+                        parent = sp.id if sp.end_ns >= s else parent
+                        break
+                parent_of_op.append(parent)
+                continue
+            keep = 0
+            while keep < len(stack) and keep < len(parts) and stack[keep][0] == parts[: keep + 1]:
+                keep += 1
+            del stack[keep:]
+            if want_layer:
+                for k in range(keep, len(parts)):
+                    sub = parts[: k + 1]
+                    path = "/".join(sub)
+                    up = stack[-1][1].id if stack else model_id
+                    attrs = {
+                        "ml.framework": "tensorflow",
+                        "ml.layer.path": path,
+                        "ml.layer.type": types_of.get(path, ""),
+                        "ml.tf.mode": "graph",
+                    }
+                    span = Span(new_id(), up, Level.LAYER, path, s, e, t.id, attrs)
+                    stack.append((sub, span))
+                    out.spans.append(span)
+                    stats.layer_spans += 1
+            for _, sp in stack:
+                sp.end_ns = max(sp.end_ns, e)
+            parent_of_op.append(stack[-1][1].id if stack else model_id)
+        if want_op:
+            for i, parent in zip(idxs, parent_of_op):
+                s, e, row, node, op_type = graph[i]
+                attrs = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
+                out.spans.append(Span(new_id(), parent, Level.OP, op_type, s, e, t.id, attrs))
+                stats.op_spans += 1
+                stats.ops_outside_layers += parent == model_id
+        stats.graph_ops_in_models += len(idxs)
+
+    # Eager ops inside eager model spans on the same thread.
+    if want_op:
+        for s, e, row in eager:
+            mapped = pythons.get(row.line_id)
+            tid = mapped[0] if mapped is not None else None
+
+            def same_thread(m: LiveModelSpan, tid: int | None = tid) -> bool:
+                return m.tid == tid
+
+            model = live.containing(s, e, same_thread)
+            if model is None:
+                skipped["eager op outside model spans"] += 1
+                continue
+            t = track_of(row.line_id)
+            op_type = str(row.stats["eager_op"])
+            attrs = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.mode": "eager"}
+            # The parent (a layer span, or the model) is set by nest_by_containment on this thread.
+            out.spans.append(Span(new_id(), None, Level.OP, op_type, s, e, t.id, attrs))
+            stats.op_spans += 1
+            stats.eager_ops_in_models += 1
+    stats.skipped = dict(skipped)
+    out.tracks = list(used.values())
+    return out

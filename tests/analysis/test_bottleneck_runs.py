@@ -1,0 +1,242 @@
+"""analyze() on hand-made runs with known numbers, and on imported real traces."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mltrace.analysis.bottleneck import Bound, analyze, timeline
+from mltrace.analysis.breakdown import breakdown
+from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
+from mltrace.importers.kineto import import_kineto
+from mltrace.run.store import Run, load_run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track, TrackKind
+
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
+CPU = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
+M, L, OP, LIB, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER
+
+
+def linear_attrs(m: int, k: int, n: int) -> dict[str, Any]:
+    return {
+        "ml.layer.type": "Linear",
+        "ml.layer.params": k * n + n,
+        "ml.input.shapes": [[m, k]],
+        "ml.input.dtypes": ["float32"],
+        "ml.output.shapes": [[m, n]],
+        "ml.output.dtypes": ["float32"],
+        "code.file.path": "/src/model.py",
+        "code.line.number": 12,
+    }
+
+
+def cpu_run(spans: list[Span]) -> Run:
+    return Run(
+        path=Path("hand-made"),
+        meta={"name": "hand-made", "complete": True},
+        tracks={1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)},
+        spans=spans,
+    )
+
+
+def small_cpu_run() -> Run:
+    return cpu_run(
+        [
+            Span(5, 4, LIB, "MKL SGEMM", 130, 460, 1, {"ml.library.name": "MKL"}),
+            Span(4, 3, OP, "aten::addmm", 120, 470, 1, {"ml.flops": 1000}),
+            Span(3, 2, OP, "aten::linear", 110, 480, 1, {}),
+            Span(2, 1, L, "a", 100, 500, 1, linear_attrs(4, 8, 16)),
+            Span(7, 6, OP, "aten::relu", 610, 690, 1, {}),
+            Span(6, 1, L, "b", 600, 700, 1, {"ml.layer.type": "ReLU", "ml.input.shapes": [[4, 16]], "ml.output.shapes": [[4, 16]]}),
+            Span(9, 8, OP, "aten::copy_", 760, 790, 1, {}),
+            Span(8, 1, U, "post", 750, 800, 1, {}),
+            Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+            Span(12, 11, OP, "aten::linear", 2110, 2390, 1, {}),
+            Span(11, 10, L, "a", 2100, 2400, 1, linear_attrs(4, 8, 16)),
+            Span(10, None, M, "Net", 2000, 2500, 1, {"ml.layer.type": "Net"}),
+        ]
+    )
+
+
+def test_breakdown_is_the_same_as_analysis_breakdown() -> None:
+    run = small_cpu_run()
+    assert analyze(run, CPU).breakdown == breakdown(run)
+    assert analyze(run).breakdown == breakdown(run)
+
+
+def test_layer_rows_times_contents_and_overhead() -> None:
+    a = analyze(small_cpu_run(), CPU)
+    rows = {r.stat.name: r for r in a.layers}
+    la = rows["a"]
+    assert (la.stat.calls, la.stat.total_ns, la.stat.self_ns) == (2, 700, 700)
+    assert la.stat.ops == {"aten::linear": [2, 650]}
+    assert (la.op_ns, la.op_count) == (650, 2)
+    assert la.framework_ns == 50
+    assert [(x.name, x.calls, x.total_ns) for x in la.libraries] == [("MKL SGEMM", 1, 330)]
+    assert la.stat.location == "/src/model.py:12"
+    # FLOPs: op FLOPs win over the formula for calls that have them (1000 + formula 2·4·8·16 for the other call)
+    assert la.flops == 1000 + 2 * 4 * 8 * 16
+    net = rows["Net"]
+    assert net.stat.level is M and net.stat.total_ns == 1500
+    assert net.stat.self_ns == (1000 - 400 - 100 - 50) + (500 - 300)
+    assert net.has_child_layers and not la.has_child_layers
+    assert a.findings.framework_ns == 50 + (100 - 80) + 650
+
+
+def test_op_library_and_level_tables() -> None:
+    a = analyze(small_cpu_run(), CPU)
+    ops = {r.name: r for r in a.ops}
+    assert (ops["aten::linear"].calls, ops["aten::linear"].total_ns, ops["aten::linear"].self_ns) == (2, 650, 20 + 280)
+    assert (ops["aten::addmm"].self_ns, ops["aten::addmm"].flops) == (350 - 330, 1000)
+    assert [r.name for r in a.ops][:2] == ["aten::linear", "aten::relu"]  # by self time
+    assert [(r.name, r.detail) for r in a.libraries] == [("MKL SGEMM", "MKL")]
+    levels = {lt.level: (lt.spans, lt.time_ns) for lt in a.breakdown.levels}
+    assert levels[OP] == (5, 370 + 80 + 30 + 280)
+    assert a.levels == [M, L, OP, LIB, U]
+
+
+def test_findings_idle_and_data_movement() -> None:
+    f = analyze(small_cpu_run(), CPU).findings
+    idle = f.idle[0]
+    assert (idle.where, idle.window_ns, idle.busy_ns, idle.idle_ns) == ("between model calls", 2500, 1500, 1000)
+    assert [(g.start_ns, g.end_ns, g.before, g.after) for g in idle.gaps] == [(1000, 2000, "Net", "Net")]
+    assert f.data_movement_ns == 30 and f.data_movement_base_ns == 370 + 80 + 30 + 280
+    assert [x.name for x in f.data_movement_top] == ["aten::copy_"]
+    assert f.basis == "leaf layers (total time)" and sum(f.bound_ns.values()) == 700 + 100
+
+
+def test_span_order_does_not_matter() -> None:
+    run = small_cpu_run()
+    expected = analyze(run, CPU)
+    for seed in range(5):
+        shuffled = list(run.spans)
+        random.Random(seed).shuffle(shuffled)
+        got = analyze(cpu_run(shuffled), CPU)
+        assert got.breakdown.levels == expected.breakdown.levels
+        assert sorted((r.stat.name, r.stat.total_ns, r.stat.self_ns, r.flops, r.framework_ns) for r in got.layers) == sorted(
+            (r.stat.name, r.stat.total_ns, r.stat.self_ns, r.flops, r.framework_ns) for r in expected.layers
+        )
+        assert {r.name: (r.total_ns, r.self_ns) for r in got.ops} == {r.name: (r.total_ns, r.self_ns) for r in expected.ops}
+
+
+def test_cyclic_parents_do_not_hang() -> None:
+    run = cpu_run([Span(1, 2, L, "a", 0, 10, 1, {}), Span(2, 1, L, "b", 0, 10, 1, {}), Span(3, 1, OP, "aten::x", 1, 2, 1, {})])
+    a = analyze(run, CPU)
+    assert {r.stat.name for r in a.layers} == {"a", "b"} and [r.name for r in a.ops] == ["aten::x"]
+
+
+def test_empty_run_and_model_only_run() -> None:
+    empty = analyze(cpu_run([]), CPU)
+    assert empty.layers == [] and empty.breakdown.span_count == 0 and empty.findings.dominant is Bound.UNKNOWN
+    model_only = analyze(cpu_run([Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net", "ml.input.shapes": [[2, 3]]})]), CPU)
+    assert [r.stat.name for r in model_only.layers] == ["Net"]
+    assert model_only.layers[0].verdict is not None
+
+
+def gpu_run(kernels: int, kernel_ns: int, cpu_ns: int, n: int = 64) -> Run:
+    """Model → layer (n×n×n Linear) → aten::mm → cudaLaunchKernel ×k on the CPU; k kernels on GPU 0 stream 7."""
+    tracks = {1: Track(1, TrackKind.THREAD, "MainThread", 10, 10), 2: Track(2, TrackKind.GPU_STREAM, "stream 7", 10, 0, 0, 7)}
+    spans = [
+        Span(1, None, M, "Net", 0, cpu_ns, 1, {}),
+        Span(2, 1, L, "fc", 0, cpu_ns, 1, linear_attrs(n, n, n)),
+        Span(3, 2, OP, "aten::mm", 10, cpu_ns - 10, 1, {"ml.flops": 2 * n**3}),
+    ]
+    step = (cpu_ns - 40) // kernels
+    for i in range(kernels):
+        launch = 100 + i
+        t = 20 + i * step
+        spans.append(Span(launch, 3, K, "cudaLaunchKernel", t, t + 5, 1, {"cuda.api.name": "cudaLaunchKernel"}))
+        spans.append(
+            Span(
+                1000 + i,
+                launch,
+                K,
+                "gemm_kernel",
+                t + 50,
+                t + 50 + kernel_ns,
+                2,
+                {"gpu.kernel.name": "gemm_kernel", "ml.library.name": "cuBLAS"},
+            )
+        )
+    return Run(path=Path("gpu"), meta={"name": "gpu", "devices": [{"name": "NVIDIA A100-SXM4-80GB"}]}, tracks=tracks, spans=spans)
+
+
+def test_gpu_launch_bound_layer_and_op() -> None:
+    run = gpu_run(kernels=10, kernel_ns=100, cpu_ns=100_000)
+    a100 = gpu_peaks("NVIDIA A100-SXM4-80GB")
+    a = analyze(run, PeakSet(CPU.cpu, a100))
+    fc = next(r for r in a.layers if r.stat.name == "fc")
+    assert (fc.kernel_count, fc.kernel_ns) == (10, 1000)
+    assert [(k.name, k.calls) for k in fc.kernels] == [("gemm_kernel", 10)]
+    assert fc.verdict is not None and fc.verdict.bound is Bound.OVERHEAD and "launch-bound" in fc.verdict.reason
+    mm = next(r for r in a.ops if r.name == "aten::mm")
+    assert (mm.kernels, mm.device_ns) == (10, 1000)
+    assert mm.verdict is not None and "launch-bound" in mm.verdict.reason
+    assert [(k.name, k.detail, k.calls, k.total_ns) for k in a.kernels] == [("gemm_kernel", "cuBLAS", 10, 1000)]
+    assert [(r.name, r.calls) for r in a.runtime] == [("cudaLaunchKernel", 10)]
+    gpu_idle = next(i for i in a.findings.idle if i.where == "GPU 0")
+    assert gpu_idle.busy_ns == 1000 and gpu_idle.idle_ns > 0
+    assert a.findings.device_ns == 1000 and a.findings.cpu_ns == 100_000
+
+
+def test_gpu_busy_layer_is_judged_on_the_gpu_roofs() -> None:
+    # 2·4096³ FLOP (137 GFLOP, 680 FLOP/B) in 10 ms of kernels on an A100 (19.5 TFLOP/s fp32): 70% of the compute roof
+    run = gpu_run(kernels=1, kernel_ns=10_000_000, cpu_ns=5_000_000, n=4096)
+    a = analyze(run, PeakSet(CPU.cpu, gpu_peaks("NVIDIA A100-SXM4-80GB")))
+    fc = next(r for r in a.layers if r.stat.name == "fc")
+    assert fc.verdict is not None and fc.verdict.bound is Bound.COMPUTE, fc.verdict.reason
+    assert a.roofline and all(p.device == "gpu" for p in a.roofline if p.kind == "layer")
+
+
+def test_gpu_not_in_table_gives_unknown_not_a_guess() -> None:
+    run = gpu_run(kernels=1, kernel_ns=20_000, cpu_ns=5_000)
+    a = analyze(run, CPU)
+    fc = next(r for r in a.layers if r.stat.name == "fc")
+    assert fc.verdict is not None and fc.verdict.bound is Bound.UNKNOWN
+    assert any("not in the table" in n for n in a.findings.notes)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    out = tmp_path_factory.mktemp("imported") / "alexnet"
+    import_kineto(KINETO / "a100_alexnet_train.json.gz", out)
+    return load_run(out)
+
+
+def test_imported_gpu_trace(imported: Run) -> None:
+    peaks = PeakSet(CPU.cpu, gpu_peaks(imported.meta["devices"][0]["name"]))
+    assert peaks.gpu is not None and peaks.gpu.name == "NVIDIA A100 40GB"
+    a = analyze(imported, peaks)
+    assert a.breakdown == breakdown(imported)
+    gpu_spans = [s for s in imported.spans if imported.tracks[s.track_id].kind == TrackKind.GPU_STREAM and s.level is K]
+    assert sum(k.calls for k in a.kernels) == len(gpu_spans)
+    assert sum(k.total_ns for k in a.kernels) == sum(s.duration_ns for s in gpu_spans)
+    # every kernel reached through its launch belongs to an op: the ops' GPU time is the kernels' time
+    launched = {f.to_span for f in imported.flows if f.kind == "launch"}
+    assert sum(r.device_ns for r in a.ops) == sum(s.duration_ns for s in gpu_spans if s.id in launched)
+    assert any(i.where.startswith("GPU") for i in a.findings.idle)
+    assert a.findings.basis == "ops (self time)" and a.findings.bound_ns
+    assert all(r.verdict is not None for r in a.ops)
+
+
+def test_imported_cpu_trace_with_modules(tmp_path: Path) -> None:
+    run = load_run(import_kineto(KINETO / "cpu_modules_torch.json.gz", tmp_path / "cpu"))
+    a = analyze(run, CPU)
+    assert a.breakdown == breakdown(run)
+    assert any(r.stat.level is L for r in a.layers)
+    assert all(r.verdict is not None for r in a.layers)
+
+
+def test_timeline_lanes_cover_the_busy_time() -> None:
+    tl = timeline(small_cpu_run(), bins=25)  # 100 ns per bin over 0..2500
+    assert (tl.start_ns, tl.end_ns, tl.bins) == (0, 2500, 25)
+    lanes = {(lane.track, lane.level): lane for lane in tl.lanes}
+    model = lanes[("MainThread (10)", M)]
+    assert model.busy[:10] == [1.0] * 10 and model.busy[10:20] == [0.0] * 10 and model.busy[20:] == [1.0] * 5
+    assert sum(lanes[("MainThread (10)", OP)].busy) * tl.bin_ns == pytest.approx(370 + 80 + 30 + 280)
+    assert [lv.level for lv in tl.lanes] == [M, L, OP, LIB, U]
+    assert [m[2] for m in tl.models] == ["Net", "Net"]

@@ -1,0 +1,119 @@
+"""Verdicts on real runs of workloads whose character is known.
+
+Each workload is traced in-process with ``mltrace.profile``, loaded back, and
+judged against this machine's measured peaks. The workloads are chosen with a
+wide margin (more than 10× on the deciding number) so that a busy machine
+cannot flip a verdict:
+
+- a 2048×2048 by 2048×2048 matrix product: ~340 FLOP/byte, far right of any
+  CPU's ridge, at a good fraction of the peak → compute-bound;
+- an add over 64 Mi floats: ≤ 0.13 FLOP/byte, far left of the ridge, at the
+  speed of memory → memory-bound;
+- 2000 additions on a 16-element tensor: the roofline allows well under a
+  microsecond for what takes milliseconds → overhead-bound.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from mltrace.analysis.bottleneck import Analysis, Bound, analyze
+from mltrace.analysis.peaks import PeakSet, measure_cpu_peaks
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+
+@pytest.fixture(scope="module")
+def peaks() -> PeakSet:
+    """This machine's peaks, measured now (no cache involved)."""
+    return PeakSet(measure_cpu_peaks())
+
+
+class AddInPlace(nn.Module):  # type: ignore[misc]
+    """x + y over large tensors, into a preallocated output (no page faults in the timed call)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.register_buffer("y", torch.ones(n))
+        self.register_buffer("out", torch.zeros(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.add(x, self.y, out=self.out)
+
+
+class TinyOps(nn.Module):  # type: ignore[misc]
+    """2000 additions on a 16-element tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2000):
+            x = x + 1
+        return x
+
+
+def traced(model: nn.Module, x: torch.Tensor, out: Path, peaks: PeakSet) -> Analysis:
+    with torch.inference_mode():
+        model(x)  # warm-up: allocator, thread pool, primitive caches
+        with mltrace.profile(output=out, summary=False):
+            model(x)
+    return analyze(mltrace.load_run(out), peaks)
+
+
+def verdict_of(a: Analysis, layer: str) -> Bound:
+    row = next(r for r in a.layers if r.stat.name == layer)
+    assert row.verdict is not None
+    return row.verdict.bound
+
+
+def test_large_matmul_is_compute_bound(tmp_path: Path, peaks: PeakSet) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 2048, bias=False))
+    a = traced(model, torch.randn(2048, 2048), tmp_path / "run", peaks)
+    row = next(r for r in a.layers if r.stat.name == "0")
+    assert row.stat.type == "Linear" and row.flops >= 2 * 2048**3
+    assert verdict_of(a, "0") is Bound.COMPUTE, row.verdict
+    types = {t.type: t for t in a.types}
+    assert types["Linear"].verdict is not None and types["Linear"].verdict.bound is Bound.COMPUTE
+
+
+def test_elementwise_add_over_a_large_tensor_is_memory_bound(tmp_path: Path, peaks: PeakSet) -> None:
+    n = 64 * 1024 * 1024
+    model = nn.Sequential(AddInPlace(n))
+    a = traced(model, torch.ones(n), tmp_path / "run", peaks)
+    row = next(r for r in a.layers if r.stat.name == "0")
+    assert row.bytes >= 2 * n * 4  # input and output at least
+    assert verdict_of(a, "0") is Bound.MEMORY, row.verdict
+
+
+def test_loop_of_tiny_ops_is_overhead_bound(tmp_path: Path, peaks: PeakSet) -> None:
+    model = nn.Sequential(TinyOps())
+    a = traced(model, torch.ones(16), tmp_path / "run", peaks)
+    assert verdict_of(a, "0") is Bound.OVERHEAD, next(r for r in a.layers if r.stat.name == "0").verdict
+    assert a.findings.dominant is Bound.OVERHEAD
+
+
+def test_user_spans_with_explicit_work(tmp_path: Path, peaks: PeakSet) -> None:
+    np = pytest.importorskip("numpy")
+    n = 1024
+    a_mat = np.ones((n, n), dtype=np.float32)
+    src = np.ones(32 * 1024 * 1024, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.matmul(a_mat, a_mat)
+    np.copyto(dst, src)
+    small = np.ones(16, dtype=np.float32)
+    with mltrace.profile(output=tmp_path / "run", summary=False):
+        with mltrace.span("gemm", level="layer", **{"ml.flops": 2 * n**3, "ml.bytes": 3 * n * n * 4}):
+            np.matmul(a_mat, a_mat)
+        with mltrace.span("copy", level="layer", **{"ml.flops": 0, "ml.bytes": 2 * src.nbytes}):
+            np.copyto(dst, src)
+        with mltrace.span("tiny", level="layer", **{"ml.flops": 2000 * 16, "ml.bytes": 2000 * 2 * small.nbytes}):
+            for _ in range(2000):
+                small = small + 1
+    a = analyze(mltrace.load_run(tmp_path / "run"), peaks)
+    assert verdict_of(a, "gemm") is Bound.COMPUTE
+    assert verdict_of(a, "copy") is Bound.MEMORY
+    assert verdict_of(a, "tiny") is Bound.OVERHEAD
+    assert {r.stat.name: r.work_source for r in a.layers} == {"gemm": "explicit", "copy": "explicit", "tiny": "explicit"}

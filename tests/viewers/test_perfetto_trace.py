@@ -1,0 +1,156 @@
+"""mltrace's Perfetto traces, loaded by the real Perfetto trace processor (WASM, headless Chromium).
+
+Two real runs: a PyTorch model traced in-process (model, layer, op and library
+slices, plus a counter track from ``MetricLogger``), and a real A100
+torch.profiler trace imported with ``mltrace import`` (GPU stream tracks and
+launch → kernel flows). For each, SQL checks that the trace processor reports
+no import errors and holds exactly the run's slices per level, its nesting,
+its flows and its counters.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mltrace
+from mltrace.importers.kineto import import_kineto
+from mltrace.run.store import TRACE_FILE, Run
+from mltrace.tracer.model import TrackKind
+from support.perfetto_tp import query_trace, require_trace_processor
+
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
+
+QUERIES = {
+    "errors": "select name, idx, severity, source, value from stats where severity in ('error', 'data_loss') and value > 0",
+    "info_problems": """
+        select name, value from stats where severity = 'info' and value > 0
+          and (name glob '*error*' or name glob '*skipped*' or name glob '*invalid*' or name glob '*dropped*' or name glob '*mismatch*')""",
+    "per_category": "select category, count(*) as n from slice group by category order by category",
+    "parents": """
+        select s.name, s.ts, s.dur, p.name as parent, p.ts as parent_ts
+        from slice s left join slice p on s.parent_id = p.id""",
+    "flows": """
+        select so.name as source, so.ts as source_ts, si.name as target, si.ts as target_ts
+        from flow f join slice so on f.slice_out = so.id join slice si on f.slice_in = si.id""",
+    "counters": """
+        select t.name as track, c.ts, c.value from counter c join counter_track t on c.track_id = t.id order by c.ts""",
+    "thread_tracks": """
+        select distinct t.name as thread from slice s join thread_track tt on s.track_id = tt.id join thread t using (utid)""",
+    "gpu_tracks": """
+        select distinct tr.name as track from slice s join track tr on s.track_id = tr.id where tr.name glob 'stream *'""",
+}
+
+
+def expected_categories(run: Run) -> list[dict[str, Any]]:
+    counts = Counter(s.level.label for s in run.spans) + Counter(i.level.label for i in run.instants)
+    return [{"category": c, "n": n} for c, n in sorted(counts.items())]
+
+
+def boundary_cases(run: Run) -> set[tuple[str, int]]:
+    """Zero-length spans that start exactly where their same-track parent ends.
+
+    The correlator nests them in that parent (containment includes the end);
+    the exporter writes the parent's END before their BEGIN, so Perfetto makes
+    them siblings. Known disagreement (reported to the exporter's owner); the
+    parent check skips these few.
+    """
+    by_id = run.span_by_id()
+    out = set()
+    for s in run.spans:
+        p = by_id.get(s.parent_id) if s.parent_id is not None else None
+        if p is not None and p.track_id == s.track_id and s.duration_ns == 0 and s.start_ns == p.end_ns:
+            out.add((s.name, s.start_ns))
+    return out
+
+
+def expected_parents(run: Run, skip: set[tuple[str, int]]) -> Counter[tuple[Any, ...]]:
+    """(name, ts, dur, parent name, parent ts) for every span; the parent only when on the same track."""
+    by_id = run.span_by_id()
+    out: Counter[tuple[Any, ...]] = Counter()
+    for s in run.spans:
+        if s.duration_ns == 0 and (s.name, s.start_ns) in skip:
+            continue
+        p = by_id.get(s.parent_id) if s.parent_id is not None else None
+        if p is not None and p.track_id == s.track_id:
+            out[(s.name, s.start_ns, s.duration_ns, p.name, p.start_ns)] += 1
+        else:
+            out[(s.name, s.start_ns, s.duration_ns, None, None)] += 1
+    for i in run.instants:
+        out[(i.name, i.ts_ns, 0, None, None)] += 1  # parents of instants are not recorded in the run
+    return out
+
+
+def got_parents(rows: list[dict[str, Any]], instants: set[tuple[str, int]], skip: set[tuple[str, int]]) -> Counter[tuple[Any, ...]]:
+    out: Counter[tuple[Any, ...]] = Counter()
+    for r in rows:
+        if r["dur"] == 0 and (r["name"], r["ts"]) in skip and (r["name"], r["ts"]) not in instants:
+            continue
+        if (r["name"], r["ts"]) in instants and r["dur"] == 0:
+            out[(r["name"], r["ts"], 0, None, None)] += 1
+        else:
+            out[(r["name"], r["ts"], r["dur"], r["parent"], r["parent_ts"])] += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    torch = pytest.importorskip("torch")
+    from mltrace.bench import MetricLogger
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 14 * 14, 10)).eval()
+    base = tmp_path_factory.mktemp("pftrace")
+    with torch.inference_mode(), mltrace.profile(output=base / "run", summary=False):
+        log = MetricLogger(base / "metrics.jsonl")
+        for step in range(3):
+            model(torch.randn(2, 3, 16, 16))
+            log.log(step=step, loss=1.0 / (step + 1))
+    return mltrace.load_run(base / "run")
+
+
+def test_real_torch_run_loads_cleanly(torch_run: Run) -> None:
+    require_trace_processor()
+    r = query_trace(torch_run.path / TRACE_FILE, QUERIES)
+    assert r["errors"] == [] and r["info_problems"] == []
+    assert r["per_category"] == expected_categories(torch_run)
+    assert {row["category"] for row in r["per_category"]} >= {"model", "layer"}
+    skip = boundary_cases(torch_run)
+    assert len(skip) <= len(torch_run.spans) // 20
+    assert got_parents(r["parents"], set(), skip) == expected_parents(torch_run, skip)
+    # Every counter sample, on its track (the exporter names a track "name (unit)");
+    # MetricLogger's track among them with its three samples.
+    def track_name(track_id: int) -> str:
+        t = torch_run.tracks[track_id]
+        return t.name + (f" ({t.unit})" if t.unit else "")
+
+    expected = Counter((track_name(c.track_id), c.ts_ns, c.value) for c in torch_run.counters)
+    assert Counter((row["track"], row["ts"], row["value"]) for row in r["counters"]) == expected
+    loss = sorted((ts, v) for name, ts, v in expected if name == "metric.loss")
+    assert [v for _, v in loss] == [1.0, 0.5, 1 / 3]
+    assert [row["thread"] for row in r["thread_tracks"]] == ["MainThread"]
+    assert r["flows"] == []  # a CPU run launches nothing
+
+
+def test_imported_gpu_trace_with_flows(tmp_path: Path) -> None:
+    require_trace_processor()
+    run = mltrace.load_run(import_kineto(KINETO / "a100_alexnet_train.json.gz", tmp_path / "alexnet"))
+    assert run.flows, "the fixture has launches"
+    r = query_trace(run.path / TRACE_FILE, QUERIES)
+    assert r["errors"] == [] and r["info_problems"] == []
+    assert r["per_category"] == expected_categories(run)
+    instants = {(i.name, i.ts_ns) for i in run.instants}
+    skip = boundary_cases(run)
+    assert len(skip) <= len(run.spans) // 20  # 20 of 826 in this trace
+    assert got_parents(r["parents"], instants, skip) == expected_parents(run, skip)
+    by_id = run.span_by_id()
+    expected_flows = Counter(
+        (by_id[f.from_span].name, by_id[f.from_span].start_ns, by_id[f.to_span].name, by_id[f.to_span].start_ns) for f in run.flows
+    )
+    assert Counter((f["source"], f["source_ts"], f["target"], f["target_ts"]) for f in r["flows"]) == expected_flows
+    streams = {f"stream {t.stream}" for t in run.tracks.values() if t.kind == TrackKind.GPU_STREAM}
+    assert {row["track"] for row in r["gpu_tracks"]} == streams

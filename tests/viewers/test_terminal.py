@@ -1,0 +1,137 @@
+"""Terminal rendering of the report and of a diff (what the user reads)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from conftest import run_cli
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.diff import diff_runs
+from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track, TrackKind
+from mltrace.viewers.terminal import fmt_si, render_diff, render_report
+
+PEAKS = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
+M, L, OP, LIB, K = Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL
+
+
+def hand_run() -> Run:
+    fc = {
+        "ml.layer.type": "Linear",
+        "ml.layer.params": 4096 * 4096,
+        "ml.input.shapes": [[4096, 4096]],
+        "ml.output.shapes": [[4096, 4096]],
+        "ml.input.dtypes": ["float32"],
+        "code.file.path": "/src/net.py",
+        "code.line.number": 7,
+    }
+    spans = [
+        Span(1, None, M, "Net", 0, 3_000_000_000, 1, {"ml.layer.type": "Net"}),
+        Span(2, 1, L, "fc", 0, 2_000_000_000, 1, fc),  # 137 GFLOP in 2 s at 100 GFLOP/s peak: compute-bound
+        Span(3, 2, OP, "aten::linear", 10, 1_999_000_000, 1, {"ml.flops": 2 * 4096**3}),
+        Span(4, 3, LIB, "MKL SGEMM", 20, 1_998_000_000, 1, {"ml.library.name": "MKL"}),
+        Span(
+            5,
+            1,
+            L,
+            "act",
+            2_000_000_000,
+            2_100_000_000,
+            1,
+            {"ml.layer.type": "ReLU", "ml.input.shapes": [[1024]], "ml.output.shapes": [[1024]]},
+        ),
+        Span(6, 5, OP, "aten::relu", 2_000_000_100, 2_000_001_000, 1, {}),
+        Span(7, 1, OP, "aten::copy_", 2_200_000_000, 2_300_000_000, 1, {"ml.input.shapes": [[4096, 4096], [4096, 4096]]}),
+    ]
+    return Run(Path("hand"), {"name": "hand", "complete": True}, {1: Track(1, TrackKind.THREAD, "MainThread", 1, 1)}, spans)
+
+
+def rendered(run: Run, peaks: PeakSet | None = PEAKS, top: int = 15) -> str:
+    out = io.StringIO()
+    render_report(run, analyze(run, peaks), top=top, file=out)
+    return out.getvalue()
+
+
+def test_report_sections_and_verdicts() -> None:
+    text = rendered(hand_run())
+    for heading in (
+        "mltrace report — hand",
+        "Roofline peaks — CPU test CPU: 100 GFLOP/s, 10 GB/s (ridge 10.0 FLOP/B; assumed)",
+        "Findings",
+        "Time per level",
+        "Top layers by total time",
+        "Top layers by self time",
+        "Why: the roofline numbers",
+        "By layer type (self time)",
+        "By op (self time)",
+        "By library call",
+    ):
+        assert heading in text, heading
+    fc = next(line for line in text.splitlines() if line.startswith("│ fc ") and "compute" in line)
+    assert "/src/net.py:7" in fc and "aten::linear" in fc
+    assert "Mostly compute-bound" in text
+    assert "Data movement: 100.00 ms" in text and "aten::copy_" in text
+    assert "Framework overhead (layer time not covered by ops)" in text
+    assert "run did not finish normally" not in text
+    assert "By GPU kernel" not in text  # no kernels, no empty table
+
+
+def test_report_without_peaks_or_layers() -> None:
+    run = hand_run()
+    text = rendered(run, peaks=None)
+    assert "Roofline peaks" not in text and "Findings" in text
+    ops_only = Run(Path("ops"), {"name": "ops"}, run.tracks, [Span(1, None, OP, "aten::mm", 0, 1000, 1, {"ml.flops": 10})])
+    text = rendered(ops_only)
+    assert "Top layers" not in text and "By op (self time)" in text and "aten::mm" in text
+
+
+def test_gpu_sections() -> None:
+    tracks = {1: Track(1, TrackKind.THREAD, "main", 1, 1), 2: Track(2, TrackKind.GPU_STREAM, "s", 1, 0, 0, 7)}
+    spans = [
+        Span(1, None, OP, "aten::mm", 0, 100_000, 1, {}),
+        Span(2, 1, K, "cudaLaunchKernel", 10, 20, 1, {"cuda.api.name": "cudaLaunchKernel"}),
+        Span(3, 2, K, "gemm", 100, 1_100, 2, {"gpu.kernel.name": "gemm", "ml.library.name": "cuBLAS"}),
+    ]
+    text = rendered(Run(Path("g"), {"name": "g"}, tracks, spans), PeakSet(PEAKS.cpu, gpu_peaks("NVIDIA H100")))
+    assert "By GPU kernel" in text and "cuBLAS" in text and "By CUDA API call (CPU side)" in text
+    assert "Idle GPU 0: 0 ns (0.0% of 1.0 µs)" in text  # one kernel: nothing idle between kernels
+    assert "CPU time 100.0 µs vs GPU busy 1.0 µs: ratio 100.00" in text
+    mm = next(line for line in text.splitlines() if line.startswith("│ aten::mm"))
+    assert "overhead" in mm  # CPU 100 µs for 1 µs of GPU work: launch-bound
+
+
+def test_diff_rendering() -> None:
+    a = hand_run()
+    b_spans = [s for s in hand_run().spans if s.name != "act"]
+    b_spans[1] = Span(2, 1, L, "fc", 0, 4_000_000_000, 1, b_spans[1].attrs)
+    d = diff_runs(a, Run(Path("b"), {"name": "b"}, a.tracks, b_spans))
+    out = io.StringIO()
+    render_diff(d, file=out)
+    text = out.getvalue()
+    assert "mltrace diff — A: hand (hand)  B: b (b)" in text
+    assert "Layers: " in text and "1 removed" in text and "1 slower" in text
+    fc = next(line for line in text.splitlines() if line.startswith("│ fc "))
+    assert "slower" in fc and "2.00×" in fc
+
+
+@pytest.mark.parametrize(("value", "text"), [(0, "0 FLOP"), (1234, "1.23 kFLOP"), (2.5e9, "2.5 GFLOP"), (7, "7 FLOP")])
+def test_fmt_si(value: float, text: str) -> None:
+    assert fmt_si(value, "FLOP") == text
+
+
+def test_report_command_on_a_real_run(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(output=tmp_path / "run", level="layer", summary=False):
+        model(torch.randn(4, 32))
+    res = run_cli("report", str(tmp_path / "run"), "--top", "3", env={"MLTRACE_CACHE_DIR": str(tmp_path / "cache")})
+    out = res.stdout.decode()
+    assert res.returncode == 0, res.stderr.decode()
+    assert "Findings" in out and "Top layers by self time" in out and "(measured)" in out
+    assert "no op spans" in out  # level layer: the report says what it could not measure
