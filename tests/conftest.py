@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Machine peaks measured by the report are cached; keep the suite's cache out of ~/.cache
+# (subprocesses inherit this).
+os.environ.setdefault("MLTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="mltrace-test-cache-"))
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 

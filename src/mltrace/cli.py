@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -193,4 +194,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """Console-script entry point."""
-    sys.exit(main())
+    argv = sys.argv[1:]
+    status = main(argv)
+    if argv and argv[0] in TRACE_COMMANDS:
+        sys.exit(status)  # the traced program's atexit handlers must still run
+    # Reports load millions of objects; freeing them one by one at exit costs
+    # seconds and changes nothing, so leave without tearing down.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)

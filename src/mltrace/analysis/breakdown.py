@@ -171,3 +171,91 @@ def breakdown(run: Run) -> Breakdown:
         wall_ns=wall,
         span_count=len(spans),
     )
+
+
+@dataclass
+class ChainLink:
+    """One step down a cross-stack chain: the heaviest child at the next level."""
+
+    level: Level
+    name: str
+    total_ns: int
+    detail: str = ""
+
+
+@dataclass
+class Chain:
+    """A layer and the path of its heaviest work down the stack.
+
+    E.g. ``layer3.0.conv1 → aten::mkldnn_convolution → oneDNN convolution jit:avx2``.
+
+    Attributes:
+        layer: the layer path.
+        type: the layer type.
+        calls: number of calls.
+        self_ns: the layer's self time summed over its calls (ns).
+        links: op → library call or kernel, heaviest first at each step.
+        hot_line: the hottest sampled source line inside the layer, if sampled.
+    """
+
+    layer: str
+    type: str
+    calls: int
+    self_ns: int
+    links: list[ChainLink] = field(default_factory=list)
+    hot_line: str | None = None
+
+
+def cross_stack_chains(run: Run, top: int = 10) -> list[Chain]:
+    """The ``top`` layers by self time with their heaviest op and library/kernel under it.
+
+    Children are aggregated by name over all calls of a layer path; kernels count
+    through their launch call (a kernel's parent is the API call that launched it).
+    """
+    spans = run.spans
+    children: dict[int, list[Span]] = {}
+    for s in spans:
+        if s.parent_id is not None:
+            children.setdefault(s.parent_id, []).append(s)
+    b = breakdown(run)
+    layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
+    wanted = {x.name for x in layers}
+    by_layer: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.level == Level.LAYER and s.name in wanted:
+            by_layer.setdefault(s.name, []).append(s)
+
+    def below(parents: list[Span], levels: tuple[Level, ...]) -> dict[str, list[Span]]:
+        found: dict[str, list[Span]] = {}
+        stack = list(parents)
+        while stack:
+            p = stack.pop()
+            for c in children.get(p.id, ()):
+                if c.level in levels:
+                    found.setdefault(c.name, []).append(c)
+                elif c.level not in (Level.LAYER, Level.MODEL):
+                    stack.append(c)  # look through API calls and user spans
+        return found
+
+    chains: list[Chain] = []
+    for x in layers:
+        calls = by_layer.get(x.name, [])
+        chain = Chain(x.name, x.type, x.calls, x.self_ns)
+        hot: dict[str, int] = {}
+        for s in calls:
+            for loc, ns in s.attrs.get("ml.source.hot_lines", ()):
+                hot[loc] = hot.get(loc, 0) + int(ns)
+        if hot:
+            chain.hot_line = max(hot.items(), key=lambda kv: kv[1])[0]
+        ops = below(calls, (Level.OP,))
+        if ops:
+            name, group = max(ops.items(), key=lambda kv: sum(s.duration_ns for s in kv[1]))
+            chain.links.append(ChainLink(Level.OP, name, sum(s.duration_ns for s in group)))
+            deeper = below(group, (Level.LIBRARY, Level.KERNEL))
+            deeper = {k: v for k, v in deeper.items() if not k.startswith(("cuda", "cu"))} or deeper
+            if deeper:
+                name2, group2 = max(deeper.items(), key=lambda kv: sum(s.duration_ns for s in kv[1]))
+                lib = group2[0].attrs.get("ml.library.name", "")
+                chain.links.append(ChainLink(group2[0].level, name2, sum(s.duration_ns for s in group2), str(lib)))
+        chains.append(chain)
+    return chains

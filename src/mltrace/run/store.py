@@ -25,6 +25,7 @@ Row layouts (positional, to keep the file small and fast to load):
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterable
@@ -187,7 +188,21 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     except OSError as exc:
         raise RunError(f"{events}: {exc.strerror}") from None
     lines = data.split(b"\n")
+    del data
     last = len(lines) - 1
+    # Millions of small lists and Span objects: the cyclic GC would rescan them
+    # over and over while they are built (3-5x slower); none of them form cycles.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _decode_lines(run, lines, last, events)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return run
+
+
+def _decode_lines(run: Run, lines: list[bytes], last: int, events: Path) -> None:
     for number, line in enumerate(lines):
         if not line:
             continue
@@ -201,7 +216,6 @@ def load_run(path: str | os.PathLike[str]) -> Run:
                 run.torn = True
                 break
             raise RunError(f"{events}:{number + 1}: corrupt event line ({exc})") from None
-    return run
 
 
 class EventWriter:

@@ -123,6 +123,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
                 _verdict_text(t.verdict),
             )
         console.print(tt)  # type: ignore[attr-defined]
+    _chains(console, run, top)
     _name_table(console, "By op (self time)", a.ops[:top], ops=True)
     _name_table(console, "By library call", a.libraries[:top], detail="library")
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
@@ -133,6 +134,22 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         console.print("[dim]Not recorded — " + "; ".join(missing) + "[/dim]")  # type: ignore[attr-defined]
     for lim in meta.get("limitations", []):
         console.print(f"[dim]Limitation: {lim}[/dim]")  # type: ignore[attr-defined]
+
+
+def _chains(console: object, run: Run, top: int) -> None:
+    """Top layers by self time, each with its heaviest op and library call or kernel."""
+    from mltrace.analysis.breakdown import cross_stack_chains
+
+    chains = [c for c in cross_stack_chains(run, top=min(top, 10)) if c.links or c.hot_line]
+    if not chains:
+        return
+    console.print("[bold]Cross-stack: where each top layer's time goes[/bold]")  # type: ignore[attr-defined]
+    for c in chains:
+        steps = [f"[bold]{c.layer}[/bold] ({c.type}, self {fmt_ns(c.self_ns)})"]
+        steps += [f"{link.name} {fmt_ns(link.total_ns)}" for link in c.links]
+        console.print("  " + " → ".join(steps))  # type: ignore[attr-defined]
+        if c.hot_line:
+            console.print(f"      [dim]hottest Python line: {c.hot_line}[/dim]")  # type: ignore[attr-defined]
 
 
 def _findings(console: object, a: Analysis) -> None:

@@ -1,0 +1,54 @@
+"""Breakdown tables and cross-stack chains on real and hand-made runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import mltrace
+from mltrace.analysis.breakdown import breakdown, cross_stack_chains
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track
+
+
+def _run(spans: list[Span]) -> Run:
+    return Run(path=Path("."), meta={}, tracks={1: Track(1, "thread", "main", 1, 1)}, spans=spans)
+
+
+def test_self_time_and_level_time_from_a_table() -> None:
+    spans = [
+        Span(1, None, Level.MODEL, "Net", 0, 100, 1, {"ml.layer.type": "Net"}),
+        Span(2, 1, Level.LAYER, "a", 10, 50, 1, {"ml.layer.type": "Linear"}),
+        Span(3, 2, Level.LAYER, "a.inner", 20, 30, 1, {"ml.layer.type": "ReLU"}),
+        Span(4, 2, Level.OP, "aten::addmm", 31, 49, 1),
+        Span(5, 1, Level.LAYER, "b", 60, 90, 1, {"ml.layer.type": "Linear"}),
+    ]
+    b = breakdown(_run(spans))
+    by = {x.name: x for x in b.layers}
+    assert by["Net"].self_ns == 100 - 40 - 30
+    assert by["a"].self_ns == 40 - 10  # the op is content, not a child layer
+    assert by["a"].ops == {"aten::addmm": [1, 18]}
+    assert {t.level: t.time_ns for t in b.levels} == {Level.MODEL: 100, Level.LAYER: 70, Level.OP: 18}
+    assert [(t.type, t.self_ns) for t in b.types] == [("Linear", 60), ("ReLU", 10)]
+    assert b.model_calls == 1 and b.model_ns == 100
+
+
+def test_cross_stack_chain_reaches_the_library_call(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10)).eval()
+    x = torch.randn(1, 3, 96, 96)
+    with torch.inference_mode():
+        model(x)
+        with mltrace.profile(output=tmp_path / "r", summary=False, level="library"):
+            for _ in range(2):
+                model(x)
+    chains = cross_stack_chains(mltrace.load_run(tmp_path / "r"), top=10)
+    conv = next(c for c in chains if c.type == "Conv2d")
+    assert conv.calls == 2
+    assert conv.links[0].level == Level.OP and "conv" in conv.links[0].name
+    assert conv.links[1].level == Level.LIBRARY and conv.links[1].detail in ("oneDNN", "MKL")
+    assert conv.links[1].total_ns <= conv.links[0].total_ns
+    linear = next(c for c in chains if c.type == "Linear")
+    assert linear.links[-1].detail == "MKL"
