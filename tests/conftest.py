@@ -42,7 +42,9 @@ def mltrace_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "mltrace", *args]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """Runs ``mltrace ARGS`` in a subprocess and captures its output (bytes)."""
     full_env = dict(os.environ)
     full_env.pop("MLTRACE_OUTPUT", None)

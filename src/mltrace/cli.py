@@ -32,7 +32,9 @@ class _Parser(argparse.ArgumentParser):
 def _trace_options_parser(prog: str) -> _Parser:
     p = _Parser(prog=prog, add_help=True, description="Trace a Python program (everything from SCRIPT on is the script's).")
     p.add_argument("-o", "--output", metavar="DIR", help="run directory to create (must be absent or empty)")
-    p.add_argument("--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)")
+    p.add_argument(
+        "--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)"
+    )
     p.add_argument("--name", help="run name (default: the script's stem)")
     p.add_argument("--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")

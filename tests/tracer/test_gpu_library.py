@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mltrace.run.store import Run
-from mltrace.tracer.gpu_library import attribute_gpu_library, gpu_library_of
+from mltrace.tracer.passes.gpu_library import attribute_gpu_library, gpu_library_of
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span
 

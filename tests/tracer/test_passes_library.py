@@ -8,7 +8,7 @@ from typing import Any
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, Track, TrackKind
-from mltrace.tracer.passes_library import attach_library_calls
+from mltrace.tracer.passes.library import attach_library_calls
 
 OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
 MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call

@@ -10,7 +10,7 @@ import pytest
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Flow, Span
-from mltrace.tracer.passes_nesting import attach_gpu_to_launch, innermost_containers, nest_by_containment
+from mltrace.tracer.passes.nesting import attach_gpu_to_launch, innermost_containers, nest_by_containment
 
 M, LY, OP, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.KERNEL, Level.USER
 
