@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, mltrace_cmd, run_cli, run_plain
-from support.pftrace import parse_pftrace
 
 import mltrace
+from conftest import SCRIPTS, mltrace_cmd, run_cli, run_plain
 from mltrace.tracer.levels import Level
+from support.pftrace import parse_pftrace
 
 ECHO = SCRIPTS / "echo_env.py"
 MODELS = SCRIPTS / "tiny_models.py"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import SCRIPTS, run_cli, run_plain
-
 import mltrace
+from conftest import SCRIPTS, run_cli, run_plain
 from mltrace.tracer.levels import Level
 
 

@@ -36,7 +36,9 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)"
     )
     p.add_argument("--name", help="run name (default: the script's stem)")
-    p.add_argument("--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)")
+    p.add_argument(
+        "--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")
     p.add_argument("--native", action="store_true", help="with --py-spy: include native frames")

@@ -616,7 +616,8 @@ def test_live_run_sends_every_span_identical_to_local_trace(protocol: str, tmp_p
         import sys
 
         out = subprocess.run(
-            [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", f"--otlp={r.url}", "-o", str(tmp_path / "run"), str(script), "1"],
+            [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", f"--otlp={r.url}"]
+            + ["-o", str(tmp_path / "run"), str(script), "1"],
             capture_output=True, text=True, env=env, timeout=300,
         )
     finally:

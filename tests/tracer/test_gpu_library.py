@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from mltrace.run.store import Run
-from mltrace.tracer.passes.gpu_library import attribute_gpu_library, gpu_library_of
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span
+from mltrace.tracer.passes.gpu_library import attribute_gpu_library, gpu_library_of
 
 CUTLASS_GEMM = (
     "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x5_tn_align4>"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import run_cli
-
 import mltrace
+from conftest import run_cli
 from mltrace.tracer.levels import Level
 from mltrace.tracer.sources.pyspy import MARKER, marker_offset_ns
 
-SCRIPT = '''
+SCRIPT = """
 import time, torch
 from torch import nn
 
@@ -29,7 +28,7 @@ class Slow(nn.Module):
 model = nn.Sequential(nn.Linear(4, 4), Slow())
 model(torch.randn(1, 4))
 print("done")
-'''
+"""
 
 
 def test_marker_offset_from_first_marker_sample() -> None:

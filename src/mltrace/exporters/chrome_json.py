@@ -63,7 +63,8 @@ def chrome_events(run: Run) -> list[dict[str, Any]]:
         out.append({"ph": "C", "name": name, "ts": (c.ts_ns - t0) / 1e3, "pid": pid, "args": {"value": c.value}})
     for i in run.instants:
         pid, tid = where.get(i.track_id, (0, i.track_id))
-        out.append({"ph": "i", "s": "t", "name": i.name, "cat": i.level.label, "ts": (i.ts_ns - t0) / 1e3, "pid": pid, "tid": tid, "args": i.attrs})
+        ts = (i.ts_ns - t0) / 1e3
+        out.append({"ph": "i", "s": "t", "name": i.name, "cat": i.level.label, "ts": ts, "pid": pid, "tid": tid, "args": i.attrs})
     return out
 
 

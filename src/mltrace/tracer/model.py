@@ -7,8 +7,8 @@ docs/CONVENTIONS.md. Nothing here holds tensor values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from mltrace.tracer.levels import Level
