@@ -21,11 +21,22 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
     from mltrace.tracer.sources.cupti import CuptiSource
     from mltrace.tracer.sources.nvml import NvmlSampler
+    from mltrace.tracer.sources.onnxruntime import OrtSource
+    from mltrace.tracer.sources.tensorflow import TensorFlowSource
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
     # Order matters: CuptiSource reads which sources started before it (the kernel path).
-    sources: list[Source] = [TorchModuleSource(), TorchOpSource(), CuptiSource(), CpuLibrarySource(), NvmlSampler()]
+    # TensorFlowSource reads whether cpu.library started before it.
+    sources: list[Source] = [
+        TorchModuleSource(),
+        TorchOpSource(),
+        CuptiSource(),
+        CpuLibrarySource(),
+        OrtSource(),
+        TensorFlowSource(),
+        NvmlSampler(),
+    ]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
 

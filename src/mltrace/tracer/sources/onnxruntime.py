@@ -126,7 +126,7 @@ class OrtSource:
     """Model, node and kernel spans for ONNX Runtime, from wrappers and ORT's profiler."""
 
     name = "onnxruntime"
-    levels = (Level.MODEL, Level.LAYER, Level.OP)
+    levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
         self._session: Session | None = None

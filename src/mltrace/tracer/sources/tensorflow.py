@@ -106,7 +106,7 @@ class TensorFlowSource:
     """Model, layer and op spans for Keras 3 / TensorFlow."""
 
     name = "tensorflow"
-    levels = (Level.MODEL, Level.LAYER, Level.OP)
+    levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
         self._session: Session | None = None

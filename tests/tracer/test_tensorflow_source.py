@@ -1,0 +1,227 @@
+"""The TensorFlow / Keras source, live, with a real keras.applications model.
+
+TensorFlow's import takes seconds, so the module imports it once and builds
+one ``keras.applications.MobileNetV2(weights=None)`` for every test. Each test
+runs its calls inside an in-process session; one goes through the command
+line as a user would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import mltrace  # noqa: E402
+from mltrace.config import ProfileOptions  # noqa: E402
+from mltrace.run.store import Run  # noqa: E402
+from mltrace.tracer.levels import Level  # noqa: E402
+from mltrace.tracer.session import Session  # noqa: E402
+from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def mobilenet() -> Any:
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(weights=None, alpha=0.35, input_shape=(32, 32, 3), classes=10)
+    model.compile(loss="sparse_categorical_crossentropy")
+    model.predict(IMAGES, verbose=0)  # build and trace once, outside the tests
+    return model
+
+
+@pytest.fixture(autouse=True)
+def keras_unpatched() -> Iterator[None]:
+    """Fails a test that leaves Keras or the TensorFlow profiler API patched, or the profiler running."""
+    from keras.src.layers.layer import Layer
+    from tensorflow.python.profiler import profiler_v2
+
+    before = (Layer.__call__, keras.Model.predict, keras.Model.evaluate, profiler_v2.start, tf.profiler.experimental.stop)
+    yield
+    after = (Layer.__call__, keras.Model.predict, keras.Model.evaluate, profiler_v2.start, tf.profiler.experimental.stop)
+    assert after == before, "Keras or the profiler API was left patched"
+    probe = tempfile.mkdtemp(prefix="tf-profiler-probe-")
+    try:
+        tf.profiler.experimental.start(probe)  # raises if mltrace left its profiler running
+        tf.profiler.experimental.stop()
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def traced(tmp_path: Path, body: Any, level: Level | None = None) -> Run:
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, level=level), sources=[TensorFlowSource()]).start()
+    try:
+        body()
+    finally:
+        path = session.stop()
+    return mltrace.load_run(path)
+
+
+def check(run: Run) -> None:
+    """Every TensorFlow op lies in a layer or directly in a model; children lie in their parents."""
+    by_id = run.span_by_id()
+    for s in run.spans:
+        if s.level == Level.OP and s.attrs.get("ml.framework") == "tensorflow":
+            up = s
+            while up.level == Level.OP:  # an op may run inside another (tf.data's Range inside MakeIterator)
+                assert up.parent_id is not None, s
+                up = by_id[up.parent_id]
+            assert up.level in (Level.LAYER, Level.MODEL), (s, up)
+        if s.level == Level.LAYER:
+            assert by_id[s.parent_id].level in (Level.LAYER, Level.MODEL), s
+    facts = run.meta["correlation"]["check_containment"]
+    assert facts["outside_parent"] == 0 and facts["missing_parent"] == 0, facts
+
+
+def test_eager_call(tmp_path: Path, mobilenet: Any) -> None:
+    outputs: list[Any] = []
+    run = traced(tmp_path, lambda: outputs.append(np.asarray(mobilenet(IMAGES, training=False))))
+    np.testing.assert_allclose(outputs[0], np.asarray(mobilenet(IMAGES, training=False)), rtol=1e-5)
+    (model,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert model.name == mobilenet.name and model.attrs["ml.keras.method"] == "__call__"
+    assert model.attrs["ml.input.shapes"] == [[2, 32, 32, 3]] and model.attrs["ml.call.file.path"] == __file__
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    names = [s.name for s in layers]
+    assert names == [layer.name for layer in mobilenet.layers[1:]]  # every layer once, in call order, by its Keras name
+    assert all(s.attrs["ml.tf.mode"] == "eager" and s.parent_id == model.id for s in layers)
+    conv = next(s for s in layers if s.name == "Conv1")
+    assert conv.attrs["ml.layer.type"] == "Conv2D"
+    assert conv.attrs["ml.output.shapes"][0][1:] == list(mobilenet.get_layer("Conv1").output.shape[1:])
+    by_id = run.span_by_id()
+    ops = [s for s in run.spans if s.level == Level.OP]
+    convs = [s for s in ops if s.name == "Conv2D"]
+    assert len(convs) == sum(1 for layer in mobilenet.layers if type(layer).__name__ == "Conv2D")
+    assert all(by_id[s.parent_id].attrs.get("ml.layer.type") == "Conv2D" for s in convs)
+    check(run)
+
+
+def test_predict_layers_from_the_profiler(tmp_path: Path, mobilenet: Any) -> None:
+    run = traced(tmp_path, lambda: mobilenet.predict(IMAGES, verbose=0))
+    (model,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert model.attrs["ml.keras.method"] == "predict"
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    assert layers and all(s.attrs["ml.tf.mode"] == "graph" for s in layers)
+    assert {s.name for s in layers} <= {layer.name for layer in mobilenet.layers}
+    assert {"Conv1", "block_16_project", "predictions"} <= {s.name for s in layers}
+    by_id = run.span_by_id()
+    convs = [s for s in run.spans if s.level == Level.OP and "Conv" in s.name]
+    assert len(convs) == sum(1 for layer in mobilenet.layers if "Conv" in type(layer).__name__)
+    assert all(by_id[s.parent_id].level == Level.LAYER for s in convs)
+    outside = [s for s in run.spans if s.level == Level.OP and s.parent_id == model.id]
+    info = run.meta["sources_info"]["tensorflow"]["profiles"][0]
+    assert info["ops_outside_layers"] >= len([s for s in outside if "ml.tf.node" in s.attrs]) > 0
+    check(run)
+
+
+def test_evaluate_and_a_users_tf_function(tmp_path: Path, mobilenet: Any) -> None:
+    labels = np.array([1, 2])
+
+    @tf.function
+    def serve(x: Any) -> Any:
+        return mobilenet(x, training=False)
+
+    def body() -> None:
+        mobilenet.evaluate(IMAGES, labels, verbose=0)
+        serve(IMAGES)
+
+    run = traced(tmp_path, body)
+    models = {s.attrs["ml.keras.method"]: s for s in run.spans if s.level == Level.MODEL}
+    assert set(models) == {"evaluate", "tf.function"}
+    assert models["tf.function"].name == mobilenet.name
+    by_id = run.span_by_id()
+    for method, model in models.items():
+        mine = [s for s in run.spans if s.level == Level.LAYER and by_id[s.parent_id] is model]
+        assert any(s.name == "Conv1" for s in mine), method
+    check(run)
+
+
+def test_building_a_model_records_nothing(tmp_path: Path) -> None:
+    def body() -> None:
+        inp = keras.Input((4,))
+        keras.Model(inp, keras.layers.Dense(2)(inp))  # symbolic calls only
+
+    run = traced(tmp_path, body)
+    assert run.spans == []
+
+
+def test_model_level_only(tmp_path: Path, mobilenet: Any) -> None:
+    def body() -> None:
+        mobilenet(IMAGES, training=False)
+        mobilenet.predict(IMAGES, verbose=0)
+
+    run = traced(tmp_path, body, level=Level.MODEL)
+    assert [(s.level, s.attrs["ml.keras.method"]) for s in run.spans] == [(Level.MODEL, "__call__"), (Level.MODEL, "predict")]
+    assert "profiles" not in run.meta["sources_info"]["tensorflow"] or not run.meta["sources_info"]["tensorflow"]["profiles"]
+
+
+def test_the_programs_own_profiler_still_works(tmp_path: Path, mobilenet: Any) -> None:
+    mine = tmp_path / "mine"
+
+    def body() -> None:
+        mobilenet(IMAGES, training=False)
+        with tf.profiler.experimental.Profile(str(mine)):
+            mobilenet(IMAGES, training=False)
+        mobilenet.predict(IMAGES, verbose=0)
+
+    run = traced(tmp_path, body)
+    assert list(mine.glob("plugins/profile/*/*.xplane.pb"))  # the program got its profile
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert len(models) == 3
+    by_id = run.span_by_id()
+    ops_per_model = [sum(1 for s in run.spans if s.level == Level.OP and _root(by_id, s) is m) for m in models]
+    assert ops_per_model[0] > 0 and ops_per_model[1] == 0 and ops_per_model[2] > 0  # mltrace paused meanwhile
+    assert any("paused" in text for text in run.meta["limitations"])
+    check(run)
+
+
+def _root(by_id: dict[int, Any], s: Any) -> Any:
+    while s.parent_id is not None:
+        s = by_id[s.parent_id]
+    return s
+
+
+_REGISTERED = """
+import sys
+import mltrace.tracer.sources as sources
+from mltrace.tracer.sources.tensorflow import TensorFlowSource
+if not any(isinstance(s, TensorFlowSource) for s in sources.default_sources()):
+    _default = sources.default_sources
+    sources.default_sources = lambda options=None: [*_default(options), TensorFlowSource()]
+from mltrace.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_cli_runs_the_keras_example(tmp_path: Path) -> None:
+    """``mltrace python examples/keras_infer.py`` (with TensorFlowSource among the default sources)."""
+    args = [str(REPO / "examples" / "keras_infer.py"), "--iters", "2", "--image-size", "64"]
+    plain = subprocess.run([sys.executable, *args], capture_output=True, timeout=300, cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr.decode()
+    traced_run = subprocess.run(
+        [sys.executable, "-c", _REGISTERED, "python", "-o", str(tmp_path / "run"), *args], capture_output=True, timeout=300, cwd=tmp_path
+    )
+    assert traced_run.returncode == 0, traced_run.stderr.decode()
+    lines = [line.split(",")[0] for line in traced_run.stdout.decode().splitlines()]
+    assert lines == [line.split(",")[0] for line in plain.stdout.decode().splitlines()]  # same classes, no verbose lines leaked
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete and run.meta["exit_status"] == 0
+    methods = sorted(s.attrs["ml.keras.method"] for s in run.spans if s.level == Level.MODEL)
+    assert methods == ["__call__", "__call__", "predict", "predict"]
+    check(run)
+    if "cpu.library" in run.meta["levels"]["library"]["sources"]:
+        by_id = run.span_by_id()
+        calls = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") == "oneDNN"]
+        assert calls and all(by_id[s.parent_id].attrs.get("ml.framework") == "tensorflow" for s in calls if s.parent_id is not None)

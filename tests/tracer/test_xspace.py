@@ -1,0 +1,255 @@
+"""TensorFlow profiler XSpace conversion, on real profiles.
+
+The fixtures in tests/data/tensorflow/ are ``xplane.pb`` files TensorFlow 2.21
+wrote for Keras 3 models (a nested functional model and
+``keras.applications.MobileNetV2``), with the times of each call as the live
+wrappers see them (``<name>.calls.json``; make_fixtures.py regenerates them).
+Expected values come from the raw protobuf, read here with TensorFlow's own
+message classes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.tracer.sources.xspace import (
+    SYNTHETIC_TID_BASE,
+    HostProfile,
+    KerasModelInfo,
+    LiveModelSpan,
+    host_profile,
+    layer_of_node,
+    parse_op_event,
+    read_xspace,
+    std_thread_hash,
+    xplane_pb2,
+    xspace_to_events,
+)
+from mltrace.tracer.tracks import TrackRegistry
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "tensorflow"
+
+
+def fixture(name: str) -> tuple[Any, HostProfile, dict[str, Any]]:
+    space = read_xspace(DATA / f"{name}.xplane.pb")
+    return space, host_profile(space), json.loads((DATA / f"{name}.calls.json").read_text())
+
+
+def live_spans(calls: dict[str, Any], methods: tuple[str, ...] = ("predict", "__call__")) -> list[LiveModelSpan]:
+    return [
+        LiveModelSpan(i + 1, c["start_ns"], c["end_ns"], calls["thread"]["tid"], calls["model"], c["method"] == "__call__")
+        for i, c in enumerate(calls["calls"])
+        if c["method"] in methods
+    ]
+
+
+Converted = tuple[Any, dict[str, Any], list[LiveModelSpan]]
+
+
+def convert(name: str, methods: tuple[str, ...] = ("predict", "__call__"), **kwargs: Any) -> Converted:
+    _, profile, calls = fixture(name)
+    live = live_spans(calls, methods)
+    args: dict[str, Any] = {
+        "to_session_ns": lambda ns: ns,
+        "tracks": TrackRegistry(pid=1),
+        "new_id": itertools.count(1000).__next__,
+        "levels": frozenset(HIERARCHY),
+        "live_models": live,
+        "models": {calls["model"]: KerasModelInfo(calls["model"], calls["layers"])},
+        "python_threads": {calls["thread"]["hash"]: (calls["thread"]["tid"], calls["thread"]["name"])},
+    }
+    args.update(kwargs)
+    return xspace_to_events(profile, **args), calls, live
+
+
+def raw_op_events(space: Any) -> list[tuple[int, str, int, int]]:
+    """(line id, name, start, end) of every ``node:Type`` event, epoch ns, straight from the protobuf."""
+    start = next(
+        st.uint64_value
+        for p in space.planes
+        if p.name == "Task Environment"
+        for st in p.stats
+        if p.stat_metadata[st.metadata_id].name == "profile_start_time"
+    )
+    host = next(p for p in space.planes if p.name == "/host:CPU")
+    out = []
+    for line in host.lines:
+        for e in line.events:
+            name = host.event_metadata[e.metadata_id].name
+            node, sep, op = name.rpartition(":")
+            if sep and node and "::" not in name and " " not in name and op.replace("_", "").isalnum():
+                t0 = start + line.timestamp_ns + e.offset_ps // 1000
+                out.append((line.id, name, t0, t0 + e.duration_ps // 1000))
+    return out
+
+
+def test_thread_line_ids_are_libstdcxx_thread_hashes() -> None:
+    # Measured: a CPython thread's get_ident() and the id TensorFlow gave its profile line.
+    assert std_thread_hash(140110152489856) == -4242992516054074338
+    assert std_thread_hash(140109051578048) == 6051161366881013018
+    _, profile, calls = fixture("keras_nested")
+    assert profile.lines[calls["thread"]["hash"]] == "python"
+
+
+def test_proto_classes_load_without_tensorflow() -> None:
+    code = (
+        "import sys\n"
+        "from mltrace.tracer.sources.xspace import read_xspace, host_profile\n"
+        f"p = host_profile(read_xspace({str(DATA / 'keras_nested.xplane.pb')!r}))\n"
+        "print(len(p.events) > 0, 'tensorflow' in sys.modules, 'keras' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "False"]
+
+
+def test_host_profile_times_and_lines() -> None:
+    space, profile, calls = fixture("keras_nested")
+    assert profile.clock == "relative" and profile.start_ns > 0 and profile.stop_ns > profile.start_ns
+    host = next(p for p in space.planes if p.name == "/host:CPU")
+    assert len(profile.events) == sum(len(line.events) for line in host.lines)
+    assert set(profile.lines) == {line.id for line in host.lines}
+    assert all(profile.start_ns <= r.start_ns <= r.end_ns <= profile.stop_ns for r in profile.events)
+    raw = sorted((lid, name, s, e) for lid, name, s, e in raw_op_events(space))
+    mine = sorted((r.line_id, r.name, r.start_ns, r.end_ns) for r in profile.events if parse_op_event(r.name))
+    assert mine == raw
+    eager = [r for r in profile.events if r.name == "EagerExecute"]
+    assert eager and all("eager_op" in r.stats and "is_func" in r.stats for r in eager)
+    assert {r.stats["eager_op"] for r in eager} >= {"Conv2D", "MatMul"}
+
+
+@pytest.mark.parametrize(
+    ("event", "parsed"),
+    [
+        ("net_1/head_1/fc1_1/Relu:_MklNativeFusedMatMul", ("net_1/head_1/fc1_1/Relu", "_MklNativeFusedMatMul")),
+        ("GatherV2:GatherV2", ("GatherV2", "GatherV2")),
+        ("ThreadpoolListener::Record", None),
+        ("EagerLocalExecute: Conv2D", None),
+        ("EagerExecute", None),
+    ],
+)
+def test_parse_op_event(event: str, parsed: tuple[str, str] | None) -> None:
+    assert parse_op_event(event) == parsed
+
+
+def test_layer_paths_from_name_scopes() -> None:
+    net = KerasModelInfo("net", {"conv": "Conv2D", "conv_1": "Conv2D", "head": "Sequential", "head/fc1": "Dense"})
+    models = {"net": net}
+    # Scopes uniquified on the model are uniquified on every layer: conv_1 is the layer "conv".
+    assert layer_of_node("net_1/conv_1/BiasAdd", models) == (net, "conv")
+    assert layer_of_node("net_1/conv_1_1/BiasAdd", models) == (net, "conv_1")
+    assert layer_of_node("net_1/head_1/fc1_1/MatMul", models) == (net, "head/fc1")
+    assert layer_of_node("net_1/head_1/Identity", models) == (net, "head")
+    # Not uniquified: names are taken as they are.
+    assert layer_of_node("net/conv_1/BiasAdd", models) == (net, "conv_1")
+    assert layer_of_node("net_1/Identity", models) == (net, "")
+    assert layer_of_node("StatefulPartitionedCall/net_1/conv_1/BiasAdd", models) == (net, "conv")  # evaluate()
+    assert layer_of_node("other_1/conv/BiasAdd", models) is None
+    assert layer_of_node("Identity", models) is None
+
+
+def test_graph_and_eager_calls_of_a_nested_model() -> None:
+    out, calls, live = convert("keras_nested")
+    space, _, _ = fixture("keras_nested")
+    by_id = {s.id: s for s in out.spans}
+    live_by_id = {m.span_id: m for m in live}
+    predict = next(m for m in live if not m.eager)
+    eager_call = next(m for m in live if m.eager)
+    function_models = [s for s in out.spans if s.level == Level.MODEL]
+    assert len(function_models) == out.stats.function_models == 1  # the user's tf.function, not wrapped live
+    fn = function_models[0]
+    fn_call = next(c for c in calls["calls"] if c["method"] == "tf.function")
+    assert fn.name == "net" and fn.attrs["ml.tf.function"].startswith("__inference_user_function")
+    assert fn_call["start_ns"] <= fn.start_ns and fn.end_ns <= fn_call["end_ns"]
+
+    def model_of(span: Any) -> int:
+        while span.parent_id in by_id:
+            span = by_id[span.parent_id]
+        return span.parent_id if span.parent_id is not None else span.id
+
+    layers = [s for s in out.spans if s.level == Level.LAYER]
+    assert {s.name for s in layers} == {"conv", "gap", "head", "head/fc1", "head/fc2"}
+    assert {s.attrs["ml.layer.type"] for s in layers} == {"Conv2D", "GlobalAveragePooling2D", "Sequential", "Dense"}
+    for s in layers:
+        parent = by_id.get(s.parent_id)
+        if "/" in s.name:
+            assert parent is not None and parent.name == s.name.rsplit("/", 1)[0]
+            assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns
+        else:
+            assert parent is None or parent.level == Level.MODEL
+        root = model_of(s)
+        owner = live_by_id.get(root) or by_id[root]
+        assert owner.start_ns <= s.start_ns and s.end_ns <= owner.end_ns
+    assert {model_of(s) for s in layers} == {predict.span_id, fn.id}  # eager layers come from the live wrapper
+    # Graph ops: every one inside a model span, converted, and inside its parent.
+    graph_ops = [s for s in out.spans if s.level == Level.OP and "ml.tf.node" in s.attrs]
+    inside = [
+        r
+        for r in raw_op_events(space)
+        if any(c["start_ns"] <= r[2] and r[3] <= c["end_ns"] for c in calls["calls"] if c["method"] in ("predict", "tf.function"))
+    ]
+    assert len(graph_ops) == len(inside) == out.stats.graph_ops_in_models
+    for op in graph_ops:
+        parent = by_id.get(op.parent_id) or live_by_id[op.parent_id]
+        assert parent.start_ns <= op.start_ns and op.end_ns <= parent.end_ns
+        if op.name.startswith("_MklNativeFused"):  # the compute ops lie in their layers
+            assert isinstance(parent, type(op)) and parent.level == Level.LAYER
+            assert op.attrs["ml.tf.node"].split("/")[-2].rsplit("_", 1)[0] == parent.name.rsplit("/", 1)[-1]
+    in_models = [op for op in graph_ops if op.parent_id in live_by_id or by_id[op.parent_id].level == Level.MODEL]
+    assert out.stats.ops_outside_layers == len(in_models)
+    # Eager ops: on the calling thread's own track, left for nest_by_containment.
+    eager_ops = [s for s in out.spans if s.level == Level.OP and s.attrs.get("ml.tf.mode") == "eager"]
+    assert {s.name for s in eager_ops} >= {"Conv2D", "MatMul", "BiasAdd"}
+    tracks = {t.id: t for t in out.tracks}
+    assert all(tracks[s.track_id].tid == calls["thread"]["tid"] and s.parent_id is None for s in eager_ops)
+    assert sum(1 for s in eager_ops if eager_call.start_ns <= s.start_ns and s.end_ns <= eager_call.end_ns) >= 6
+    pool = {t.tid for t in out.tracks if t.tid != calls["thread"]["tid"]}
+    assert pool and all(tid >= SYNTHETIC_TID_BASE for tid in pool)
+
+
+def test_keras_applications_layers_keep_their_names() -> None:
+    out, calls, _ = convert("mobilenetv2")
+    layers = [s for s in out.spans if s.level == Level.LAYER]
+    names = {s.name for s in layers}
+    assert names <= set(calls["layers"])
+    assert {"Conv1", "bn_Conv1", "block_1_expand", "block_16_project_BN", "predictions"} <= names
+    assert len(names) >= 100
+    by_id = {s.id: s for s in out.spans}
+    convs = [s for s in out.spans if s.name in ("_MklNativeConv2D", "_MklNativeDepthwiseConv2dNative")]
+    assert len(convs) == 52
+    for op in convs:
+        layer = by_id[op.parent_id]
+        assert layer.level == Level.LAYER and layer.attrs["ml.layer.type"] in ("Conv2D", "DepthwiseConv2D")
+    assert out.stats.unknown_scopes  # tf.data's ops during predict: no model scope
+    assert out.stats.lines_matched == 1
+
+
+def test_levels_switch_spans_off() -> None:
+    out, _, _ = convert("keras_nested", levels=frozenset({Level.MODEL, Level.LAYER}))
+    assert out.stats.op_spans == 0 and out.stats.layer_spans > 0
+    out, _, _ = convert("keras_nested", levels=frozenset({Level.MODEL}))
+    assert {s.level for s in out.spans} <= {Level.MODEL}
+
+
+def test_nothing_outside_model_spans() -> None:
+    out, _, _ = convert("keras_nested", methods=())
+    # Without live spans only the tf.function call becomes a model; everything else is left out.
+    assert {s.level for s in out.spans if s.parent_id is None and s.level != Level.OP} == {Level.MODEL}
+    assert out.stats.skipped["eager op outside model spans"] > 0
+    assert out.stats.skipped["graph op outside model spans"] > 0
+
+
+def test_rejects_foreign_data(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        read_xspace(b"\xff\xff\xff\xff")
+    empty = xplane_pb2().XSpace()
+    with pytest.raises(ValueError, match="host"):
+        read_xspace(empty.SerializeToString())
