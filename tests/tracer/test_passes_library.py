@@ -179,3 +179,19 @@ def test_run_without_library_calls_is_returned_as_is() -> None:
     out = attach_library_calls(run_of(spans))
     assert out.spans == spans
     assert out.meta["correlation"]["attach_library_calls"] == {"timed": 0, "untimed": 0, "unattached": 0}
+
+
+def test_attached_call_takes_the_framework_of_its_op() -> None:
+    from pathlib import Path
+
+    from mltrace.run.store import Run
+    from mltrace.tracer.levels import Level
+    from mltrace.tracer.model import Span, Track
+    from mltrace.tracer.passes.library import attach_library_calls
+
+    op = Span(1, None, Level.OP, "Conv2D", 0, 1000, 1, {"ml.framework": "tensorflow", "ml.op.name": "Conv2D"})
+    call = Span(2, None, Level.LIBRARY, "oneDNN convolution", 100, 900, 1, {"ml.library.name": "oneDNN"})
+    run = Run(path=Path("."), meta={}, tracks={1: Track(1, "thread", "main", 1, 1)}, spans=[op, call])
+    out = {s.id: s for s in attach_library_calls(run).spans}
+    assert out[2].parent_id == 1
+    assert out[2].attrs["ml.framework"] == "tensorflow"

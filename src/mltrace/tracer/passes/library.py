@@ -302,5 +302,11 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 10_0
             replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
             counts["untimed"] += 1
 
+    by_id = {s.id: s for s in run.spans}
+    for span in replaced.values():
+        # The library call belongs to the framework of the op that issued it.
+        parent = by_id.get(span.parent_id) if span.parent_id is not None else None
+        if parent is not None and "ml.framework" in parent.attrs:
+            span.attrs["ml.framework"] = parent.attrs["ml.framework"]
     spans = [replaced.get(s.id, s) for s in run.spans]
     return replace(run, spans=spans, meta=_with_note(run, counts))

@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -272,7 +271,7 @@ class CpuLibrarySource:
         lines = self._restore()
         if session is None:
             return []
-        framework = "pytorch" if "torch" in sys.modules else None
+        framework = None  # set from the issuing op by the attach pass (torch and TF share oneDNN)
         spans, counts = library_spans(lines, session.anchor.epoch_to_session, self._track_id, session.new_id, framework)
         session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts}
         if counts["untimed"]:
