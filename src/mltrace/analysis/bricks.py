@@ -1,0 +1,1031 @@
+"""DLBricks: model latency constructed from benchmarks of its deduplicated layers.
+
+1. **Extract.** From each traced run (layer level or deeper), one invocation
+   per model gives the model's *leaf layers* (layer spans with no layer below
+   them) in call order. Each becomes a *brick*: layer type, input shapes and
+   dtypes, parameter count, and constructor arguments — recorded by the tracer
+   (``ml.layer.config``) when present, else inferred from type, shapes and
+   parameter count (``infer_config``). Weights are never read or stored.
+   With granularity H > 1, each model's leaf sequence is also cut into
+   consecutive runs of H layers (the last may be shorter): sequence bricks.
+2. **Deduplicate** bricks and sequences across all models (total vs unique).
+3. **Benchmark** each unique brick in isolation: a fresh ``torch.nn`` layer of
+   that type and configuration, random weights and inputs of the recorded
+   shapes, warm-up then the median of timed calls under
+   ``torch.inference_mode()``, cycling through copies of the layer so that no
+   call finds the previous call's data in cache (as inside a model); a
+   sequence runs its layers back to back (each on its own recorded input
+   shapes). Optionally in ONNX Runtime: the layer is
+   exported to ONNX and timed in an ``InferenceSession``.
+4. **Construct** each model's latency: the sum of its bricks' medians; when
+   the trace shows leaf layers overlapping in time (parallel branches), the
+   critical path through them instead (a layer follows every layer that ended
+   before it started). A brick that cannot be built in isolation (a custom
+   layer type, unknown arguments) keeps its traced latency and is counted as
+   such.
+5. **Report** constructed / measured per model, where *measured* is the
+   median model-span latency in the run given (use a leveled run for an
+   overhead-free figure), and the benchmarking-time speedup:
+   ``Σ_models (warmup + n) · measured`` over ``Σ_unique bricks (warmup + n) ·
+   brick median`` — the time benchmarking every model end to end would take,
+   over the time benchmarking each unique brick once takes, under the same
+   protocol. The wall time actually spent (with layer construction) is
+   reported beside it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span
+
+Shape = tuple[int, ...]
+
+#: Layer types that take no constructor argument that changes their cost.
+_NO_ARGS = {
+    "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "Mish", "ELU", "LeakyReLU",
+    "Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Softplus", "Hardtanh",
+}  # fmt: skip
+
+#: Extra keyword arguments a layer is called with in isolation (as its usual caller does).
+_CALL_KWARGS: dict[str, dict[str, Any]] = {"MultiheadAttention": {"need_weights": False}}
+
+
+class UnsupportedBrick(Exception):
+    """A brick that cannot be instantiated or run in isolation (message says why)."""
+
+
+# -- bricks ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Brick:
+    """A layer as a benchmarkable unit (hashable: equal bricks deduplicate).
+
+    Attributes:
+        type: layer class name ("Conv2d").
+        input_shapes: shapes of its tensor inputs.
+        input_dtypes: their dtypes ("float32").
+        params: number of parameters (never the weights).
+        config: constructor keyword arguments, sorted by name.
+        config_source: "recorded" (from the trace), "inferred", or "none".
+    """
+
+    type: str
+    input_shapes: tuple[Shape, ...]
+    input_dtypes: tuple[str, ...]
+    params: int
+    config: tuple[tuple[str, Any], ...] = ()
+    config_source: str = "none"
+
+    def label(self) -> str:
+        """``Conv2d(in_channels=3, …) [1x3x224x224]``."""
+        cfg = ", ".join(f"{k}={v!r}" for k, v in self.config)
+        shapes = ", ".join("x".join(str(d) for d in s) for s in self.input_shapes)
+        return f"{self.type}({cfg}) [{shapes}]"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "type": self.type,
+            "input_shapes": [list(s) for s in self.input_shapes],
+            "input_dtypes": list(self.input_dtypes),
+            "params": self.params,
+            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in self.config},
+            "config_source": self.config_source,
+        }
+
+
+@dataclass
+class LayerCall:
+    """One leaf-layer call in a model's reference invocation.
+
+    Attributes:
+        path: the layer's path ("layer1.0.conv1").
+        brick: its brick.
+        start_ns, end_ns: its span in the trace (ns).
+        traced_ns: its median latency over the run's invocations (ns).
+    """
+
+    path: str
+    brick: Brick
+    start_ns: int
+    end_ns: int
+    traced_ns: float
+
+
+@dataclass
+class ModelBricks:
+    """One model's decomposition.
+
+    Attributes:
+        model: the model's label.
+        run: the run directory it came from.
+        measured_ns: median model-span latency in the run (ns).
+        invocations: model calls used for ``measured_ns``.
+        layers: leaf-layer calls of the reference invocation, in call order.
+        sequences: its consecutive runs of H bricks (H = granularity).
+        parallel: whether leaf layers overlap in time (parallel branches).
+        unattributed_ns: time of the reference invocation in no leaf layer (ns).
+    """
+
+    model: str
+    run: str
+    measured_ns: float
+    invocations: int
+    layers: list[LayerCall]
+    sequences: list[tuple[Brick, ...]]
+    parallel: bool
+    unattributed_ns: int
+
+
+@dataclass
+class BrickSet:
+    """Bricks of every model, deduplicated.
+
+    Attributes:
+        granularity: H, the longest sequence brick.
+        models: per-model decompositions.
+        bricks: unique layer bricks, in first-seen order.
+        sequences: unique sequence bricks (H > 1), in first-seen order.
+    """
+
+    granularity: int
+    models: list[ModelBricks]
+    bricks: list[Brick]
+    sequences: list[tuple[Brick, ...]]
+
+    @property
+    def total_layers(self) -> int:
+        """Leaf-layer calls over all models."""
+        return sum(len(m.layers) for m in self.models)
+
+    @property
+    def total_sequences(self) -> int:
+        """Sequence bricks over all models (before deduplication)."""
+        return sum(len(m.sequences) for m in self.models)
+
+
+def _shapes(value: Any) -> tuple[Shape, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(tuple(int(d) for d in s) for s in value if isinstance(s, list))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def brick_of(span: Span, model_batch: int | None = None) -> Brick:
+    """The brick of a layer span: recorded config if any, else inferred."""
+    a = span.attrs
+    ltype = str(a.get("ml.layer.type", ""))
+    ins = _shapes(a.get("ml.input.shapes"))
+    outs = _shapes(a.get("ml.output.shapes"))
+    dtypes = tuple(str(d) for d in a.get("ml.input.dtypes", ()) or ())
+    params = int(a.get("ml.layer.params", 0) or 0)
+    recorded = a.get("ml.layer.config")
+    if isinstance(recorded, dict):
+        cfg = tuple(sorted((str(k), _freeze(v)) for k, v in recorded.items()))
+        return Brick(ltype, ins, dtypes, params, cfg, "recorded")
+    inferred = infer_config(ltype, ins, outs, params, model_batch)
+    if inferred is None:
+        return Brick(ltype, ins, dtypes, params, (), "none")
+    return Brick(ltype, ins, dtypes, params, tuple(sorted((k, _freeze(v)) for k, v in inferred.items())), "inferred")
+
+
+# -- constructor arguments -----------------------------------------------------------
+
+
+def layer_config(module: Any) -> dict[str, Any] | None:
+    """Constructor arguments of a live ``torch.nn`` layer, for the tracer to record.
+
+    Meant for ``TorchModuleSource`` to store once per module as
+    ``ml.layer.config`` (it never imports torch and reads no weights). Covers
+    layers of ``torch.nn`` whose ``__init__`` arguments are attributes of the
+    same name, plus ``bias`` and the attention/transformer layers; returns
+    None for other modules (user-defined ones).
+    """
+    cls = type(module)
+    if not cls.__module__.startswith("torch.nn.modules"):
+        return None
+    name = cls.__name__
+    if name == "MultiheadAttention":
+        return {
+            "embed_dim": module.embed_dim,
+            "num_heads": module.num_heads,
+            "dropout": module.dropout,
+            "bias": module.in_proj_bias is not None,
+            "add_bias_kv": module.bias_k is not None,
+            "kdim": module.kdim,
+            "vdim": module.vdim,
+            "batch_first": module.batch_first,
+        }
+    if name in ("TransformerEncoderLayer", "TransformerDecoderLayer"):
+        act = {1: "relu", 2: "gelu"}.get(getattr(module, "activation_relu_or_gelu", 0))
+        return {
+            "d_model": module.self_attn.embed_dim,
+            "nhead": module.self_attn.num_heads,
+            "dim_feedforward": module.linear1.out_features,
+            "dropout": module.dropout.p,
+            "activation": act or getattr(module.activation, "__name__", "relu"),
+            "layer_norm_eps": module.norm1.eps,
+            "batch_first": module.self_attn.batch_first,
+            "norm_first": module.norm_first,
+            "bias": module.linear1.bias is not None,
+        }
+    try:
+        sig = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return None
+    cfg: dict[str, Any] = {}
+    for pname, param in sig.parameters.items():
+        if pname in ("self", "device", "dtype") or pname.startswith("_") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if pname == "bias" and isinstance(param.default, bool):
+            b = getattr(module, "bias", None)
+            cfg["bias"] = b if isinstance(b, bool) else b is not None
+            continue
+        if not hasattr(module, pname):
+            if param.default is inspect.Parameter.empty:
+                return None  # a required argument we cannot see: not reconstructible
+            continue
+        value = getattr(module, pname)
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            cfg[pname] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (int, float)) for v in value):
+            cfg[pname] = list(value)
+        elif param.default is inspect.Parameter.empty:
+            return None
+    return cfg
+
+
+def _conv_geometry(in_sz: int, out_sz: int, k: int) -> tuple[int, int] | None:
+    """(stride, padding) with out = floor((in + 2p - k) / s) + 1, preferring 'same'-style padding."""
+    pads = list(dict.fromkeys([(k - 1) // 2, 0, k // 2, *range(k + 1)]))
+    for s in range(1, 9):
+        for p in pads:
+            if in_sz + 2 * p >= k and (in_sz + 2 * p - k) // s + 1 == out_sz:
+                return s, p
+    return None
+
+
+def _infer_conv(dims: int, ins: tuple[Shape, ...], outs: tuple[Shape, ...], params: int) -> dict[str, Any] | None:
+    if not ins or not outs or len(ins[0]) not in (dims + 1, dims + 2) or len(outs[0]) != len(ins[0]):
+        return None
+    off = len(ins[0]) - dims - 1
+    cin, cout = ins[0][off], outs[0][off]
+    groups = [1] + ([cin] if cin > 1 and cout % cin == 0 else [])
+    groups += [g for g in range(2, cin) if cin % g == 0 and cout % g == 0 and g not in groups]
+    for k in (3, 1, 5, 7, 2, 4, 9, 11, 6, 8, 10, 13, 15):
+        for g in groups:
+            for bias in (False, True):
+                if cout * (cin // g) * k**dims + (cout if bias else 0) != params:
+                    continue
+                stride, padding = [], []
+                for d in range(dims):
+                    geo = _conv_geometry(ins[0][off + 1 + d], outs[0][off + 1 + d], k)
+                    if geo is None:
+                        break
+                    stride.append(geo[0])
+                    padding.append(geo[1])
+                else:
+                    return {
+                        "in_channels": cin,
+                        "out_channels": cout,
+                        "kernel_size": k,
+                        "stride": stride,
+                        "padding": padding,
+                        "groups": g,
+                        "bias": bias,
+                    }
+    return None
+
+
+def _infer_pool(dims: int, ins: tuple[Shape, ...], outs: tuple[Shape, ...]) -> dict[str, Any] | None:
+    if not ins or not outs or len(ins[0]) < dims or len(outs[0]) != len(ins[0]):
+        return None
+    spatial_in = ins[0][-dims:]
+    spatial_out = outs[0][-dims:]
+    for k in (3, 2, 1, 4, 5, 7):
+        for s in (2, 1, 3, 4, k):
+            for p in range(k // 2 + 1):
+                if all(i + 2 * p >= k and (i + 2 * p - k) // s + 1 == o for i, o in zip(spatial_in, spatial_out)):
+                    return {"kernel_size": k, "stride": s, "padding": p}
+    return None
+
+
+def _batch_first(ins: tuple[Shape, ...], model_batch: int | None) -> bool:
+    # Which of the first two dims is the model's batch decides; modern code defaults to batch_first.
+    if ins and len(ins[0]) == 3 and model_batch is not None:
+        a, b = ins[0][0], ins[0][1]
+        if b == model_batch and a != model_batch:
+            return False
+    return True
+
+
+def infer_config(
+    ltype: str, ins: tuple[Shape, ...], outs: tuple[Shape, ...], params: int, model_batch: int | None = None
+) -> dict[str, Any] | None:
+    """Constructor arguments of a ``torch.nn`` layer inferred from its trace attributes.
+
+    Exact where type, shapes and parameter count determine them (Linear,
+    BatchNorm, LayerNorm, Embedding, adaptive pooling, convolutions up to
+    kernel size, stride, padding, groups and bias). Heuristic otherwise:
+    pooling kernels (a matching kernel/stride/padding), attention heads
+    (``embed_dim // 64``), ``batch_first`` (where the model's batch size sits),
+    a transformer layer's activation (ReLU). docs/METHODS.md lists them.
+
+    Args:
+        ltype: layer class name.
+        ins, outs: input and output shapes.
+        params: parameter count.
+        model_batch: the model call's batch size (first dim of its first input).
+
+    Returns:
+        Keyword arguments for the class, or None when they cannot be inferred.
+    """
+    if ltype in _NO_ARGS:
+        return {}
+    if ltype in ("Conv1d", "Conv2d", "Conv3d"):
+        return _infer_conv(int(ltype[4]), ins, outs, params)
+    if ltype == "Linear" and ins and outs and ins[0] and outs[0]:
+        fin, fout = ins[0][-1], outs[0][-1]
+        if params == fin * fout + fout:
+            return {"in_features": fin, "out_features": fout, "bias": True}
+        if params == fin * fout:
+            return {"in_features": fin, "out_features": fout, "bias": False}
+        return None
+    if ltype in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d") and ins and len(ins[0]) >= 2:
+        c = ins[0][1]
+        return {"num_features": c, "affine": params == 2 * c}
+    if ltype == "LayerNorm" and ins and ins[0]:
+        shape = ins[0]
+        for n in range(1, len(shape) + 1):
+            size = math.prod(shape[-n:])
+            if params in (2 * size, size):
+                return {"normalized_shape": list(shape[-n:]), "elementwise_affine": True, "bias": params == 2 * size}
+        if params == 0:
+            return {"normalized_shape": [shape[-1]], "elementwise_affine": False}
+        return None
+    if ltype == "Embedding" and outs and outs[0] and outs[0][-1]:
+        dim = outs[0][-1]
+        if params % dim == 0 and params:
+            return {"num_embeddings": params // dim, "embedding_dim": dim}
+        return None
+    if ltype in (
+        "AdaptiveAvgPool1d",
+        "AdaptiveAvgPool2d",
+        "AdaptiveAvgPool3d",
+        "AdaptiveMaxPool1d",
+        "AdaptiveMaxPool2d",
+        "AdaptiveMaxPool3d",
+    ):
+        dims = int(ltype[-2])
+        if outs and len(outs[0]) >= dims:
+            return {"output_size": list(outs[0][-dims:])}
+        return None
+    if ltype in ("MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d"):
+        return _infer_pool(int(ltype[-2]), ins, outs)
+    if ltype in ("Softmax", "LogSoftmax"):
+        return {"dim": -1}
+    if ltype == "Flatten":
+        return {}
+    if ltype == "MultiheadAttention" and ins and ins[0]:
+        e = ins[0][-1]
+        if params not in (4 * e * e + 4 * e, 4 * e * e):
+            return None
+        return {
+            "embed_dim": e,
+            "num_heads": e // 64 if e % 64 == 0 else 1,
+            "bias": params != 4 * e * e,
+            "batch_first": _batch_first(ins, model_batch),
+        }
+    if ltype == "TransformerEncoderLayer" and ins and ins[0]:
+        d = ins[0][-1]
+        rest = params - 4 * d * d - 9 * d  # attention 4d²+4d, two norms 4d, linear2 bias d
+        if rest <= 0 or rest % (2 * d + 1):
+            return None
+        return {
+            "d_model": d,
+            "nhead": d // 64 if d % 64 == 0 else 1,
+            "dim_feedforward": rest // (2 * d + 1),
+            "dropout": 0.0,
+            "batch_first": _batch_first(ins, model_batch),
+        }
+    return None
+
+
+# -- extraction ------------------------------------------------------------------------
+
+
+def _leaf_layers(spans: dict[Any, Span]) -> list[Span]:
+    layers = [s for s in spans.values() if s.level == Level.LAYER]
+    by_id = {s.id: s for s in spans.values()}
+    parents_with_layer_below: set[int] = set()
+    for s in layers:
+        p = by_id.get(s.parent_id) if s.parent_id is not None else None
+        while p is not None:
+            if p.id in parents_with_layer_below:
+                break
+            parents_with_layer_below.add(p.id)
+            p = by_id.get(p.parent_id) if p.parent_id is not None else None
+    return sorted((s for s in layers if s.id not in parents_with_layer_below), key=lambda s: (s.start_ns, s.id))
+
+
+def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> BrickSet:
+    """Extracts and deduplicates bricks from traced runs.
+
+    Args:
+        runs: runs with layer spans (``--level layer`` or deeper), or leveled runs.
+        granularity: H, the longest sequence brick (1: single layers only).
+        warmup: model calls skipped before the reference invocation and the
+            measured median (fewer when the run has fewer calls).
+
+    Raises:
+        ValueError: for H < 1 or a run without layer spans.
+    """
+    from mltrace.analysis.leveled import invocations, model_label, path_label
+
+    if granularity < 1:
+        raise ValueError("granularity H must be at least 1")
+    models: list[ModelBricks] = []
+    unique: dict[Brick, None] = {}
+    unique_seq: dict[tuple[Brick, ...], None] = {}
+    for run in runs:
+        if not any(s.level == Level.LAYER for s in run.spans):
+            raise ValueError(f"{run.path}: no layer spans (trace it with --level layer or deeper)")
+        for key, calls in invocations(run).items():
+            skip = min(warmup, len(calls) - 1)
+            ref = calls[skip]
+            shapes = ref.root.attrs.get("ml.input.shapes") or []
+            model_batch = shapes[0][0] if shapes and isinstance(shapes[0], list) and shapes[0] else None
+            traced: dict[str, list[int]] = {}
+            for call in calls[skip:]:
+                for pk, s in call.spans.items():
+                    if s.level == Level.LAYER:
+                        traced.setdefault(path_label(pk), []).append(s.duration_ns)
+            path_of = {id(s): path_label(pk) for pk, s in ref.spans.items()}
+            leaves = _leaf_layers(ref.spans)
+            layers = []
+            for s in leaves:
+                b = brick_of(s, model_batch)
+                unique.setdefault(b, None)
+                layers.append(
+                    LayerCall(s.name, b, s.start_ns, s.end_ns, float(statistics.median(traced.get(path_of[id(s)], [s.duration_ns]))))
+                )
+            seqs: list[tuple[Brick, ...]] = []
+            if granularity > 1:
+                seqs = [tuple(lc.brick for lc in layers[i : i + granularity]) for i in range(0, len(layers), granularity)]
+                for sq in seqs:
+                    unique_seq.setdefault(sq, None)
+            parallel = any(b.start_ns < a.end_ns for a, b in zip(layers, layers[1:]))
+            covered = _union_ns([(lc.start_ns, lc.end_ns) for lc in layers])
+            measured = [c.root.duration_ns for c in calls[skip:]]
+            models.append(
+                ModelBricks(
+                    model=model_label(key),
+                    run=str(run.path),
+                    measured_ns=float(statistics.median(measured)),
+                    invocations=len(measured),
+                    layers=layers,
+                    sequences=seqs,
+                    parallel=parallel,
+                    unattributed_ns=max(0, ref.root.duration_ns - covered),
+                )
+            )
+    return BrickSet(granularity, models, list(unique), list(unique_seq))
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    total = 0
+    end = None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+# -- construction ------------------------------------------------------------------------
+
+
+def critical_path_ns(layers: Sequence[LayerCall], weight: Callable[[LayerCall], float]) -> float:
+    """Longest chain of layers where each starts after the previous one ended in the trace.
+
+    Layers overlapping in time (parallel branches) are not chained, so the
+    result is the constructed latency of a model whose branches run
+    concurrently; for a sequential trace it is the plain sum.
+    """
+    order = sorted(range(len(layers)), key=lambda i: layers[i].start_ns)
+    by_end = sorted(range(len(layers)), key=lambda i: layers[i].end_ns)
+    best_done = 0.0  # longest path over layers already ended
+    longest = [0.0] * len(layers)
+    j = 0
+    for i in order:
+        while j < len(by_end) and layers[by_end[j]].end_ns <= layers[i].start_ns:
+            best_done = max(best_done, longest[by_end[j]])
+            j += 1
+        longest[i] = best_done + weight(layers[i])
+    return max(longest, default=0.0)
+
+
+@dataclass
+class Construction:
+    """A model's constructed latency.
+
+    Attributes:
+        model: the model's label.
+        measured_ns: median traced model latency (ns).
+        constructed_ns: from the bricks (ns).
+        method: "sum", "sequence sum (H=…)" or "critical path".
+        from_trace: leaf layers whose brick could not run alone (their traced latency was used).
+        from_trace_ns: the time those contributed (ns).
+    """
+
+    model: str
+    measured_ns: float
+    constructed_ns: float
+    method: str
+    from_trace: int = 0
+    from_trace_ns: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """constructed / measured."""
+        return self.constructed_ns / self.measured_ns if self.measured_ns else math.nan
+
+
+def construct(
+    model: ModelBricks,
+    brick_ns: dict[Brick, float],
+    sequence_ns: dict[tuple[Brick, ...], float] | None = None,
+) -> Construction:
+    """Constructs a model's latency from brick medians.
+
+    Args:
+        model: the model's decomposition.
+        brick_ns: median latency (ns) per benchmarked brick; bricks missing
+            here fall back to their traced latency.
+        sequence_ns: median latency (ns) per sequence brick (H > 1); a model
+            whose sequences were all benchmarked is constructed from them.
+    """
+    fallback = [lc for lc in model.layers if lc.brick not in brick_ns]
+
+    def weight(lc: LayerCall) -> float:
+        return brick_ns.get(lc.brick, lc.traced_ns)
+
+    if model.parallel:
+        total = critical_path_ns(model.layers, weight)
+        method = "critical path"
+    elif sequence_ns is not None and model.sequences and all(sq in sequence_ns for sq in model.sequences):
+        total = sum(sequence_ns[sq] for sq in model.sequences)
+        method = f"sequence sum (H={max(len(sq) for sq in model.sequences)})"
+        fallback = []
+    else:
+        total = sum(weight(lc) for lc in model.layers)
+        method = "sum"
+    return Construction(model.model, model.measured_ns, total, method, len(fallback), sum(lc.traced_ns for lc in fallback))
+
+
+# -- benchmarking (imports torch) --------------------------------------------------------------
+
+
+@dataclass
+class BrickTiming:
+    """One unique brick's benchmark.
+
+    Attributes:
+        median_ns: median latency (wall clock, ns); None when it could not run.
+        samples: timed calls.
+        runtime: "pytorch" or "onnxruntime".
+        error: why it could not run ("" when it ran).
+        wall_s: wall time spent on it, construction included (s).
+        cpu_median_ns: median CPU time of the calling thread (ns): unlike wall
+            time, not stretched when a busy machine preempts the benchmark; the
+            latency itself for single-threaded work.
+    """
+
+    median_ns: float | None
+    samples: int
+    runtime: str
+    error: str = ""
+    wall_s: float = 0.0
+    cpu_median_ns: float | None = None
+
+
+_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64"}
+
+
+def build_brick(brick: Brick) -> tuple[Any, list[Any], dict[str, Any]]:
+    """A fresh ``torch.nn`` layer for the brick, random inputs, and call keyword arguments.
+
+    Raises:
+        UnsupportedBrick: unknown type, unknown arguments, or inputs it cannot make.
+    """
+    import torch
+
+    cls = getattr(torch.nn, brick.type, None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
+        raise UnsupportedBrick(f"{brick.type} is not a torch.nn layer")
+    if brick.config_source == "none" and brick.type not in _NO_ARGS:
+        raise UnsupportedBrick(f"{brick.type}: constructor arguments neither recorded nor inferable")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in brick.config}
+    try:
+        module = cls(**kwargs).eval()
+    except Exception as exc:
+        raise UnsupportedBrick(f"{brick.type}({kwargs}): {exc}") from None
+    if module_params(module) != brick.params:
+        raise UnsupportedBrick(f"{brick.type}: rebuilt with {module_params(module)} parameters, traced with {brick.params}")
+    float_dtypes = [d for d in brick.input_dtypes if d in _TORCH_DTYPES]
+    if float_dtypes and float_dtypes[0] != "float32":
+        module = module.to(getattr(torch, float_dtypes[0]))
+    inputs = []
+    for shape, dtype in zip(brick.input_shapes, brick.input_dtypes or ("float32",) * len(brick.input_shapes)):
+        if dtype in _TORCH_DTYPES:
+            inputs.append(torch.randn(shape, dtype=getattr(torch, dtype)))
+        elif dtype in ("int64", "int32", "int16", "int8", "uint8"):
+            high = int(getattr(module, "num_embeddings", 2))
+            inputs.append(torch.randint(0, high, shape, dtype=getattr(torch, dtype)))
+        elif dtype == "bool":
+            inputs.append(torch.zeros(shape, dtype=torch.bool))
+        else:
+            raise UnsupportedBrick(f"{brick.type}: input dtype {dtype} not supported")
+    if not inputs:
+        raise UnsupportedBrick(f"{brick.type}: no recorded tensor input")
+    return module, inputs, dict(_CALL_KWARGS.get(brick.type, {}))
+
+
+def module_params(module: Any) -> int:
+    """Parameter count of a module."""
+    return sum(int(p.numel()) for p in module.parameters())
+
+
+def private_cache_bytes() -> int:
+    """Size of the largest per-core CPU cache (L2 on most CPUs) from sysfs; 2 MiB if unknown (bytes)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        import os
+
+        for entry in os.listdir(base):
+            try:
+                with open(f"{base}/{entry}/level") as f:
+                    level = int(f.read())
+                with open(f"{base}/{entry}/size") as f:
+                    text = f.read().strip().upper()
+                with open(f"{base}/{entry}/shared_cpu_list") as f:
+                    shared = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            if level > 2 or "," in shared or "-" in shared:
+                continue  # shared caches hold the whole model's data anyway
+            mult = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KM")) * mult)
+    except OSError:
+        pass
+    return best or 2 * 1024 * 1024
+
+
+def _time_calls(
+    fn: Callable[[], Any], warmup: int, n: int, min_time_s: float, evict: Callable[[], Any] | None = None
+) -> tuple[list[int], list[int]]:
+    """Wall-clock and calling-thread CPU durations (ns) of timed calls."""
+    for _ in range(warmup):
+        fn()
+    wall: list[int] = []
+    cpu: list[int] = []
+    deadline = time.perf_counter() + min_time_s
+    while len(wall) < n or (time.perf_counter() < deadline and len(wall) < 50 * n):
+        if evict is not None:
+            evict()  # outside the timed region
+        c0 = time.thread_time_ns()
+        t0 = time.perf_counter_ns()
+        fn()
+        t1 = time.perf_counter_ns()
+        cpu.append(time.thread_time_ns() - c0)
+        wall.append(t1 - t0)
+    return wall, cpu
+
+
+#: Default working set (bytes) that cold benchmarking spreads a brick's calls over.
+COLD_WORKING_SET = 64 * 1024 * 1024
+
+#: Most copies of one brick cold benchmarking makes.
+MAX_COPIES = 32
+
+
+def benchmark_bricks(
+    bricks: Sequence[Brick] | Sequence[tuple[Brick, ...]],
+    *,
+    warmup: int = 3,
+    n: int = 10,
+    min_time_s: float = 0.0,
+    runtime: str = "pytorch",
+    cache: str = "cold",
+    working_set: int = COLD_WORKING_SET,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[BrickTiming]:
+    """Benchmarks each brick (or sequence of bricks) in isolation.
+
+    Inside a model a layer's weights and input were last touched a whole
+    model ago (weights) or written by other layers in between, so they are not
+    in the core's caches; a layer called back to back on the same data is
+    (warm). Cold benchmarking (the default) therefore builds K independent
+    copies of the brick — layer and inputs — with K x its footprint >=
+    ``working_set`` (K <= 32), and cycles through them so no timed call finds
+    the previous call's data. ONNX Runtime bricks use one copy and evict the
+    private caches before each timed call instead.
+
+    Args:
+        bricks: unique bricks, or unique sequences (each run back to back).
+        warmup: untimed calls first (at least one per copy).
+        n: timed calls at least (more while ``min_time_s`` has not passed).
+        min_time_s: keep timing small bricks at least this long (s).
+        runtime: "pytorch", or "onnxruntime" (layer exported to ONNX).
+        cache: "cold" or "warm" (back-to-back calls on the same data).
+        working_set: cold benchmarking's working set (bytes).
+        progress: called with (done, total) after each brick.
+
+    Returns:
+        One timing per brick, in order.
+    """
+    import torch
+
+    if cache not in ("cold", "warm"):
+        raise ValueError(f"cache must be 'cold' or 'warm', not {cache!r}")
+    evict: Callable[[], Any] | None = None
+    if cache == "cold" and runtime != "pytorch":
+        scratch = torch.zeros(2 * private_cache_bytes() // 4)
+
+        def evict() -> Any:
+            return scratch.add_(1.0)
+
+    out: list[BrickTiming] = []
+    for i, item in enumerate(bricks):
+        seq: tuple[Brick, ...] = item if isinstance(item, tuple) else (item,)
+        t0 = time.perf_counter()
+        try:
+            first = [_make_call(b, runtime) for b in seq]
+            copies = [[c for c, _, _ in first]]
+            if cache == "cold" and runtime == "pytorch":
+                footprint = max(1, sum(nbytes for _, nbytes, _ in first))
+                k = max(1, min(MAX_COPIES, -(-working_set // footprint)))
+                copies += [[clone() for _, _, clone in first] for _ in range(k - 1)]
+            turn = [0]
+
+            def run_next(copies: list[list[Callable[[], Any]]] = copies, turn: list[int] = turn) -> None:
+                calls = copies[turn[0] % len(copies)]
+                turn[0] += 1
+                for c in calls:
+                    c()
+
+            with torch.inference_mode():
+                samples, cpu = _time_calls(run_next, max(warmup, len(copies)), n, min_time_s, evict)
+            out.append(
+                BrickTiming(
+                    float(statistics.median(samples)),
+                    len(samples),
+                    runtime,
+                    wall_s=time.perf_counter() - t0,
+                    cpu_median_ns=float(statistics.median(cpu)),
+                )
+            )
+        except UnsupportedBrick as exc:
+            out.append(BrickTiming(None, 0, runtime, str(exc), time.perf_counter() - t0))
+        except Exception as exc:  # a layer that fails on its recorded inputs
+            out.append(BrickTiming(None, 0, runtime, f"{seq[0].type}: {type(exc).__name__}: {exc}", time.perf_counter() - t0))
+        if progress is not None:
+            progress(i + 1, len(bricks))
+    return out
+
+
+def _nbytes(value: Any) -> int:
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        return int(value.element_size() * value.numel())
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _make_call(brick: Brick, runtime: str) -> tuple[Callable[[], Any], int, Callable[[], Callable[[], Any]]]:
+    """A callable running the brick once, its footprint (weights, inputs, outputs; bytes),
+    and a factory of independent copies (own weights and inputs, same values)."""
+    import copy
+
+    import torch
+
+    module, inputs, kwargs = build_brick(brick)
+    if runtime == "pytorch":
+        with torch.inference_mode():
+            result = module(*inputs, **kwargs)  # fails here, not in the timed loop, on unusable inputs
+        footprint = _nbytes(list(module.parameters())) + _nbytes(list(module.buffers())) + _nbytes(inputs) + _nbytes(result)
+
+        def clone() -> Callable[[], Any]:
+            # Copying is much cheaper than building (no weight initialisation) and gives new memory.
+            m2 = copy.deepcopy(module)
+            xs = [x.clone() for x in inputs]
+            return lambda: m2(*xs, **kwargs)
+
+        return (lambda: module(*inputs, **kwargs)), footprint, clone
+    if runtime == "onnxruntime":
+        call = _ort_call(brick, module, inputs, kwargs)
+        return call, 0, lambda: call
+    raise ValueError(f"unknown runtime {runtime!r}")
+
+
+def _ort_call(brick: Brick, module: Any, inputs: list[Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
+    import contextlib
+    import io
+    import os
+    import tempfile
+    import warnings
+
+    import torch
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UnsupportedBrick("onnxruntime is not installed (pip install 'mltrace[onnxruntime]')") from None
+
+    class _Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, *xs: Any) -> Any:
+            return self.inner(*xs, **kwargs)
+
+    with tempfile.TemporaryDirectory(prefix="mltrace-brick-") as tmp:
+        path = os.path.join(tmp, "brick.onnx")
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.onnx.export(_Wrapped().eval(), tuple(inputs), path, dynamo=False, opset_version=17)
+        except Exception as exc:
+            raise UnsupportedBrick(f"{brick.type}: ONNX export failed: {type(exc).__name__}: {str(exc)[:200]}") from None
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = torch.get_num_threads()  # the same threads PyTorch bricks get
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feed = {name: x.numpy() for name, x in zip(names, inputs)}
+    sess.run(None, feed)
+    return lambda: sess.run(None, feed)
+
+
+# -- the whole pipeline --------------------------------------------------------------------------
+
+
+@dataclass
+class BricksReport:
+    """Result of ``run_bricks``.
+
+    Attributes:
+        set: the extracted bricks.
+        timings: timing per unique brick (same order as ``set.bricks``).
+        sequence_timings: timing per unique sequence (H > 1).
+        constructions: per model.
+        warmup, n: the benchmarking protocol (calls).
+        runtime: where bricks ran.
+        bench_wall_s: wall time spent benchmarking bricks (s).
+    """
+
+    set: BrickSet
+    timings: list[BrickTiming]
+    sequence_timings: list[BrickTiming]
+    constructions: list[Construction]
+    warmup: int
+    n: int
+    runtime: str
+    bench_wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def end_to_end_cost_ns(self) -> float:
+        """Time benchmarking every model end to end would take: Σ (warmup + n) · measured (ns)."""
+        return sum((self.warmup + self.n) * m.measured_ns for m in self.set.models)
+
+    @property
+    def bricks_cost_ns(self) -> float:
+        """Time benchmarking each unique brick once takes, same protocol: Σ (warmup + n) · median (ns)."""
+        timings = self.sequence_timings if self.set.granularity > 1 and self.sequence_timings else self.timings
+        return sum((self.warmup + self.n) * t.median_ns for t in timings if t.median_ns is not None)
+
+    @property
+    def speedup(self) -> float:
+        """end_to_end_cost_ns / bricks_cost_ns (benchmarking-time speedup)."""
+        return self.end_to_end_cost_ns / self.bricks_cost_ns if self.bricks_cost_ns else math.nan
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (format ``mltrace-bricks``, times in ns)."""
+        s = self.set
+        return {
+            "format": "mltrace-bricks",
+            "version": 1,
+            "granularity": s.granularity,
+            "runtime": self.runtime,
+            "protocol": {"warmup": self.warmup, "n": self.n, "statistic": "median"},
+            "counts": {
+                "models": len(s.models),
+                "layers_total": s.total_layers,
+                "layers_unique": len(s.bricks),
+                "sequences_total": s.total_sequences,
+                "sequences_unique": len(s.sequences),
+            },
+            "speedup": {
+                "end_to_end_cost_ns": round(self.end_to_end_cost_ns),
+                "bricks_cost_ns": round(self.bricks_cost_ns),
+                "speedup": round(self.speedup, 3) if not math.isnan(self.speedup) else None,
+                "bench_wall_s": round(self.bench_wall_s, 3),
+                "definition": "sum over models of (warmup+n)*measured / sum over unique bricks of (warmup+n)*brick median",
+            },
+            "models": [
+                {
+                    "model": m.model,
+                    "run": m.run,
+                    "layers": len(m.layers),
+                    "unique_layers": len({lc.brick for lc in m.layers}),
+                    "parallel_branches": m.parallel,
+                    "unattributed_ns": m.unattributed_ns,
+                    "measured_ns": round(c.measured_ns),
+                    "constructed_ns": round(c.constructed_ns),
+                    "ratio": round(c.ratio, 4) if not math.isnan(c.ratio) else None,
+                    "method": c.method,
+                    "layers_from_trace": c.from_trace,
+                    "layer_sequence": [
+                        {"path": lc.path, "brick": s.bricks.index(lc.brick), "traced_ns": round(lc.traced_ns)} for lc in m.layers
+                    ],
+                }
+                for m, c in zip(s.models, self.constructions)
+            ],
+            "bricks": [
+                {
+                    **b.to_json(),
+                    "median_ns": round(t.median_ns) if t.median_ns is not None else None,
+                    "samples": t.samples,
+                    "error": t.error or None,
+                }
+                for b, t in zip(s.bricks, self.timings)
+            ],
+            "sequences": [
+                {
+                    "bricks": [s.bricks.index(b) for b in sq],
+                    "median_ns": round(t.median_ns) if t.median_ns is not None else None,
+                    "error": t.error or None,
+                }
+                for sq, t in zip(s.sequences, self.sequence_timings)
+            ],
+            **self.extra,
+        }
+
+
+def run_bricks(
+    runs: Sequence[Run],
+    *,
+    granularity: int = 1,
+    warmup: int = 3,
+    n: int = 10,
+    min_time_s: float = 0.0,
+    runtime: str = "pytorch",
+    cache: str = "cold",
+    trace_warmup: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> BricksReport:
+    """Extracts, deduplicates and benchmarks bricks, and constructs every model's latency.
+
+    Args:
+        runs: traced runs (layer level or deeper).
+        granularity: H (1: layers only).
+        warmup, n, min_time_s: the brick benchmarking protocol.
+        runtime: "pytorch" or "onnxruntime".
+        cache: "cold" or "warm" (see ``benchmark_bricks``).
+        trace_warmup: model calls of each run skipped (see ``extract``).
+        progress: called with (done, total) as bricks are benchmarked.
+    """
+    bset = extract(runs, granularity, trace_warmup)
+    t0 = time.perf_counter()
+    timings = benchmark_bricks(bset.bricks, warmup=warmup, n=n, min_time_s=min_time_s, runtime=runtime, cache=cache, progress=progress)
+    seq_timings = (
+        benchmark_bricks(bset.sequences, warmup=warmup, n=n, min_time_s=min_time_s, runtime=runtime, cache=cache, progress=progress)
+        if granularity > 1
+        else []
+    )
+    wall = time.perf_counter() - t0
+    brick_ns = {b: t.median_ns for b, t in zip(bset.bricks, timings) if t.median_ns is not None}
+    seq_ns = {sq: t.median_ns for sq, t in zip(bset.sequences, seq_timings) if t.median_ns is not None} if granularity > 1 else None
+    constructions = [construct(m, brick_ns, seq_ns) for m in bset.models]
+    return BricksReport(bset, timings, seq_timings, constructions, warmup, n, runtime, wall, {"cache": cache})

@@ -1,0 +1,287 @@
+"""DLBricks: extraction, constructor arguments, deduplication, construction, benchmarking."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import mltrace
+from mltrace.analysis.bricks import (
+    Brick,
+    LayerCall,
+    ModelBricks,
+    benchmark_bricks,
+    brick_of,
+    build_brick,
+    construct,
+    critical_path_ns,
+    extract,
+    infer_config,
+    layer_config,
+    run_bricks,
+)
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track, TrackKind
+
+
+class Zoo(nn.Module):
+    """One of most layer kinds, with non-default arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 7, 2, 3, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.dw = nn.Conv2d(16, 16, 3, 1, 1, groups=16)
+        self.pw = nn.Conv2d(16, 32, 1)
+        self.down = nn.Conv2d(32, 32, 3, 2, 1, bias=False)
+        self.act = nn.ReLU6()
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(32, 64)
+        self.ln = nn.LayerNorm(64)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.bn(self.conv(x)))
+        x = self.act(self.down(self.pw(self.dw(x))))
+        return self.drop(self.ln(self.fc(torch.flatten(self.gap(x), 1))))
+
+
+class Seq(nn.Module):
+    """Embedding, attention, a transformer layer (fast path under inference mode), a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 128)
+        self.attn = nn.MultiheadAttention(128, 2, batch_first=True)
+        self.enc = nn.TransformerEncoderLayer(128, 2, 256, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        h = self.attn(h, h, h, need_weights=False)[0]
+        return self.head(self.enc(h)[:, 0])
+
+
+class Rep(nn.Module):
+    """Three identical Linear+ReLU blocks and a different head: 7 leaf calls, 3 unique."""
+
+    def __init__(self, out: int = 4, blocks: int = 3) -> None:
+        super().__init__()
+        self.body = nn.Sequential(*[m for _ in range(blocks) for m in (nn.Linear(16, 16), nn.ReLU())])
+        self.head = nn.Linear(16, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+class Custom(nn.Module):
+    """A leaf layer of the user's own: not rebuildable in isolation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _trace(tmp_path: Path, name: str, fn: Any, calls: int = 2) -> Run:
+    torch.manual_seed(0)
+    with torch.inference_mode(), mltrace.profile(output=tmp_path / name, summary=False, level="layer"):
+        for _ in range(calls):
+            fn()
+    return mltrace.load_run(tmp_path / name)
+
+
+@pytest.fixture(scope="module")
+def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
+    tmp = tmp_path_factory.mktemp("zoo")
+    zoo, seq = Zoo().eval(), Seq().eval()
+    x, tokens = torch.randn(2, 3, 32, 32), torch.randint(0, 100, (3, 7))
+    return [_trace(tmp, "zoo", lambda: zoo(x)), _trace(tmp, "seq", lambda: seq(tokens))]
+
+
+def test_inferred_bricks_rebuild_the_traced_layers(zoo_runs: list[Run]) -> None:
+    bset = extract(zoo_runs)
+    types = [lc.brick.type for m in bset.models for lc in m.layers]
+    assert types == [
+        "Conv2d", "BatchNorm2d", "MaxPool2d", "Conv2d", "Conv2d", "Conv2d", "ReLU6", "AdaptiveAvgPool2d", "Linear", "LayerNorm", "Dropout",
+        "Embedding", "MultiheadAttention", "TransformerEncoderLayer", "Linear",
+    ]  # fmt: skip
+    calls = {lc.path: lc for m in bset.models for lc in m.layers}
+    spans = {s.name: s for r in zoo_runs for s in r.spans if s.level == Level.LAYER}
+    for path, call in calls.items():
+        brick = call.brick
+        assert brick.config_source == "inferred", path
+        module, inputs, kwargs = build_brick(brick)  # also checks the parameter count
+        with torch.inference_mode():
+            out = module(*inputs, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        assert [list(out.shape)] == spans[path].attrs["ml.output.shapes"], path
+    cfg = {lc.path: dict(lc.brick.config) for m in bset.models for lc in m.layers}
+    assert cfg["conv"] == {
+        "in_channels": 3,
+        "out_channels": 16,
+        "kernel_size": 7,
+        "stride": (2, 2),
+        "padding": (3, 3),
+        "groups": 1,
+        "bias": False,
+    }
+    assert cfg["dw"]["groups"] == 16 and cfg["dw"]["bias"] is True
+    assert cfg["down"]["stride"] == (2, 2) and cfg["pw"]["kernel_size"] == 1
+    assert cfg["enc"]["dim_feedforward"] == 256 and cfg["enc"]["batch_first"] is True
+    assert cfg["attn"]["batch_first"] is True and cfg["embed"] == {"num_embeddings": 100, "embedding_dim": 128}
+
+
+def test_batch_first_follows_the_model_batch() -> None:
+    assert infer_config("MultiheadAttention", ((7, 3, 64),), ((7, 3, 64),), 4 * 64 * 64 + 4 * 64, model_batch=3)["batch_first"] is False
+    assert infer_config("MultiheadAttention", ((3, 7, 64),), ((3, 7, 64),), 4 * 64 * 64 + 4 * 64, model_batch=3)["batch_first"] is True
+    assert infer_config("Linear", ((2, 16),), ((2, 4),), 999) is None  # parameters that fit no Linear
+    assert infer_config("MyLayer", ((2, 16),), ((2, 4),), 10) is None
+
+
+def test_layer_config_rebuilds_live_layers() -> None:
+    for module in [*Zoo().children(), *Seq().children(), nn.Conv1d(4, 8, 5, padding=2), nn.GELU(approximate="tanh")]:
+        cfg = layer_config(module)
+        assert cfg is not None, type(module).__name__
+        rebuilt = type(module)(**cfg)
+        assert repr(rebuilt) == repr(module)
+        assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in module.parameters())
+    assert layer_config(Custom()) is None
+
+
+def test_recorded_config_wins_over_inference() -> None:
+    attrs = {
+        "ml.layer.type": "Conv2d",
+        "ml.input.shapes": [[1, 4, 8, 8]],
+        "ml.input.dtypes": ["float32"],
+        "ml.output.shapes": [[1, 4, 8, 8]],
+        "ml.layer.params": 4 * 4 * 9,
+        "ml.layer.config": {
+            "in_channels": 4,
+            "out_channels": 4,
+            "kernel_size": [3, 3],
+            "padding": [1, 1],
+            "bias": False,
+            "dilation": [1, 1],
+        },
+    }
+    brick = brick_of(Span(1, None, Level.LAYER, "c", 0, 1, 1, attrs))
+    assert brick.config_source == "recorded" and dict(brick.config)["kernel_size"] == (3, 3)
+    module, _, _ = build_brick(brick)
+    assert module.padding == (1, 1)
+
+
+@pytest.fixture(scope="module")
+def rep_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    tmp = tmp_path_factory.mktemp("rep")
+    a, b, c = Rep().eval(), Rep(out=8, blocks=1).eval(), Custom()
+    x = torch.randn(2, 16)
+
+    def go() -> None:
+        a(x)
+        b(x)
+
+    run = _trace(tmp, "rep", go, calls=3)
+    run2 = _trace(tmp, "custom", lambda: nn.Sequential(nn.Linear(16, 16), c)(x), calls=2)
+    return run, run2  # type: ignore[return-value]
+
+
+def test_known_repeats_are_counted_and_deduplicated(rep_run: Any) -> None:
+    run, _ = rep_run
+    bset = extract([run], granularity=1)
+    rep, rep2 = bset.models
+    assert rep.model.startswith("Rep (") and len(rep.layers) == 7 and len({lc.brick for lc in rep.layers}) == 3
+    assert len(rep2.layers) == 3
+    assert bset.total_layers == 10 and len(bset.bricks) == 4  # Linear 16→16 and ReLU shared across models
+    assert [lc.path for lc in rep.layers] == ["body.0", "body.1", "body.2", "body.3", "body.4", "body.5", "head"]
+    assert rep.invocations == 2 and not rep.parallel  # the first call of three is warm-up
+    seqs = extract([run], granularity=2)
+    assert [len(sq) for sq in seqs.models[0].sequences] == [2, 2, 2, 1]
+    assert seqs.total_sequences == 6 and len(seqs.sequences) == 3
+
+
+def test_construct_sum_fallback_and_sequences(rep_run: Any) -> None:
+    run, _ = rep_run
+    bset = extract([run], granularity=2)
+    rep = bset.models[0]
+    lin16, relu, lin4 = rep.layers[0].brick, rep.layers[1].brick, rep.layers[6].brick
+    c = construct(rep, {lin16: 10.0, relu: 1.0, lin4: 5.0})
+    assert (c.constructed_ns, c.method, c.from_trace) == (38.0, "sum", 0)
+    c = construct(rep, {lin16: 10.0, relu: 1.0})
+    assert c.from_trace == 1 and c.constructed_ns == 33.0 + rep.layers[6].traced_ns
+    pair, last = rep.sequences[0], rep.sequences[3]
+    c = construct(rep, {lin16: 10.0, relu: 1.0, lin4: 5.0}, {pair: 12.0, last: 4.0})
+    assert (c.constructed_ns, c.method) == (40.0, "sequence sum (H=2)")
+    assert c.ratio == pytest.approx(40.0 / rep.measured_ns)
+
+
+def _call(start: int, end: int, name: str) -> LayerCall:
+    return LayerCall(name, Brick(name, (), (), 0), start, end, float(end - start))
+
+
+def test_critical_path_through_parallel_branches() -> None:
+    layers = [_call(0, 10, "A"), _call(10, 20, "B"), _call(10, 30, "C"), _call(30, 40, "D")]
+    w = {"A": 10.0, "B": 10.0, "C": 25.0, "D": 5.0}
+    assert critical_path_ns(layers, lambda lc: w[lc.path]) == 40.0  # A → C → D; B runs beside C
+    assert critical_path_ns(layers[:2], lambda lc: w[lc.path]) == 20.0  # sequential: the sum
+    model = ModelBricks("m", ".", 50.0, 1, layers, [], parallel=True, unattributed_ns=0)
+    c = construct(model, {lc.brick: w[lc.path] for lc in layers})
+    assert (c.constructed_ns, c.method) == (40.0, "critical path")
+
+
+def test_overlapping_layers_on_two_tracks_are_parallel() -> None:
+    attrs = {"ml.layer.type": "ReLU", "ml.input.shapes": [[1, 4]], "ml.input.dtypes": ["float32"], "ml.layer.params": 0}
+    spans = [
+        Span(1, None, Level.MODEL, "Net", 0, 100, 1, {}),
+        Span(2, 1, Level.LAYER, "left", 10, 60, 1, dict(attrs)),
+        Span(3, 1, Level.LAYER, "right", 20, 70, 2, dict(attrs)),
+        Span(4, 1, Level.LAYER, "join", 80, 90, 1, dict(attrs)),
+    ]
+    tracks = {1: Track(1, TrackKind.THREAD, "a", 1, 1), 2: Track(2, TrackKind.THREAD, "b", 1, 2)}
+    bset = extract([Run(Path("."), {"format": "mltrace-run"}, tracks, spans)], warmup=0)
+    (m,) = bset.models
+    assert m.parallel and [lc.path for lc in m.layers] == ["left", "right", "join"]
+    assert m.unattributed_ns == 100 - 60 - 10 and len(bset.bricks) == 1
+    c = construct(m, {})
+    assert c.method == "critical path" and c.constructed_ns == 50 + 10
+
+
+def test_run_without_layers_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no layer spans"):
+        extract([Run(tmp_path, {}, {}, [Span(1, None, Level.MODEL, "Net", 0, 5, 1, {})])])
+    with pytest.raises(ValueError, match="at least 1"):
+        extract([], granularity=0)
+
+
+def test_run_bricks_end_to_end(rep_run: Any) -> None:
+    run, custom_run = rep_run
+    report = run_bricks([run, custom_run], warmup=1, n=3)
+    assert report.set.total_layers == 12 and len(report.set.bricks) == 5
+    ok = [t for t in report.timings if t.median_ns is not None]
+    failed = [(b.type, t.error) for b, t in zip(report.set.bricks, report.timings) if t.median_ns is None]
+    assert len(ok) == 4 and all(t.median_ns > 0 and t.samples >= 3 for t in ok)
+    assert failed == [("Custom", "Custom is not a torch.nn layer")]
+    rep, rep2, seq = report.constructions
+    assert rep.from_trace == 0 and rep.constructed_ns > 0 and math.isfinite(rep.ratio)
+    assert seq.from_trace == 1  # the custom layer keeps its traced latency
+    timed = sum(t.median_ns for t in ok)  # type: ignore[misc]
+    assert report.bricks_cost_ns == pytest.approx(4 * timed)
+    assert report.end_to_end_cost_ns == pytest.approx(4 * sum(m.measured_ns for m in report.set.models))
+    assert report.speedup == pytest.approx(report.end_to_end_cost_ns / report.bricks_cost_ns)
+    doc = report.to_json()
+    assert doc["counts"] == {"models": 3, "layers_total": 12, "layers_unique": 5, "sequences_total": 0, "sequences_unique": 0}
+    assert "weight" not in str(doc).lower()  # shapes and counts only
+
+
+def test_warm_cold_and_onnxruntime_runtimes() -> None:
+    brick = Brick("Linear", ((2, 16),), ("float32",), 16 * 16 + 16, (("bias", True), ("in_features", 16), ("out_features", 16)), "inferred")
+    for kwargs in ({"cache": "warm"}, {"cache": "cold"}, {"runtime": "onnxruntime"}):
+        (t,) = benchmark_bricks([brick], warmup=1, n=2, **kwargs)  # type: ignore[arg-type]
+        assert t.median_ns is not None and t.median_ns > 0 and t.error == "", kwargs
+    with pytest.raises(ValueError, match="cache"):
+        benchmark_bricks([brick], cache="lukewarm")
