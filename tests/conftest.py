@@ -35,6 +35,7 @@ def no_leaked_hooks() -> Iterator[None]:
 
         assert not m._global_forward_pre_hooks, "a global forward pre-hook leaked"
         assert not m._global_forward_hooks, "a global forward hook leaked"
+        assert m.Module.__call__ is m.Module._wrapped_call_impl, "nn.Module.__call__ was left wrapped"
 
 
 def mltrace_cmd(*args: str) -> list[str]:

@@ -104,7 +104,39 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
     return [_trace(tmp, "zoo", lambda: zoo(x)), _trace(tmp, "seq", lambda: seq(tokens))]
 
 
+def _without_recorded_configs(runs: list[Run]) -> list[Run]:
+    from dataclasses import replace as dc_replace
+
+    from mltrace.tracer.model import Span
+
+    def strip(s: Span) -> Span:
+        attrs = {k: v for k, v in s.attrs.items() if k != "ml.layer.config"}
+        return Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, attrs)
+
+    return [dc_replace(r, spans=[strip(s) for s in r.spans]) for r in runs]
+
+
+def test_recorded_configs_match_the_inferred_ones(zoo_runs: list[Run]) -> None:
+    recorded = extract(zoo_runs)
+    inferred = extract(_without_recorded_configs(zoo_runs))
+    rec = {lc.path: lc.brick for m in recorded.models for lc in m.layers}
+    inf = {lc.path: lc.brick for m in inferred.models for lc in m.layers}
+    assert {p for p, b in rec.items() if b.config_source == "recorded"} >= {"conv", "dw", "embed"}
+    def norm(v: object) -> object:
+        if isinstance(v, (tuple, list)) and len(set(v)) == 1:
+            return norm(v[0])  # (7, 7) and 7 are the same kernel
+        return tuple(v) if isinstance(v, list) else v
+
+    for path, brick in rec.items():
+        if brick.config_source == "recorded" and path in ("conv", "dw", "down", "pw", "embed"):
+            got, guessed = dict(brick.config), dict(inf[path].config)
+            shared = set(got) & set(guessed)
+            assert shared, path
+            assert {k: norm(got[k]) for k in shared} == {k: norm(guessed[k]) for k in shared}, path
+
+
 def test_inferred_bricks_rebuild_the_traced_layers(zoo_runs: list[Run]) -> None:
+    zoo_runs = _without_recorded_configs(zoo_runs)
     bset = extract(zoo_runs)
     types = [lc.brick.type for m in bset.models for lc in m.layers]
     assert types == [

@@ -142,3 +142,24 @@ def test_hooks_installed_when_torch_is_imported_later(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr.decode()
     run = mltrace.load_run(tmp_path / "late")
     assert _names(run, Level.MODEL) == ["Linear"]
+
+
+def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
+    from torch.nn.modules import module as m
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+
+    def go() -> None:
+        assert not m._global_forward_hooks and not m._global_forward_pre_hooks  # torch's fast path stays
+        net(torch.randn(3, 4))
+        with pytest.raises(RuntimeError):
+            net(torch.randn(3, 5))  # shape error inside: the model span still closes
+        net[1](torch.randn(3, 4))
+
+    run = _trace(tmp_path, go, level="model")
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.name for s in models] == ["Sequential", "Sequential", "Sequential"]
+    assert [s.attrs["ml.input.shapes"] for s in models] == [[[3, 4]], [[3, 5]], [[3, 4]]]
+    assert models[0].attrs["ml.output.shapes"] == [[3, 2]]
+    assert "ml.output.shapes" not in models[1].attrs
+    assert not [s for s in run.spans if s.level == Level.LAYER]

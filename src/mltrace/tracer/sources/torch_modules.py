@@ -19,6 +19,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from mltrace.analysis.bricks import layer_config
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
@@ -59,6 +60,7 @@ class TorchModuleSource:
     def __init__(self) -> None:
         self._tls = threading.local()
         self._handles: list[Any] = []
+        self._wrapped: tuple[Any, Any, Any] | None = None
         self._import_hook: PostImportHook | None = None
         self._session: Session | None = None
         self._static: dict[int, _Static] = {}
@@ -90,14 +92,54 @@ class TorchModuleSource:
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
         self._script_module = getattr(torch.jit, "ScriptModule", None)
+        if not self._record_layers:
+            self._wrap_call(torch.nn.Module)
+            return
         self._handles.append(module_mod.register_module_forward_pre_hook(self._pre))
         self._handles.append(module_mod.register_module_forward_hook(self._post, always_call=True))
+
+    def _wrap_call(self, module_cls: Any) -> None:
+        """Model level only: wrap ``Module.__call__`` instead of installing global hooks.
+
+        Global hooks send every module call down torch's slower hooked path
+        (+14 % on a MobileNet-style CNN with 231 module calls); the wrapper times
+        the outermost call per thread and lets nested calls through untouched.
+        """
+        original = module_cls.__call__
+        tls = self._tls
+        model_begin = self._model_begin
+        post = self._post
+
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
+            try:
+                stack = tls.stack
+            except AttributeError:
+                stack = tls.stack = []
+            if stack:
+                return original(module, *args, **kwargs)
+            model_begin(module, args, stack)
+            output = None
+            try:
+                output = original(module, *args, **kwargs)
+                return output
+            finally:
+                post(module, args, output)
+
+        self._wrapped = (module_cls, original, __call__)
+        module_cls.__call__ = __call__
 
     def stop(self) -> list[Event]:
         try:
             for handle in self._handles:
                 handle.remove()
+            if self._wrapped is not None:
+                module_cls, original, ours = self._wrapped
+                if module_cls.__call__ is ours:
+                    module_cls.__call__ = original
+                elif self._session is not None:
+                    self._session.note_limitation("nn.Module.__call__ was re-wrapped by someone else; mltrace's wrapper left in place")
         finally:
+            self._wrapped = None
             self._handles.clear()
             if self._import_hook is not None:
                 self._import_hook.remove()
@@ -122,6 +164,12 @@ class TorchModuleSource:
         except Exception:
             params = 0
         info = _Static(module, params, loc[0], loc[1])
+        try:  # constructor arguments (never weights), so DLBricks can rebuild the layer exactly
+            config = layer_config(module)
+        except Exception:
+            config = None
+        if config is not None:
+            info.attrs["ml.layer.config"] = config
         self._static[id(module)] = info
         return info
 
