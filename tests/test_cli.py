@@ -189,13 +189,13 @@ while True:
 """
 
 
-def _start_loop(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_loop(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
     out = tmp_path / "run"
     proc = subprocess.Popen(
         mltrace_cmd("python", "-q", "--flush-interval", "0.2", "-o", str(out), str(script)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -204,8 +204,9 @@ def _start_loop(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, out
 
 
-def test_sigkill_leaves_readable_trace(tmp_path: Path) -> None:
-    proc, out = _start_loop(tmp_path)
+@pytest.mark.parametrize("stream_perfetto", [False, True])
+def test_sigkill_leaves_readable_trace(tmp_path: Path, stream_perfetto: bool) -> None:
+    proc, out = _start_loop(tmp_path, {"MLTRACE_STREAM_PERFETTO": "1"} if stream_perfetto else {})
     proc.kill()
     proc.wait(timeout=30)
     run = mltrace.load_run(out)
@@ -213,8 +214,13 @@ def test_sigkill_leaves_readable_trace(tmp_path: Path) -> None:
     models = [s for s in run.spans if s.level == Level.MODEL]
     assert len(models) >= 200
     assert sum(1 for s in run.spans if s.level == Level.LAYER) >= 3 * 200
-    # The streamed Perfetto file parses too, up to its last flush.
-    trace = parse_pftrace(out / "trace.pftrace")
+    if stream_perfetto:  # the streamed Perfetto file parses too, up to its last flush
+        trace = parse_pftrace(out / "trace.pftrace")
+    else:  # rebuilt from the streamed events
+        assert not (out / "trace.pftrace").exists()
+        res = run_cli("export", str(out), "--format", "perfetto", "-o", str(tmp_path / "rebuilt.pftrace"))
+        assert res.returncode == 0, res.stderr.decode()
+        trace = parse_pftrace(tmp_path / "rebuilt.pftrace")
     assert sum(1 for s in trace.slices if s.category == "model") >= 200
     report = run_cli("report", str(out))
     assert report.returncode == 0 and b"did not finish normally" in report.stdout

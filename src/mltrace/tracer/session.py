@@ -199,6 +199,8 @@ class Session:
     def _open_streams(self) -> None:
         assert self.run_dir is not None
         self._writer = store.EventWriter(self.run_dir / store.EVENTS_FILE)
+        if not self.options.stream_perfetto:
+            return
         try:
             from mltrace.exporters.perfetto import PerfettoStreamWriter
 
