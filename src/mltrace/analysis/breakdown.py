@@ -206,22 +206,27 @@ class Chain:
     hot_line: str | None = None
 
 
-def cross_stack_chains(run: Run, top: int = 10) -> list[Chain]:
+def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None = None) -> list[Chain]:
     """The ``top`` layers by self time with their heaviest op and library/kernel under it.
 
     Children are aggregated by name over all calls of a layer path; kernels count
     through their launch call (a kernel's parent is the API call that launched it).
+
+    Args:
+        run: the run.
+        top: how many layers.
+        layers: the layers to describe, if already computed (skips a breakdown).
     """
     spans = run.spans
+    if layers is None:
+        b = breakdown(run)
+        layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
+    wanted = {x.name for x in layers}
     children: dict[int, list[Span]] = {}
+    by_layer: dict[str, list[Span]] = {}
     for s in spans:
         if s.parent_id is not None:
             children.setdefault(s.parent_id, []).append(s)
-    b = breakdown(run)
-    layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
-    wanted = {x.name for x in layers}
-    by_layer: dict[str, list[Span]] = {}
-    for s in spans:
         if s.level == Level.LAYER and s.name in wanted:
             by_layer.setdefault(s.name, []).append(s)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import IO
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
-from mltrace.analysis.breakdown import breakdown
+from mltrace.analysis.breakdown import LayerStat, breakdown
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.peaks import Peaks
 from mltrace.run.store import Run, load_run
@@ -123,7 +123,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
                 _verdict_text(t.verdict),
             )
         console.print(tt)  # type: ignore[attr-defined]
-    _chains(console, run, top)
+    _chains(console, run, top, [r.stat for r in a.top_by_self(min(top, 10))])
     _name_table(console, "By op (self time)", a.ops[:top], ops=True)
     _name_table(console, "By library call", a.libraries[:top], detail="library")
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
@@ -136,11 +136,11 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         console.print(f"[dim]Limitation: {lim}[/dim]")  # type: ignore[attr-defined]
 
 
-def _chains(console: object, run: Run, top: int) -> None:
+def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> None:
     """Top layers by self time, each with its heaviest op and library call or kernel."""
     from mltrace.analysis.breakdown import cross_stack_chains
 
-    chains = [c for c in cross_stack_chains(run, top=min(top, 10)) if c.links or c.hot_line]
+    chains = [c for c in cross_stack_chains(run, top=min(top, 10), layers=layers) if c.links or c.hot_line]
     if not chains:
         return
     console.print("[bold]Cross-stack: where each top layer's time goes[/bold]")  # type: ignore[attr-defined]
