@@ -1,7 +1,9 @@
 """Example inference script: a ResNet-style CNN and a Transformer encoder.
 
 Run it plainly (``python examples/infer.py``) or traced, without changes:
-``mltrace python examples/infer.py --batch 2 --iters 3``.
+``mltrace python examples/infer.py --batch 2 --iters 3``. It also follows the sweep
+protocol of ``mltrace bench`` (``MLTRACE_BATCH``, ``MLTRACE_PRECISION``,
+``MLTRACE_THREADS``, ``MLTRACE_ITERS`` as defaults), without importing mltrace.
 """
 
 from __future__ import annotations
@@ -19,23 +21,29 @@ from models import encoder, resnet_small  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--iters", type=int, default=3)
+    env = os.environ
+    parser.add_argument("--batch", type=int, default=int(env.get("MLTRACE_BATCH") or 1))
+    parser.add_argument("--iters", type=int, default=int(env.get("MLTRACE_ITERS") or 3))
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default=env.get("MLTRACE_PRECISION") or "fp32")
+    parser.add_argument("--threads", type=int, default=int(env.get("MLTRACE_THREADS") or 0), help="0: torch's default")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--model", choices=("cnn", "transformer", "both"), default="both")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     torch.manual_seed(0)
     with torch.inference_mode():
         if args.model in ("cnn", "both"):
-            cnn = resnet_small()
-            images = torch.randn(args.batch, 3, args.image_size, args.image_size)
+            cnn = resnet_small().to(dtype)
+            images = torch.randn(args.batch, 3, args.image_size, args.image_size, dtype=dtype)
             for i in range(args.iters):
                 t0 = time.perf_counter()
                 logits = cnn(images)
                 print(f"cnn iter {i}: top class {int(logits.argmax(1)[0])}, {1e3 * (time.perf_counter() - t0):.1f} ms")
         if args.model in ("transformer", "both"):
-            enc = encoder()
+            enc = encoder().to(dtype)
             tokens = torch.randint(0, 30522, (args.batch, args.seq_len))
             for i in range(args.iters):
                 t0 = time.perf_counter()
