@@ -168,7 +168,7 @@ def test_bricks_cli(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["counts"]["layers_unique"] == 3 and all(b["median_ns"] > 0 for b in doc["bricks"])
     counts = run_cli("bricks", "--no-bench", str(tmp_path / "run"))
-    assert counts.returncode == 0 and b"3 inferred from shapes and parameters" in counts.stdout
+    assert counts.returncode == 0 and b"0 inferred from shapes and parameters, 3 recorded" in counts.stdout
     model_only = run_cli("python", "-q", "--level", "model", "-o", str(tmp_path / "m"), str(script), cwd=tmp_path)
     assert model_only.returncode == 0
     res = run_cli("bricks", str(tmp_path / "m"))
