@@ -27,12 +27,13 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
     # Order matters: CuptiSource reads which sources started before it (the kernel path).
-    # TensorFlowSource reads whether cpu.library started before it.
+    # Order matters. cpu.library starts before torch.profiler, so the MKL warm-up it runs
+    # is not profiled; CuptiSource and TensorFlowSource read which sources started before them.
     sources: list[Source] = [
         TorchModuleSource(),
+        CpuLibrarySource(),
         TorchOpSource(),
         CuptiSource(),
-        CpuLibrarySource(),
         OrtSource(),
         TensorFlowSource(),
         NvmlSampler(),
