@@ -1,4 +1,4 @@
-"""PyTorch model and layer levels from global ``nn.Module`` forward hooks.
+"""PyTorch model and layer levels from a wrapper around ``nn.Module.__call__``.
 
 Every module call becomes a span: the outermost call on a thread is the model
 span (named by the model's class), and each nested call a layer span named by
@@ -6,8 +6,11 @@ its qualified path in the model (``layer1.0.conv1``). Paths come from the
 calling module's children, so shared modules and modules created after tracing
 started get the path they were called through.
 
-The hooks are installed when torch is imported (now, if it already is), never
-import torch themselves, and are removed in ``stop()``.
+The wrapper is installed when torch is imported (now, if it already is), never
+imports torch itself, and is removed in ``stop()``. It replaces global forward
+hooks (still available with ``MLTRACE_TORCH_HOOKS=global``), which route every
+module call through torch's slower hooked path and are skipped when a
+``KeyboardInterrupt`` unwinds a layer.
 """
 
 from __future__ import annotations
