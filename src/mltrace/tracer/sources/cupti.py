@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Flow, Instant, Span, Track
+from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
 
 if TYPE_CHECKING:
@@ -721,16 +722,10 @@ def cupti_records_to_events(
             attrs["gpu.correlation_id"] = corr
         out.instants.append(Instant(sync_name, s0, track.id, Level.KERNEL, attrs))
 
-    unmatched: list[int] = []
-    for span, corr in gpu_spans:
-        launch = launch_by_corr.get(corr) if corr is not None else None
-        if launch is None:
-            stats.unmatched_correlation_ids += 1
-            if corr is not None and len(unmatched) < 20:
-                unmatched.append(corr)
-            continue
-        out.flows.append(Flow(new_id(), launch.id, span.id, "launch"))
-        stats.gpu_activities_launched += 1
+    flows, missing, unmatched = link_launches(gpu_spans, launch_by_corr, new_id)
+    out.flows.extend(flows)
+    stats.gpu_activities_launched += len(flows)
+    stats.unmatched_correlation_ids += missing
     stats.gpu_activities = len(gpu_spans)
     stats.instants = len(out.instants)
     stats.unmatched_examples = unmatched

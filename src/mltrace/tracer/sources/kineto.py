@@ -76,6 +76,39 @@ _ALL_STREAMS = 0xFFFFFFFF
 _MAX_EXAMPLES = 20
 
 
+def link_launches(
+    gpu_spans: list[tuple[Span, int | None]],
+    launch_by_corr: dict[int, Span],
+    new_id: Callable[[], int],
+    max_examples: int = _MAX_EXAMPLES,
+) -> tuple[list[Flow], int, list[int]]:
+    """A launch flow from each GPU activity's launching API call, matched by correlation id.
+
+    Shared by the Kineto and the cupti-python converters.
+
+    Args:
+        gpu_spans: (GPU activity span, its correlation id or None).
+        launch_by_corr: correlation id → the CPU-side call that launched it.
+        new_id: the session's id allocator.
+        max_examples: how many unmatched correlation ids to keep as examples.
+
+    Returns:
+        (flows, number of activities without a launching call, example unmatched ids).
+    """
+    flows: list[Flow] = []
+    missing = 0
+    examples: list[int] = []
+    for span, corr in gpu_spans:
+        launch = launch_by_corr.get(corr) if corr is not None else None
+        if launch is None:
+            missing += 1
+            if corr is not None and len(examples) < max_examples:
+                examples.append(corr)
+            continue
+        flows.append(Flow(new_id(), launch.id, span.id, "launch"))
+    return flows, missing, examples
+
+
 @dataclass
 class KinetoStats:
     """What a conversion found, for run.json and for tests.
@@ -497,16 +530,10 @@ def kineto_to_events(
         elif cat in GPU_ACTIVITY_CATEGORIES:
             gpu_spans.append((span, corr))
 
-    unmatched: list[int] = []
-    for span, corr in gpu_spans:
-        launch = launch_by_corr.get(corr) if corr is not None else None
-        if launch is None:
-            stats.unmatched_correlation_ids += 1
-            if corr is not None and len(unmatched) < _MAX_EXAMPLES:
-                unmatched.append(corr)
-            continue
-        out.flows.append(Flow(new_id(), launch.id, span.id, "launch"))
-        stats.gpu_activities_launched += 1
+    flows, missing, unmatched = link_launches(gpu_spans, launch_by_corr, new_id)
+    out.flows.extend(flows)
+    stats.gpu_activities_launched += len(flows)
+    stats.unmatched_correlation_ids += missing
     stats.gpu_activities = len(gpu_spans)
     stats.instants = len(out.instants)
     stats.unmatched_examples = unmatched
