@@ -77,7 +77,7 @@ _ENGINE_FILES = ("engine_bundle.js", "trace_processor.wasm", "trace_processor_me
 _CONTENT_TYPES = {".js": "text/javascript", ".wasm": "application/wasm"}
 
 # Flags required on this project's machines (closed network, no GPU, containers).
-_CHROMIUM_FLAGS = (
+CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -280,7 +280,7 @@ def query_trace(
             try:
                 serve.start()
                 url = f"http://127.0.0.1:{server.server_address[1]}/index.html"
-                command = [browser, *_CHROMIUM_FLAGS, f"--user-data-dir={Path(tmp, 'profile')}", url]
+                command = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={Path(tmp, 'profile')}", url]
                 with stderr_path.open("wb") as stderr:
                     try:
                         proc = subprocess.Popen(

@@ -24,7 +24,7 @@ from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.viewers.html import BOUND_COLORS, LEVEL_COLORS, render_html
-from support.perfetto_tp import chromium_path
+from support.perfetto_tp import CHROMIUM_FLAGS, chromium_path
 from viewers.pngdecode import read_png
 
 PEAKS = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
@@ -160,14 +160,7 @@ def test_renders_in_headless_chromium(real_run: Run, tmp_path_factory: pytest.Te
     proc = subprocess.Popen(
         [
             browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *CHROMIUM_FLAGS,
             f"--user-data-dir={profile}",
             "--hide-scrollbars",
             "--force-device-scale-factor=1",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mltrace.viewers.perfetto_ui import PERFETTO_ORIGIN, TraceServer, find_ui_dir, perfetto_url
-from support.perfetto_tp import chromium_path
+from support.perfetto_tp import CHROMIUM_FLAGS, chromium_path
 
 TRACE_BYTES = bytes(range(256)) * 4096  # 1 MiB, not a real trace: the server does not parse it
 
@@ -133,14 +133,7 @@ def test_offline_ui_boots_in_chromium_and_loads_the_trace(tmp_path: Path, ui_dir
         proc = subprocess.Popen(
             [
                 browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *CHROMIUM_FLAGS,
                 f"--user-data-dir={profile}",
                 "--virtual-time-budget=20000",
                 "--dump-dom",
