@@ -189,8 +189,18 @@ class Session:
                     warn(f"{lv.label} level unavailable: {st['reason']}")
         self.meta["levels"] = level_status
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
-        store.write_meta(self.run_dir, self.meta)
-        self._open_streams()
+        try:
+            store.write_meta(self.run_dir, self.meta)
+            self._open_streams()
+        except BaseException:
+            # The run cannot be written: take every hook back out before failing.
+            for source in reversed(self.started):
+                try:
+                    source.stop()
+                except Exception as exc:
+                    warn(f"source {source.name} failed to stop cleanly: {exc}")
+            self.started.clear()
+            raise
         self._flusher = Flusher(self.flush, opts.flush_interval_s)
         self._flusher.start()
         _active = self
