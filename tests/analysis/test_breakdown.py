@@ -52,3 +52,16 @@ def test_cross_stack_chain_reaches_the_library_call(tmp_path: Path) -> None:
     assert conv.links[1].total_ns <= conv.links[0].total_ns
     linear = next(c for c in chains if c.type == "Linear")
     assert linear.links[-1].detail == "MKL"
+
+
+def test_ops_outside_layers_and_models_are_counted() -> None:
+    spans = [
+        Span(1, None, Level.MODEL, "Net", 0, 100, 1),
+        Span(2, 1, Level.LAYER, "a", 10, 50, 1),
+        Span(3, 2, Level.OP, "aten::addmm", 20, 40, 1),  # in a layer
+        Span(4, 1, Level.OP, "aten::add", 60, 70, 1),  # in the model, between layers
+        Span(5, 4, Level.OP, "aten::empty", 61, 62, 1),  # nested op: still outside any layer
+        Span(6, None, Level.OP, "aten::randn", 200, 210, 1),  # program code, no model
+    ]
+    b = breakdown(_run(spans))
+    assert (b.ops_outside_layers, b.ops_outside_layers_ns, b.ops_outside_models) == (2, 11, 1)

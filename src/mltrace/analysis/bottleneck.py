@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
+from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat, ops_outside
 from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.analysis.roofline import (
     CHILDREN,
@@ -893,6 +893,11 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         wall_ns=p.max_end - p.min_start if run.spans else 0,
         span_count=len(run.spans),
     )
+    (
+        breakdown.ops_outside_layers,
+        breakdown.ops_outside_layers_ns,
+        breakdown.ops_outside_models,
+    ) = ops_outside(run.spans, p.by_id)
     ops.sort(key=lambda r: (-r.self_ns, r.name))
     if peaks is not None:
         for row in ops:

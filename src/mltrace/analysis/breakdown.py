@@ -83,6 +83,9 @@ class Breakdown:
         model_ns: total model time (ns).
         wall_ns: first start to last end over all spans (ns).
         span_count: number of spans.
+        ops_outside_layers: op spans inside a model span but in no layer span.
+        ops_outside_layers_ns: their total duration (ns).
+        ops_outside_models: op spans in no model span at all (program code around the model).
     """
 
     levels: list[LevelTime]
@@ -92,6 +95,9 @@ class Breakdown:
     model_ns: int
     wall_ns: int
     span_count: int
+    ops_outside_layers: int = 0
+    ops_outside_layers_ns: int = 0
+    ops_outside_models: int = 0
 
 
 def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
@@ -110,6 +116,43 @@ def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
             times[s.level] = times.get(s.level, 0) + s.duration_ns
     order = [*HIERARCHY, Level.USER]
     return [LevelTime(lv, counts[lv], times.get(lv, 0)) for lv in order if lv in counts]
+
+
+def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, int]:
+    """Counts op spans with no layer ancestor (inside a model) and with no model ancestor."""
+    enclosing: dict[int, Level | None] = {}  # span id → innermost model/layer level above or at it
+
+    def context(span_id: int | None) -> Level | None:
+        chain: list[int] = []
+        found: Level | None = None
+        while span_id is not None:
+            if span_id in enclosing:
+                found = enclosing[span_id]
+                break
+            s = by_id.get(span_id)
+            if s is None:
+                break
+            if s.level in (Level.LAYER, Level.MODEL):
+                found = s.level
+                enclosing[span_id] = found
+                break
+            chain.append(span_id)
+            span_id = s.parent_id
+        for sid in chain:
+            enclosing[sid] = found
+        return found
+
+    in_model = outside_models = in_model_ns = 0
+    for s in spans:
+        if s.level != Level.OP:
+            continue
+        ctx = context(s.parent_id)
+        if ctx is None:
+            outside_models += 1
+        elif ctx == Level.MODEL:
+            in_model += 1
+            in_model_ns += s.duration_ns
+    return in_model, in_model_ns, outside_models
 
 
 def breakdown(run: Run) -> Breakdown:
@@ -162,7 +205,11 @@ def breakdown(run: Run) -> Breakdown:
             ts.calls += 1
             ts.self_ns += self_ns
     wall = (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) if spans else 0
+    outside_layers, outside_layers_ns, outside_models = ops_outside(spans, by_id)
     return Breakdown(
+        ops_outside_layers=outside_layers,
+        ops_outside_layers_ns=outside_layers_ns,
+        ops_outside_models=outside_models,
         levels=_level_times(spans, by_id),
         layers=sorted(layers.values(), key=lambda x: (-x.total_ns, x.name)),
         types=sorted(types.values(), key=lambda x: (-x.self_ns, x.type)),
