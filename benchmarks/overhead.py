@@ -8,7 +8,9 @@ inside and outside a session.
     python benchmarks/overhead.py            # full (a few minutes on 2 cores)
     python benchmarks/overhead.py --quick    # smoke run
 
-Prints a table; ``--json FILE`` writes the figures.
+Prints a table; ``--json FILE`` writes the figures. ONNX Runtime and Keras are
+measured the same way by ``benchmarks/overhead_frameworks.py``; per-call costs
+by ``benchmarks/span_cost.py``.
 """
 
 from __future__ import annotations
