@@ -245,7 +245,7 @@ class NvmlSampler:
     name = "nvml"
     levels: tuple[Level, ...] = ()
 
-    def __init__(self, interval_s: float = 0.05, proc_stat: Path = PROC_STAT) -> None:
+    def __init__(self, interval_s: float = 0.1, proc_stat: Path = PROC_STAT) -> None:
         """Creates a sampler.
 
         Args:
