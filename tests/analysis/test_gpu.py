@@ -142,3 +142,18 @@ def test_layer_table_from_a_table() -> None:
     assert t.gpu_ns == 200 + 80 + 60 + 10
     assert [(k.name, k.count, k.total_ns) for k in t.kernels] == [("gemm", 1, 200), ("k", 2, 80), ("Memcpy DtoH", 1, 60), ("orphan", 1, 10)]
     assert t.kernels[0].library == "cuBLAS" and t.kernels[1].mean_ns == 40.0
+
+
+def test_report_lists_top_kernels_per_op_for_an_imported_trace(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from mltrace.importers.kineto import import_kineto
+
+    data = Path(__file__).resolve().parents[1] / "data" / "kineto" / "a100_alexnet_train.json.gz"
+    import_kineto(data, tmp_path / "run")
+    res = subprocess.run([sys.executable, "-m", "mltrace", "report", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    section = res.stdout.split("GPU time by op", 1)[1]
+    assert "aten::cudnn_convolution" in section and "cudnn" in section.split("aten::cudnn_convolution", 1)[1][:400]
+    assert "ampere_sgemm_32x32_sliced1x4_tn ×6" in section

@@ -132,6 +132,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     _name_table(console, "By op (self time)", a.ops[:top], ops=True)
     _name_table(console, "By library call", a.libraries[:top], detail="library")
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
+    _gpu_groups(console, run, top)
     _name_table(console, "By CUDA API call (CPU side)", a.runtime[:top])
     levels = meta.get("levels", {})
     missing = [f"{k}: {v.get('reason')}" for k, v in levels.items() if v.get("requested") and not v.get("recorded")]
@@ -155,6 +156,30 @@ def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> Non
         console.print("  " + " → ".join(steps))  # type: ignore[attr-defined]
         if c.hot_line:
             console.print(f"      [dim]hottest Python line: {c.hot_line}[/dim]")  # type: ignore[attr-defined]
+
+
+def _gpu_groups(console: object, run: Run, top: int) -> None:
+    """XSP's layer and op tables on the GPU: GPU time, launches and the top kernels of each."""
+    from rich.table import Table
+
+    from mltrace.analysis.gpu import gpu_tables
+
+    if not any(t.kind == "gpu_stream" for t in run.tracks.values()):
+        return
+    tables = gpu_tables(run)
+    for title, rows in (("GPU time by layer", tables.layers), ("GPU time by op", tables.ops)):
+        rows = [r for r in rows if r.gpu_ns][:top]
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left")
+        for col in ("name", "calls", "CPU", "GPU", "launches", "top kernels"):
+            table.add_column(col, justify="left" if col in ("name", "top kernels") else "right")
+        for r in rows:
+            kernels = "; ".join(f"{_clip(name, 40)} ×{count} {fmt_ns(ns)}" for name, count, ns in r.top_kernels(2))
+            table.add_row(_clip(r.name, 40), str(r.calls), fmt_ns(r.cpu_ns), fmt_ns(r.gpu_ns), str(r.launches), kernels)
+        console.print(table)  # type: ignore[attr-defined]
+    if tables.unattributed_to_op:
+        console.print(f"[dim]GPU activities not under any op: {tables.unattributed_to_op}[/dim]")  # type: ignore[attr-defined]
 
 
 def _findings(console: object, a: Analysis) -> None:
