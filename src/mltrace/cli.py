@@ -30,7 +30,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _trace_options_parser(prog: str) -> _Parser:
-    p = _Parser(prog=prog, add_help=True, description="Trace a Python program (everything from SCRIPT on is the script's).")
+    p = _Parser(
+        prog=prog,
+        usage=f"{prog} [OPTIONS] SCRIPT [ARGS...]\n       {prog} [OPTIONS] -m MODULE [ARGS...]",
+        add_help=True,
+        description="Trace a Python program (everything from SCRIPT on is the script's).",
+    )
     p.add_argument("-o", "--output", metavar="DIR", help="run directory to create (must be absent or empty)")
     p.add_argument(
         "--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)"
