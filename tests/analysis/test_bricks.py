@@ -105,7 +105,6 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
 
 
 def _without_recorded_configs(runs: list[Run]) -> list[Run]:
-    from dataclasses import replace as dc_replace
 
     from mltrace.tracer.model import Span
 
@@ -113,7 +112,7 @@ def _without_recorded_configs(runs: list[Run]) -> list[Run]:
         attrs = {k: v for k, v in s.attrs.items() if k != "ml.layer.config"}
         return Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, attrs)
 
-    return [dc_replace(r, spans=[strip(s) for s in r.spans]) for r in runs]
+    return [r.replace(spans=[strip(s) for s in r.spans]) for r in runs]
 
 
 def test_recorded_configs_match_the_inferred_ones(zoo_runs: list[Run]) -> None:

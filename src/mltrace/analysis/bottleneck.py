@@ -19,24 +19,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat, ops_outside
+from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.peaks import Peaks, PeakSet
-from mltrace.analysis.roofline import (
-    CHILDREN,
-    EXPLICIT,
-    IO,
-    OPS,
-    explicit_work,
-    io_bytes,
-    layer_formula_work,
-    op_bytes,
-    roofline_time_ns,
-)
+from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
-from mltrace.tracer.model import Span, TrackKind
+from mltrace.tracer.model import TrackKind
+
+if TYPE_CHECKING:
+    from mltrace.analysis.span_pass import Gathered, NameAcc
 
 # -- verdict rules -------------------------------------------------------------
 
@@ -467,7 +460,7 @@ class Analysis:
         return sorted(rows, key=lambda r: (-r.stat.self_ns, r.stat.name))[:n]
 
 
-# -- the pass ---------------------------------------------------------------------
+# -- the analysis -------------------------------------------------------------------
 
 #: Ops that only move or re-lay data (PyTorch, ONNX Runtime, TensorFlow names).
 DATA_MOVEMENT_OPS = frozenset(
@@ -500,58 +493,7 @@ DATA_MOVEMENT_OPS = frozenset(
         "TensorListStack",
     }
 )
-_GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
-_FLOPS_BIT = 1 << 20  # ancestor mask: an enclosing op already carries ml.flops
-_BYTES_SAMPLES = 256  # op calls per name whose bytes are estimated (the rest are scaled)
 _ROOFLINE_LAYERS = 40
-
-
-class _Call:
-    """Per layer-call accumulators (subtree sums are filled bottom-up).
-
-    Counters default to the class attributes and are set on the instance
-    only when they change: most calls touch few of them, and a run has
-    hundreds of thousands of calls.
-    """
-
-    child_ns = 0  # direct model/layer/user children (Breakdown's self time)
-    direct_op_ns = 0
-    op_flops = 0.0
-    has_op_flops = False
-    op_ns = 0  # top-level ops owned by this call, then (bottom-up) by its subtree
-    op_count = 0
-    kern_ns = 0
-    kern_count = 0
-    child_flops = 0.0
-    child_bytes = 0.0
-    has_children = False
-    libs: dict[str, list[int]] | None = None
-    kerns: dict[str, list[int]] | None = None
-
-    def __init__(self, span: Span, owner: _Call | None, depth: int, direct_ops: dict[str, list[int]]) -> None:
-        self.span = span
-        self.owner = owner  # the nearest model/layer call strictly above
-        self.depth = depth
-        self.direct_ops = direct_ops  # shared by every call of the same layer: name → [calls, ns]
-
-
-def _add(table: dict[str, list[int]], name: str, ns: int) -> None:
-    agg = table.get(name)
-    if agg is None:
-        table[name] = [1, ns]
-    else:
-        agg[0] += 1
-        agg[1] += ns
-
-
-def _merge(into: dict[str, list[int]], table: dict[str, list[int]]) -> None:
-    for name, (n, ns) in table.items():
-        agg = into.get(name)
-        if agg is None:
-            into[name] = [n, ns]
-        else:
-            agg[0] += n
-            agg[1] += ns
 
 
 def _name_times(table: dict[str, list[int]] | None) -> list[NameTime]:
@@ -584,284 +526,14 @@ def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5) -> I
     return Idle(where, window, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]])
 
 
-# Accumulator of one name (op, library, runtime call): [calls, total ns, self ns,
-# FLOP, GPU ns, kernels]. Lists, not dataclasses: the pass updates them a million times.
-_CALLS, _TOTAL, _SELF, _FLOP, _GPU_NS, _KERNELS = range(6)
-
-# What a span passes down to its children:
-# (mask of levels at or above | _FLOPS_BIT, nearest model/layer call at or above,
-#  accumulator of the outermost op at or above, track id, model/layer depth,
-#  the span's own accumulator (a _Call, a name accumulator, or None), its level).
-_ROOT: Any = (0, None, None, -1, 0, None, 0)
-
-
-class _Pass:
-    """The single pass over a run's spans."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.by_id: dict[int, Span] = {s.id: s for s in run.spans}
-        self.gpu_tracks: dict[int, int] = {tid: max(t.device, 0) for tid, t in run.tracks.items() if t.kind == TrackKind.GPU_STREAM}
-        self.info: dict[int, Any] = {}
-        self.calls: list[_Call] = []
-        self.row_ops: dict[tuple[str, int], dict[str, list[int]]] = {}
-        self.counts = [0] * 16
-        self.level_ns = [0] * 16
-        self.ops: dict[str, list[Any]] = {}
-        self.op_samples: dict[str, list[int]] = {}
-        self.libs: dict[str, list[Any]] = {}
-        self.lib_library: dict[str, str] = {}
-        self.kernels: dict[str, list[Any]] = {}
-        self.kernel_detail: dict[str, str] = {}
-        self.runtime: dict[str, list[Any]] = {}
-        self.gpu_busy: dict[int, list[tuple[int, int, str]]] = {}
-        self.model_intervals: list[tuple[int, int, str]] = []
-        self.moves: dict[str, list[int]] = {}
-        self.top_op_ns = 0
-        self.min_start = 0
-        self.max_end = 0
-
-    def info_of(self, sid: int) -> Any:
-        """What span ``sid`` passes down, computing its ancestors first when they
-        were not seen yet (imported traces come in any order)."""
-        got = self.info.get(sid)
-        if got is not None:
-            return got
-        by_id = self.by_id
-        chain: list[Span] = []
-        seen: set[int] = set()
-        cur = by_id.get(sid)
-        while cur is not None and cur.id not in self.info:
-            if cur.id in seen:  # a corrupt, cyclic parent chain: treat its top as a root
-                cur = None
-                break
-            seen.add(cur.id)
-            chain.append(cur)
-            cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
-        base = self.info[cur.id] if cur is not None and cur.id in self.info else _ROOT
-        for node in reversed(chain):
-            base = self.info[node.id] = self._down(base, node)
-        return self.info.get(sid, _ROOT)
-
-    def _down(self, base: Any, span: Span) -> Any:
-        """What ``span`` passes down, from what its parent passed down (slow path)."""
-        mask, owner, top_acc, _, depth, _, _ = base
-        lv = span.level
-        mask |= 1 << lv
-        if lv is Level.MODEL or lv is Level.LAYER:
-            call = self._call(span, owner, depth + 1)
-            return (mask, call, top_acc, span.track_id, depth + 1, call, lv)
-        acc: Any = None
-        if lv is Level.OP:
-            acc = self._op_acc(span.name)
-            if top_acc is None:
-                top_acc = acc
-            if "ml.flops" in span.attrs:
-                mask |= _FLOPS_BIT
-        elif lv is Level.LIBRARY:
-            acc = self._lib_acc(span)
-        elif lv is Level.KERNEL and span.track_id not in self.gpu_tracks:
-            acc = self._runtime_acc(span)
-        return (mask, owner, top_acc, span.track_id, depth, acc, lv)
-
-    def _call(self, span: Span, owner: _Call | None, depth: int) -> _Call:
-        key = (span.name, int(span.level))
-        ops = self.row_ops.get(key)
-        if ops is None:
-            ops = self.row_ops[key] = {}
-        call = _Call(span, owner, depth, ops)
-        self.calls.append(call)
-        return call
-
-    def _op_acc(self, name: str) -> list[Any]:
-        acc = self.ops.get(name)
-        if acc is None:
-            samples: list[int] = []
-            acc = self.ops[name] = [0, 0, 0, 0.0, 0, 0, samples]
-            self.op_samples[name] = samples
-        return acc
-
-    def _lib_acc(self, span: Span) -> list[Any]:
-        # By span name ("oneDNN convolution jit:avx512_core", "MKL SGEMM"): the
-        # library alone would lump every primitive together.
-        name = span.name
-        acc = self.libs.get(name)
-        if acc is None:
-            acc = self.libs[name] = [0, 0, 0, 0.0, 0, 0, name]
-            lib = span.attrs.get("ml.library.name")
-            self.lib_library[name] = str(lib) if lib else ""
-        return acc
-
-    def _runtime_acc(self, span: Span) -> list[Any]:
-        name = str(span.attrs.get("cuda.api.name") or span.name)
-        acc = self.runtime.get(name)
-        if acc is None:
-            acc = self.runtime[name] = [0, 0, 0, 0.0, 0, 0, name]
-        return acc
-
-    def run_pass(self) -> None:  # noqa: C901 - one loop on purpose: it runs once per span
-        spans = self.run.spans
-        if not spans:
-            return
-        by_id, info = self.by_id, self.info
-        info_get = info.get
-        counts, level_ns = self.counts, self.level_ns
-        gpu_tracks = self.gpu_tracks
-        lv_model, lv_layer, lv_op, lv_lib, lv_kernel, lv_user = Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER
-        op_bit = 1 << lv_op
-        flops_bit = _FLOPS_BIT
-        ops_get = self.ops.get
-        moves = self.moves
-        moving = DATA_MOVEMENT_OPS
-        top_op_ns = 0
-        mn = spans[0].start_ns
-        mx = spans[0].end_ns
-        # Reversed file order visits parents first in recorded runs (spans are written when they end).
-        pinfo: Any
-        for s in reversed(spans):
-            pid = s.parent_id
-            if pid is None:
-                pinfo = _ROOT
-            else:
-                pinfo = info_get(pid)
-                if pinfo is None:
-                    pinfo = self.info_of(pid) if pid in by_id else _ROOT
-            mask, owner, top_acc, ptrack, depth, pacc, plevel = pinfo
-            lv = s.level
-            start = s.start_ns
-            end = s.end_ns
-            d = end - start if end > start else 0
-            if start < mn:
-                mn = start
-            if end > mx:
-                mx = end
-            counts[lv] += 1
-            bit = 1 << lv
-            if not mask & bit:
-                level_ns[lv] += d
-            track = s.track_id
-            if lv is lv_op:
-                name = s.name
-                acc = ops_get(name)
-                if acc is None:
-                    acc = self._op_acc(name)
-                acc[0] += 1
-                acc[1] += d
-                acc[2] += d
-                attrs = s.attrs
-                f = attrs.get("ml.flops")
-                down_mask = mask | bit
-                if f is not None:
-                    down_mask |= flops_bit
-                    if not mask & flops_bit and isinstance(f, (int, float)):
-                        acc[3] += f
-                        if owner is not None:
-                            owner.op_flops += f
-                            owner.has_op_flops = True
-                if acc[0] <= _BYTES_SAMPLES:
-                    acc[6].append(op_bytes(attrs))
-                if owner is not None and (plevel is lv_layer or plevel is lv_model):
-                    owner.direct_op_ns += d
-                    direct = owner.direct_ops.get(name)
-                    if direct is None:
-                        owner.direct_ops[name] = [1, d]
-                    else:
-                        direct[0] += 1
-                        direct[1] += d
-                if not mask & op_bit:
-                    top_op_ns += d
-                    if name in moving:
-                        _add(moves, name, d)
-                    if owner is not None:
-                        owner.op_ns += d
-                        owner.op_count += 1
-                    info[s.id] = (down_mask, owner, acc, track, depth, acc, lv)
-                else:
-                    if name in moving and not self._inside_move(s):
-                        _add(moves, name, d)
-                    info[s.id] = (down_mask, owner, top_acc, track, depth, acc, lv)
-            elif lv is lv_layer or lv is lv_model:
-                seen = info_get(s.id)
-                if seen is None:
-                    call = self._call(s, owner, depth + 1)
-                    info[s.id] = (mask | bit, call, top_acc, track, depth + 1, call, lv)
-                if lv is lv_model:
-                    self.model_intervals.append((start, end, s.name))
-                if plevel is lv_layer or plevel is lv_model:
-                    pacc.child_ns += d
-                continue
-            elif lv is lv_kernel:
-                if track in gpu_tracks:
-                    self._gpu_kernel(s, d, owner, top_acc)
-                    info[s.id] = (mask | bit, owner, top_acc, track, depth, None, lv)
-                else:
-                    acc = self._runtime_acc(s)
-                    acc[0] += 1
-                    acc[1] += d
-                    acc[2] += d
-                    info[s.id] = (mask | bit, owner, top_acc, track, depth, acc, lv)
-            elif lv is lv_lib:
-                acc = self._lib_acc(s)
-                acc[0] += 1
-                acc[1] += d
-                acc[2] += d
-                if owner is not None:
-                    if owner.libs is None:
-                        owner.libs = {}
-                    _add(owner.libs, acc[6], d)
-                info[s.id] = (mask | bit, owner, top_acc, track, depth, acc, lv)
-            else:  # user spans and anything newer: structure only
-                info[s.id] = (mask | bit, owner, top_acc, track, depth, None, lv)
-                if lv is lv_user and (plevel is lv_layer or plevel is lv_model):
-                    pacc.child_ns += d
-                continue
-            if ptrack == track and pacc is not None and plevel is not lv_layer and plevel is not lv_model:
-                pacc[2] -= d  # self time of the enclosing op / library / API call on this track
-        self.top_op_ns = top_op_ns
-        self.min_start, self.max_end = mn, mx
-
-    def _gpu_kernel(self, s: Span, d: int, owner: _Call | None, top_acc: list[Any] | None) -> None:
-        attrs = s.attrs
-        kname = str(attrs.get("gpu.kernel.name") or s.name)
-        acc = self.kernels.get(kname)
-        if acc is None:
-            acc = self.kernels[kname] = [0, 0, 0, 0.0, 0, 0]
-            self.kernel_detail[kname] = str(attrs.get("ml.library.name") or attrs.get("gpu.activity") or "")
-        acc[0] += 1
-        acc[1] += d
-        acc[2] += d
-        self.gpu_busy.setdefault(self.gpu_tracks[s.track_id], []).append((s.start_ns, s.end_ns, kname))
-        if attrs.get("gpu.activity") in _GPU_COPY_ACTIVITIES or kname.startswith(("Memcpy", "Memset")):
-            _add(self.moves, kname if len(kname) <= 40 else kname[:39] + "…", d)
-        if top_acc is not None:
-            top_acc[_GPU_NS] += d
-            top_acc[_KERNELS] += 1
-        if owner is not None:
-            owner.kern_ns += d
-            owner.kern_count += 1
-            if owner.kerns is None:
-                owner.kerns = {}
-            _add(owner.kerns, kname, d)
-
-    def _inside_move(self, span: Span) -> bool:
-        """Whether an enclosing op is itself a data-movement op (counted already)."""
-        by_id = self.by_id
-        cur = by_id.get(span.parent_id) if span.parent_id is not None else None
-        while cur is not None and cur.level is Level.OP:
-            if cur.name in DATA_MOVEMENT_OPS:
-                return True
-            cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
-        return False
-
-
-def _rows(table: dict[str, list[Any]], detail: dict[str, str] | None = None) -> list[NameRow]:
+def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
     return [
-        NameRow(name, a[0], a[1], a[2], a[3], 0.0, a[4], a[5], (detail or {}).get(name, "")) for name, a in table.items() if a[0]
+        NameRow(k, a.calls, a.total_ns, a.self_ns, a.flops, a.bytes, a.device_ns, a.kernels, a.detail) for k, a in table.items() if a.calls
     ]
 
 
 def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS) -> Analysis:
-    """Builds the bottleneck report's data from a run, in one pass over its spans.
+    """Builds the bottleneck report's data from a run (``span_pass.gather`` does the counting).
 
     Args:
         run: a loaded run (any mix of levels; recorded or imported).
@@ -871,58 +543,51 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
     Returns:
         The analysis; ``analysis.breakdown`` equals ``breakdown(run)``.
     """
-    p = _Pass(run)
-    p.run_pass()
-    ops = _rows(p.ops)
-    for row in ops:
-        samples = p.op_samples[row.name]
-        if samples:
-            row.bytes = sum(samples) * (row.calls / len(samples))
-    counts = p.counts
-    has_ops = counts[Level.OP] > 0
-    layer_rows, type_rows = _layers_bottom_up(p.calls, has_ops, peaks, th)
-    models = [c.span for c in p.calls if c.span.level is Level.MODEL]
-    model_ns = sum(s.duration_ns for s in models)
+
+    from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made
+
+    g = gather(run)
+    ops = _rows(g.ops)
+    has_ops = g.counts.get(int(Level.OP), 0) > 0
+    layer_rows, type_rows = _layer_rows(run, g, has_ops, peaks, th)
+    models = [r for r in layer_rows if r.stat.level is Level.MODEL]
+    model_ns = sum(r.stat.total_ns for r in models)
     order = [*HIERARCHY, Level.USER]
     breakdown = Breakdown(
-        levels=[LevelTime(lv, counts[lv], p.level_ns[lv]) for lv in order if counts[lv]],
+        levels=[LevelTime(lv, g.counts[int(lv)], g.level_ns[int(lv)]) for lv in order if g.counts.get(int(lv))],
         layers=[r.stat for r in layer_rows],
         types=sorted((TypeStat(t.type, t.calls, t.self_ns) for t in type_rows), key=lambda x: (-x.self_ns, x.type)),
-        model_calls=len(models),
+        model_calls=sum(r.stat.calls for r in models),
         model_ns=model_ns,
-        wall_ns=p.max_end - p.min_start if run.spans else 0,
-        span_count=len(run.spans),
+        wall_ns=g.wall_ns,
+        span_count=g.span_count,
+        ops_outside_layers=g.ops_outside_layers,
+        ops_outside_layers_ns=g.ops_outside_layers_ns,
+        ops_outside_models=g.ops_outside_models,
     )
-    (
-        breakdown.ops_outside_layers,
-        breakdown.ops_outside_layers_ns,
-        breakdown.ops_outside_models,
-    ) = ops_outside(run.spans, p.by_id)
     ops.sort(key=lambda r: (-r.self_ns, r.name))
     if peaks is not None:
         for row in ops:
             row.verdict = _op_verdict(row, peaks, th)
-    findings = _findings(p, layer_rows, ops, peaks, model_ns, has_ops)
+    findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops)
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
-    libraries = _rows(p.libs, p.lib_library)
-    kernels = _rows(p.kernels, p.kernel_detail)
-    runtime = _rows(p.runtime)
+    type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(
         breakdown=breakdown,
         layers=layer_rows,
-        types=sorted(type_rows, key=lambda t: (-t.self_ns, t.type)),
+        types=type_rows,
         ops=ops,
-        libraries=sorted(libraries, key=lambda r: (-r.total_ns, r.name)),
-        kernels=sorted(kernels, key=lambda r: (-r.total_ns, r.name)),
-        runtime=sorted(runtime, key=lambda r: (-r.total_ns, r.name)),
+        libraries=sorted(_rows(g.libs), key=lambda r: (-r.total_ns, r.name)),
+        kernels=sorted(_rows(g.kernels), key=lambda r: (-r.total_ns, r.name)),
+        runtime=sorted(_rows(g.runtime), key=lambda r: (-r.total_ns, r.name)),
         findings=findings,
         roofline=_roofline_points(leaf, type_rows),
         peaks=peaks,
-        levels=[lv for lv in order if counts[lv]],
+        levels=[lv for lv in order if g.counts.get(int(lv))],
     )
 
 
-def _findings(p: _Pass, layer_rows: list[LayerRow], ops: list[NameRow], peaks: PeakSet | None, model_ns: int, has_ops: bool) -> Findings:
+def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks: PeakSet | None, model_ns: int, has_ops: bool) -> Findings:
     findings = Findings()
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     if peaks is not None:
@@ -944,7 +609,7 @@ def _findings(p: _Pass, layer_rows: list[LayerRow], ops: list[NameRow], peaks: P
         findings.device_ns += idle.busy_ns
     if p.gpu_busy:
         findings.cpu_ns = model_ns or p.top_op_ns
-    kernel_total = sum(a[_TOTAL] for a in p.kernels.values())
+    kernel_total = sum(a.total_ns for a in p.kernels.values())
     findings.data_movement_ns = sum(v[1] for v in p.moves.values())
     findings.data_movement_base_ns = p.top_op_ns + kernel_total
     findings.data_movement_top = _name_times(p.moves)[:5]
@@ -960,138 +625,54 @@ def _findings(p: _Pass, layer_rows: list[LayerRow], ops: list[NameRow], peaks: P
     return findings
 
 
-def _layers_bottom_up(
-    calls: list[_Call], has_ops: bool, peaks: PeakSet | None, th: Thresholds
+def _layer_rows(
+    run: Run, g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Thresholds
 ) -> tuple[list[LayerRow], list[TypeRow]]:
-    """Work per call (children first), then rows per layer name and per type."""
-    rows: dict[tuple[str, Level], LayerRow] = {}
-    types: dict[str, TypeRow] = {}
-    libs: dict[tuple[str, Level], dict[str, list[int]]] = {}
-    kerns: dict[tuple[str, Level], dict[str, list[int]]] = {}
-    work_cache: dict[tuple[str, Level], tuple[Any, ...]] = {}
-    for c in sorted(calls, key=lambda c: -c.depth):
-        s = c.span
-        attrs = s.attrs
-        key = (s.name, s.level)
-        ltype = str(attrs.get("ml.layer.type", ""))
-        d = s.duration_ns
-        flops, moved, source = _call_work(c, ltype, attrs, work_cache, key)
-        parent = c.owner
-        if parent is not None:
-            parent.has_children = True
-            parent.child_flops += flops
-            parent.child_bytes += moved
-            parent.op_ns += c.op_ns
-            parent.op_count += c.op_count
-            parent.kern_ns += c.kern_ns
-            parent.kern_count += c.kern_count
-            if c.has_op_flops:
-                parent.op_flops += c.op_flops
-                parent.has_op_flops = True
-            # Library and kernel tables of a row cover its subtree: hand them up.
-            if c.libs:
-                if parent.libs is None:
-                    parent.libs = {}
-                _merge(parent.libs, c.libs)
-            if c.kerns:
-                if parent.kerns is None:
-                    parent.kerns = {}
-                _merge(parent.kerns, c.kerns)
-        if c.libs:
-            _merge(libs.setdefault(key, {}), c.libs)
-        if c.kerns:
-            _merge(kerns.setdefault(key, {}), c.kerns)
-        row = rows.get(key)
-        if row is None:
-            stat = LayerStat(
-                s.name,
-                s.level,
-                ltype,
-                file=attrs.get("code.file.path"),
-                line=attrs.get("code.line.number"),
-                framework=str(attrs.get("ml.framework", "")),
-                ops=c.direct_ops,
-            )
-            dtypes = attrs.get("ml.input.dtypes")
-            dtype = str(dtypes[0]) if isinstance(dtypes, list) and dtypes else ""
-            row = rows[key] = LayerRow(stat, work_source=source, dtype=dtype, framework_ns=0 if has_ops else None)
-        self_ns = d - c.child_ns
-        if self_ns < 0:
-            self_ns = 0
-        stat = row.stat
-        stat.calls += 1
-        stat.total_ns += d
-        stat.self_ns += self_ns
-        row.flops += flops
-        row.bytes += moved
-        row.op_ns += c.op_ns
-        row.op_count += c.op_count
-        row.kernel_ns += c.kern_ns
-        row.kernel_count += c.kern_count
-        if c.has_children:
-            row.has_child_layers = True
-        if row.framework_ns is not None and self_ns > c.direct_op_ns:
-            row.framework_ns += self_ns - c.direct_op_ns
-        if s.level is Level.LAYER:
-            t = types.get(ltype)
-            if t is None:
-                t = types[ltype] = TypeRow(ltype)
-            t.calls += 1
-            t.total_ns += d
-            t.self_ns += self_ns
-            t.flops += flops
-            t.bytes += moved
-    for key, row in rows.items():
-        row.libraries = _name_times(libs.get(key))
-        row.kernels = _name_times(kerns.get(key))
+    """Report rows per layer name and per layer type, with their verdicts."""
+    table = run.table
+    rows: list[LayerRow] = []
+    for acc in g.rows:
+        attrs = table.attrs(acc.first)
+        stat = LayerStat(
+            acc.name,
+            acc.level,
+            acc.type,
+            calls=acc.calls,
+            total_ns=acc.total_ns,
+            self_ns=acc.self_ns,
+            file=attrs.get("code.file.path"),
+            line=attrs.get("code.line.number"),
+            framework=str(attrs.get("ml.framework", "")),
+            ops=acc.direct_ops,
+        )
+        dtypes = attrs.get("ml.input.dtypes")
+        row = LayerRow(
+            stat,
+            flops=acc.flops,
+            bytes=acc.bytes,
+            work_source=acc.work_source,
+            op_ns=acc.op_ns,
+            op_count=acc.op_count,
+            framework_ns=acc.framework_ns if has_ops else None,
+            libraries=_name_times(acc.libraries),
+            kernels=_name_times(acc.kernels),
+            kernel_ns=acc.kernel_ns,
+            kernel_count=acc.kernel_count,
+            has_child_layers=acc.has_child_layers,
+            dtype=str(dtypes[0]) if isinstance(dtypes, list) and dtypes else "",
+        )
         if peaks is not None:
             row.verdict = _layer_verdict(row, peaks, th)
+        rows.append(row)
+    types = [TypeRow(name, t.calls, t.total_ns, t.self_ns, t.flops, t.bytes) for name, t in g.types.items()]
     if peaks is not None:
         members: dict[str, list[LayerRow]] = {}
-        for row in rows.values():
+        for row in rows:
             if row.stat.level is Level.LAYER:
                 members.setdefault(row.stat.type, []).append(row)
-        for t in types.values():
+        for t in types:
             t.verdict = _type_verdict(t, members.get(t.type, []), peaks, th)
-    layer_rows = sorted(rows.values(), key=lambda r: (-r.stat.total_ns, r.stat.name))
-    return layer_rows, list(types.values())
-
-
-def _call_work(
-    c: _Call, ltype: str, attrs: dict[str, Any], cache: dict[tuple[str, Level], tuple[Any, ...]], key: tuple[str, Level]
-) -> tuple[float, float, str]:
-    """FLOPs, bytes and their source for one layer call (docs/ANALYSIS.md, "Work")."""
-    f_exp, b_exp = explicit_work(attrs) if "ml.flops" in attrs or "ml.bytes" in attrs else (None, None)
-    ins = attrs.get("ml.input.shapes")
-    outs = attrs.get("ml.output.shapes")
-    params = attrs.get("ml.layer.params")
-    # A layer is called with the same shapes again and again: reuse the last estimate.
-    hit = cache.get(key)
-    if hit is not None and hit[0] == ins and hit[1] == outs and hit[2] == params and hit[3] == ltype:
-        formula, io = hit[4], hit[5]
-    else:
-        formula = layer_formula_work(ltype, attrs)
-        io = float(io_bytes(attrs))
-        cache[key] = (ins, outs, params, ltype, formula, io)
-    if f_exp is not None:
-        flops, source = f_exp, EXPLICIT
-    elif c.has_op_flops:
-        flops, source = c.op_flops, OPS
-    elif formula is not None:
-        flops, source = formula.flops, formula.source
-    elif c.has_children:
-        flops, source = c.child_flops, CHILDREN
-    else:
-        flops, source = 0.0, IO
-    if b_exp is not None:
-        moved = b_exp
-    elif formula is not None:
-        moved = formula.bytes
-    elif c.has_children:
-        moved = max(io, c.child_bytes)
-    else:
-        moved = io
-    return flops, moved, source
+    return sorted(rows, key=lambda r: (-r.stat.total_ns, r.stat.name)), types
 
 
 def _peaks_for(row_kernels: int, peaks: PeakSet) -> Peaks | None:

@@ -13,6 +13,7 @@ Definitions (all times in ns):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
@@ -258,56 +259,100 @@ def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None =
 
     Children are aggregated by name over all calls of a layer path; kernels count
     through their launch call (a kernel's parent is the API call that launched it).
+    The op of a chain is the heaviest op directly in the layer (with nothing but
+    user spans between); its library call or kernel is the heaviest one directly
+    in those ops (with nothing but ops and user spans between).
 
     Args:
         run: the run.
         top: how many layers.
         layers: the layers to describe, if already computed (skips a breakdown).
     """
-    spans = run.spans
+    import numpy as np
+
+    from mltrace.analysis.span_pass import tree_of
+
     if layers is None:
         b = breakdown(run)
         layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
-    wanted = {x.name for x in layers}
-    children: dict[int, list[Span]] = {}
-    by_layer: dict[str, list[Span]] = {}
-    for s in spans:
-        if s.parent_id is not None:
-            children.setdefault(s.parent_id, []).append(s)
-        if s.level == Level.LAYER and s.name in wanted:
-            by_layer.setdefault(s.name, []).append(s)
-
-    def below(parents: list[Span], levels: tuple[Level, ...]) -> dict[str, list[Span]]:
-        found: dict[str, list[Span]] = {}
-        stack = list(parents)
-        while stack:
-            p = stack.pop()
-            for c in children.get(p.id, ()):
-                if c.level in levels:
-                    found.setdefault(c.name, []).append(c)
-                elif c.level not in (Level.LAYER, Level.MODEL):
-                    stack.append(c)  # look through API calls and user spans
-        return found
-
+    t = run.table
+    if not layers or not len(t):
+        return [Chain(x.name, x.type, x.calls, x.self_ns) for x in layers]
+    names = t.names
+    index = {nm: i for i, nm in enumerate(names)}
+    lv = t.level.astype(np.int64)
+    name = t.name.astype(np.int64)
+    tree = tree_of(t)
+    parent = tree.parent
+    is_op = lv == int(Level.OP)
+    is_layer = lv == int(Level.LAYER)
+    is_struct = is_layer | (lv == int(Level.MODEL))
+    is_lk = (lv == int(Level.LIBRARY)) | (lv == int(Level.KERNEL))
+    nos = tree.nearest(is_op | is_struct)  # nearest op, layer or model above
+    nlk = tree.nearest(is_lk | is_struct)  # nearest library call, kernel, layer or model above
+    chain_op = is_op & (nos >= 0) & is_struct[np.maximum(nos, 0)]
+    cop = np.full(len(t), -1, dtype=np.int64)  # the chain op at or above each span
+    for rows in tree.by_depth:
+        p = parent[rows]
+        inherited = np.where(p >= 0, cop[np.maximum(p, 0)], -1)
+        cop[rows] = np.where(chain_op[rows], rows, np.where(is_struct[rows], -1, inherited))
+    wanted = np.zeros(len(names), dtype=bool)
+    for x in layers:
+        if x.name in index:
+            wanted[index[x.name]] = True
+    # Ops directly in the wanted layers: (layer name, op name) → ns.
+    ops = np.nonzero(chain_op & is_layer[np.maximum(nos, 0)])[0]
+    ops = ops[wanted[name[nos[ops]]]]
+    dur = np.maximum(t.end - t.start, 0).astype(np.float64)
+    op_ns = _sums(name[nos[ops]], name[ops], dur[ops])
+    # Library calls and kernels directly in those ops: (layer, op, name) → ns.
+    lks = np.nonzero(is_lk & (cop >= 0))[0]
+    c = cop[lks]
+    lks = lks[(nlk[lks] == nos[c]) & is_layer[np.maximum(nos[c], 0)]]
+    c = cop[lks]
+    lks, c = lks[wanted[name[nos[c]]]], c[wanted[name[nos[c]]]]
+    lk_ns = _sums(name[nos[c]] * len(names) + name[c], name[lks], dur[lks])
+    last_row = {int(k): int(r) for r, k in zip(lks.tolist(), name[lks].tolist())}
     chains: list[Chain] = []
     for x in layers:
-        calls = by_layer.get(x.name, [])
         chain = Chain(x.name, x.type, x.calls, x.self_ns)
+        li = index.get(x.name)
+        if li is None:
+            chains.append(chain)
+            continue
+        calls = np.nonzero(is_layer & (name == li))[0]
         hot: dict[str, int] = {}
-        for s in calls:
-            for loc, ns in s.attrs.get("ml.source.hot_lines", ()):
-                hot[loc] = hot.get(loc, 0) + int(ns)
+        sets, counts = np.unique(t.attr[calls], return_counts=True)
+        for k, times in zip(sets.tolist(), counts.tolist()):
+            for loc, ns in t.attr_set(k).get("ml.source.hot_lines", ()):
+                hot[loc] = hot.get(loc, 0) + int(ns) * times
         if hot:
             chain.hot_line = max(hot.items(), key=lambda kv: kv[1])[0]
-        ops = below(calls, (Level.OP,))
-        if ops:
-            name, group = max(ops.items(), key=lambda kv: sum(s.duration_ns for s in kv[1]))
-            chain.links.append(ChainLink(Level.OP, name, sum(s.duration_ns for s in group)))
-            deeper = below(group, (Level.LIBRARY, Level.KERNEL))
-            deeper = {k: v for k, v in deeper.items() if not k.startswith(("cuda", "cu"))} or deeper
+        by_op = op_ns.get(li)
+        if by_op:
+            oi, ons = max(by_op.items(), key=lambda kv: (kv[1], -kv[0]))
+            chain.links.append(ChainLink(Level.OP, names[oi], ons))
+            deeper = lk_ns.get(li * len(names) + oi, {})
+            deeper = {k: v for k, v in deeper.items() if not names[k].startswith(("cuda", "cu"))} or deeper
             if deeper:
-                name2, group2 = max(deeper.items(), key=lambda kv: sum(s.duration_ns for s in kv[1]))
-                lib = group2[0].attrs.get("ml.library.name", "")
-                chain.links.append(ChainLink(group2[0].level, name2, sum(s.duration_ns for s in group2), str(lib)))
+                ki, kns = max(deeper.items(), key=lambda kv: (kv[1], -kv[0]))
+                row = last_row[ki]
+                lib = t.attrs(row).get("ml.library.name", "")
+                chain.links.append(ChainLink(Level(int(lv[row])), names[ki], kns, str(lib)))
         chains.append(chain)
     return chains
+
+
+def _sums(left: Any, right: Any, dur: Any) -> dict[int, dict[int, int]]:
+    """``left → {right: summed dur}`` from parallel integer arrays."""
+    import numpy as np
+
+    out: dict[int, dict[int, int]] = {}
+    if not len(left):
+        return out
+    width = int(right.max()) + 1
+    uniq, inv = np.unique(left.astype(np.int64) * width + right, return_inverse=True)
+    ns = np.rint(np.bincount(inv, weights=dur)).astype(np.int64)
+    for k, v in zip(uniq.tolist(), ns.tolist()):
+        out.setdefault(k // width, {})[k % width] = v
+    return out

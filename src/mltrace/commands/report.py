@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        run_obj = load_run(args.run)
+        run_obj = load_run(args.run, cache_table=True)
         has_gpu = any(t.kind == "gpu_stream" for t in run_obj.tracks.values())
         if args.remeasure or read_cached(this_host_key()) is None:
             sys.stderr.write(f"mltrace: measuring this machine's peak FLOP/s and bandwidth (once; cached in {cache_dir()})\n")

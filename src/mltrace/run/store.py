@@ -13,6 +13,10 @@ Layout of ``mltrace-runs/<name>-<YYYYmmdd-HHMMSS>/``:
     last line (the process was killed mid-write) is ignored on load.
 ``trace.pftrace``
     The Perfetto trace, streamed the same way and rewritten at the end.
+``spans.bin``
+    The spans as columns (``run/table.py``), written at the end of the run and
+    by ``mltrace report`` when missing: a cache that makes large runs quick to
+    analyse. Ignored when it does not match events.jsonl.
 
 Row layouts (positional, to keep the file small and fast to load):
 
@@ -29,16 +33,19 @@ import gc
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track
 
+if TYPE_CHECKING:
+    from mltrace.run.table import SpanTable
+
 META_FILE = "run.json"
 EVENTS_FILE = "events.jsonl"
 TRACE_FILE = "trace.pftrace"
+TABLE_FILE = "spans.bin"
 
 FORMAT_VERSION = 1
 
@@ -97,7 +104,6 @@ def encode_batch(
     return _dumps(obj) + b"\n"
 
 
-@dataclass
 class Run:
     """A loaded run: metadata plus every event, read-only by convention.
 
@@ -105,19 +111,81 @@ class Run:
         path: the run directory.
         meta: the contents of run.json.
         tracks: tracks by id.
-        spans: every span, in file order.
+        spans: every span, in file order. A run loaded from its span table
+            builds these objects on first access only (see ``table``).
         instants, counters, flows: the other events.
         torn: True when the event stream ended in a partial line (killed run).
     """
 
-    path: Path
-    meta: dict[str, Any]
-    tracks: dict[int, Track] = field(default_factory=dict)
-    spans: list[Span] = field(default_factory=list)
-    instants: list[Instant] = field(default_factory=list)
-    counters: list[CounterSample] = field(default_factory=list)
-    flows: list[Flow] = field(default_factory=list)
-    torn: bool = False
+    def __init__(
+        self,
+        path: Path,
+        meta: dict[str, Any],
+        tracks: dict[int, Track] | None = None,
+        spans: list[Span] | None = None,
+        instants: list[Instant] | None = None,
+        counters: list[CounterSample] | None = None,
+        flows: list[Flow] | None = None,
+        torn: bool = False,
+        table: SpanTable | None = None,
+    ) -> None:
+        self.path = path
+        self.meta = meta
+        self.tracks: dict[int, Track] = tracks if tracks is not None else {}
+        self._spans: list[Span] | None = spans if spans is not None or table is not None else []
+        self.instants: list[Instant] = instants if instants is not None else []
+        self.counters: list[CounterSample] = counters if counters is not None else []
+        self.flows: list[Flow] = flows if flows is not None else []
+        self.torn = torn
+        self._table = table
+
+    @property
+    def spans(self) -> list[Span]:
+        if self._spans is None:
+            assert self._table is not None
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                self._spans = self._table.to_spans()
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
+        return self._spans
+
+    @spans.setter
+    def spans(self, spans: list[Span]) -> None:
+        self._spans = spans
+        self._table = None
+
+    @property
+    def table(self) -> SpanTable:
+        """The spans as columns: the stored table, or one built from ``spans`` now."""
+        if self._table is not None:
+            return self._table
+        from mltrace.run.table import SpanTable
+
+        return SpanTable.from_spans(self.spans)
+
+    def replace(self, **changes: Any) -> Run:
+        """A new run with ``changes`` (keyword: any constructor argument) applied."""
+        fields: dict[str, Any] = {
+            "path": self.path,
+            "meta": self.meta,
+            "tracks": self.tracks,
+            "instants": self.instants,
+            "counters": self.counters,
+            "flows": self.flows,
+            "torn": self.torn,
+        }
+        if "spans" not in changes:
+            fields["spans"] = self._spans
+            fields["table"] = self._table
+        fields.update(changes)
+        return Run(**fields)
+
+    @property
+    def span_count(self) -> int:
+        return len(self._table) if self._table is not None else len(self.spans)
 
     @property
     def complete(self) -> bool:
@@ -128,13 +196,33 @@ class Run:
         """A fresh id → span index."""
         return {s.id: s for s in self.spans}
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Run):
+            return NotImplemented
+        return (
+            self.path == other.path
+            and self.meta == other.meta
+            and self.tracks == other.tracks
+            and self.spans == other.spans
+            and self.instants == other.instants
+            and self.counters == other.counters
+            and self.flows == other.flows
+            and self.torn == other.torn
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, spans={self.span_count}, complete={self.complete})"
+
 
 def _decode_line(run: Run, obj: dict[str, Any]) -> None:
     for r in obj.get("tracks", ()):
         run.tracks[r[0]] = Track(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
     levels = {int(lv): lv for lv in Level}
-    spans = run.spans
-    for r in obj.get("spans", ()):
+    rows = obj.get("spans")
+    spans = run.spans if rows else []
+    for r in rows or ():
         spans.append(Span(r[0], r[1], levels[r[2]], r[3], r[4], r[5], r[6], r[7]))
     for r in obj.get("instants", ()):
         run.instants.append(Instant(r[0], r[1], r[2], levels[r[3]], r[4]))
@@ -162,44 +250,85 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def load_run(path: str | os.PathLike[str]) -> Run:
+def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
     """Loads a run directory (or its run.json / events.jsonl) into memory.
 
     A run that was killed loads up to its last complete flush; ``Run.torn``
-    says whether a partial last line was dropped.
+    says whether a partial last line was dropped. When the run directory has
+    a span table (``spans.bin``) built from the current events.jsonl, the
+    spans come from it: their objects are built only when ``Run.spans`` is
+    first used, and ``Run.table`` costs nothing.
+
+    Args:
+        path: the run directory, or a file in it.
+        cache_table: when there is no current span table, write one (best
+            effort: a read-only run directory is left as it is).
 
     Raises:
         RunError: if the path is not a readable mltrace run.
     """
     p = Path(path)
-    if p.is_file() and p.name in (META_FILE, EVENTS_FILE, TRACE_FILE):
+    if p.is_file() and p.name in (META_FILE, EVENTS_FILE, TRACE_FILE, TABLE_FILE):
         p = p.parent
     if not p.exists():
         raise RunError(f"{p}: no such run directory")
     if not p.is_dir():
         raise RunError(f"{p}: not a run directory (give the folder that holds {META_FILE})")
     meta = read_meta(p)
-    run = Run(path=p, meta=meta)
     events = p / EVENTS_FILE
     if not events.exists():
         raise RunError(f"{p}: run has no {EVENTS_FILE}")
-    try:
-        data = events.read_bytes()
-    except OSError as exc:
-        raise RunError(f"{events}: {exc.strerror}") from None
-    lines = data.split(b"\n")
-    del data
-    last = len(lines) - 1
+    gc_was_enabled = gc.isenabled()
     # Millions of small lists and Span objects: the cyclic GC would rescan them
     # over and over while they are built (3-5x slower); none of them form cycles.
-    gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _decode_lines(run, lines, last, events)
+        run = _load_from_table(p, meta, events)
+        if run is not None:
+            return run
+        run = Run(path=p, meta=meta)
+        try:
+            data = events.read_bytes()
+        except OSError as exc:
+            raise RunError(f"{events}: {exc.strerror}") from None
+        lines = data.split(b"\n")
+        del data
+        _decode_lines(run, lines, len(lines) - 1, events)
+        if cache_table and run.complete and not run.torn:
+            try:
+                write_table(p, run)
+            except OSError:
+                pass  # a cache: a read-only or full disk only costs the next load its speed
     finally:
         if gc_was_enabled:
             gc.enable()
     return run
+
+
+def _load_from_table(p: Path, meta: dict[str, Any], events: Path) -> Run | None:
+    if not (p / TABLE_FILE).exists():
+        return None
+    from mltrace.run.table import read_table
+
+    got = read_table(p / TABLE_FILE, events)
+    if got is None:
+        return None
+    table, others = got
+    run = Run(path=p, meta=meta, table=table)
+    try:
+        obj = _loads(others)
+        _decode_line(run, obj)
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return run
+
+
+def write_table(run_dir: Path, run: Run) -> None:
+    """Writes the span table of ``run`` (whose events are ``run_dir``/events.jsonl as written)."""
+    from mltrace.run.table import write_table as _write
+
+    others = encode_batch(tracks=run.tracks.values(), instants=run.instants, counters=run.counters, flows=run.flows)
+    _write(run_dir / TABLE_FILE, run.spans, others, run_dir / EVENTS_FILE)
 
 
 def _decode_lines(run: Run, lines: list[bytes], last: int, events: Path) -> None:

@@ -34,6 +34,12 @@ def finalize_run(run_dir: Path, meta: dict[str, Any]) -> Run:
         meta.update(run.meta)
         run.meta = meta
     store.write_events_atomically(run_dir / store.EVENTS_FILE, run)
+    try:
+        store.write_table(run_dir, run)
+    except Exception as exc:  # noqa: BLE001 - a cache: the run is complete without it
+        from mltrace.tracer.session import warn
+
+        warn(f"could not write the span table ({exc}); reports will read events.jsonl")
     export_perfetto(run, run_dir / store.TRACE_FILE)
     meta["summary"] = summarize(run)
     meta["complete"] = True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from mltrace.run.store import Run
@@ -20,7 +19,7 @@ _note = note
 def sort_spans(run: Run) -> Run:
     """Orders spans by start time (ns), outer spans first on ties."""
     spans = sorted(run.spans, key=lambda s: (s.start_ns, -s.end_ns, s.id))
-    return replace(run, spans=spans)
+    return run.replace(spans=spans)
 
 
 def check_containment(run: Run) -> Run:
@@ -102,7 +101,7 @@ def separate_overlaps(run: Run) -> Run:
             clone = Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, overflow_of[key], s.attrs)
             new_spans.append(clone)
     _note(run, "separate_overlaps", {"moved": moved, "extra_tracks": len(overflow_of)})
-    return replace(run, tracks=tracks, spans=new_spans)
+    return run.replace(tracks=tracks, spans=new_spans)
 
 
 def _place(lanes: list[list[Span]], s: Span) -> int:

@@ -43,7 +43,6 @@ known, ``gpu_library_of`` lets it decide for those generic names.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
@@ -170,4 +169,4 @@ def attribute_gpu_library(run: Run) -> Run:
     correlation = dict(meta.get("correlation") or {})
     correlation["attribute_gpu_library"] = dict(sorted(counts.items()))
     meta["correlation"] = correlation
-    return replace(run, spans=out, meta=meta)
+    return run.replace(spans=out, meta=meta)

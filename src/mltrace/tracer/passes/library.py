@@ -42,7 +42,6 @@ with no candidate keep their parent and track and are counted.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
 from mltrace.run.store import Run
@@ -233,7 +232,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
     """
     library = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") in CPU_LIBRARIES]
     if not library:
-        return replace(run, meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
+        return run.replace(meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
     cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
 
     def on_cpu(s: Span) -> bool:
@@ -312,4 +311,4 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
         if parent is not None and "ml.framework" in parent.attrs:
             span.attrs["ml.framework"] = parent.attrs["ml.framework"]
     spans = [replaced.get(s.id, s) for s in run.spans]
-    return replace(run, spans=spans, meta=_with_note(run, counts))
+    return run.replace(spans=spans, meta=_with_note(run, counts))

@@ -16,7 +16,6 @@ input run's spans are not modified.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from mltrace.run.store import Run
@@ -163,7 +162,7 @@ def nest_by_containment(run: Run) -> Run:
                 refined += 1
     spans_out = [_copy_with_parent(s, new_parent[s.id]) if s.id in new_parent else s for s in run.spans]
     meta = _note(run, "nest_by_containment", {"parents_set": set_count, "parents_refined": refined})
-    return replace(run, spans=spans_out, meta=meta)
+    return run.replace(spans=spans_out, meta=meta)
 
 
 def attach_gpu_to_launch(run: Run) -> Run:
@@ -206,4 +205,4 @@ def attach_gpu_to_launch(run: Run) -> Run:
         else:
             spans_out.append(s)
     meta = _note(run, "attach_gpu_to_launch", {"attached": attached, "missing_endpoint": missing})
-    return replace(run, spans=spans_out, meta=meta)
+    return run.replace(spans=spans_out, meta=meta)

@@ -1,0 +1,597 @@
+"""The pass over a run's span table that gathers the report's numbers.
+
+Everything here works on columns (``run.table``), one numpy operation per
+level of nesting rather than one Python step per span, so a report over a
+million spans costs well under a second here. Python loops remain only over
+what is small: distinct names, distinct attribute sets, GPU kernels and API
+calls (whose names live in attributes), and a sample of op calls per op name
+for bytes estimates.
+
+Definitions (docs/ANALYSIS.md; ``analysis.breakdown`` is the plain reference
+implementation of the shared ones):
+
+- *owner* of a span: its nearest strict ancestor at the model or layer level.
+- *top-level op*: an op with no op among its ancestors.
+- a span's *self time* (op, library call, API call): its duration minus its
+  direct children's on the same track at the op, library or kernel level.
+- a layer call's *self time*: its duration minus its direct children at the
+  model, layer or user level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
+from mltrace.analysis.roofline import CHILDREN, EXPLICIT, IO, OPS, explicit_work, io_bytes, layer_formula_work, op_bytes
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import TrackKind
+
+if TYPE_CHECKING:
+    from mltrace.run.store import Run
+    from mltrace.run.table import SpanTable
+
+MODEL, LAYER, OP, LIB, KERNEL, USER = (int(x) for x in (Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER))
+_FLOPS_BIT = 1 << 20  # in an ancestor mask: an enclosing op already carries ml.flops
+BYTES_SAMPLES = 256  # op calls per name whose bytes are estimated (the rest are scaled)
+_MAX_DEPTH = 100_000  # deeper than this only through a cyclic parent chain
+
+_GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+
+
+@dataclass
+class NameAcc:
+    """One op, library call, API call or kernel name, summed over the run."""
+
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    flops: float = 0.0
+    device_ns: int = 0
+    kernels: int = 0
+    bytes: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class RowAcc:
+    """One layer or model (by name and level), summed over its calls.
+
+    ``first`` is the row of the call whose attributes describe the layer (type,
+    source location, dtype): the deepest, then the last-ending one.
+    """
+
+    name: str
+    level: Level
+    first: int
+    type: str = ""
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    work_source: str = ""
+    op_ns: int = 0
+    op_count: int = 0
+    framework_ns: int = 0
+    kernel_ns: int = 0
+    kernel_count: int = 0
+    has_child_layers: bool = False
+    direct_ops: dict[str, list[int]] = field(default_factory=dict)
+    libraries: dict[str, list[int]] = field(default_factory=dict)
+    kernels: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class TypeAcc:
+    """All layer-level calls of one layer type."""
+
+    calls: int = 0
+    total_ns: int = 0
+    self_ns: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+@dataclass
+class Gathered:
+    """What the pass found; ``bottleneck.analyze`` turns it into an ``Analysis``."""
+
+    span_count: int = 0
+    counts: dict[int, int] = field(default_factory=dict)
+    level_ns: dict[int, int] = field(default_factory=dict)
+    ops: dict[str, NameAcc] = field(default_factory=dict)
+    libs: dict[str, NameAcc] = field(default_factory=dict)
+    kernels: dict[str, NameAcc] = field(default_factory=dict)
+    runtime: dict[str, NameAcc] = field(default_factory=dict)
+    rows: list[RowAcc] = field(default_factory=list)
+    types: dict[str, TypeAcc] = field(default_factory=dict)
+    model_intervals: list[tuple[int, int, str]] = field(default_factory=list)
+    gpu_busy: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    moves: dict[str, list[int]] = field(default_factory=dict)
+    top_op_ns: int = 0
+    wall_ns: int = 0
+    ops_outside_layers: int = 0
+    ops_outside_layers_ns: int = 0
+    ops_outside_models: int = 0
+
+
+# -- structure ---------------------------------------------------------------------
+
+
+class Tree:
+    """Parent rows, depths and the rows of each depth (roots first) of a table."""
+
+    def __init__(self, table: SpanTable) -> None:
+        parent = table.parent_row().copy()
+        depth = _depths(parent)
+        if depth is None:  # a cyclic parent chain: cut it where the walk gave up
+            depth = _depths(parent)
+            assert depth is not None
+        self.parent = parent
+        self.depth = depth
+        order = np.argsort(depth, kind="stable")
+        bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if len(depth) else 1))
+        self.by_depth = [order[bounds[d] : bounds[d + 1]] for d in range(len(bounds) - 1)]
+
+    def nearest(self, cond: np.ndarray) -> np.ndarray:
+        """For each row, its nearest strict ancestor where ``cond`` holds (-1: none)."""
+        parent = self.parent
+        near = np.full(len(parent), -1, dtype=np.int64)
+        for rows in self.by_depth[1:]:
+            p = parent[rows]
+            near[rows] = np.where(cond[p], p, near[p])
+        return near
+
+    def ancestor_or(self, flags: np.ndarray) -> np.ndarray:
+        """For each row, the OR of ``flags`` over its strict ancestors."""
+        parent = self.parent
+        out = np.zeros(len(parent), dtype=flags.dtype)
+        for rows in self.by_depth[1:]:
+            p = parent[rows]
+            out[rows] = out[p] | flags[p]
+        return out
+
+
+def tree_of(table: SpanTable) -> Tree:
+    """The table's tree, built once per table."""
+    got = table.cache.get("tree")
+    if got is None:
+        got = table.cache["tree"] = Tree(table)
+    return got
+
+
+def _depths(parent: np.ndarray) -> np.ndarray | None:
+    """Number of ancestors of each row; on a cycle, detaches the rows caught in it and returns None."""
+    n = len(parent)
+    depth = np.zeros(n, dtype=np.int64)
+    active = np.nonzero(parent >= 0)[0]
+    anc = parent[active]
+    steps = 0
+    while active.size:
+        depth[active] += 1
+        anc = parent[anc]
+        keep = anc >= 0
+        active, anc = active[keep], anc[keep]
+        steps += 1
+        if steps > min(n, _MAX_DEPTH):
+            parent[active] = -1  # every row still walking is in or under a cycle: make it a root
+            return None
+    return depth
+
+
+# -- the pass --------------------------------------------------------------------------
+
+
+def _sum_by(keys: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Integer sums of ``values`` grouped by ``keys`` in 0..size-1."""
+    if not len(keys):
+        return np.zeros(size, dtype=np.int64)
+    return np.rint(np.bincount(keys, weights=values, minlength=size)).astype(np.int64)
+
+
+def _count_by(keys: np.ndarray, size: int) -> np.ndarray:
+    return np.bincount(keys, minlength=size).astype(np.int64) if len(keys) else np.zeros(size, dtype=np.int64)
+
+
+def _pair_table(left: np.ndarray, right: np.ndarray, dur: np.ndarray, right_names: list[str]) -> dict[int, dict[str, list[int]]]:
+    """``left → {right name: [calls, ns]}`` from parallel arrays (largest ns first per left)."""
+    out: dict[int, dict[str, list[int]]] = {}
+    if not len(left):
+        return out
+    width = int(right.max()) + 1
+    key = left.astype(np.int64) * width + right
+    uniq, inv = np.unique(key, return_inverse=True)
+    calls = np.bincount(inv)
+    ns = np.rint(np.bincount(inv, weights=dur)).astype(np.int64)
+    order = np.lexsort((-ns, uniq // width))
+    for k in order.tolist():
+        out.setdefault(int(uniq[k] // width), {})[right_names[int(uniq[k] % width)]] = [int(calls[k]), int(ns[k])]
+    return out
+
+
+def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
+    """Gathers every number of the report from ``run``'s span table."""
+    t = run.table
+    g = Gathered(span_count=len(t))
+    n = len(t)
+    if n == 0:
+        return g
+    names = t.names
+    lv = t.level.astype(np.int64)
+    start, end = t.start, t.end
+    dur = np.maximum(end - start, 0)
+    durf = dur.astype(np.float64)
+    tree = tree_of(t)
+    parent = tree.parent
+    has_parent = parent >= 0
+    p0 = np.where(has_parent, parent, 0)  # parent row, 0 for roots (mask with has_parent)
+    plv = np.where(has_parent, lv[p0], 0)
+
+    gpu_tracks = {tid: max(tr.device, 0) for tid, tr in run.tracks.items() if tr.kind == TrackKind.GPU_STREAM}
+    on_gpu = np.isin(t.track, np.fromiter(gpu_tracks, dtype=np.int64, count=len(gpu_tracks)))
+    is_op = lv == OP
+    is_lib = lv == LIB
+    is_struct = (lv == MODEL) | (lv == LAYER)
+    is_gpu_kernel = (lv == KERNEL) & on_gpu
+    is_runtime = (lv == KERNEL) & ~on_gpu
+    flops_set = is_op & t.has_flops
+
+    # What each span inherits from its ancestors.
+    bits = (np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
+    mask = tree.ancestor_or(bits)
+    owner = tree.nearest(is_struct)
+    top_above = tree.nearest(is_op & ~((mask & (1 << OP)) != 0))  # the outermost op above, if any
+
+    # -- levels ------------------------------------------------------------------------
+    present = np.unique(lv)
+    own_level_free = (mask & (np.int64(1) << lv)) == 0
+    counts = _count_by(lv, 16)
+    level_ns = _sum_by(lv[own_level_free], durf[own_level_free], 16)
+    g.counts = {int(x): int(counts[x]) for x in present}
+    g.level_ns = {int(x): int(level_ns[x]) for x in present}
+    g.wall_ns = int(end.max() - start.min())
+
+    # -- name accumulators ---------------------------------------------------------------
+    nn = len(names)
+    name = t.name.astype(np.int64)
+    # Runtime (API) calls and GPU kernels are named by attributes: intern those names.
+    rt_rows = np.nonzero(is_runtime)[0]
+    rt_names: list[str] = []
+    rt_key = np.full(n, -1, dtype=np.int64)
+    if len(rt_rows):
+        idx: dict[str, int] = {}
+        keys = []
+        for r in rt_rows.tolist():
+            a = t.attrs(r)
+            api = str(a.get("cuda.api.name") or names[int(name[r])])
+            keys.append(idx.setdefault(api, len(idx)))
+        rt_key[rt_rows] = keys
+        rt_names = list(idx)
+
+    # Self time: each op / library / API call loses its same-track children at those levels.
+    acc_parent = has_parent & ((plv == OP) | (plv == LIB) | ((plv == KERNEL) & ~on_gpu[p0]))
+    sub = acc_parent & ((lv == OP) | (lv == LIB) | (lv == KERNEL)) & (t.track == t.track[p0])
+    sub_rows = np.nonzero(sub)[0]
+    sub_parent = parent[sub_rows]
+
+    def table(rows: np.ndarray, key_of: np.ndarray, key_names: list[str], kind: np.ndarray) -> dict[str, NameAcc]:
+        """Calls, total and self time of ``rows`` (all of one kind), by ``key_of[row]``."""
+        size = len(key_names)
+        keys = key_of[rows]
+        calls = _count_by(keys, size)
+        total = _sum_by(keys, durf[rows], size)
+        sub_here = kind[sub_parent]
+        self_ns = total - _sum_by(key_of[sub_parent[sub_here]], durf[sub_rows[sub_here]], size)
+        return {key_names[k]: NameAcc(int(calls[k]), int(total[k]), int(self_ns[k])) for k in np.nonzero(calls)[0].tolist()}
+
+    op_rows = np.nonzero(is_op)[0]
+    lib_rows = np.nonzero(is_lib)[0]
+    g.ops = table(op_rows, name, names, is_op)  # ops and library calls are keyed by span name
+    g.libs = table(lib_rows, name, names, is_lib)
+    if len(rt_rows):
+        g.runtime = table(rt_rows, rt_key, rt_names, is_runtime)
+    for row in _first_by_key(lib_rows, name[lib_rows]).tolist():
+        lib = t.attrs(row).get("ml.library.name")
+        g.libs[names[int(name[row])]].detail = str(lib) if lib else ""
+
+    # FLOPs of ops: those with ml.flops and no enclosing op that has it already.
+    counted = flops_set & ((mask & _FLOPS_BIT) == 0) & ~np.isnan(t.flops)
+    cf_rows = np.nonzero(counted)[0]
+    if len(cf_rows):
+        fl = np.bincount(name[cf_rows], weights=t.flops[cf_rows], minlength=nn)
+        for k in np.unique(name[cf_rows]).tolist():
+            g.ops[names[k]].flops = float(fl[k])
+
+    # Bytes of ops: estimated from the last BYTES_SAMPLES calls of each name, scaled.
+    sample = _first_n_by_key(op_rows, name[op_rows], BYTES_SAMPLES)
+    sampled: dict[int, list[int]] = {}
+    for row in sample.tolist():
+        sampled.setdefault(int(name[row]), []).append(op_bytes(t.attrs(row)))
+    for k, got in sampled.items():
+        acc = g.ops[names[k]]
+        acc.bytes = sum(got) * (acc.calls / len(got))
+
+    top_level_op = is_op & ((mask & (1 << OP)) == 0)
+    g.top_op_ns = int(dur[top_level_op].sum())
+
+    # Data movement: top-level movement ops, and nested ones not inside another movement op.
+    moving = np.zeros(nn, dtype=bool)
+    for i, nm in enumerate(names):
+        if nm in DATA_MOVEMENT_OPS:
+            moving[i] = True
+    move_rows = np.nonzero(is_op & moving[name])[0]
+    if len(move_rows):
+        nested = ~top_level_op[move_rows]
+        inside = np.zeros(len(move_rows), dtype=bool)
+        cur = np.where(nested, parent[move_rows], -1)
+        while True:
+            walking = cur >= 0
+            walking[walking] &= lv[cur[walking]] == OP
+            if not walking.any():
+                break
+            inside |= walking & moving[name[np.where(walking, cur, 0)]]
+            cur = np.where(walking & ~inside, parent[np.where(walking, cur, 0)], -1)
+        keep = move_rows[~inside]
+        for op_name, (calls, ns) in _pair_table(np.zeros(len(keep), dtype=np.int64), name[keep], durf[keep], names).get(0, {}).items():
+            g.moves[op_name] = [calls, ns]
+
+    # -- GPU kernels -------------------------------------------------------------------------
+    gk_rows = np.nonzero(is_gpu_kernel)[0]
+    k_names: list[str] = []
+    k_key = np.full(n, -1, dtype=np.int64)
+    if len(gk_rows):
+        kidx: dict[str, int] = {}
+        details: dict[str, str] = {}
+        keys = []
+        for r in gk_rows.tolist():
+            a = t.attrs(r)
+            kname = str(a.get("gpu.kernel.name") or names[int(name[r])])
+            k = kidx.get(kname)
+            if k is None:
+                k = kidx[kname] = len(kidx)
+            # Described by its last call in the file, as the other names are.
+            details[kname] = str(a.get("ml.library.name") or a.get("gpu.activity") or "")
+            keys.append(k)
+            d = int(dur[r])
+            g.gpu_busy.setdefault(gpu_tracks[int(t.track[r])], []).append((int(start[r]), int(end[r]), kname))
+            if a.get("gpu.activity") in _GPU_COPY_ACTIVITIES or kname.startswith(("Memcpy", "Memset")):
+                label = kname if len(kname) <= 40 else kname[:39] + "…"
+                got = g.moves.setdefault(label, [0, 0])
+                got[0] += 1
+                got[1] += d
+        k_key[gk_rows] = keys
+        k_names = list(kidx)
+        kc = _count_by(k_key[gk_rows], len(k_names))
+        kt = _sum_by(k_key[gk_rows], durf[gk_rows], len(k_names))
+        g.kernels = {k_names[k]: NameAcc(int(kc[k]), int(kt[k]), int(kt[k]), detail=details[k_names[k]]) for k in range(len(k_names))}
+        # Device time of the outermost op above each kernel.
+        with_top = gk_rows[top_above[gk_rows] >= 0]
+        tops = name[top_above[with_top]]
+        dn = _sum_by(tops, durf[with_top], nn)
+        dc = _count_by(tops, nn)
+        for k in np.unique(tops).tolist():
+            acc = g.ops[names[k]]
+            acc.device_ns += int(dn[k])
+            acc.kernels += int(dc[k])
+
+    # -- layer calls ----------------------------------------------------------------------------
+    call_rows = np.nonzero(is_struct)[0][::-1]  # last-ending first
+    ncall = len(call_rows)
+    call_of = np.full(n, -1, dtype=np.int64)
+    call_of[call_rows] = np.arange(ncall)
+    cowner = np.where(owner[call_rows] >= 0, call_of[np.maximum(owner[call_rows], 0)], -1)
+    cdur = dur[call_rows]
+    sdepth = np.zeros(n, dtype=np.int64)  # model/layer ancestors-or-self
+    for rows in tree.by_depth:
+        p = parent[rows]
+        sdepth[rows] = np.where(p >= 0, sdepth[np.maximum(p, 0)], 0) + is_struct[rows]
+    cdepth = sdepth[call_rows]
+    for r in np.nonzero(lv == MODEL)[0].tolist():
+        g.model_intervals.append((int(start[r]), int(end[r]), names[int(name[r])]))
+
+    # Rows of the report: one per (name, level).
+    rkey_raw = name[call_rows] * 16 + lv[call_rows]
+    rkeys, crow = np.unique(rkey_raw, return_inverse=True)
+    nrow = len(rkeys)
+
+    # Per-call sums of the call's own contents (before subtree sums).
+    def per_call(rows: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+        c = call_of[owner[rows]]
+        return _count_by(c, ncall) if values is None else _sum_by(c, values, ncall)
+
+    child = np.nonzero(has_parent & ((plv == MODEL) | (plv == LAYER)) & (is_struct | (lv == USER)))[0]
+    child_ns = _sum_by(call_of[parent[child]], durf[child], ncall)
+    direct = np.nonzero(is_op & has_parent & ((plv == MODEL) | (plv == LAYER)))[0]
+    direct_op_ns = _sum_by(call_of[parent[direct]], durf[direct], ncall)
+    tl = np.nonzero(top_level_op & (owner >= 0))[0]
+    op_ns = per_call(tl, durf[tl])
+    op_count = per_call(tl)
+    cfo = cf_rows[owner[cf_rows] >= 0]
+    op_flops = np.bincount(call_of[owner[cfo]], weights=t.flops[cfo], minlength=ncall) if len(cfo) else np.zeros(ncall)
+    has_op_flops = _count_by(call_of[owner[cfo]], ncall) > 0
+    gko = gk_rows[owner[gk_rows] >= 0]
+    kern_ns = per_call(gko, durf[gko])
+    kern_count = per_call(gko)
+
+    # Subtree sums, deepest calls first.
+    has_children = np.zeros(ncall, dtype=bool)
+    levels_desc = [np.nonzero(cdepth == d)[0] for d in range(int(cdepth.max()) if ncall else 0, 0, -1)]
+    for cs in levels_desc:
+        up = cowner[cs]
+        m = up >= 0
+        cs, up = cs[m], up[m]
+        if not len(cs):
+            continue
+        has_children[up] = True
+        for arr in (op_ns, op_count, kern_ns, kern_count, op_flops):
+            np.add.at(arr, up, arr[cs])
+        np.logical_or.at(has_op_flops, up, has_op_flops[cs])
+
+    # Work (FLOPs, bytes) per call, from attributes shared by calls with identical ones.
+    call_sets = t.attr[call_rows]
+    sets, set_of_call = np.unique(call_sets, return_inverse=True)
+    nset = len(sets)
+    f_exp = np.full(nset, np.nan)
+    b_exp = np.full(nset, np.nan)
+    form_f = np.full(nset, np.nan)
+    form_b = np.full(nset, np.nan)
+    form_src = np.zeros(nset, dtype=np.int64)
+    io = np.zeros(nset)
+    ltypes: list[str] = []
+    type_index: dict[str, int] = {}
+    sources = [EXPLICIT, OPS, CHILDREN, IO]
+    for i, k in enumerate(sets.tolist()):
+        a = t.attr_set(k)
+        ltype = str(a.get("ml.layer.type", ""))
+        ltypes.append(ltype)
+        type_index.setdefault(ltype, len(type_index))
+        if "ml.flops" in a or "ml.bytes" in a:
+            given_flops, given_bytes = explicit_work(a)
+            if given_flops is not None:
+                f_exp[i] = given_flops
+            if given_bytes is not None:
+                b_exp[i] = given_bytes
+        formula = layer_formula_work(ltype, a)
+        if formula is not None:
+            form_f[i], form_b[i] = formula.flops, formula.bytes
+            if formula.source not in sources:
+                sources.append(formula.source)
+            form_src[i] = sources.index(formula.source)
+        io[i] = float(io_bytes(a))
+    cf_exp, cb_exp = f_exp[set_of_call], b_exp[set_of_call]
+    cform_f, cform_b, cform_src, cio = form_f[set_of_call], form_b[set_of_call], form_src[set_of_call], io[set_of_call]
+    flops = np.zeros(ncall)
+    moved = np.zeros(ncall)
+    source = np.zeros(ncall, dtype=np.int64)
+    child_flops = np.zeros(ncall)
+    child_bytes = np.zeros(ncall)
+    for cs in levels_desc:
+        fe, fo, ff = cf_exp[cs], op_flops[cs], cform_f[cs]
+        has_fe, has_ff, kids, hof = ~np.isnan(fe), ~np.isnan(ff), has_children[cs], has_op_flops[cs]
+        flops[cs] = np.where(has_fe, fe, np.where(hof, fo, np.where(has_ff, ff, np.where(kids, child_flops[cs], 0.0))))
+        source[cs] = np.where(has_fe, 0, np.where(hof, 1, np.where(has_ff, cform_src[cs], np.where(kids, 2, 3))))
+        be, fb = cb_exp[cs], cform_b[cs]
+        moved[cs] = np.where(
+            ~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.where(kids, np.maximum(cio[cs], child_bytes[cs]), cio[cs]))
+        )
+        up = cowner[cs]
+        m = up >= 0
+        if m.any():
+            np.add.at(child_flops, up[m], flops[cs][m])
+            np.add.at(child_bytes, up[m], moved[cs][m])
+
+    self_ns = np.maximum(cdur - child_ns, 0)
+    framework = np.maximum(self_ns - direct_op_ns, 0)
+    rc = _count_by(crow, nrow)
+    r_total = _sum_by(crow, cdur.astype(np.float64), nrow)
+    r_self = _sum_by(crow, self_ns.astype(np.float64), nrow)
+    r_flops = np.bincount(crow, weights=flops, minlength=nrow) if ncall else np.zeros(nrow)
+    r_bytes = np.bincount(crow, weights=moved, minlength=nrow) if ncall else np.zeros(nrow)
+    r_opns = _sum_by(crow, op_ns.astype(np.float64), nrow)
+    r_opc = _sum_by(crow, op_count.astype(np.float64), nrow)
+    r_kns = _sum_by(crow, kern_ns.astype(np.float64), nrow)
+    r_kc = _sum_by(crow, kern_count.astype(np.float64), nrow)
+    r_fw = _sum_by(crow, framework.astype(np.float64), nrow)
+    r_kids = _count_by(crow[has_children], nrow) > 0
+    # The call that describes each row: the deepest, then the last-ending (lowest call index).
+    pick = np.lexsort((np.arange(ncall), -cdepth, crow))
+    first_call = pick[np.searchsorted(crow[pick], np.arange(nrow))]
+    direct_tables = _pair_table(crow[call_of[parent[direct]]], name[direct], durf[direct], names)
+    lib_tables = _subtree_tables(lib_rows, name[lib_rows], names, owner, call_of, cowner, crow, durf)
+    kern_tables = _subtree_tables(gk_rows, k_key[gk_rows], k_names, owner, call_of, cowner, crow, durf)
+    for r in range(nrow):
+        c = int(first_call[r])
+        row = int(call_rows[c])
+        racc = RowAcc(
+            name=names[int(rkeys[r] // 16)],
+            level=Level(int(rkeys[r] % 16)),
+            first=row,
+            type=ltypes[int(set_of_call[c])],
+            calls=int(rc[r]),
+            total_ns=int(r_total[r]),
+            self_ns=int(r_self[r]),
+            flops=float(r_flops[r]),
+            bytes=float(r_bytes[r]),
+            work_source=sources[int(source[c])],
+            op_ns=int(r_opns[r]),
+            op_count=int(r_opc[r]),
+            framework_ns=int(r_fw[r]),
+            kernel_ns=int(r_kns[r]),
+            kernel_count=int(r_kc[r]),
+            has_child_layers=bool(r_kids[r]),
+            direct_ops=direct_tables.get(r, {}),
+            libraries=lib_tables.get(r, {}),
+            kernels=kern_tables.get(r, {}),
+        )
+        g.rows.append(racc)
+
+    # Layer types (layer level only).
+    lay = np.nonzero(lv[call_rows] == LAYER)[0]
+    if len(lay):
+        type_names = list(type_index)
+        tix = np.asarray([type_index[x] for x in ltypes], dtype=np.int64)[set_of_call[lay]]
+        nt = len(type_names)
+        tc = _count_by(tix, nt)
+        tt = _sum_by(tix, cdur[lay].astype(np.float64), nt)
+        ts = _sum_by(tix, self_ns[lay].astype(np.float64), nt)
+        tf = np.bincount(tix, weights=flops[lay], minlength=nt)
+        tb = np.bincount(tix, weights=moved[lay], minlength=nt)
+        for k in np.nonzero(tc)[0].tolist():
+            g.types[type_names[k]] = TypeAcc(int(tc[k]), int(tt[k]), int(ts[k]), float(tf[k]), float(tb[k]))
+
+    # Ops in a model but in no layer, and ops in no model at all.
+    own = owner[op_rows]
+    g.ops_outside_models = int((own < 0).sum())
+    in_model = op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
+    g.ops_outside_layers = len(in_model)
+    g.ops_outside_layers_ns = int(dur[in_model].sum())
+    return g
+
+
+def _first_by_key(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """For each key, its row that comes last in the file (the first one a reverse scan meets)."""
+    return _first_n_by_key(rows, keys, 1)
+
+
+def _first_n_by_key(rows: np.ndarray, keys: np.ndarray, limit: int) -> np.ndarray:
+    """Up to ``limit`` rows per key, the last ones in the file."""
+    if not len(rows):
+        return rows
+    rev = rows[::-1]
+    rk = keys[::-1]
+    order = np.argsort(rk, kind="stable")
+    sorted_keys = rk[order]
+    group_start = np.searchsorted(sorted_keys, sorted_keys, side="left")
+    rank = np.arange(len(order)) - group_start
+    return rev[order[rank < limit]]
+
+
+def _subtree_tables(
+    rows: np.ndarray,
+    keys: np.ndarray,
+    key_names: list[str],
+    owner: np.ndarray,
+    call_of: np.ndarray,
+    cowner: np.ndarray,
+    crow: np.ndarray,
+    durf: np.ndarray,
+) -> dict[int, dict[str, list[int]]]:
+    """``report row → {name: [calls, ns]}`` over every layer call that encloses each of ``rows``."""
+    has = owner[rows] >= 0
+    rows, keys = rows[has], keys[has]
+    cur = call_of[owner[rows]]
+    lefts, rights, durs = [], [], []
+    while len(cur):
+        lefts.append(crow[cur])
+        rights.append(keys)
+        durs.append(durf[rows])
+        cur = cowner[cur]
+        keep = cur >= 0
+        cur, keys, rows = cur[keep], keys[keep], rows[keep]
+    if not lefts:
+        return {}
+    return _pair_table(np.concatenate(lefts), np.concatenate(rights), np.concatenate(durs), key_names)

@@ -1,0 +1,313 @@
+"""A run's spans as columns: what analysis reads, in arrays instead of objects.
+
+A report over a million spans cannot afford a million Python objects, nor
+decoding a million attribute maps it mostly never looks at. ``SpanTable``
+holds the structural fields of every span as numpy arrays (id, parent,
+level, name, start, end, track) and the attributes as *attribute sets*: each
+span points at one, identical maps are stored once, and a set is decoded
+only when something asks for it.
+
+Stored next to events.jsonl as ``spans.bin`` (a cache: events.jsonl stays the
+canonical record). The file names the size and modification time of the
+events.jsonl it was built from; a table that no longer matches is ignored and
+rebuilt. Layout of ``spans.bin``: the line ``MLTRACE-SPANS``, the length of a
+JSON header (8 bytes, little-endian), the header (format version, the
+events.jsonl stamp, and dtype, offset and count of each array), then the
+arrays, little-endian, each at a 64-byte aligned offset (memory-mapped on read):
+
+- ``id``, ``parent_id`` (-1: none), ``start``, ``end``, ``track``: int64.
+- ``level``: int16; ``name``: int32 index into ``names``; ``attr``: int32
+  index into the attribute sets.
+- ``flops``: float64, the span's ``ml.flops`` (NaN when absent or not a
+  number); ``has_flops`` (bool): whether it is set at all.
+- ``names``: JSON list of strings (uint8).
+- ``attr_offsets`` (int64, n+1) and ``attr_blob`` (uint8): the attribute
+  sets, each one JSON object.
+- ``others``: one events.jsonl batch line (uint8) with the tracks, instants,
+  counters and flows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span
+
+if TYPE_CHECKING:
+    import numpy as np
+
+TABLE_FILE = "spans.bin"
+TABLE_VERSION = 1
+
+_LEVELS = {int(lv): lv for lv in Level}
+
+
+def _flops_of(attrs: dict[str, Any]) -> tuple[bool, float]:
+    """Whether ``ml.flops`` is set, and its value (NaN when it is not a number)."""
+    f = attrs.get("ml.flops")
+    if f is None:
+        return False, math.nan
+    return True, float(f) if isinstance(f, (int, float)) else math.nan
+
+
+class SpanTable:
+    """Every span of a run as columns (see the module docstring).
+
+    Attributes:
+        id, parent_id, level, name, start, end, track, attr, flops, has_flops:
+            one entry per span, in file order.
+        names: the span names ``name`` indexes.
+    """
+
+    def __init__(
+        self,
+        columns: dict[str, np.ndarray],
+        names: list[str],
+        attr_sets: Sequence[dict[str, Any]] | None = None,
+        attr_offsets: np.ndarray | None = None,
+        attr_blob: Any = None,
+    ) -> None:
+        self.id = columns["id"]
+        self.parent_id = columns["parent_id"]
+        self.level = columns["level"]
+        self.name = columns["name"]
+        self.start = columns["start"]
+        self.end = columns["end"]
+        self.track = columns["track"]
+        self.attr = columns["attr"]
+        self.flops = columns["flops"]
+        self.has_flops = columns["has_flops"]
+        self.names = names
+        self._sets: list[dict[str, Any] | None]
+        if attr_sets is not None:
+            self._sets = list(attr_sets)
+        else:
+            assert attr_offsets is not None and attr_blob is not None
+            self._sets = [None] * (len(attr_offsets) - 1)
+        self._offsets = attr_offsets
+        self._blob = attr_blob
+        self._parent_row: np.ndarray | None = None
+        self.cache: dict[str, Any] = {}  # derived structure (e.g. the span tree), computed once
+
+    def __len__(self) -> int:
+        return len(self.id)
+
+    # -- attributes ------------------------------------------------------------
+
+    def attr_set(self, k: int) -> dict[str, Any]:
+        """Attribute set ``k``, decoded on first use (shared: do not modify)."""
+        got = self._sets[k]
+        if got is None:
+            from mltrace.run.store import _loads
+
+            assert self._offsets is not None and self._blob is not None
+            got = self._sets[k] = _loads(bytes(self._blob[int(self._offsets[k]) : int(self._offsets[k + 1])]))
+        return got
+
+    def attrs(self, row: int) -> dict[str, Any]:
+        """The attributes of the span in ``row`` (shared: do not modify)."""
+        return self.attr_set(int(self.attr[row]))
+
+    @property
+    def attr_set_count(self) -> int:
+        return len(self._sets)
+
+    # -- structure --------------------------------------------------------------
+
+    def parent_row(self) -> np.ndarray:
+        """Row of each span's parent (-1: a root, or a parent not in the run)."""
+        if self._parent_row is None:
+            import numpy as np
+
+            order = np.argsort(self.id, kind="stable")
+            sorted_ids = self.id[order]
+            pos = np.searchsorted(sorted_ids, self.parent_id)
+            pos = np.minimum(pos, max(len(sorted_ids) - 1, 0))
+            found = (self.parent_id >= 0) & (sorted_ids[pos] == self.parent_id) if len(sorted_ids) else self.parent_id < -1
+            self._parent_row = np.where(found, order[pos] if len(order) else -1, -1).astype(np.int64)
+        return self._parent_row
+
+    # -- conversions ------------------------------------------------------------
+
+    @classmethod
+    def from_spans(cls, spans: Sequence[Span]) -> SpanTable:
+        """Columns of in-memory spans (each span's own attribute map is its set)."""
+        import numpy as np
+
+        n = len(spans)
+        names: dict[str, int] = {}
+        name_idx = [names.setdefault(s.name, len(names)) for s in spans]
+        has_flops = np.zeros(n, dtype=bool)
+        flops = np.full(n, np.nan, dtype=np.float64)
+        for i, s in enumerate(spans):
+            if "ml.flops" in s.attrs:
+                has_flops[i], flops[i] = _flops_of(s.attrs)
+        columns: dict[str, np.ndarray] = {
+            "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
+            "parent_id": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
+            "level": np.fromiter((int(s.level) for s in spans), dtype=np.int16, count=n),
+            "name": np.asarray(name_idx, dtype=np.int32),
+            "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
+            "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
+            "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
+            "attr": np.arange(n, dtype=np.int32),
+            "flops": flops,
+            "has_flops": has_flops,
+        }
+        return cls(columns, list(names), attr_sets=[s.attrs for s in spans])
+
+    def to_spans(self) -> list[Span]:
+        """The spans as objects (each with its own copy of its attributes)."""
+        levels = _LEVELS
+        names = self.names
+        sets = [self.attr_set(k) for k in range(self.attr_set_count)]
+        out = []
+        for sid, pid, lv, nm, st, en, tr, at in zip(
+            self.id.tolist(),
+            self.parent_id.tolist(),
+            self.level.tolist(),
+            self.name.tolist(),
+            self.start.tolist(),
+            self.end.tolist(),
+            self.track.tolist(),
+            self.attr.tolist(),
+        ):
+            out.append(Span(sid, None if pid < 0 else pid, levels[lv], names[nm], st, en, tr, dict(sets[at])))
+        return out
+
+
+# -- the file -----------------------------------------------------------------------
+
+_MAGIC = b"MLTRACE-SPANS\n"
+_ALIGN = 64
+_COLUMNS = ("id", "parent_id", "level", "name", "start", "end", "track", "attr", "flops", "has_flops", "attr_offsets")
+_DTYPES = {
+    "id": "<i8",
+    "parent_id": "<i8",
+    "level": "<i2",
+    "name": "<i4",
+    "start": "<i8",
+    "end": "<i8",
+    "track": "<i8",
+    "attr": "<i4",
+    "flops": "<f8",
+    "has_flops": "|b1",
+    "attr_offsets": "<i8",
+    "attr_blob": "|u1",
+    "names": "|u1",
+    "others": "|u1",
+}
+
+
+def _stamp(events: Path) -> dict[str, int]:
+    st = events.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) -> None:
+    """Writes ``spans`` (and the other events, as one batch line) to ``path`` atomically.
+
+    Attribute maps that serialise identically are stored once (keys are not
+    sorted first: a source writes its keys in one order, and sorting tripled
+    the cost).
+    """
+    import numpy as np
+
+    from mltrace.run.store import _dumps
+
+    table = SpanTable.from_spans(spans)
+    index: dict[bytes, int] = {}
+    blobs: list[bytes] = []
+    attr = np.empty(len(spans), dtype=np.int32)
+    last_obj: Any = None
+    last_k = -1
+    for i, s in enumerate(spans):
+        a = s.attrs
+        if a is last_obj:
+            attr[i] = last_k
+            continue
+        b = _dumps(a)
+        k = index.get(b)
+        if k is None:
+            k = index[b] = len(blobs)
+            blobs.append(b)
+        attr[i] = last_k = k
+        last_obj = a
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    if blobs:
+        np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    arrays: dict[str, Any] = {c: getattr(table, c) for c in _COLUMNS if c not in ("attr", "attr_offsets")}
+    arrays["attr"] = attr
+    arrays["attr_offsets"] = offsets
+    arrays["attr_blob"] = b"".join(blobs)
+    arrays["names"] = json.dumps(table.names).encode()
+    arrays["others"] = others
+    # Layout: magic, header length (8 bytes), JSON header, then each array at a
+    # 64-byte aligned offset the header names (dtype, offset, count).
+    placed: dict[str, list[Any]] = {}
+    chunks: list[tuple[int, bytes]] = []
+    offset = 0
+    for key, value in arrays.items():
+        raw = value if isinstance(value, bytes) else np.ascontiguousarray(value, dtype=_DTYPES[key]).tobytes()
+        count = len(value)
+        placed[key] = [_DTYPES[key], offset, count]
+        chunks.append((offset, raw))
+        offset += -(-len(raw) // _ALIGN) * _ALIGN
+    header = json.dumps(
+        {"format": "mltrace-spans", "version": TABLE_VERSION, "events": _stamp(events), "arrays": placed}
+    ).encode()
+    base = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
+        for at, raw in chunks:
+            f.seek(base + at)
+            f.write(raw)
+        f.truncate(base + offset)
+    os.replace(tmp, path)
+
+
+def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
+    """The table in ``path`` and its other-events line, or None when missing, foreign or stale.
+
+    Columns are memory-mapped: pages are read when analysis touches them.
+    """
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_MAGIC) + 8)
+            if head[: len(_MAGIC)] != _MAGIC:
+                return None
+            header = json.loads(f.read(int.from_bytes(head[len(_MAGIC) :], "little")))
+        if header.get("format") != "mltrace-spans" or header.get("version") != TABLE_VERSION:
+            return None
+        if header.get("events") != _stamp(events):
+            return None
+        base = -(-(len(_MAGIC) + 8 + int.from_bytes(head[len(_MAGIC) :], "little")) // _ALIGN) * _ALIGN
+        size = path.stat().st_size
+        arrays: dict[str, Any] = {}
+        for key, (dtype, offset, count) in header["arrays"].items():
+            dt = np.dtype(dtype)
+            if base + offset + count * dt.itemsize > size:
+                return None
+            arrays[key] = np.memmap(path, dtype=dt, mode="r", offset=base + offset, shape=(count,)) if count else np.zeros(0, dt)
+        columns = {k: arrays[k] for k in _COLUMNS if k != "attr_offsets"}
+        names = json.loads(arrays["names"].tobytes())
+        others = arrays["others"].tobytes()
+        offsets = arrays["attr_offsets"]
+        blob = arrays["attr_blob"]
+    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
+    n = len(columns["id"])
+    if any(len(c) != n for c in columns.values()) or len(offsets) < 1:
+        return None
+    if n and (int(columns["attr"].max()) >= len(offsets) - 1 or int(columns["name"].max()) >= len(names)):
+        return None
+    return SpanTable(columns, names, attr_offsets=offsets, attr_blob=blob), others

@@ -1,0 +1,154 @@
+"""The span table (spans.bin): round trip, staleness, corruption, and analysis equal to the JSON path."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.breakdown import cross_stack_chains
+from mltrace.analysis.peaks import Peaks, PeakSet
+from mltrace.importers.kineto import import_kineto
+from mltrace.run.metadata import base_metadata
+from mltrace.run.store import EVENTS_FILE, TABLE_FILE, EventWriter, Run, load_run, write_meta, write_table
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track, TrackKind
+
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
+CPU = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
+
+
+def _spans() -> list[Span]:
+    shared = {"ml.layer.type": "Conv2d", "ml.input.shapes": [[1, 3, 8, 8]], "code.line.number": 3}
+    return [
+        Span(1, None, Level.MODEL, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+        Span(2, 1, Level.LAYER, "conv", 10, 400, 1, shared),
+        Span(3, 1, Level.LAYER, "conv", 410, 800, 1, dict(shared)),  # equal, not the same object
+        Span(4, 2, Level.OP, "aten::conv2d", 20, 390, 1, {"ml.flops": 1234, "kineto.external_id": 7}),
+        Span(5, 4, Level.OP, "aten::weird", 30, 40, 1, {"ml.flops": "n/a"}),  # not a number
+        Span(6, 4, Level.LIBRARY, "oneDNN convolution", 50, 380, 1, {"ml.library.name": "oneDNN"}),
+        Span(7, 3, Level.OP, "aten::conv2d", 420, 790, 1, {"ml.flops": 1234.5, "kineto.external_id": 8}),
+        Span(8, 999, Level.USER, "orphan", 900, 950, 1, {}),  # parent not in the run
+        Span(9, None, Level.USER, "open", 960, -1, 1, {"nested": {"a": [1, 2.5, None, True]}}),
+    ]
+
+
+def _write_run(run_dir: Path, spans: list[Span], *, table: bool = True, complete: bool = True) -> Run:
+    run_dir.mkdir(parents=True)
+    meta = base_metadata(["python", "x.py"], "t")
+    meta["complete"] = complete
+    write_meta(run_dir, meta)
+    track = Track(1, TrackKind.THREAD, "MainThread", 10, 10)
+    writer = EventWriter(run_dir / EVENTS_FILE)
+    writer.write(tracks=[track], spans=spans)
+    writer.close()
+    run = Run(run_dir, meta, tracks={1: track}, spans=spans)
+    if table:
+        write_table(run_dir, run)
+    return run
+
+
+def test_round_trip_dedupes_attribute_sets(tmp_path: Path) -> None:
+    spans = _spans()
+    _write_run(tmp_path / "r", spans)
+    run = load_run(tmp_path / "r")
+    t = run.table
+    assert len(t) == len(spans)
+    # The two conv calls share one stored attribute set; every other map is distinct.
+    assert t.attr_set_count == len(spans) - 1
+    assert t.attr[1] == t.attr[2]
+    assert t.names[int(t.name[3])] == "aten::conv2d"
+    assert list(t.has_flops) == [False, False, False, True, True, False, True, False, False]
+    assert t.flops[3] == 1234 and t.flops[6] == 1234.5
+    assert list(t.parent_row()) == [-1, 0, 0, 1, 3, 3, 2, -1, -1]
+    assert run.spans == spans
+    assert run.tracks[1].name == "MainThread"
+
+
+def test_table_backed_run_reads_like_the_json_one(tmp_path: Path) -> None:
+    spans = _spans()
+    _write_run(tmp_path / "with", spans)
+    _write_run(tmp_path / "without", spans, table=False)
+    from_table = load_run(tmp_path / "with")
+    from_json = load_run(tmp_path / "without")
+    assert not (tmp_path / "without" / TABLE_FILE).exists()
+    a, b = analyze(from_table, CPU), analyze(from_json, CPU)
+    assert dataclasses.asdict(a) == dataclasses.asdict(b)
+    assert a.ops[0].name == "aten::conv2d" and a.ops[0].flops == pytest.approx(2468.5)
+    # Materialised spans equal the JSON ones, attribute copies included.
+    assert from_table.spans == from_json.spans
+    from_table.spans[1].attrs["x"] = 1
+    assert "x" not in from_table.spans[2].attrs
+
+
+def test_stale_table_is_ignored(tmp_path: Path) -> None:
+    spans = _spans()
+    _write_run(tmp_path / "r", spans)
+    extra = Span(10, None, Level.USER, "late", 2000, 2100, 1, {})
+    writer = EventWriter(tmp_path / "r" / EVENTS_FILE)
+    writer.write(spans=[extra])
+    writer.close()
+    run = load_run(tmp_path / "r")
+    assert len(run.table) == len(spans) + 1
+    assert run.spans[-1] == extra
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_table_falls_back_to_events(tmp_path: Path, damage: str) -> None:
+    spans = _spans()
+    _write_run(tmp_path / "r", spans)
+    path = tmp_path / "r" / TABLE_FILE
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"not a table" * 10, "empty": b""}[damage])
+    run = load_run(tmp_path / "r")
+    assert run.spans == spans
+
+
+def test_cache_table_writes_only_for_complete_runs(tmp_path: Path) -> None:
+    spans = _spans()
+    _write_run(tmp_path / "done", spans, table=False)
+    _write_run(tmp_path / "killed", spans, table=False, complete=False)
+    load_run(tmp_path / "done")
+    assert not (tmp_path / "done" / TABLE_FILE).exists()  # loading alone writes nothing
+    load_run(tmp_path / "done", cache_table=True)
+    load_run(tmp_path / "killed", cache_table=True)
+    assert (tmp_path / "done" / TABLE_FILE).exists()
+    assert not (tmp_path / "killed" / TABLE_FILE).exists()
+    assert load_run(tmp_path / "done").spans == spans
+
+
+def test_report_command_writes_the_table(tmp_path: Path, capsys: Any) -> None:
+    from mltrace.cli import main
+
+    _write_run(tmp_path / "r", _spans(), table=False)
+    assert main(["report", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / TABLE_FILE).exists()
+    def without_peaks_source(text: str) -> list[str]:  # "measured" the first time, "cache" after
+        return [line for line in text.splitlines() if not line.startswith("Roofline peaks")]
+
+    first = without_peaks_source(capsys.readouterr().out)
+    assert main(["report", str(tmp_path / "r")]) == 0
+    assert without_peaks_source(capsys.readouterr().out) == first
+
+
+@pytest.fixture(scope="module")
+def gpu_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Run]:
+    base = tmp_path_factory.mktemp("gpu")
+    import_kineto(KINETO / "a100_alexnet_train.json.gz", base / "with")
+    assert (base / "with" / TABLE_FILE).exists()  # written when the run is finalized
+    shutil.copytree(base / "with", base / "without")
+    (base / "without" / TABLE_FILE).unlink()
+    return load_run(base / "with"), load_run(base / "without")
+
+
+def test_gpu_run_analysis_is_the_same_from_the_table(gpu_runs: tuple[Run, Run]) -> None:
+    from_table, from_json = gpu_runs
+    a, b = analyze(from_table, CPU), analyze(from_json, CPU)
+    assert a.kernels and a.runtime and any(r.device_ns for r in a.ops)
+    assert dataclasses.asdict(a) == dataclasses.asdict(b)
+    layers = [x for x in a.breakdown.layers if x.level is Level.LAYER][:10]
+    assert cross_stack_chains(from_table, layers=layers) == cross_stack_chains(from_json, layers=layers)
