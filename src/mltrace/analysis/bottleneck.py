@@ -827,56 +827,62 @@ def timeline(run: Run, bins: int = 600, max_lanes: int = 24, max_models: int = 4
     Returns:
         The overview; empty when the run has no spans.
     """
-    spans = run.spans
-    if not spans:
+    import numpy as np
+
+    t = run.table
+    if not len(t):
         return Timeline(0, 0, bins)
-    start = min(s.start_ns for s in spans)
-    end = max(s.end_ns for s in spans)
+    start = int(t.start.min())
+    end = int(t.end.max())
     out = Timeline(start, max(end, start + 1), bins)
-    width = out.bin_ns
-    groups: dict[tuple[int, Level], list[tuple[int, int]]] = {}
-    for s in spans:
-        if s.level is Level.SOURCE or s.end_ns < s.start_ns:
-            continue
-        key = (s.track_id, s.level)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = []
-        group.append((s.start_ns, s.end_ns))
-        if s.level is Level.MODEL and len(out.models) < max_models:
-            out.models.append((s.start_ns, s.end_ns, s.name))
-    order = {lv: i for i, lv in enumerate((*HIERARCHY, Level.USER))}
+    # Relative to the start: epoch nanoseconds (~1.7e18) are coarser than 1 ns as floats.
+    edges = np.arange(bins + 1, dtype=np.float64) * out.bin_ns
+    level = t.level.astype(np.int64)
+    for r in np.nonzero(level == int(Level.MODEL))[0][:max_models].tolist():
+        out.models.append((int(t.start[r]), int(t.end[r]), t.names[int(t.name[r])]))
+    keep = (level != int(Level.SOURCE)) & (t.end >= t.start)
+    rows = np.nonzero(keep)[0]
+    group = t.track[rows].astype(np.int64) * 16 + level[rows]
+    order = np.lexsort((t.end[rows], t.start[rows], group))
+    rows, group = rows[order], group[order]
+    bounds = np.flatnonzero(np.diff(group)) + 1
+    rank = {lv: i for i, lv in enumerate((*HIERARCHY, Level.USER))}
     lanes: list[tuple[tuple[int, int, int], Lane, int]] = []
-    for (track_id, level), intervals in groups.items():
-        intervals.sort()
-        busy = [0.0] * bins
-        total = 0
-        cur_s, cur_e = intervals[0]
-        merged = []
-        for s0, e0 in intervals[1:]:
-            if s0 > cur_e:
-                merged.append((cur_s, cur_e))
-                cur_s, cur_e = s0, e0
-            elif e0 > cur_e:
-                cur_e = e0
-        merged.append((cur_s, cur_e))
-        for s0, e0 in merged:
-            total += e0 - s0
-            first = min(int((s0 - start) / width), bins - 1)
-            last = min(int((e0 - start) / width), bins - 1)
-            for i in range(first, last + 1):
-                lo = max(s0, start + i * width)
-                hi = min(e0, start + (i + 1) * width)
-                if hi > lo:
-                    busy[i] += (hi - lo) / width
+    for part in np.split(np.arange(len(rows)), bounds):
+        if not len(part):
+            continue
+        track_id, level_value = divmod(int(group[part[0]]), 16)
+        lv = Level(level_value)
+        merged_s, merged_e = _merge_sorted(t.start[rows[part]] - start, t.end[rows[part]] - start)
+        covered = np.concatenate(([0], np.cumsum(merged_e - merged_s)))
+
+        def busy_until(x: np.ndarray, ms: np.ndarray = merged_s, me: np.ndarray = merged_e, cov: np.ndarray = covered) -> np.ndarray:
+            k = np.searchsorted(ms, x, side="right")  # intervals starting at or before x
+            last = np.maximum(k - 1, 0)
+            return np.where(k > 0, cov[k] - np.maximum(me[last] - x, 0), 0)
+
+        busy = np.diff(busy_until(edges)) / out.bin_ns
         track = run.tracks.get(track_id)
         kind = track.kind if track is not None else TrackKind.THREAD
         name = _track_label(track) if track is not None else f"track {track_id}"
-        rank = (0 if kind == TrackKind.THREAD else 1 if kind == TrackKind.GPU_STREAM else 2, track_id, order.get(level, 99))
-        lanes.append((rank, Lane(name, kind, level, [min(b, 1.0) for b in busy], len(intervals)), total))
-    keep = {id(lane) for _, lane, _ in sorted(lanes, key=lambda x: -x[2])[:max_lanes]}
-    out.lanes = [lane for _, lane, _ in sorted(lanes, key=lambda x: x[0]) if id(lane) in keep]
+        key = (0 if kind == TrackKind.THREAD else 1 if kind == TrackKind.GPU_STREAM else 2, track_id, rank.get(lv, 99))
+        lane = Lane(name, kind, lv, np.minimum(busy, 1.0).tolist(), len(part))
+        lanes.append((key, lane, int(covered[-1])))
+    kept = {id(lane) for _, lane, _ in sorted(lanes, key=lambda x: -x[2])[:max_lanes]}
+    out.lanes = [lane for _, lane, _ in sorted(lanes, key=lambda x: x[0]) if id(lane) in kept]
     return out
+
+
+def _merge_sorted(starts: Any, ends: Any) -> tuple[Any, Any]:
+    """Disjoint intervals covering ``[starts, ends)`` sorted by start: (starts, ends)."""
+    import numpy as np
+
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
+    return starts[first].astype(np.int64), reach[last].astype(np.int64)
 
 
 def _track_label(track: Any) -> str:
