@@ -6,11 +6,24 @@ NVML/CPU counter sampler without streaming; the torch source alone without
 streaming. Each session starts and stops outside the measured calls.
 
     python benchmarks/overhead_parts.py [--rounds 12] [--iters 5]
+
+``--paired`` gives a tighter figure for the layer level alone (the torch module
+source, no background streaming): one session, whose ``Module.__call__``
+wrapper is switched off and on between short blocks of inferences, so plain
+and traced blocks alternate (ABBA order) a few hundred milliseconds apart and
+drift cancels out. Each pair gives a ratio of the blocks' medians; the report
+is the median ratio with a bootstrap 95 % interval and the spread. "with
+drain+write" adds what streaming the block's spans to disk cost (one flush,
+timed after each traced block, per inference): the flusher thread does that
+work under the GIL while the program runs.
+
+    python benchmarks/overhead_parts.py --paired [--pairs 100] [--block 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import tempfile
@@ -46,13 +59,101 @@ CONDITIONS: dict[str, Callable[[Path], Session]] = {
 }
 
 
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval for the median of ``values``."""
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
+
+
+def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> None:
+    """Plain and traced blocks, alternating inside one layer-level session (see the module docstring)."""
+
+    def timed() -> list[int]:
+        cnn(x)  # the first call after a switch: not measured
+        out = []
+        for _ in range(block):
+            t0 = time.perf_counter_ns()
+            cnn(x)
+            out.append(time.perf_counter_ns() - t0)
+        return out
+
+    load_before = loadavg()
+    hot: list[float] = []  # traced / plain, per pair
+    total: list[float] = []  # the same, traced including its drain+write
+    spans = 0
+    plain_ns: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        source = TorchModuleSource()
+        options = ProfileOptions(output=Path(tmp) / "run", summary=False, level=Level.LAYER, flush_interval_s=NO_FLUSH_S)
+        session = Session(options, sources=[source]).start()
+        try:
+            assert source._wrapped is not None, "the torch module source did not wrap Module.__call__"
+            module_cls, original, wrapper = source._wrapped
+            cnn(x)
+            session.flush()  # the first flush has one-off costs: not counted
+            for i in range(pairs):
+                med: dict[str, float] = {}
+                flush_ns = 0
+                for traced in (False, True) if i % 2 == 0 else (True, False):
+                    module_cls.__call__ = wrapper if traced else original
+                    try:
+                        med[str(traced)] = statistics.median(timed())
+                    finally:
+                        module_cls.__call__ = wrapper
+                    if traced:
+                        spans += len(session.recorder.done)
+                        t0 = time.perf_counter_ns()
+                        session.flush()  # drain + write what the block recorded
+                        flush_ns = time.perf_counter_ns() - t0
+                plain_ns.append(med["False"])
+                hot.append(med["True"] / med["False"])
+                total.append((med["True"] + flush_ns / (block + 1)) / med["False"])
+                if (i + 1) % 10 == 0:
+                    print(f"pair {i + 1}/{pairs}", file=sys.stderr, flush=True)
+        finally:
+            session.stop()
+    print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
+    print(f"plain inference: median {statistics.median(plain_ns) / 1e6:.2f} ms")
+    print(f"paired blocks: {pairs} pairs of {block} timed inferences, {spans / (pairs * (block + 1)):.0f} spans per inference")
+    print(f"load average before {load_before}, after {loadavg()}")
+    for name, ratios in (("layer level, hot path", hot), ("with drain+write", total)):
+        pct = sorted(100 * (r - 1) for r in ratios)
+        lo, hi = bootstrap_median(pct)
+        q1, q3 = pct[len(pct) // 4], pct[(3 * len(pct)) // 4]
+        print(
+            f"  {name:22} {statistics.median(pct):+6.2f} %  95% CI [{lo:+.2f}, {hi:+.2f}]  "
+            f"IQR [{q1:+.2f}, {q3:+.2f}]  min/max [{pct[0]:+.2f}, {pct[-1]:+.2f}]"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--paired", action="store_true", help="alternating plain/traced blocks in one session")
+    parser.add_argument("--pairs", type=int, default=100, help="--paired: pairs of blocks")
+    parser.add_argument("--block", type=int, default=3, help="--paired: timed inferences per block")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cnn = resnet_small()
     x = torch.randn(1, 3, 224, 224)
+    if args.paired:
+        with torch.inference_mode():
+            for _ in range(3):
+                cnn(x)
+            paired(cnn, x, args.pairs, args.block)
+        return 0
 
     def block() -> list[int]:
         out = []

@@ -5,11 +5,19 @@ between traced and plain medians, divided by 1000, is the cost of one module
 call under each condition, measured side by side in one process. Also: torch's
 own cost of having (no-op) global forward hooks at all.
 
-    python benchmarks/span_cost.py
+At 1000 spans per ~1 ms forward the flusher thread (which drains and writes
+spans every 0.5 s, under the GIL) is busy much of the time, so the default
+layer session's figure swings with where its flushes fall. Two more rows split
+it: the layer level with streaming off (the ``Module.__call__`` wrapper's own
+cost; the session is flushed untimed after each call), and the mean cost of
+draining and writing one span in those flushes, garbage collections included.
+
+    python benchmarks/span_cost.py [--rounds 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -21,8 +29,12 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 import mltrace
+from mltrace.config import ProfileOptions
+from mltrace.tracer.levels import Level
+from mltrace.tracer.session import Session
 
 CALLS = 1000
+NO_FLUSH_S = 60.0  # longer than the measurement: nothing is streamed while timing
 
 
 class Many(nn.Module):
@@ -36,7 +48,8 @@ class Many(nn.Module):
         return x
 
 
-def median_ns(fn, n: int = 30) -> float:  # type: ignore[no-untyped-def]
+def median_ns(fn, n: int = 30, after=None) -> float:  # type: ignore[no-untyped-def]
+    """Median time of ``fn()``; ``after()``, if given, runs untimed after each call."""
     for _ in range(3):
         fn()
     samples = []
@@ -44,10 +57,37 @@ def median_ns(fn, n: int = 30) -> float:  # type: ignore[no-untyped-def]
         t0 = time.perf_counter_ns()
         fn()
         samples.append(time.perf_counter_ns() - t0)
+        if after is not None:
+            after()
     return statistics.median(samples)
 
 
+def streaming_off(call) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """A layer session that never flushes by itself: median ns per call, mean flush ns per span."""
+    with tempfile.TemporaryDirectory() as tmp:
+        opts = ProfileOptions(output=Path(tmp) / "r", summary=False, level=Level.LAYER, flush_interval_s=NO_FLUSH_S)
+        session = Session(opts).start()
+        flush_ns = spans = 0
+
+        def flush() -> None:  # untimed after each call, summed apart
+            nonlocal flush_ns, spans
+            spans += len(session.recorder.done)
+            t0 = time.perf_counter_ns()
+            session.flush()
+            flush_ns += time.perf_counter_ns() - t0
+
+        try:
+            call()
+            session.flush()  # the first flush has one-off costs: not counted
+            return median_ns(call, after=flush), flush_ns / max(spans, 1)  # a mean: it spreads the GC runs spans cause
+        finally:
+            session.stop()
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
     m = Many()
     x = torch.randn(2, 2)
 
@@ -55,7 +95,7 @@ def main() -> int:
         m(x)
 
     rows = []
-    for rnd in range(3):
+    for rnd in range(args.rounds):
         plain = median_ns(call)
         h1 = module_mod.register_module_forward_pre_hook(lambda mod, a: None)
         h2 = module_mod.register_module_forward_hook(lambda mod, a, o: None, always_call=True)
@@ -68,13 +108,16 @@ def main() -> int:
         for level in ("model", "layer"):
             with tempfile.TemporaryDirectory() as tmp, mltrace.profile(output=Path(tmp) / "r", summary=False, level=level):
                 traced[level] = median_ns(call)
-        rows.append((plain, noop, traced["model"], traced["layer"]))
+        quiet, flush_per_span = streaming_off(call)
+        rows.append((plain, noop, traced["model"], traced["layer"], quiet, flush_per_span))
         print(f"round {rnd}: done", file=sys.stderr)
-    plain, noop, model, layer = (statistics.median(c) for c in zip(*rows))
+    plain, noop, model, layer, quiet, flush = (statistics.median(c) for c in zip(*rows))
     print(f"plain forward with {CALLS} module calls: {plain / 1e6:.2f} ms")
     print(f"  torch's hooked path (no-op global hooks): {(noop - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"  mltrace --level model:                    {(model - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"  mltrace --level layer (one span each):    {(layer - plain) / CALLS / 1e3:6.2f} µs per module call")
+    print(f"    the same, streaming off (wrapper only): {(quiet - plain) / CALLS / 1e3:6.2f} µs per module call")
+    print(f"    draining + writing one span (flusher):  {flush / 1e3:6.2f} µs per span")
     return 0
 
 

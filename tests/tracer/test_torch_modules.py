@@ -163,3 +163,130 @@ def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
     assert models[0].attrs["ml.output.shapes"] == [[3, 2]]
     assert "ml.output.shapes" not in models[1].attrs
     assert not [s for s in run.spans if s.level == Level.LAYER]
+
+
+class _Pass(nn.Module):
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return args[0] if args else None
+
+
+def test_layer_attributes_for_every_argument_form(tmp_path: Path) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            self.p = _Pass()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)  # one tensor in, one out: the wrapper's short form
+            self.p(x, x.half())  # several tensors
+            self.p([x, (x,)], {"k": x})  # nested containers
+            self.p(input=x)  # keyword arguments only: no input shapes
+            self.p(3)  # no tensor at all
+            self.p((y, y.int()))  # a tuple out
+            return y
+
+    run = _trace(tmp_path, lambda: Net()(torch.randn(2, 4)))
+    layers = sorted((s for s in run.spans if s.level == Level.LAYER), key=lambda s: s.start_ns)
+    assert [s.name for s in layers] == ["lin", "p", "p", "p", "p", "p"]
+    for s in layers:
+        assert s.attrs["ml.layer.path"] == s.name and s.attrs["ml.framework"] == "pytorch"
+        assert not [k for k in s.attrs if k.startswith("_")]  # raw values never leak
+    lin = layers[0].attrs
+    assert lin["ml.layer.type"] == "Linear" and lin["ml.layer.params"] == 15
+    assert (lin["ml.input.shapes"], lin["ml.input.dtypes"]) == ([[2, 4]], ["float32"])
+    assert (lin["ml.output.shapes"], lin["ml.output.dtypes"]) == ([[2, 3]], ["float32"])
+    two, nested, kw, scalar, tup = (s.attrs for s in layers[1:])
+    assert (two["ml.input.shapes"], two["ml.input.dtypes"]) == ([[2, 4], [2, 4]], ["float32", "float16"])
+    assert (two["ml.output.shapes"], two["ml.output.dtypes"]) == ([[2, 4]], ["float32"])
+    assert nested["ml.input.shapes"] == [[2, 4]]  # tensors one container deep
+    assert nested["ml.output.shapes"] == [[2, 4], [2, 4]]  # the list it returns, and the tuple in it
+    assert "ml.input.shapes" not in kw and "ml.output.shapes" not in kw
+    assert "ml.input.shapes" not in scalar and "ml.output.shapes" not in scalar
+    assert (tup["ml.output.shapes"], tup["ml.output.dtypes"]) == ([[2, 3], [2, 3]], ["float32", "int32"])
+
+
+def test_user_spans_and_layer_spans_nest_both_ways(tmp_path: Path) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Sequential(nn.ReLU())
+            self.b = nn.Tanh()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with mltrace.span("around-b"):  # a user span around a layer
+                x = self.b(x)
+            return self.a(x)
+
+    class Inner(nn.ReLU):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with mltrace.span("inside-layer"):  # a user span inside a layer
+                return super().forward(x)
+
+    net = Net()
+    net.a[0] = Inner()
+    run = _trace(tmp_path, lambda: net(torch.randn(2)))
+    by_name = {s.name: s for s in run.spans}
+    assert by_name["around-b"].parent_id == by_name["Net"].id
+    assert by_name["b"].parent_id == by_name["around-b"].id
+    assert by_name["a"].parent_id == by_name["Net"].id
+    assert by_name["a.0"].parent_id == by_name["a"].id
+    assert by_name["inside-layer"].parent_id == by_name["a.0"].id
+    assert all(s.parent_id is None or s.parent_id in {t.id for t in run.spans} for s in run.spans)
+
+
+def test_stopping_inside_a_layer_truncates_the_open_spans(tmp_path: Path) -> None:
+    profile = mltrace.profile(output=tmp_path / "run", summary=False, level="layer")
+
+    class Stopper(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            profile.stop()
+            return x
+
+    net = nn.Sequential(nn.ReLU(), nn.Sequential(Stopper()))
+    profile.start()
+    try:
+        net(torch.randn(2))
+        net(torch.randn(2))  # after stop: plain torch again
+    finally:
+        profile.stop()
+    run = mltrace.load_run(tmp_path / "run")
+    truncated = sorted(s.name for s in run.spans if s.attrs.get("mltrace.truncated"))
+    assert truncated == ["1", "1.0", "Sequential"]
+    assert sorted(s.name for s in run.spans) == ["0", "1", "1.0", "Sequential"]
+    assert all(s.end_ns >= s.start_ns for s in run.spans)
+
+
+@pytest.mark.parametrize("level", ["model", "layer"])
+def test_compiled_modules_and_earlier_call_wrappers_are_honoured(tmp_path: Path, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wrappers call Module._call_impl themselves, as torch's __call__ does, unless
+    # Module.compile() set _compiled_call_impl or someone else wrapped __call__ first.
+    monkeypatch.delenv("MLTRACE_TORCH_HOOKS", raising=False)
+    net = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    compiled: list[int] = []
+
+    def fake_compiled(x: torch.Tensor) -> torch.Tensor:
+        compiled.append(1)
+        return x
+
+    net[1]._compiled_call_impl = fake_compiled
+    theirs: list[str] = []
+    torch_call = nn.Module.__call__
+
+    def their_call(self: nn.Module, *args: object, **kwargs: object) -> object:
+        theirs.append(type(self).__name__)
+        return torch_call(self, *args, **kwargs)
+
+    run = _trace(tmp_path / "a", lambda: net(torch.randn(1, 2)), level=level)
+    assert compiled == [1]
+    if level == "layer":
+        assert _names(run) == ["0", "1"]
+    nn.Module.__call__ = their_call  # type: ignore[method-assign]
+    try:
+        run = _trace(tmp_path / "b", lambda: net(torch.randn(1, 2)), level=level)
+    finally:
+        nn.Module.__call__ = torch_call  # type: ignore[method-assign]
+    assert theirs == ["Sequential", "Linear", "ReLU"] and compiled == [1, 1]
+    assert _names(run, Level.MODEL) == ["Sequential"]
+    if level == "layer":
+        assert _names(run) == ["0", "1"]

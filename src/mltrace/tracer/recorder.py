@@ -61,6 +61,7 @@ class Recorder:
 
     def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:
         """Opens a span as a child of the current context's innermost span."""
+        # Inlined in TorchModuleSource._wrap_call_layers (the layer level's hot path): keep in step.
         up = current_span.get()
         span = Span(
             next(self._ids),
@@ -79,6 +80,7 @@ class Recorder:
 
     def end(self, span: Span, end_ns: int | None = None) -> None:
         """Closes ``span`` and makes its parent current again."""
+        # Inlined in TorchModuleSource._wrap_call_layers (the layer level's hot path): keep in step.
         span.end_ns = now_ns() if end_ns is None else end_ns
         current_span.set(span._up)
         span._up = None

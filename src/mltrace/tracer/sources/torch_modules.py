@@ -23,25 +23,45 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.bricks import layer_config
+from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
+from mltrace.tracer.recorder import current_span
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
-_SHAPE_KEYS = (("_in", "ml.input.shapes", "ml.input.dtypes"), ("_out", "ml.output.shapes", "ml.output.dtypes"))
+
+def _calls_impl_directly(module_cls: Any, original: Any) -> bool:
+    """Whether a wrapper may call ``module._call_impl`` itself instead of ``original``.
+
+    Torch's own ``Module.__call__`` (``_wrapped_call_impl``) does nothing but
+    pick ``_compiled_call_impl`` (set by ``Module.compile()``) or
+    ``_call_impl``; a wrapper that makes that choice itself saves a Python
+    frame per module call (≈ 0.3 µs). Only when ``__call__`` is still torch's.
+    """
+    return original is getattr(module_cls, "_wrapped_call_impl", None)
+
+
 _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+#: What the layer wrapper caches per (parent, path, child): the child's facts, its path, its own kids.
+_Kid = tuple["_Static", str, "dict[int, _Kid]"]
 
 
 class _Static:
     """Per-module facts computed once: type, parameters, class source location."""
 
-    __slots__ = ("ref", "type_name", "attrs", "paths")
+    __slots__ = ("ref", "type_name", "attrs", "paths", "kids")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
         self.paths: dict[str, str] = {}  # parent path → this module's path under it
+        # This module's path → its children's (_Static, path, kids) by id(child): the layer
+        # wrapper's one-lookup cache of what _static_of and paths give.
+        self.kids: dict[str, dict[int, _Kid]] = {}
         self.type_name = type(module).__name__
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
@@ -114,53 +134,100 @@ class TorchModuleSource:
         every module call through torch's slower hooked path (≈ 2 µs a call on
         top of the hooks themselves). The wrapper closes the span in ``finally``,
         so exceptions and interrupts inside a layer end its span too.
+
+        This is the hot path of the layer level (one call per ``nn.Module``
+        call, ~70 per inference of a ResNet-18), so ``Recorder.begin``/``end``
+        are inlined here rather than called: every Python call, attribute
+        lookup and throw-away object costs ~0.05–0.3 µs, which added up to
+        ≈ 4 µs a module call (≈ 2.5 µs now, benchmarks/span_cost.py). Keep the
+        two in step: the same id counter, clock, ``current_span`` get/set,
+        open-span dict (for ``close_open_spans``) and ``done`` deque. The
+        outermost (model) call still goes through ``_model_begin`` and
+        ``Recorder.end``. Paths and per-module facts come from one cache lookup
+        in the parent frame (``_Static.kids``).
         """
+        assert self._session is not None
         original = module_cls.__call__
+        direct = _calls_impl_directly(module_cls, original)
         tls = self._tls
-        statics = self._static
-        static_of = self._static_of
-        path_of = self._path
+        kid_of = self._kid
         raw_shapes = self._raw_shapes
         finish = self._finish
         model_begin = self._model_begin
-        begin = self._begin
         end = self._end
+        tensor = self._tensor
+        # Recorder internals, bound once (see Recorder.begin/end).
+        recorder = self._session.recorder
+        next_id = recorder._ids.__next__
+        open_spans = recorder._open
+        pop_open = open_spans.pop
+        append_done = recorder.done.append
+        get_current = current_span.get
+        set_current = current_span.set
+        clock = now_ns
+        new_span = Span
         layer = Level.LAYER
 
-        # The hot path of the layer level: one call per nn.Module call, inlined.
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:
                 stack = tls.stack
             except AttributeError:
                 stack = tls.stack = []
-            if stack:
-                parent, _, parent_path, root = stack[-1]
-                static = statics.get(id(module))
-                if static is None or static.ref() is not module:
-                    static = static_of(module)
-                path = static.paths.get(parent_path)
-                if path is None:
-                    path = static.paths[parent_path] = path_of(parent, parent_path, module, root)
-                attrs: dict[str, Any] = {"ml.layer.path": path, "_static": static.attrs}
-                if args:
-                    attrs["_in"] = raw_shapes(args)
-                span = begin(path, layer, attrs)
-                span._fin = finish
-                stack.append((module, span, path, root))
-            else:
+            if not stack:  # the outermost call on this thread: the model span
                 model_begin(module, args, stack)
                 span = stack[-1][1]
+                output = None
+                try:
+                    output = original(module, *args, **kwargs)
+                    return output
+                finally:
+                    while stack and stack.pop()[1] is not span:
+                        pass
+                    if output is not None:
+                        span.attrs["_out"] = raw_shapes(output)
+                    end(span)
+
+            parent, parent_span, parent_path, root, kids = stack[-1]
+            kid = kids.get(id(module))
+            if kid is None or kid[0].ref() is not module:  # first call from here (or an id reused)
+                kid = kids[id(module)] = kid_of(parent, parent_path, module, root)
+            static, path, child_kids = kid
+            if args:
+                # One plain tensor is the common case: skip the generic walk and
+                # keep the bare (shape, dtype) pair (``_finish`` reads both forms).
+                first = args[0]
+                shapes_in = (first.shape, first.dtype) if type(first) is tensor and len(args) == 1 else raw_shapes(args)
+                attrs = {"ml.layer.path": path, "_static": static.attrs, "_in": shapes_in}
+            else:
+                attrs = {"ml.layer.path": path, "_static": static.attrs}
+            # Recorder.begin, inlined. The thread's track is the parent frame's:
+            # the stack is per thread and its root span was begun on this thread.
+            up = get_current()
+            span_id = next_id()
+            span = new_span(span_id, None if up is None else up.id, layer, path, clock(), -1, parent_span.track_id, attrs)
+            span._fin = finish
+            set_current(span)
+            open_spans[span_id] = span
+            stack.append((module, span, path, root, child_kids))
             output = None
             try:
-                output = original(module, *args, **kwargs)
+                if direct and module._compiled_call_impl is None:  # what original would do, a frame less
+                    output = module._call_impl(*args, **kwargs)
+                else:
+                    output = original(module, *args, **kwargs)
                 return output
             finally:
                 # try/finally keeps calls strictly nested: the top frame is ours.
                 while stack and stack.pop()[1] is not span:
                     pass
                 if output is not None:
-                    span.attrs["_out"] = raw_shapes(output)
-                end(span)
+                    attrs["_out"] = (output.shape, output.dtype) if type(output) is tensor else raw_shapes(output)
+                # Recorder.end, inlined. ``up`` stays in this frame instead of span._up.
+                span.end_ns = clock()
+                set_current(up)
+                pop_open(span_id, None)
+                append_done(span)
+                recorder.span_count += 1
 
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
@@ -173,6 +240,7 @@ class TorchModuleSource:
         the outermost call per thread and lets nested calls through untouched.
         """
         original = module_cls.__call__
+        direct = _calls_impl_directly(module_cls, original)
         tls = self._tls
         model_begin = self._model_begin
         post = self._post
@@ -183,6 +251,8 @@ class TorchModuleSource:
             except AttributeError:
                 stack = tls.stack = []
             if stack:
+                if direct and module._compiled_call_impl is None:  # what original would do, a frame less
+                    return module._call_impl(*args, **kwargs)
                 return original(module, *args, **kwargs)
             model_begin(module, args, stack)
             output = None
@@ -240,6 +310,14 @@ class TorchModuleSource:
         self._static[id(module)] = info
         return info
 
+    def _kid(self, parent: Any, parent_path: str, module: Any, root: Any) -> _Kid:
+        """The layer wrapper's cache entry for ``module`` called from ``parent`` at ``parent_path``."""
+        static = self._static_of(module)
+        path = static.paths.get(parent_path)
+        if path is None:
+            path = static.paths[parent_path] = self._path(parent, parent_path, module, root)
+        return static, path, static.kids.setdefault(path, {})
+
     def _child_name(self, parent: Any, child: Any) -> str | None:
         entry = self._children.get(id(parent))
         if entry is None or entry[0]() is not parent:
@@ -291,23 +369,48 @@ class TorchModuleSource:
         return out
 
     def _finish(self, span: Span) -> None:
-        """Completes a span's attributes when the recorder drains it (flusher thread)."""
+        """Completes a span's attributes when the recorder drains it (flusher thread).
+
+        Runs once per span under the GIL, so it costs the traced program too:
+        the one-tensor form ``(shape, dtype)`` that the layer wrapper stores is
+        handled inline, lists of pairs (several tensors, model spans) by
+        ``_shapes_dtypes``.
+        """
         attrs = span.attrs
         static = attrs.pop("_static", None)
+        raw_in = attrs.pop("_in", None)
+        raw_out = attrs.pop("_out", None)
+        if static is not None:  # the module's facts first, then the call's
+            span.attrs = attrs = {**static, **attrs}
         names = self._dtype_names
-        for raw_key, shapes_key, dtypes_key in _SHAPE_KEYS:
-            raw = attrs.pop(raw_key, None)
-            if raw:
-                attrs[shapes_key] = [list(shape) for shape, _ in raw]
-                dtypes = []
-                for _, dt in raw:
-                    name = names.get(dt)
-                    if name is None:
-                        name = names[dt] = str(dt).removeprefix("torch.")
-                    dtypes.append(name)
-                attrs[dtypes_key] = dtypes
-        if static is not None:
-            span.attrs = {**static, **attrs}
+        if raw_in:
+            if type(raw_in) is tuple:
+                shape, dt = raw_in
+                attrs["ml.input.shapes"] = [[*shape]]
+                attrs["ml.input.dtypes"] = [names.get(dt) or self._dtype_name(dt)]
+            else:
+                attrs["ml.input.shapes"], attrs["ml.input.dtypes"] = self._shapes_dtypes(raw_in)
+        if raw_out:
+            if type(raw_out) is tuple:
+                shape, dt = raw_out
+                attrs["ml.output.shapes"] = [[*shape]]
+                attrs["ml.output.dtypes"] = [names.get(dt) or self._dtype_name(dt)]
+            else:
+                attrs["ml.output.shapes"], attrs["ml.output.dtypes"] = self._shapes_dtypes(raw_out)
+
+    def _shapes_dtypes(self, raw: list[Any]) -> tuple[list[list[int]], list[str]]:
+        """Shapes and dtype names from a list of ``(shape, dtype)`` pairs."""
+        names = self._dtype_names
+        shapes = []
+        dtypes = []
+        for shape, dt in raw:
+            shapes.append([*shape])
+            dtypes.append(names.get(dt) or self._dtype_name(dt))
+        return shapes, dtypes
+
+    def _dtype_name(self, dtype: Any) -> str:
+        name = self._dtype_names[dtype] = str(dtype).removeprefix("torch.")
+        return name
 
     def _call_site(self) -> tuple[str, int] | None:
         frame = sys._getframe(2)
@@ -329,9 +432,9 @@ class TorchModuleSource:
         if not stack:
             self._model_begin(module, args, stack)
             return
-        parent, _, parent_path, root = stack[-1]
+        parent, _, parent_path, root, _ = stack[-1]
         if not self._record_layers:
-            stack.append((module, None, parent_path, root))
+            stack.append((module, None, parent_path, root, None))
             return
         static = self._static.get(id(module))
         if static is None or static.ref() is not module:
@@ -344,7 +447,7 @@ class TorchModuleSource:
             attrs["_in"] = self._raw_shapes(args)
         span = self._begin(path, Level.LAYER, attrs)
         span._fin = self._finish
-        stack.append((module, span, path, root))
+        stack.append((module, span, path, root, None))
 
     def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> None:
         static = self._static_of(module)
@@ -367,7 +470,7 @@ class TorchModuleSource:
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
-        stack.append((module, span, "", module))
+        stack.append((module, span, "", module, static.kids.setdefault("", {})))
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
