@@ -147,6 +147,17 @@ def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: 
     assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
 
 
+def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path) -> None:
+    # The library source reads oneDNN lines in batches (batch_s) but not after an MKL line.
+    program = PROGRAM.replace("FdTap()", "FdTap(batch_s=0.01, urgent=(b'MKL_VERBOSE',))", 1)
+    assert program != PROGRAM
+    proc, report = run_program(tmp_path, program)
+    assert proc.stdout == str(report["expected"]).encode("latin-1")
+    assert report["captured"] == report["verbose"]
+    receive = [int(ns) for ns in report["receive_ns"]]
+    assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
+
+
 def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path) -> None:
     """A closed stdout pipe (``| head``) neither blocks the program nor loses verbose lines."""
     source = r"""

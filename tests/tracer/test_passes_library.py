@@ -195,3 +195,32 @@ def test_attached_call_takes_the_framework_of_its_op() -> None:
     out = {s.id: s for s in attach_library_calls(run).spans}
     assert out[2].parent_id == 1
     assert out[2].attrs["ml.framework"] == "tensorflow"
+
+
+def test_late_untimed_call_is_bounded_by_the_next_timed_call_of_its_thread() -> None:
+    # One thread: mm (MKL) then a convolution (oneDNN). The MKL line was read 5 ms late,
+    # after the next mm had started; the oneDNN call after it in issue order says it ended by 300 µs.
+    spans = [
+        op(1, "aten::mm", 100_000, 200_000),
+        op(2, "aten::mkldnn_convolution", 300_000, 400_000),
+        op(3, "aten::mm", 4_000_000, 4_100_000),
+        mkl(10, 0, receive=5_000_000, exec_ns=50_000),
+        onednn(11, 310_000, 390_000),
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[11][0] == 2
+    assert got[10] == (1, 150_000, 200_000, MAIN)  # not the later mm its receipt time alone would pick
+
+
+def test_no_bound_when_several_threads_issue_calls() -> None:
+    # The oneDNN call ran on another thread: it says nothing about when the MKL call ended.
+    spans = [
+        op(1, "aten::mm", 100_000, 200_000),
+        op(2, "aten::mkldnn_convolution", 300_000, 400_000, track=WORKER),
+        op(3, "aten::mm", 4_000_000, 4_100_000),
+        mkl(10, 0, receive=4_200_000, exec_ns=50_000),
+        onednn(11, 310_000, 390_000),
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[11][0] == 2
+    assert got[10][0] == 3

@@ -105,6 +105,15 @@ class FdTap:
         hold_s: longest time (s) to hold back a partial line that might still
             become a captured line, before forwarding it.
         pipe_size: requested pipe capacity (bytes); the kernel may cap it.
+        batch_s: after each read, how long (s) the reader sleeps so that the
+            next read takes many lines at once. Each wake-up of the reader
+            takes the GIL from the traced program; waking once per verbose
+            line (80 a ResNet-18 inference) cost it ≈ 6 %. Lines keep the
+            time they were read, so a line's receipt time can be this much
+            later than its write.
+        urgent: prefixes of lines whose receipt time matters (untimed MKL
+            lines are placed by it): after a read that contained one, the
+            reader does not sleep, since more tend to follow.
 
     Attributes:
         forwarded_bytes: bytes written to the original descriptor.
@@ -120,10 +129,14 @@ class FdTap:
         prefixes: tuple[bytes, ...] = VERBOSE_PREFIXES,
         hold_s: float = 0.05,
         pipe_size: int = 1 << 20,
+        batch_s: float = 0.0,
+        urgent: tuple[bytes, ...] = (),
     ) -> None:
         self.fd = fd
         self.prefixes = prefixes
         self.hold_s = hold_s
+        self.batch_s = batch_s
+        self.urgent = urgent
         self.pipe_size = pipe_size
         self.forwarded_bytes = 0
         self.forward_errors = 0
@@ -286,6 +299,8 @@ class FdTap:
                     pending = b""
                 if pending:
                     held_since = time.monotonic()
+                if self.batch_s > 0 and not any(p in chunk for p in self.urgent):
+                    time.sleep(self.batch_s)
             if pending:  # the pipe ended inside a line
                 if pending.startswith(self.prefixes):
                     self._capture(pending, time.monotonic_ns())

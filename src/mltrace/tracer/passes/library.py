@@ -32,7 +32,11 @@ last among those that
 
 Without shapes, timing alone decides, which is right while the receive delay
 stays below the gap between two caller ops (tens of µs on an idle machine;
-milliseconds when the reader thread is starved of CPU). The call is then
+milliseconds when the reader thread is starved of CPU, or reads in batches).
+When one thread issued every call (the ops that issued timed calls and every
+MKL caller op are on one track), ``r`` is first lowered to the start of the
+next timed call in issue order: calls of one thread run one after another,
+so the untimed call had ended by then, however late its line was read. The call is then
 laid out inside its op: it ends at ``min(r, op end)``, lasts ``d`` where room
 allows, does not start before the previous call in the same op ends (it is
 shortened instead), and gets ``ml.library.placement = "estimated"``. Calls
@@ -211,6 +215,24 @@ def _innermost_containing(candidates: list[Span], start: int, end: int, slack_ns
     return best
 
 
+def _end_bounds(library: list[Span]) -> dict[int, int]:
+    """For untimed calls, the start of the next timed call in issue order (ns).
+
+    Valid when one thread issued every call: its calls ran one after another,
+    so an untimed call ended before the next timed call started. That bound
+    does not depend on when the reader received the line, which may be late
+    (the reader reads in batches).
+    """
+    bounds: dict[int, int] = {}
+    next_start: int | None = None
+    for s in sorted(library, key=lambda s: (s.attrs.get("ml.library.seq", 0), s.id), reverse=True):
+        if not s.attrs.get("ml.library.untimed"):
+            next_start = s.start_ns
+        elif next_start is not None:
+            bounds[s.id] = next_start
+    return bounds
+
+
 def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_000_000) -> Run:
     """Sets the parent (and track) of each CPU library span to the op that issued it.
 
@@ -243,6 +265,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
 
     replaced: dict[int, Span] = {}
     counts = {"timed": 0, "untimed": 0, "unattached": 0}
+    issuing_tracks: set[int] = set()  # tracks of the ops that issued timed calls
 
     for s in library:
         if s.attrs.get("ml.library.untimed"):
@@ -254,6 +277,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
             counts["unattached"] += 1
             continue
         counts["timed"] += 1
+        issuing_tracks.add(parent.track_id)
         replaced[s.id] = Span(s.id, parent.id, s.level, s.name, s.start_ns, s.end_ns, parent.track_id, dict(s.attrs))
 
     untimed = sorted(
@@ -263,6 +287,8 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
     if untimed:
         mkl_callers = _leaf_callers(ops, lambda o: o.name in MKL_CALLER_OPS)
         op_leaves = _leaf_callers(ops, lambda o: True)
+        issuing_tracks.update(op.track_id for op in mkl_callers)
+        bounds = _end_bounds(library) if len(issuing_tracks) <= 1 else {}
         cursors = {"MKL": 0, "oneDNN": 0}
         used = {"MKL": False, "oneDNN": False}
         last_end: dict[int, int] = {}  # op id -> end of the last call laid out in it
@@ -271,6 +297,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
             callers = mkl_callers if lib == "MKL" else op_leaves
             d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
             r = s.attrs.get("ml.library.receive_ns", s.end_ns)
+            r = min(r, bounds.get(s.id, r))
             chosen = -1
             cur = cursors[lib]
             if (

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
 _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
+_READ_BATCH_S = 0.01
 _ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
 _POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
 
@@ -213,7 +214,11 @@ class CpuLibrarySource:
             self._problems.append("verbose output switched on through the environment stays on after the session (TensorFlow)")
         self._saved_env = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
-        self._tap = FdTap()
+        # Read oneDNN lines (which carry their own timestamps) in batches: waking
+        # the reader once per line took the GIL from the program 80 times a
+        # ResNet-18 inference (+9 % against +5 %, see FdTap's batch_s). MKL
+        # lines are placed by their receipt time: after one, no batching.
+        self._tap = FdTap(batch_s=_READ_BATCH_S, urgent=(b"MKL_VERBOSE",))
         try:
             self._tap.start()
             self._hook = PostImportHook("torch", self._switch_on)
