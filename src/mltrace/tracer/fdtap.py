@@ -264,10 +264,13 @@ class FdTap:
             view = view[n:]
 
     def _capture(self, line: bytes, receive_ns: int) -> None:
-        text = line.rstrip(b"\r").decode("utf-8", "replace")
+        self._capture_all([line], receive_ns)
+
+    def _capture_all(self, lines: list[bytes], receive_ns: int) -> None:
+        texts = [TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for line in lines]
         with self._lock:
             if self._collecting:
-                self._lines.append(TappedLine(receive_ns, text))
+                self._lines.extend(texts)
 
     def _run(self) -> None:
         fd = self._read_fd
@@ -327,21 +330,35 @@ class FdTap:
             newline yet, or a tail that may still grow into a prefix.
         """
         pos = 0
-        while True:
-            hits = [i for i in (data.find(p, pos) for p in self.prefixes) if i >= 0]
-            if not hits:
-                break
-            begin = min(hits)
-            nl = data.find(b"\n", begin)
-            self._forward(data[pos:begin])
-            if nl < 0:
-                if len(data) - begin <= _MAX_LINE:
-                    return data[begin:]
-                # No library prints such a line: it is the program's (binary) data.
-                self._forward(data[begin:])
-                return b""
-            self._capture(data[begin:nl], receive_ns)
-            pos = nl + 1
+        # Next position of each prefix at or after pos (-1: none left). Searched
+        # again only once passed, so a chunk of many lines is one scan, not one
+        # per line and prefix.
+        found = {p: data.find(p) for p in self.prefixes}
+        captured: list[bytes] = []
+        try:
+            while True:
+                begin = -1
+                for p, i in found.items():
+                    if 0 <= i < pos:
+                        i = found[p] = data.find(p, pos)
+                    if i >= 0 and (begin < 0 or i < begin):
+                        begin = i
+                if begin < 0:
+                    break
+                nl = data.find(b"\n", begin)
+                if begin > pos:
+                    self._forward(data[pos:begin])
+                if nl < 0:
+                    if len(data) - begin <= _MAX_LINE:
+                        return data[begin:]
+                    # No library prints such a line: it is the program's (binary) data.
+                    self._forward(data[begin:])
+                    return b""
+                captured.append(data[begin:nl])
+                pos = nl + 1
+        finally:
+            if captured:
+                self._capture_all(captured, receive_ns)
         keep = self._prefix_tail(data, pos)
         self._forward(data[pos : len(data) - keep])
         return data[len(data) - keep :]
