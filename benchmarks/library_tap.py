@@ -1,0 +1,98 @@
+"""What the library level's verbose capture costs, split in its parts, in one process.
+
+Interleaved blocks of inferences on one model: plain; oneDNN + MKL verbose
+output switched on and written to /dev/null (the libraries' own cost); and the
+same output read by mltrace's fd tap (``FdTap``) with and without batched reads.
+No mltrace session: only the capture path is measured.
+
+    python benchmarks/library_tap.py                  # CNN (oneDNN-heavy)
+    python benchmarks/library_tap.py --model encoder  # 4-layer encoder (MKL-heavy)
+
+Prints the median latency of each condition and its ratio to plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import torch  # noqa: E402
+from models import encoder, resnet_small  # noqa: E402
+
+from mltrace.tracer.fdtap import FdTap  # noqa: E402
+
+MKL = (b"MKL_VERBOSE",)
+# name → (batch_s, urgent prefixes); None: verbose to /dev/null, no tap.
+CONDITIONS: dict[str, tuple[float, tuple[bytes, ...]] | None] = {
+    "verbose to /dev/null": None,
+    "tap, one read per line": (0.0, ()),
+    "tap, 10 ms batches": (0.01, ()),
+    "tap, 10 ms batches, not after MKL lines (shipped)": (0.01, MKL),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("cnn", "encoder"), default="cnn")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--iters", type=int, default=4)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.model == "cnn":
+        model: Any = resnet_small().eval()
+        x = torch.randn(1, 3, 224, 224)
+    else:
+        model = encoder().eval()
+        x = torch.randint(0, 30522, (1, 128))
+    mkldnn, mkl = torch.backends.mkldnn, torch.backends.mkl
+    os.environ["ONEDNN_VERBOSE_TIMESTAMP"] = "1"
+
+    def block() -> list[float]:
+        out = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            model(x)
+            out.append(time.perf_counter() - t0)
+        return out
+
+    times: dict[str, list[float]] = {"plain": [], **{k: [] for k in CONDITIONS}}
+    lines = 0
+    null = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(1)
+    with torch.inference_mode():
+        block()  # warm-up
+        for _ in range(args.rounds):
+            times["plain"] += block()
+            for name, tap_args in CONDITIONS.items():
+                if tap_args is None:
+                    sys.stdout.flush()
+                    os.dup2(null, 1)
+                    try:
+                        with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
+                            times[name] += block()
+                    finally:
+                        os.dup2(saved, 1)
+                    continue
+                tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1]).start()
+                try:
+                    with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
+                        times[name] += block()
+                finally:
+                    lines = len(tap.stop())
+    base = statistics.median(times["plain"])
+    print(f"{args.model}: {lines / args.iters:.0f} verbose lines an inference, load {os.getloadavg()[0]:.2f}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"  {name:52s} {1e3 * med:8.2f} ms  {med / base:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
