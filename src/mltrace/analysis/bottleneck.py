@@ -5,11 +5,12 @@ Two parts:
 - ``classify``: the verdict rules, a pure function of plain numbers (times in
   ns, FLOP, bytes, peaks). docs/ANALYSIS.md states the rules; tests check them
   from tables.
-- ``analyze``: one pass over a run that gathers those numbers per layer, per
-  layer type, per op name, per library and per kernel name, and the run-wide
-  findings (idle gaps, data-movement share, framework overhead, launch
-  overhead). It also rebuilds the plain ``Breakdown`` (same definitions as
-  ``analysis.breakdown``), so a report needs a single pass over the spans.
+- ``analyze``: those numbers per layer, per layer type, per op name, per
+  library and per kernel name, and the run-wide findings (idle gaps,
+  data-movement share, framework overhead, launch overhead), gathered from the
+  run's span table by ``span_pass.gather`` (numpy, no per-span Python). It also
+  rebuilds the plain ``Breakdown`` (same definitions as ``analysis.breakdown``,
+  which stays the simple reference implementation the tests compare against).
 
 Nothing here draws; viewers render ``Analysis``.
 """
