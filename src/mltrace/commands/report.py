@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        _say_if_slow(Path(args.run))
         run_obj = load_run(args.run, cache_table=True)
         has_gpu = any(t.kind == "gpu_stream" for t in run_obj.tracks.values())
         if args.remeasure or read_cached(this_host_key()) is None:
@@ -68,3 +69,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--html {html_path}: {exc.strerror}") from None
     sys.stdout.write(f"HTML report: {html_path}\n")
     return 0
+
+
+def _say_if_slow(run_dir: Path) -> None:
+    """Tells the user when the first report of a large run will take a while."""
+    from mltrace.run.store import EVENTS_FILE, TABLE_FILE
+
+    events = run_dir / EVENTS_FILE
+    try:
+        size = events.stat().st_size
+    except OSError:
+        return  # load_run says what is wrong
+    if size >= 50_000_000 and not (run_dir / TABLE_FILE).exists():
+        sys.stderr.write(
+            f"mltrace: reading {EVENTS_FILE} ({size / 1e6:.0f} MB) and writing {TABLE_FILE} once; later reports of this run are quick\n"
+        )
