@@ -2,7 +2,8 @@
 
 Interleaved blocks of inferences on one model: plain; oneDNN + MKL verbose
 output switched on and written to /dev/null (the libraries' own cost); and the
-same output read by mltrace's fd tap (``FdTap``) with and without batched reads.
+same output read by mltrace's fd tap (``FdTap``): by a thread, with and without
+batched reads, and by a reader process.
 No mltrace session: only the capture path is measured.
 
     python benchmarks/library_tap.py                  # CNN (oneDNN-heavy)
@@ -29,12 +30,13 @@ from models import encoder, resnet_small  # noqa: E402
 from mltrace.tracer.fdtap import FdTap  # noqa: E402
 
 MKL = (b"MKL_VERBOSE",)
-# name → (batch_s, urgent prefixes); None: verbose to /dev/null, no tap.
-CONDITIONS: dict[str, tuple[float, tuple[bytes, ...]] | None] = {
+# name → (batch_s, urgent prefixes, reader); None: verbose to /dev/null, no tap.
+CONDITIONS: dict[str, tuple[float, tuple[bytes, ...], str] | None] = {
     "verbose to /dev/null": None,
-    "tap, one read per line": (0.0, ()),
-    "tap, 10 ms batches": (0.01, ()),
-    "tap, 10 ms batches, not after MKL lines (shipped)": (0.01, MKL),
+    "tap thread, one read per line": (0.0, (), "thread"),
+    "tap thread, 10 ms batches": (0.01, (), "thread"),
+    "tap thread, 10 ms batches, not after MKL lines": (0.01, MKL, "thread"),
+    "tap process, 10 ms batches, not after MKL lines": (0.01, MKL, "process"),
 }
 
 
@@ -55,6 +57,10 @@ def main() -> int:
     os.environ["ONEDNN_VERBOSE_TIMESTAMP"] = "1"
 
     def block() -> list[float]:
+        # Every block starts after the same pause: a reader process needs ≈ 0.2 s to
+        # start (once per session, not measured), and a pause only before some blocks
+        # would bias them (caches and clocks cool down while the program sleeps).
+        time.sleep(0.3)
         out = []
         for _ in range(args.iters):
             t0 = time.perf_counter()
@@ -80,7 +86,7 @@ def main() -> int:
                     finally:
                         os.dup2(saved, 1)
                     continue
-                tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1]).start()
+                tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1], reader=tap_args[2]).start()
                 try:
                     with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
                         times[name] += block()

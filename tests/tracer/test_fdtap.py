@@ -134,8 +134,9 @@ def run_program(tmp_path: Path, source: str, timeout: float = 120) -> tuple[subp
     return proc, json.loads(report.read_text(encoding="utf-8"))
 
 
-def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: Path) -> None:
-    proc, report = run_program(tmp_path, PROGRAM)
+@pytest.mark.parametrize("reader", ["thread", "process"])
+def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: Path, reader: str) -> None:
+    proc, report = run_program(tmp_path, PROGRAM.replace("FdTap()", f"FdTap(reader={reader!r})", 1))
     expected = str(report["expected"]).encode("latin-1")
     assert len(proc.stdout) > 3_000_000
     assert proc.stdout == expected
@@ -148,8 +149,8 @@ def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: 
 
 
 def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path) -> None:
-    # The library source reads oneDNN lines in batches (batch_s) but not after an MKL line.
-    program = PROGRAM.replace("FdTap()", "FdTap(batch_s=0.01, urgent=(b'MKL_VERBOSE',))", 1)
+    # The library source reads oneDNN lines in batches (batch_s) but not after an MKL line, in a reader process.
+    program = PROGRAM.replace("FdTap()", "FdTap(batch_s=0.01, urgent=(b'MKL_VERBOSE',), reader='process')", 1)
     assert program != PROGRAM
     proc, report = run_program(tmp_path, program)
     assert proc.stdout == str(report["expected"]).encode("latin-1")
@@ -158,7 +159,8 @@ def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path) -> None:
     assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
 
 
-def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", ["thread", "process"])
+def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path, reader: str) -> None:
     """A closed stdout pipe (``| head``) neither blocks the program nor loses verbose lines."""
     source = r"""
     import json, os, signal, sys
@@ -173,12 +175,32 @@ def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path) -> No
     with open(sys.argv[1], "w") as f:
         json.dump({"n": len(lines), "errors": tap.forward_errors}, f)
     """
+    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
     _, report = run_program(tmp_path, source)
     assert report["n"] == 2000
     assert int(report["errors"]) > 0
 
 
-def test_context_manager_restores_fd_on_exception(tmp_path: Path) -> None:
+def test_process_reader_falls_back_to_a_thread(tmp_path: Path) -> None:
+    source = r"""
+    import json, os, sys
+    from mltrace.tracer.fdtap import FdTap
+    sys.executable = "/nonexistent/python"  # the reader process cannot start
+    tap = FdTap(reader="process").start()
+    os.write(1, b"user\n")
+    os.write(1, b"MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1\n")
+    thread = tap._thread is not None
+    lines = tap.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"thread": thread, "lines": [t for _, t in lines]}, f)
+    """
+    proc, report = run_program(tmp_path, source)
+    assert proc.stdout == b"user\n"
+    assert report == {"thread": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"]}
+
+
+@pytest.mark.parametrize("reader", ["thread", "process"])
+def test_context_manager_restores_fd_on_exception(tmp_path: Path, reader: str) -> None:
     source = r"""
     import json, os, sys
     from mltrace.tracer.fdtap import FdTap
@@ -195,12 +217,14 @@ def test_context_manager_restores_fd_on_exception(tmp_path: Path) -> None:
         json.dump({"same": (before.st_ino, before.st_dev) == (after.st_ino, after.st_dev),
                    "lines": [t for _, t in tap.lines()], "active": tap.active}, f)
     """
+    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
     proc, report = run_program(tmp_path, source)
     assert proc.stdout == b"visible\n"
     assert report == {"same": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"], "active": False}
 
 
-def test_child_outliving_stop_does_not_block(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", ["thread", "process"])
+def test_child_outliving_stop_does_not_block(tmp_path: Path, reader: str) -> None:
     source = r"""
     import json, os, subprocess, sys, time
     from mltrace.tracer.fdtap import FdTap
@@ -215,6 +239,7 @@ def test_child_outliving_stop_does_not_block(tmp_path: Path) -> None:
     with open(sys.argv[1], "w") as f:
         json.dump({"detached": tap.detached, "waited_s": waited}, f)
     """
+    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
     proc, report = run_program(tmp_path, source)
     assert report["detached"] is True
     assert float(report["waited_s"]) < 1.4

@@ -32,6 +32,10 @@ that holds the GIL while it fills the pipe would wait for the reader forever;
 the pipe is enlarged to 1 MiB (Linux) so that this takes over a thousand
 verbose lines in one GIL-holding call. torch, TensorFlow and ONNX Runtime
 release the GIL while their operators run, and Python's own writes release it.
+``FdTap(reader="process")`` reads the pipe in a child process instead, which
+removes that limit; it costs a Python start-up (≈ 0.17 s of CPU) and measured
+no faster than the thread here (``benchmarks/library_tap.py``), so the library
+source keeps the thread.
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import select
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import NamedTuple
@@ -114,6 +121,11 @@ class FdTap:
         urgent: prefixes of lines whose receipt time matters (untimed MKL
             lines are placed by it): after a read that contained one, the
             reader does not sleep, since more tend to follow.
+        reader: ``"thread"`` (in this process) or ``"process"``: a small
+            child process (``python -m mltrace.tracer.fdtap``) reads the pipe,
+            so reading never takes the GIL from the program and a writer that
+            holds the GIL cannot block on a full pipe. Falls back to the
+            thread when the child cannot start.
 
     Attributes:
         forwarded_bytes: bytes written to the original descriptor.
@@ -131,12 +143,19 @@ class FdTap:
         pipe_size: int = 1 << 20,
         batch_s: float = 0.0,
         urgent: tuple[bytes, ...] = (),
+        reader: str = "thread",
     ) -> None:
         self.fd = fd
         self.prefixes = prefixes
         self.hold_s = hold_s
         self.batch_s = batch_s
         self.urgent = urgent
+        if reader not in ("thread", "process"):
+            raise ValueError(f"reader must be 'thread' or 'process', not {reader!r}")
+        self.reader = reader
+        self._process: subprocess.Popen[bytes] | None = None
+        self._out_path = ""  # process reader: the file it appends captured lines to
+        self._out_offset = 0
         self.pipe_size = pipe_size
         self.forwarded_bytes = 0
         self.forward_errors = 0
@@ -188,6 +207,10 @@ class FdTap:
         self._collecting = True
         self.detached = False
         self._reader_done = False
+        if self.reader == "process" and self._start_process():
+            self._active = True
+            atexit.register(self.stop)
+            return self
         self._thread = threading.Thread(target=self._run, name="mltrace-fdtap", daemon=True)
         try:
             self._thread.start()
@@ -222,6 +245,8 @@ class FdTap:
         finally:
             # Restoring fd 1 closes this process's write end of the pipe.
             os.dup2(self._saved_fd, self.fd)
+        if self._process is not None:
+            return self._stop_process(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
         with self._lock:
@@ -237,6 +262,8 @@ class FdTap:
 
     def lines(self) -> list[TappedLine]:
         """A copy of the lines captured so far."""
+        if self._out_path:
+            self._read_process_output()
         with self._lock:
             return list(self._lines)
 
@@ -245,6 +272,85 @@ class FdTap:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- process reader ------------------------------------------------------
+
+    def _start_process(self) -> bool:
+        """Starts the child that reads the pipe; False (nothing changed) if it cannot start."""
+        try:
+            out_fd, out_path = tempfile.mkstemp(prefix="mltrace-fdtap-", suffix=".lines")
+        except OSError:
+            return False
+        config = {
+            "read_fd": self._read_fd,
+            "saved_fd": self._saved_fd,
+            "out_fd": out_fd,
+            "prefixes": [p.hex() for p in self.prefixes],
+            "urgent": [p.hex() for p in self.urgent],
+            "hold_s": self.hold_s,
+            "batch_s": self.batch_s,
+        }
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "mltrace.tracer.fdtap", json.dumps(config)],
+                pass_fds=(self._read_fd, self._saved_fd, out_fd),
+                stdin=subprocess.DEVNULL,
+                stdout=self._saved_fd,  # never the pipe: the child must not hold a write end
+                close_fds=True,
+            )
+        except OSError:
+            os.close(out_fd)
+            os.unlink(out_path)
+            return False
+        finally:
+            if self._process is not None:
+                os.close(out_fd)
+        # The child has its own copies of both ends it needs.
+        os.close(self._read_fd)
+        self._out_path, self._out_offset = out_path, 0
+        self._lines = []
+        return True
+
+    def _read_process_output(self) -> None:
+        """Appends the lines the child wrote since the last call."""
+        try:
+            with open(self._out_path, "rb") as f:
+                f.seek(self._out_offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
+        self._out_offset += end
+        got: list[TappedLine] = []
+        for row in data[:end].split(b"\n")[:-1]:
+            if row.startswith(b"#"):  # the child's closing counts
+                forwarded, errors = row[1:].split()
+                self.forwarded_bytes, self.forward_errors = int(forwarded), int(errors)
+                continue
+            ns, _, text = row.partition(b" ")
+            got.append(TappedLine(int(ns), text.decode("utf-8", "replace")))
+        with self._lock:
+            if self._collecting:
+                self._lines.extend(got)
+
+    def _stop_process(self, timeout_s: float) -> list[TappedLine]:
+        process, self._process = self._process, None
+        assert process is not None
+        os.close(self._saved_fd)  # the child holds its own copy
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            # A child of the program still holds the pipe: the reader goes on
+            # forwarding its output in the background and exits at the pipe's end.
+            self.detached = True
+        self._read_process_output()
+        with self._lock:
+            self._collecting = False
+            lines = list(self._lines)
+        with contextlib.suppress(OSError):
+            os.unlink(self._out_path)
+        self._out_path = ""
+        return lines
 
     # -- reader ------------------------------------------------------------
 
@@ -371,3 +477,33 @@ class FdTap:
             if any(p.startswith(tail) for p in self.prefixes):
                 return k
         return 0
+
+
+def _reader_main(config_json: str) -> int:
+    """The process reader (``python -m mltrace.tracer.fdtap CONFIG``): FdTap's reader loop,
+    writing each captured line as ``<receive ns> <text>`` to the output file."""
+    config = json.loads(config_json)
+    tap = FdTap(
+        prefixes=tuple(bytes.fromhex(p) for p in config["prefixes"]),
+        hold_s=float(config["hold_s"]),
+        batch_s=float(config["batch_s"]),
+        urgent=tuple(bytes.fromhex(p) for p in config["urgent"]),
+    )
+    out_fd = int(config["out_fd"])
+    tap._read_fd, tap._saved_fd = int(config["read_fd"]), int(config["saved_fd"])
+
+    def write_lines(lines: list[bytes], receive_ns: int) -> None:
+        stamp = b"%d " % receive_ns
+        data = b"".join(stamp + line.rstrip(b"\r").replace(b"\n", b" ") + b"\n" for line in lines)
+        while data:
+            data = data[os.write(out_fd, data) :]
+
+    tap._capture_all = write_lines  # type: ignore[method-assign]
+    tap._run()  # returns at the pipe's end (every writer closed it); closes both fds
+    os.write(out_fd, b"#%d %d\n" % (tap.forwarded_bytes, tap.forward_errors))
+    os.close(out_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_reader_main(sys.argv[1]))
