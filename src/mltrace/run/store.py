@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from mltrace.run.table import TABLE_FILE
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track
 
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 META_FILE = "run.json"
 EVENTS_FILE = "events.jsonl"
 TRACE_FILE = "trace.pftrace"
-TABLE_FILE = "spans.bin"
 
 FORMAT_VERSION = 1
 
