@@ -127,6 +127,8 @@ def test_cyclic_parents_do_not_hang() -> None:
     run = cpu_run([Span(1, 2, L, "a", 0, 10, 1, {}), Span(2, 1, L, "b", 0, 10, 1, {}), Span(3, 1, OP, "aten::x", 1, 2, 1, {})])
     a = analyze(run, CPU)
     assert {r.stat.name for r in a.layers} == {"a", "b"} and [r.name for r in a.ops] == ["aten::x"]
+    b = breakdown(run)  # the reference implementation (the end-of-run summary uses it) too
+    assert b.span_count == 3 and {x.name for x in b.layers} == {"a", "b"}
 
 
 def test_empty_run_and_model_only_run() -> None:

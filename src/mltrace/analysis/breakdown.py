@@ -108,10 +108,12 @@ def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
         counts[s.level] = counts.get(s.level, 0) + 1
         p = by_id.get(s.parent_id) if s.parent_id is not None else None
         nested = False
-        while p is not None:
+        seen = {s.id}  # a corrupt, cyclic parent chain ends the walk
+        while p is not None and p.id not in seen:
             if p.level == s.level:
                 nested = True
                 break
+            seen.add(p.id)
             p = by_id.get(p.parent_id) if p.parent_id is not None else None
         if not nested:
             times[s.level] = times.get(s.level, 0) + s.duration_ns
@@ -126,7 +128,7 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
     def context(span_id: int | None) -> Level | None:
         chain: list[int] = []
         found: Level | None = None
-        while span_id is not None:
+        while span_id is not None and span_id not in chain:  # a cyclic chain ends the walk
             if span_id in enclosing:
                 found = enclosing[span_id]
                 break
