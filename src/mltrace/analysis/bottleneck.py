@@ -550,7 +550,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
     g = gather(run)
     ops = _rows(g.ops)
     has_ops = g.counts.get(int(Level.OP), 0) > 0
-    layer_rows, type_rows = _layer_rows(run, g, has_ops, peaks, th)
+    layer_rows, type_rows = _layer_rows(g, has_ops, peaks, th)
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
     order = [*HIERARCHY, Level.USER]
@@ -627,10 +627,10 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
 
 
 def _layer_rows(
-    run: Run, g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Thresholds
+    g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Thresholds
 ) -> tuple[list[LayerRow], list[TypeRow]]:
     """Report rows per layer name and per layer type, with their verdicts."""
-    table = run.table
+    table = g.table  # the one gather used: a run in memory would build a new one
     rows: list[LayerRow] = []
     for acc in g.rows:
         attrs = table.attrs(acc.first)

@@ -13,7 +13,6 @@ Definitions (all times in ns):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
@@ -272,7 +271,7 @@ def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None =
     """
     import numpy as np
 
-    from mltrace.analysis.span_pass import tree_of
+    from mltrace.analysis.span_pass import pair_sums, tree_of
 
     if layers is None:
         b = breakdown(run)
@@ -306,14 +305,14 @@ def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None =
     ops = np.nonzero(chain_op & is_layer[np.maximum(nos, 0)])[0]
     ops = ops[wanted[name[nos[ops]]]]
     dur = np.maximum(t.end - t.start, 0).astype(np.float64)
-    op_ns = _sums(name[nos[ops]], name[ops], dur[ops])
+    op_ns = pair_sums(name[nos[ops]], name[ops], dur[ops])
     # Library calls and kernels directly in those ops: (layer, op, name) → ns.
     lks = np.nonzero(is_lk & (cop >= 0))[0]
     c = cop[lks]
     lks = lks[(nlk[lks] == nos[c]) & is_layer[np.maximum(nos[c], 0)]]
     c = cop[lks]
     lks, c = lks[wanted[name[nos[c]]]], c[wanted[name[nos[c]]]]
-    lk_ns = _sums(name[nos[c]] * len(names) + name[c], name[lks], dur[lks])
+    lk_ns = pair_sums(name[nos[c]] * len(names) + name[c], name[lks], dur[lks])
     last_row = {int(k): int(r) for r, k in zip(lks.tolist(), name[lks].tolist())}
     chains: list[Chain] = []
     for x in layers:
@@ -332,29 +331,14 @@ def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None =
             chain.hot_line = max(hot.items(), key=lambda kv: kv[1])[0]
         by_op = op_ns.get(li)
         if by_op:
-            oi, ons = max(by_op.items(), key=lambda kv: (kv[1], -kv[0]))
+            oi, (_, ons) = max(by_op.items(), key=lambda kv: (kv[1][1], -kv[0]))
             chain.links.append(ChainLink(Level.OP, names[oi], ons))
             deeper = lk_ns.get(li * len(names) + oi, {})
             deeper = {k: v for k, v in deeper.items() if not names[k].startswith(("cuda", "cu"))} or deeper
             if deeper:
-                ki, kns = max(deeper.items(), key=lambda kv: (kv[1], -kv[0]))
+                ki, (_, kns) = max(deeper.items(), key=lambda kv: (kv[1][1], -kv[0]))
                 row = last_row[ki]
                 lib = t.attrs(row).get("ml.library.name", "")
                 chain.links.append(ChainLink(Level(int(lv[row])), names[ki], kns, str(lib)))
         chains.append(chain)
     return chains
-
-
-def _sums(left: Any, right: Any, dur: Any) -> dict[int, dict[int, int]]:
-    """``left → {right: summed dur}`` from parallel integer arrays."""
-    import numpy as np
-
-    out: dict[int, dict[int, int]] = {}
-    if not len(left):
-        return out
-    width = int(right.max()) + 1
-    uniq, inv = np.unique(left.astype(np.int64) * width + right, return_inverse=True)
-    ns = np.rint(np.bincount(inv, weights=dur)).astype(np.int64)
-    for k, v in zip(uniq.tolist(), ns.tolist()):
-        out.setdefault(k // width, {})[k % width] = v
-    return out

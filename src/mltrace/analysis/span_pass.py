@@ -100,6 +100,7 @@ class TypeAcc:
 class Gathered:
     """What the pass found; ``bottleneck.analyze`` turns it into an ``Analysis``."""
 
+    table: SpanTable  # the table the numbers come from
     span_count: int = 0
     counts: dict[int, int] = field(default_factory=dict)
     level_ns: dict[int, int] = field(default_factory=dict)
@@ -197,9 +198,9 @@ def _count_by(keys: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(keys, minlength=size).astype(np.int64) if len(keys) else np.zeros(size, dtype=np.int64)
 
 
-def _pair_table(left: np.ndarray, right: np.ndarray, dur: np.ndarray, right_names: list[str]) -> dict[int, dict[str, list[int]]]:
-    """``left → {right name: [calls, ns]}`` from parallel arrays (largest ns first per left)."""
-    out: dict[int, dict[str, list[int]]] = {}
+def pair_sums(left: np.ndarray, right: np.ndarray, dur: np.ndarray) -> dict[int, dict[int, list[int]]]:
+    """``left → {right: [calls, summed dur]}`` from parallel integer arrays (largest dur first per left)."""
+    out: dict[int, dict[int, list[int]]] = {}
     if not len(left):
         return out
     width = int(right.max()) + 1
@@ -209,14 +210,19 @@ def _pair_table(left: np.ndarray, right: np.ndarray, dur: np.ndarray, right_name
     ns = np.rint(np.bincount(inv, weights=dur)).astype(np.int64)
     order = np.lexsort((-ns, uniq // width))
     for k in order.tolist():
-        out.setdefault(int(uniq[k] // width), {})[right_names[int(uniq[k] % width)]] = [int(calls[k]), int(ns[k])]
+        out.setdefault(int(uniq[k] // width), {})[int(uniq[k] % width)] = [int(calls[k]), int(ns[k])]
     return out
+
+
+def _pair_table(left: np.ndarray, right: np.ndarray, dur: np.ndarray, right_names: list[str]) -> dict[int, dict[str, list[int]]]:
+    """``pair_sums`` with the right-hand keys named."""
+    return {k: {right_names[r]: v for r, v in row.items()} for k, row in pair_sums(left, right, dur).items()}
 
 
 def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     """Gathers every number of the report from ``run``'s span table."""
     t = run.table
-    g = Gathered(span_count=len(t))
+    g = Gathered(table=t, span_count=len(t))
     n = len(t)
     if n == 0:
         return g
