@@ -297,8 +297,8 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
         if cache_table and run.complete and not run.torn:
             try:
                 write_table(p, run)
-            except OSError:
-                pass  # a cache: a read-only or full disk only costs the next load its speed
+            except (OSError, ValueError, TypeError, OverflowError):
+                pass  # a cache: failing to write it only costs the next load its speed
     finally:
         if gc_was_enabled:
             gc.enable()
