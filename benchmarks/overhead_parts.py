@@ -110,7 +110,7 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                     finally:
                         module_cls.__call__ = wrapper
                     if traced:
-                        spans += len(session.recorder.done)
+                        spans += len(session.recorder.done) + len(source._frames)
                         t0 = time.perf_counter_ns()
                         session.flush()  # drain + write what the block recorded
                         flush_ns = time.perf_counter_ns() - t0

@@ -290,3 +290,71 @@ def test_compiled_modules_and_earlier_call_wrappers_are_honoured(tmp_path: Path,
     assert _names(run, Level.MODEL) == ["Sequential"]
     if level == "layer":
         assert _names(run) == ["0", "1"]
+
+
+def test_a_span_begun_inside_a_layer_gets_the_layer_as_parent_when_recorded(tmp_path: Path) -> None:
+    # Layer calls do not switch current_span (the hot path records frames);
+    # Recorder.begin asks the torch source for the innermost open layer.
+    from mltrace.tracer.session import active_session
+
+    parents: list[int | None] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            session = active_session()
+            assert session is not None
+            span = session.recorder.begin("probe", Level.USER)
+            parents.append(span.parent_id)
+            session.recorder.end(span)
+            return x
+
+    net = nn.Sequential(nn.Sequential(Probe()))
+    run = _trace(tmp_path, lambda: net(torch.randn(2)))
+    by_name = {s.name: s for s in run.spans}
+    assert parents == [by_name["0.0"].id]
+    assert by_name["probe"].parent_id == by_name["0.0"].id
+
+
+def test_a_module_shared_by_two_models_gets_its_path_in_each(tmp_path: Path) -> None:
+    shared = nn.ReLU()
+    first = nn.Sequential(nn.Sequential(shared))
+    second = nn.Sequential(nn.Identity(), shared)
+
+    def go() -> None:
+        for _ in range(2):
+            first(torch.randn(2))
+            second(torch.randn(2))
+
+    run = _trace(tmp_path, go)
+    assert _names(run) == ["0", "0.0", "0", "1"] * 2
+
+
+def test_layers_running_on_another_thread_at_stop_are_truncated_once(tmp_path: Path) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+
+    class Wait(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            entered.set()
+            release.wait(10)
+            return x
+
+    net = nn.Sequential(nn.ReLU(), nn.Sequential(Wait()))
+    profile = mltrace.profile(output=tmp_path / "run", summary=False, level="layer")
+    profile.start()
+    worker = threading.Thread(target=lambda: net(torch.randn(2)))
+    try:
+        worker.start()
+        assert entered.wait(10)
+        profile.stop()  # the worker is inside 1.0
+    finally:
+        release.set()
+        worker.join(10)
+        profile.stop()
+    run = mltrace.load_run(tmp_path / "run")
+    assert sorted(s.name for s in run.spans) == ["0", "1", "1.0", "Sequential"]
+    truncated = sorted(s.name for s in run.spans if s.attrs.get("mltrace.truncated"))
+    assert truncated == ["1", "1.0", "Sequential"]
+    by_name = {s.name: s for s in run.spans}
+    assert by_name["1.0"].parent_id == by_name["1"].id and by_name["1"].parent_id == by_name["Sequential"].id
+    assert by_name["1.0"].attrs["ml.layer.type"] == "Wait"

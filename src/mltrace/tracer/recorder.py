@@ -47,7 +47,26 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
-        self.span_count = 0
+        self._producers: list[Callable[[], list[Span]]] = []
+        self._innermost: Callable[[], int | None] | None = None
+
+    def add_producer(self, produce: Callable[[], list[Span]]) -> None:
+        """Adds a source of completed spans kept outside ``done``, taken at every drain.
+
+        For a hot path that records something cheaper than a Span and builds
+        the spans later, in the flusher (the PyTorch layer level).
+        """
+        self._producers.append(produce)
+
+    def set_innermost(self, innermost: Callable[[], int | None] | None) -> None:
+        """Tells ``begin`` of open spans that do not go through ``current_span``.
+
+        ``innermost()`` returns the id of the calling thread's innermost such
+        span, or None. A new span's parent is whichever of it and
+        ``current_span`` began last (ids grow with time), so a user span opened
+        inside a PyTorch layer nests under the layer.
+        """
+        self._innermost = innermost
 
     def _track_id(self) -> int:
         # Thread-local, not keyed by thread ident: idents are reused once a thread ends.
@@ -61,11 +80,15 @@ class Recorder:
 
     def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:
         """Opens a span as a child of the current context's innermost span."""
-        # Inlined in TorchModuleSource._wrap_call_layers (the layer level's hot path): keep in step.
         up = current_span.get()
+        parent_id = up.id if up is not None else None
+        if self._innermost is not None:
+            inner = self._innermost()
+            if inner is not None and (parent_id is None or inner > parent_id):
+                parent_id = inner
         span = Span(
             next(self._ids),
-            up.id if up is not None else None,
+            parent_id,
             level,
             name,
             now_ns() if start_ns is None else start_ns,
@@ -80,13 +103,11 @@ class Recorder:
 
     def end(self, span: Span, end_ns: int | None = None) -> None:
         """Closes ``span`` and makes its parent current again."""
-        # Inlined in TorchModuleSource._wrap_call_layers (the layer level's hot path): keep in step.
         span.end_ns = now_ns() if end_ns is None else end_ns
         current_span.set(span._up)
         span._up = None
         self._open.pop(span.id, None)
         self.done.append(span)
-        self.span_count += 1
 
     def close_open_spans(self, at_ns: int) -> int:
         """Ends spans left open (an interrupt, an exception through a hook) at ``at_ns``.
@@ -100,7 +121,6 @@ class Recorder:
             span._up = None
             self.done.append(span)
         self._open.clear()
-        self.span_count += len(spans)
         return len(spans)
 
     def instant(self, name: str, level: Level = Level.USER, attrs: Attrs | None = None) -> None:
@@ -123,6 +143,11 @@ class Recorder:
             return [dq.popleft() for _ in range(n)]
 
         spans = take(self.done)
+        for produce in self._producers:
+            try:
+                spans.extend(produce())
+            except Exception as exc:  # a source's bug must not stop the other events
+                log.warning("mltrace: building spans failed: %s", exc)
         for span in spans:
             fin = span._fin
             if fin is not None:

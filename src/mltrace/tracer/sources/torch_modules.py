@@ -11,6 +11,12 @@ imports torch itself, and is removed in ``stop()``. It replaces global forward
 hooks (still available with ``MLTRACE_TORCH_HOOKS=global``), which route every
 module call through torch's slower hooked path and are skipped when a
 ``KeyboardInterrupt`` unwinds a layer.
+
+Layer calls are recorded as compact frames (one list per call: the module, the
+parent frame, id, start, end, raw shapes) on a per-thread stack; the flusher
+turns them into spans, with their paths and attributes, when it drains the
+recorder. Spans begun elsewhere while a layer is open (``mltrace.span``, other
+live sources) find it through ``Recorder.set_innermost``.
 """
 
 from __future__ import annotations
@@ -20,13 +26,13 @@ import os
 import sys
 import threading
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.bricks import layer_config
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
-from mltrace.tracer.recorder import current_span
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
@@ -47,21 +53,23 @@ def _calls_impl_directly(module_cls: Any, original: Any) -> bool:
 _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-#: What the layer wrapper caches per (parent, path, child): the child's facts, its path, its own kids.
-_Kid = tuple["_Static", str, "dict[int, _Kid]"]
+# One module call on a thread's stack: a list, indexed by these slots.
+# Layer frames are made by the hot path as ``[module, parent, id, start, -1,
+# in, None, None, None]``; the model frame (the outermost call) also holds its
+# Span (slot SPAN) and has path "" and no parent. PATH and ROOT are filled in
+# by the drain (``_place``), never by the traced program.
+MODULE, PARENT, ID, START, END, IN, OUT, PATH, ROOT, SPAN = range(10)
 
 
 class _Static:
     """Per-module facts computed once: type, parameters, class source location."""
 
-    __slots__ = ("ref", "type_name", "attrs", "paths", "kids")
+    __slots__ = ("ref", "type_name", "attrs", "paths")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
-        self.paths: dict[str, str] = {}  # parent path → this module's path under it
-        # This module's path → its children's (_Static, path, kids) by id(child): the layer
-        # wrapper's one-lookup cache of what _static_of and paths give.
-        self.kids: dict[str, dict[int, _Kid]] = {}
+        #: This module's path when called from (the parent's facts, the parent's path).
+        self.paths: dict[tuple[_Static, str], str] = {}
         self.type_name = type(module).__name__
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
@@ -96,6 +104,12 @@ class TorchModuleSource:
         self._tensor: Any = object
         self._script_module: type | None = None
         self._lock = threading.Lock()
+        #: Completed layer frames, waiting for the recorder's next drain.
+        self._frames: deque[list[Any]] = deque()
+        #: Every thread's frame stack (by thread ident), for frames still open at stop.
+        self._stacks: dict[int, list[list[Any]]] = {}
+        #: Frames ended as truncated at stop: their late completion is not recorded twice.
+        self._truncated: set[int] = set()
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -107,6 +121,8 @@ class TorchModuleSource:
         self._record_layers = Level.LAYER in session.levels
         self._begin = session.recorder.begin
         self._end = session.recorder.end
+        session.recorder.add_producer(self._drain_frames)
+        session.recorder.set_innermost(self._innermost_id)
         self._import_hook = PostImportHook("torch", self._install)
 
     def _install(self, torch: Any) -> None:
@@ -132,83 +148,62 @@ class TorchModuleSource:
 
         Torch's global forward hooks would also see every call, but they route
         every module call through torch's slower hooked path (≈ 2 µs a call on
-        top of the hooks themselves). The wrapper closes the span in ``finally``,
-        so exceptions and interrupts inside a layer end its span too.
+        top of the hooks themselves). The wrapper closes the frame in
+        ``finally``, so exceptions and interrupts inside a layer end it too.
 
         This is the hot path of the layer level (one call per ``nn.Module``
-        call, ~70 per inference of a ResNet-18), so ``Recorder.begin``/``end``
-        are inlined here rather than called: every Python call, attribute
-        lookup and throw-away object costs ~0.05–0.3 µs, which added up to
-        ≈ 4 µs a module call (≈ 2.5 µs now, benchmarks/span_cost.py). Keep the
-        two in step: the same id counter, clock, ``current_span`` get/set,
-        open-span dict (for ``close_open_spans``) and ``done`` deque. The
-        outermost (model) call still goes through ``_model_begin`` and
-        ``Recorder.end``. Paths and per-module facts come from one cache lookup
-        in the parent frame (``_Static.kids``).
+        call, ~80 per inference of a ResNet-18), and inside a model its cost is
+        about three times what a tight loop measures, because the convolutions
+        in between evict its data from the caches. So a layer call does the
+        least it can: one list (the frame) with the module, its parent frame,
+        an id, two clock reads and the raw shapes, pushed on the thread's stack
+        and handed to a deque when it ends. No Span object, attribute dict,
+        ``current_span`` switch or path lookup: ``_drain_frames`` derives all of
+        that in the flusher (benchmarks/overhead_parts.py --paired). The
+        outermost (model) call goes through ``_model_begin`` and
+        ``Recorder.end`` as any span does.
         """
         assert self._session is not None
         original = module_cls.__call__
         direct = _calls_impl_directly(module_cls, original)
         tls = self._tls
-        kid_of = self._kid
+        new_stack = self._new_stack
         raw_shapes = self._raw_shapes
-        finish = self._finish
         model_begin = self._model_begin
         end = self._end
         tensor = self._tensor
-        # Recorder internals, bound once (see Recorder.begin/end).
-        recorder = self._session.recorder
-        next_id = recorder._ids.__next__
-        open_spans = recorder._open
-        pop_open = open_spans.pop
-        append_done = recorder.done.append
-        get_current = current_span.get
-        set_current = current_span.set
+        next_id = self._session.recorder._ids.__next__
+        append_frame = self._frames.append
         clock = now_ns
-        new_span = Span
-        layer = Level.LAYER
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:
                 stack = tls.stack
             except AttributeError:
-                stack = tls.stack = []
+                stack = new_stack()
             if not stack:  # the outermost call on this thread: the model span
-                model_begin(module, args, stack)
-                span = stack[-1][1]
+                frame = model_begin(module, args, stack)
+                span = frame[SPAN]
                 output = None
                 try:
                     output = original(module, *args, **kwargs)
                     return output
                 finally:
-                    while stack and stack.pop()[1] is not span:
+                    while stack and stack.pop() is not frame:
                         pass
                     if output is not None:
                         span.attrs["_out"] = raw_shapes(output)
                     end(span)
 
-            parent, parent_span, parent_path, root, kids = stack[-1]
-            kid = kids.get(id(module))
-            if kid is None or kid[0].ref() is not module:  # first call from here (or an id reused)
-                kid = kids[id(module)] = kid_of(parent, parent_path, module, root)
-            static, path, child_kids = kid
             if args:
                 # One plain tensor is the common case: skip the generic walk and
                 # keep the bare (shape, dtype) pair (``_finish`` reads both forms).
                 first = args[0]
                 shapes_in = (first.shape, first.dtype) if type(first) is tensor and len(args) == 1 else raw_shapes(args)
-                attrs = {"ml.layer.path": path, "_static": static.attrs, "_in": shapes_in}
             else:
-                attrs = {"ml.layer.path": path, "_static": static.attrs}
-            # Recorder.begin, inlined. The thread's track is the parent frame's:
-            # the stack is per thread and its root span was begun on this thread.
-            up = get_current()
-            span_id = next_id()
-            span = new_span(span_id, None if up is None else up.id, layer, path, clock(), -1, parent_span.track_id, attrs)
-            span._fin = finish
-            set_current(span)
-            open_spans[span_id] = span
-            stack.append((module, span, path, root, child_kids))
+                shapes_in = None
+            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None]
+            stack.append(frame)
             output = None
             try:
                 if direct and module._compiled_call_impl is None:  # what original would do, a frame less
@@ -217,17 +212,13 @@ class TorchModuleSource:
                     output = original(module, *args, **kwargs)
                 return output
             finally:
+                frame[END] = clock()
                 # try/finally keeps calls strictly nested: the top frame is ours.
-                while stack and stack.pop()[1] is not span:
+                while stack and stack.pop() is not frame:
                     pass
                 if output is not None:
-                    attrs["_out"] = (output.shape, output.dtype) if type(output) is tensor else raw_shapes(output)
-                # Recorder.end, inlined. ``up`` stays in this frame instead of span._up.
-                span.end_ns = clock()
-                set_current(up)
-                pop_open(span_id, None)
-                append_done(span)
-                recorder.span_count += 1
+                    frame[OUT] = (output.shape, output.dtype) if type(output) is tensor else raw_shapes(output)
+                append_frame(frame)
 
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
@@ -242,6 +233,7 @@ class TorchModuleSource:
         original = module_cls.__call__
         direct = _calls_impl_directly(module_cls, original)
         tls = self._tls
+        new_stack = self._new_stack
         model_begin = self._model_begin
         post = self._post
 
@@ -249,7 +241,7 @@ class TorchModuleSource:
             try:
                 stack = tls.stack
             except AttributeError:
-                stack = tls.stack = []
+                stack = new_stack()
             if stack:
                 if direct and module._compiled_call_impl is None:  # what original would do, a frame less
                     return module._call_impl(*args, **kwargs)
@@ -267,6 +259,7 @@ class TorchModuleSource:
 
     def stop(self) -> list[Event]:
         try:
+            truncated = self._truncate_open_frames()
             for handle in self._handles:
                 handle.remove()
             if self._wrapped is not None:
@@ -281,7 +274,90 @@ class TorchModuleSource:
             if self._import_hook is not None:
                 self._import_hook.remove()
                 self._import_hook = None
-        return []
+        return truncated
+
+    def _truncate_open_frames(self) -> list[Event]:
+        """Spans for layer calls still running at stop (on other threads), marked truncated.
+
+        The model spans around them are open spans of the recorder, which
+        ``close_open_spans`` ends. A truncated frame that completes later is
+        not recorded a second time.
+        """
+        at = now_ns()
+        spans: list[Event] = []
+        for stack in list(self._stacks.values()):
+            for frame in list(stack):
+                if frame[PARENT] is None or frame[END] >= 0 or frame[ID] in self._truncated:
+                    continue
+                self._truncated.add(frame[ID])
+                span = self._layer_span(frame)
+                span.end_ns = max(at, span.start_ns)
+                span.attrs["mltrace.truncated"] = True
+                spans.append(span)
+        return spans
+
+    # -- frames → spans (the flusher) --------------------------------------
+
+    def _new_stack(self) -> list[list[Any]]:
+        stack: list[list[Any]] = []
+        self._tls.stack = stack
+        self._stacks[threading.get_ident()] = stack
+        return stack
+
+    def _innermost_id(self) -> int | None:
+        """The id of the calling thread's innermost open module call (``Recorder.set_innermost``)."""
+        stack = getattr(self._tls, "stack", None)
+        return stack[-1][ID] if stack else None
+
+    def _drain_frames(self) -> list[Span]:
+        """Spans for the layer frames completed since the last drain (``Recorder.add_producer``)."""
+        frames = self._frames
+        truncated = self._truncated
+        spans = []
+        for _ in range(len(frames)):
+            frame = frames.popleft()
+            if truncated and frame[ID] in truncated:
+                continue
+            spans.append(self._layer_span(frame))
+        return spans
+
+    def _layer_span(self, frame: list[Any]) -> Span:
+        path, static = self._place(frame)
+        attrs = {**static.attrs, "ml.layer.path": path}
+        self._add_shapes(attrs, frame[IN], frame[OUT])
+        return Span(frame[ID], frame[PARENT][ID], Level.LAYER, path, frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
+
+    def _place(self, frame: list[Any]) -> tuple[str, _Static]:
+        """The frame's path in its model and its module's facts; fills in PATH and ROOT up its parent chain.
+
+        A path depends on the parent module, the parent's path and the module:
+        it is cached in the module's facts under (parent's facts, parent path).
+        Facts belong to one live module (``_static_of``), so a key never
+        matches a different module that reuses a dead one's id.
+        """
+        static_of = self._static_of
+        static = static_of(frame[MODULE])
+        if frame[PATH] is not None:
+            return frame[PATH], static
+        chain = []
+        known = frame
+        while known[PATH] is None:
+            chain.append(known)
+            known = known[PARENT]
+        root = known if known[PARENT] is None else known[ROOT]
+        parent = known
+        parent_static = static_of(parent[MODULE])
+        path: str = known[PATH]
+        for f in reversed(chain):
+            f_static = static if f is frame else static_of(f[MODULE])
+            key = (parent_static, path)
+            cached = f_static.paths.get(key)
+            if cached is None:
+                cached = f_static.paths[key] = self._path(parent[MODULE], path, f[MODULE], root[MODULE])
+            path = f[PATH] = cached
+            f[ROOT] = root
+            parent, parent_static = f, f_static
+        return path, static
 
     # -- per-module facts ------------------------------------------------
 
@@ -309,14 +385,6 @@ class TorchModuleSource:
             info.attrs["ml.layer.config"] = config
         self._static[id(module)] = info
         return info
-
-    def _kid(self, parent: Any, parent_path: str, module: Any, root: Any) -> _Kid:
-        """The layer wrapper's cache entry for ``module`` called from ``parent`` at ``parent_path``."""
-        static = self._static_of(module)
-        path = static.paths.get(parent_path)
-        if path is None:
-            path = static.paths[parent_path] = self._path(parent, parent_path, module, root)
-        return static, path, static.kids.setdefault(path, {})
 
     def _child_name(self, parent: Any, child: Any) -> str | None:
         entry = self._children.get(id(parent))
@@ -369,19 +437,18 @@ class TorchModuleSource:
         return out
 
     def _finish(self, span: Span) -> None:
-        """Completes a span's attributes when the recorder drains it (flusher thread).
-
-        Runs once per span under the GIL, so it costs the traced program too:
-        the one-tensor form ``(shape, dtype)`` that the layer wrapper stores is
-        handled inline, lists of pairs (several tensors, model spans) by
-        ``_shapes_dtypes``.
-        """
+        """Completes a model span's attributes when the recorder drains it (flusher thread)."""
         attrs = span.attrs
-        static = attrs.pop("_static", None)
-        raw_in = attrs.pop("_in", None)
-        raw_out = attrs.pop("_out", None)
-        if static is not None:  # the module's facts first, then the call's
-            span.attrs = attrs = {**static, **attrs}
+        self._add_shapes(attrs, attrs.pop("_in", None), attrs.pop("_out", None))
+
+    def _add_shapes(self, attrs: dict[str, Any], raw_in: Any, raw_out: Any) -> None:
+        """Input and output shapes and dtypes from what the hot path kept (torch objects).
+
+        Runs in the flusher, once per span, under the GIL, so it costs the
+        traced program too: the one-tensor form ``(shape, dtype)`` that the
+        layer wrapper stores is handled inline, lists of pairs (several
+        tensors, model spans) by ``_shapes_dtypes``.
+        """
         names = self._dtype_names
         if raw_in:
             if type(raw_in) is tuple:
@@ -424,32 +491,19 @@ class TorchModuleSource:
     # -- hooks (hot path) ------------------------------------------------
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> None:
-        tls = self._tls
-        try:
-            stack = tls.stack
-        except AttributeError:
-            stack = tls.stack = []
+        """Global forward pre-hook (``MLTRACE_TORCH_HOOKS=global``): a frame as the wrapper makes it."""
+        stack = getattr(self._tls, "stack", None)
+        if stack is None:
+            stack = self._new_stack()
         if not stack:
             self._model_begin(module, args, stack)
             return
-        parent, _, parent_path, root, _ = stack[-1]
-        if not self._record_layers:
-            stack.append((module, None, parent_path, root, None))
-            return
-        static = self._static.get(id(module))
-        if static is None or static.ref() is not module:
-            static = self._static_of(module)
-        path = static.paths.get(parent_path)
-        if path is None:
-            path = static.paths[parent_path] = self._path(parent, parent_path, module, root)
-        attrs: dict[str, Any] = {"ml.layer.path": path, "_static": static.attrs}
-        if args:
-            attrs["_in"] = self._raw_shapes(args)
-        span = self._begin(path, Level.LAYER, attrs)
-        span._fin = self._finish
-        stack.append((module, span, path, root, None))
+        assert self._session is not None
+        shapes_in = self._raw_shapes(args) if args else None
+        stack.append([module, stack[-1], self._session.new_id(), now_ns(), -1, shapes_in, None, None, None])
 
-    def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> None:
+    def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> list[Any]:
+        """Opens the model span of an outermost module call and pushes its frame; returns the frame."""
         static = self._static_of(module)
         name = static.type_name
         attrs = dict(static.attrs)
@@ -470,7 +524,9 @@ class TorchModuleSource:
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
-        stack.append((module, span, "", module, static.kids.setdefault("", {})))
+        frame = [module, None, span.id, span.start_ns, -1, None, None, "", None, span]
+        stack.append(frame)
+        return frame
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
@@ -489,18 +545,23 @@ class TorchModuleSource:
             )
 
     def _post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        """Global forward hook, and the end of the model-only wrapper's outermost call."""
         stack = getattr(self._tls, "stack", None)
         if not stack:
             return
         frame = stack.pop()
-        if frame[0] is not module:  # a post-hook was skipped below us: unwind to this module
-            while stack and frame[0] is not module:
+        if frame[MODULE] is not module:  # a post-hook was skipped below us: unwind to this module
+            while stack and frame[MODULE] is not module:
                 frame = stack.pop()
-            if frame[0] is not module:
+            if frame[MODULE] is not module:
                 return
-        span: Span | None = frame[1]
-        if span is None:
+        if frame[PARENT] is None:  # the model frame
+            span: Span = frame[SPAN]
+            if output is not None:
+                span.attrs["_out"] = self._raw_shapes(output)
+            self._end(span)
             return
+        frame[END] = now_ns()
         if output is not None:
-            span.attrs["_out"] = self._raw_shapes(output)
-        self._end(span)
+            frame[OUT] = self._raw_shapes(output)
+        self._frames.append(frame)
