@@ -6,7 +6,10 @@ subprocesses: once uninstrumented (plain) and once per level (model; +layer;
 The table gives, per model, the plain median, the leveled model latency and
 the sum of leaf-layer latencies (each against the plain median), the naive
 single-run full trace's model latency (against the plain median), and how
-much each level inflated the one above it.
+much each level inflated the one above it. A second table compares the
+leveled model latency with plain round by round: each round's model-level run
+against the plain run next to it, so slow drift of the machine cancels out;
+more ``--rounds`` make its median firmer.
 
     python benchmarks/leveled.py                 # ~4 minutes on 2 busy cores
     python benchmarks/leveled.py --quick         # smoke run (~1 minute)
@@ -112,6 +115,8 @@ def main() -> int:
                     "plain_spread_pct": m.plain.spread_pct if m.plain else None,
                     "leveled_model_ms": model_row.estimate_ns / 1e6 if model_row else None,
                     "leveled_model_vs_plain_pct": m.vs_plain_pct(Level.MODEL),
+                    "leveled_model_vs_plain_paired_pct": m.paired_vs_plain_pct,
+                    "round_ratios": m.round_ratios,
                     "leaf_layers_ms": layer_row.estimate_ns / 1e6 if layer_row else None,
                     "leaf_layers_vs_plain_pct": m.vs_plain_pct(Level.LAYER),
                     "full_trace_level": res.deepest.label,
@@ -141,6 +146,10 @@ def main() -> int:
             f"{f['model'][:40]:<40} {f['plain_median_ms']:>9.3f} {_pct(f['leveled_model_vs_plain_pct']):>14} "
             f"{_pct(f['leaf_layers_vs_plain_pct']):>14} {f['full_trace_level'] + ' ' + _pct(f['full_trace_vs_plain_pct']):>22}  {infl}"
         )
+    print("\nleveled model latency round by round (model-level run / plain run of the same round; drift cancels):")
+    for f in figures:
+        ratios = " ".join(f"{100 * (r - 1):+.2f}%" for r in f["round_ratios"])
+        print(f"{f['model'][:40]:<40} median {_pct(f['leveled_model_vs_plain_paired_pct']):>8}   rounds: {ratios}")
     print("\nsame, fastest call of each kind (robust to preemption on a busy machine):")
     print(f"{'model':<40} {'plain ms':>9} {'leveled model':>14} {'Σ leaf layers':>14} {'naive full trace':>22}")
     for f in figures:

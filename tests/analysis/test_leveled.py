@@ -142,6 +142,19 @@ def test_estimates_come_from_the_run_where_the_level_is_deepest() -> None:
     assert doc["models"][0]["full_trace_model_vs_plain_pct"] == 20.0
 
 
+def test_round_by_round_ratio_cancels_drift_between_rounds() -> None:
+    # The machine slows down 2x in round 1: pooled medians mislead, per-round ratios do not.
+    model_runs = [make_run([model(100), model(101), model(102)]), make_run([model(200), model(202), model(204)])]
+    plain = {KEY: [[98, 99, 100], [196, 198, 200]]}
+    result = analyze(plain, {M: model_runs}, warmup=1)
+    (m,) = result.models
+    assert m.round_ratios == [pytest.approx(101.5 / 99.5), pytest.approx(203 / 199)]
+    assert m.paired_vs_plain_pct == pytest.approx(100 * ((101.5 / 99.5 + 203 / 199) / 2 - 1))
+    doc = json.loads(json.dumps(result.to_json()))
+    assert doc["models"][0]["leveled_model_vs_plain_paired_pct"] == round(m.paired_vs_plain_pct, 2)
+    assert analyze(None, {M: model_runs}, warmup=1).models[0].paired_vs_plain_pct is None
+
+
 def test_leveled_trace_durations_are_the_estimates() -> None:
     runs = _two_level_runs()
     result = analyze(None, runs, warmup=1)

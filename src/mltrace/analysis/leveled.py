@@ -379,6 +379,10 @@ class ModelResult:
         spans: estimates for every span of the reference invocation (depth-first).
         invocations: run label ("plain r0", "layer r1", …) → calls made.
         reference: the reference invocation (from the deepest run).
+        round_ratios: per round, the median model latency of that round's
+            model-level run over the median of that round's plain run. The
+            two run back to back, so slow drift of a shared machine cancels
+            out of each ratio (see ``paired_vs_plain_pct``).
     """
 
     key: ModelKey
@@ -388,6 +392,14 @@ class ModelResult:
     spans: list[SpanEstimate]
     invocations: dict[str, int]
     reference: Invocation
+    round_ratios: list[float] = field(default_factory=list)
+
+    @property
+    def paired_vs_plain_pct(self) -> float | None:
+        """The leveled model latency against plain, round by round: median of ``round_ratios`` (%), or None."""
+        if not self.round_ratios:
+            return None
+        return 100.0 * (statistics.median(self.round_ratios) - 1.0)
 
     def level(self, level: Level) -> LevelTime | None:
         """The row of ``level``, if the model has spans at that level."""
@@ -450,6 +462,8 @@ class LeveledResult:
                     "plain": m.plain.to_json() if m.plain is not None else None,
                     "levels": rows,
                     "leveled_model_vs_plain_pct": _r(m.vs_plain_pct(Level.MODEL)),
+                    "leveled_model_vs_plain_paired_pct": _r(m.paired_vs_plain_pct),
+                    "round_ratios": [round(x, 5) for x in m.round_ratios],
                     "leveled_layers_vs_plain_pct": _r(m.vs_plain_pct(Level.LAYER)),
                     "full_trace_model_vs_plain_pct": _r(
                         100.0 * (m.level(Level.MODEL).by_run_ns.get(self.deepest, 0.0) / m.plain.median_ns - 1.0)  # type: ignore[union-attr]
@@ -641,7 +655,25 @@ def _analyze_model(
                     )
                 )
     levels = _level_times(result, mk, reference, collected)
-    return ModelResult(mk, label, plain_stats, levels, estimates, counts, reference)
+    ratios = _round_ratios(plain.get(mk) if plain is not None else None, collected[result.source_of(Level.MODEL)][1], mk, warmup)
+    return ModelResult(mk, label, plain_stats, levels, estimates, counts, reference, ratios)
+
+
+def _round_ratios(
+    plain_runs: list[list[int]] | None, model_runs: list[dict[ModelKey, list[Invocation]]], mk: ModelKey, warmup: int
+) -> list[float]:
+    """Per round: median model latency in the model-level run / median plain latency.
+
+    Plain processes and level runs are listed in round order (one of each per
+    round), so the i-th of each ran back to back.
+    """
+    ratios = []
+    for plain_calls, inv in zip(plain_runs or [], model_runs):
+        kept_plain = plain_calls[warmup:]
+        traced = [c.root.duration_ns for c in inv.get(mk, [])[warmup:]]
+        if kept_plain and traced and statistics.median(kept_plain) > 0:
+            ratios.append(statistics.median(traced) / statistics.median(kept_plain))
+    return ratios
 
 
 def _first_kept(invs: list[dict[ModelKey, list[Invocation]]], mk: ModelKey, warmup: int) -> Invocation | None:

@@ -169,6 +169,11 @@ def print_leveled(result: LeveledResult, file: IO[str] | None = None) -> None:
                 f"  vs plain median: leveled model {_pct(m.vs_plain_pct(Level.MODEL))}, "
                 f"sum of leaf layers {_pct(m.vs_plain_pct(Level.LAYER))}, naive full trace ({result.deepest.label}) {_pct(full_pct)}\n"
             )
+            if m.round_ratios:
+                out.write(
+                    f"  round by round (model-level run / plain run of the same round, median of {len(m.round_ratios)}): "
+                    f"leveled model {_pct(m.paired_vs_plain_pct)}\n"
+                )
     if result.overflows:
         out.write(f"\n{len(result.overflows)} parent(s) shorter than their children's estimates (children scaled to fit):\n")
         for o in result.overflows[:5]:
