@@ -17,6 +17,11 @@ more ``--rounds`` make its median firmer.
 
 Children run with ``OMP_NUM_THREADS=--threads`` (default 1): on a shared
 2-core machine, two intra-op threads make every op wait for the slower core.
+They also run with ``--steady-malloc``'s glibc settings (no heap trimming, a
+fixed mmap threshold; ``--default-malloc`` turns them off): with glibc's
+defaults, whether an inference's buffers cost fresh page faults depends on the
+process's allocation history, which moved MobileNetV2 between 16 and 24 ms per
+call from one process to the next.
 Progress goes to stderr.
 """
 
@@ -81,6 +86,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the children (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--keep", metavar="DIR", help="keep the output directories under DIR")
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="children with glibc's default heap trimming and mmap threshold"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from mltrace.bench import run_leveled
@@ -97,7 +105,9 @@ def main() -> int:
     for name, script, script_args in workloads(args.quick, calls):
         print(f"{name}: {rounds} round(s) of plain + each level, {calls} calls per process", file=sys.stderr, flush=True)
         out = base / Path(script).stem
-        report = run_leveled(script, script_args, n=n, warmup=args.warmup, rounds=rounds, levels=levels, output=out)
+        report = run_leveled(
+            script, script_args, n=n, warmup=args.warmup, rounds=rounds, levels=levels, output=out, steady_malloc=not args.default_malloc
+        )
         res = report.result
         for m in res.models:
             model_row = m.level(Level.MODEL)
@@ -138,7 +148,8 @@ def main() -> int:
     wall = time.perf_counter() - t_all
     import torch
 
-    print(f"\ntorch {torch.__version__}, OMP_NUM_THREADS={args.threads}, cpu count {os.cpu_count()}, wall {wall:.0f} s")
+    malloc = "glibc defaults" if args.default_malloc else "steady malloc"
+    print(f"\ntorch {torch.__version__}, OMP_NUM_THREADS={args.threads}, {malloc}, cpu count {os.cpu_count()}, wall {wall:.0f} s")
     print(f"{'model':<40} {'plain ms':>9} {'leveled model':>14} {'Σ leaf layers':>14} {'naive full trace':>22}  inflation by next level")
     for f in figures:
         infl = ", ".join(f"{k} {_pct(v)}" for k, v in f["inflation_by_next_level_pct"].items())

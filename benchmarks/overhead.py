@@ -75,13 +75,18 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
     for _ in range(3):
         fn()  # warm-up: allocator, oneDNN primitive cache
     samples: dict[str, list[float]] = {"plain": [], **{c: [] for c in conditions}}
+    blocks: dict[str, list[float]] = {c: [] for c in samples}  # each round's block median
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            samples["plain"] += _time_block(fn, iters)
+            block = _time_block(fn, iters)
+            samples["plain"] += block
+            blocks["plain"].append(statistics.median(block))
             for c in conditions:
                 with _condition(c, Path(tmp) / f"{c}-{r}"):
                     fn()  # first call under a new session: outside the measured block
-                    samples[c] += _time_block(fn, iters)
+                    block = _time_block(fn, iters)
+                samples[c] += block
+                blocks[c].append(statistics.median(block))
     plain = statistics.median(samples["plain"])
     res: dict[str, Any] = {"model": name, "plain_ms": plain / 1e6, "samples_per_condition": len(samples["plain"])}
     for c in conditions:
@@ -91,6 +96,10 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
     if "library" in conditions and "torch.profiler" in conditions:
         # The CPU cross-stack goal: mltrace's full CPU trace vs torch.profiler's own overhead.
         res["library_vs_torch_profiler_ratio"] = res["library_ms"] / res["torch.profiler_ms"]
+        # The same, round by round: both blocks of a round ran seconds apart, so drift cancels.
+        res["library_vs_torch_profiler_paired"] = statistics.median(
+            lib / prof for lib, prof in zip(blocks["library"], blocks["torch.profiler"])
+        )
     return res
 
 
@@ -168,7 +177,10 @@ def main() -> int:
             row += f" {r[f'{c}_ms']:10.2f} {r[f'{c}_overhead_pct']:+8.2f}%"
         print(row)
         if "library_vs_torch_profiler_ratio" in r:
-            print(f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x")
+            print(
+                f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
+                f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
+            )
     print("\nuser API cost per call (ns):")
     for k, v in api.items():
         print(f"  {k:40} {v:8.0f}")

@@ -10,9 +10,11 @@ streaming. Each session starts and stops outside the measured calls.
 ``--paired`` gives a tighter figure for the layer level alone (the torch module
 source, no background streaming): one session, whose ``Module.__call__``
 wrapper is switched off and on between short blocks of inferences, so plain
-and traced blocks alternate (ABBA order) a few hundred milliseconds apart and
-drift cancels out. Each pair gives a ratio of the blocks' medians; the report
-is the median ratio with a bootstrap 95 % interval and the spread. "with
+and traced blocks alternate (rotating order) a few hundred milliseconds apart
+and drift cancels out. Each round also times a block under two no-op global
+forward hooks, the reference the overhead goal is stated against. Each round
+gives ratios of the blocks' medians; the report is the median ratio with a
+bootstrap 95 % interval and the spread. "with
 drain+write" adds what streaming the block's spans to disk cost (one flush,
 timed after each traced block, per inference): the flusher thread does that
 work under the GIL while the program runs.
@@ -75,7 +77,13 @@ def bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tuple
 
 
 def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> None:
-    """Plain and traced blocks, alternating inside one layer-level session (see the module docstring)."""
+    """Plain and traced blocks, alternating inside one layer-level session (see the module docstring).
+
+    Each round also times a block under two no-op global forward hooks (torch's
+    own ``register_module_forward_pre_hook``/``register_module_forward_hook``),
+    the reference the layer level's overhead goal is stated against.
+    """
+    from torch.nn.modules import module as module_mod
 
     def timed() -> list[int]:
         cnn(x)  # the first call after a switch: not measured
@@ -86,11 +94,16 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
             out.append(time.perf_counter_ns() - t0)
         return out
 
+    def noop(*_: object) -> None:
+        return None
+
     load_before = loadavg()
-    hot: list[float] = []  # traced / plain, per pair
+    hot: list[float] = []  # traced / plain, per round
     total: list[float] = []  # the same, traced including its drain+write
+    hooks: list[float] = []  # no-op global hooks / plain, per round
     spans = 0
     plain_ns: list[float] = []
+    kinds = ["plain", "traced", "hooks"]
     with tempfile.TemporaryDirectory() as tmp:
         source = TorchModuleSource()
         options = ProfileOptions(output=Path(tmp) / "run", summary=False, level=Level.LAYER, flush_interval_s=NO_FLUSH_S)
@@ -103,29 +116,37 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
             for i in range(pairs):
                 med: dict[str, float] = {}
                 flush_ns = 0
-                for traced in (False, True) if i % 2 == 0 else (True, False):
-                    module_cls.__call__ = wrapper if traced else original
+                order = kinds[i % 3 :] + kinds[: i % 3]
+                for kind in order if i % 2 == 0 else reversed(order):
+                    module_cls.__call__ = wrapper if kind == "traced" else original
+                    handles = []
+                    if kind == "hooks":
+                        handles = [module_mod.register_module_forward_pre_hook(noop), module_mod.register_module_forward_hook(noop)]
                     try:
-                        med[str(traced)] = statistics.median(timed())
+                        med[kind] = statistics.median(timed())
                     finally:
+                        for h in handles:
+                            h.remove()
                         module_cls.__call__ = wrapper
-                    if traced:
+                    if kind == "traced":
                         spans += len(session.recorder.done) + len(source._frames)
                         t0 = time.perf_counter_ns()
                         session.flush()  # drain + write what the block recorded
                         flush_ns = time.perf_counter_ns() - t0
-                plain_ns.append(med["False"])
-                hot.append(med["True"] / med["False"])
-                total.append((med["True"] + flush_ns / (block + 1)) / med["False"])
+                plain_ns.append(med["plain"])
+                hot.append(med["traced"] / med["plain"])
+                total.append((med["traced"] + flush_ns / (block + 1)) / med["plain"])
+                hooks.append(med["hooks"] / med["plain"])
                 if (i + 1) % 10 == 0:
-                    print(f"pair {i + 1}/{pairs}", file=sys.stderr, flush=True)
+                    print(f"round {i + 1}/{pairs}", file=sys.stderr, flush=True)
         finally:
             session.stop()
     print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
     print(f"plain inference: median {statistics.median(plain_ns) / 1e6:.2f} ms")
-    print(f"paired blocks: {pairs} pairs of {block} timed inferences, {spans / (pairs * (block + 1)):.0f} spans per inference")
+    per_inference = spans / (pairs * (block + 1))
+    print(f"{pairs} rounds of plain, traced and hooked blocks of {block} timed inferences, {per_inference:.0f} spans per inference")
     print(f"load average before {load_before}, after {loadavg()}")
-    for name, ratios in (("layer level, hot path", hot), ("with drain+write", total)):
+    for name, ratios in (("layer level, hot path", hot), ("with drain+write", total), ("no-op global hooks", hooks)):
         pct = sorted(100 * (r - 1) for r in ratios)
         lo, hi = bootstrap_median(pct)
         q1, q3 = pct[len(pct) // 4], pct[(3 * len(pct)) // 4]
@@ -140,7 +161,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--paired", action="store_true", help="alternating plain/traced blocks in one session")
-    parser.add_argument("--pairs", type=int, default=100, help="--paired: pairs of blocks")
+    parser.add_argument("--pairs", type=int, default=100, help="--paired: rounds of plain/traced/hooked blocks")
     parser.add_argument("--block", type=int, default=3, help="--paired: timed inferences per block")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()

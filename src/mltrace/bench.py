@@ -55,6 +55,16 @@ ENV_PRECISION = "MLTRACE_PRECISION"
 ENV_THREADS = "MLTRACE_THREADS"
 ENV_ITERS = "MLTRACE_ITERS"
 
+#: glibc settings for ``steady_malloc``: no heap trimming, and buffers up to
+#: 32 MiB (glibc's largest mmap threshold) from the heap with a fixed threshold.
+#: By default glibc returns freed memory at the top of the heap to the system
+#: and moves its mmap threshold as blocks are freed, so whether an inference's
+#: activations cost fresh page faults depends on the process's allocation
+#: history: MobileNetV2 here took 20–24 ms or 16–17 ms per call depending on it,
+#: enough to swamp any instrumentation overhead. Plain and traced children get
+#: the same settings.
+STEADY_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+
 
 class BenchError(RuntimeError):
     """A benchmark that could not run (a child that failed, unusable output)."""
@@ -217,8 +227,19 @@ class OutermostCallTimer:
         record = self._record
         self._skip_dirs = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
 
+        # Nested calls take the same short path as mltrace's model-level wrapper (thread-local
+        # attribute, then ``_call_impl`` directly when ``__call__`` is torch's own): a slower
+        # pass-through here would make "plain" slower than the model level it is compared with.
+        direct = original is getattr(module_cls, "_wrapped_call_impl", None)
+
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
-            if getattr(tls, "busy", False):
+            try:
+                busy = tls.busy
+            except AttributeError:
+                busy = tls.busy = False
+            if busy:
+                if direct and module._compiled_call_impl is None:
+                    return module._call_impl(*args, **kwargs)
                 return original(module, *args, **kwargs)
             tls.busy = True
             t0 = clock()
@@ -407,6 +428,7 @@ def run_leveled(
     python: str | None = None,
     progress: IO[str] | None = sys.stderr,
     timeout_s: float | None = None,
+    steady_malloc: bool = False,
 ) -> LeveledReport:
     """Runs ``script`` once plain and once per level, and builds the leveled trace.
 
@@ -431,6 +453,7 @@ def run_leveled(
         python: interpreter for the children (default: this one).
         progress: where progress lines go (None: nowhere).
         timeout_s: limit per child (s).
+        steady_malloc: run every child with ``STEADY_MALLOC_ENV`` (glibc).
 
     Raises:
         BenchError: when a child fails or records nothing usable.
@@ -464,7 +487,7 @@ def run_leveled(
     raw = out / "runs"
     raw.mkdir()
     per_round = warmup + math.ceil(n / rounds)
-    env = _child_env({ENV_ITERS: str(per_round)})
+    env = _child_env({ENV_ITERS: str(per_round), **(STEADY_MALLOC_ENV if steady_malloc else {})})
     plan: list[tuple[str, Level | None]] = [("plain", None), *((lv.label, lv) for lv in wanted)]
     children: list[ChildRun] = []
     plain_files: list[Path] = []
@@ -503,6 +526,7 @@ def run_leveled(
         "warmup": warmup,
         "rounds": rounds,
         "levels": [lv.label for lv in result.levels],
+        "steady_malloc": STEADY_MALLOC_ENV if steady_malloc else None,
         "raw_runs": "runs/",
         "result": "leveled.json",
     }
@@ -514,6 +538,7 @@ def run_leveled(
         n=n,
         warmup=warmup,
         rounds=rounds,
+        steady_malloc=STEADY_MALLOC_ENV if steady_malloc else None,
         children=[
             {"label": c.label, "status": c.status, "wall_s": round(c.wall_s, 3), "output": os.path.relpath(c.output, out)} for c in children
         ],
@@ -570,6 +595,7 @@ def run_sweep(
     python: str | None = None,
     progress: IO[str] | None = sys.stderr,
     timeout_s: float | None = None,
+    steady_malloc: bool = False,
 ) -> SweepReport:
     """Runs ``script`` once per scenario of the batch × precision × threads grid.
 
@@ -587,6 +613,7 @@ def run_sweep(
         level: trace level of each scenario's run (default model: least overhead).
         output: output directory; name: run name; python: child interpreter.
         progress: where progress lines go; timeout_s: limit per scenario (s).
+        steady_malloc: run every scenario with ``STEADY_MALLOC_ENV`` (glibc).
 
     Raises:
         mltrace.errors.UsageError: for bad arguments.
@@ -619,6 +646,8 @@ def run_sweep(
     results = []
     for i, spec in enumerate(specs, 1):
         extra = {ENV_BATCH: str(spec.batch), ENV_PRECISION: spec.precision, ENV_ITERS: str(warmup + n)}
+        if steady_malloc:
+            extra.update(STEADY_MALLOC_ENV)
         if spec.threads is not None:
             extra.update({ENV_THREADS: str(spec.threads), "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})
         dest = scen_dir / spec.label

@@ -336,3 +336,27 @@ def test_harness_writes_a_leveled_run(leveled_report: Any) -> None:
             assert p.start_ns <= s.start_ns and s.end_ns <= p.end_ns
     trace = parse_pftrace(out / "trace.pftrace")
     assert len(trace.slices) == len(run.spans)
+
+
+def test_steady_malloc_reaches_every_child(tmp_path: Path) -> None:
+    from mltrace.bench import STEADY_MALLOC_ENV
+
+    script = tmp_path / "env.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os
+            import torch
+            print("trim=" + os.environ.get("MALLOC_TRIM_THRESHOLD_", "unset"), "mmap=" + os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset"))
+            for _ in range(2):
+                torch.nn.ReLU()(torch.zeros(1))
+            """
+        )
+    )
+    report = run_leveled(str(script), n=1, warmup=1, levels=["model"], output=tmp_path / "out", progress=None, steady_malloc=True)
+    expected = f"trim={STEADY_MALLOC_ENV['MALLOC_TRIM_THRESHOLD_']} mmap={STEADY_MALLOC_ENV['MALLOC_MMAP_THRESHOLD_']}"
+    assert [c.label for c in report.children] == ["plain-r0", "model-r0"]
+    for child in report.children:
+        assert expected in child.log.read_text()
+    doc = json.loads((report.path / "leveled.json").read_text())
+    assert doc["steady_malloc"] == STEADY_MALLOC_ENV

@@ -48,6 +48,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("-o", "--output", metavar="DIR", help="output directory (absent or empty)")
     p.add_argument("--name", help="name of the output (default: the script's stem)")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="limit per subprocess")
+    p.add_argument(
+        "--steady-malloc",
+        action="store_true",
+        help="run every subprocess with glibc heap trimming off and a fixed mmap threshold, so memory-bound "
+        "models do not pay page faults that depend on allocation history (docs/METHODS.md)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("script", metavar="SCRIPT", help="the script to benchmark")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 name=args.name,
                 progress=progress,
                 timeout_s=args.timeout,
+                steady_malloc=args.steady_malloc,
             )
             print_leveled(report.result)
             sys.stdout.write(f"leveled trace: {report.path}/trace.pftrace   results: {report.path}/leveled.json\n")
@@ -110,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             progress=progress,
             timeout_s=args.timeout,
+            steady_malloc=args.steady_malloc,
         )
     except BenchError as exc:
         sys.stderr.write(f"mltrace: error: {exc}\n")

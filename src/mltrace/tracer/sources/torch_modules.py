@@ -56,20 +56,29 @@ _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 # One module call on a thread's stack: a list, indexed by these slots.
 # Layer frames are made by the hot path as ``[module, parent, id, start, -1,
 # in, None, None, None]``; the model frame (the outermost call) also holds its
-# Span (slot SPAN) and has path "" and no parent. PATH and ROOT are filled in
-# by the drain (``_place``), never by the traced program.
-MODULE, PARENT, ID, START, END, IN, OUT, PATH, ROOT, SPAN = range(10)
+# Span (slot SPAN), has no parent, and its KID is set when it is made. KID (the
+# frame's ``_Kid``: path, facts, attributes) and ROOT (the model frame) are
+# filled in by the drain (``_place``), never by the traced program.
+MODULE, PARENT, ID, START, END, IN, OUT, KID, ROOT, SPAN = range(10)
+
+#: What the drain caches per (parent module, parent path, child): a weak
+#: reference to the child, its path, its facts, and the attributes every span of
+#: it starts from.
+_Kid = tuple["weakref.ref[Any]", str, "_Static", "dict[str, Any]"]
+
+#: Converted (shape, dtype) pairs kept at most; the cache starts over beyond.
+_SHAPE_CACHE_MAX = 4096
 
 
 class _Static:
     """Per-module facts computed once: type, parameters, class source location."""
 
-    __slots__ = ("ref", "type_name", "attrs", "paths")
+    __slots__ = ("ref", "type_name", "attrs", "kids")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
-        #: This module's path when called from (the parent's facts, the parent's path).
-        self.paths: dict[tuple[_Static, str], str] = {}
+        #: (this module's path, id(child)) → the child's cache entry, for calls made from this module.
+        self.kids: dict[tuple[str, int], _Kid] = {}
         self.type_name = type(module).__name__
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
@@ -99,6 +108,7 @@ class TorchModuleSource:
         self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
         self._class_loc: dict[type, tuple[str | None, int | None]] = {}
         self._dtype_names: dict[Any, str] = {}
+        self._shape_cache: dict[Any, tuple[list[list[int]], list[str]]] = {}
         self._invocations: dict[int, int] = {}
         self._torch_dir = ""
         self._tensor: Any = object
@@ -322,42 +332,44 @@ class TorchModuleSource:
         return spans
 
     def _layer_span(self, frame: list[Any]) -> Span:
-        path, static = self._place(frame)
-        attrs = {**static.attrs, "ml.layer.path": path}
+        kid = self._place(frame)
+        attrs = kid[3].copy()
         self._add_shapes(attrs, frame[IN], frame[OUT])
-        return Span(frame[ID], frame[PARENT][ID], Level.LAYER, path, frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
+        return Span(frame[ID], frame[PARENT][ID], Level.LAYER, kid[1], frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
 
-    def _place(self, frame: list[Any]) -> tuple[str, _Static]:
-        """The frame's path in its model and its module's facts; fills in PATH and ROOT up its parent chain.
+    def _place(self, frame: list[Any]) -> _Kid:
+        """The frame's cache entry (path, facts, attributes); fills in KID and ROOT up its parent chain.
 
-        A path depends on the parent module, the parent's path and the module:
-        it is cached in the module's facts under (parent's facts, parent path).
-        Facts belong to one live module (``_static_of``), so a key never
-        matches a different module that reuses a dead one's id.
+        A path depends on the parent module, the parent's path and the module,
+        so entries are cached in the parent's facts under (parent path,
+        id(module)) and checked against a weak reference to the module: a
+        module that reuses a dead one's id gets its own entry.
         """
-        static_of = self._static_of
-        static = static_of(frame[MODULE])
-        if frame[PATH] is not None:
-            return frame[PATH], static
+        kid: _Kid | None = frame[KID]
+        if kid is not None:
+            return kid
         chain = []
         known = frame
-        while known[PATH] is None:
+        while known[KID] is None:
             chain.append(known)
             known = known[PARENT]
         root = known if known[PARENT] is None else known[ROOT]
         parent = known
-        parent_static = static_of(parent[MODULE])
-        path: str = known[PATH]
+        parent_kid: _Kid = known[KID]
         for f in reversed(chain):
-            f_static = static if f is frame else static_of(f[MODULE])
-            key = (parent_static, path)
-            cached = f_static.paths.get(key)
-            if cached is None:
-                cached = f_static.paths[key] = self._path(parent[MODULE], path, f[MODULE], root[MODULE])
-            path = f[PATH] = cached
+            module = f[MODULE]
+            parent_path, parent_facts = parent_kid[1], parent_kid[2]
+            key = (parent_path, id(module))
+            kid = parent_facts.kids.get(key)
+            if kid is None or kid[0]() is not module:
+                facts = self._static_of(module)
+                path = self._path(parent[MODULE], parent_path, module, root[MODULE])
+                kid = parent_facts.kids[key] = (facts.ref, path, facts, {**facts.attrs, "ml.layer.path": path})
+            f[KID] = kid
             f[ROOT] = root
-            parent, parent_static = f, f_static
-        return path, static
+            parent, parent_kid = f, kid
+        assert kid is not None
+        return kid
 
     # -- per-module facts ------------------------------------------------
 
@@ -445,25 +457,32 @@ class TorchModuleSource:
         """Input and output shapes and dtypes from what the hot path kept (torch objects).
 
         Runs in the flusher, once per span, under the GIL, so it costs the
-        traced program too: the one-tensor form ``(shape, dtype)`` that the
-        layer wrapper stores is handled inline, lists of pairs (several
-        tensors, model spans) by ``_shapes_dtypes``.
+        traced program too. The layer wrapper stores one tensor as a bare
+        ``(shape, dtype)`` pair, several (and model spans) as a list of pairs.
         """
-        names = self._dtype_names
         if raw_in:
-            if type(raw_in) is tuple:
-                shape, dt = raw_in
-                attrs["ml.input.shapes"] = [[*shape]]
-                attrs["ml.input.dtypes"] = [names.get(dt) or self._dtype_name(dt)]
-            else:
-                attrs["ml.input.shapes"], attrs["ml.input.dtypes"] = self._shapes_dtypes(raw_in)
+            converted = self._converted(raw_in)
+            attrs["ml.input.shapes"], attrs["ml.input.dtypes"] = converted
         if raw_out:
-            if type(raw_out) is tuple:
-                shape, dt = raw_out
-                attrs["ml.output.shapes"] = [[*shape]]
-                attrs["ml.output.dtypes"] = [names.get(dt) or self._dtype_name(dt)]
-            else:
-                attrs["ml.output.shapes"], attrs["ml.output.dtypes"] = self._shapes_dtypes(raw_out)
+            converted = self._converted(raw_out)
+            attrs["ml.output.shapes"], attrs["ml.output.dtypes"] = converted
+
+    def _converted(self, raw: Any) -> tuple[list[list[int]], list[str]]:
+        """JSON-ready shapes and dtype names of one raw form; the one-tensor form is cached.
+
+        Spans of one layer see the same few shapes again and again, so they
+        share the converted lists (attribute values are never modified).
+        """
+        if type(raw) is not tuple:
+            return self._shapes_dtypes(raw)
+        cache = self._shape_cache
+        converted = cache.get(raw)
+        if converted is None:
+            if len(cache) >= _SHAPE_CACHE_MAX:
+                cache.clear()
+            shape, dt = raw
+            converted = cache[raw] = ([[*shape]], [self._dtype_names.get(dt) or self._dtype_name(dt)])
+        return converted
 
     def _shapes_dtypes(self, raw: list[Any]) -> tuple[list[list[int]], list[str]]:
         """Shapes and dtype names from a list of ``(shape, dtype)`` pairs."""
@@ -524,7 +543,7 @@ class TorchModuleSource:
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
-        frame = [module, None, span.id, span.start_ns, -1, None, None, "", None, span]
+        frame = [module, None, span.id, span.start_ns, -1, None, None, (static.ref, "", static, static.attrs), None, span]
         stack.append(frame)
         return frame
 
