@@ -9,7 +9,8 @@ No mltrace session: only the capture path is measured.
     python benchmarks/library_tap.py                  # CNN (oneDNN-heavy)
     python benchmarks/library_tap.py --model encoder  # 4-layer encoder (MKL-heavy)
 
-Prints the median latency of each condition and its ratio to plain.
+Conditions rotate through the positions of a round, round by round. Prints
+the median latency of each condition and its ratio to plain.
 """
 
 from __future__ import annotations
@@ -74,9 +75,16 @@ def main() -> int:
     saved = os.dup(1)
     with torch.inference_mode():
         block()  # warm-up
-        for _ in range(args.rounds):
-            times["plain"] += block()
-            for name, tap_args in CONDITIONS.items():
+        names = ["plain", *CONDITIONS]
+        for r in range(args.rounds):
+            # Every condition takes every position in turn: a block's place in the round
+            # (what ran just before it) must not decide its figure.
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name == "plain":
+                    times["plain"] += block()
+                    continue
+                tap_args = CONDITIONS[name]
                 if tap_args is None:
                     sys.stdout.flush()
                     os.dup2(null, 1)
