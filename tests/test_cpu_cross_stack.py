@@ -49,3 +49,22 @@ def test_library_level_end_to_end(tmp_path: Path) -> None:
     conv = next(s for s in lib if s.attrs.get("ml.library.kind") == "convolution")
     assert by_id[conv.parent_id].name in ("aten::mkldnn_convolution", "aten::convolution", "aten::_convolution")
     assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+
+
+def test_flash_attention_gemms_are_attributed_to_their_op(tmp_path: Path) -> None:
+    # CPU flash attention runs one SGEMM per (query block, key block) on every intra-op
+    # thread: the sizes are block sizes, not input dimensions, and the calls overlap.
+    script = SCRIPTS / "sdpa_attention.py"
+    traced = run_cli("python", "-q", "--level", "library", "-o", str(tmp_path / "run"), str(script))
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == run_plain(script).stdout
+    run = mltrace.load_run(tmp_path / "run")
+    by_id = run.span_by_id()
+    mkl = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") == "MKL"]
+    assert run.meta["sources_info"]["cpu.library"]["mkl"] == len(mkl) > 12
+    parents = [by_id[s.parent_id] if s.parent_id is not None else None for s in mkl]
+    attached = [p for p in parents if p is not None and p.level == Level.OP]
+    assert len(attached) / len(mkl) >= 0.95
+    flash = [p for p in attached if p.name == "aten::_scaled_dot_product_flash_attention_for_cpu"]
+    # 2 layers x 3 calls: each flash-attention op issued calls, and got some.
+    assert len({p.id for p in flash}) == 6

@@ -27,7 +27,8 @@ last among those that
 - are not ruled out by shapes (``_compatible``): a batched call never comes
   from a single-matrix op; with recorded input shapes (``ml.input.shapes``,
   torch.profiler's ``record_shapes``), a GEMM-like op's (``GEMM_OPS``) inputs
-  must have M, N and K among their dimensions, and a native convolution's
+  must have M, N and K among their dimensions (flash attention, which multiplies
+  blocks: one of them), and a native convolution's
   (``IM2COL_OPS``) weight must give N and K.
 
 Without shapes, timing alone decides, which is right while the receive delay
@@ -104,10 +105,14 @@ GEMM_OPS = frozenset(
         "aten::mv",
         "aten::matmul",
         "aten::linear",
-        "aten::_scaled_dot_product_flash_attention_for_cpu",
     }
 )
 """Caller ops whose BLAS sizes are sizes of their inputs (used to check a match by shape)."""
+
+BLOCKED_GEMM_OPS = frozenset({"aten::_scaled_dot_product_flash_attention_for_cpu"})
+"""Caller ops that multiply blocks of their inputs: the flash-attention kernel runs one SGEMM
+per (query block, key block) pair on every intra-op thread, so M and N are its block sizes
+(e.g. 32 and 128) and only the head dimension is sure to be an input dimension."""
 
 IM2COL_OPS = frozenset({"aten::_slow_conv2d_forward", "aten::thnn_conv2d", "aten::slow_conv3d_forward", "aten::slow_conv3d"})
 """Native convolutions that lower to one GEMM per image (checked by weight shape)."""
@@ -146,7 +151,7 @@ def _compatible(call: Span, op: Span) -> bool:
 
     A batched call (``SGEMM_BATCH``…) never comes from a single-matrix op
     (``aten::addmm``, ``aten::mm``, …). GEMM-like ops: M, N and K are each
-    some dimension of the inputs.
+    some dimension of the inputs; blocked ones (flash attention): at least one is.
     Native convolutions (im2col + GEMM, one call per image): N is the number
     of output channels and K the product of the other weight dimensions
     (``ic/groups * kh * kw``), the weight being the second input.
@@ -160,6 +165,9 @@ def _compatible(call: Span, op: Span) -> bool:
     if op.name in GEMM_OPS:
         dims = _input_dims(op)
         return dims is None or all(n in dims for n in sizes)
+    if op.name in BLOCKED_GEMM_OPS:
+        dims = _input_dims(op)
+        return dims is None or any(n in dims for n in sizes)
     if op.name in IM2COL_OPS and len(sizes) == 3:
         shapes = op.attrs.get("ml.input.shapes")
         if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
