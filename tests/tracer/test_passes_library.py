@@ -224,3 +224,19 @@ def test_no_bound_when_several_threads_issue_calls() -> None:
     got = placed(attach_library_calls(run_of(spans)))
     assert got[11][0] == 2
     assert got[10][0] == 3
+
+
+def test_flash_attention_calls_have_block_sizes() -> None:
+    # The CPU flash-attention kernel multiplies (query block x key block) tiles: M and N are
+    # block sizes (128, 32), only K (the head dimension, 64) is an input dimension.
+    flash = op(1, "aten::_scaled_dot_product_flash_attention_for_cpu", 100_000, 200_000)
+    flash.attrs["ml.input.shapes"] = [[1, 4, 128, 64], [1, 4, 128, 64], [1, 4, 128, 64], [], []]
+    calls = [
+        mkl(10, 0, receive=150_000, exec_ns=20_000, desc="T,N,128,32,64,*,*,768,*,768,*,*,128"),
+        mkl(11, 1, receive=160_000, exec_ns=20_000, desc="N,N,64,32,128,*,*,768,*,128,*,*,64"),
+    ]
+    got = placed(attach_library_calls(run_of([flash, *calls])))
+    assert got[10][0] == 1 and got[11][0] == 1
+    # a GEMM sharing no dimension with the inputs is still ruled out
+    other = mkl(12, 0, receive=150_000, exec_ns=20_000, desc="T,N,768,96,256,*,*,256,*,256,*,*,768")
+    assert placed(attach_library_calls(run_of([flash, other])))[12][0] is None
