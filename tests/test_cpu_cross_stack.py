@@ -53,7 +53,8 @@ def test_library_level_end_to_end(tmp_path: Path) -> None:
 
 def test_flash_attention_gemms_are_attributed_to_their_op(tmp_path: Path) -> None:
     # CPU flash attention runs one SGEMM per (query block, key block) on every intra-op
-    # thread: the sizes are block sizes, not input dimensions, and the calls overlap.
+    # thread: the sizes are block sizes, not input dimensions, and the calls overlap. They
+    # come in bursts while the program holds the GIL, so many lines are read late.
     script = SCRIPTS / "sdpa_attention.py"
     traced = run_cli("python", "-q", "--level", "library", "-o", str(tmp_path / "run"), str(script))
     assert traced.returncode == 0, traced.stderr.decode()
@@ -62,15 +63,13 @@ def test_flash_attention_gemms_are_attributed_to_their_op(tmp_path: Path) -> Non
     by_id = run.span_by_id()
     mkl = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") == "MKL"]
     assert run.meta["sources_info"]["cpu.library"]["mkl"] == len(mkl) > 12
-    placed_in_flash = [
-        s
-        for s in mkl
-        if s.parent_id is not None
-        and by_id[s.parent_id].name == "aten::_scaled_dot_product_flash_attention_for_cpu"
-        and s.attrs.get("ml.library.placement") == "estimated"  # placed by attach_library_calls
-    ]
-    # Before block sizes were accepted, the pass could place no call in the attention op.
-    # How many it places depends on how promptly the reader thread received the lines (they
-    # come in bursts from two threads while the program holds the GIL): only presence is checked.
-    assert placed_in_flash
-    assert run.meta["correlation"]["attach_library_calls"]["untimed"] >= len(placed_in_flash)
+    attached = [s for s in mkl if s.parent_id is not None and by_id[s.parent_id].level == Level.OP]
+    assert len(attached) / len(mkl) >= 0.95
+    # 2 layers x 3 calls: every flash-attention op issued calls and got them (placed by the pass).
+    flash = {
+        by_id[s.parent_id].id
+        for s in attached
+        if by_id[s.parent_id].name == "aten::_scaled_dot_product_flash_attention_for_cpu"
+        and s.attrs.get("ml.library.placement") == "estimated"
+    }
+    assert len(flash) == 6

@@ -110,16 +110,41 @@ def test_untimed_calls_never_go_back_in_issue_order_nor_to_long_finished_ops() -
     spans = [
         op(1, "aten::mm", 100_000, 200_000),
         op(2, "aten::mm", 300_000, 400_000),
-        mkl(10, 0, receive=350_000, exec_ns=10_000),  # in the second mm
-        mkl(11, 1, receive=352_000, exec_ns=60_000),  # ran beside 10 (another OpenMP thread): started before op 2
+        mkl(10, 0, receive=250_000, exec_ns=60_000),  # the first mm: the only op started in time
+        mkl(11, 1, receive=352_000, exec_ns=40_000),  # the first mm is full: the next one
         mkl(12, 2, receive=150_000_000, exec_ns=10_000),  # 149.6 ms after every op ended (max lag: 50 ms)
         mkl(13, 3, receive=50_000, exec_ns=10_000, name="MKL"),  # before any op
     ]
     got = placed(attach_library_calls(run_of(spans)))
-    assert got[10][0] == 2
-    assert got[11] == (2, 350_000, 352_000, MAIN)  # the op of the call before it; shortened to fit
+    assert got[10] == (1, 140_000, 200_000, MAIN)
+    assert got[11] == (2, 312_000, 352_000, MAIN)  # never back to op 1
     assert got[12] == (None, 149_990_000, 150_000_000, SOURCE)
     assert got[13] == (None, 40_000, 50_000, SOURCE)
+
+
+def test_calls_go_to_the_first_op_with_room_so_late_receipts_do_not_matter() -> None:
+    # Three projections with the same shapes, one SGEMM each. Read in one batch 5 ms later,
+    # every line has the same receipt time: issue order and each op's room place them.
+    shapes = [[768], [128, 768], [768, 768], [], []]
+    ops = [op(i, "aten::addmm", 100_000 * i, 100_000 * i + 60_000) for i in (1, 2, 3)]
+    for o in ops:
+        o.attrs["ml.input.shapes"] = shapes
+    desc = "T,N,768,128,768,*,*,768,*,768,*,*,768"
+    calls = [mkl(10 + i, i, receive=5_000_000, exec_ns=50_000, desc=desc) for i in range(3)]
+    got = placed(attach_library_calls(run_of([*ops, *calls])))
+    assert [got[10 + i][0] for i in range(3)] == [1, 2, 3]
+
+
+def test_an_op_that_issued_a_timed_call_issued_no_mkl_call() -> None:
+    # bf16 matmuls go through oneDNN (a timed line), so the MKL call belongs to the next op.
+    spans = [
+        op(1, "aten::addmm", 100_000, 200_000),
+        op(2, "aten::addmm", 300_000, 400_000),
+        onednn(10, 120_000, 180_000),
+        mkl(11, 11, receive=5_000_000, exec_ns=50_000),  # issued after the oneDNN call
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[10][0] == 1 and got[11][0] == 2
 
 
 def test_input_shapes_keep_a_late_call_out_of_the_next_op() -> None:
@@ -139,16 +164,19 @@ def test_input_shapes_keep_a_late_call_out_of_the_next_op() -> None:
     conv2 = op(4, "aten::_slow_conv2d_forward", 96_000, 120_000)
     conv2.attrs["ml.input.shapes"] = conv.attrs["ml.input.shapes"]
     assert placed(attach_library_calls(run_of([linear, conv2, late])))[12][0] == 3
-    # without recorded shapes only timing is left, and the late call goes to the op running then
+    # without recorded shapes, issue order and room still give the first call to the convolution
     del mm.attrs["ml.input.shapes"]
-    assert placed(attach_library_calls(run_of(spans)))[10][0] == 2
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[10][0] == 1 and got[11][0] == 2
 
 
 def test_batched_calls_skip_single_matrix_ops() -> None:
     spans = [op(1, "aten::bmm", 0, 100_000), op(2, "aten::addmm", 110_000, 200_000), mkl(10, 0, receive=150_000, exec_ns=20_000)]
     spans[2].attrs.update({"ml.library.kind": "SGEMM_BATCH", "ml.library.desc": "T,N,*,*,*"})
     assert placed(attach_library_calls(run_of(spans)))[10][0] == 1
-    spans[2].attrs["ml.library.kind"] = "SGEMM"  # a plain SGEMM received then would go to the running addmm
+    spans[2].attrs["ml.library.kind"] = "SGEMM"  # a plain SGEMM may come from either: the first with room
+    assert placed(attach_library_calls(run_of(spans)))[10][0] == 1
+    spans[0] = op(1, "aten::bmm", 0, 10_000)  # too short for a 20 µs call
     assert placed(attach_library_calls(run_of(spans)))[10][0] == 2
 
 
@@ -215,7 +243,6 @@ def test_late_untimed_call_is_bounded_by_the_next_timed_call_of_its_thread() -> 
 def test_no_bound_when_several_threads_issue_calls() -> None:
     # The oneDNN call ran on another thread: it says nothing about when the MKL call ended.
     spans = [
-        op(1, "aten::mm", 100_000, 200_000),
         op(2, "aten::mkldnn_convolution", 300_000, 400_000, track=WORKER),
         op(3, "aten::mm", 4_000_000, 4_100_000),
         mkl(10, 0, receive=4_200_000, exec_ns=50_000),
@@ -224,6 +251,9 @@ def test_no_bound_when_several_threads_issue_calls() -> None:
     got = placed(attach_library_calls(run_of(spans)))
     assert got[11][0] == 2
     assert got[10][0] == 3
+    # on one thread the same oneDNN call bounds the MKL call's end to 310 µs: no op fits
+    spans[0] = op(2, "aten::mkldnn_convolution", 300_000, 400_000)
+    assert placed(attach_library_calls(run_of(spans)))[10][0] is None
 
 
 def test_flash_attention_calls_have_block_sizes() -> None:

@@ -12,36 +12,47 @@ current track. Without a containing OP span, the innermost containing span of
 any other CPU level (layer, model, user) is used.
 
 Untimed calls (every MKL call; ``ml.library.untimed``) ended at or before the
-time ``r`` their line was received, having run ``d`` ns. They are taken in
-issue order (``ml.library.seq``) and given to *leaf caller ops*: OP spans
-named in ``MKL_CALLER_OPS`` with no such op nested inside them on their
-track (``aten::linear`` → its ``aten::addmm``); untimed oneDNN calls use leaf
-OP spans (no OP inside) instead. A call goes to the caller op that started
-last among those that
-
-- started by ``r − d + slack_ns`` (before the call could have started),
-- ended after ``r − max_lag_ns`` (not long before the line arrived),
-- come no earlier than the previous call's op (issue order); that op itself
-  stays a candidate while it ran, since MKL runs some calls of one op in
-  parallel (attention heads on two OpenMP threads),
-- are not ruled out by shapes (``_compatible``): a batched call never comes
-  from a single-matrix op; with recorded input shapes (``ml.input.shapes``,
-  torch.profiler's ``record_shapes``), a GEMM-like op's (``GEMM_OPS``) inputs
-  must have M, N and K among their dimensions (flash attention, which multiplies
-  blocks: one of them), and a native convolution's
-  (``IM2COL_OPS``) weight must give N and K.
-
-Without shapes, timing alone decides, which is right while the receive delay
-stays below the gap between two caller ops (tens of µs on an idle machine;
-milliseconds when the reader thread is starved of CPU, or reads in batches).
+time ``r`` their line was received, having run ``d`` ns; ``r`` may be late by
+however long the reader took (it reads in batches, and waits for the GIL).
 When one thread issued every call (the ops that issued timed calls and every
 MKL caller op are on one track), ``r`` is first lowered to the start of the
 next timed call in issue order: calls of one thread run one after another,
-so the untimed call had ended by then, however late its line was read. The call is then
-laid out inside its op: it ends at ``min(r, op end)``, lasts ``d`` where room
-allows, does not start before the previous call in the same op ends (it is
-shortened instead), and gets ``ml.library.placement = "estimated"``. Calls
-with no candidate keep their parent and track and are counted.
+so the untimed call had ended by then, however late its line was read.
+
+MKL calls are taken in issue order (``ml.library.seq``) and given to *leaf
+caller ops*: OP spans named in ``MKL_CALLER_OPS`` with no such op nested
+inside them on their track (``aten::linear`` → its ``aten::addmm``), leaving
+out ops that issued a timed oneDNN call (they took that path). A call goes to
+the *first* caller op, from the previous call's op on, that
+
+- started by ``r − d + slack_ns`` (before the call could have started),
+- ended after ``r − max_lag_ns`` (not long before the line arrived),
+- is not ruled out by shapes (``_compatible``): a batched call never comes
+  from a single-matrix op; with recorded input shapes (``ml.input.shapes``,
+  torch.profiler's ``record_shapes``), a GEMM-like op's (``GEMM_OPS``) inputs
+  must have M, N and K among their dimensions; flash attention
+  (``BLOCKED_GEMM_OPS``), which multiplies blocks, must have its head
+  dimension among them and no block longer than the sequence; and a native
+  convolution's (``IM2COL_OPS``) weight must give N and K,
+- has room for it: it fits (with 10 % of ``d`` to spare) after the calls
+  already laid out in the op and after the previous call in any op, since
+  MKL is called from one thread at a time — except by flash attention, whose
+  intra-op threads call it in parallel: there the call only has to fit in the op.
+
+So receipt time only bounds the search, and a late line (read in a batch,
+or while the program held the GIL) lands where a prompt one would
+(``benchmarks/mkl_placement.py`` measures this on a recorded run). What
+issue order cannot tell is a caller op that made no MKL call at all (a tiny
+matrix on torch's own path) followed by one that did, with compatible shapes:
+the call goes to the first. Untimed oneDNN calls (no
+``ONEDNN_VERBOSE_TIMESTAMP``) use leaf OP spans (no OP inside) and the
+earlier rule: the op that started last among those allowed above.
+
+A call is then laid out inside its op: it ends at ``min(r, op end)``, lasts
+``d`` where room allows, does not start before the previous call in the same
+op (or, for MKL outside flash attention, any op) ends (it is shortened
+instead), and gets ``ml.library.placement = "estimated"``. Calls with no
+candidate keep their parent and track and are counted.
 """
 
 from __future__ import annotations
@@ -166,8 +177,15 @@ def _compatible(call: Span, op: Span) -> bool:
         dims = _input_dims(op)
         return dims is None or all(n in dims for n in sizes)
     if op.name in BLOCKED_GEMM_OPS:
-        dims = _input_dims(op)
-        return dims is None or any(n in dims for n in sizes)
+        # (key block, query block, head dim) or (head dim, query block, key block): the head
+        # dimension (the query's last) is one of them, and no block exceeds the sequence.
+        shapes = op.attrs.get("ml.input.shapes")
+        if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or len(shapes[0]) < 2:
+            return True
+        seq, head = shapes[0][-2], shapes[0][-1]
+        if not isinstance(seq, int) or not isinstance(head, int):
+            return True
+        return head in sizes and all(n <= max(seq, head) for n in sizes)
     if op.name in IM2COL_OPS and len(sizes) == 3:
         shapes = op.attrs.get("ml.input.shapes")
         if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
@@ -241,6 +259,43 @@ def _end_bounds(library: list[Span]) -> dict[int, int]:
     return bounds
 
 
+def _first_fit(
+    call: Span,
+    callers: list[Span],
+    cur: int,
+    d: int,
+    upper: int,
+    lower: int,
+    slack_ns: int,
+    last_end: dict[int, int],
+    prev_end: int,
+) -> int:
+    """Index of the first caller op, from ``cur`` on, that can have issued ``call``; -1 if none.
+
+    The op must have started before the call could have (``upper - d``, the
+    call having ended by ``upper``), still run at ``lower``, not be ruled out by
+    shapes, and have room for the call: after the calls already laid out in it
+    and after the previous sequential call (MKL is called from one thread),
+    allowing 10 % on the call's own duration. A blocked op (flash attention)
+    runs its calls in parallel on its intra-op threads, so each call only has
+    to fit in the op.
+    """
+    for i in range(cur, len(callers)):
+        op = callers[i]
+        if op.start_ns > upper - d + slack_ns:
+            break  # sorted by start: no later op qualifies
+        if op.end_ns < lower or not _compatible(call, op):
+            continue
+        if op.name in BLOCKED_GEMM_OPS:
+            if d <= op.end_ns - op.start_ns + slack_ns:
+                return i
+            continue
+        t0 = max(op.start_ns, last_end.get(op.id, op.start_ns), prev_end)
+        if t0 + d <= op.end_ns + slack_ns + d // 10:
+            return i
+    return -1
+
+
 def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_000_000) -> Run:
     """Sets the parent (and track) of each CPU library span to the op that issued it.
 
@@ -293,21 +348,46 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 50_0
         key=lambda s: (s.attrs.get("ml.library.seq", 0), s.id),
     )
     if untimed:
-        mkl_callers = _leaf_callers(ops, lambda o: o.name in MKL_CALLER_OPS)
+        # An op that issued a timed (oneDNN) call took that path, not MKL (bf16 matmuls).
+        onednn_issuers = {span.parent_id for span in replaced.values()}
+        mkl_callers = _leaf_callers(ops, lambda o: o.name in MKL_CALLER_OPS and o.id not in onednn_issuers)
         op_leaves = _leaf_callers(ops, lambda o: True)
         issuing_tracks.update(op.track_id for op in mkl_callers)
         bounds = _end_bounds(library) if len(issuing_tracks) <= 1 else {}
         cursors = {"MKL": 0, "oneDNN": 0}
         used = {"MKL": False, "oneDNN": False}
         last_end: dict[int, int] = {}  # op id -> end of the last call laid out in it
+        prev_end = -1  # end of the last MKL call laid out in a sequential op
         for s in untimed:
             lib = s.attrs["ml.library.name"]
             callers = mkl_callers if lib == "MKL" else op_leaves
             d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
-            r = s.attrs.get("ml.library.receive_ns", s.end_ns)
-            r = min(r, bounds.get(s.id, r))
+            received = s.attrs.get("ml.library.receive_ns", s.end_ns)
+            r = min(received, bounds.get(s.id, received))
             chosen = -1
             cur = cursors[lib]
+            if lib == "MKL":
+                chosen = _first_fit(s, callers, cur, d, r, received - max_lag_ns, slack_ns, last_end, prev_end)
+                if chosen < 0:
+                    counts["unattached"] += 1
+                    continue
+                cursors[lib] = chosen
+                op = callers[chosen]
+                # Laid out as late as its receipt allows, after the calls before it.
+                end = max(op.start_ns, min(r, op.end_ns))
+                floor = max(op.start_ns, last_end.get(op.id, op.start_ns))
+                if op.name not in BLOCKED_GEMM_OPS:
+                    floor = max(floor, min(prev_end, op.end_ns))
+                start = max(floor, end - d)
+                end = max(end, start)
+                last_end[op.id] = end
+                if op.name not in BLOCKED_GEMM_OPS:
+                    prev_end = end
+                attrs = dict(s.attrs)
+                attrs["ml.library.placement"] = "estimated"
+                replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
+                counts["untimed"] += 1
+                continue
             if (
                 used[lib]
                 and cur < len(callers)

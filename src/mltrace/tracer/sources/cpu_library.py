@@ -214,11 +214,12 @@ class CpuLibrarySource:
             self._problems.append("verbose output switched on through the environment stays on after the session (TensorFlow)")
         self._saved_env = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
-        # Read oneDNN lines (which carry their own timestamps) in batches: waking
-        # the reader once per line took the GIL from the program 80 times a
-        # ResNet-18 inference (+9 % against +5 %, see FdTap's batch_s). MKL
-        # lines are placed by their receipt time: after one, no batching.
-        self._tap = FdTap(batch_s=_READ_BATCH_S, urgent=(b"MKL_VERBOSE",))
+        # Read every line in batches: waking the reader once per line took the
+        # GIL from the program 80 times a ResNet-18 inference (+9 % against +5 %,
+        # see FdTap's batch_s). oneDNN lines carry their own timestamps; MKL
+        # calls are placed by issue order and room in their ops, their receipt
+        # time only bounding the search (passes/library.py).
+        self._tap = FdTap(batch_s=_READ_BATCH_S)
         try:
             self._tap.start()
             self._hook = PostImportHook("torch", self._switch_on)
