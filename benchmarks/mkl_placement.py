@@ -1,12 +1,12 @@
-"""How MKL call placement depends on prompt line receipt, from a recorded run.
+"""How MKL call placement depends on when the lines were received, from a recorded run.
 
-MKL_VERBOSE lines carry no timestamp: ``attach_library_calls`` places each
-untimed call by its line's receipt time, so the fd tap reads MKL lines as soon
-as they arrive (one reader wake-up per line). This script measures what reading
-them later would cost in attribution: it takes a run recorded at ``--level
-library``, delays every MKL line's receipt to the end of a simulated read batch
-(plus up to 0.2 ms), re-runs the pass, and counts the calls that keep the op the
-prompt receipts gave them.
+MKL_VERBOSE lines carry no timestamp; ``attach_library_calls`` places each
+untimed call by issue order and room in its op, its line's receipt time only
+bounding the search (an earlier rule, which needed prompt receipts, gave each
+call to the op running when its line arrived). This script takes a run recorded
+at ``--level library``, delays every MKL line's receipt to the end of a
+simulated read batch (plus up to 0.2 ms), re-runs the pass, and counts the
+calls that keep the op the receipts as recorded gave them.
 
     mltrace python --level library -o RUN examples/infer.py
     python benchmarks/mkl_placement.py RUN [--batches-ms 2,10,20] [--seeds 3]

@@ -6,7 +6,8 @@ to the track of its op and sets its parent. Rules:
 
 Timed calls (oneDNN with ``ONEDNN_VERBOSE_TIMESTAMP``): the parent is the
 innermost OP span, on any thread track of the run, whose interval contains
-the call's (each end widened by ``slack_ns``: oneDNN stamps with a µs clock).
+the call's (each end widened by ``slack_ns``: oneDNN stamps with a µs clock;
+a call that overhangs its parent by less than that is clipped to it).
 Innermost means latest start, then earliest end; a tie prefers the call's
 current track. Without a containing OP span, the innermost containing span of
 any other CPU level (layer, model, user) is used.
@@ -342,7 +343,10 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
             continue
         counts["timed"] += 1
         issuing_tracks.add(parent.track_id)
-        replaced[s.id] = Span(s.id, parent.id, s.level, s.name, s.start_ns, s.end_ns, parent.track_id, dict(s.attrs))
+        # Inside its parent within the slack (µs stamps): clipped to it, so it nests.
+        start = min(max(s.start_ns, parent.start_ns), parent.end_ns)
+        end = max(min(s.end_ns, parent.end_ns), start)
+        replaced[s.id] = Span(s.id, parent.id, s.level, s.name, start, end, parent.track_id, dict(s.attrs))
 
     untimed = sorted(
         (s for s in library if s.attrs.get("ml.library.untimed")),
