@@ -309,7 +309,10 @@ class CpuLibrarySource:
         spans, counts = library_spans(lines, session.anchor.epoch_to_session, self._track_id, session.new_id, framework)
         session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts}
         if counts["untimed"]:
-            session.note_limitation(f"{counts['untimed']} library calls (MKL) carry no timestamp: placed by receive time and issue order")
+            session.note_limitation(
+                f"{counts['untimed']} library calls (MKL) carry no timestamp: placed in their ops by issue order, "
+                "shapes and duration (times estimated)"
+            )
         for problem in self._problems:
             session.note_limitation(f"{self.name}: {problem}")
         return list(spans)
