@@ -90,11 +90,12 @@ def test_untimed_mkl_calls_follow_issue_order_into_leaf_caller_ops() -> None:
         op(5, "aten::bmm", 300_000, 400_000),
         op(6, "aten::_scaled_dot_product_flash_attention_for_cpu", 500_000, 530_000),
         mkl(20, 0, receive=185_000, exec_ns=50_000),  # ends inside addmm
-        mkl(21, 1, receive=420_000, exec_ns=30_000),  # received after bmm ended (reader delay)
+        mkl(21, 1, receive=420_000, exec_ns=30_000),  # received after bmm ended (reader delay): bmm's one batched call
         mkl(22, 2, receive=510_000, exec_ns=10_000),  # three calls in one attention op
         mkl(23, 3, receive=515_000, exec_ns=10_000),
         mkl(24, 4, receive=520_000, exec_ns=10_000),
     ]
+    spans[7].attrs["ml.library.kind"] = "SGEMM_BATCH"
     out = attach_library_calls(run_of(spans))
     got = placed(out)
     assert got[20] == (3, 135_000, 185_000, MAIN)
@@ -270,3 +271,22 @@ def test_flash_attention_calls_have_block_sizes() -> None:
     # a GEMM sharing no dimension with the inputs is still ruled out
     other = mkl(12, 0, receive=150_000, exec_ns=20_000, desc="T,N,768,96,256,*,*,256,*,256,*,*,768")
     assert placed(attach_library_calls(run_of([flash, other])))[12][0] is None
+
+
+def test_an_op_making_several_calls_keeps_them_when_lines_come_late() -> None:
+    # A native convolution makes one im2col GEMM per image; read late, both lines share a
+    # receipt time. Room packed from the op's start keeps both in it; the next op gets the next.
+    conv = op(1, "aten::_slow_conv2d_forward", 0, 100_000)
+    conv.attrs["ml.input.shapes"] = [[2, 2, 8, 8], [4, 2, 3, 3], [], [4], [], []]
+    mm = op(2, "aten::mm", 110_000, 200_000)
+    im2col = "N,N,36,4,18,*,*,36,*,18,*,*,36"
+    spans = [
+        conv,
+        mm,
+        mkl(10, 0, receive=5_000_000, exec_ns=40_000, desc=im2col),
+        mkl(11, 1, receive=5_000_000, exec_ns=40_000, desc=im2col),
+        mkl(12, 2, receive=5_000_000, exec_ns=40_000),
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert [got[i][0] for i in (10, 11, 12)] == [1, 1, 2]
+    assert got[10][2] <= got[11][1]  # laid out one after the other

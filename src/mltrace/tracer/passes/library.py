@@ -35,10 +35,13 @@ the *first* caller op, from the previous call's op on, that
   (``BLOCKED_GEMM_OPS``), which multiplies blocks, must have its head
   dimension among them and no block longer than the sequence; and a native
   convolution's (``IM2COL_OPS``) weight must give N and K,
-- has room for it: it fits (with 10 % of ``d`` to spare) after the calls
-  already laid out in the op and after the previous call in any op, since
-  MKL is called from one thread at a time — except by flash attention, whose
-  intra-op threads call it in parallel: there the call only has to fit in the op.
+- has room for it: a single-matrix op (``aten::addmm``, ``aten::mm``, …)
+  makes one call, and a batched one (``aten::bmm``) one batched call; other
+  ops (a native convolution makes one GEMM per image) fit the call, with 10 %
+  of ``d`` to spare, after the calls already given to them packed from their
+  start and after the previous call of their thread, since MKL is called from
+  one thread at a time — except by flash attention, whose intra-op threads
+  call it in parallel: there the call only has to fit in the op.
 
 So receipt time only bounds the search, and a late line (read in a batch,
 or while the program held the GIL) lands where a prompt one would
@@ -51,8 +54,8 @@ earlier rule: the op that started last among those allowed above.
 
 A call is then laid out inside its op: it ends at ``min(r, op end)``, lasts
 ``d`` where room allows, does not start before the previous call in the same
-op (or, for MKL outside flash attention, any op) ends (it is shortened
-instead), and gets ``ml.library.placement = "estimated"``. Calls with no
+op ends (it is shortened instead), and gets ``ml.library.placement =
+"estimated"``. Calls with no
 candidate keep their parent and track and are counted.
 """
 
@@ -130,6 +133,7 @@ IM2COL_OPS = frozenset({"aten::_slow_conv2d_forward", "aten::thnn_conv2d", "aten
 """Native convolutions that lower to one GEMM per image (checked by weight shape)."""
 
 _SINGLE_GEMM_OPS = frozenset({"aten::addmm", "aten::_addmm_activation", "aten::mm", "aten::addmv", "aten::addmv_", "aten::mv"})
+_BATCHED_GEMM_OPS = frozenset({"aten::bmm", "aten::baddbmm"})
 _CONTEXT_LEVELS = (Level.MODEL, Level.LAYER, Level.USER)
 _GEMM = re.compile(r"[SDCZ]GEMM(?:_BATCH_STRIDED)?\Z")
 _GEMV = re.compile(r"[SDCZ]GEMV\Z")
@@ -268,18 +272,23 @@ def _first_fit(
     upper: int,
     lower: int,
     slack_ns: int,
-    last_end: dict[int, int],
-    prev_end: int,
-) -> int:
-    """Index of the first caller op, from ``cur`` on, that can have issued ``call``; -1 if none.
+    filled: dict[int, int],
+    thread_filled: dict[int, int],
+    complete: set[int],
+) -> tuple[int, int]:
+    """The first caller op, from ``cur`` on, that can have issued ``call``, and where the call starts in it.
 
     The op must have started before the call could have (``upper - d``, the
     call having ended by ``upper``), still run at ``lower``, not be ruled out by
-    shapes, and have room for the call: after the calls already laid out in it
-    and after the previous sequential call (MKL is called from one thread),
+    shapes, and have room for the call. A single-matrix op (``aten::addmm``,
+    ``aten::mm``, …) makes one call, and so does a batched one (``aten::bmm``)
+    that made a batched call (``SGEMM_BATCH``): ``complete`` holds those. Otherwise
+    room is counted with the calls packed from the op's start: after those already given to it (``filled``: op id →
+    end of its packed calls) and after the previous call of its thread
+    (``thread_filled``: track → end; MKL is called from one thread at a time),
     allowing 10 % on the call's own duration. A blocked op (flash attention)
     runs its calls in parallel on its intra-op threads, so each call only has
-    to fit in the op.
+    to fit in the op. Returns ``(-1, 0)`` when no op qualifies.
     """
     for i in range(cur, len(callers)):
         op = callers[i]
@@ -289,12 +298,14 @@ def _first_fit(
             continue
         if op.name in BLOCKED_GEMM_OPS:
             if d <= op.end_ns - op.start_ns + slack_ns:
-                return i
+                return i, op.start_ns
             continue
-        t0 = max(op.start_ns, last_end.get(op.id, op.start_ns), prev_end)
+        if op.id in complete:
+            continue  # one matrix product, or one batched call, made already
+        t0 = max(op.start_ns, filled.get(op.id, op.start_ns), thread_filled.get(op.track_id, op.start_ns))
         if t0 + d <= op.end_ns + slack_ns + d // 10:
-            return i
-    return -1
+            return i, t0
+    return -1, 0
 
 
 def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_000_000) -> Run:
@@ -362,7 +373,9 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
         cursors = {"MKL": 0, "oneDNN": 0}
         used = {"MKL": False, "oneDNN": False}
         last_end: dict[int, int] = {}  # op id -> end of the last call laid out in it
-        prev_end = -1  # end of the last MKL call laid out in a sequential op
+        filled: dict[int, int] = {}  # op id -> end of the MKL calls packed into it from its start
+        complete: set[int] = set()  # ops that made the one call they make
+        thread_filled: dict[int, int] = {}  # track -> end of its last packed (sequential) MKL call
         for s in untimed:
             lib = s.attrs["ml.library.name"]
             callers = mkl_callers if lib == "MKL" else op_leaves
@@ -372,22 +385,23 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
             chosen = -1
             cur = cursors[lib]
             if lib == "MKL":
-                chosen = _first_fit(s, callers, cur, d, r, received - max_lag_ns, slack_ns, last_end, prev_end)
+                chosen, packed_start = _first_fit(
+                    s, callers, cur, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete
+                )
                 if chosen < 0:
                     counts["unattached"] += 1
                     continue
                 cursors[lib] = chosen
                 op = callers[chosen]
-                # Laid out as late as its receipt allows, after the calls before it.
-                end = max(op.start_ns, min(r, op.end_ns))
-                floor = max(op.start_ns, last_end.get(op.id, op.start_ns))
                 if op.name not in BLOCKED_GEMM_OPS:
-                    floor = max(floor, min(prev_end, op.end_ns))
-                start = max(floor, end - d)
+                    filled[op.id] = thread_filled[op.track_id] = packed_start + d
+                if op.name in _SINGLE_GEMM_OPS or (op.name in _BATCHED_GEMM_OPS and "_BATCH" in str(s.attrs.get("ml.library.kind", ""))):
+                    complete.add(op.id)
+                # Laid out as late as its receipt allows, after the calls before it in the op.
+                end = max(op.start_ns, min(r, op.end_ns))
+                start = max(op.start_ns, end - d, last_end.get(op.id, op.start_ns))
                 end = max(end, start)
                 last_end[op.id] = end
-                if op.name not in BLOCKED_GEMM_OPS:
-                    prev_end = end
                 attrs = dict(s.attrs)
                 attrs["ml.library.placement"] = "estimated"
                 replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
