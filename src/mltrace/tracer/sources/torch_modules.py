@@ -207,7 +207,7 @@ class TorchModuleSource:
 
             if args:
                 # One plain tensor is the common case: skip the generic walk and
-                # keep the bare (shape, dtype) pair (``_finish`` reads both forms).
+                # keep the bare (shape, dtype) pair (``_converted`` reads both forms).
                 first = args[0]
                 shapes_in = (first.shape, first.dtype) if type(first) is tensor and len(args) == 1 else raw_shapes(args)
             else:
