@@ -218,6 +218,8 @@ class OutermostCallTimer:
 
     def install(self, torch: Any) -> None:
         """Wraps ``torch.nn.Module.__call__`` (idempotent)."""
+        from mltrace.tracer.sources.torch_modules import calls_impl_directly
+
         if self._original is not None:
             return
         module_cls = torch.nn.Module
@@ -230,7 +232,7 @@ class OutermostCallTimer:
         # Nested calls take the same short path as mltrace's model-level wrapper (thread-local
         # attribute, then ``_call_impl`` directly when ``__call__`` is torch's own): a slower
         # pass-through here would make "plain" slower than the model level it is compared with.
-        direct = original is getattr(module_cls, "_wrapped_call_impl", None)
+        direct = calls_impl_directly(module_cls, original)
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:

@@ -308,6 +308,32 @@ def _first_fit(
     return -1, 0
 
 
+def _last_started(call: Span, callers: list[Span], cur: int, used: bool, d: int, upper: int, max_lag_ns: int, slack_ns: int) -> int:
+    """Index of the caller op, from ``cur`` on, that started last before ``call`` could have; -1 if none.
+
+    The rule for untimed oneDNN calls: among the ops that started by
+    ``upper - d``, still ran ``max_lag_ns`` before ``upper`` and are not ruled
+    out by shapes, the latest. The op at ``cur`` (the previous call's) stays a
+    candidate while it ran, since calls of one op may overlap (two OpenMP threads).
+    """
+    chosen = -1
+    if (
+        used
+        and cur < len(callers)
+        and callers[cur].start_ns <= upper
+        and callers[cur].end_ns >= upper - max_lag_ns
+        and _compatible(call, callers[cur])
+    ):
+        chosen = cur
+    for i in range(cur, len(callers)):
+        op = callers[i]
+        if op.start_ns > upper - d + slack_ns:
+            break  # sorted by start: no later op qualifies
+        if op.end_ns >= upper - max_lag_ns and _compatible(call, op):
+            chosen = i
+    return chosen
+
+
 def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_000_000) -> Run:
     """Sets the parent (and track) of each CPU library span to the op that issued it.
 
@@ -382,53 +408,25 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
             d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
             received = s.attrs.get("ml.library.receive_ns", s.end_ns)
             r = min(received, bounds.get(s.id, received))
-            chosen = -1
             cur = cursors[lib]
             if lib == "MKL":
                 chosen, packed_start = _first_fit(
                     s, callers, cur, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete
                 )
-                if chosen < 0:
-                    counts["unattached"] += 1
-                    continue
-                cursors[lib] = chosen
-                op = callers[chosen]
-                if op.name not in BLOCKED_GEMM_OPS:
-                    filled[op.id] = thread_filled[op.track_id] = packed_start + d
-                if op.name in _SINGLE_GEMM_OPS or (op.name in _BATCHED_GEMM_OPS and "_BATCH" in str(s.attrs.get("ml.library.kind", ""))):
-                    complete.add(op.id)
-                # Laid out as late as its receipt allows, after the calls before it in the op.
-                end = max(op.start_ns, min(r, op.end_ns))
-                start = max(op.start_ns, end - d, last_end.get(op.id, op.start_ns))
-                end = max(end, start)
-                last_end[op.id] = end
-                attrs = dict(s.attrs)
-                attrs["ml.library.placement"] = "estimated"
-                replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
-                counts["untimed"] += 1
-                continue
-            if (
-                used[lib]
-                and cur < len(callers)
-                and callers[cur].start_ns <= r
-                and callers[cur].end_ns >= r - max_lag_ns
-                and _compatible(s, callers[cur])
-            ):
-                # Calls of one op may overlap (parallel SGEMMs on two OpenMP
-                # threads): the previous call's op stays a candidate.
-                chosen = cur
-            for i in range(cur, len(callers)):
-                op = callers[i]
-                if op.start_ns > r - d + slack_ns:
-                    break  # sorted by start: no later op qualifies
-                if op.end_ns >= r - max_lag_ns and _compatible(s, op):
-                    chosen = i
+            else:
+                chosen = _last_started(s, callers, cur, used[lib], d, r, max_lag_ns, slack_ns)
             if chosen < 0:
                 counts["unattached"] += 1
                 continue
             cursors[lib] = chosen
             used[lib] = True
             op = callers[chosen]
+            if lib == "MKL":
+                if op.name not in BLOCKED_GEMM_OPS:
+                    filled[op.id] = thread_filled[op.track_id] = packed_start + d
+                if op.name in _SINGLE_GEMM_OPS or (op.name in _BATCHED_GEMM_OPS and "_BATCH" in str(s.attrs.get("ml.library.kind", ""))):
+                    complete.add(op.id)
+            # Laid out as late as its receipt allows, after the calls before it in the op.
             end = max(op.start_ns, min(r, op.end_ns))
             start = max(op.start_ns, end - d, last_end.get(op.id, op.start_ns))
             end = max(end, start)  # never after its receipt, unless pushed by the call before

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
 
-def _calls_impl_directly(module_cls: Any, original: Any) -> bool:
+def calls_impl_directly(module_cls: Any, original: Any) -> bool:
     """Whether a wrapper may call ``module._call_impl`` itself instead of ``original``.
 
     Torch's own ``Module.__call__`` (``_wrapped_call_impl``) does nothing but
@@ -61,10 +61,10 @@ _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 # filled in by the drain (``_place``), never by the traced program.
 MODULE, PARENT, ID, START, END, IN, OUT, KID, ROOT, SPAN = range(10)
 
-#: What the drain caches per (parent module, parent path, child): a weak
-#: reference to the child, its path, its facts, and the attributes every span of
-#: it starts from.
-_Kid = tuple["weakref.ref[Any]", str, "_Static", "dict[str, Any]"]
+#: What the drain caches per (parent module, parent path, child): the child's
+#: path, its facts (whose weak reference identifies the child), and the
+#: attributes every span of it starts from.
+_Kid = tuple[str, "_Static", "dict[str, Any]"]
 
 #: Converted (shape, dtype) pairs kept at most; the cache starts over beyond.
 _SHAPE_CACHE_MAX = 4096
@@ -175,7 +175,7 @@ class TorchModuleSource:
         """
         assert self._session is not None
         original = module_cls.__call__
-        direct = _calls_impl_directly(module_cls, original)
+        direct = calls_impl_directly(module_cls, original)
         tls = self._tls
         new_stack = self._new_stack
         raw_shapes = self._raw_shapes
@@ -241,7 +241,7 @@ class TorchModuleSource:
         the outermost call per thread and lets nested calls through untouched.
         """
         original = module_cls.__call__
-        direct = _calls_impl_directly(module_cls, original)
+        direct = calls_impl_directly(module_cls, original)
         tls = self._tls
         new_stack = self._new_stack
         model_begin = self._model_begin
@@ -333,17 +333,17 @@ class TorchModuleSource:
 
     def _layer_span(self, frame: list[Any]) -> Span:
         kid = self._place(frame)
-        attrs = kid[3].copy()
+        attrs = kid[2].copy()
         self._add_shapes(attrs, frame[IN], frame[OUT])
-        return Span(frame[ID], frame[PARENT][ID], Level.LAYER, kid[1], frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
+        return Span(frame[ID], frame[PARENT][ID], Level.LAYER, kid[0], frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
 
     def _place(self, frame: list[Any]) -> _Kid:
         """The frame's cache entry (path, facts, attributes); fills in KID and ROOT up its parent chain.
 
         A path depends on the parent module, the parent's path and the module,
         so entries are cached in the parent's facts under (parent path,
-        id(module)) and checked against a weak reference to the module: a
-        module that reuses a dead one's id gets its own entry.
+        id(module)) and checked against the weak reference in the module's
+        facts: a module that reuses a dead one's id gets its own entry.
         """
         kid: _Kid | None = frame[KID]
         if kid is not None:
@@ -358,13 +358,13 @@ class TorchModuleSource:
         parent_kid: _Kid = known[KID]
         for f in reversed(chain):
             module = f[MODULE]
-            parent_path, parent_facts = parent_kid[1], parent_kid[2]
+            parent_path, parent_facts = parent_kid[0], parent_kid[1]
             key = (parent_path, id(module))
             kid = parent_facts.kids.get(key)
-            if kid is None or kid[0]() is not module:
+            if kid is None or kid[1].ref() is not module:
                 facts = self._static_of(module)
                 path = self._path(parent[MODULE], parent_path, module, root[MODULE])
-                kid = parent_facts.kids[key] = (facts.ref, path, facts, {**facts.attrs, "ml.layer.path": path})
+                kid = parent_facts.kids[key] = (path, facts, {**facts.attrs, "ml.layer.path": path})
             f[KID] = kid
             f[ROOT] = root
             parent, parent_kid = f, kid
@@ -543,7 +543,7 @@ class TorchModuleSource:
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
-        frame = [module, None, span.id, span.start_ns, -1, None, None, (static.ref, "", static, static.attrs), None, span]
+        frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs), None, span]
         stack.append(frame)
         return frame
 
