@@ -118,9 +118,11 @@ class FdTap:
             line (80 a ResNet-18 inference) cost it ≈ 6 %. Lines keep the
             time they were read, so a line's receipt time can be this much
             later than its write.
-        urgent: prefixes of lines whose receipt time matters (untimed MKL
-            lines are placed by it): after a read that contained one, the
-            reader does not sleep, since more tend to follow.
+        urgent: prefixes of lines whose receipt time should stay close to
+            their write: after a read that contained one, the reader does not
+            sleep, since more tend to follow. The library source reads every
+            line in batches (MKL placement no longer leans on receipt time);
+            ``benchmarks/library_tap.py`` compares both.
         reader: ``"thread"`` (in this process) or ``"process"``: a small
             child process (``python -m mltrace.tracer.fdtap``) reads the pipe,
             so reading never takes the GIL from the program and a writer that
