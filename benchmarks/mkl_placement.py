@@ -18,7 +18,7 @@ import argparse
 import random
 import sys
 
-from mltrace.run.store import Run, load_run
+from mltrace.run.store import Run, RunError, load_run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span
 from mltrace.tracer.passes.library import attach_library_calls
@@ -49,7 +49,11 @@ def main() -> int:
     parser.add_argument("--batches-ms", default="2,10,20", help="simulated read batches (ms), comma list")
     parser.add_argument("--seeds", type=int, default=3, help="batch phases tried per batch length")
     args = parser.parse_args()
-    run = load_run(args.run)
+    try:
+        run = load_run(args.run)
+    except RunError as exc:
+        print(f"mkl_placement: {exc}", file=sys.stderr)
+        return 2
     reference = untimed_parents(attach_library_calls(run))
     if not reference:
         print(f"{args.run}: no untimed (MKL) library calls", file=sys.stderr)
