@@ -7,8 +7,15 @@ inside and outside a session.
 
     python benchmarks/overhead.py            # full (a few minutes on 2 cores)
     python benchmarks/overhead.py --quick    # smoke run
+    python benchmarks/overhead.py --device cuda --conditions layer,kernel,kernel-cupti,torch.profiler
 
-Prints a table; ``--json FILE`` writes the figures. ONNX Runtime and Keras are
+Prints a table; ``--json FILE`` writes the figures. With ``--device cuda`` the
+models run on the GPU, every timed call ends with ``torch.cuda.synchronize()``,
+``torch.profiler`` alone records CUDA activity too, and two kernel-level
+conditions compare the kernel paths: ``kernel`` (Kineto, the default path with
+torch) and ``kernel-cupti`` (``MLTRACE_KERNEL_PATH=cupti-python``).
+
+ONNX Runtime and Keras are
 measured the same way by ``benchmarks/overhead_frameworks.py``; per-call costs
 by ``benchmarks/span_cost.py``.
 """
@@ -16,6 +23,7 @@ by ``benchmarks/span_cost.py``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -47,30 +55,58 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "layer": {"level": "layer"},
     "op": {"level": "op"},
     "library": {"level": "library"},  # the full CPU trace: model + layer + op + library
+    "kernel": {"level": "kernel"},  # GPU: every level, kernels through Kineto (the default path with torch)
+    "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
     "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
 }
+#: Environment each condition runs under (read when its session starts).
+CONDITION_ENV: dict[str, dict[str, str]] = {"kernel-cupti": {"MLTRACE_KERNEL_PATH": "cupti-python"}}
 
 
 class _TorchProfilerAlone:
-    """torch.profiler as users run it, for the side-by-side baseline."""
+    """torch.profiler as users run it, for the side-by-side baseline (CUDA activity too on a GPU)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
 
     def __enter__(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        self._prof = profile(activities=[ProfilerActivity.CPU], record_shapes=True)
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.cuda else [])]
+        self._prof = profile(activities=activities, record_shapes=True)
         self._prof.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         self._prof.__exit__(None, None, None)
 
 
-def _condition(name: str, out: Path) -> Any:
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Any:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _condition(name: str, out: Path, cuda: bool = False) -> Any:
     if name == "torch.profiler":
-        return _TorchProfilerAlone()
-    return mltrace.profile(output=out, summary=False, **CONDITIONS[name])
+        with _TorchProfilerAlone(cuda):
+            yield
+        return
+    with _environ(CONDITION_ENV.get(name, {})), mltrace.profile(output=out, summary=False, **CONDITIONS[name]):
+        yield
 
 
-def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str]) -> dict[str, Any]:
+def measure_model(
+    name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str], cuda: bool = False
+) -> dict[str, Any]:
     """Median ns per call, plain and per condition, from interleaved rounds."""
     for _ in range(3):
         fn()  # warm-up: allocator, oneDNN primitive cache
@@ -82,7 +118,7 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
             samples["plain"] += block
             blocks["plain"].append(statistics.median(block))
             for c in conditions:
-                with _condition(c, Path(tmp) / f"{c}-{r}"):
+                with _condition(c, Path(tmp) / f"{c}-{r}", cuda):
                     fn()  # first call under a new session: outside the measured block
                     block = _time_block(fn, iters)
                 samples[c] += block
@@ -93,13 +129,15 @@ def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, con
         med = statistics.median(samples[c])
         res[f"{c}_ms"] = med / 1e6
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
+    for c in ("library", "kernel", "kernel-cupti"):
+        if c in conditions and "torch.profiler" in conditions:
+            res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
+                a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
+            )
     if "library" in conditions and "torch.profiler" in conditions:
         # The CPU cross-stack goal: mltrace's full CPU trace vs torch.profiler's own overhead.
         res["library_vs_torch_profiler_ratio"] = res["library_ms"] / res["torch.profiler_ms"]
         # The same, round by round: both blocks of a round ran seconds apart, so drift cancels.
-        res["library_vs_torch_profiler_paired"] = statistics.median(
-            lib / prof for lib, prof in zip(blocks["library"], blocks["torch.profiler"])
-        )
     return res
 
 
@@ -145,30 +183,50 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--conditions", default="layer", help="comma list of: " + ", ".join(CONDITIONS))
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the models run (default: cpu)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size of both models (default: 1)")
     args = parser.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         parser.error(f"unknown condition(s): {', '.join(unknown)}")
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("overhead.py: --device cuda: torch sees no CUDA device", file=sys.stderr)
+        return 2
     from models import encoder, resnet_small
 
     torch.manual_seed(0)
     rounds, iters = (2, 2) if args.quick else (args.rounds, args.iters)
     size, seq, layers = (64, 32, 2) if args.quick else (224, 128, 12)
-    cnn = resnet_small()
-    enc = encoder(layers=layers)
-    images = torch.randn(1, 3, size, size)
-    tokens = torch.randint(0, 30522, (1, seq))
+    device = torch.device(args.device)
+    cnn = resnet_small().to(device).eval()
+    enc = encoder(layers=layers).to(device).eval()
+    images = torch.randn(args.batch, 3, size, size, device=device)
+    tokens = torch.randint(0, 30522, (args.batch, seq), device=device)
+
+    def run(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], Any]:
+        if not cuda:
+            return lambda: model(x)
+
+        def synchronized() -> Any:
+            y = model(x)
+            torch.cuda.synchronize()
+            return y
+
+        return synchronized
+
     results = []
     with torch.inference_mode():
         for name, fn in (
-            (f"ResNet-18-style CNN, batch 1, {size}x{size}", lambda: cnn(images)),
-            (f"Transformer encoder ({layers}x768), batch 1, seq {seq}", lambda: enc(tokens)),
+            (f"ResNet-18-style CNN, batch {args.batch}, {size}x{size}", run(cnn, images)),
+            (f"Transformer encoder ({layers}x768), batch {args.batch}, seq {seq}", run(enc, tokens)),
         ):
-            print(f"measuring {name} ...", file=sys.stderr, flush=True)
-            results.append(measure_model(name, fn, rounds, iters, conditions))
+            print(f"measuring {name} on {args.device} ...", file=sys.stderr, flush=True)
+            results.append(measure_model(name, fn, rounds, iters, conditions, cuda))
     api = measure_api(20_000 if args.quick else 200_000)
-    print(f"\ntorch {torch.__version__}, threads {torch.get_num_threads()}, cpu count {os.cpu_count()}")
+    where = torch.cuda.get_device_name(0) if cuda else "cpu"
+    print(f"\ntorch {torch.__version__}, {where}, threads {torch.get_num_threads()}, cpu count {os.cpu_count()}")
     header = f"{'model':52} {'plain ms':>9}" + "".join(f" {c + ' ms':>10} {c + ' %':>9}" for c in conditions)
     print(header)
     for r in results:
@@ -181,6 +239,9 @@ def main() -> int:
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
                 f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
             )
+        for c in ("kernel", "kernel-cupti"):
+            if f"{c}_vs_torch_profiler_paired" in r:
+                print(f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)")
     print("\nuser API cost per call (ns):")
     for k, v in api.items():
         print(f"  {k:40} {v:8.0f}")

@@ -4,6 +4,7 @@ Run it plainly (``python examples/infer.py``) or traced, without changes:
 ``mltrace python examples/infer.py --batch 2 --iters 3``. It also follows the sweep
 protocol of ``mltrace bench`` (``MLTRACE_BATCH``, ``MLTRACE_PRECISION``,
 ``MLTRACE_THREADS``, ``MLTRACE_ITERS`` as defaults), without importing mltrace.
+``--device cuda`` runs both models on the GPU (each timed call waits for it).
 """
 
 from __future__ import annotations
@@ -29,25 +30,36 @@ def main() -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--model", choices=("cnn", "transformer", "both"), default="both")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("infer.py: --device cuda: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+
+    def wait() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     torch.manual_seed(0)
     with torch.inference_mode():
         if args.model in ("cnn", "both"):
-            cnn = resnet_small().to(dtype)
-            images = torch.randn(args.batch, 3, args.image_size, args.image_size, dtype=dtype)
+            cnn = resnet_small().to(device, dtype)
+            images = torch.randn(args.batch, 3, args.image_size, args.image_size, dtype=dtype).to(device)
             for i in range(args.iters):
                 t0 = time.perf_counter()
                 logits = cnn(images)
+                wait()
                 print(f"cnn iter {i}: top class {int(logits.argmax(1)[0])}, {1e3 * (time.perf_counter() - t0):.1f} ms")
         if args.model in ("transformer", "both"):
-            enc = encoder().to(dtype)
-            tokens = torch.randint(0, 30522, (args.batch, args.seq_len))
+            enc = encoder().to(device, dtype)
+            tokens = torch.randint(0, 30522, (args.batch, args.seq_len)).to(device)
             for i in range(args.iters):
                 t0 = time.perf_counter()
                 out = enc(tokens)
+                wait()
                 print(f"encoder iter {i}: {tuple(out.shape)}, {1e3 * (time.perf_counter() - t0):.1f} ms")
     return 0
 

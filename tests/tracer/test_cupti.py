@@ -323,25 +323,42 @@ def test_sample_clock_pair_keeps_the_tightest_bracket() -> None:
     assert pair.offset_ns == 205 - 6000
 
 
+M = cs.MIN_RATE_SPAN
+
+
 @pytest.mark.parametrize(
     ("ts", "expected"),
     [
-        (1000, 1000 + 50),  # at start: start offset
-        (1500, 1500 + 60),  # half way: offsets interpolated
-        (2000, 2000 + 70),  # at stop
-        (500, 500 + 50),  # before start: start offset
-        (2500, 2500 + 70),  # after stop: stop offset
+        (M, M + 50),  # at start: start offset
+        (M + M // 2, M + M // 2 + 60),  # half way: offsets interpolated
+        (2 * M, 2 * M + 70),  # at stop
+        (M // 2, M // 2 + 40),  # before start: the same line, extended
+        (2 * M + M // 2, 2 * M + M // 2 + 80),  # after stop
     ],
 )
-def test_cupti_clock_interpolates_the_offset(ts: int, expected: int) -> None:
-    clock = CuptiClock(ClockPair(1000, 1050, 3), ClockPair(2000, 2070, 4))
+def test_cupti_clock_is_a_line_through_both_pairs(ts: int, expected: int) -> None:
+    clock = CuptiClock(ClockPair(M, M + 50, 3), ClockPair(2 * M, 2 * M + 70, 4))
     assert clock.to_session(ts) == expected
     assert clock.uncertainty_ns == 4 and clock.drift_ns == 20
 
 
+def test_cupti_clock_in_tsc_ticks() -> None:
+    """Once torch.profiler runs, CUPTI stamps records in Kineto's TSC ticks (read on an
+    H100 machine: 257.4e6 ticks over 122.6e6 ns of time.monotonic_ns)."""
+    start, stop = ClockPair(104_288_635_296, 48_820_338_357, 40), ClockPair(104_546_050_586, 48_942_916_936, 40)
+    clock = CuptiClock(start, stop)
+    assert clock.rate == pytest.approx(122_578_579 / 257_415_290)
+    kernel_start = 104_544_639_860  # a kernel record's start, between the two pairs
+    assert start.session_ns < clock.to_session(kernel_start) < stop.session_ns
+    assert clock.to_session(stop.cupti_ns) == stop.session_ns
+    assert clock.as_dict()["session_ns_per_cupti_unit"] == pytest.approx(0.4762, abs=1e-4)
+
+
 def test_cupti_clock_without_stop_uses_the_start_offset() -> None:
     clock = CuptiClock(ClockPair(1000, 1050, 3))
-    assert clock.to_session(5000) == 5050 and clock.drift_ns is None
+    assert clock.to_session(5000) == 5050 and clock.drift_ns is None and clock.rate == 1.0
+    near = CuptiClock(ClockPair(1000, 1050, 3), ClockPair(2000, 2100, 3))  # too close together for a rate
+    assert near.rate == 1.0 and near.to_session(5000) == 5050
 
 
 # -- start(): path choice and CUPTI errors -------------------------------------------------------
@@ -407,6 +424,7 @@ class _StandInCupti:
         self.enabled: list[int] = []
         self.thread_id_type: int | None = None
         self._completed: Any = None
+        self.flushes = 0
         self.cuptiError = _cupti_error_class()
 
     def get_timestamp(self) -> int:
@@ -430,7 +448,11 @@ class _StandInCupti:
 
     def activity_flush_all(self, flag: int) -> None:
         assert flag == 1
-        self._completed(self.records)
+        self.flushes += 1
+        if self._completed is None:  # nothing registered yet: nothing to complete
+            return
+        delivered, self.records = self.records, []  # each record once, as CUPTI does
+        self._completed(delivered)
 
     def get_callback_name(self, domain: int, cbid: int) -> str:
         return {(1, 211): "cudaLaunchKernel_v7000"}[(domain, cbid)]
@@ -473,6 +495,39 @@ def test_forced_cupti_python_path_keeps_kineto_off_cupti(monkeypatch: pytest.Mon
         assert cs.ACTIVITY_KINDS[stand_in.enabled[0]] == "CONCURRENT_KERNEL"
     finally:
         source._unsubscribe(stand_in)  # type: ignore[arg-type]
+
+
+def test_cupti_python_asked_too_late_leaves_cupti_to_kineto() -> None:
+    """torch.profiler already records CUDA activity: subscribing too crashed the process at
+    exit on an H100 machine ("free(): invalid size"), so kernels come from Kineto."""
+    recording = SimpleNamespace(name="torch.profiler", levels=(Level.OP, Level.KERNEL), record_kernels=True, profiling=True)
+    session = _bare_session([recording])
+    source = CuptiSource(prefer="cupti-python", load=_never_load)
+    source.start(session)
+    assert source.path == "kineto" and session.meta["kernel_path"] == "kineto"
+    assert "already recording kernels" in session.meta["sources"]["cupti"]["path"]
+
+
+def test_torch_profiler_leaves_cuda_out_from_the_start_when_cupti_python_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from mltrace.tracer.sources.torch_ops import TorchOpSource
+
+    monkeypatch.setenv(cs.PATH_ENV, "cupti-python")
+    source = TorchOpSource()  # torch is imported here: the profiler starts with the session
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False), sources=[source]).start()
+    try:
+        assert source.profiling and source.record_kernels is False
+    finally:
+        session.stop()
+    monkeypatch.delenv(cs.PATH_ENV)
+    source = TorchOpSource()
+    session = Session(ProfileOptions(output=tmp_path / "run2", summary=False), sources=[source]).start()
+    try:
+        assert source.record_kernels is True  # the default: Kineto records kernels where there is a GPU
+    finally:
+        session.stop()
 
 
 def test_forced_kineto_path_never_subscribes() -> None:
@@ -547,6 +602,66 @@ def test_records_delivered_by_cupti_reach_the_run(tmp_path: Path) -> None:
     dumped = json.loads(dump.read_text())
     assert [r["kind"] for r in dumped["records"]] == ["RUNTIME", "CONCURRENT_KERNEL"]
     assert dumped["records"][0]["name"] == "cudaLaunchKernel_v7000"
+
+
+class _OpsSource:
+    """Stands in for the torch.profiler source while it waits for the program's ``import torch``."""
+
+    name = "torch.profiler"
+    levels = (Level.OP,)
+    profiling = False
+
+    def __init__(self) -> None:
+        self.hooks: list[tuple[Any, Any]] = []
+
+    def around_profiler_start(self, before: Any, after: Any) -> None:
+        self.hooks.append((before, after))
+
+
+def test_cupti_is_handed_over_empty_around_torch_profilers_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU-only torch.profiler takes CUPTI's buffer callbacks and clock when it starts
+    (seen on an H100 machine: Kineto got our buffer, "bufferCompleted called with unknown
+    buffer", and CUPTI's clock turned into TSC ticks). So the source flushes and disables
+    before it, subscribes again after, and converts each stretch with its own clock."""
+    monkeypatch.setenv(cs.PATH_ENV, "cupti-python")
+    ops = _OpsSource()
+    session = _bare_session([ops])
+    session.tracks = TrackRegistry(pid=4242)
+    ids = itertools.count(1)
+    session.new_id = lambda: next(ids)
+    stand_in = _StandInCupti()
+    source = CuptiSource(load=lambda: stand_in)
+    source.start(session)
+    assert len(ops.hooks) == 1 and source.path == "cupti-python"
+    before, after = ops.hooks[0]
+
+    t1 = time.monotonic_ns()
+    stand_in.records = [SimpleNamespace(**{**_kernel(1, t1 - OFFSET, t1 - OFFSET + 2_000), "kind": 10})]  # first stretch: CUPTI counts ns
+    time.sleep(0.002)
+    before()
+    assert stand_in.enabled == [] and stand_in.records == []  # nothing left with CUPTI
+
+    origin = time.monotonic_ns()
+    stand_in.get_timestamp = lambda: 2 * (time.monotonic_ns() - origin)  # type: ignore[method-assign]
+    after()
+    assert cs.ACTIVITY_KINDS[stand_in.enabled[0]] == "CONCURRENT_KERNEL"
+    time.sleep(0.002)
+    t2 = time.monotonic_ns()
+    ticks = 2 * (t2 - origin)  # second stretch: 2 ticks a ns
+    stand_in.records = [SimpleNamespace(**{**_kernel(2, ticks, ticks + 4_000), "kind": 10})]
+    time.sleep(0.002)
+    events = source.stop()
+
+    kernels = sorted((e for e in events if isinstance(e, cs.Span)), key=lambda k: k.start_ns)
+    assert [k.attrs["gpu.correlation_id"] for k in kernels] == [1, 2]
+    for kernel, t, length in zip(kernels, (t1, t2), (2_000, 2_000)):
+        assert abs(kernel.start_ns - t) < 50_000  # each stretch on the session clock (pair uncertainty)
+        assert abs(kernel.end_ns - kernel.start_ns - length) <= 2
+    meta = session.meta["cupti"]
+    assert len(meta["clock_segments"]) == 2
+    assert meta["clock_segments"][0]["session_ns_per_cupti_unit"] == pytest.approx(1.0, abs=0.01)
+    assert meta["clock_segments"][1]["session_ns_per_cupti_unit"] == pytest.approx(0.5, abs=0.01)
+    assert stand_in.enabled == []
 
 
 def threading_native_id() -> int:

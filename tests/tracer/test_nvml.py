@@ -192,6 +192,7 @@ def test_simulated_gpus_give_counter_tracks_and_a_summary(tmp_path: Path, monkey
     info = meta["sources"]["nvml"]
     assert info["gpu"] == "sampling 2 GPU(s)"
     assert info["devices"] == [{"index": 0, "name": "Fake GPU 0"}, {"index": 1, "name": "Fake GPU 1"}]
+    assert meta["host"]["gpus"] == info["devices"]  # where the report's roofline looks for GPU names
     assert info["unsupported"] == {"gpu1.power": "NVML_ERROR_NOT_SUPPORTED"}
     expected = {
         "gpu0.utilization": ("%", 37.0),

@@ -167,9 +167,18 @@ from mltrace.tracer.sources.torch_ops import TorchOpSource
 assert "torch" not in sys.modules
 source = TorchOpSource()
 session = Session(ProfileOptions(output=Path(sys.argv[1]), summary=False), sources=[source]).start()
-assert source._prof is None  # waits for the program's import
+assert source._prof is None and not source.profiling  # waits for the program's import
+seen = []
+def fail():
+    raise ValueError("hook broke")
+source.around_profiler_start(lambda: seen.append(("before", source.profiling)), lambda: seen.append(("after", source.profiling)))
+source.around_profiler_start(fail, fail)
 import torch
-assert source._prof is not None
+assert source._prof is not None and source.profiling
+assert seen == [("before", False), ("after", True)], seen
+assert [e for e in session.errors if "hook failed" in e] == [
+    "torch.profiler: before-start hook failed: hook broke", "torch.profiler: after-start hook failed: hook broke"
+], session.errors
 torch.ones(3).mul_(2)
 session.stop()
 print(sorted({s.name for s in load_run(sys.argv[1]).spans}))

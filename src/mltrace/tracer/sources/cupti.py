@@ -80,6 +80,7 @@ CUPTI's activity API alone (the ``cupti-python`` path with torch relies on it).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import importlib.util
@@ -118,6 +119,15 @@ DUMP_ENV = "MLTRACE_CUPTI_DUMP"
 #: Environment variable choosing the kernel path: "auto", "kineto" or "cupti-python".
 PATH_ENV = "MLTRACE_KERNEL_PATH"
 PATHS = ("auto", "kineto", "cupti-python")
+
+
+def requested_kernel_path() -> str:
+    """The kernel path asked for in the environment (``$MLTRACE_KERNEL_PATH``, else "auto").
+
+    torch.profiler's source reads it before its profiler starts: with
+    "cupti-python" it must leave CUDA activity out from the start.
+    """
+    return (os.environ.get(PATH_ENV) or "auto").strip().lower()
 
 # -- CUPTI enums (values checked against cupti-python 13.4's cupti.cupti enums) -------------
 
@@ -323,29 +333,33 @@ def sample_clock_pair(get_timestamp: Callable[[], int], now: Callable[[], int] =
 class CuptiClock:
     """Converts CUPTI timestamps to the session clock.
 
-    The offset is interpolated linearly between the pairs taken at start and
-    stop (CUPTI's clock may run at a slightly different rate), and held
-    constant outside them or when there is no stop pair.
+    A linear map through the pairs taken at start and stop: CUPTI's clock
+    may run at a slightly different rate, or count other units altogether —
+    once torch.profiler has started, Kineto's timestamp callback makes
+    CUPTI stamp records in TSC ticks (2.1 ticks a nanosecond on an H100
+    machine). Without a stop pair, or with one too close to the start to
+    give a rate, the start offset is used alone.
 
     Attributes:
-        start: the pair taken at ``start()``.
-        stop: the pair taken at ``stop()``, if any.
+        start: the pair taken when recording began.
+        stop: the pair taken when it ended, if any.
     """
 
     start: ClockPair
     stop: ClockPair | None = None
 
-    def to_session(self, cupti_ns: int) -> int:
-        """A CUPTI timestamp (ns) on the session clock (ns)."""
+    @property
+    def rate(self) -> float:
+        """Session ns per CUPTI clock unit (1.0 when CUPTI counts ns, or without a usable stop pair)."""
         a, b = self.start, self.stop
-        if b is None or b.cupti_ns <= a.cupti_ns:
-            return cupti_ns + a.offset_ns
-        if cupti_ns <= a.cupti_ns:
-            return cupti_ns + a.offset_ns
-        if cupti_ns >= b.cupti_ns:
-            return cupti_ns + b.offset_ns
-        frac = (cupti_ns - a.cupti_ns) / (b.cupti_ns - a.cupti_ns)
-        return cupti_ns + a.offset_ns + round((b.offset_ns - a.offset_ns) * frac)
+        if b is None or b.cupti_ns - a.cupti_ns < MIN_RATE_SPAN or b.session_ns <= a.session_ns:
+            return 1.0
+        return (b.session_ns - a.session_ns) / (b.cupti_ns - a.cupti_ns)
+
+    def to_session(self, cupti_ns: int) -> int:
+        """A CUPTI timestamp on the session clock (ns)."""
+        a = self.start
+        return a.session_ns + round((cupti_ns - a.cupti_ns) * self.rate)
 
     @property
     def uncertainty_ns(self) -> int:
@@ -354,19 +368,25 @@ class CuptiClock:
 
     @property
     def drift_ns(self) -> int | None:
-        """How much the offset changed between start and stop (ns)."""
+        """How much the offset changed between start and stop (ns; meaningful where the rate is about 1)."""
         return None if self.stop is None else self.stop.offset_ns - self.start.offset_ns
 
     def as_dict(self) -> dict[str, Any]:
-        """For run.json: offsets, uncertainty and drift (all ns)."""
+        """For run.json: offsets, rate, uncertainty and drift (ns)."""
         return {
             "domain": "CUPTI get_timestamp",
             "offset_start_ns": self.start.offset_ns,
             "offset_stop_ns": self.stop.offset_ns if self.stop else None,
+            "session_ns_per_cupti_unit": self.rate,
             "uncertainty_ns": self.uncertainty_ns,
             "drift_ns": self.drift_ns,
-            "method": "cupti.get_timestamp() between two time.monotonic_ns() readings, tightest of 16, at start and stop",
+            "method": "cupti.get_timestamp() between two time.monotonic_ns() readings, tightest of 16, "
+            "when recording began and ended; a linear map through the two",
         }
+
+
+#: The shortest CUPTI-clock span between the two pairs that gives a rate (units; 1 ms in ns).
+MIN_RATE_SPAN = 1_000_000
 
 
 # -- names -----------------------------------------------------------------------------------
@@ -755,6 +775,14 @@ def _torch_kernel_source(session: Session) -> Any:
     return None
 
 
+def _torch_ops_source(session: Session) -> Any:
+    """The session's started torch.profiler source (kernels or not), else None."""
+    for s in session.started:
+        if getattr(s, "name", "") == "torch.profiler":
+            return s
+    return None
+
+
 def kineto_records_kernels(session: Session) -> bool:
     """Whether the session's torch.profiler source records kernels (Kineto holds CUPTI)."""
     return _torch_kernel_source(session) is not None
@@ -823,6 +851,42 @@ class _Collector:
 _collector: _Collector | None = None
 
 
+#: Whether an exit-time flush is registered (once per process).
+_exit_flush_registered = False
+#: cupti-python's module, once this source has registered its buffer callbacks in this process.
+_registered_with: ModuleType | None = None
+
+
+def hand_back_buffers() -> None:
+    """Flushes CUPTI if this module's buffer callbacks were ever registered in this process.
+
+    Call it right before another CUPTI user registers its own callbacks
+    (torch.profiler's start does): CUPTI completes every buffer to the
+    callbacks registered at that moment, and a buffer allocated by
+    cupti-python but completed to Kineto is freed by the wrong allocator
+    ("free(): invalid size" and segfaults in later sessions, seen on an
+    H100 machine). Even a CPU-only torch.profiler keeps CUPTI busy with
+    external-correlation records, so buffers are in flight whenever it runs.
+    """
+    cupti = _registered_with
+    if cupti is None:
+        return
+    try:
+        cupti.activity_flush_all(1)
+    except Exception:
+        pass
+
+
+def _flush_at_exit(cupti: ModuleType) -> None:
+    """Hands back, while Python still runs, any buffer CUPTI holds from this module's
+    callbacks: CUPTI users flush again in their own exit handlers (Kineto does), and
+    a buffer completed into a finalising interpreter must not happen."""
+    try:
+        cupti.activity_flush_all(1)
+    except Exception:
+        pass
+
+
 class _StartError(RuntimeError):
     """A failure ``start()`` has already put in words."""
 
@@ -871,7 +935,7 @@ class CuptiSource:
             load: imports and returns the ``cupti.cupti`` module.
         """
         self.buffer_bytes = int(buffer_bytes)
-        self.prefer = (prefer if prefer is not None else os.environ.get(PATH_ENV) or "auto").strip().lower()
+        self.prefer = prefer.strip().lower() if prefer is not None else requested_kernel_path()
         dump = dump_records if dump_records is not None else os.environ.get(DUMP_ENV) or None
         self.dump_records = Path(dump) if dump else None
         self._load = load
@@ -879,6 +943,9 @@ class CuptiSource:
         self._cupti: ModuleType | None = None
         self._enabled: list[Any] = []
         self._collector: _Collector | None = None
+        self._subscribed = False
+        #: Closed stretches of recording: each one's clock and raw records.
+        self._segments: list[tuple[CuptiClock, list[dict[str, Any]]]] = []
         self.path: str | None = None
         self.stats: CuptiStats | None = None
         self.clock: CuptiClock | None = None
@@ -901,6 +968,14 @@ class CuptiSource:
         if self.prefer not in PATHS:
             self._fail(info, f"{PATH_ENV}={self.prefer!r}: choose auto, kineto or cupti-python")
         torch_source = _torch_kernel_source(session)
+        if torch_source is not None and getattr(torch_source, "profiling", False) and getattr(torch_source, "record_kernels", True):
+            # torch.profiler already records CUDA activity (CuptiSource(prefer="cupti-python")
+            # with torch imported and MLTRACE_KERNEL_PATH unset): CUPTI is Kineto's now. Two
+            # users of its buffers crashed the process on an H100 machine.
+            self.path = "kineto"
+            session.meta["kernel_path"] = "kineto"
+            info["path"] = "kineto: torch.profiler was already recording kernels; cupti-python not subscribed"
+            return
         if self.prefer == "kineto" or (self.prefer == "auto" and torch_source is not None):
             self.path = "kineto"
             session.meta["kernel_path"] = "kineto"
@@ -921,11 +996,35 @@ class CuptiSource:
         self.path = "cupti-python"
         session.meta["kernel_path"] = "cupti-python"
         info["path"] = "cupti-python"
+        ops_source = _torch_ops_source(session)
         if torch_source is not None and hasattr(torch_source, "record_kernels"):
-            # Keep Kineto off CUPTI: torch.profiler records ops only (its profiler starts
-            # after the program's `import torch`, and reads this flag then).
+            # Keep Kineto's CUDA activity off CUPTI: torch.profiler records ops only (its
+            # profiler starts after the program's `import torch`, and reads this flag then).
             torch_source.record_kernels = False
             info["path"] = f"cupti-python ({PATH_ENV}=cupti-python): torch.profiler records ops only"
+        if ops_source is not None and not getattr(ops_source, "profiling", True):
+            # Even a CPU-only torch.profiler takes CUPTI's activity callbacks when it starts
+            # (Kineto registers its own, enables external correlation records and its
+            # timestamp callback): hand CUPTI over empty before, take it back after.
+            ops_source.around_profiler_start(self._pause, self._resume)
+
+    def _pause(self) -> None:
+        """Before torch.profiler starts: closes the current stretch, leaving no buffer with CUPTI."""
+        if self._cupti is not None and self._subscribed:
+            self._close_segment(self._cupti)
+
+    def _resume(self) -> None:
+        """After torch.profiler started: subscribes again (a new stretch, on CUPTI's new clock)."""
+        cupti, session = self._cupti, self._session
+        if cupti is None or session is None or self._subscribed:
+            return
+        try:
+            self._subscribe(cupti)
+        except Exception as exc:
+            self._unsubscribe(cupti)
+            message = str(exc) if isinstance(exc, _StartError) else describe_cupti_exception(exc)
+            session.errors.append(f"{self.name}: could not subscribe again after torch.profiler started: {message}")
+            session.note_limitation(f"kernel level: no kernels after torch.profiler started ({message})")
 
     def _fail(self, info: dict[str, Any], message: str) -> NoReturn:
         """Records that no kernels will be recorded, and why; raises the one-line message."""
@@ -935,20 +1034,27 @@ class CuptiSource:
         raise RuntimeError(message)
 
     def _subscribe(self, cupti: ModuleType) -> None:
-        global _collector
+        global _collector, _exit_flush_registered, _registered_with
         start_pair = sample_clock_pair(cupti.get_timestamp)
         self.clock = CuptiClock(start_pair)
         try:
             cupti.set_thread_id_type(_THREAD_ID_SYSTEM)
         except Exception as exc:  # thread ids would be pthread ids: API calls would land on wrong tracks
             raise _StartError(f"could not ask CUPTI for system thread ids: {describe_cupti_exception(exc)}") from None
-        collector = _Collector(cupti, self.buffer_bytes)
+        collector = self._collector or _Collector(cupti, self.buffer_bytes)
         _collector = collector
         # Registered at every start, as Kineto does: another CUPTI user since the last
         # session (torch.profiler run by the program) may have put its own callbacks there.
+        # Its buffers in flight go back to it first (see hand_back_buffers).
+        cupti.activity_flush_all(1)
         cupti.activity_register_callbacks(_buffer_requested, _buffer_completed)
+        _registered_with = cupti
+        if not _exit_flush_registered:
+            atexit.register(_flush_at_exit, cupti)
+            _exit_flush_registered = True
         collector.active = True
         self._collector = collector
+        self._subscribed = True
         skipped: list[str] = []
         for kind_label in ENABLED_KINDS:
             kind = getattr(cupti.ActivityKind, kind_label)
@@ -961,7 +1067,7 @@ class CuptiSource:
                     continue
                 raise
             self._enabled.append(kind)
-        if skipped and self._session is not None:
+        if skipped and self._session is not None and not self._segments:
             for s in skipped:
                 self._session.note_limitation(f"kernel level: CUPTI activity {s}")
 
@@ -973,13 +1079,51 @@ class CuptiSource:
             except Exception:
                 pass
         self._enabled = []
+        self._subscribed = False
         if self._collector is not None:
             self._collector.active = False
         if _collector is self._collector:
             _collector = None
 
+    def _flush(self, cupti: ModuleType, when: str) -> None:
+        try:
+            cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: also incomplete buffers
+        except Exception as exc:
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: activity_flush_all {when} failed: {describe_cupti_exception(exc)}")
+
+    def _close_segment(self, cupti: ModuleType) -> None:
+        """Flushes, disables the kinds and flushes again, so that CUPTI keeps none of
+        this source's buffers (another CUPTI user would be handed them: Kineto reports
+        "bufferCompleted called with unknown buffer"); keeps the records and their clock."""
+        self._flush(cupti, "before disabling")
+        clock = self.clock
+        try:
+            if clock is not None:
+                clock = CuptiClock(clock.start, sample_clock_pair(cupti.get_timestamp))
+        except Exception as exc:
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: could not read the CUPTI clock: {describe_cupti_exception(exc)}")
+        collector = self._collector
+        for kind in reversed(self._enabled):
+            try:
+                cupti.activity_disable(kind)
+            except Exception:
+                pass
+        self._enabled = []
+        self._flush(cupti, "after disabling")  # records completed between the flush and the disable
+        self._unsubscribe(cupti)
+        assert clock is not None and collector is not None
+        self.clock = clock
+        self._segments.append((clock, collector.take()))
+
     def stop(self) -> list[Event]:
-        """Flushes CUPTI, disables the activity kinds and returns the converted events."""
+        """Flushes CUPTI, disables the activity kinds and returns the converted events.
+
+        Runs before torch.profiler's own stop (sources stop in reverse start
+        order): a profiler stopped first, with this source's buffers still
+        at CUPTI, hung the process on an H100 machine.
+        """
         cupti, self._cupti = self._cupti, None
         session = self._session
         if cupti is None or session is None:
@@ -987,35 +1131,52 @@ class CuptiSource:
         collector = self._collector
         assert collector is not None
         info = session.meta.setdefault("sources", {}).setdefault(self.name, {})
-        try:
-            cupti.activity_flush_all(1)  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: also incomplete buffers
-        except Exception as exc:
-            session.errors.append(f"{self.name}: activity_flush_all failed: {describe_cupti_exception(exc)}")
-        try:
-            stop_pair = sample_clock_pair(cupti.get_timestamp)
-            assert self.clock is not None
-            self.clock = CuptiClock(self.clock.start, stop_pair)
-        except Exception as exc:
-            session.errors.append(f"{self.name}: could not read the CUPTI clock at stop: {describe_cupti_exception(exc)}")
-        self._unsubscribe(cupti)
-        records = collector.take()
+        if self._subscribed:
+            self._close_segment(cupti)
+        segments, self._segments = self._segments, []
         if collector.errors:
             info["records_not_copied"] = collector.errors
         if self.dump_records is not None:
-            _dump(self.dump_records, records, self.clock, session)
-        assert self.clock is not None
+            _dump(self.dump_records, segments, session)
+        records = [r for clock, recs in segments for r in _on_session_clock(recs, clock)]
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-        result = cupti_records_to_events(records, session.tracks, session.new_id, self.clock.to_session, names)
+        result = cupti_records_to_events(records, session.tracks, session.new_id, _same, names)
         self.stats = result.stats
-        session.meta["cupti"] = {"clock": self.clock.as_dict(), **result.stats.as_dict()}
+        meta: dict[str, Any] = {}
+        if segments:
+            meta["clock"] = segments[-1][0].as_dict()
+        if len(segments) > 1:
+            meta["clock_segments"] = [clock.as_dict() for clock, _ in segments]
+        session.meta["cupti"] = {**meta, **result.stats.as_dict()}
         return result.events(with_tracks=False)
 
 
-def _dump(path: Path, records: list[dict[str, Any]], clock: CuptiClock | None, session: Session) -> None:
-    """Writes the raw records (and the clock) to ``path`` as JSON; failures are recorded, not raised."""
+def _same(ns: int) -> int:
+    return ns
+
+
+def _on_session_clock(records: list[dict[str, Any]], clock: CuptiClock) -> list[dict[str, Any]]:
+    """Copies of the records with ``start`` and ``end`` on the session clock (records without timestamps kept as they are)."""
+    out = []
+    for rec in records:
+        start, end = _int(rec.get("start")), _int(rec.get("end"))
+        if start and end:
+            rec = {**rec, "start": clock.to_session(start), "end": clock.to_session(end)}
+        out.append(rec)
+    return out
+
+
+def _dump(path: Path, segments: list[tuple[CuptiClock, list[dict[str, Any]]]], session: Session) -> None:
+    """Writes the raw records (CUPTI clock) and each stretch's clock to ``path`` as JSON;
+    failures are recorded, not raised. ``clock`` is the last stretch's, ``segments`` says
+    which records each clock converts (by count, in order)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"clock": clock.as_dict() if clock else None, "records": records}
+        doc = {
+            "clock": segments[-1][0].as_dict() if segments else None,
+            "records": [r for _, recs in segments for r in recs],
+            "segments": [{"clock": clock.as_dict(), "records": len(recs)} for clock, recs in segments],
+        }
         path.write_text(json.dumps(doc, indent=None, separators=(",", ":")), encoding="utf-8")
     except (OSError, TypeError, ValueError) as exc:
         session.errors.append(f"cupti: could not dump records to {path}: {exc}")

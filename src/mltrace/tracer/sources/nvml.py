@@ -287,6 +287,9 @@ class NvmlSampler:
         if self.gpu_reason is None:
             info["gpu"] = f"sampling {len(self._gpus)} GPU(s)"
             info["devices"] = [{"index": g.index, "name": g.name} for g in self._gpus]
+            host = session.meta.get("host")
+            if isinstance(host, dict):  # run.json's host facts name the GPUs (the report's roofline reads them)
+                host["gpus"] = [dict(d) for d in info["devices"]]
         else:
             info["gpu"] = f"unavailable: {self.gpu_reason}"
             if self.gpu_reason not in _EXPECTED_ABSENCE:  # a GPU seems present but cannot be read: say so

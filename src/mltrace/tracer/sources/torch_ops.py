@@ -45,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,17 @@ class TorchOpSource:
         self.record_kernels = False
         self.stats: KinetoStats | None = None
         self.export_ns = 0
+        self._around_start: list[tuple[Callable[[], None], Callable[[], None]]] = []
+
+    @property
+    def profiling(self) -> bool:
+        """Whether torch.profiler is running (it waits for the program's ``import torch``)."""
+        return self._prof is not None
+
+    def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
+        """Calls ``before`` right before torch.profiler starts and ``after`` right after
+        (CuptiSource hands CUPTI over to Kineto and takes it back). Failures are recorded."""
+        self._around_start.append((before, after))
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -104,7 +116,11 @@ class TorchOpSource:
 
     def start(self, session: Session) -> None:
         self._session = session
-        self.record_kernels = Level.KERNEL in session.levels
+        from mltrace.tracer.sources.cupti import requested_kernel_path
+
+        # With MLTRACE_KERNEL_PATH=cupti-python, CUDA activity stays out from the start: the
+        # profiler may start right now (torch already imported), before CuptiSource runs.
+        self.record_kernels = Level.KERNEL in session.levels and requested_kernel_path() != "cupti-python"
         # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
         # stop; it reads this level when the profiler first starts. The user's own setting wins.
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -131,11 +147,26 @@ class TorchOpSource:
             else:
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
             prof = profile(**kwargs)
-            prof.start()
-            self._prof = prof
+            self._call_around(0)
+            from mltrace.tracer.sources.cupti import hand_back_buffers
+
+            hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
+            try:
+                prof.start()
+                self._prof = prof
+            finally:
+                self._call_around(1)
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
             session.note_limitation(f"op level: torch.profiler did not start ({exc})")
+
+    def _call_around(self, which: int) -> None:
+        for pair in self._around_start:
+            try:
+                pair[which]()
+            except Exception as exc:  # a hook's failure stops neither the profiler nor the program
+                if self._session is not None:
+                    self._session.errors.append(f"{self.name}: {'before' if which == 0 else 'after'}-start hook failed: {exc}")
 
     def stop(self) -> list[Event]:
         """Stops the profiler and returns its ops, API calls, kernels and flows."""
@@ -166,6 +197,7 @@ class TorchOpSource:
             # Tracks are left out: the session's registry already queued them.
             return result.events(with_tracks=False)
         finally:
+            self._around_start.clear()
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
