@@ -12,11 +12,13 @@ module that uses cupti-python's real ``cuptiError`` where it is installed.
 from __future__ import annotations
 
 import ctypes
+import gzip
 import importlib.util
 import itertools
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +29,7 @@ from conftest import mltrace_cmd, run_cli
 from mltrace.config import ProfileOptions
 from mltrace.run.store import load_run
 from mltrace.tracer.levels import Level
-from mltrace.tracer.model import TrackKind
+from mltrace.tracer.model import Span, TrackKind
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources import cupti as cs
 from mltrace.tracer.sources.cupti import (
@@ -711,3 +713,90 @@ def test_cli_kernel_level_without_gpu_completes_and_says_why(tmp_path: Path) -> 
     assert kernel["requested"] is True and kernel["recorded"] is False
     assert f"cupti: {reason}" in kernel["reason"]
     assert meta["complete"] is True and meta["exit_status"] == 0
+
+
+# -- records recorded on a GPU -----------------------------------------------------------------
+
+CUPTI_DATA = Path(__file__).resolve().parents[1] / "data" / "cupti"
+
+
+def _recorded(name: str) -> dict[str, Any]:
+    with gzip.open(CUPTI_DATA / name, "rt", encoding="utf-8") as f:
+        return json.load(f)  # type: ignore[no-any-return]
+
+
+def _stretches(doc: dict[str, Any]) -> list[tuple[float, list[dict[str, Any]]]]:
+    """(session ns per CUPTI unit, raw records) of each recorded stretch."""
+    out, i = [], 0
+    for seg in doc["segments"]:
+        n = seg["records"]
+        out.append((seg["clock"]["session_ns_per_cupti_unit"], doc["records"][i : i + n]))
+        i += n
+    assert i == len(doc["records"])
+    return out
+
+
+def _convert_recorded(doc: dict[str, Any], rate: float | None = None) -> tuple[cs.CuptiEvents, dict[int, Span]]:
+    """Converts each stretch with its recorded rate (or ``rate``); only the rate matters for
+    what these tests compare (intervals of one stretch against each other)."""
+    records = []
+    for recorded_rate, recs in _stretches(doc):
+        unit = 10**12
+        clock = CuptiClock(ClockPair(0, 0, 0), ClockPair(unit, round(unit * (rate or recorded_rate)), 0))
+        records += cs._on_session_clock(recs, clock)
+    tracks = TrackRegistry(pid=1)
+    ids = itertools.count(1)
+    result = cupti_records_to_events(records, tracks, lambda: next(ids), lambda ns: ns)
+    return result, {s.id: s for s in result.spans}
+
+
+def _launches(result: cs.CuptiEvents, by_id: dict[int, Span]) -> list[tuple[Span, Span]]:
+    """(launch call, GPU activity) for every launch flow."""
+    return [(by_id[f.from_span], by_id[f.to_span]) for f in result.flows if f.kind == "launch"]
+
+
+def test_recorded_cupy_run_every_activity_is_launched() -> None:
+    """cupti-python 13.0.1 records of a CuPy program on an H100 (scripts/gpu_check.sh): elementwise,
+    cuBLAS and CUB kernels, memcpys, a memset and a two-kernel CUDA graph."""
+    doc = _recorded("h100_cupy_records.json.gz")
+    raw_kinds = Counter(r["kind"] for r in doc["records"])
+    result, by_id = _convert_recorded(doc)
+    activities = Counter(s.attrs["gpu.activity"] for s in result.spans if "gpu.activity" in s.attrs)
+    assert activities == {"kernel": raw_kinds["CONCURRENT_KERNEL"], "gpu_memcpy": raw_kinds["MEMCPY"], "gpu_memset": raw_kinds["MEMSET"]}
+    assert result.stats.gpu_activities_launched == result.stats.gpu_activities == sum(activities.values())
+    pairs = _launches(result, by_id)
+    assert len(pairs) == sum(activities.values())
+    assert all(launch.start_ns <= act.start_ns for launch, act in pairs)  # nothing runs before it is launched
+    graph = [(launch, act) for launch, act in pairs if act.attrs.get("gpu.graph.id")]
+    assert len(graph) == 2 and {launch.name for launch, _ in graph} == {"cudaGraphLaunch"}
+    names = {s.name for s in result.spans if s.attrs.get("gpu.activity") == "kernel"}
+    assert {"cupy_multiply__float32_float_float32", "cupy_add__float32_float32_float32", "cupy_sin__float32_float32"} <= names
+
+
+def test_recorded_torch_run_is_on_kinetos_tsc_clock() -> None:
+    """cupti-python records of a torch CNN and encoder on an H100 beside a CPU-only
+    torch.profiler: the stretch before torch's import is empty, the one after is in
+    Kineto's TSC ticks. With the recorded rate the kernels' total time matches Kineto's
+    own trace of the same models, recorded in the same gpu_check.sh run; taken as ns
+    (rate 1) it would be 2.1 times too long."""
+    doc = _recorded("h100_torch_records.json.gz")
+    stretches = _stretches(doc)
+    assert [len(recs) for _, recs in stretches][0] == 0 and len(stretches) == 2
+    assert stretches[1][0] == pytest.approx(1 / 2.1, rel=0.01)
+    result, by_id = _convert_recorded(doc)
+    pairs = _launches(result, by_id)
+    kernels = [act for _, act in pairs if act.attrs["gpu.activity"] == "kernel"]
+    assert len(kernels) == sum(r["kind"] == "CONCURRENT_KERNEL" for r in doc["records"]) > 0
+    assert result.stats.gpu_activities_launched == result.stats.gpu_activities
+    assert all(launch.start_ns <= act.start_ns for launch, act in pairs)
+    assert result.stats.skipped.get("kind KIND_39") == sum(r["kind"] == "KIND_39" for r in doc["records"]) > 0  # Kineto's external ids
+    with gzip.open(Path(__file__).resolve().parents[1] / "data" / "kineto" / "h100_cuda_models.json.gz", "rt") as f:
+        kineto = json.load(f)
+    kineto_ns = 1000 * sum(e["dur"] for e in kineto["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel")
+
+    def kernel_ns(events: cs.CuptiEvents) -> int:
+        return sum(s.end_ns - s.start_ns for s in events.spans if s.attrs.get("gpu.activity") == "kernel")
+
+    assert kernel_ns(result) == pytest.approx(kineto_ns, rel=0.05)
+    wrong, _ = _convert_recorded(doc, rate=1.0)
+    assert kernel_ns(wrong) > 2 * kineto_ns

@@ -27,7 +27,12 @@ from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_k
 from mltrace.tracer.tracks import TrackRegistry
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
-GPU_FIXTURES = ["a100_alexnet_train.json.gz", "a100_sampled_rank0.json.gz", "a100_triton_kernel.json.gz"]
+GPU_FIXTURES = [
+    "a100_alexnet_train.json.gz",
+    "a100_sampled_rank0.json.gz",
+    "a100_triton_kernel.json.gz",
+    "h100_cuda_models.json.gz",
+]
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 API_CATS = ("cuda_runtime", "cuda_driver")
 
@@ -348,3 +353,33 @@ def test_load_rejects_torn_and_foreign_files(tmp_path: Path, content: bytes, mes
 def test_load_missing_file(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="no such file"):
         load_kineto_json(tmp_path / "absent.json.gz")
+
+
+def test_h100_trace_every_kernel_reaches_its_module_through_op_and_launch() -> None:
+    """A live CUDA run recorded on an H100 by scripts/gpu_check.sh (with_modules): a CNN and
+    a TransformerEncoder. Every kernel hangs under its launch call, an op, and a module frame."""
+    trace = raw("h100_cuda_models.json.gz")
+    raw_kernels = complete_events(trace, "kernel")
+    _, run = convert("h100_cuda_models.json.gz")
+    by_id = run.span_by_id()
+    kernels = [s for s in run.spans if s.attrs.get("gpu.activity") == "kernel"]
+    assert len(kernels) == len(raw_kernels) > 0
+
+    def ancestors(s: Span) -> list[Span]:
+        out, cur = [], by_id.get(s.parent_id) if s.parent_id is not None else None
+        while cur is not None:
+            out.append(cur)
+            cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+        return out
+
+    for k in kernels:
+        chain = ancestors(k)
+        assert "cuda.api.name" in chain[0].attrs or chain[0].level is Level.KERNEL  # the launch call
+        levels = [a.level for a in chain]
+        assert Level.OP in levels and (Level.LAYER in levels or Level.MODEL in levels), k.name
+        launch = chain[0]
+        assert launch.start_ns <= k.start_ns  # no kernel starts before its launch
+    library = Counter(k.attrs.get("ml.library.name") for k in kernels if "xmma_fprop" in k.name or "cudnn::" in k.name)
+    assert set(library) == {"cuDNN"}
+    models = {s.name for s in run.spans if s.level is Level.MODEL}
+    assert {"Cnn", "TransformerEncoder"} <= models

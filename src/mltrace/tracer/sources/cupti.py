@@ -378,6 +378,7 @@ class CuptiClock:
             "offset_start_ns": self.start.offset_ns,
             "offset_stop_ns": self.stop.offset_ns if self.stop else None,
             "session_ns_per_cupti_unit": self.rate,
+            "pairs": [[p.cupti_ns, p.session_ns] for p in (self.start, self.stop) if p is not None],
             "uncertainty_ns": self.uncertainty_ns,
             "drift_ns": self.drift_ns,
             "method": "cupti.get_timestamp() between two time.monotonic_ns() readings, tightest of 16, "
