@@ -7,7 +7,10 @@
 #    GPU_CHECK_SKIP_INSTALL=1 to use an existing environment instead): mltrace
 #    (editable, from this checkout), torch (PyPI's Linux wheels are CUDA
 #    builds), nvidia-ml-py, and the cupti-python and cupy wheels of the
-#    driver's CUDA major version.
+#    driver's CUDA major version. On a machine without a package index, use
+#    GPU_CHECK_SKIP_INSTALL=1 PYTHON=python3 with mltrace and those packages
+#    importable by it (e.g. PYTHONPATH=src:DIR_WITH_WHEELS_UNPACKED); its
+#    first run, on an H100, used cupti-python 13.0.1 so.
 # 2. Runs a CNN and a transformer on CUDA under `mltrace python --level kernel`,
 #    twice: kernel path "kineto" (torch.profiler) and "cupti-python"
 #    (MLTRACE_KERNEL_PATH=cupti-python), and checks model → layer → op → kernel
@@ -58,23 +61,6 @@ assert torch.cuda.is_available(), "torch sees no CUDA device"
 print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))
 print("cupy", cupy.__version__, "cupti.get_timestamp", cupti.get_timestamp())
 pynvml.nvmlInit(); print("NVML GPUs:", pynvml.nvmlDeviceGetCount()); pynvml.nvmlShutdown()
-EOF
-
-# `mltrace` with CuptiSource and NvmlSampler in the default sources, whether or not
-# mltrace.tracer.sources.default_sources() lists them yet.
-cat > "$WORK/mltrace_gpu.py" <<'EOF'
-import runpy, sys
-import mltrace.tracer.sources as sources
-from mltrace.tracer.sources.cupti import CuptiSource
-from mltrace.tracer.sources.nvml import NvmlSampler
-original = sources.default_sources
-def with_gpu_sources(options=None):
-    found = original(options)
-    names = {s.name for s in found}
-    return [*found, *([CuptiSource()] if "cupti" not in names else []), *([NvmlSampler()] if "nvml" not in names else [])]
-sources.default_sources = with_gpu_sources
-sys.argv = ["mltrace", *sys.argv[1:]]
-runpy.run_module("mltrace", run_name="__main__", alter_sys=True)
 EOF
 
 cat > "$WORK/torch_models.py" <<'EOF'
@@ -217,7 +203,7 @@ EOF
 run_mltrace() {  # run_mltrace NAME SCRIPT [ENV=VALUE ...]
     local name="$1" script="$2"
     shift 2
-    (cd "$WORK" && env "$@" "$PY" "$WORK/mltrace_gpu.py" python --level kernel -o "$WORK/$name" "$script")
+    (cd "$WORK" && env "$@" "$PY" -m mltrace python --level kernel -o "$WORK/$name" "$script")
 }
 
 echo "== torch on CUDA, kernels through Kineto"
