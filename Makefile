@@ -12,12 +12,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.demo: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.demo: pyproject.toml setup.py src/mltrace/_layercall.c | $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e .
 	@touch $@
 
-$(VENV)/.test: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.test: pyproject.toml setup.py src/mltrace/_layercall.c | $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test]'
 	@touch $@ $(VENV)/.demo

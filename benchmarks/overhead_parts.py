@@ -14,7 +14,8 @@ and traced blocks alternate (rotating order) a few hundred milliseconds apart
 and drift cancels out. Each round also times a block under two no-op global
 forward hooks, the reference the overhead goal is stated against. Each round
 gives ratios of the blocks' medians; the report is the median ratio with a
-bootstrap 95 % interval and the spread. "with
+bootstrap 95 % interval and the spread. Where the C helper is the hot path, each
+round also times the Python wrapper it replaces. "with
 drain+write" adds what streaming the block's spans to disk cost (one flush,
 timed after each traced block, per inference): the flusher thread does that
 work under the GIL while the program runs.
@@ -104,6 +105,7 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
     spans = 0
     plain_ns: list[float] = []
     kinds = ["plain", "traced", "hooks"]
+    python: list[float] = []  # the Python hot path / plain, per round, where the C helper is the one installed
     with tempfile.TemporaryDirectory() as tmp:
         source = TorchModuleSource()
         options = ProfileOptions(output=Path(tmp) / "run", summary=False, level=Level.LAYER, flush_interval_s=NO_FLUSH_S)
@@ -111,14 +113,17 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
         try:
             assert source._wrapped is not None, "the torch module source did not wrap Module.__call__"
             module_cls, original, wrapper = source._wrapped
+            if source.python_call is not wrapper:
+                kinds.append("python")
+            installed = {"plain": original, "traced": wrapper, "hooks": original, "python": source.python_call}
             cnn(x)
             session.flush()  # the first flush has one-off costs: not counted
             for i in range(pairs):
                 med: dict[str, float] = {}
                 flush_ns = 0
-                order = kinds[i % 3 :] + kinds[: i % 3]
+                order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
                 for kind in order if i % 2 == 0 else reversed(order):
-                    module_cls.__call__ = wrapper if kind == "traced" else original
+                    module_cls.__call__ = installed[kind]
                     handles = []
                     if kind == "hooks":
                         handles = [module_mod.register_module_forward_pre_hook(noop), module_mod.register_module_forward_hook(noop)]
@@ -128,6 +133,8 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                         for h in handles:
                             h.remove()
                         module_cls.__call__ = wrapper
+                    if kind == "python":
+                        source._frames.clear()  # not written: the drain figure is the installed hot path's
                     if kind == "traced":
                         spans += len(session.recorder.done) + len(source._frames)
                         t0 = time.perf_counter_ns()
@@ -137,6 +144,8 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                 hot.append(med["traced"] / med["plain"])
                 total.append((med["traced"] + flush_ns / (block + 1)) / med["plain"])
                 hooks.append(med["hooks"] / med["plain"])
+                if "python" in med:
+                    python.append(med["python"] / med["plain"])
                 if (i + 1) % 10 == 0:
                     print(f"round {i + 1}/{pairs}", file=sys.stderr, flush=True)
         finally:
@@ -146,7 +155,11 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
     per_inference = spans / (pairs * (block + 1))
     print(f"{pairs} rounds of plain, traced and hooked blocks of {block} timed inferences, {per_inference:.0f} spans per inference")
     print(f"load average before {load_before}, after {loadavg()}")
-    for name, ratios in (("layer level, hot path", hot), ("with drain+write", total), ("no-op global hooks", hooks)):
+    hot_path = "C" if python else "Python"
+    rows = [(f"layer level, hot path ({hot_path})", hot), ("with drain+write", total), ("no-op global hooks", hooks)]
+    if python:
+        rows.insert(1, ("layer level, Python hot path", python))
+    for name, ratios in rows:
         pct = sorted(100 * (r - 1) for r in ratios)
         lo, hi = bootstrap_median(pct)
         q1, q3 = pct[len(pct) // 4], pct[(3 * len(pct)) // 4]

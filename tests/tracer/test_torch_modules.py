@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from pathlib import Path
 
@@ -12,6 +13,19 @@ from torch import nn
 import mltrace
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
+from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
+
+
+HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs with both layer hot paths: the C helper and the Python wrapper."""
+    if request.param == "c" and not HAVE_C:
+        pytest.skip("the C helper mltrace._layercall is not built here")
+    monkeypatch.setenv(HOT_PATH_ENV, request.param)
+    return str(request.param)
 
 
 def _trace(tmp_path: Path, fn, **options) -> Run:  # type: ignore[no-untyped-def]
@@ -358,3 +372,49 @@ def test_layers_running_on_another_thread_at_stop_are_truncated_once(tmp_path: P
     by_name = {s.name: s for s in run.spans}
     assert by_name["1.0"].parent_id == by_name["1"].id and by_name["1"].parent_id == by_name["Sequential"].id
     assert by_name["1.0"].attrs["ml.layer.type"] == "Wait"
+
+
+def test_run_json_names_the_hot_path_that_ran(tmp_path: Path, hot_path: str) -> None:
+    run = _trace(tmp_path, lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU())(torch.ones(1, 2)))
+    assert run.meta["sources"]["torch.modules"]["layer_hot_path"].split(" ")[0] == hot_path
+    assert _names(run) == ["0", "1"]
+
+
+def _span_table(run: Run) -> list[tuple[object, ...]]:
+    by_id = run.span_by_id()
+    rows = []
+    for s in run.spans:
+        parent = by_id.get(s.parent_id) if s.parent_id is not None else None
+        keep = {k: v for k, v in s.attrs.items() if k != "ml.model.invocation"}
+        rows.append((s.level.label, s.name, parent.name if parent else None, repr(sorted(keep.items()))))
+    return sorted(rows)
+
+
+def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C helper and the Python wrapper give identical layer spans (names, parents, shapes,
+    dtypes, every attribute) on the example CNN and a TransformerEncoder."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        from models import resnet_small
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    cnn = resnet_small().eval()
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2).eval()
+    images, tokens = torch.randn(1, 3, 32, 32), torch.randn(2, 5, 32)
+
+    def work() -> None:
+        with torch.inference_mode():
+            cnn(images)
+            enc(tokens, src_key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+
+    tables = {}
+    for path in ("c", "python"):
+        if path == "c" and not HAVE_C:
+            pytest.skip("the C helper mltrace._layercall is not built here")
+        monkeypatch.setenv(HOT_PATH_ENV, path)
+        tables[path] = _span_table(_trace(tmp_path / path, work))
+    assert len(tables["python"]) > 60
+    assert tables["c"] == tables["python"]

@@ -1,0 +1,204 @@
+/* The layer level's Module.__call__ hot path in C.
+ *
+ * TorchModuleSource (tracer/sources/torch_modules.py) installs a LayerCall as
+ * torch.nn.Module.__call__. For a nested module call it does what the Python
+ * wrapper in _wrap_call_layers does, with the same objects: push a frame
+ *   [module, parent frame, id, start ns, end ns, input shapes, output shapes, None, None]
+ * on the thread's stack, call the module, end the frame whatever happened, and
+ * hand it to the source's deque; the flusher turns frames into spans. The
+ * outermost call of a thread (the model span) goes to the Python wrapper
+ * (`outer`). Shapes are kept raw, as (torch.Size, dtype) for one tensor, or
+ * what raw_shapes returns. Times are CLOCK_MONOTONIC ns, time.monotonic_ns().
+ * mltrace's own failures after the call (a shape that cannot be read) are
+ * dropped; the module's own result or exception always reaches the caller.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <time.h>
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *tls, *new_stack, *outer, *raw_shapes, *tensor_type, *next_id, *append_frame, *original;
+    int direct;
+} LayerCall;
+
+static PyObject *s_stack, *s_shape, *s_dtype, *s_call_impl, *s_compiled;
+
+static inline PyObject *clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+}
+
+static PyObject *shapes_of(LayerCall *self, PyObject *value) {
+    if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
+        PyObject *shape = PyObject_GetAttr(value, s_shape);
+        if (!shape) return NULL;
+        PyObject *dtype = PyObject_GetAttr(value, s_dtype);
+        if (!dtype) { Py_DECREF(shape); return NULL; }
+        PyObject *pair = PyTuple_Pack(2, shape, dtype);
+        Py_DECREF(shape); Py_DECREF(dtype);
+        return pair;
+    }
+    return PyObject_CallOneArg(self->raw_shapes, value);
+}
+
+static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    LayerCall *self = (LayerCall *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    PyObject *module = args[0];
+    PyObject *stack = PyObject_GetAttr(self->tls, s_stack);
+    if (!stack) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        stack = PyObject_CallNoArgs(self->new_stack);
+        if (!stack) return NULL;
+    }
+    if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) {
+        Py_DECREF(stack);
+        return PyObject_Vectorcall(self->outer, args, nargsf, kwnames);
+    }
+    PyObject *shapes_in;
+    if (nargs == 1) {
+        shapes_in = Py_NewRef(Py_None);
+    } else if (nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
+        shapes_in = shapes_of(self, args[1]);
+    } else {
+        PyObject *t = PyTuple_New(nargs - 1);
+        if (!t) { Py_DECREF(stack); return NULL; }
+        for (Py_ssize_t i = 1; i < nargs; i++) PyTuple_SET_ITEM(t, i - 1, Py_NewRef(args[i]));
+        shapes_in = PyObject_CallOneArg(self->raw_shapes, t);
+        Py_DECREF(t);
+    }
+    if (!shapes_in) {  /* a nested tensor has no shape (TransformerEncoder's fast path): no shapes */
+        PyErr_Clear();
+        shapes_in = Py_NewRef(Py_None);
+    }
+    PyObject *id = PyObject_CallNoArgs(self->next_id);
+    PyObject *start = clock_ns();
+    PyObject *frame = PyList_New(9);
+    if (!id || !start || !frame) {
+        Py_XDECREF(id); Py_XDECREF(start); Py_XDECREF(frame); Py_DECREF(shapes_in); Py_DECREF(stack);
+        return NULL;
+    }
+    PyObject *parent = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
+    PyList_SET_ITEM(frame, 0, Py_NewRef(module));
+    PyList_SET_ITEM(frame, 1, Py_NewRef(parent));
+    PyList_SET_ITEM(frame, 2, id);
+    PyList_SET_ITEM(frame, 3, start);
+    PyList_SET_ITEM(frame, 4, PyLong_FromLong(-1));
+    PyList_SET_ITEM(frame, 5, shapes_in);
+    PyList_SET_ITEM(frame, 6, Py_NewRef(Py_None));
+    PyList_SET_ITEM(frame, 7, Py_NewRef(Py_None));
+    PyList_SET_ITEM(frame, 8, Py_NewRef(Py_None));
+    if (PyList_Append(stack, frame) < 0) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
+
+    PyObject *output = NULL;
+    int use_direct = 0;
+    if (self->direct) {
+        PyObject *compiled = PyObject_GetAttr(module, s_compiled);
+        if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
+        else PyErr_Clear();
+    }
+    if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
+    else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+
+    /* finally: end the frame whatever happened, keeping the call's exception */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *end = clock_ns();
+    if (end) PyList_SetItem(frame, 4, end);
+    else PyErr_Clear();
+    Py_ssize_t n;
+    while ((n = PyList_GET_SIZE(stack)) > 0) {
+        PyObject *top = PyList_GET_ITEM(stack, n - 1);
+        int ours = top == frame;
+        PyList_SetSlice(stack, n - 1, n, NULL);
+        if (ours) break;
+    }
+    if (output && output != Py_None) {
+        PyObject *out = shapes_of(self, output);
+        if (out) PyList_SetItem(frame, 6, out);
+        else PyErr_Clear();  /* a nested tensor has no shape */
+    }
+    PyObject *r = PyObject_CallOneArg(self->append_frame, frame);
+    Py_XDECREF(r);
+    PyErr_Clear();  /* mltrace's own failures never reach the program */
+    PyErr_Restore(et, ev, tb);
+    Py_DECREF(frame);
+    Py_DECREF(stack);
+    return output;
+}
+
+static PyObject *layer_call(PyObject *callable, PyObject *args, PyObject *kwargs) {
+    return PyVectorcall_Call(callable, args, kwargs);
+}
+
+static PyObject *layer_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->tls); Py_VISIT(self->new_stack); Py_VISIT(self->outer); Py_VISIT(self->raw_shapes);
+    Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
+    return 0;
+}
+static int layer_clear(LayerCall *self) {
+    Py_CLEAR(self->tls); Py_CLEAR(self->new_stack); Py_CLEAR(self->outer); Py_CLEAR(self->raw_shapes);
+    Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
+    return 0;
+}
+static void layer_dealloc(LayerCall *self) {
+    PyObject_GC_UnTrack(self);
+    layer_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct", NULL};
+    PyObject *o[8]; int direct;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct))
+        return NULL;
+    if (!PyType_Check(o[4])) { PyErr_SetString(PyExc_TypeError, "tensor_type must be a type"); return NULL; }
+    LayerCall *self = (LayerCall *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->vectorcall = layer_vectorcall;
+    self->tls = Py_NewRef(o[0]); self->new_stack = Py_NewRef(o[1]); self->outer = Py_NewRef(o[2]);
+    self->raw_shapes = Py_NewRef(o[3]); self->tensor_type = Py_NewRef(o[4]); self->next_id = Py_NewRef(o[5]);
+    self->append_frame = Py_NewRef(o[6]); self->original = Py_NewRef(o[7]); self->direct = direct;
+    return (PyObject *)self;
+}
+
+static PyTypeObject LayerCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mltrace._layercall.LayerCall",
+    .tp_basicsize = sizeof(LayerCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(LayerCall, vectorcall),
+    .tp_call = layer_call,
+    .tp_descr_get = layer_get,
+    .tp_new = layer_new,
+    .tp_traverse = (traverseproc)layer_traverse,
+    .tp_clear = (inquiry)layer_clear,
+    .tp_dealloc = (destructor)layer_dealloc,
+    .tp_doc = "Module.__call__ for the layer level: pushes a frame per nested module call (see torch_modules.py).",
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_layercall", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__layercall(void) {
+    if (PyType_Ready(&LayerCallType) < 0) return NULL;
+    s_stack = PyUnicode_InternFromString("stack");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_call_impl = PyUnicode_InternFromString("_call_impl");
+    s_compiled = PyUnicode_InternFromString("_compiled_call_impl");
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

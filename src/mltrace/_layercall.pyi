@@ -1,0 +1,20 @@
+from collections.abc import Callable
+from typing import Any
+
+class LayerCall:
+    """``Module.__call__`` for the layer level, in C (see ``_layercall.c``)."""
+
+    def __init__(
+        self,
+        tls: Any,
+        new_stack: Callable[[], list[Any]],
+        outer: Callable[..., Any],
+        raw_shapes: Callable[[Any], list[Any]],
+        tensor_type: type,
+        next_id: Callable[[], int],
+        append_frame: Callable[[list[Any]], None],
+        original: Callable[..., Any],
+        direct: bool,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __get__(self, obj: Any, objtype: Any = None) -> Any: ...
