@@ -383,3 +383,15 @@ def test_h100_trace_every_kernel_reaches_its_module_through_op_and_launch() -> N
     assert set(library) == {"cuDNN"}
     models = {s.name for s in run.spans if s.level is Level.MODEL}
     assert {"Cnn", "TransformerEncoder"} <= models
+
+
+def test_api_calls_kineto_cannot_name_keep_their_callback_id() -> None:
+    """Kineto of torch 2.11 names cbid 468 (cudaGetDriverEntryPointByVersion, CUDA 13) "INVALID"."""
+    trace = raw("h100_cuda_models.json.gz")
+    invalid = [e for e in complete_events(trace, "cuda_runtime") if e["name"] == "INVALID"]
+    assert invalid and {e["args"]["cbid"] for e in invalid} == {468}
+    _, run = convert("h100_cuda_models.json.gz")
+    named = [s for s in run.spans if s.attrs.get("cuda.api.cbid") == 468]
+    assert len(named) == len(invalid)
+    assert {s.name for s in named} == {s.attrs["cuda.api.name"] for s in named} == {"CUDA runtime API call (cbid 468)"}
+    assert not [s for s in run.spans if s.name == "INVALID"]

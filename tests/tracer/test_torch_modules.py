@@ -15,7 +15,6 @@ from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
 
-
 HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
 
 

@@ -508,7 +508,15 @@ def kineto_to_events(
             continue
         elif cat in CUDA_API_CATEGORIES:
             level = Level.KERNEL
-            attrs = {"cuda.api.name": name, "cuda.api.kind": "runtime" if cat == "cuda_runtime" else "driver"}
+            kind = "runtime" if cat == "cuda_runtime" else "driver"
+            cbid = args.get("cbid")
+            if name == "INVALID" and isinstance(cbid, int):
+                # Kineto's own table lacks the callback ids of newer CUDA releases (on an H100
+                # with CUDA 13, cbid 468 is cudaGetDriverEntryPointByVersion): say what is known.
+                name = f"CUDA {kind} API call (cbid {cbid})"
+            attrs = {"cuda.api.name": name, "cuda.api.kind": kind}
+            if isinstance(cbid, int):
+                attrs["cuda.api.cbid"] = cbid
             if corr is not None:
                 attrs["gpu.correlation_id"] = corr
         else:  # GPU activity
