@@ -576,6 +576,7 @@ def test_records_delivered_by_cupti_reach_the_run(tmp_path: Path) -> None:
             kind=5, start=base + 1000, end=base + 5000, correlation_id=1, cbid=211, thread_id=tid, process_id=1, return_value=0
         ),
         SimpleNamespace(kind=10, name=FILL, start=base + 6000, end=base + 9000, correlation_id=1, device_id=0, context_id=1, stream_id=7),
+        SimpleNamespace(kind=39, correlation_id=1, external_id=77),  # Kineto's external correlation: counted, not copied
     ]
     stand_in = _StandInCupti(records=records)
     dump = tmp_path / "records.json"
@@ -601,6 +602,7 @@ def test_records_delivered_by_cupti_reach_the_run(tmp_path: Path) -> None:
     clock = run.meta["cupti"]["clock"]
     assert clock["uncertainty_ns"] >= 0 and clock["offset_start_ns"] is not None and clock["offset_stop_ns"] is not None
     assert run.meta["cupti"]["gpu_activities_launched"] == 1
+    assert run.meta["sources"]["cupti"]["records_of_other_kinds"] == {"KIND_39": 1}
     dumped = json.loads(dump.read_text())
     assert [r["kind"] for r in dumped["records"]] == ["RUNTIME", "CONCURRENT_KERNEL"]
     assert dumped["records"][0]["name"] == "cudaLaunchKernel_v7000"

@@ -803,6 +803,9 @@ class _Collector:
         self.cupti = cupti
         self.buffer_bytes = buffer_bytes
         self.records: list[dict[str, Any]] = []
+        #: Records of kinds this source does not convert, counted instead of copied (Kineto's
+        #: external-correlation records land in our buffers: one per torch op).
+        self.not_copied: Counter[str] = Counter()
         self.errors = 0
         self.active = False
         self._lock = threading.Lock()
@@ -815,9 +818,14 @@ class _Collector:
         if not self.active:
             return
         batch: list[dict[str, Any]] = []
+        not_copied = self.not_copied
         for rec in activities:
             try:
-                batch.append(self.record_to_dict(rec))
+                kind = kind_name(getattr(rec, "kind", None))
+                if kind not in RECORD_FIELDS:
+                    not_copied[kind] += 1
+                    continue
+                batch.append(self.record_to_dict(rec, kind))
             except Exception:  # never raise into CUPTI's thread
                 self.errors += 1
         with self._lock:
@@ -828,9 +836,10 @@ class _Collector:
             out, self.records = self.records, []
         return out
 
-    def record_to_dict(self, rec: Any) -> dict[str, Any]:
+    def record_to_dict(self, rec: Any, kind: str | None = None) -> dict[str, Any]:
         """Copies a cupti-python record's fields (see ``RECORD_FIELDS``) into a dict."""
-        kind = kind_name(getattr(rec, "kind", None))
+        if kind is None:
+            kind = kind_name(getattr(rec, "kind", None))
         out: dict[str, Any] = {"kind": kind}
         for f in RECORD_FIELDS.get(kind, ("start", "end", "correlation_id")):
             v = getattr(rec, f, None)
@@ -1144,6 +1153,8 @@ class CuptiSource:
         segments, self._segments = self._segments, []
         if collector.errors:
             info["records_not_copied"] = collector.errors
+        if collector.not_copied:
+            info["records_of_other_kinds"] = dict(collector.not_copied)
         if self.dump_records is not None:
             _dump(self.dump_records, segments, session)
         records = [r for clock, recs in segments for r in _on_session_clock(recs, clock)]
