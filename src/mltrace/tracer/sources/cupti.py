@@ -868,8 +868,6 @@ class _Collector:
 _collector: _Collector | None = None
 
 
-#: Whether an exit-time flush is registered (once per process).
-_exit_flush_registered = False
 #: cupti-python's module, once this source has registered its buffer callbacks in this process.
 _registered_with: ModuleType | None = None
 
@@ -884,20 +882,13 @@ def hand_back_buffers() -> None:
     ("free(): invalid size" and segfaults in later sessions, seen on an
     H100 machine). Even a CPU-only torch.profiler keeps CUPTI busy with
     external-correlation records, so buffers are in flight whenever it runs.
+    It also runs at exit, while Python still runs: CUPTI users flush again in
+    their own exit handlers (Kineto does), and a buffer must not be completed
+    into a finalising interpreter.
     """
     cupti = _registered_with
     if cupti is None:
         return
-    try:
-        cupti.activity_flush_all(1)
-    except Exception:
-        pass
-
-
-def _flush_at_exit(cupti: ModuleType) -> None:
-    """Hands back, while Python still runs, any buffer CUPTI holds from this module's
-    callbacks: CUPTI users flush again in their own exit handlers (Kineto does), and
-    a buffer completed into a finalising interpreter must not happen."""
     try:
         cupti.activity_flush_all(1)
     except Exception:
@@ -1051,7 +1042,7 @@ class CuptiSource:
         raise RuntimeError(message)
 
     def _subscribe(self, cupti: ModuleType) -> None:
-        global _collector, _exit_flush_registered, _registered_with
+        global _collector, _registered_with
         start_pair = sample_clock_pair(cupti.get_timestamp)
         self.clock = CuptiClock(start_pair)
         try:
@@ -1065,10 +1056,9 @@ class CuptiSource:
         # Its buffers in flight go back to it first (see hand_back_buffers).
         cupti.activity_flush_all(1)
         cupti.activity_register_callbacks(_buffer_requested, _buffer_completed)
+        if _registered_with is None:  # the first registration in this process
+            atexit.register(hand_back_buffers)
         _registered_with = cupti
-        if not _exit_flush_registered:
-            atexit.register(_flush_at_exit, cupti)
-            _exit_flush_registered = True
         collector.active = True
         self._collector = collector
         self._subscribed = True
@@ -1088,14 +1078,17 @@ class CuptiSource:
             for s in skipped:
                 self._session.note_limitation(f"kernel level: CUPTI activity {s}")
 
-    def _unsubscribe(self, cupti: ModuleType) -> None:
-        global _collector
+    def _disable_kinds(self, cupti: ModuleType) -> None:
         for kind in reversed(self._enabled):
             try:
                 cupti.activity_disable(kind)
             except Exception:
                 pass
         self._enabled = []
+
+    def _unsubscribe(self, cupti: ModuleType) -> None:
+        global _collector
+        self._disable_kinds(cupti)
         self._subscribed = False
         if self._collector is not None:
             self._collector.active = False
@@ -1122,12 +1115,7 @@ class CuptiSource:
             if self._session is not None:
                 self._session.errors.append(f"{self.name}: could not read the CUPTI clock: {describe_cupti_exception(exc)}")
         collector = self._collector
-        for kind in reversed(self._enabled):
-            try:
-                cupti.activity_disable(kind)
-            except Exception:
-                pass
-        self._enabled = []
+        self._disable_kinds(cupti)
         self._flush(cupti, "after disabling")  # records completed between the flush and the disable
         self._unsubscribe(cupti)
         assert clock is not None and collector is not None
