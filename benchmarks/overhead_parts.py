@@ -18,7 +18,11 @@ bootstrap 95 % interval and the spread. Where the C helper is the hot path, each
 round also times the Python wrapper it replaces. "with
 drain+write" adds what streaming the block's spans to disk cost (one flush,
 timed after each traced block, per inference): the flusher thread does that
-work under the GIL while the program runs.
+work under the GIL while the program runs. Medians hide rare costs, so each
+kind also gets the ratio of its mean (traced: with the flush) and the cyclic
+garbage collector's work in its blocks (collections by generation, time), seen
+through ``gc.callbacks``: the layer level must not make the program's
+allocations trigger collections it would not have had.
 
     python benchmarks/overhead_parts.py --paired [--pairs 100] [--block 3]
 """
@@ -26,6 +30,7 @@ work under the GIL while the program runs.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import sys
@@ -99,6 +104,19 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
         return None
 
     load_before = loadavg()
+    sums: dict[str, int] = {}  # ns timed per kind ("flush": the traced blocks' flushes)
+    gc_work: dict[str, list[float]] = {}  # per kind: collections of gen 0, 1, 2 and ns spent
+    gc_kind = ["plain"]
+    gc_t0 = [0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_t0[0] = time.perf_counter_ns()
+            return
+        work = gc_work.setdefault(gc_kind[0], [0, 0, 0, 0])
+        work[info["generation"]] += 1
+        work[3] += time.perf_counter_ns() - gc_t0[0]
+
     hot: list[float] = []  # traced / plain, per round
     total: list[float] = []  # the same, traced including its drain+write
     hooks: list[float] = []  # no-op global hooks / plain, per round
@@ -118,6 +136,7 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
             installed = {"plain": original, "traced": wrapper, "hooks": original, "python": source.python_call}
             cnn(x)
             session.flush()  # the first flush has one-off costs: not counted
+            gc.callbacks.append(on_gc)
             for i in range(pairs):
                 med: dict[str, float] = {}
                 flush_ns = 0
@@ -127,8 +146,11 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                     handles = []
                     if kind == "hooks":
                         handles = [module_mod.register_module_forward_pre_hook(noop), module_mod.register_module_forward_hook(noop)]
+                    gc_kind[0] = kind
                     try:
-                        med[kind] = statistics.median(timed())
+                        times = timed()
+                        med[kind] = statistics.median(times)
+                        sums[kind] = sums.get(kind, 0) + sum(times)
                     finally:
                         for h in handles:
                             h.remove()
@@ -137,9 +159,11 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                         source._frames.clear()  # not written: the drain figure is the installed hot path's
                     if kind == "traced":
                         spans += len(session.recorder.done) + len(source._frames)
+                        gc_kind[0] = "flush"
                         t0 = time.perf_counter_ns()
                         session.flush()  # drain + write what the block recorded
                         flush_ns = time.perf_counter_ns() - t0
+                        sums["flush"] = sums.get("flush", 0) + flush_ns * block // (block + 1)
                 plain_ns.append(med["plain"])
                 hot.append(med["traced"] / med["plain"])
                 total.append((med["traced"] + flush_ns / (block + 1)) / med["plain"])
@@ -149,6 +173,8 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                 if (i + 1) % 10 == 0:
                     print(f"round {i + 1}/{pairs}", file=sys.stderr, flush=True)
         finally:
+            if on_gc in gc.callbacks:
+                gc.callbacks.remove(on_gc)
             session.stop()
     print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
     print(f"plain inference: median {statistics.median(plain_ns) / 1e6:.2f} ms")
@@ -167,6 +193,18 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
             f"  {name:22} {statistics.median(pct):+6.2f} %  95% CI [{lo:+.2f}, {hi:+.2f}]  "
             f"IQR [{q1:+.2f}, {q3:+.2f}]  min/max [{pct[0]:+.2f}, {pct[-1]:+.2f}]"
         )
+    print("means over all timed inferences (noise spikes included), vs plain:")
+    means = [(f"layer level, hot path ({hot_path})", sums["traced"]), ("with drain+write", sums["traced"] + sums["flush"])]
+    means += [("layer level, Python hot path", sums["python"])] if python else []
+    means.append(("no-op global hooks", sums["hooks"]))
+    for name, ns in means:
+        print(f"  {name:22} {100 * (ns / sums['plain'] - 1):+6.2f} %")
+    inferences = pairs * block
+    print(f"cyclic GC during the {inferences} timed inferences of each kind (flush: the traced blocks' flushes):")
+    for kind in (*kinds, "flush"):
+        g0, g1, g2, ns = gc_work.get(kind, [0, 0, 0, 0])
+        per = ns / inferences / 1e3
+        print(f"  {kind:8} collections gen0/1/2 {g0:4.0f} {g1:3.0f} {g2:2.0f}  {ns / 1e6:8.1f} ms  ({per:6.1f} µs per inference)")
 
 
 def main() -> int:

@@ -32,6 +32,20 @@ static inline PyObject *clock_ns(void) {
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
 }
 
+/* Untracks what a frame keeps until the flusher drains it (the frame, tuples and lists of
+ * shapes): none of it can be part of a reference cycle, and the cyclic garbage collector
+ * would otherwise traverse every live frame in each collection of the program's objects. */
+static void untrack(PyObject *o) {
+    if (PyList_Check(o)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++) untrack(PyList_GET_ITEM(o, i));
+    } else if (PyTuple_Check(o)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++) untrack(PyTuple_GET_ITEM(o, i));
+    } else {
+        return;
+    }
+    if (PyObject_GC_IsTracked(o)) PyObject_GC_UnTrack(o);
+}
+
 static PyObject *shapes_of(LayerCall *self, PyObject *value) {
     if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
         PyObject *shape = PyObject_GetAttr(value, s_shape);
@@ -77,6 +91,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         PyErr_Clear();
         shapes_in = Py_NewRef(Py_None);
     }
+    untrack(shapes_in);
     PyObject *id = PyObject_CallNoArgs(self->next_id);
     PyObject *start = clock_ns();
     PyObject *frame = PyList_New(9);
@@ -84,6 +99,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_XDECREF(id); Py_XDECREF(start); Py_XDECREF(frame); Py_DECREF(shapes_in); Py_DECREF(stack);
         return NULL;
     }
+    PyObject_GC_UnTrack(frame);  /* see untrack() */
     PyObject *parent = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
     PyList_SET_ITEM(frame, 0, Py_NewRef(module));
     PyList_SET_ITEM(frame, 1, Py_NewRef(parent));
@@ -121,7 +137,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     }
     if (output && output != Py_None) {
         PyObject *out = shapes_of(self, output);
-        if (out) PyList_SetItem(frame, 6, out);
+        if (out) { untrack(out); PyList_SetItem(frame, 6, out); }
         else PyErr_Clear();  /* a nested tensor has no shape */
     }
     PyObject *r = PyObject_CallOneArg(self->append_frame, frame);

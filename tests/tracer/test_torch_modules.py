@@ -417,3 +417,58 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
         tables[path] = _span_table(_trace(tmp_path / path, work))
     assert len(tables["python"]) > 60
     assert tables["c"] == tables["python"]
+
+
+def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flusher encodes layer frames straight to events.jsonl rows unless it streams
+    Perfetto (which needs Span objects): both give the same spans, attributes included."""
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 2).eval()
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).eval()
+
+    def work() -> None:
+        with torch.inference_mode():
+            for _ in range(3):
+                enc(torch.randn(2, 5, 16))
+                cnn(torch.randn(1, 3, 8, 8))
+            cnn(torch.randn(2, 3, 8, 8))  # new shapes after the caches filled
+
+    encoded = _trace(tmp_path / "encoded", work)
+    objects = _trace(tmp_path / "objects", work, stream_perfetto=True)
+    assert len(_names(encoded)) == 3 * (2 + 4) + 4  # the encoder takes its fast path: layers, no sublayers
+    assert _span_table(encoded) == _span_table(objects)
+    spans = [s for s in encoded.spans if s.level == Level.LAYER]
+    assert all(s.track_id == spans[0].track_id and s.end_ns >= s.start_ns > 0 for s in spans)
+
+
+def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Path, hot_path: str) -> None:
+    """What a layer frame keeps until the drain cannot form a cycle; tracked, every live frame
+    would be traversed by each collection the program's own allocations trigger."""
+    import gc
+
+    if hot_path != "c":
+        pytest.skip("the Python wrapper's frames are ordinary lists")
+    from mltrace.tracer.session import active_session
+
+    seen: list[list[object]] = []
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.inner(x) + self.inner(x)
+            session = active_session()
+            assert session is not None
+            source = next(s for s in session.started if s.name == "torch.modules")
+            seen.extend(source._frames)  # type: ignore[attr-defined]
+            return y
+
+    _trace(tmp_path, lambda: Outer()(torch.ones(2, 3)), flush_interval_s=60)
+    assert seen, "the inner frames were drained before the check"
+    for frame in seen:
+        assert not gc.is_tracked(frame)
+        for shapes in frame[5:7]:
+            assert shapes and not gc.is_tracked(shapes)
+            assert not any(gc.is_tracked(part) for part in shapes)

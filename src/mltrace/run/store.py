@@ -52,13 +52,13 @@ FORMAT_VERSION = 1
 try:  # orjson is ~5x faster on large runs; the stdlib is the fallback.
     import orjson as _orjson
 
-    def _dumps(obj: Any) -> bytes:
+    def dumps(obj: Any) -> bytes:
         return _orjson.dumps(obj, option=_orjson.OPT_SERIALIZE_NUMPY, default=str)
 
     _loads = _orjson.loads
 except ImportError:  # pragma: no cover - depends on the environment
 
-    def _dumps(obj: Any) -> bytes:
+    def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), default=str).encode()
 
     _loads = json.loads  # type: ignore[assignment]
@@ -80,28 +80,38 @@ def encode_batch(
     *,
     tracks: Iterable[Track] = (),
     spans: Iterable[Span] = (),
+    span_rows: Iterable[str] = (),
     instants: Iterable[Instant] = (),
     counters: Iterable[CounterSample] = (),
     flows: Iterable[Flow] = (),
 ) -> bytes:
-    """Encodes one batch as a single JSON line (bytes, newline-terminated)."""
+    """Encodes one batch as a single JSON line (bytes, newline-terminated).
+
+    ``span_rows`` are spans a producer encoded itself (``Recorder.drain(encoded=True)``):
+    each string a comma-separated run of ``span_row`` arrays, written after ``spans``.
+    """
     obj: dict[str, list[Any]] = {}
     rows: list[Any] = [track_row(t) for t in tracks]
     if rows:
         obj["tracks"] = rows
     rows = [span_row(s) for s in spans]
-    if rows:
+    encoded = [r for r in span_rows if r]
+    if encoded and rows:
+        encoded.insert(0, dumps(rows)[1:-1].decode())
+    elif rows:
         obj["spans"] = rows
-    rows = [[i.name, i.ts_ns, i.track_id, int(i.level), i.attrs] for i in instants]
-    if rows:
-        obj["instants"] = rows
-    rows = [[c.track_id, c.ts_ns, c.value] for c in counters]
-    if rows:
-        obj["counters"] = rows
-    rows = [[f.id, f.from_span, f.to_span, f.kind] for f in flows]
-    if rows:
-        obj["flows"] = rows
-    return _dumps(obj) + b"\n"
+    for key, rows in (
+        ("instants", [[i.name, i.ts_ns, i.track_id, int(i.level), i.attrs] for i in instants]),
+        ("counters", [[c.track_id, c.ts_ns, c.value] for c in counters]),
+        ("flows", [[f.id, f.from_span, f.to_span, f.kind] for f in flows]),
+    ):
+        if rows:
+            obj[key] = rows
+    line = dumps(obj)
+    if encoded:  # splice the pre-encoded spans in as the line's first key
+        head = b'{"spans":[' + ",".join(encoded).encode() + b"]"
+        line = head + (b"," + line[1:] if line != b"{}" else b"}")
+    return line + b"\n"
 
 
 class Run:

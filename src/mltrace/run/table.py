@@ -219,7 +219,7 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
     """
     import numpy as np
 
-    from mltrace.run.store import _dumps
+    from mltrace.run.store import dumps
 
     table = SpanTable.from_spans(spans)
     index: dict[bytes, int] = {}
@@ -232,7 +232,7 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
         if a is last_obj:
             attr[i] = last_k
             continue
-        b = _dumps(a)
+        b = dumps(a)
         k = index.get(b)
         if k is None:
             k = index[b] = len(blobs)

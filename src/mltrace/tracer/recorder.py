@@ -47,16 +47,18 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
-        self._producers: list[Callable[[], list[Span]]] = []
+        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], str] | None]] = []
         self._innermost: Callable[[], int | None] | None = None
 
-    def add_producer(self, produce: Callable[[], list[Span]]) -> None:
+    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], str] | None = None) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
 
         For a hot path that records something cheaper than a Span and builds
-        the spans later, in the flusher (the PyTorch layer level).
+        the spans later, in the flusher (the PyTorch layer level). ``encode``,
+        if given, takes the same spans as events.jsonl span rows instead
+        (``store.encode_batch``'s ``span_rows``), for ``drain(encoded=True)``.
         """
-        self._producers.append(produce)
+        self._producers.append((produce, encode))
 
     def set_innermost(self, innermost: Callable[[], int | None] | None) -> None:
         """Tells ``begin`` of open spans that do not go through ``current_span``.
@@ -135,17 +137,25 @@ class Recorder:
         """A fresh event id, unique within the session."""
         return next(self._ids)
 
-    def drain(self) -> dict[str, list[Any]]:
-        """Takes every completed event recorded so far (thread-safe)."""
+    def drain(self, encoded: bool = False) -> dict[str, list[Any]]:
+        """Takes every completed event recorded so far (thread-safe).
+
+        With ``encoded``, producers that can encode their spans themselves
+        give them as ``span_rows`` (strings) rather than ``spans``.
+        """
 
         def take(dq: deque[Any]) -> list[Any]:
             n = len(dq)
             return [dq.popleft() for _ in range(n)]
 
         spans = take(self.done)
-        for produce in self._producers:
+        span_rows: list[str] = []
+        for produce, encode in self._producers:
             try:
-                spans.extend(produce())
+                if encoded and encode is not None:
+                    span_rows.append(encode())
+                else:
+                    spans.extend(produce())
             except Exception as exc:  # a source's bug must not stop the other events
                 log.warning("mltrace: building spans failed: %s", exc)
         for span in spans:
@@ -156,13 +166,16 @@ class Recorder:
                     fin(span)
                 except Exception as exc:  # a source's bug must not lose the span
                     span.attrs["mltrace.error"] = f"attribute finalizer failed: {exc}"
-        return {
+        batch = {
             "tracks": take(self.tracks.pending),
             "spans": spans,
             "instants": take(self.instants),
             "counters": take(self.counters),
             "flows": take(self.flows),
         }
+        if encoded:
+            batch["span_rows"] = [r for r in span_rows if r]
+        return batch
 
 
 class Flusher(threading.Thread):

@@ -225,7 +225,8 @@ class Session:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
-        batch = self.recorder.drain()
+        # Perfetto streaming needs Span objects; events.jsonl alone takes encoded rows.
+        batch = self.recorder.drain(encoded=self._pftrace is None)
         if not any(batch.values()) or self._stream_failed or self._streams_closed:
             return
         try:

@@ -1,0 +1,49 @@
+"""events.jsonl lines: spans given as objects and as rows a producer encoded itself decode alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mltrace.run.metadata import base_metadata
+from mltrace.run.store import EVENTS_FILE, Run, dumps, encode_batch, load_run, span_row, write_meta
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Flow, Instant, Span, Track, TrackKind
+
+TRACK = Track(1, TrackKind.THREAD, "MainThread", 10, 10)
+SPANS = [
+    Span(1, None, Level.MODEL, "Net", 0, 100, 1, {"ml.layer.type": "Net"}),
+    Span(2, 1, Level.LAYER, "stem.0", 10, 40, 1, {"ml.input.shapes": [[1, 3, 8, 8]], "ml.input.dtypes": ["float32"]}),
+    Span(3, 1, Level.LAYER, "blocks.1 — ü", 50, 90, 1, {}),
+]
+
+
+def _encoded(spans: list[Span]) -> str:
+    return ",".join(dumps(span_row(s)).decode() for s in spans)
+
+
+def _load(tmp_path: Path, *lines: bytes) -> tuple[list[tuple[object, ...]], Run]:
+    tmp_path.mkdir(exist_ok=True)
+    write_meta(tmp_path, {**base_metadata(["python", "x.py"], "t"), "complete": True})
+    (tmp_path / EVENTS_FILE).write_bytes(b"".join(lines))
+    run = load_run(tmp_path)
+    return sorted((s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs) for s in run.spans), run
+
+
+def test_encoded_span_rows_decode_like_span_objects(tmp_path: Path) -> None:
+    instant = Instant("mark", 20, 1, Level.USER, {"k": 1})
+    flow = Flow(7, 1, 2, "test")
+    plain = encode_batch(tracks=[TRACK], spans=SPANS, instants=[instant], flows=[flow])
+    mixed = encode_batch(tracks=[TRACK], spans=SPANS[:1], span_rows=[_encoded(SPANS[1:]), ""], instants=[instant], flows=[flow])
+    assert json.loads(mixed)["spans"] == json.loads(plain)["spans"]
+    (a, run_a), (b, run_b) = _load(tmp_path / "a", plain), _load(tmp_path / "b", mixed)
+    assert a == b and len(a) == 3
+    assert run_a.instants == run_b.instants and run_a.flows == run_b.flows
+
+
+def test_a_line_of_encoded_span_rows_alone(tmp_path: Path) -> None:
+    line = encode_batch(span_rows=[_encoded(SPANS[:2]), _encoded(SPANS[2:])])
+    assert line.endswith(b"}\n") and line.count(b"\n") == 1
+    spans, _ = _load(tmp_path, encode_batch(tracks=[TRACK]), line)
+    assert [s[0] for s in spans] == [1, 2, 3]
+    assert encode_batch(span_rows=["", ""]) == b"{}\n"
