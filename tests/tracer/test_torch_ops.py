@@ -191,3 +191,46 @@ def test_profiler_waits_for_the_programs_torch_import(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "aten::mul_" in out.stdout and "aten::ones" in out.stdout
+
+
+def test_flops_counted_from_shapes_equal_torchs_own_count(tmp_path: Path) -> None:
+    """The op level records shapes only; ``aten_flops`` must give every op the count torch's
+    ``with_flops`` gives it: on the example CNN, an encoder, a grouped dilated convolution
+    and the matrix products directly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mltrace.tracer.sources.kineto import kineto_to_events, load_kineto_json
+    from mltrace.tracer.tracks import TrackRegistry
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        from models import encoder, resnet_small
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    cnn, enc = resnet_small().eval(), encoder(2).eval()
+    grouped = nn.Conv2d(8, 16, 3, stride=2, padding=2, dilation=2, groups=4).eval()
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        cnn(torch.randn(2, 3, 64, 64))
+        enc(torch.randint(0, 1000, (2, 16)))
+        grouped(torch.randn(1, 8, 9, 9))
+        torch.mm(torch.randn(3, 4), torch.randn(4, 6))
+        torch.baddbmm(torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5))
+        x = torch.randn(2, 3)
+        x * x, x + 1  # noqa: B018
+    theirs: dict[int, int] = {}
+    for e in prof.profiler.kineto_results.events():
+        if e.flops():
+            theirs[int(e.external_id())] = int(e.flops())
+    path = tmp_path / "kineto.json"
+    prof.export_chrome_trace(str(path))
+    trace = load_kineto_json(path)
+    for e in trace["traceEvents"]:  # as a trace without Kineto's own counts
+        e.get("args", {}).pop("flops", None)
+    ids = iter(range(1, 1 << 30))
+    ops = [s for s in kineto_to_events(trace, TrackRegistry(), lambda: next(ids), lambda t: t).spans if s.level is Level.OP]
+    ours = {s.attrs["kineto.external_id"]: s.attrs["ml.flops"] for s in ops if "ml.flops" in s.attrs}
+    names = {s.name for s in ops if s.attrs.get("kineto.external_id") in theirs}
+    assert {"aten::conv2d", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mm", "aten::mul", "aten::add"} <= names
+    assert len(theirs) > 40
+    assert ours == theirs

@@ -12,10 +12,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import gc
 from typing import Any
 
 from mltrace.errors import UsageError
+from mltrace.run.gcpause import gc_paused
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,14 +46,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--threshold must be 0 or more")
     if not args.min_delta_us >= 0:
         raise UsageError("--min-delta-us must be 0 or more")
-    was_enabled = gc.isenabled()
-    gc.disable()  # see commands/report.py: millions of objects, none of them garbage
-    try:
+    with gc_paused():  # millions of objects, none of them garbage
         a = load_run(args.run_a)
         b = load_run(args.run_b)
         d = diff_runs(a, b, threshold=args.threshold, min_delta_ns=int(args.min_delta_us * 1000), per_call=args.per_call)
-    finally:
-        if was_enabled:
-            gc.enable()
     render_diff(d, top=args.top)
     return 0

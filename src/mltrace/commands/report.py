@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 from pathlib import Path
 from typing import Any
 
 from mltrace.errors import UsageError
+from mltrace.run.gcpause import gc_paused
 
 
 def add_parser(subparsers: Any) -> None:
@@ -38,11 +38,8 @@ def run(args: argparse.Namespace) -> int:
     html_path = Path(args.html) if args.html else None
     if html_path is not None and html_path.is_dir():
         raise UsageError(f"--html {html_path}: is a directory (give a file name)")
-    # A run is millions of small objects built once and never freed before exit:
-    # the cyclic collector would rescan them again and again (3-5x the load time).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # A run is millions of small objects built once and never freed before exit.
+    with gc_paused():
         _say_if_slow(Path(args.run))
         run_obj = load_run(args.run, cache_table=True)
         has_gpu = any(t.kind == "gpu_stream" for t in run_obj.tracks.values())
@@ -59,9 +56,6 @@ def run(args: argparse.Namespace) -> int:
         from mltrace.viewers.html import render_html
 
         text = render_html(run_obj, analysis, timeline(run_obj), top=args.top)
-    finally:
-        if was_enabled:
-            gc.enable()
     try:
         html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(text, encoding="utf-8")

@@ -29,13 +29,13 @@ Row layouts (positional, to keep the file small and fast to load):
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from mltrace.run.gcpause import gc_paused
 from mltrace.run.table import TABLE_FILE
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track
@@ -153,13 +153,8 @@ class Run:
     def spans(self) -> list[Span]:
         if self._spans is None:
             assert self._table is not None
-            gc_was_enabled = gc.isenabled()
-            gc.disable()
-            try:
+            with gc_paused():
                 self._spans = self._table.to_spans()
-            finally:
-                if gc_was_enabled:
-                    gc.enable()
         return self._spans
 
     @spans.setter
@@ -288,11 +283,7 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
     events = p / EVENTS_FILE
     if not events.exists():
         raise RunError(f"{p}: run has no {EVENTS_FILE}")
-    gc_was_enabled = gc.isenabled()
-    # Millions of small lists and Span objects: the cyclic GC would rescan them
-    # over and over while they are built (3-5x slower); none of them form cycles.
-    gc.disable()
-    try:
+    with gc_paused():  # millions of small lists and Span objects, none in a cycle
         run = _load_from_table(p, meta, events)
         if run is not None:
             return run
@@ -309,9 +300,6 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
                 write_table(p, run)
             except (OSError, ValueError, TypeError, OverflowError):
                 pass  # a cache: failing to write it only costs the next load its speed
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return run
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
 from mltrace.run import store
+from mltrace.run.gcpause import gc_paused
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
 from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
@@ -259,7 +260,12 @@ class Session:
             self.limitations.append(text)
 
     def stop(self) -> Path:
-        """Stops every source, finalizes the run directory and returns its path."""
+        """Stops every source, finalizes the run directory and returns its path.
+
+        The cyclic garbage collector is paused meanwhile: converting a profiler's
+        events and finalizing build millions of objects and no cycles (300 CNN
+        inferences at the op level: 6.2 of 14 s went to collections).
+        """
         global _active
         if self._stopped:
             assert self.run_dir is not None
@@ -267,6 +273,10 @@ class Session:
         self._stopped = True
         if _active is self:
             _active = None
+        with gc_paused():
+            return self._stop_and_finalize()
+
+    def _stop_and_finalize(self) -> Path:
         stop_ns = now_ns()
         for source in reversed(self.started):
             try:

@@ -13,8 +13,9 @@ CPU runs, see tests/data/kineto/):
   ===================== ==========================================================
   ``cpu_op``            ``Level.OP`` span on the thread's track (``ml.op.name``,
                         ``ml.input.shapes`` from ``Input Dims``, ``ml.input.dtypes``
-                        from ``Input type``, ``ml.flops`` when Kineto wrote
-                        ``flops``)
+                        from ``Input type``, ``ml.flops`` from Kineto's
+                        ``flops`` or else counted from the shapes,
+                        ``aten_flops``)
   ``user_annotation``   ``Level.USER`` span (``record_function``, ProfilerStep#N)
   ``gpu_user_annotation`` ``Level.USER`` span on the GPU stream's track
   ``python_function``   only ``nn.Module: <Type>_<n>`` frames (``with_modules``):
@@ -57,6 +58,7 @@ from typing import Any
 from mltrace.run.store import RunError
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Flow, Instant, Span, Track
+from mltrace.tracer.sources.aten_flops import aten_flops
 from mltrace.tracer.tracks import TrackRegistry
 
 #: Categories of GPU activities that become kernel-level spans on a stream track.
@@ -484,7 +486,9 @@ def kineto_to_events(
             if "Input type" in args:
                 attrs["ml.input.dtypes"] = args["Input type"]
             flops = args.get("flops")
-            if isinstance(flops, (int, float)) and flops > 0:
+            if not (isinstance(flops, (int, float)) and flops > 0):
+                flops = aten_flops(name, args)
+            if flops:
                 attrs["ml.flops"] = flops
         elif cat in ("user_annotation", "gpu_user_annotation"):
             level = Level.USER
