@@ -276,3 +276,32 @@ def test_real_torch_onednn_verbose_is_captured(tmp_path: Path) -> None:
     assert proc.stdout == b"model ready\nrunning done\n"
     assert ["convolution", "mb1_ic3oc8_ih32oh16kh7sh2dh0ph3_iw32ow16kw7sw2dw0pw3"] in report["onednn"]
     assert report["mkl"] == [["T", "N", "4", "2", "16"]]  # nn.Linear(16, 4) on 2 rows: SGEMM M=4 N=2 K=16
+
+
+def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> None:
+    """One chunk: verbose lines first (the quick path), then the program's text with a verbose
+    line starting mid-line, then a started verbose line that must be held back."""
+    from mltrace.tracer.fdtap import FdTap
+
+    out = tmp_path / "forwarded"
+    tap = FdTap()
+    tap._saved_fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        chunk = (
+            b"onednn_verbose,a\r\nMKL_VERBOSE b\n"  # whole lines
+            b"50% done onednn_verbose,c\n"  # the program's text, then a line mid-line
+            b"user line\nMKL_VERBOSE d\nonednn_verb"  # ... a tail that may become a line
+        )
+        held = tap._split(chunk, 7)
+        held = tap._split(held + b"ose,e\nbye\n", 8)
+    finally:
+        os.close(tap._saved_fd)
+    assert held == b""
+    assert out.read_bytes() == b"50% done user line\nbye\n"
+    assert tap.lines() == [
+        (7, "onednn_verbose,a"),
+        (7, "MKL_VERBOSE b"),
+        (7, "onednn_verbose,c"),
+        (7, "MKL_VERBOSE d"),
+        (8, "onednn_verbose,e"),
+    ]

@@ -163,6 +163,7 @@ class FdTap:
         self.forward_errors = 0
         self.detached = False
         self._lines: list[TappedLine] = []
+        self._raw: list[tuple[int, list[bytes]]] = []  # captured, not decoded yet
         self._lock = threading.Lock()
         self._saved_fd = -1
         self._read_fd = -1
@@ -267,6 +268,9 @@ class FdTap:
         if self._out_path:
             self._read_process_output()
         with self._lock:
+            for receive_ns, raw in self._raw:
+                self._lines.extend(TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for line in raw)
+            self._raw.clear()
             return list(self._lines)
 
     def __enter__(self) -> FdTap:
@@ -375,10 +379,10 @@ class FdTap:
         self._capture_all([line], receive_ns)
 
     def _capture_all(self, lines: list[bytes], receive_ns: int) -> None:
-        texts = [TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for line in lines]
+        # Kept as bytes: ``lines()`` decodes them, so the reader holds the GIL for less.
         with self._lock:
             if self._collecting:
-                self._lines.extend(texts)
+                self._raw.append((receive_ns, lines))
 
     def _run(self) -> None:
         fd = self._read_fd
@@ -438,11 +442,18 @@ class FdTap:
             newline yet, or a tail that may still grow into a prefix.
         """
         pos = 0
+        captured: list[bytes] = []
+        # The common case first: whole lines of a library's output, one after the other.
+        while data.startswith(self.prefixes, pos):
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                break
+            captured.append(data[pos:nl])
+            pos = nl + 1
         # Next position of each prefix at or after pos (-1: none left). Searched
         # again only once passed, so a chunk of many lines is one scan, not one
         # per line and prefix.
-        found = {p: data.find(p) for p in self.prefixes}
-        captured: list[bytes] = []
+        found = {p: data.find(p, pos) for p in self.prefixes}
         try:
             while True:
                 begin = -1
