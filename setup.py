@@ -1,4 +1,4 @@
-"""Builds mltrace's one C helper, the layer level's Module.__call__ (everything else is in pyproject.toml).
+"""Builds mltrace's one C helper, the layer level's Module.__call__ and row encoder (everything else is in pyproject.toml).
 
 The extension is optional: without a C compiler the build goes on, and mltrace
 uses the same hot path written in Python (run.json's ``sources.torch.modules``

@@ -1,4 +1,5 @@
-/* The layer level's Module.__call__ hot path in C.
+/* The layer level's Module.__call__ hot path in C, and (at the end) the flusher's encoder of
+ * the frames it makes.
  *
  * TorchModuleSource (tracer/sources/torch_modules.py) installs a LayerCall as
  * torch.nn.Module.__call__. For a nested module call it does what the Python
@@ -15,6 +16,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 typedef struct {
@@ -204,7 +207,118 @@ static PyTypeObject LayerCallType = {
     .tp_doc = "Module.__call__ for the layer level: pushes a frame per nested module call (see torch_modules.py).",
 };
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_layercall", NULL, -1, NULL};
+/* ---- encode_rows: the flusher's side, frames → events.jsonl span rows ----------------------
+ *
+ * encode_rows(frames, place, shapes_json, in_cache, out_cache, level) -> bytes
+ * does what TorchModuleSource._encode_frames does in Python, for a list of completed frames:
+ * for each, the row
+ *   [id,parent id,level,path,start,end,track,{attributes,"ml.input.shapes":…,…}]
+ * from the frame and the encodings cached with its path (kid[3], kid[4]), rows separated by
+ * commas. place(frame) resolves a frame's cache entry where it is not set yet; the input and
+ * output shape encodings come from in_cache/out_cache (one-tensor forms), else from
+ * shapes_json(raw, cache, kind). Nothing is built per row but the row's bytes in one buffer:
+ * in Python the same took ≈ 2 µs a frame, about a third of it formatting. */
+
+typedef struct { char *data; Py_ssize_t len, cap; } Buf;
+
+static int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        char *d = PyMem_Realloc(b->data, cap);
+        if (!d) { PyErr_NoMemory(); return -1; }
+        b->data = d; b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static int buf_str(Buf *b, PyObject *o) {
+    if (!PyUnicode_Check(o)) { PyErr_SetString(PyExc_TypeError, "expected an encoded str"); return -1; }
+    Py_ssize_t n; const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+    return s ? buf_put(b, s, n) : -1;
+}
+
+static int buf_int(Buf *b, PyObject *o, char after) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    char tmp[24];  /* digits written backwards from the end; snprintf cost more than the rest of a row */
+    char *p = tmp + sizeof tmp;
+    *--p = after;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do { *--p = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *--p = '-';
+    return buf_put(b, p, tmp + sizeof tmp - p);
+}
+
+/* The shape encoding of raw (a frame's IN or OUT), or NULL with an error; new reference. */
+static PyObject *shapes_text(PyObject *raw, PyObject *cache, PyObject *shapes_json, PyObject *kind) {
+    if (PyTuple_CheckExact(raw)) {
+        PyObject *hit = PyDict_GetItemWithError(cache, raw);
+        if (hit) return Py_NewRef(hit);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_CallFunctionObjArgs(shapes_json, raw, cache, kind, NULL);
+}
+
+static PyObject *s_track_id, *s_input, *s_output;
+
+static PyObject *encode_rows(PyObject *mod, PyObject *args) {
+    PyObject *frames, *place, *shapes_json, *in_cache, *out_cache; int level;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!i", &PyList_Type, &frames, &place, &shapes_json,
+                          &PyDict_Type, &in_cache, &PyDict_Type, &out_cache, &level))
+        return NULL;
+    Buf b = {NULL, 0, 0};
+    char head[32];
+    int head_n = snprintf(head, sizeof head, "%d,", level);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
+        PyObject *f = PyList_GET_ITEM(frames, i);
+        if (!PyList_CheckExact(f) || PyList_GET_SIZE(f) < 9) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
+        PyObject *kid = PyList_GET_ITEM(f, 7);
+        if (kid == Py_None) {
+            kid = PyObject_CallOneArg(place, f);
+            if (!kid) goto fail;
+        } else {
+            Py_INCREF(kid);
+        }
+        PyObject *in_text = NULL, *out_text = NULL, *track = NULL;
+        PyObject *parent = PyList_GET_ITEM(f, 1), *root = PyList_GET_ITEM(f, 8);
+        PyObject *raw_in = PyList_GET_ITEM(f, 5), *raw_out = PyList_GET_ITEM(f, 6);
+        int ok = PyTuple_Check(kid) && PyTuple_GET_SIZE(kid) >= 5 && PyList_Check(parent) && PyList_GET_SIZE(parent) > 2
+            && PyList_Check(root) && PyList_GET_SIZE(root) > 9;
+        if (!ok) PyErr_SetString(PyExc_TypeError, "not a placed layer frame");
+        ok = ok && (track = PyObject_GetAttr(PyList_GET_ITEM(root, 9), s_track_id)) != NULL;
+        int has_in = ok ? PyObject_IsTrue(raw_in) : 0, has_out = ok ? PyObject_IsTrue(raw_out) : 0;
+        ok = ok && has_in >= 0 && has_out >= 0;
+        ok = ok && (!has_in || (in_text = shapes_text(raw_in, in_cache, shapes_json, s_input)) != NULL);
+        ok = ok && (!has_out || (out_text = shapes_text(raw_out, out_cache, shapes_json, s_output)) != NULL);
+        ok = ok && (b.len == 0 || buf_put(&b, ",", 1) == 0) && buf_put(&b, "[", 1) == 0
+            && buf_int(&b, PyList_GET_ITEM(f, 2), ',') == 0 && buf_int(&b, PyList_GET_ITEM(parent, 2), ',') == 0
+            && buf_put(&b, head, head_n) == 0 && buf_str(&b, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(&b, ",", 1) == 0
+            && buf_int(&b, PyList_GET_ITEM(f, 3), ',') == 0 && buf_int(&b, PyList_GET_ITEM(f, 4), ',') == 0
+            && buf_int(&b, track, ',') == 0 && buf_str(&b, PyTuple_GET_ITEM(kid, 4)) == 0
+            && (!in_text || buf_str(&b, in_text) == 0) && (!out_text || buf_str(&b, out_text) == 0)
+            && buf_put(&b, "}]", 2) == 0;
+        Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text);
+        if (!ok) goto fail;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
+    PyMem_Free(b.data);
+    return out;
+fail:
+    PyMem_Free(b.data);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"encode_rows", encode_rows, METH_VARARGS,
+     "encode_rows(frames, place, shapes_json, in_cache, out_cache, level) -> bytes: "
+     "completed layer frames as events.jsonl span rows (see TorchModuleSource._encode_frames)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_layercall", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__layercall(void) {
     if (PyType_Ready(&LayerCallType) < 0) return NULL;
@@ -213,6 +327,9 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_call_impl = PyUnicode_InternFromString("_call_impl");
     s_compiled = PyUnicode_InternFromString("_compiled_call_impl");
+    s_track_id = PyUnicode_InternFromString("track_id");
+    s_input = PyUnicode_InternFromString("input");
+    s_output = PyUnicode_InternFromString("output");
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0) { Py_DECREF(m); return NULL; }

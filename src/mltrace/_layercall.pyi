@@ -18,3 +18,13 @@ class LayerCall:
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __get__(self, obj: Any, objtype: Any = None) -> Any: ...
+
+def encode_rows(
+    frames: list[list[Any]],
+    place: Callable[[list[Any]], Any],
+    shapes_json: Callable[[Any, dict[Any, str], str], str],
+    in_cache: dict[Any, str],
+    out_cache: dict[Any, str],
+    level: int,
+) -> bytes:
+    """Completed layer frames as events.jsonl span rows (see ``TorchModuleSource._encode_frames``)."""

@@ -18,8 +18,8 @@ SPANS = [
 ]
 
 
-def _encoded(spans: list[Span]) -> str:
-    return ",".join(dumps(span_row(s)).decode() for s in spans)
+def _encoded(spans: list[Span]) -> bytes:
+    return b",".join(dumps(span_row(s)) for s in spans)
 
 
 def _load(tmp_path: Path, *lines: bytes) -> tuple[list[tuple[object, ...]], Run]:
@@ -34,7 +34,7 @@ def test_encoded_span_rows_decode_like_span_objects(tmp_path: Path) -> None:
     instant = Instant("mark", 20, 1, Level.USER, {"k": 1})
     flow = Flow(7, 1, 2, "test")
     plain = encode_batch(tracks=[TRACK], spans=SPANS, instants=[instant], flows=[flow])
-    mixed = encode_batch(tracks=[TRACK], spans=SPANS[:1], span_rows=[_encoded(SPANS[1:]), ""], instants=[instant], flows=[flow])
+    mixed = encode_batch(tracks=[TRACK], spans=SPANS[:1], span_rows=[_encoded(SPANS[1:]), b""], instants=[instant], flows=[flow])
     assert json.loads(mixed)["spans"] == json.loads(plain)["spans"]
     (a, run_a), (b, run_b) = _load(tmp_path / "a", plain), _load(tmp_path / "b", mixed)
     assert a == b and len(a) == 3
@@ -46,4 +46,4 @@ def test_a_line_of_encoded_span_rows_alone(tmp_path: Path) -> None:
     assert line.endswith(b"}\n") and line.count(b"\n") == 1
     spans, _ = _load(tmp_path, encode_batch(tracks=[TRACK]), line)
     assert [s[0] for s in spans] == [1, 2, 3]
-    assert encode_batch(span_rows=["", ""]) == b"{}\n"
+    assert encode_batch(span_rows=[b"", b""]) == b"{}\n"

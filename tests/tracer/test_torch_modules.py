@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 from pathlib import Path
 
@@ -472,3 +473,46 @@ def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Pa
         for shapes in frame[5:7]:
             assert shapes and not gc.is_tracked(shapes)
             assert not any(gc.is_tracked(part) for part in shapes)
+
+
+def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path: str) -> None:
+    """The drain's two encoders, on the same frames of the example CNN and a TransformerEncoder
+    (one tensor, several tensors, a padding mask, nested tensors without shapes)."""
+    import json
+
+    if hot_path != "c":
+        pytest.skip("the C encoder comes with the C hot path")
+    from mltrace.tracer.session import active_session
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        from models import resnet_small
+    finally:
+        sys.path.pop(0)
+    cnn = resnet_small().eval()
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2).eval()
+    taken: list[list[object]] = []
+
+    def work() -> None:
+        with torch.inference_mode():
+            cnn(torch.randn(1, 3, 32, 32))
+            enc(torch.randn(2, 5, 32), src_key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+        enc(torch.randn(2, 5, 32))  # grad mode: the slow path, every sublayer
+        session = active_session()
+        assert session is not None
+        source = next(s for s in session.started if s.name == "torch.modules")
+        taken.extend(source._frames)  # type: ignore[attr-defined]
+        copies = [list(f) for f in taken]  # not yet placed
+        for cache in (source._in_json, source._out_json):  # type: ignore[attr-defined]
+            cache.clear()
+        c_rows = source._encode_rows(taken, source._place, source._shapes_json, source._in_json, source._out_json, 3)  # type: ignore[attr-defined]
+        for cache in (source._in_json, source._out_json):  # type: ignore[attr-defined]
+            cache.clear()
+        python_rows = source._encode_rows_python(copies, 3)  # type: ignore[attr-defined]
+        assert c_rows == python_rows
+        rows = json.loads(b"[" + c_rows + b"]")
+        assert len(rows) == len(taken) > 60
+        assert {r[3] for r in rows} >= {"stem.0", "layers.0.self_attn", "layers.1.linear2"}
+
+    _trace(tmp_path, work, flush_interval_s=60)
+    assert taken

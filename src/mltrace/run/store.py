@@ -80,7 +80,7 @@ def encode_batch(
     *,
     tracks: Iterable[Track] = (),
     spans: Iterable[Span] = (),
-    span_rows: Iterable[str] = (),
+    span_rows: Iterable[bytes] = (),
     instants: Iterable[Instant] = (),
     counters: Iterable[CounterSample] = (),
     flows: Iterable[Flow] = (),
@@ -88,7 +88,7 @@ def encode_batch(
     """Encodes one batch as a single JSON line (bytes, newline-terminated).
 
     ``span_rows`` are spans a producer encoded itself (``Recorder.drain(encoded=True)``):
-    each string a comma-separated run of ``span_row`` arrays, written after ``spans``.
+    each a comma-separated run of ``span_row`` arrays (UTF-8), written after ``spans``.
     """
     obj: dict[str, list[Any]] = {}
     rows: list[Any] = [track_row(t) for t in tracks]
@@ -97,7 +97,7 @@ def encode_batch(
     rows = [span_row(s) for s in spans]
     encoded = [r for r in span_rows if r]
     if encoded and rows:
-        encoded.insert(0, dumps(rows)[1:-1].decode())
+        encoded.insert(0, dumps(rows)[1:-1])
     elif rows:
         obj["spans"] = rows
     for key, rows in (
@@ -109,7 +109,7 @@ def encode_batch(
             obj[key] = rows
     line = dumps(obj)
     if encoded:  # splice the pre-encoded spans in as the line's first key
-        head = b'{"spans":[' + ",".join(encoded).encode() + b"]"
+        head = b'{"spans":[' + b",".join(encoded) + b"]"
         line = head + (b"," + line[1:] if line != b"{}" else b"}")
     return line + b"\n"
 

@@ -47,10 +47,10 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
-        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], str] | None]] = []
+        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], bytes] | None]] = []
         self._innermost: Callable[[], int | None] | None = None
 
-    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], str] | None = None) -> None:
+    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], bytes] | None = None) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
 
         For a hot path that records something cheaper than a Span and builds
@@ -141,7 +141,7 @@ class Recorder:
         """Takes every completed event recorded so far (thread-safe).
 
         With ``encoded``, producers that can encode their spans themselves
-        give them as ``span_rows`` (strings) rather than ``spans``.
+        give them as ``span_rows`` (encoded rows, bytes) rather than ``spans``.
         """
 
         def take(dq: deque[Any]) -> list[Any]:
@@ -149,7 +149,7 @@ class Recorder:
             return [dq.popleft() for _ in range(n)]
 
         spans = take(self.done)
-        span_rows: list[str] = []
+        span_rows: list[bytes] = []
         for produce, encode in self._producers:
             try:
                 if encoded and encode is not None:

@@ -27,6 +27,7 @@ import sys
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.bricks import layer_config
@@ -118,6 +119,7 @@ class TorchModuleSource:
         self._shape_cache: dict[Any, tuple[list[list[int]], list[str]]] = {}
         self._in_json: dict[Any, str] = {}
         self._out_json: dict[Any, str] = {}
+        self._encode_rows: Callable[..., bytes] | None = None  # the C helper's, where it is used
         self._invocations: dict[int, int] = {}
         self._torch_dir = ""
         self._tensor: Any = object
@@ -258,17 +260,19 @@ class TorchModuleSource:
 
     def _native_layer_call(self) -> Any:
         """The C hot path's type (``mltrace._layercall.LayerCall``), or None: not built, or
-        ``MLTRACE_LAYER_HOT_PATH=python``. Which one runs is written to run.json."""
+        ``MLTRACE_LAYER_HOT_PATH=python``. Which one runs is written to run.json; the drain
+        encodes rows in C (``encode_rows``) exactly when the hot path is C."""
         info = self._session.meta.setdefault("sources", {}).setdefault(self.name, {}) if self._session else {}
         if os.environ.get(HOT_PATH_ENV, "").strip().lower() == "python":
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall
+            from mltrace._layercall import LayerCall, encode_rows
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
+        self._encode_rows = encode_rows
         return LayerCall
 
     def _wrap_call(self, module_cls: Any) -> None:
@@ -369,25 +373,33 @@ class TorchModuleSource:
             spans.append(self._layer_span(frame))
         return spans
 
-    def _encode_frames(self) -> str:
+    def _encode_frames(self) -> bytes:
         """The layer frames completed since the last drain, as encoded span rows (``Recorder.add_producer``).
 
         The same rows ``store.span_row`` would give the spans of ``_drain_frames``,
-        without making them: each row is one string from the frame and the
+        without making them: each row is written from the frame and the
         encodings cached with its path, so draining allocates nothing the
         cyclic garbage collector tracks. Building Span objects, attribute dicts
         and shape lists for a whole flush interval made the collector promote
         thousands of objects per flush, and the full collections that followed
-        (≈ 70 ms with torch loaded) landed in the program's thread.
+        (≈ 70 ms with torch loaded) landed in the program's thread. The C
+        helper's ``encode_rows`` writes the rows where it is built (the drain
+        runs under the GIL, so its cost is the program's too);
+        ``_encode_rows_python`` is the same in Python.
         """
         frames = self._frames
-        truncated = self._truncated
-        rows = []
+        batch = [frames.popleft() for _ in range(len(frames))]
+        if self._truncated:
+            batch = [f for f in batch if f[ID] not in self._truncated]
         level = int(Level.LAYER)
-        for _ in range(len(frames)):
-            frame = frames.popleft()
-            if truncated and frame[ID] in truncated:
-                continue
+        if self._encode_rows is not None:
+            rows: bytes = self._encode_rows(batch, self._place, self._shapes_json, self._in_json, self._out_json, level)
+            return rows
+        return self._encode_rows_python(batch, level)
+
+    def _encode_rows_python(self, frames: list[list[Any]], level: int) -> bytes:
+        rows = []
+        for frame in frames:
             kid = self._place(frame)
             raw_in = frame[IN]
             raw_out = frame[OUT]
@@ -400,7 +412,7 @@ class TorchModuleSource:
                 f"[{frame[ID]},{frame[PARENT][ID]},{level},{kid[3]},{frame[START]},{frame[END]},"
                 f"{frame[ROOT][SPAN].track_id},{kid[4]}{shapes}}}]"
             )
-        return ",".join(rows)
+        return ",".join(rows).encode()
 
     def _shapes_json(self, raw: Any, cache: dict[Any, str], kind: str) -> str:
         """``,"ml.<kind>.shapes":…,"ml.<kind>.dtypes":…`` for one raw form; the one-tensor form is cached."""
