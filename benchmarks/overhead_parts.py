@@ -16,8 +16,10 @@ forward hooks, the reference the overhead goal is stated against. Each round
 gives ratios of the blocks' medians; the report is the median ratio with a
 bootstrap 95 % interval and the spread. Where the C helper is the hot path, each
 round also times the Python wrapper it replaces. "with
-drain+write" adds what streaming the block's spans to disk cost (one flush,
-timed after each traced block, per inference): the flusher thread does that
+drain+write" adds what streaming the spans to disk cost per inference: a
+timed flush after every ``--flush-every`` traced blocks (default 8, about the
+session's 0.5 s flush interval on this CNN; a flush has fixed costs, so
+flushing after every block would overstate it); the flusher thread does that
 work under the GIL while the program runs. Medians hide rare costs, so each
 kind also gets the ratio of its mean (traced: with the flush) and the cyclic
 garbage collector's work in its blocks (collections by generation, time), seen
@@ -82,7 +84,7 @@ def bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tuple
     return meds[int(0.025 * n)], meds[int(0.975 * n) - 1]
 
 
-def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> None:
+def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int, flush_every: int) -> None:
     """Plain and traced blocks, alternating inside one layer-level session (see the module docstring).
 
     Each round also times a block under two no-op global forward hooks (torch's
@@ -103,6 +105,15 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
     def noop(*_: object) -> None:
         return None
 
+    def drain() -> None:
+        """One flush of everything recorded since the last, timed: the flusher's work."""
+        pending = len(session.recorder.done) + len(source._frames)
+        gc_kind[0] = "flush"
+        t0 = time.perf_counter_ns()
+        session.flush()
+        flushed[0] += time.perf_counter_ns() - t0
+        flushed[1] += pending
+
     load_before = loadavg()
     sums: dict[str, int] = {}  # ns timed per kind ("flush": the traced blocks' flushes)
     gc_work: dict[str, list[float]] = {}  # per kind: collections of gen 0, 1, 2 and ns spent
@@ -117,10 +128,11 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
         work[info["generation"]] += 1
         work[3] += time.perf_counter_ns() - gc_t0[0]
 
+    flushed = [0, 0]  # ns spent in flushes, spans they wrote
+    traced_blocks = 0
+    traced_ns: list[float] = []  # each round's traced median
     hot: list[float] = []  # traced / plain, per round
-    total: list[float] = []  # the same, traced including its drain+write
     hooks: list[float] = []  # no-op global hooks / plain, per round
-    spans = 0
     plain_ns: list[float] = []
     kinds = ["plain", "traced", "hooks"]
     python: list[float] = []  # the Python hot path / plain, per round, where the C helper is the one installed
@@ -137,9 +149,9 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
             cnn(x)
             session.flush()  # the first flush has one-off costs: not counted
             gc.callbacks.append(on_gc)
+            frames_before = 0
             for i in range(pairs):
                 med: dict[str, float] = {}
-                flush_ns = 0
                 order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
                 for kind in order if i % 2 == 0 else reversed(order):
                     module_cls.__call__ = installed[kind]
@@ -155,32 +167,39 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
                         for h in handles:
                             h.remove()
                         module_cls.__call__ = wrapper
-                    if kind == "python":
-                        source._frames.clear()  # not written: the drain figure is the installed hot path's
+                    if kind == "python":  # not written: the drain figure is the installed hot path's
+                        for _ in range(len(source._frames) - frames_before):
+                            source._frames.pop()
                     if kind == "traced":
-                        spans += len(session.recorder.done) + len(source._frames)
-                        gc_kind[0] = "flush"
-                        t0 = time.perf_counter_ns()
-                        session.flush()  # drain + write what the block recorded
-                        flush_ns = time.perf_counter_ns() - t0
-                        sums["flush"] = sums.get("flush", 0) + flush_ns * block // (block + 1)
+                        traced_blocks += 1
+                        if traced_blocks % flush_every == 0:
+                            drain()
+                    frames_before = len(source._frames)
                 plain_ns.append(med["plain"])
+                traced_ns.append(med["traced"])
                 hot.append(med["traced"] / med["plain"])
-                total.append((med["traced"] + flush_ns / (block + 1)) / med["plain"])
                 hooks.append(med["hooks"] / med["plain"])
                 if "python" in med:
                     python.append(med["python"] / med["plain"])
                 if (i + 1) % 10 == 0:
                     print(f"round {i + 1}/{pairs}", file=sys.stderr, flush=True)
+            drain()  # what the last blocks recorded
         finally:
             if on_gc in gc.callbacks:
                 gc.callbacks.remove(on_gc)
             session.stop()
+    drain_per_inference = flushed[0] / (traced_blocks * (block + 1))  # ns
+    total = [(t + drain_per_inference) / p for t, p in zip(traced_ns, plain_ns)]
+    sums["flush"] = int(drain_per_inference * pairs * block)
     print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
     print(f"plain inference: median {statistics.median(plain_ns) / 1e6:.2f} ms")
-    per_inference = spans / (pairs * (block + 1))
+    per_inference = flushed[1] / (traced_blocks * (block + 1))
     print(f"{pairs} rounds of plain, traced and hooked blocks of {block} timed inferences, {per_inference:.0f} spans per inference")
     print(f"load average before {load_before}, after {loadavg()}")
+    print(
+        f"drain + write, one flush every {flush_every} traced blocks: {flushed[0] / max(flushed[1], 1) / 1e3:.2f} µs a span, "
+        f"{drain_per_inference / 1e3:.0f} µs an inference"
+    )
     hot_path = "C" if python else "Python"
     rows = [(f"layer level, hot path ({hot_path})", hot), ("with drain+write", total), ("no-op global hooks", hooks)]
     if python:
@@ -197,8 +216,8 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int) -> Non
     means = [(f"layer level, hot path ({hot_path})", sums["traced"]), ("with drain+write", sums["traced"] + sums["flush"])]
     means += [("layer level, Python hot path", sums["python"])] if python else []
     means.append(("no-op global hooks", sums["hooks"]))
-    for name, ns in means:
-        print(f"  {name:22} {100 * (ns / sums['plain'] - 1):+6.2f} %")
+    for name, total_ns in means:
+        print(f"  {name:22} {100 * (total_ns / sums['plain'] - 1):+6.2f} %")
     inferences = pairs * block
     print(f"cyclic GC during the {inferences} timed inferences of each kind (flush: the traced blocks' flushes):")
     for kind in (*kinds, "flush"):
@@ -214,6 +233,9 @@ def main() -> int:
     parser.add_argument("--paired", action="store_true", help="alternating plain/traced blocks in one session")
     parser.add_argument("--pairs", type=int, default=100, help="--paired: rounds of plain/traced/hooked blocks")
     parser.add_argument("--block", type=int, default=3, help="--paired: timed inferences per block")
+    parser.add_argument(
+        "--flush-every", type=int, default=8, help="--paired: traced blocks per flush (8 ≈ the session's 0.5 s on the CNN)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
@@ -224,7 +246,7 @@ def main() -> int:
         with torch.inference_mode():
             for _ in range(3):
                 cnn(x)
-            paired(cnn, x, args.pairs, args.block)
+            paired(cnn, x, args.pairs, args.block, args.flush_every)
         return 0
 
     def block() -> list[int]:
