@@ -378,8 +378,8 @@ class TorchModuleSource:
 
         The same rows ``store.span_row`` would give the spans of ``_drain_frames``,
         without making them: each row is written from the frame and the
-        encodings cached with its path, so draining allocates nothing the
-        cyclic garbage collector tracks. Building Span objects, attribute dicts
+        encodings cached with its path, so a drain allocates one list the
+        cyclic garbage collector tracks, not several objects a span. Building Span objects, attribute dicts
         and shape lists for a whole flush interval made the collector promote
         thousands of objects per flush, and the full collections that followed
         (≈ 70 ms with torch loaded) landed in the program's thread. The C
