@@ -3,9 +3,10 @@
 The source runs ``torch.profiler.profile`` (Kineto) for the whole session:
 CPU activity with ``record_shapes`` (FLOPs are counted from the shapes
 afterwards, ``aten_flops``), plus CUDA activity (runtime calls, kernels,
-memcpys, memsets) when the kernel level is enabled and torch sees a GPU. At ``stop()`` it exports Kineto's Chrome trace to a
-temporary file and converts it with ``kineto_to_events``; it is a post-hoc
-source: ops reach the run directory only when the session stops.
+memcpys, memsets) when the kernel level is enabled and torch sees a GPU. At
+``stop()`` it exports Kineto's Chrome trace to a temporary file and converts
+it with ``kineto_to_events``; it is a post-hoc source: ops reach the run
+directory only when the session stops.
 
 Placement. Kineto's thread ids are OS thread ids, so ops land on the same
 thread tracks as the live model and layer spans of the ``torch.modules``
