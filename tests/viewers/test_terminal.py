@@ -135,3 +135,29 @@ def test_report_command_on_a_real_run(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr.decode()
     assert "Findings" in out and "Top layers by self time" in out and "(measured)" in out
     assert "no op spans" in out  # level layer: the report says what it could not measure
+
+
+def test_run_summary_from_run_json_equals_the_one_computed_from_the_events(tmp_path: Path) -> None:
+    """The end-of-run summary reads run.json's stored summary instead of loading the run
+    again; where it is missing (a run that was not finalized) it computes the same text."""
+    import json
+    import shutil
+
+    from mltrace.viewers.terminal import print_run_summary
+
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        for _ in range(3):
+            model(torch.ones(4, 8))
+    stored, computed = io.StringIO(), io.StringIO()
+    print_run_summary(tmp_path / "run", file=stored)
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    meta_path = tmp_path / "copy" / "run.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["summary"]
+    meta_path.write_text(json.dumps(meta))
+    print_run_summary(tmp_path / "copy", file=computed)
+    assert "3 model calls" in stored.getvalue() and "torch/nn/modules/linear.py:" in stored.getvalue()
+    assert stored.getvalue().replace("copy", "run") == computed.getvalue().replace("copy", "run")

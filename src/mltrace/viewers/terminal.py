@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
-from mltrace.analysis.breakdown import LayerStat, breakdown
+from mltrace.analysis.breakdown import LayerStat
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.peaks import Peaks
-from mltrace.run.store import Run, load_run
+from mltrace.analysis.summary import summarize
+from mltrace.run.store import Run, load_run, read_meta
 
 
 def fmt_ns(ns: float) -> str:
@@ -23,6 +24,13 @@ def fmt_ns(ns: float) -> str:
     if ns < 1_000_000_000:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e9:.2f} s"
+
+
+def _stored_summary(run_dir: Path) -> dict[str, Any] | None:
+    """run.json's summary of a finalized run, or None."""
+    meta = read_meta(run_dir)
+    summary = meta.get("summary")
+    return summary if meta.get("complete") and isinstance(summary, dict) else None
 
 
 def _short_path(path: str | None, line: int | None) -> str:
@@ -356,11 +364,18 @@ def _change(a: float, b: float) -> str:
 
 
 def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
-    """The short end-of-run summary on stderr: top layers and where the run is."""
+    """The short end-of-run summary on stderr: top layers and where the run is.
+
+    Read from run.json's ``summary`` (written when the run was finalized), so a
+    large run is not loaded again; computed from the events where it is missing.
+    """
     out = file or sys.stderr
     try:
-        run = load_run(run_dir)
-        b = breakdown(run)
+        summary = _stored_summary(run_dir)
+        if summary is None:
+            summary = summarize(load_run(run_dir))
+        spans, calls, model_ns = int(summary["spans"]), int(summary["model_calls"]), int(summary["model_time_ns"])
+        layers = summary["top_layers_by_self_time"]
     except Exception as exc:
         out.write(f"mltrace: run written to {run_dir} (summary unavailable: {exc})\n")
         return
@@ -368,16 +383,14 @@ def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
     from rich.table import Table
 
     console = Console(file=out, width=None if out.isatty() else 140, highlight=False)
-    console.print(
-        f"[bold]mltrace[/bold]: {b.span_count} spans, {b.model_calls} model calls, "
-        f"model time {fmt_ns(b.model_ns)}"
-    )
-    layers = sorted((x for x in b.layers if x.level.label == "layer"), key=lambda x: -x.self_ns)[:5]
+    console.print(f"[bold]mltrace[/bold]: {spans} spans, {calls} model calls, model time {fmt_ns(model_ns)}")
     if layers:
         table = Table(title="Top layers by self time", title_justify="left")
         for col in ("layer", "type", "calls", "self", "% model", "source"):
             table.add_column(col, justify="right" if col in ("calls", "self", "% model") else "left")
         for x in layers:
-            table.add_row(x.name, x.type, str(x.calls), fmt_ns(x.self_ns), _pct(x.self_ns, b.model_ns), _short_path(x.file, x.line))
+            path, _, line = str(x["location"]).rpartition(":")
+            source = _short_path(path, int(line)) if path and line.isdigit() else ""
+            table.add_row(str(x["layer"]), str(x["type"]), str(x["calls"]), fmt_ns(x["self_ns"]), _pct(x["self_ns"], model_ns), source)
         console.print(table)
     console.print(f"trace: {run_dir / 'trace.pftrace'}  (mltrace report {run_dir})")
