@@ -125,3 +125,29 @@ def test_a_second_session_is_refused(tmp_path: Path) -> None:
     with mltrace.profile(output=tmp_path / "a", summary=False):
         with pytest.raises(UsageError, match="already running"):
             mltrace.profile(output=tmp_path / "b").start()
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_slow_stop_says_the_trace_is_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], summary: bool
+) -> None:
+    """Finishing a large run takes seconds: past FINISHING_NOTICE_S the user is told why,
+    once; a quiet session (summary=False) prints nothing."""
+    import time
+
+    from mltrace.tracer import finalize, session
+
+    original = finalize.finalize_run
+
+    def slow_finalize(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(session, "FINISHING_NOTICE_S", 0.05)
+    monkeypatch.setattr(finalize, "finalize_run", slow_finalize)
+    with mltrace.profile(output=tmp_path / "run", summary=summary, level="model"), mltrace.span("work"):
+        pass
+    err = capsys.readouterr().err
+    notice = f"mltrace: writing the trace to {tmp_path / 'run'}"
+    assert err.count(notice) == (1 if summary else 0)
+    assert mltrace.load_run(tmp_path / "run").complete

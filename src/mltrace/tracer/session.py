@@ -42,6 +42,18 @@ def active_session() -> Session | None:
     return _active
 
 
+#: Seconds a stop may take before the user is told the trace is still being written.
+FINISHING_NOTICE_S = 2.0
+
+
+def _say_finishing(run_dir: Path | None) -> None:
+    try:
+        sys.stderr.write(f"mltrace: writing the trace to {run_dir} (converting and correlating the recorded events)…\n")
+        sys.stderr.flush()
+    except Exception:  # stderr closed by the program
+        pass
+
+
 def warn(message: str) -> None:
     """Prints one mltrace warning line on stderr."""
     try:
@@ -273,8 +285,17 @@ class Session:
         self._stopped = True
         if _active is self:
             _active = None
-        with gc_paused():
-            return self._stop_and_finalize()
+        notice = None
+        if self.options.summary:  # a quiet session stays quiet
+            notice = threading.Timer(FINISHING_NOTICE_S, _say_finishing, (self.run_dir,))
+            notice.daemon = True
+            notice.start()
+        try:
+            with gc_paused():
+                return self._stop_and_finalize()
+        finally:
+            if notice is not None:
+                notice.cancel()
 
     def _stop_and_finalize(self) -> Path:
         stop_ns = now_ns()
