@@ -289,7 +289,10 @@ class Session:
         if self.options.summary:  # a quiet session stays quiet
             notice = threading.Timer(FINISHING_NOTICE_S, _say_finishing, (self.run_dir,))
             notice.daemon = True
-            notice.start()
+            try:
+                notice.start()
+            except RuntimeError:  # no new threads (interpreter shutting down): no notice
+                notice = None
         try:
             with gc_paused():
                 return self._stop_and_finalize()
