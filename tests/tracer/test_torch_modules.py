@@ -420,7 +420,7 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
     assert tables["c"] == tables["python"]
 
 
-def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path) -> None:
     """The flusher encodes layer frames straight to events.jsonl rows unless it streams
     Perfetto (which needs Span objects): both give the same spans, attributes included."""
     torch.manual_seed(0)
