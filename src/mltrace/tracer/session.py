@@ -47,17 +47,17 @@ FINISHING_NOTICE_S = 2.0
 
 
 def _say_finishing(run_dir: Path | None) -> None:
-    try:
-        sys.stderr.write(f"mltrace: writing the trace to {run_dir} (converting and correlating the recorded events)…\n")
-        sys.stderr.flush()
-    except Exception:  # stderr closed by the program
-        pass
+    _say(f"writing the trace to {run_dir} (converting and correlating the recorded events)…")
 
 
 def warn(message: str) -> None:
     """Prints one mltrace warning line on stderr."""
+    _say(f"warning: {message}")
+
+
+def _say(text: str) -> None:
     try:
-        sys.stderr.write(f"mltrace: warning: {message}\n")
+        sys.stderr.write(f"mltrace: {text}\n")
         sys.stderr.flush()
     except Exception:  # stderr closed by the program: nothing else to do
         pass
