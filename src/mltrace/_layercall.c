@@ -207,17 +207,20 @@ static PyTypeObject LayerCallType = {
     .tp_doc = "Module.__call__ for the layer level: pushes a frame per nested module call (see torch_modules.py).",
 };
 
-/* ---- encode_rows: the flusher's side, frames → events.jsonl span rows ----------------------
+/* ---- encode_rows: the flusher's side, frames → events.jsonl rows -------------------------
  *
- * encode_rows(frames, place, shapes_json, in_cache, out_cache, level) -> bytes
- * does what TorchModuleSource._encode_frames does in Python, for a list of completed frames:
- * for each, the row
- *   [id,parent id,level,path,start,end,track,{attributes,"ml.input.shapes":…,…}]
- * from the frame and the encodings cached with its path (kid[3], kid[4]), rows separated by
- * commas. place(frame) resolves a frame's cache entry where it is not set yet; the input and
- * output shape encodings come from in_cache/out_cache (one-tensor forms), else from
- * shapes_json(raw, cache, kind). Nothing is built per row but the row's bytes in one buffer:
- * in Python the same took ≈ 2 µs a frame, about a third of it formatting. */
+ * encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level)
+ *   -> (template rows, span rows)
+ * does what TorchModuleSource._encode_rows_python does, for a list of completed frames. What
+ * the calls of one layer share (its path, attributes and shapes) is a span template, written
+ * once as  [template id,path,{attributes,"ml.input.shapes":…,…}]  and kept in `templates`
+ * (key: the four encodings, value: the id from next_template()); each frame then gets the row
+ *   [id,parent id,level,null,start,end,track,{},template id]
+ * Both come back as comma-separated rows. place(frame) resolves a frame's cache entry where it
+ * is not set yet; the shape encodings come from in_cache/out_cache (one-tensor forms), else from
+ * shapes_json(raw, cache, kind). If a frame fails, the templates this call added are taken out
+ * of `templates` again: rows written later must not refer to a template that never reached the
+ * file. In Python the same took ≈ 2 µs a frame, about a third of it formatting. */
 
 typedef struct { char *data; Py_ssize_t len, cap; } Buf;
 
@@ -262,16 +265,39 @@ static PyObject *shapes_text(PyObject *raw, PyObject *cache, PyObject *shapes_js
     return PyObject_CallFunctionObjArgs(shapes_json, raw, cache, kind, NULL);
 }
 
-static PyObject *s_track_id, *s_input, *s_output;
+/* The template id for (path, attributes, input and output shapes): from `templates`, or a new
+ * one, whose template row is appended to `defs` and whose key to `added`. New reference. */
+static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_text, PyObject *templates,
+                             PyObject *next_template, PyObject *added, Buf *defs) {
+    PyObject *key = PyTuple_Pack(4, PyTuple_GET_ITEM(kid, 3), PyTuple_GET_ITEM(kid, 4), in_text, out_text);
+    if (!key) return NULL;
+    PyObject *tid = PyDict_GetItemWithError(templates, key);
+    if (tid) { Py_DECREF(key); return Py_NewRef(tid); }
+    if (PyErr_Occurred()) { Py_DECREF(key); return NULL; }
+    tid = PyObject_CallNoArgs(next_template);
+    int ok = tid && PyDict_SetItem(templates, key, tid) == 0;
+    ok = ok && PyList_Append(added, key) == 0;
+    ok = ok && (defs->len == 0 || buf_put(defs, ",", 1) == 0) && buf_put(defs, "[", 1) == 0
+        && buf_int(defs, tid, ',') == 0 && buf_str(defs, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(defs, ",", 1) == 0
+        && buf_str(defs, PyTuple_GET_ITEM(kid, 4)) == 0 && buf_str(defs, in_text) == 0 && buf_str(defs, out_text) == 0
+        && buf_put(defs, "}]", 2) == 0;
+    Py_DECREF(key);
+    if (!ok) { Py_XDECREF(tid); return NULL; }
+    return tid;
+}
+
+static PyObject *s_track_id, *s_input, *s_output, *s_empty;
 
 static PyObject *encode_rows(PyObject *mod, PyObject *args) {
-    PyObject *frames, *place, *shapes_json, *in_cache, *out_cache; int level;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!i", &PyList_Type, &frames, &place, &shapes_json,
-                          &PyDict_Type, &in_cache, &PyDict_Type, &out_cache, &level))
+    PyObject *frames, *place, *shapes_json, *in_cache, *out_cache, *templates, *next_template; int level;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!O!Oi", &PyList_Type, &frames, &place, &shapes_json, &PyDict_Type, &in_cache,
+                          &PyDict_Type, &out_cache, &PyDict_Type, &templates, &next_template, &level))
         return NULL;
-    Buf b = {NULL, 0, 0};
+    PyObject *added = PyList_New(0);
+    if (!added) return NULL;
+    Buf b = {NULL, 0, 0}, defs = {NULL, 0, 0};
     char head[32];
-    int head_n = snprintf(head, sizeof head, "%d,", level);
+    int head_n = snprintf(head, sizeof head, "%d,null,", level);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
         PyObject *f = PyList_GET_ITEM(frames, i);
         if (!PyList_CheckExact(f) || PyList_GET_SIZE(f) < 9) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
@@ -282,7 +308,7 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         } else {
             Py_INCREF(kid);
         }
-        PyObject *in_text = NULL, *out_text = NULL, *track = NULL;
+        PyObject *in_text = NULL, *out_text = NULL, *track = NULL, *tid = NULL;
         PyObject *parent = PyList_GET_ITEM(f, 1), *root = PyList_GET_ITEM(f, 8);
         PyObject *raw_in = PyList_GET_ITEM(f, 5), *raw_out = PyList_GET_ITEM(f, 6);
         int ok = PyTuple_Check(kid) && PyTuple_GET_SIZE(kid) >= 5 && PyList_Check(parent) && PyList_GET_SIZE(parent) > 2
@@ -291,30 +317,38 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         ok = ok && (track = PyObject_GetAttr(PyList_GET_ITEM(root, 9), s_track_id)) != NULL;
         int has_in = ok ? PyObject_IsTrue(raw_in) : 0, has_out = ok ? PyObject_IsTrue(raw_out) : 0;
         ok = ok && has_in >= 0 && has_out >= 0;
-        ok = ok && (!has_in || (in_text = shapes_text(raw_in, in_cache, shapes_json, s_input)) != NULL);
-        ok = ok && (!has_out || (out_text = shapes_text(raw_out, out_cache, shapes_json, s_output)) != NULL);
+        ok = ok && (in_text = has_in ? shapes_text(raw_in, in_cache, shapes_json, s_input) : Py_NewRef(s_empty)) != NULL;
+        ok = ok && (out_text = has_out ? shapes_text(raw_out, out_cache, shapes_json, s_output) : Py_NewRef(s_empty)) != NULL;
+        ok = ok && (tid = template_of(kid, in_text, out_text, templates, next_template, added, &defs)) != NULL;
         ok = ok && (b.len == 0 || buf_put(&b, ",", 1) == 0) && buf_put(&b, "[", 1) == 0
             && buf_int(&b, PyList_GET_ITEM(f, 2), ',') == 0 && buf_int(&b, PyList_GET_ITEM(parent, 2), ',') == 0
-            && buf_put(&b, head, head_n) == 0 && buf_str(&b, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(&b, ",", 1) == 0
-            && buf_int(&b, PyList_GET_ITEM(f, 3), ',') == 0 && buf_int(&b, PyList_GET_ITEM(f, 4), ',') == 0
-            && buf_int(&b, track, ',') == 0 && buf_str(&b, PyTuple_GET_ITEM(kid, 4)) == 0
-            && (!in_text || buf_str(&b, in_text) == 0) && (!out_text || buf_str(&b, out_text) == 0)
-            && buf_put(&b, "}]", 2) == 0;
-        Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text);
+            && buf_put(&b, head, head_n) == 0 && buf_int(&b, PyList_GET_ITEM(f, 3), ',') == 0
+            && buf_int(&b, PyList_GET_ITEM(f, 4), ',') == 0 && buf_int(&b, track, ',') == 0
+            && buf_put(&b, "{},", 3) == 0 && buf_int(&b, tid, ']') == 0;
+        Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text); Py_XDECREF(tid);
         if (!ok) goto fail;
     }
-    PyObject *out = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
-    PyMem_Free(b.data);
+    PyObject *out = Py_BuildValue("(y#y#)", defs.data ? defs.data : "", defs.len, b.data ? b.data : "", b.len);
+    PyMem_Free(b.data); PyMem_Free(defs.data);
+    Py_DECREF(added);
     return out;
 fail:
-    PyMem_Free(b.data);
+    PyMem_Free(b.data); PyMem_Free(defs.data);
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(added); i++)
+            if (PyDict_DelItem(templates, PyList_GET_ITEM(added, i)) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_DECREF(added);
     return NULL;
 }
 
 static PyMethodDef module_methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS,
-     "encode_rows(frames, place, shapes_json, in_cache, out_cache, level) -> bytes: "
-     "completed layer frames as events.jsonl span rows (see TorchModuleSource._encode_frames)."},
+     "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level) -> (bytes, bytes): "
+     "completed layer frames as events.jsonl template and span rows (see TorchModuleSource._encode_frames)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -330,6 +364,7 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_track_id = PyUnicode_InternFromString("track_id");
     s_input = PyUnicode_InternFromString("input");
     s_output = PyUnicode_InternFromString("output");
+    s_empty = PyUnicode_InternFromString("");
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0) { Py_DECREF(m); return NULL; }

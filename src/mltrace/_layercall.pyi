@@ -25,6 +25,8 @@ def encode_rows(
     shapes_json: Callable[[Any, dict[Any, str], str], str],
     in_cache: dict[Any, str],
     out_cache: dict[Any, str],
+    templates: dict[tuple[str, str, str, str], int],
+    next_template: Callable[[], int],
     level: int,
-) -> bytes:
-    """Completed layer frames as events.jsonl span rows (see ``TorchModuleSource._encode_frames``)."""
+) -> tuple[bytes, bytes]:
+    """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""

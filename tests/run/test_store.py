@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mltrace.run.metadata import base_metadata
 from mltrace.run.store import EVENTS_FILE, Run, dumps, encode_batch, load_run, span_row, write_meta
 from mltrace.tracer.levels import Level
@@ -47,3 +49,30 @@ def test_a_line_of_encoded_span_rows_alone(tmp_path: Path) -> None:
     spans, _ = _load(tmp_path, encode_batch(tracks=[TRACK]), line)
     assert [s[0] for s in spans] == [1, 2, 3]
     assert encode_batch(span_rows=[b"", b""]) == b"{}\n"
+
+
+def test_templated_span_rows_take_name_and_attributes_from_their_template(tmp_path: Path) -> None:
+    """A template is written once, in the line of its first use; rows after it refer to it by id,
+    and a row's own name and attributes take precedence."""
+    first = encode_batch(
+        tracks=[TRACK],
+        span_templates=[b'[7,"stem.0",{"ml.layer.type":"Conv2d","k":1}]'],
+        span_rows=[b"[1,null,2,null,0,10,1,{},7]"],
+    )
+    later = encode_batch(span_rows=[b'[2,null,2,null,20,30,1,{},7],[3,null,2,"own",40,50,1,{"k":2},7]'])
+    spans, run = _load(tmp_path, first, later)
+    assert spans == [
+        (1, None, Level.LAYER, "stem.0", 0, 10, 1, {"ml.layer.type": "Conv2d", "k": 1}),
+        (2, None, Level.LAYER, "stem.0", 20, 30, 1, {"ml.layer.type": "Conv2d", "k": 1}),
+        (3, None, Level.LAYER, "own", 40, 50, 1, {"ml.layer.type": "Conv2d", "k": 2}),
+    ]
+    run.spans[0].attrs["k"] = 99  # every span has its own attributes
+    assert run.spans[1].attrs["k"] == 1
+
+
+def test_a_row_naming_a_template_never_written_is_a_corrupt_line(tmp_path: Path) -> None:
+    from mltrace.run.store import RunError
+
+    bad = encode_batch(span_rows=[b"[1,null,2,null,0,10,1,{},7]"])
+    with pytest.raises(RunError, match="corrupt event line"):
+        _load(tmp_path, encode_batch(tracks=[TRACK]), bad, encode_batch(tracks=[TRACK]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 import threading
 from pathlib import Path
@@ -503,16 +504,36 @@ def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path
         source = next(s for s in session.started if s.name == "torch.modules")
         taken.extend(source._frames)  # type: ignore[attr-defined]
         copies = [list(f) for f in taken]  # not yet placed
-        for cache in (source._in_json, source._out_json):  # type: ignore[attr-defined]
-            cache.clear()
-        c_rows = source._encode_rows(taken, source._place, source._shapes_json, source._in_json, source._out_json, 3)  # type: ignore[attr-defined]
-        for cache in (source._in_json, source._out_json):  # type: ignore[attr-defined]
-            cache.clear()
-        python_rows = source._encode_rows_python(copies, 3)  # type: ignore[attr-defined]
-        assert c_rows == python_rows
-        rows = json.loads(b"[" + c_rows + b"]")
+
+        def encode_rows(encoder: str, frames: list[list[object]]) -> tuple[bytes, bytes]:
+            if encoder == "python":
+                return source._encode_rows_python(frames, 3)  # type: ignore[attr-defined,no-any-return]
+            caches = (source._in_json, source._out_json, source._templates)  # type: ignore[attr-defined]
+            return source._encode_rows(frames, source._place, source._shapes_json, *caches, source._template_ids.__next__, 3)  # type: ignore[attr-defined,no-any-return]
+
+        # Fresh caches for the comparison; the session's own stay as its flushes left them.
+        kept = source._in_json, source._out_json, source._templates, source._template_ids  # type: ignore[attr-defined]
+        outputs = []
+        try:
+            for encoder, frames in (("c", taken), ("python", copies)):
+                source._in_json, source._out_json, source._templates = {}, {}, {}  # type: ignore[attr-defined]
+                source._template_ids = itertools.count(1)  # type: ignore[attr-defined]
+                # A frame that fails takes the templates of the frames before it out again:
+                # they never reach the file, so no later row may refer to them.
+                with pytest.raises((TypeError, IndexError)):
+                    encode_rows(encoder, [list(f) for f in copies] + [["not a frame"]])
+                assert source._templates == {}  # type: ignore[attr-defined]
+                outputs.append(encode_rows(encoder, frames))
+        finally:
+            source._in_json, source._out_json, source._templates, source._template_ids = kept  # type: ignore[attr-defined]
+        c_out, python_out = outputs
+        assert c_out == python_out
+        templates = {t[0]: t for t in json.loads(b"[" + c_out[0] + b"]")}
+        rows = json.loads(b"[" + c_out[1] + b"]")
         assert len(rows) == len(taken) > 60
-        assert {r[3] for r in rows} >= {"stem.0", "layers.0.self_attn", "layers.1.linear2"}
+        assert all(r[3] is None and r[7] == {} and r[8] in templates for r in rows)
+        assert len(templates) < len(rows)  # a ResNet block calls its ReLU twice, with the same shapes
+        assert {templates[r[8]][1] for r in rows} >= {"stem.0", "layers.0.self_attn", "layers.1.linear2"}
 
     _trace(tmp_path, work, flush_interval_s=60)
     assert taken

@@ -20,7 +20,14 @@ Layout of ``mltrace-runs/<name>-<YYYYmmdd-HHMMSS>/``:
 
 Row layouts (positional, to keep the file small and fast to load):
 
-- span: ``[id, parent_id|null, level, name, start_ns, end_ns, track_id, attrs]``
+- span: ``[id, parent_id|null, level, name, start_ns, end_ns, track_id, attrs]``, or the
+  same with a ninth element, a template id: the span's name is the template's
+  where ``name`` is null, and its attributes are the template's updated with
+  ``attrs``
+- template: ``[template_id, name, attrs]`` (key ``templates``), in the line of
+  the first span that uses it or an earlier one: what many spans share (the
+  PyTorch layer level writes each layer's path, facts and shapes once, not in
+  every call's row)
 - instant: ``[name, ts_ns, track_id, level, attrs]``
 - counter: ``[track_id, ts_ns, value]``
 - flow: ``[id, from_span, to_span, kind]``
@@ -81,6 +88,7 @@ def encode_batch(
     tracks: Iterable[Track] = (),
     spans: Iterable[Span] = (),
     span_rows: Iterable[bytes] = (),
+    span_templates: Iterable[bytes] = (),
     instants: Iterable[Instant] = (),
     counters: Iterable[CounterSample] = (),
     flows: Iterable[Flow] = (),
@@ -88,7 +96,8 @@ def encode_batch(
     """Encodes one batch as a single JSON line (bytes, newline-terminated).
 
     ``span_rows`` are spans a producer encoded itself (``Recorder.drain(encoded=True)``):
-    each a comma-separated run of ``span_row`` arrays (UTF-8), written after ``spans``.
+    each a comma-separated run of ``span_row`` arrays (UTF-8), written after ``spans``;
+    ``span_templates`` the same for the templates they refer to.
     """
     obj: dict[str, list[Any]] = {}
     rows: list[Any] = [track_row(t) for t in tracks]
@@ -108,8 +117,14 @@ def encode_batch(
         if rows:
             obj[key] = rows
     line = dumps(obj)
-    if encoded:  # splice the pre-encoded spans in as the line's first key
-        head = b'{"spans":[' + b",".join(encoded) + b"]"
+    templates = [t for t in span_templates if t]
+    heads = []
+    if templates:
+        heads.append(b'"templates":[' + b",".join(templates) + b"]")
+    if encoded:
+        heads.append(b'"spans":[' + b",".join(encoded) + b"]")
+    if heads:  # splice the pre-encoded rows in as the line's first keys
+        head = b"{" + b",".join(heads)
         line = head + (b"," + line[1:] if line != b"{}" else b"}")
     return line + b"\n"
 
@@ -221,14 +236,31 @@ class Run:
         return f"Run({str(self.path)!r}, spans={self.span_count}, complete={self.complete})"
 
 
-def _decode_line(run: Run, obj: dict[str, Any]) -> None:
+#: Span templates of the file being decoded: id → (name, attributes).
+_Templates = dict[int, tuple[str, dict[str, Any]]]
+
+
+def _decode_line(run: Run, obj: dict[str, Any], templates: _Templates | None = None) -> None:
+    """Adds one events.jsonl line's events to ``run``; ``templates`` carries templates from line to line."""
     for r in obj.get("tracks", ()):
         run.tracks[r[0]] = Track(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
     levels = {int(lv): lv for lv in Level}
+    if templates is None:
+        templates = {}
+    for t in obj.get("templates", ()):
+        if not isinstance(t[1], str) or not isinstance(t[2], dict):
+            raise ValueError("malformed span template")
+        templates[t[0]] = (t[1], t[2])
     rows = obj.get("spans")
     spans = run.spans if rows else []
     for r in rows or ():
-        spans.append(Span(r[0], r[1], levels[r[2]], r[3], r[4], r[5], r[6], r[7]))
+        if len(r) > 8:
+            name, attrs = templates[r[8]]  # KeyError: a template never written
+            if r[3] is not None:
+                name = r[3]
+            spans.append(Span(r[0], r[1], levels[r[2]], name, r[4], r[5], r[6], {**attrs, **r[7]} if r[7] else attrs.copy()))
+        else:
+            spans.append(Span(r[0], r[1], levels[r[2]], r[3], r[4], r[5], r[6], r[7]))
     for r in obj.get("instants", ()):
         run.instants.append(Instant(r[0], r[1], r[2], levels[r[3]], r[4]))
     for r in obj.get("counters", ()):
@@ -330,6 +362,7 @@ def write_table(run_dir: Path, run: Run) -> None:
 
 
 def _decode_lines(run: Run, lines: list[bytes], last: int, events: Path) -> None:
+    templates: _Templates = {}
     for number, line in enumerate(lines):
         if not line:
             continue
@@ -337,7 +370,7 @@ def _decode_lines(run: Run, lines: list[bytes], last: int, events: Path) -> None
             obj = _loads(line)
             if not isinstance(obj, dict):
                 raise ValueError("not an object")
-            _decode_line(run, obj)
+            _decode_line(run, obj, templates)
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             if number == last:  # torn final write of a killed run
                 run.torn = True

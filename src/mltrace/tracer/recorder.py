@@ -47,16 +47,17 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
-        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], bytes] | None]] = []
+        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], tuple[bytes, bytes]] | None]] = []
         self._innermost: Callable[[], int | None] | None = None
 
-    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], bytes] | None = None) -> None:
+    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes]] | None = None) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
 
         For a hot path that records something cheaper than a Span and builds
         the spans later, in the flusher (the PyTorch layer level). ``encode``,
-        if given, takes the same spans as events.jsonl span rows instead
-        (``store.encode_batch``'s ``span_rows``), for ``drain(encoded=True)``.
+        if given, takes the same spans as events.jsonl rows instead, for
+        ``drain(encoded=True)``: the templates first written in this batch and
+        the span rows (``store.encode_batch``'s ``span_templates`` and ``span_rows``).
         """
         self._producers.append((produce, encode))
 
@@ -141,7 +142,8 @@ class Recorder:
         """Takes every completed event recorded so far (thread-safe).
 
         With ``encoded``, producers that can encode their spans themselves
-        give them as ``span_rows`` (encoded rows, bytes) rather than ``spans``.
+        give them as ``span_rows`` and ``span_templates`` (encoded rows, bytes)
+        rather than ``spans``.
         """
 
         def take(dq: deque[Any]) -> list[Any]:
@@ -150,10 +152,13 @@ class Recorder:
 
         spans = take(self.done)
         span_rows: list[bytes] = []
+        span_templates: list[bytes] = []
         for produce, encode in self._producers:
             try:
                 if encoded and encode is not None:
-                    span_rows.append(encode())
+                    templates, rows = encode()
+                    span_templates.append(templates)
+                    span_rows.append(rows)
                 else:
                     spans.extend(produce())
             except Exception as exc:  # a source's bug must not stop the other events
@@ -175,6 +180,7 @@ class Recorder:
         }
         if encoded:
             batch["span_rows"] = [r for r in span_rows if r]
+            batch["span_templates"] = [t for t in span_templates if t]
         return batch
 
 

@@ -22,6 +22,7 @@ live sources) find it through ``Recorder.set_innermost``.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import sys
 import threading
@@ -74,6 +75,8 @@ _Kid = tuple[str, "_Static", "dict[str, Any]", "str | None", "str | None"]
 
 #: Converted (shape, dtype) pairs kept at most; the cache starts over beyond.
 _SHAPE_CACHE_MAX = 4096
+#: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
+_TEMPLATE_CACHE_MAX = 4096
 
 
 class _Static:
@@ -119,7 +122,10 @@ class TorchModuleSource:
         self._shape_cache: dict[Any, tuple[list[list[int]], list[str]]] = {}
         self._in_json: dict[Any, str] = {}
         self._out_json: dict[Any, str] = {}
-        self._encode_rows: Callable[..., bytes] | None = None  # the C helper's, where it is used
+        #: Span templates written so far (``_encode_frames``): (path, attributes, input, output encodings) → id.
+        self._templates: dict[tuple[str | None, str | None, str, str], int] = {}
+        self._template_ids = itertools.count(1)
+        self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
         self._invocations: dict[int, int] = {}
         self._torch_dir = ""
         self._tensor: Any = object
@@ -373,18 +379,20 @@ class TorchModuleSource:
             spans.append(self._layer_span(frame))
         return spans
 
-    def _encode_frames(self) -> bytes:
-        """The layer frames completed since the last drain, as encoded span rows (``Recorder.add_producer``).
+    def _encode_frames(self) -> tuple[bytes, bytes]:
+        """The layer frames completed since the last drain, as encoded rows (``Recorder.add_producer``).
 
-        The same rows ``store.span_row`` would give the spans of ``_drain_frames``,
-        without making them: each row is written from the frame and the
-        encodings cached with its path, so a drain allocates one list the
-        cyclic garbage collector tracks, not several objects a span. Building Span objects, attribute dicts
-        and shape lists for a whole flush interval made the collector promote
-        thousands of objects per flush, and the full collections that followed
-        (≈ 70 ms with torch loaded) landed in the program's thread. The C
-        helper's ``encode_rows`` writes the rows where it is built (the drain
-        runs under the GIL, so its cost is the program's too);
+        The same spans ``_drain_frames`` would give, without making them. What
+        every call of a layer shares (path, attributes, shapes) is a span
+        template, written once (``store.encode_batch``'s ``span_templates``);
+        each call's row holds its ids, times, track and template id (about 57
+        bytes, against 540 with the attributes written out). Building Span
+        objects, attribute dicts and shape lists for a whole flush interval made
+        the cyclic garbage collector promote thousands of objects per flush, and
+        the full collections that followed (≈ 70 ms with torch loaded) landed in
+        the program's thread; writing every row out in full cost as much again
+        as encoding it. The C helper's ``encode_rows`` does this where it is
+        built (the drain runs under the GIL, so its cost is the program's too);
         ``_encode_rows_python`` is the same in Python.
         """
         frames = self._frames
@@ -392,27 +400,47 @@ class TorchModuleSource:
         if self._truncated:
             batch = [f for f in batch if f[ID] not in self._truncated]
         level = int(Level.LAYER)
+        if len(self._templates) >= _TEMPLATE_CACHE_MAX:
+            self._templates.clear()  # templates already written stay valid; new ones get new ids
         if self._encode_rows is not None:
-            rows: bytes = self._encode_rows(batch, self._place, self._shapes_json, self._in_json, self._out_json, level)
-            return rows
+            return self._encode_rows(
+                batch,
+                self._place,
+                self._shapes_json,
+                self._in_json,
+                self._out_json,
+                self._templates,
+                self._template_ids.__next__,
+                level,
+            )
         return self._encode_rows_python(batch, level)
 
-    def _encode_rows_python(self, frames: list[list[Any]], level: int) -> bytes:
+    def _encode_rows_python(self, frames: list[list[Any]], level: int) -> tuple[bytes, bytes]:
         rows = []
-        for frame in frames:
-            kid = self._place(frame)
-            raw_in = frame[IN]
-            raw_out = frame[OUT]
-            shapes = ""
-            if raw_in:
-                shapes = self._shapes_json(raw_in, self._in_json, "input")
-            if raw_out:
-                shapes += self._shapes_json(raw_out, self._out_json, "output")
-            rows.append(
-                f"[{frame[ID]},{frame[PARENT][ID]},{level},{kid[3]},{frame[START]},{frame[END]},"
-                f"{frame[ROOT][SPAN].track_id},{kid[4]}{shapes}}}]"
-            )
-        return ",".join(rows).encode()
+        defs = []
+        templates = self._templates
+        added = []
+        try:
+            for frame in frames:
+                kid = self._place(frame)
+                raw_in = frame[IN]
+                raw_out = frame[OUT]
+                in_text = self._shapes_json(raw_in, self._in_json, "input") if raw_in else ""
+                out_text = self._shapes_json(raw_out, self._out_json, "output") if raw_out else ""
+                key = (kid[3], kid[4], in_text, out_text)
+                tid = templates.get(key)
+                if tid is None:
+                    tid = templates[key] = next(self._template_ids)
+                    added.append(key)
+                    defs.append(f"[{tid},{kid[3]},{kid[4]}{in_text}{out_text}}}]")
+                rows.append(
+                    f"[{frame[ID]},{frame[PARENT][ID]},{level},null,{frame[START]},{frame[END]},{frame[ROOT][SPAN].track_id},{{}},{tid}]"
+                )
+        except BaseException:
+            for key in added:  # never written: later rows must not refer to them
+                templates.pop(key, None)
+            raise
+        return ",".join(defs).encode(), ",".join(rows).encode()
 
     def _shapes_json(self, raw: Any, cache: dict[Any, str], kind: str) -> str:
         """``,"ml.<kind>.shapes":…,"ml.<kind>.dtypes":…`` for one raw form; the one-tensor form is cached."""
