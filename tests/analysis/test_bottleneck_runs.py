@@ -99,6 +99,24 @@ def test_op_library_and_level_tables() -> None:
     assert a.levels == [M, L, OP, LIB, U]
 
 
+def test_an_op_row_counts_the_flops_of_its_own_calls_even_inside_a_counted_op() -> None:
+    """aten::linear and the aten::addmm it calls both carry the product's FLOPs: each row is
+    judged by its own total time with them, while the layer counts them once."""
+    spans = [
+        Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+        Span(2, 1, L, "a", 100, 900, 1, linear_attrs(4, 8, 16)),
+        Span(3, 2, OP, "aten::linear", 110, 890, 1, {"ml.flops": 1024}),
+        Span(4, 3, OP, "aten::addmm", 120, 880, 1, {"ml.flops": 1024}),
+    ]
+    a = analyze(cpu_run(spans), CPU)
+    ops = {r.name: r for r in a.ops}
+    assert (ops["aten::linear"].flops, ops["aten::addmm"].flops) == (1024, 1024)
+    verdict = ops["aten::addmm"].verdict
+    assert verdict is not None and verdict.achieved_flops == pytest.approx(1024 / 760e-9)
+    layer = next(r for r in a.layers if r.stat.name == "a")
+    assert layer.flops == 1024
+
+
 def test_findings_idle_and_data_movement() -> None:
     f = analyze(small_cpu_run(), CPU).findings
     idle = f.idle[0]

@@ -304,13 +304,16 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         lib = t.attrs(row).get("ml.library.name")
         g.libs[names[int(name[row])]].detail = str(lib) if lib else ""
 
-    # FLOPs of ops: those with ml.flops and no enclosing op that has it already.
+    # FLOPs of an op name: every call's own count, since its row is judged by its total time
+    # (aten::conv2d and the aten::mkldnn_convolution inside it both carry the convolution's).
+    own = np.nonzero(flops_set & is_op & ~np.isnan(t.flops))[0]
+    if len(own):
+        fl = np.bincount(name[own], weights=t.flops[own], minlength=nn)
+        for k in np.unique(name[own]).tolist():
+            g.ops[names[k]].flops = float(fl[k])
+    # FLOPs summed over a layer: ops with ml.flops and no enclosing op that has it already.
     counted = flops_set & ((mask & _FLOPS_BIT) == 0) & ~np.isnan(t.flops)
     cf_rows = np.nonzero(counted)[0]
-    if len(cf_rows):
-        fl = np.bincount(name[cf_rows], weights=t.flops[cf_rows], minlength=nn)
-        for k in np.unique(name[cf_rows]).tolist():
-            g.ops[names[k]].flops = float(fl[k])
 
     # Bytes of ops: estimated from the last BYTES_SAMPLES calls of each name, scaled.
     sample = _first_n_by_key(op_rows, name[op_rows], BYTES_SAMPLES)

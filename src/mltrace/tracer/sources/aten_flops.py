@@ -17,8 +17,38 @@ module computes them with torch's own rules, for the ops torch counts:
 ``aten::mul``, ``aten::add`` one per element of the first input
 ============================ =====================================================
 
-``tests/tracer/test_torch_ops.py`` checks every count against torch's own
-``with_flops`` on real models.
+and, where torch counts nothing, two multiply-add FLOPs per multiply-add of the
+op's matrix products or convolutions (mltrace's own counts; softmax, norms,
+activations, biases and scaling inside them are not counted):
+
+=========================================== ==========================================
+``aten::conv1d``, ``conv3d``, ``convolution``, 2 · N · (output positions) · numel(weight),
+``_convolution``, ``mkldnn_convolution``,   the same rule as ``aten::conv2d`` in any
+``_slow_conv2d_forward``, ``thnn_conv2d``   rank, each with its own argument order
+transposed convolutions (``conv_transpose*``, 2 · N · (input positions) · numel(weight)
+``convolution`` with ``transposed``)
+``aten::linear``                            2 · numel(input) · out_features
+``aten::_addmm_activation``                 as ``aten::addmm`` (a Linear with its ReLU/GELU)
+``aten::matmul``                            2 · batch · M · K · N, broadcast as matmul does
+``aten::scaled_dot_product_attention`` and  2 · B · L · S · (E + E_v): Q·Kᵀ and the product
+its CPU kernels                             with V (B: every leading dimension of Q)
+``aten::_native_multi_head_attention``      the Q, K, V and output projections
+                                            (2 · B · (L + 2S) · E² + 2 · B · L · E²) and
+                                            attention 4 · B · L · S · E
+``aten::_transformer_encoder_layer_fwd``    that attention (S = L) and the feed-forward
+                                            block, 4 · B · L · E · F
+=========================================== ==========================================
+
+These ops wrap each other (``aten::conv2d`` → ``aten::convolution`` →
+``aten::_convolution`` → ``aten::mkldnn_convolution``; the fused encoder layer
+→ ``aten::mm``, ``aten::bmm``, …): every one gets its count, so each op's own
+roofline verdict has its work, and sums over a layer take only ops with no
+enclosing op that has a count (``analysis/span_pass``).
+
+``tests/tracer/test_torch_ops.py`` checks every count torch makes against
+torch's own ``with_flops`` on real models, and mltrace's counts against the
+ops inside them (a wrapper's count equals the one it wraps; the fused encoder
+layer's equals the sum of its matrix products).
 """
 
 from __future__ import annotations
@@ -51,22 +81,65 @@ def _int_list(text: Any, rank: int) -> list[int] | None:
     return values if len(values) == rank else None
 
 
-def _conv2d(dims: Dims, concrete: Sequence[Any]) -> int | None:
-    if len(dims) < 2 or len(concrete) < 7:
+def _prod(values: Sequence[int]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+def _conv(
+    dims: Dims, concrete: Sequence[Any], stride_at: int | None, padding_at: int | None, dilation_at: int | None, transposed: bool = False
+) -> int | None:
+    """2 · N · positions · numel(weight): output positions, or input positions when ``transposed``.
+
+    ``*_at`` say where stride, padding and dilation are among the op's
+    arguments (None: not an argument, all ones or zeros).
+    """
+    if len(dims) < 2:
         return None
     x, w = dims[0], dims[1]
-    if not (isinstance(x, list) and isinstance(w, list) and len(x) == 4 and len(w) == 4):
+    if not (isinstance(x, list) and isinstance(w, list) and len(w) >= 3 and len(x) >= len(w) - 1):
         return None
-    stride, padding, dilation = (_int_list(concrete[i], 2) for i in (3, 4, 5))
+    if not all(isinstance(d, int) for d in (*x, *w)):
+        return None
+    rank = len(w) - 2
+    spatial, kernel = x[-rank:], w[2:]
+    n = _prod(x[: -rank - 1]) if len(x) > rank + 1 else 1
+    if transposed:
+        return 2 * n * _prod(spatial) * _prod(w)
+    ones, zeros = [1] * rank, [0] * rank
+
+    def arg(at: int | None, default: list[int]) -> list[int] | None:
+        if at is None:
+            return default
+        if at >= len(concrete):
+            return None
+        if isinstance(concrete[at], str) and concrete[at].strip("'\"") == "valid":
+            return zeros
+        return _int_list(concrete[at], rank)
+
+    stride, padding, dilation = arg(stride_at, ones), arg(padding_at, zeros), arg(dilation_at, ones)
     if stride is None or padding is None or dilation is None:
         return None  # e.g. padding="same": the output size is not in the record
-    n, _, h, wd = x
-    c_out, c_in_per_group, kh, kw = w
-    h_out = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    w_out = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    if h_out <= 0 or w_out <= 0:
+    out = [(size + 2 * p - d * (k - 1) - 1) // st + 1 for size, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)]
+    if any(o <= 0 for o in out):
         return None
-    return 2 * n * c_out * h_out * w_out * c_in_per_group * kh * kw
+    return 2 * n * _prod(out) * _prod(w)
+
+
+def _conv2d(dims: Dims, concrete: Sequence[Any]) -> int | None:
+    x, w = (dims[0], dims[1]) if len(dims) >= 2 else (None, None)
+    if not (isinstance(x, list) and isinstance(w, list) and len(x) == 4 and len(w) == 4):
+        return None  # torch counts batched 2-D convolutions only
+    return _conv(dims, concrete, 3, 4, 5)
+
+
+def _convolution(dims: Dims, concrete: Sequence[Any]) -> int | None:
+    """``aten::convolution`` and ``aten::_convolution``: stride, padding, dilation, transposed."""
+    if len(concrete) < 7:
+        return None
+    return _conv(dims, concrete, 3, 4, 5, transposed=concrete[6] == "True")
 
 
 def _matmul(a: Any, b: Any, batched: bool) -> int | None:
@@ -79,7 +152,79 @@ def _matmul(a: Any, b: Any, batched: bool) -> int | None:
     return 2 * batch * a[-2] * a[-1] * b[-1]
 
 
+def _broadcast_matmul(a: Any, b: Any) -> int | None:
+    """``torch.matmul``'s rules: vectors, matrices and broadcast batches of matrices."""
+    if not (isinstance(a, list) and isinstance(b, list) and a and b):
+        return None
+    if not all(isinstance(d, int) for d in (*a, *b)):
+        return None
+    if len(b) == 1:  # (..., K) @ (K,) or (K,) @ (K,)
+        return 2 * _prod(a) if a[-1] == b[0] else None
+    if len(a) == 1:  # (K,) @ (..., K, N)
+        return 2 * _prod(b) if a[0] == b[-2] else None
+    if a[-1] != b[-2]:
+        return None
+    batch_a, batch_b = a[:-2], b[:-2]
+    width = max(len(batch_a), len(batch_b))
+    batch_a, batch_b = [1] * (width - len(batch_a)) + batch_a, [1] * (width - len(batch_b)) + batch_b
+    batch = _prod([max(i, j) for i, j in zip(batch_a, batch_b)])
+    return 2 * batch * a[-2] * a[-1] * b[-1]
+
+
+def _linear(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    if len(dims) < 2:
+        return None
+    x, w = dims[0], dims[1]
+    if not (isinstance(x, list) and isinstance(w, list) and x and len(w) == 2 and x[-1] == w[1]):
+        return None
+    numel = _numel(x)
+    return 2 * numel * w[0] if numel is not None else None
+
+
+def _attention(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """Q·Kᵀ and (softmax)·V of scaled dot-product attention."""
+    if len(dims) < 3:
+        return None
+    q, k, v = dims[0], dims[1], dims[2]
+    if not all(isinstance(t, list) and len(t) >= 2 and all(isinstance(d, int) for d in t) for t in (q, k, v)):
+        return None
+    batch, length, e = _prod(q[:-2]), q[-2], q[-1]
+    source, e_v = k[-2], v[-1]
+    return 2 * batch * length * source * (e + e_v)
+
+
+def _mha(batch: int, length: int, source: int, e: int) -> int:
+    """Projections of Q (length rows), K and V (source rows each) and of the output, and attention."""
+    return 2 * batch * (length + 2 * source) * e * e + 2 * batch * length * e * e + 4 * batch * length * source * e
+
+
+def _batch_length_e(t: Any) -> tuple[int, int, int] | None:
+    if not (isinstance(t, list) and len(t) in (2, 3) and all(isinstance(d, int) for d in t)):
+        return None  # a nested tensor (padded batch on the fast path) records no shape
+    return (t[0] if len(t) == 3 else 1), t[-2], t[-1]
+
+
+def _native_mha(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    if len(dims) < 3:
+        return None
+    q, k = _batch_length_e(dims[0]), _batch_length_e(dims[1])
+    if q is None or k is None:
+        return None
+    return _mha(q[0], q[1], k[1], q[2])
+
+
+def _encoder_layer(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    if len(dims) < 15:
+        return None
+    src, ffn_1 = _batch_length_e(dims[0]), dims[14]
+    if src is None or not (isinstance(ffn_1, list) and len(ffn_1) == 2 and isinstance(ffn_1[0], int)):
+        return None
+    batch, length, e = src
+    return _mha(batch, length, length, e) + 4 * batch * length * e * ffn_1[0]
+
+
 _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
+    # torch's own (with_flops)
     "aten::conv2d": _conv2d,
     "aten::mm": lambda d, _c: _matmul(d[0], d[1], False) if len(d) >= 2 else None,
     "aten::addmm": lambda d, _c: _matmul(d[1], d[2], False) if len(d) >= 3 else None,
@@ -87,6 +232,29 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::baddbmm": lambda d, _c: _matmul(d[1], d[2], True) if len(d) >= 3 else None,
     "aten::mul": lambda d, _c: _numel(d[0]) if d else None,
     "aten::add": lambda d, _c: _numel(d[0]) if d else None,
+    # mltrace's: the ops torch counts nothing for (module docstring)
+    "aten::conv1d": lambda d, c: _conv(d, c, 3, 4, 5),
+    "aten::conv3d": lambda d, c: _conv(d, c, 3, 4, 5),
+    "aten::convolution": _convolution,
+    "aten::_convolution": _convolution,
+    "aten::mkldnn_convolution": lambda d, c: _conv(d, c, 4, 3, 5),
+    "aten::_slow_conv2d_forward": lambda d, c: _conv(d, c, 4, 5, None),
+    "aten::thnn_conv2d": lambda d, c: _conv(d, c, 4, 5, None),
+    "aten::conv_transpose1d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
+    "aten::conv_transpose2d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
+    "aten::conv_transpose3d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
+    "aten::slow_conv_transpose2d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
+    "aten::linear": _linear,
+    "aten::_addmm_activation": lambda d, _c: _matmul(d[1], d[2], False) if len(d) >= 3 else None,
+    "aten::matmul": lambda d, _c: _broadcast_matmul(d[0], d[1]) if len(d) >= 2 else None,
+    "aten::scaled_dot_product_attention": _attention,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": _attention,
+    "aten::_scaled_dot_product_attention_math": _attention,
+    "aten::_scaled_dot_product_flash_attention": _attention,
+    "aten::_scaled_dot_product_efficient_attention": _attention,
+    "aten::_scaled_dot_product_cudnn_attention": _attention,
+    "aten::_native_multi_head_attention": _native_mha,
+    "aten::_transformer_encoder_layer_fwd": _encoder_layer,
 }
 
 
