@@ -537,3 +537,44 @@ def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path
 
     _trace(tmp_path, work, flush_interval_s=60)
     assert taken
+
+
+def test_span_templates_survive_many_shapes_and_a_cache_that_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain writes each (layer, shapes) once as a template and rows that refer to it. With
+    the template cache capped at 4 entries and a flush after every inference, templates are
+    forgotten and written again under new ids across events.jsonl lines; every span must still
+    load with its own path and shapes, as the streamed file and as the finished run."""
+    import json
+
+    from mltrace.run import store
+    from mltrace.tracer.session import active_session
+    from mltrace.tracer.sources import torch_modules
+
+    monkeypatch.setattr(torch_modules, "_TEMPLATE_CACHE_MAX", 4)
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    batches = [1, 2, 3, 1, 4, 2, 5, 1]
+    streamed: list[Run] = []
+
+    def work() -> None:
+        session = active_session()
+        assert session is not None
+        with torch.no_grad():
+            for n in batches:
+                net(torch.randn(n, 3))
+                session.flush()
+        streamed.append(store.load_run(session.run_dir))  # what a killed run would leave
+        for line in (session.run_dir / store.EVENTS_FILE).read_bytes().splitlines():
+            templates.extend(json.loads(line).get("templates", []))
+
+    templates: list[list[object]] = []
+    run = _trace(tmp_path, work, flush_interval_s=60)
+    distinct = {json.dumps(t[1:]) for t in templates}
+    assert len({t[0] for t in templates}) == len(templates) > len(distinct)  # some written again, under new ids
+    lines = (tmp_path / "run").joinpath(store.EVENTS_FILE).read_bytes()
+    assert b'"templates"' not in lines  # the finished run is written out in full
+    for got in (streamed[0], run):
+        layers = sorted((s for s in got.spans if s.level == Level.LAYER), key=lambda s: s.start_ns)
+        assert [s.name for s in layers] == ["0", "1", "2"] * len(batches)
+        assert [s.attrs["ml.input.shapes"] for s in layers[::3]] == [[[n, 3]] for n in batches]
+        assert [s.attrs["ml.output.shapes"] for s in layers[2::3]] == [[[n, 2]] for n in batches]
+        assert all(s.attrs["ml.layer.type"] == ("ReLU" if s.name == "1" else "Linear") for s in layers)
