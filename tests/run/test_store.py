@@ -76,3 +76,36 @@ def test_a_row_naming_a_template_never_written_is_a_corrupt_line(tmp_path: Path)
     bad = encode_batch(span_rows=[b"[1,null,2,null,0,10,1,{},7]"])
     with pytest.raises(RunError, match="corrupt event line"):
         _load(tmp_path, encode_batch(tracks=[TRACK]), bad, encode_batch(tracks=[TRACK]))
+
+
+@pytest.mark.parametrize("cap", [None, 4])
+def test_a_run_written_at_the_end_keeps_every_span_and_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int | None
+) -> None:
+    """write_events_atomically writes repeated layer spans (same name and attributes) as a template
+    and rows; layer spans seen once and spans of other levels in full; all load back as they were,
+    in order, also when the template table starts over (``cap``)."""
+    from mltrace.run import store
+
+    if cap is not None:
+        monkeypatch.setattr(store, "_TEMPLATES_MAX", cap)
+    shapes = {"ml.layer.type": "Conv2d", "ml.input.shapes": [[1, 3, 8, 8]], "ml.layer.config": {"k": [3, 3]}}
+    spans = [Span(1, None, Level.MODEL, "Net", 0, 10_000, 1, {"ml.model.invocation": 1})]
+    for i in range(40):
+        name = ("stem.0", "stem.1", "head")[i % 3]
+        attrs = {**shapes, "ml.layer.path": name} if name != "head" else {"ml.layer.path": name, "i": i}
+        spans.append(Span(10 + i, 1, Level.LAYER, name, 100 * i, 100 * i + 50, 1, attrs))
+        spans.append(Span(100 + i, 10 + i, Level.OP, "aten::conv2d", 100 * i + 1, 100 * i + 40, 1, {"ml.flops": i}))
+    run = Run(path=tmp_path, meta={**base_metadata(["python", "x.py"], "t"), "complete": True}, tracks={1: TRACK}, spans=spans)
+    write_meta(tmp_path, run.meta)
+    store.write_events_atomically(tmp_path / EVENTS_FILE, run, batch_size=16)
+    text = (tmp_path / EVENTS_FILE).read_bytes()
+    written = [t for line in text.splitlines() for t in json.loads(line).get("templates", [])]
+    if cap is None:  # each stem layer in full once, then once as a template: 4 of 27 spans' attributes
+        assert text.count(b"ml.layer.config") == 4 and [t[1] for t in written] == ["stem.0", "stem.1"]
+    else:  # forgotten and written again under new ids
+        assert {t[1] for t in written} == {"stem.0", "stem.1"} and len({t[0] for t in written}) == len(written) > 2
+    back = load_run(tmp_path)
+    assert [(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs) for s in back.spans] == [
+        (s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs) for s in spans
+    ]

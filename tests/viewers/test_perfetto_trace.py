@@ -154,3 +154,24 @@ def test_imported_gpu_trace_with_flows(tmp_path: Path) -> None:
     assert Counter((f["source"], f["source_ts"], f["target"], f["target_ts"]) for f in r["flows"]) == expected_flows
     streams = {f"stream {t.stream}" for t in run.tracks.values() if t.kind == TrackKind.GPU_STREAM}
     assert {row["track"] for row in r["gpu_tracks"]} == streams
+
+
+def test_the_exporter_writes_the_same_packets_in_chunks(torch_run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """export_perfetto hands packets to the file as they are made; chunked or joined at the end,
+    the bytes are the same."""
+    from mltrace.exporters import perfetto
+
+    monkeypatch.setattr(perfetto, "_WRITE_CHUNK", 7)
+    events = {
+        "tracks": torch_run.tracks.values(),
+        "spans": torch_run.spans,
+        "instants": torch_run.instants,
+        "counters": torch_run.counters,
+        "flows": torch_run.flows,
+    }
+    chunks: list[bytes] = []
+    streamed = perfetto.PerfettoEncoder(torch_run.meta)
+    assert streamed.encode(**events, write=chunks.append) == b""
+    whole = perfetto.PerfettoEncoder(torch_run.meta)
+    assert b"".join(chunks) == whole.encode(**events)
+    assert len(chunks) > 10 and streamed.packets == whole.packets

@@ -26,8 +26,9 @@ Row layouts (positional, to keep the file small and fast to load):
   ``attrs``
 - template: ``[template_id, name, attrs]`` (key ``templates``), in the line of
   the first span that uses it or an earlier one: what many spans share (the
-  PyTorch layer level writes each layer's path, facts and shapes once, not in
-  every call's row)
+  PyTorch layer level streams each layer's path, facts and shapes once, not in
+  every call's row, and the end-of-run rewrite does the same for layer spans
+  that repeat)
 - instant: ``[name, ts_ns, track_id, level, attrs]``
 - counter: ``[track_id, ts_ns, value]``
 - flow: ``[id, from_span, to_span, kind]``
@@ -397,13 +398,52 @@ class EventWriter:
         self._file.close()
 
 
+#: Layer-span templates remembered at most while a run is written; the table starts over beyond.
+_TEMPLATES_MAX = 65536
+
+
 def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> None:
-    """Replaces ``path`` with all events of ``run`` (write to a temp file, then rename)."""
+    """Replaces ``path`` with all events of ``run`` (write to a temp file, then rename).
+
+    Layer spans repeat their name and attributes call after call (path, facts,
+    shapes): from the second span with the same ones on, they are written as
+    a template and rows that refer to it, as the layer level streams them.
+    Other spans, and layer spans seen once, are written out in full. Spans keep
+    their order.
+    """
     tmp = path.with_name(path.name + ".tmp")
+    seen: dict[tuple[str, bytes], int] = {}  # (name, attributes) → template id, 0: seen once
+    next_id = 1
     with open(tmp, "wb") as f:
         f.write(encode_batch(tracks=run.tracks.values()))
         for i in range(0, len(run.spans), batch_size):
-            f.write(encode_batch(spans=run.spans[i : i + batch_size]))
+            rows: list[bytes] = []
+            templates: list[bytes] = []
+            plain: list[list[Any]] = []  # rows written out in full, encoded together (orjson is quicker in bulk)
+            for s in run.spans[i : i + batch_size]:
+                if s.level is not Level.LAYER:
+                    plain.append(span_row(s))
+                    continue
+                attrs = dumps(s.attrs)
+                key = (s.name, attrs)
+                tid = seen.get(key)
+                if tid is None:
+                    if len(seen) >= _TEMPLATES_MAX:
+                        seen.clear()  # written templates stay valid; later repeats get new ones
+                    seen[key] = 0
+                    plain.append(span_row(s))
+                    continue
+                if plain:
+                    rows.append(dumps(plain)[1:-1])
+                    plain = []
+                if tid == 0:
+                    tid = seen[key] = next_id
+                    next_id += 1
+                    templates.append(dumps([tid, s.name])[:-1] + b"," + attrs + b"]")
+                rows.append(dumps([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid]))
+            if plain:
+                rows.append(dumps(plain)[1:-1])
+            f.write(encode_batch(span_rows=rows, span_templates=[b",".join(templates)]))
         for i in range(0, len(run.instants), batch_size):
             f.write(encode_batch(instants=run.instants[i : i + batch_size]))
         for i in range(0, len(run.counters), batch_size):
