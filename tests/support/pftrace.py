@@ -36,6 +36,7 @@ def parse_pftrace(path: Path) -> ParsedTrace:
     names: dict[int, str] = {}
     cats: dict[int, str] = {}
     ann: dict[int, str] = {}
+    strings: dict[int, str] = {}  # interned annotation string values
     tracks: dict[int, Any] = {}
     events: list[tuple[int, int, Any]] = []
     for order, p in enumerate(trace.packet):
@@ -43,6 +44,7 @@ def parse_pftrace(path: Path) -> ParsedTrace:
             names.clear()
             cats.clear()
             ann.clear()
+            strings.clear()
         if p.HasField("interned_data"):
             for e in p.interned_data.event_names:
                 names[e.iid] = e.name
@@ -50,6 +52,8 @@ def parse_pftrace(path: Path) -> ParsedTrace:
                 cats[e.iid] = e.name
             for e in p.interned_data.debug_annotation_names:
                 ann[e.iid] = e.name
+            for e in p.interned_data.debug_annotation_string_values:
+                strings[e.iid] = e.str.decode()
         if p.HasField("track_descriptor"):
             tracks[p.track_descriptor.uuid] = p.track_descriptor
         if p.HasField("track_event"):
@@ -67,7 +71,11 @@ def parse_pftrace(path: Path) -> ParsedTrace:
             for da in te.debug_annotations:
                 key = ann.get(da.name_iid, da.name)
                 kind = da.WhichOneof("value")
-                resolved["args"][key] = getattr(da, kind) if kind else None
+                if kind == "string_value_iid":
+                    assert da.string_value_iid in strings, f"string value {da.string_value_iid} used before it was interned"
+                    resolved["args"][key] = strings[da.string_value_iid]
+                else:
+                    resolved["args"][key] = getattr(da, kind) if kind else None
             events.append((p.timestamp, order, resolved))
     events.sort(key=lambda e: (e[0], e[1]))
     stacks: dict[int, list[Slice]] = {}

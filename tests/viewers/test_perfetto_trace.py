@@ -175,3 +175,26 @@ def test_the_exporter_writes_the_same_packets_in_chunks(torch_run: Run, monkeypa
     whole = perfetto.PerfettoEncoder(torch_run.meta)
     assert b"".join(chunks) == whole.encode(**events)
     assert len(chunks) > 10 and streamed.packets == whole.packets
+
+
+def test_annotation_strings_are_interned_once_each(torch_run: Run) -> None:
+    """String annotation values (shapes, file paths, configs as JSON) repeat from span to span:
+    each distinct one is written once, in the interned data of the packet that first uses it,
+    and referenced by id after that."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace.FromString((torch_run.path / TRACE_FILE).read_bytes())
+    interned: dict[int, bytes] = {}
+    uses = 0
+    for packet in trace.packet:
+        for e in packet.interned_data.debug_annotation_string_values:
+            assert e.iid not in interned and e.str not in interned.values()
+            interned[e.iid] = e.str
+        for da in packet.track_event.debug_annotations:
+            assert da.WhichOneof("value") != "string_value"  # every string is interned here
+            if da.WhichOneof("value") == "string_value_iid":
+                assert da.string_value_iid in interned
+                uses += 1
+    layer_spans = [s for s in torch_run.spans if s.level.label == "layer"]
+    assert uses > 2 * len(interned) and len(layer_spans) > 10
+    assert b"[[2,8,14,14]]" in interned.values()  # the conv's output shape, as written for every call

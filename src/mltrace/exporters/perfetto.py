@@ -66,6 +66,10 @@ def _varint(n: int) -> bytes:
 
 # Field tags of the hand-encoded messages (checked against the generated protos in tests).
 _ID_CATS, _ID_NAMES, _ID_ANN_NAMES = 1, 2, 3  # InternedData.event_categories / event_names / debug_annotation_names
+_ID_ANN_STRINGS = 29  # InternedData.debug_annotation_string_values
+_STRING_VALUE_IID = b"\x88\x01"  # DebugAnnotation.string_value_iid (field 17, varint)
+#: Distinct annotation string values interned at most; later new ones are written inline.
+_STRING_VALUES_MAX = 1 << 18
 _SEQ_PREFIX = b"\x50\x01"  # trusted_packet_sequence_id = 1 (field 10)
 _NEEDS_STATE = b"\x68\x02"  # sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE (field 13)
 _FLOW_IDS = _varint(47 << 3 | 1)  # TrackEvent.flow_ids, fixed64
@@ -92,6 +96,8 @@ class PerfettoEncoder:
         self._cats: dict[str, int] = {}
         self._ann: dict[str, int] = {}
         self._ann_enc: dict[str, bytes] = {}
+        #: Annotation string values (and JSON-encoded lists and maps) → their encoded iid reference.
+        self._str_values: dict[bytes, bytes] = {}
         self._track_enc: dict[int, bytes] = {}
         self._described: set[int] = set()
         self._processes: set[int] = set()
@@ -160,7 +166,19 @@ class PerfettoEncoder:
 
     # -- interning -------------------------------------------------------
 
-    def _iid(self, table: dict[str, int], value: str, new: list[tuple[int, int, str]], field: int) -> int:
+    def _string_value(self, raw: bytes, new: list[tuple[int, int, str | bytes]]) -> bytes:
+        """A string annotation value: interned (a shape, a file path, a config repeats from span
+        to span), or inline once the table is full."""
+        ref = self._str_values.get(raw)
+        if ref is None:
+            if len(self._str_values) >= _STRING_VALUES_MAX:
+                return b"\x32" + _varint(len(raw)) + raw
+            iid = len(self._str_values) + 1
+            ref = self._str_values[raw] = _STRING_VALUE_IID + _varint(iid)
+            new.append((_ID_ANN_STRINGS, iid, raw))
+        return ref
+
+    def _iid(self, table: dict[str, int], value: str, new: list[tuple[int, int, str | bytes]], field: int) -> int:
         iid = table.get(value)
         if iid is None:
             iid = len(table) + 1
@@ -168,7 +186,7 @@ class PerfettoEncoder:
             new.append((field, iid, value))
         return iid
 
-    def _ann_key(self, key: str, new: list[tuple[int, int, str]]) -> bytes:
+    def _ann_key(self, key: str, new: list[tuple[int, int, str | bytes]]) -> bytes:
         enc = self._ann_enc.get(key)
         if enc is None:
             enc = self._ann_enc[key] = b"\x08" + _varint(self._iid(self._ann, key, new, _ID_ANN_NAMES))
@@ -182,7 +200,7 @@ class PerfettoEncoder:
 
     # -- events (hand-encoded: the generated classes cost ~30 µs a packet) --
 
-    def _annotations(self, attrs: dict[str, Any], new: list[tuple[int, int, str]]) -> bytes:
+    def _annotations(self, attrs: dict[str, Any], new: list[tuple[int, int, str | bytes]]) -> bytes:
         out = bytearray()
         for key, value in attrs.items():
             if value is None:
@@ -196,23 +214,23 @@ class PerfettoEncoder:
                 body += b"\x29" + struct.pack("<d", value)
             else:
                 raw = value.encode("utf-8", "replace") if isinstance(value, str) else _json_bytes(value)
-                body += b"\x32" + _varint(len(raw)) + raw
+                body += self._string_value(raw, new)
             out += b"\x22" + _varint(len(body)) + body
         return bytes(out)
 
-    def _event_packet(self, ts: int, event: bytes, new: list[tuple[int, int, str]]) -> bytes:
+    def _event_packet(self, ts: int, event: bytes, new: list[tuple[int, int, str | bytes]]) -> bytes:
         body = b"\x40" + _varint(ts) + _SEQ_PREFIX + b"\x5a" + _varint(len(event)) + event
         if new:
             interned = bytearray()
             for field, iid, name in new:
-                raw = name.encode("utf-8", "replace")
+                raw = name if isinstance(name, bytes) else name.encode("utf-8", "replace")
                 entry = b"\x08" + _varint(iid) + b"\x12" + _varint(len(raw)) + raw
-                interned += bytes((field << 3 | 2,)) + _varint(len(entry)) + entry
+                interned += _varint(field << 3 | 2) + _varint(len(entry)) + entry
             body += b"\x62" + _varint(len(interned)) + bytes(interned)
         return _frame(body + _NEEDS_STATE)
 
     def _slice_begin(self, span: Span, flows_out: list[int], flows_in: list[int]) -> bytes:
-        new: list[tuple[int, int, str]] = []
+        new: list[tuple[int, int, str | bytes]] = []
         ev = (
             b"\x48\x01"
             + self._track_field(span.track_id)
@@ -233,7 +251,7 @@ class PerfettoEncoder:
         return self._event_packet(span.end_ns, b"\x48\x02" + self._track_field(span.track_id), [])
 
     def _instant(self, ev: Instant) -> bytes:
-        new: list[tuple[int, int, str]] = []
+        new: list[tuple[int, int, str | bytes]] = []
         body = (
             b"\x48\x03\x58"
             + _varint(_TRACK_BASE + ev.track_id)
