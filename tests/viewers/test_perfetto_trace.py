@@ -198,3 +198,24 @@ def test_annotation_strings_are_interned_once_each(torch_run: Run) -> None:
     layer_spans = [s for s in torch_run.spans if s.level.label == "layer"]
     assert uses > 2 * len(interned) and len(layer_spans) > 10
     assert b"[[2,8,14,14]]" in interned.values()  # the conv's output shape, as written for every call
+
+
+def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
+    """Layer spans sharing their attribute values get their annotations encoded once and reused;
+    the trace must be byte for byte what encoding every span afresh (no values shared) gives."""
+    import copy
+
+    from mltrace.exporters import perfetto
+    from mltrace.tracer.model import Span
+
+    def encode(spans: list[Span]) -> bytes:
+        enc = perfetto.PerfettoEncoder(torch_run.meta)
+        return enc.encode(tracks=torch_run.tracks.values(), spans=spans, instants=torch_run.instants, counters=torch_run.counters)
+
+    layers = [s for s in torch_run.spans if s.level.label == "layer"]
+    shared = {}
+    for s in layers:  # the same value objects for every call of a layer, as a loaded template gives
+        s.attrs = {k: shared.setdefault((s.name, k, repr(v)), v) for k, v in s.attrs.items()}
+    fresh = [Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, copy.deepcopy(s.attrs)) for s in torch_run.spans]
+    assert len({id(s.attrs["ml.input.shapes"]) for s in layers}) < len(layers)
+    assert encode(torch_run.spans) == encode(fresh)

@@ -229,7 +229,11 @@ class PerfettoEncoder:
             body += b"\x62" + _varint(len(interned)) + bytes(interned)
         return _frame(body + _NEEDS_STATE)
 
-    def _slice_begin(self, span: Span, flows_out: list[int], flows_in: list[int]) -> bytes:
+    def _slice_begin(
+        self, span: Span, flows_out: list[int], flows_in: list[int], blocks: dict[tuple[Any, ...], bytes] | None = None
+    ) -> bytes:
+        """A SLICE_BEGIN packet. ``blocks``, when given, caches encoded annotations by the
+        identity of the attribute values (see ``encode``)."""
         new: list[tuple[int, int, str | bytes]] = []
         ev = (
             b"\x48\x01"
@@ -243,8 +247,16 @@ class PerfettoEncoder:
             ev += _FLOW_IDS + struct.pack("<Q", f & 0xFFFFFFFFFFFFFFFF)
         for f in flows_in:
             ev += _TERMINATING_FLOW_IDS + struct.pack("<Q", f & 0xFFFFFFFFFFFFFFFF)
-        if span.attrs:
-            ev += self._annotations(span.attrs, new)
+        attrs = span.attrs
+        if attrs:
+            if blocks is None:
+                ev += self._annotations(attrs, new)
+            else:
+                key = (*attrs, *map(id, attrs.values()))
+                block = blocks.get(key)
+                if block is None:
+                    block = blocks[key] = self._annotations(attrs, new)
+                ev += block
         return self._event_packet(span.start_ns, ev, new)
 
     def _slice_end(self, span: Span) -> bytes:
@@ -311,9 +323,15 @@ class PerfettoEncoder:
         for c in counters:
             records.append((c.ts_ns, 1, 0, 3, c))
         records.sort(key=lambda r: (r[0], r[1], r[2]))
+        # Layer spans of one layer share their attribute values (the objects themselves: a
+        # loaded template's, or the drain's cached ones), so their annotations are encoded
+        # once and reused. Keyed by the values' ids, which stay unique while this call holds
+        # the spans; other levels carry per-span values (Kineto ids) and are encoded each.
+        blocks: dict[tuple[Any, ...], bytes] = {}
         for _, _, _, kind, obj in records:
             if kind == 0:
-                out.append(self._slice_begin(obj, flow_out.get(obj.id, []), flow_in.get(obj.id, [])))
+                cache = blocks if obj.level is Level.LAYER else None
+                out.append(self._slice_begin(obj, flow_out.get(obj.id, []), flow_in.get(obj.id, []), cache))
             elif kind == 1:
                 out.append(self._slice_end(obj))
             elif kind == 2:
