@@ -306,7 +306,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
 
     # FLOPs of an op name: every call's own count, since its row is judged by its total time
     # (aten::conv2d and the aten::mkldnn_convolution inside it both carry the convolution's).
-    own = np.nonzero(flops_set & is_op & ~np.isnan(t.flops))[0]
+    own = np.nonzero(flops_set & ~np.isnan(t.flops))[0]
     if len(own):
         fl = np.bincount(name[own], weights=t.flops[own], minlength=nn)
         for k in np.unique(name[own]).tolist():
