@@ -385,6 +385,24 @@ def test_h100_trace_every_kernel_reaches_its_module_through_op_and_launch() -> N
     assert {"Cnn", "TransformerEncoder"} <= models
 
 
+def test_h100_convolutions_count_the_flops_of_the_conv2d_they_serve() -> None:
+    """On the H100 run, ``aten::conv2d`` → ``convolution`` → ``_convolution`` →
+    ``cudnn_convolution``: every op of the chain carries the same count (cuDNN's argument
+    order differs from the others'), so each op row is judged with its work."""
+    _, run = convert("h100_cuda_models.json.gz")
+    by_id = run.span_by_id()
+    chain = ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution")
+    checked = Counter()
+    for s in run.spans:
+        if s.name in chain:
+            conv2d = op_ancestor(s, by_id)
+            while conv2d is not None and conv2d.name != "aten::conv2d":
+                conv2d = op_ancestor(conv2d, by_id)
+            assert conv2d is not None and s.attrs["ml.flops"] == conv2d.attrs["ml.flops"] > 0, s.name
+            checked[s.name] += 1
+    assert set(checked) == set(chain) and min(checked.values()) >= 9
+
+
 def test_api_calls_kineto_cannot_name_keep_their_callback_id() -> None:
     """Kineto of torch 2.11 names cbid 468 (cudaGetDriverEntryPointByVersion, CUDA 13) "INVALID"."""
     trace = raw("h100_cuda_models.json.gz")

@@ -24,9 +24,12 @@ activations, biases and scaling inside them are not counted):
 =========================================== ==========================================
 ``aten::conv1d``, ``conv3d``, ``convolution``, 2 · N · (output positions) · numel(weight),
 ``_convolution``, ``mkldnn_convolution``,   the same rule as ``aten::conv2d`` in any
-``_slow_conv2d_forward``, ``thnn_conv2d``   rank, each with its own argument order
+``_slow_conv2d_forward``, ``thnn_conv2d``,  rank, each with its own argument order
+``cudnn_convolution``, ``miopen_convolution``,
+``_nnpack_spatial_convolution``
 transposed convolutions (``conv_transpose*``, 2 · N · (input positions) · numel(weight)
-``convolution`` with ``transposed``)
+``convolution`` with ``transposed``,
+``cudnn_convolution_transpose``)
 ``aten::linear``                            2 · numel(input) · out_features
 ``aten::_addmm_activation``                 as ``aten::addmm`` (a Linear with its ReLU/GELU)
 ``aten::matmul``                            2 · batch · M · K · N, broadcast as matmul does
@@ -239,6 +242,10 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::_convolution": _convolution,
     "aten::mkldnn_convolution": lambda d, c: _conv(d, c, 4, 3, 5),
     "aten::_slow_conv2d_forward": lambda d, c: _conv(d, c, 4, 5, None),
+    "aten::cudnn_convolution": lambda d, c: _conv(d, c, 3, 2, 4),
+    "aten::cudnn_convolution_transpose": lambda d, c: _conv(d, c, None, None, None, transposed=True),
+    "aten::miopen_convolution": lambda d, c: _conv(d, c, 4, 3, 5),
+    "aten::_nnpack_spatial_convolution": lambda d, c: _conv(d, c, 4, 3, None),
     "aten::thnn_conv2d": lambda d, c: _conv(d, c, 4, 5, None),
     "aten::conv_transpose1d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
     "aten::conv_transpose2d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
