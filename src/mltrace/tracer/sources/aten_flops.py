@@ -118,13 +118,11 @@ def _conv(
             return default
         if at >= len(concrete):
             return None
-        if isinstance(concrete[at], str) and concrete[at].strip("'\"") == "valid":
-            return zeros
         return _int_list(concrete[at], rank)
 
     stride, padding, dilation = arg(stride_at, ones), arg(padding_at, zeros), arg(dilation_at, ones)
     if stride is None or padding is None or dilation is None:
-        return None  # e.g. padding="same": the output size is not in the record
+        return None  # e.g. padding="same" (recorded as ""): the output size is not in the record
     out = [(size + 2 * p - d * (k - 1) - 1) // st + 1 for size, k, st, p, d in zip(spatial, kernel, stride, padding, dilation)]
     if any(o <= 0 for o in out):
         return None
