@@ -28,7 +28,10 @@ class Span:
         start_ns: start on the session clock (ns).
         end_ns: end on the session clock (ns); -1 while open.
         track_id: the track (thread, GPU stream, …) the span runs on.
-        attrs: attributes (names per docs/CONVENTIONS.md).
+        attrs: attributes (names per docs/CONVENTIONS.md). Each span has its own
+            dict, but its values (lists, maps) may be shared with other spans (the
+            calls of one layer share a template's, once loaded): set a new value,
+            never change one in place.
     """
 
     __slots__ = ("id", "parent_id", "level", "name", "start_ns", "end_ns", "track_id", "attrs", "_up", "_fin")
