@@ -65,10 +65,7 @@ Dims = Sequence[Any]
 def _numel(shape: Any) -> int | None:
     if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
         return None
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return _prod(shape)
 
 
 def _int_list(text: Any, rank: int) -> list[int] | None:
@@ -153,6 +150,11 @@ def _matmul(a: Any, b: Any, batched: bool) -> int | None:
     return 2 * batch * a[-2] * a[-1] * b[-1]
 
 
+def _addmm(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """``self + mat1 @ mat2`` (``aten::addmm``, and ``aten::_addmm_activation`` with its ReLU/GELU)."""
+    return _matmul(dims[1], dims[2], False) if len(dims) >= 3 else None
+
+
 def _broadcast_matmul(a: Any, b: Any) -> int | None:
     """``torch.matmul``'s rules: vectors, matrices and broadcast batches of matrices."""
     if not (isinstance(a, list) and isinstance(b, list) and a and b):
@@ -228,7 +230,7 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     # torch's own (with_flops)
     "aten::conv2d": _conv2d,
     "aten::mm": lambda d, _c: _matmul(d[0], d[1], False) if len(d) >= 2 else None,
-    "aten::addmm": lambda d, _c: _matmul(d[1], d[2], False) if len(d) >= 3 else None,
+    "aten::addmm": _addmm,
     "aten::bmm": lambda d, _c: _matmul(d[0], d[1], True) if len(d) >= 2 else None,
     "aten::baddbmm": lambda d, _c: _matmul(d[1], d[2], True) if len(d) >= 3 else None,
     "aten::mul": lambda d, _c: _numel(d[0]) if d else None,
@@ -250,7 +252,7 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::conv_transpose3d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
     "aten::slow_conv_transpose2d": lambda d, c: _conv(d, c, None, None, None, transposed=True),
     "aten::linear": _linear,
-    "aten::_addmm_activation": lambda d, _c: _matmul(d[1], d[2], False) if len(d) >= 3 else None,
+    "aten::_addmm_activation": _addmm,
     "aten::matmul": lambda d, _c: _broadcast_matmul(d[0], d[1]) if len(d) >= 2 else None,
     "aten::scaled_dot_product_attention": _attention,
     "aten::_scaled_dot_product_flash_attention_for_cpu": _attention,
