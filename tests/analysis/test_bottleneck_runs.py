@@ -117,6 +117,35 @@ def test_an_op_row_counts_the_flops_of_its_own_calls_even_inside_a_counted_op() 
     assert layer.flops == 1024
 
 
+def test_ops_outside_every_model_and_user_span_stay_out_of_the_name_tables() -> None:
+    """Weight init and the program's own tensor code before the model runs: counted once, in
+    a line of their own, never in the op, library or data-movement figures of the inference."""
+    run = small_cpu_run()
+    setup = [
+        Span(20, None, OP, "aten::normal_", 3000, 9000, 1, {}),
+        Span(21, None, OP, "aten::copy_", 9100, 9900, 1, {}),
+        Span(22, 21, OP, "aten::addmm", 9200, 9800, 1, {"ml.flops": 5000}),
+        Span(23, 22, LIB, "MKL SGEMM", 9300, 9700, 1, {"ml.library.name": "MKL"}),
+    ]
+    with_setup = cpu_run([*run.spans, *setup])
+    a, base = analyze(with_setup, CPU), analyze(run, CPU)
+    assert [(r.name, r.calls, r.total_ns, r.self_ns, r.flops) for r in a.ops] == [
+        (r.name, r.calls, r.total_ns, r.self_ns, r.flops) for r in base.ops
+    ]
+    assert [(r.name, r.calls, r.total_ns) for r in a.libraries] == [("MKL SGEMM", 1, 330)]
+    assert (a.findings.data_movement_ns, a.findings.data_movement_base_ns) == (30, 370 + 80 + 30 + 280)
+    assert a.unscoped_ops == (3, 6000 + 800)
+    assert a.unscoped_text().startswith("3 ops outside every model call and user span (0.01 ms")
+    assert base.unscoped_ops == (0, 0) and base.unscoped_text() == ""
+    # The level table and the outside-model count still see every op.
+    assert {lt.level: lt.spans for lt in a.breakdown.levels}[OP] == 5 + 3
+    assert a.breakdown.ops_outside_models == 3
+    # A run with no model, layer or user span at all (an imported profiler trace): everything counts.
+    alone = analyze(cpu_run(setup), CPU)
+    assert {r.name for r in alone.ops} == {"aten::normal_", "aten::copy_", "aten::addmm"} and alone.unscoped_ops == (0, 0)
+    assert [r.name for r in alone.libraries] == ["MKL SGEMM"] and alone.findings.data_movement_ns == 800
+
+
 def test_findings_idle_and_data_movement() -> None:
     f = analyze(small_cpu_run(), CPU).findings
     idle = f.idle[0]

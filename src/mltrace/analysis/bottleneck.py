@@ -441,6 +441,10 @@ class Analysis:
         roofline: points for the roofline plot.
         peaks: the peaks the verdicts used, or None (no verdicts).
         levels: the levels present in the run.
+        unscoped_ops: ops that ran outside every model, layer and user span (model
+            construction, weight init, the program's own tensor code), and the time of the
+            outermost of them (ns); the name tables and data movement leave them out. (0, 0)
+            in a run with no such spans, whose tables count everything.
     """
 
     breakdown: Breakdown
@@ -454,6 +458,17 @@ class Analysis:
     roofline: list[RooflinePoint]
     peaks: PeakSet | None
     levels: list[Level]
+    unscoped_ops: tuple[int, int] = (0, 0)
+
+    def unscoped_text(self) -> str:
+        """One line on the ops the name tables leave out ("" when none were)."""
+        count, ns = self.unscoped_ops
+        if not count:
+            return ""
+        return (
+            f"{count} ops outside every model call and user span ({ns / 1e6:.2f} ms: model construction, "
+            "weight init, the program's own tensor code), left out of the op, library and kernel tables"
+        )
 
     def top_by_self(self, n: int) -> list[LayerRow]:
         """The ``n`` layers (not models) with the most self time."""
@@ -585,6 +600,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         roofline=_roofline_points(leaf, type_rows),
         peaks=peaks,
         levels=[lv for lv in order if g.counts.get(int(lv))],
+        unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
     )
 
 

@@ -118,6 +118,12 @@ class Gathered:
     ops_outside_layers: int = 0
     ops_outside_layers_ns: int = 0
     ops_outside_models: int = 0
+    # When the run has model, layer or user spans, the name tables (ops, library calls, API
+    # calls, kernels) and data movement count only what ran inside one; what ran outside
+    # (model construction, weight init, the program's own tensor code) is only counted here.
+    scoped: bool = False
+    unscoped_ops: int = 0
+    unscoped_ops_ns: int = 0  # outermost ops only
 
 
 # -- structure ---------------------------------------------------------------------
@@ -129,7 +135,9 @@ class Tree:
     def __init__(self, table: SpanTable) -> None:
         parent = table.parent_row().copy()
         depth = _depths(parent)
+        self.detached = np.zeros(len(parent), dtype=bool)  # rows cut off a cyclic parent chain
         if depth is None:  # a cyclic parent chain: cut it where the walk gave up
+            self.detached = parent != table.parent_row()
             depth = _depths(parent)
             assert depth is not None
         self.parent = parent
@@ -245,12 +253,17 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     is_gpu_kernel = (lv == KERNEL) & on_gpu
     is_runtime = (lv == KERNEL) & ~on_gpu
     flops_set = is_op & t.has_flops
+    is_user = lv == USER
 
     # What each span inherits from its ancestors.
     bits = (np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
     mask = tree.ancestor_or(bits)
     owner = tree.nearest(is_struct)
     top_above = tree.nearest(is_op & ~((mask & (1 << OP)) != 0))  # the outermost op above, if any
+    # In scope of the name tables: inside a model, layer or user span (everything, in a run
+    # with none, such as an imported profiler trace).
+    g.scoped = bool((is_struct | is_user).any())
+    in_scope = (tree.nearest(is_struct | is_user) >= 0) | tree.detached if g.scoped else np.ones(n, dtype=bool)
 
     # -- levels ------------------------------------------------------------------------
     present = np.unique(lv)
@@ -265,7 +278,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     nn = len(names)
     name = t.name.astype(np.int64)
     # Runtime (API) calls and GPU kernels are named by attributes: intern those names.
-    rt_rows = np.nonzero(is_runtime)[0]
+    rt_rows = np.nonzero(is_runtime & in_scope)[0]
     rt_names: list[str] = []
     rt_key = np.full(n, -1, dtype=np.int64)
     if len(rt_rows):
@@ -294,19 +307,20 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         self_ns = total - _sum_by(key_of[sub_parent[sub_here]], durf[sub_rows[sub_here]], size)
         return {key_names[k]: NameAcc(int(calls[k]), int(total[k]), int(self_ns[k])) for k in np.nonzero(calls)[0].tolist()}
 
-    op_rows = np.nonzero(is_op)[0]
-    lib_rows = np.nonzero(is_lib)[0]
-    g.ops = table(op_rows, name, names, is_op)  # ops and library calls are keyed by span name
-    g.libs = table(lib_rows, name, names, is_lib)
+    all_op_rows = np.nonzero(is_op)[0]
+    op_rows = np.nonzero(is_op & in_scope)[0]
+    lib_rows = np.nonzero(is_lib & in_scope)[0]
+    g.ops = table(op_rows, name, names, is_op & in_scope)  # ops and library calls are keyed by span name
+    g.libs = table(lib_rows, name, names, is_lib & in_scope)
     if len(rt_rows):
-        g.runtime = table(rt_rows, rt_key, rt_names, is_runtime)
+        g.runtime = table(rt_rows, rt_key, rt_names, is_runtime & in_scope)
     for row in _first_by_key(lib_rows, name[lib_rows]).tolist():
         lib = t.attrs(row).get("ml.library.name")
         g.libs[names[int(name[row])]].detail = str(lib) if lib else ""
 
     # FLOPs of an op name: every call's own count, since its row is judged by its total time
     # (aten::conv2d and the aten::mkldnn_convolution inside it both carry the convolution's).
-    own = np.nonzero(flops_set & ~np.isnan(t.flops))[0]
+    own = np.nonzero(flops_set & in_scope & ~np.isnan(t.flops))[0]
     if len(own):
         fl = np.bincount(name[own], weights=t.flops[own], minlength=nn)
         for k in np.unique(name[own]).tolist():
@@ -325,14 +339,16 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         acc.bytes = sum(got) * (acc.calls / len(got))
 
     top_level_op = is_op & ((mask & (1 << OP)) == 0)
-    g.top_op_ns = int(dur[top_level_op].sum())
+    g.top_op_ns = int(dur[top_level_op & in_scope].sum())
+    g.unscoped_ops = int((is_op & ~in_scope).sum())
+    g.unscoped_ops_ns = int(dur[top_level_op & ~in_scope].sum())
 
     # Data movement: top-level movement ops, and nested ones not inside another movement op.
     moving = np.zeros(nn, dtype=bool)
     for i, nm in enumerate(names):
         if nm in DATA_MOVEMENT_OPS:
             moving[i] = True
-    move_rows = np.nonzero(is_op & moving[name])[0]
+    move_rows = np.nonzero(is_op & in_scope & moving[name])[0]
     if len(move_rows):
         nested = ~top_level_op[move_rows]
         inside = np.zeros(len(move_rows), dtype=bool)
@@ -349,29 +365,34 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             g.moves[op_name] = [calls, ns]
 
     # -- GPU kernels -------------------------------------------------------------------------
-    gk_rows = np.nonzero(is_gpu_kernel)[0]
+    gk_all = np.nonzero(is_gpu_kernel)[0]
+    # A kernel with no known launch (no parent) stays in the tables of a scoped run.
+    gk_rows = gk_all[in_scope[gk_all] | ~has_parent[gk_all]]
     k_names: list[str] = []
     k_key = np.full(n, -1, dtype=np.int64)
-    if len(gk_rows):
+    if len(gk_all):
         kidx: dict[str, int] = {}
         details: dict[str, str] = {}
         keys = []
-        for r in gk_rows.tolist():
+        tabled = np.zeros(n, dtype=bool)
+        tabled[gk_rows] = True
+        for r in gk_all.tolist():
             a = t.attrs(r)
             kname = str(a.get("gpu.kernel.name") or names[int(name[r])])
+            g.gpu_busy.setdefault(gpu_tracks[int(t.track[r])], []).append((int(start[r]), int(end[r]), kname))
+            if not tabled[r]:
+                continue
             k = kidx.get(kname)
             if k is None:
                 k = kidx[kname] = len(kidx)
             # Described by its last call in the file, as the other names are.
             details[kname] = str(a.get("ml.library.name") or a.get("gpu.activity") or "")
             keys.append(k)
-            d = int(dur[r])
-            g.gpu_busy.setdefault(gpu_tracks[int(t.track[r])], []).append((int(start[r]), int(end[r]), kname))
             if a.get("gpu.activity") in _GPU_COPY_ACTIVITIES or kname.startswith(("Memcpy", "Memset")):
                 label = kname if len(kname) <= 40 else kname[:39] + "…"
                 got = g.moves.setdefault(label, [0, 0])
                 got[0] += 1
-                got[1] += d
+                got[1] += int(dur[r])
         k_key[gk_rows] = keys
         k_names = list(kidx)
         kc = _count_by(k_key[gk_rows], len(k_names))
@@ -553,9 +574,9 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             g.types[type_names[k]] = TypeAcc(int(tc[k]), int(tt[k]), int(ts[k]), float(tf[k]), float(tb[k]))
 
     # Ops in a model but in no layer, and ops in no model at all.
-    own = owner[op_rows]
+    own = owner[all_op_rows]
     g.ops_outside_models = int((own < 0).sum())
-    in_model = op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
+    in_model = all_op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model].sum())
     return g

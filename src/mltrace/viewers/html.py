@@ -520,6 +520,8 @@ def _findings(a: Analysis) -> str:
             f"({_pct(f.framework_ns, f.framework_base_ns)} of model time)"
         )
     items += [f'<span class="muted">{_e(n)}</span>' for n in f.notes]
+    if a.unscoped_ops[0]:
+        items.append(f'<span class="muted">{_e(a.unscoped_text())}</span>')
     if a.peaks is not None:
         for p in (a.peaks.cpu, a.peaks.gpu):
             if p is not None:

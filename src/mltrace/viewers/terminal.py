@@ -109,11 +109,15 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     for row in b.levels:
         lt.add_row(row.level.label, str(row.spans), fmt_ns(row.time_ns), _pct(row.time_ns, b.model_ns))
     console.print(lt)  # type: ignore[attr-defined]
-    if b.ops_outside_layers or b.ops_outside_models:
-        console.print(  # type: ignore[attr-defined]
-            f"[dim]Ops outside any layer: {b.ops_outside_layers} inside model calls ({fmt_ns(b.ops_outside_layers_ns)}), "
-            f"{b.ops_outside_models} outside any model call[/dim]"
-        )
+    outside: list[str] = []
+    if b.ops_outside_layers:
+        outside.append(f"{b.ops_outside_layers} ops inside model calls but in no layer ({fmt_ns(b.ops_outside_layers_ns)})")
+    if a.unscoped_ops[0]:
+        outside.append(a.unscoped_text())
+    elif b.ops_outside_models:
+        outside.append(f"{b.ops_outside_models} ops outside any model call")
+    if outside:
+        console.print("[dim]" + "; ".join(outside) + "[/dim]")  # type: ignore[attr-defined]
     if a.layers:
         _layer_table(console, "Top layers by total time", a.layers[:top], b.model_ns)
         by_self = a.top_by_self(top)
