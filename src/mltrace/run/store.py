@@ -259,7 +259,7 @@ def _decode_line(run: Run, obj: dict[str, Any], templates: _Templates | None = N
             name, attrs = templates[r[8]]  # KeyError: a template never written
             if r[3] is not None:
                 name = r[3]
-            spans.append(Span(r[0], r[1], levels[r[2]], name, r[4], r[5], r[6], {**attrs, **r[7]} if r[7] else attrs.copy()))
+            spans.append(Span(r[0], r[1], levels[r[2]], name, r[4], r[5], r[6], {**attrs, **r[7]} if r[7] else attrs))  # shared: see Span
         else:
             spans.append(Span(r[0], r[1], levels[r[2]], r[3], r[4], r[5], r[6], r[7]))
     for r in obj.get("instants", ()):
@@ -413,6 +413,7 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
     """
     tmp = path.with_name(path.name + ".tmp")
     seen: dict[tuple[str, bytes], int] = {}  # (name, attributes) → template id, 0: seen once
+    encoded: dict[int, bytes] = {}  # id of an attribute dict (shared by the calls of a layer) → its encoding
     next_id = 1
     with open(tmp, "wb") as f:
         f.write(encode_batch(tracks=run.tracks.values()))
@@ -424,7 +425,11 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
                 if s.level is not Level.LAYER:
                     plain.append(span_row(s))
                     continue
-                attrs = dumps(s.attrs)
+                attrs = encoded.get(id(s.attrs))  # the spans keep their dicts alive: ids stay theirs
+                if attrs is None:
+                    if len(encoded) >= _TEMPLATES_MAX:
+                        encoded.clear()
+                    attrs = encoded[id(s.attrs)] = dumps(s.attrs)
                 key = (s.name, attrs)
                 tid = seen.get(key)
                 if tid is None:

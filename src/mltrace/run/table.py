@@ -163,7 +163,7 @@ class SpanTable:
         return cls(columns, list(names), attr_sets=[s.attrs for s in spans])
 
     def to_spans(self) -> list[Span]:
-        """The spans as objects (each with its own copy of its attributes)."""
+        """The spans as objects; spans with the same attributes share one dict (see ``Span``)."""
         levels = _LEVELS
         names = self.names
         sets = [self.attr_set(k) for k in range(self.attr_set_count)]
@@ -178,7 +178,7 @@ class SpanTable:
             self.track.tolist(),
             self.attr.tolist(),
         ):
-            out.append(Span(sid, None if pid < 0 else pid, levels[lv], names[nm], st, en, tr, dict(sets[at])))
+            out.append(Span(sid, None if pid < 0 else pid, levels[lv], names[nm], st, en, tr, sets[at]))
         return out
 
 

@@ -28,10 +28,11 @@ class Span:
         start_ns: start on the session clock (ns).
         end_ns: end on the session clock (ns); -1 while open.
         track_id: the track (thread, GPU stream, …) the span runs on.
-        attrs: attributes (names per docs/CONVENTIONS.md). Each span has its own
-            dict, but its values (lists, maps) may be shared with other spans (the
-            calls of one layer share a template's, once loaded): set a new value,
-            never change one in place.
+        attrs: attributes (names per docs/CONVENTIONS.md). A loaded span's dict
+            may be shared with other spans (the calls of one layer share their
+            template's), and so may the values in it: to change a loaded span's
+            attributes, give it a new dict (``span.attrs = {**span.attrs, k: v}``);
+            never change a dict or a value in place.
     """
 
     __slots__ = ("id", "parent_id", "level", "name", "start_ns", "end_ns", "track_id", "attrs", "_up", "_fin")

@@ -441,6 +441,6 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
         # The library call belongs to the framework of the op that issued it.
         parent = by_id.get(span.parent_id) if span.parent_id is not None else None
         if parent is not None and "ml.framework" in parent.attrs:
-            span.attrs["ml.framework"] = parent.attrs["ml.framework"]
+            span.attrs = {**span.attrs, "ml.framework": parent.attrs["ml.framework"]}  # may be shared
     spans = [replaced.get(s.id, s) for s in run.spans]
     return run.replace(spans=spans, meta=_with_note(run, counts))

@@ -51,6 +51,7 @@ def attribute_samples(run: Run, top: int = 5) -> Run:
     for span in run.spans:
         lines = hot.get(span.id)
         if lines:
-            span.attrs["ml.source.hot_lines"] = [[k, v] for k, v in sorted(lines.items(), key=lambda kv: -kv[1])[:top]]
+            hot_lines = [[k, v] for k, v in sorted(lines.items(), key=lambda kv: -kv[1])[:top]]
+            span.attrs = {**span.attrs, "ml.source.hot_lines": hot_lines}  # a loaded span's dict may be shared
     _note(run, "attribute_samples", {"sampled_leaves": len(leaves), "attributed": attributed})
     return run
