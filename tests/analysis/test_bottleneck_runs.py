@@ -137,8 +137,10 @@ def test_ops_outside_every_model_and_user_span_stay_out_of_the_name_tables() -> 
     assert a.unscoped_ops == (3, 6000 + 800)
     assert a.unscoped_text().startswith("3 ops outside every model call and user span (0.01 ms")
     assert base.unscoped_ops == (0, 0) and base.unscoped_text() == ""
-    # The level table and the outside-model count still see every op.
-    assert {lt.level: lt.spans for lt in a.breakdown.levels}[OP] == 5 + 3
+    # The level table and the outside-model count still see every op; the level time in scope does not.
+    assert {lt.level: (lt.spans, lt.time_ns) for lt in a.breakdown.levels}[OP] == (5 + 3, 370 + 80 + 30 + 280 + 6000 + 800)
+    assert a.level_ns_in_scope[OP] == 370 + 80 + 30 + 280 and a.level_ns_in_scope[LIB] == 330
+    assert a.level_ns_in_scope[M] == 1000 + 500 and base.level_ns_in_scope == {lt.level: lt.time_ns for lt in base.breakdown.levels}
     assert a.breakdown.ops_outside_models == 3
     # A run with no model, layer or user span at all (an imported profiler trace): everything counts.
     alone = analyze(cpu_run(setup), CPU)

@@ -445,6 +445,8 @@ class Analysis:
             construction, weight init, the program's own tensor code), and the time of the
             outermost of them (ns); the name tables and data movement leave them out. (0, 0)
             in a run with no such spans, whose tables count everything.
+        level_ns_in_scope: each level's time (as in ``breakdown.levels``) counting only
+            what ran inside a model, layer or user span (everything, in a run with none).
     """
 
     breakdown: Breakdown
@@ -459,6 +461,7 @@ class Analysis:
     peaks: PeakSet | None
     levels: list[Level]
     unscoped_ops: tuple[int, int] = (0, 0)
+    level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
 
     def unscoped_text(self) -> str:
         """One line on the ops the name tables leave out ("" when none were)."""
@@ -601,6 +604,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         peaks=peaks,
         levels=[lv for lv in order if g.counts.get(int(lv))],
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
+        level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
     )
 
 

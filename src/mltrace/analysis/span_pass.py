@@ -104,6 +104,7 @@ class Gathered:
     span_count: int = 0
     counts: dict[int, int] = field(default_factory=dict)
     level_ns: dict[int, int] = field(default_factory=dict)
+    scoped_level_ns: dict[int, int] = field(default_factory=dict)  # level time in scope (see ``scoped``)
     ops: dict[str, NameAcc] = field(default_factory=dict)
     libs: dict[str, NameAcc] = field(default_factory=dict)
     kernels: dict[str, NameAcc] = field(default_factory=dict)
@@ -263,7 +264,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     # In scope of the name tables: inside a model, layer or user span (everything, in a run
     # with none, such as an imported profiler trace).
     g.scoped = bool((is_struct | is_user).any())
-    in_scope = (tree.nearest(is_struct | is_user) >= 0) | tree.detached if g.scoped else np.ones(n, dtype=bool)
+    scope = is_struct | is_user
+    in_scope = (tree.nearest(scope) >= 0) | scope | tree.detached if g.scoped else np.ones(n, dtype=bool)
 
     # -- levels ------------------------------------------------------------------------
     present = np.unique(lv)
@@ -272,6 +274,9 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     level_ns = _sum_by(lv[own_level_free], durf[own_level_free], 16)
     g.counts = {int(x): int(counts[x]) for x in present}
     g.level_ns = {int(x): int(level_ns[x]) for x in present}
+    free_in_scope = own_level_free & in_scope
+    scoped_ns = _sum_by(lv[free_in_scope], durf[free_in_scope], 16)
+    g.scoped_level_ns = {int(x): int(scoped_ns[x]) for x in present}
     g.wall_ns = int(end.max() - start.min())
 
     # -- name accumulators ---------------------------------------------------------------

@@ -325,7 +325,7 @@ def _charts(a: Analysis, tl: Timeline, top: int) -> str:
                     lt.time_ns,
                     None,
                     LEVEL_COLORS.get(lt.level, "#888"),
-                    f"{lt.spans} spans, {_pct(lt.time_ns, b.model_ns)} of model time",
+                    f"{lt.spans} spans, {_pct(a.level_ns_in_scope.get(lt.level, lt.time_ns), b.model_ns)} of model time",
                 )
                 for lt in b.levels
             ]
@@ -384,12 +384,13 @@ def _charts(a: Analysis, tl: Timeline, top: int) -> str:
 def _tables(a: Analysis, top: int) -> str:
     b = a.breakdown
     parts = ["<h2>Time per level (table)</h2>"]
-    parts.append(
-        _table(
-            ["level", "spans", "time", "% of model"],
-            [[_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), _pct(lt.time_ns, b.model_ns)] for lt in b.levels],
-        )
-    )
+    scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
+    rows = []
+    for lt in b.levels:
+        in_scope = a.level_ns_in_scope.get(lt.level, lt.time_ns)
+        scoped_cell = [_e(fmt_ns(in_scope))] if scoped else []
+        rows.append([_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), *scoped_cell, _pct(in_scope, b.model_ns)])
+    parts.append(_table(["level", "spans", "time", *(["in model & user spans"] if scoped else []), "% of model"], rows))
     if a.layers:
         headers = [
             "layer",

@@ -104,10 +104,13 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
             console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.gpu) + "[/dim]")  # type: ignore[attr-defined]
     _findings(console, a)
     lt = Table(title="Time per level", title_justify="left")
-    for col in ("level", "spans", "time", "% of model"):
+    scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
+    for col in ("level", "spans", "time", *(("in model & user spans",) if scoped else ()), "% of model"):
         lt.add_column(col, justify="right" if col != "level" else "left")
     for row in b.levels:
-        lt.add_row(row.level.label, str(row.spans), fmt_ns(row.time_ns), _pct(row.time_ns, b.model_ns))
+        in_scope = a.level_ns_in_scope.get(row.level, row.time_ns)
+        cells = (fmt_ns(row.time_ns), *((fmt_ns(in_scope),) if scoped else ()), _pct(in_scope, b.model_ns))
+        lt.add_row(row.level.label, str(row.spans), *cells)
     console.print(lt)  # type: ignore[attr-defined]
     outside: list[str] = []
     if b.ops_outside_layers:
