@@ -385,12 +385,12 @@ def _tables(a: Analysis, top: int) -> str:
     b = a.breakdown
     parts = ["<h2>Time per level (table)</h2>"]
     scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
-    rows = []
+    level_rows: list[list[str]] = []
     for lt in b.levels:
         in_scope = a.level_ns_in_scope.get(lt.level, lt.time_ns)
         scoped_cell = [_e(fmt_ns(in_scope))] if scoped else []
-        rows.append([_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), *scoped_cell, _pct(in_scope, b.model_ns)])
-    parts.append(_table(["level", "spans", "time", *(["in model & user spans"] if scoped else []), "% of model"], rows))
+        level_rows.append([_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), *scoped_cell, _pct(in_scope, b.model_ns)])
+    parts.append(_table(["level", "spans", "time", *(["in model & user spans"] if scoped else []), "% of model"], level_rows))
     if a.layers:
         headers = [
             "layer",
