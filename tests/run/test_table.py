@@ -156,3 +156,30 @@ def test_gpu_run_analysis_is_the_same_from_the_table(gpu_runs: tuple[Run, Run]) 
     assert dataclasses.asdict(a) == dataclasses.asdict(b)
     layers = [x for x in a.breakdown.layers if x.level is Level.LAYER][:10]
     assert cross_stack_chains(from_table, layers=layers) == cross_stack_chains(from_json, layers=layers)
+
+
+def test_writing_a_table_holds_about_what_its_attribute_sets_take(tmp_path: Path) -> None:
+    """orjson's results hold a buffer of 4 KB or more whatever their length: the writer keeps
+    only trimmed copies (an op-level run, every attribute map its own, held 4 KB a span)."""
+    import tracemalloc
+
+    from mltrace.run.store import dumps, trimmed
+
+    attrs = [{"ml.seq": i, "ml.input.shapes": [[1, i]]} for i in range(3000)]
+    spans = [Span(i + 1, None, Level.OP, "aten::add", i * 10, i * 10 + 5, 1, a) for i, a in enumerate(attrs)]
+    _write_run(tmp_path / "r", spans, table=False)
+    run = load_run(tmp_path / "r")
+    run.spans  # noqa: B018 - loaded before measuring
+    tracemalloc.start()
+    try:
+        kept = trimmed(dumps({"k": 1}))
+        held_by_one = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        write_table(tmp_path / "r", run)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert kept == b'{"k":1}' and held_by_one < 200
+    assert peak < 1000 * len(spans), f"{peak / len(spans):.0f} bytes a span"
+    assert load_run(tmp_path / "r").table.attrs(2999) == {"ml.seq": 2999, "ml.input.shapes": [[1, 2999]]}

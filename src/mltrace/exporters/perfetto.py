@@ -174,6 +174,7 @@ class PerfettoEncoder:
             if len(self._str_values) >= _STRING_VALUES_MAX:
                 return b"\x32" + _varint(len(raw)) + raw
             iid = len(self._str_values) + 1
+            raw = bytes(memoryview(raw))  # kept: orjson's result holds a 4 KB buffer or more
             ref = self._str_values[raw] = _STRING_VALUE_IID + _varint(iid)
             new.append((_ID_ANN_STRINGS, iid, raw))
         return ref

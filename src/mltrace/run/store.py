@@ -61,6 +61,8 @@ try:  # orjson is ~5x faster on large runs; the stdlib is the fallback.
     import orjson as _orjson
 
     def dumps(obj: Any) -> bytes:
+        """Compact JSON. orjson's result holds a buffer of 4 KB or more whatever its length:
+        pass anything kept beyond a moment through ``trimmed``."""
         return _orjson.dumps(obj, option=_orjson.OPT_SERIALIZE_NUMPY, default=str)
 
     _loads = _orjson.loads
@@ -70,6 +72,11 @@ except ImportError:  # pragma: no cover - depends on the environment
         return json.dumps(obj, separators=(",", ":"), default=str).encode()
 
     _loads = json.loads  # type: ignore[assignment]
+
+
+def trimmed(data: bytes) -> bytes:
+    """A copy of ``data`` that holds no more memory than its length (see ``dumps``)."""
+    return bytes(memoryview(data))
 
 
 class RunError(Exception):
@@ -418,37 +425,31 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
     with open(tmp, "wb") as f:
         f.write(encode_batch(tracks=run.tracks.values()))
         for i in range(0, len(run.spans), batch_size):
-            rows: list[bytes] = []
             templates: list[bytes] = []
-            plain: list[list[Any]] = []  # rows written out in full, encoded together (orjson is quicker in bulk)
+            rows: list[list[Any]] = []  # encoded together: orjson is quicker in bulk, and holds one buffer
             for s in run.spans[i : i + batch_size]:
                 if s.level is not Level.LAYER:
-                    plain.append(span_row(s))
+                    rows.append(span_row(s))
                     continue
                 attrs = encoded.get(id(s.attrs))  # the spans keep their dicts alive: ids stay theirs
                 if attrs is None:
                     if len(encoded) >= _TEMPLATES_MAX:
                         encoded.clear()
-                    attrs = encoded[id(s.attrs)] = dumps(s.attrs)
+                    attrs = encoded[id(s.attrs)] = trimmed(dumps(s.attrs))
                 key = (s.name, attrs)
                 tid = seen.get(key)
                 if tid is None:
                     if len(seen) >= _TEMPLATES_MAX:
                         seen.clear()  # written templates stay valid; later repeats get new ones
                     seen[key] = 0
-                    plain.append(span_row(s))
+                    rows.append(span_row(s))
                     continue
-                if plain:
-                    rows.append(dumps(plain)[1:-1])
-                    plain = []
                 if tid == 0:
                     tid = seen[key] = next_id
                     next_id += 1
                     templates.append(dumps([tid, s.name])[:-1] + b"," + attrs + b"]")
-                rows.append(dumps([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid]))
-            if plain:
-                rows.append(dumps(plain)[1:-1])
-            f.write(encode_batch(span_rows=rows, span_templates=[b",".join(templates)]))
+                rows.append([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid])
+            f.write(encode_batch(span_rows=[dumps(rows)[1:-1]] if rows else [], span_templates=[b",".join(templates)]))
         for i in range(0, len(run.instants), batch_size):
             f.write(encode_batch(instants=run.instants[i : i + batch_size]))
         for i in range(0, len(run.counters), batch_size):

@@ -219,26 +219,25 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
     """
     import numpy as np
 
-    from mltrace.run.store import dumps
+    from mltrace.run.store import dumps, trimmed
 
     table = SpanTable.from_spans(spans)
     index: dict[bytes, int] = {}
     blobs: list[bytes] = []
     attr = np.empty(len(spans), dtype=np.int32)
-    last_obj: Any = None
-    last_k = -1
+    by_dict: dict[int, int] = {}  # id of an attribute dict (shared by a layer's loaded calls) → its set
     for i, s in enumerate(spans):
         a = s.attrs
-        if a is last_obj:
-            attr[i] = last_k
-            continue
-        b = dumps(a)
-        k = index.get(b)
+        k = by_dict.get(id(a))  # the spans keep their dicts alive: ids stay theirs
         if k is None:
-            k = index[b] = len(blobs)
-            blobs.append(b)
-        attr[i] = last_k = k
-        last_obj = a
+            b = dumps(a)
+            k = index.get(b)
+            if k is None:
+                b = trimmed(b)  # kept until the file is written
+                k = index[b] = len(blobs)
+                blobs.append(b)
+            by_dict[id(a)] = k
+        attr[i] = k
     offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
     if blobs:
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
