@@ -263,8 +263,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     top_above = tree.nearest(is_op & ~((mask & (1 << OP)) != 0))  # the outermost op above, if any
     # In scope of the name tables: inside a model, layer or user span (everything, in a run
     # with none, such as an imported profiler trace).
-    g.scoped = bool((is_struct | is_user).any())
     scope = is_struct | is_user
+    g.scoped = bool(scope.any())
     in_scope = (tree.nearest(scope) >= 0) | scope | tree.detached if g.scoped else np.ones(n, dtype=bool)
 
     # -- levels ------------------------------------------------------------------------
