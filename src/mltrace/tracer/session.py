@@ -27,6 +27,7 @@ from mltrace.run.gcpause import gc_paused
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
 from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
+from mltrace.tracer.memwatch import MemoryWatch
 from mltrace.tracer.model import Event
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
@@ -130,6 +131,7 @@ class Session:
         self._stopped = False
         self.limitations: list[str] = []
         self.errors: list[str] = []
+        self._memory_watch: MemoryWatch | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -201,6 +203,9 @@ class Session:
                     # Asked for by name: say once why it will be missing; the other levels go on.
                     warn(f"{lv.label} level unavailable: {st['reason']}")
         self.meta["levels"] = level_status
+        op_level = level_status[Level.OP.label]
+        if op_level["recorded"]:  # its profilers hold their events until the end
+            self._memory_watch = MemoryWatch(f"the op level ({', '.join(op_level['sources'])})")
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
@@ -236,6 +241,12 @@ class Session:
         """Streams every completed event to the run directory (called by the flusher)."""
         with self._flush_lock:
             self._flush_locked()
+        watch = self._memory_watch
+        if watch is not None:
+            message = watch.check()
+            if message is not None:
+                warn(message)
+                self.note_limitation(message)
 
     def _flush_locked(self) -> None:
         # Perfetto streaming needs Span objects; events.jsonl alone takes encoded rows.

@@ -1,0 +1,97 @@
+"""The low-memory warning of long op-level sessions (tracer/memwatch.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mltrace.config import ProfileOptions
+from mltrace.tracer import memwatch
+from mltrace.tracer.levels import Level
+from mltrace.tracer.memwatch import GROWTH_BYTES, MemoryWatch, read_meminfo
+from mltrace.tracer.model import Event
+from mltrace.tracer.session import Session
+
+GIB = 1 << 30
+
+
+def test_meminfo_is_read_from_the_kernel_format(tmp_path: Path) -> None:
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:    2048000 kB\n")
+    assert read_meminfo(f) == (2048000 * 1024, 24576000 * 1024)
+    f.write_text("MemTotal:       24576000 kB\n")  # an old kernel without MemAvailable
+    assert read_meminfo(f) is None
+    assert read_meminfo(tmp_path / "absent") is None
+    assert read_meminfo() is not None  # this machine's own
+
+
+def test_warns_once_when_memory_is_low_and_the_process_grew() -> None:
+    rss = [1 * GIB]
+    info: list[tuple[int, int] | None] = [(20 * GIB, 24 * GIB)]
+    watch = MemoryWatch("the op level (torch.ops)", rss=lambda: rss[0], meminfo=lambda: info[0])
+    assert watch.check() is None  # plenty available
+    rss[0] = 7 * GIB
+    assert watch.check() is None  # grew, but the machine still has room
+    info[0] = (1 * GIB, 24 * GIB)
+    message = watch.check()
+    assert message is not None and "1.0 of 24.0 GiB available" in message and "grew by 6.0 GiB" in message
+    assert "the op level (torch.ops)" in message and "--level layer" in message
+    assert watch.check() is None  # once
+
+
+def test_no_warning_when_the_machine_is_short_but_the_process_did_not_grow() -> None:
+    """Another program using the memory is not mltrace's to report."""
+    watch = MemoryWatch("x", rss=lambda: GIB, meminfo=lambda: (GIB // 10, 24 * GIB))
+    assert watch.check() is None
+    grown = MemoryWatch("x", rss=iter([GIB, GIB + GROWTH_BYTES]).__next__, meminfo=lambda: (GIB // 10, 24 * GIB))
+    assert grown.check() is not None
+    unknown = MemoryWatch("x", rss=lambda: 0, meminfo=lambda: None)
+    assert unknown.check() is None
+
+
+class _HoldingOpsSource:
+    """An op-level source that holds its events until the end, as torch.profiler does."""
+
+    name = "held.ops"
+    levels = (Level.OP,)
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, session: Session) -> None:
+        pass
+
+    def stop(self) -> list[Event]:
+        return []
+
+
+def test_a_session_recording_ops_warns_on_stderr_and_in_run_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(memwatch, "LOW_FRACTION", 2.0)  # any machine is "low"
+    monkeypatch.setattr(memwatch, "GROWTH_BYTES", -(1 << 62))  # and any process has "grown"
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, flush_interval_s=60), sources=[_HoldingOpsSource()])
+    session.start()
+    try:
+        session.flush()
+        session.flush()
+    finally:
+        run_dir = session.stop()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "memory is running low" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("mltrace: warning: ") and "the op level (held.ops)" in warnings[0]
+    limitations = json.loads((run_dir / "run.json").read_text())["limitations"]
+    assert [x for x in limitations if "memory is running low" in x] == [warnings[0].removeprefix("mltrace: warning: ")]
+
+
+def test_a_session_without_the_op_level_does_not_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memwatch, "LOW_FRACTION", 2.0)
+    monkeypatch.setattr(memwatch, "GROWTH_BYTES", -(1 << 62))
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, level=Level.LAYER), sources=[_HoldingOpsSource()])
+    session.start()
+    try:
+        session.flush()
+    finally:
+        run_dir = session.stop()
+    assert not any("memory" in x for x in json.loads((run_dir / "run.json").read_text())["limitations"])
