@@ -79,13 +79,13 @@ def test_a_row_naming_a_template_never_written_is_a_corrupt_line(tmp_path: Path)
         _load(tmp_path, encode_batch(tracks=[TRACK]), bad, encode_batch(tracks=[TRACK]))
 
 
-@pytest.mark.parametrize("cap", [None, 4])
+@pytest.mark.parametrize("cap", [None, 6])
 def test_a_run_written_at_the_end_keeps_every_span_and_their_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int | None
 ) -> None:
-    """write_events_atomically writes repeated layer spans (same name and attributes) as a template
-    and rows; layer spans seen once and spans of other levels in full; all load back as they were,
-    in order, also when the template table starts over (``cap``)."""
+    """write_events_atomically writes repeated layer and op spans (same name and attributes) as a
+    template and rows; spans seen once and spans of other levels in full; all load back as they
+    were, in order, also when the template table starts over (``cap``)."""
     from mltrace.run import store
 
     if cap is not None:
@@ -96,16 +96,17 @@ def test_a_run_written_at_the_end_keeps_every_span_and_their_order(
         name = ("stem.0", "stem.1", "head")[i % 3]
         attrs = {**shapes, "ml.layer.path": name} if name != "head" else {"ml.layer.path": name, "i": i}
         spans.append(Span(10 + i, 1, Level.LAYER, name, 100 * i, 100 * i + 50, 1, attrs))
-        spans.append(Span(100 + i, 10 + i, Level.OP, "aten::conv2d", 100 * i + 1, 100 * i + 40, 1, {"ml.flops": i}))
+        spans.append(Span(100 + i, 10 + i, Level.OP, "aten::conv2d", 100 * i + 1, 100 * i + 40, 1, {"ml.flops": i % 2}))
     run = Run(path=tmp_path, meta={**base_metadata(["python", "x.py"], "t"), "complete": True}, tracks={1: TRACK}, spans=spans)
     write_meta(tmp_path, run.meta)
     store.write_events_atomically(tmp_path / EVENTS_FILE, run, batch_size=16)
     text = (tmp_path / EVENTS_FILE).read_bytes()
     written = [t for line in text.splitlines() for t in json.loads(line).get("templates", [])]
-    if cap is None:  # each stem layer in full once, then once as a template: 4 of 27 spans' attributes
-        assert text.count(b"ml.layer.config") == 4 and [t[1] for t in written] == ["stem.0", "stem.1"]
+    if cap is None:  # each stem layer and op in full once, then once as a template: 4 of 27 layer spans' configs
+        assert text.count(b"ml.layer.config") == 4 and text.count(b"ml.flops") == 4
+        assert [(t[1], t[2].get("ml.flops")) for t in written] == [("aten::conv2d", 0), ("stem.0", None), ("aten::conv2d", 1), ("stem.1", None)]
     else:  # forgotten and written again under new ids
-        assert {t[1] for t in written} == {"stem.0", "stem.1"} and len({t[0] for t in written}) == len(written) > 2
+        assert {t[1] for t in written} <= {"stem.0", "stem.1", "aten::conv2d"} and len({t[0] for t in written}) == len(written) > 4
     back = load_run(tmp_path)
     assert [(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs) for s in back.spans] == [
         (s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs) for s in spans

@@ -405,22 +405,27 @@ class EventWriter:
         self._file.close()
 
 
-#: Layer-span templates remembered at most while a run is written; the table starts over beyond.
+#: Span templates remembered at most while a run is written; the table starts over beyond.
 _TEMPLATES_MAX = 65536
+#: The levels whose spans repeat their name and attributes from call to call.
+_TEMPLATED = frozenset({Level.LAYER, Level.OP})
 
 
 def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> None:
     """Replaces ``path`` with all events of ``run`` (write to a temp file, then rename).
 
-    Layer spans repeat their name and attributes call after call (path, facts,
-    shapes): from the second span with the same ones on, they are written as
-    a template and rows that refer to it, as the layer level streams them.
-    Other spans, and layer spans seen once, are written out in full. Spans keep
-    their order.
+    Layer and op spans repeat their name and attributes call after call (path,
+    facts, shapes): from the second span with the same ones on, they are written
+    as a template and rows that refer to it, as the layer level streams them.
+    Other spans, and those seen once, are written out in full. Spans keep their
+    order. The spans of one template are left sharing one attribute dict (see
+    ``Span``), as they are when loaded: the passes after this one cache by it.
     """
     tmp = path.with_name(path.name + ".tmp")
-    seen: dict[tuple[str, bytes], int] = {}  # (name, attributes) → template id, 0: seen once
-    encoded: dict[int, bytes] = {}  # id of an attribute dict (shared by the calls of a layer) → its encoding
+    # (name, attributes) → [template id (0: seen once), the dict the spans of the template share]
+    seen: dict[tuple[str, bytes], list[Any]] = {}
+    # id of an attribute dict → its encoding, and the dict itself (held, so the id stays its own)
+    encoded: dict[int, tuple[bytes, dict[str, Any]]] = {}
     next_id = 1
     with open(tmp, "wb") as f:
         f.write(encode_batch(tracks=run.tracks.values()))
@@ -428,24 +433,29 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
             templates: list[bytes] = []
             rows: list[list[Any]] = []  # encoded together: orjson is quicker in bulk, and holds one buffer
             for s in run.spans[i : i + batch_size]:
-                if s.level is not Level.LAYER:
+                if s.level not in _TEMPLATED:
                     rows.append(span_row(s))
                     continue
-                attrs = encoded.get(id(s.attrs))  # the spans keep their dicts alive: ids stay theirs
-                if attrs is None:
+                a = s.attrs
+                known = encoded.get(id(a))
+                if known is None:
                     if len(encoded) >= _TEMPLATES_MAX:
                         encoded.clear()
-                    attrs = encoded[id(s.attrs)] = trimmed(dumps(s.attrs))
+                    known = encoded[id(a)] = (trimmed(dumps(a)), a)
+                attrs = known[0]
                 key = (s.name, attrs)
-                tid = seen.get(key)
-                if tid is None:
+                entry = seen.get(key)
+                if entry is None:
                     if len(seen) >= _TEMPLATES_MAX:
                         seen.clear()  # written templates stay valid; later repeats get new ones
-                    seen[key] = 0
+                    seen[key] = [0, a]
                     rows.append(span_row(s))
                     continue
+                if entry[1] is not a:
+                    s.attrs = entry[1]  # equal attributes, one dict
+                tid = entry[0]
                 if tid == 0:
-                    tid = seen[key] = next_id
+                    tid = entry[0] = next_id
                     next_id += 1
                     templates.append(dumps([tid, s.name])[:-1] + b"," + attrs + b"]")
                 rows.append([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid])

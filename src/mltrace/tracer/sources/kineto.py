@@ -365,6 +365,8 @@ def kineto_to_events(
     tracks: TrackRegistry,
     new_id: Callable[[], int],
     to_session_ns: Callable[[int], int],
+    *,
+    external_ids: bool = True,
 ) -> KinetoEvents:
     """Converts a Kineto trace into spans, flows and instants.
 
@@ -375,6 +377,10 @@ def kineto_to_events(
             tracks belong to the trace's CPU process.
         new_id: allocates span and flow ids.
         to_session_ns: converts Unix-epoch ns to session ns.
+        external_ids: keep Kineto's ``External id`` as ``kineto.external_id`` (an
+            imported trace: it names the event in the user's file). A live run drops
+            it: its Kineto file is mltrace's own and deleted, and without the id the
+            attributes of an op repeat from call to call (stored once, as a template).
 
     Returns:
         The events and the conversion stats. Parents of ops, API calls and
@@ -528,7 +534,7 @@ def kineto_to_events(
             attrs = _gpu_attrs(cat, name, args, track)
             if corr is not None:
                 attrs["gpu.correlation_id"] = corr
-        if ext is not None and cat != "python_function":
+        if external_ids and ext is not None and cat != "python_function":
             attrs["kineto.external_id"] = ext
         span = Span(new_id(), parent, level, name, start, end, track.id, attrs)
         out.spans.append(span)

@@ -185,7 +185,7 @@ class TorchOpSource:
                 trace = load_kineto_json(path)
             session = self._session
             assert session is not None
-            result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session)
+            result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session, external_ids=False)
             self.stats = result.stats
             self.export_ns = time.perf_counter_ns() - t0
             stats = result.stats.as_dict()
