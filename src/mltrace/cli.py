@@ -44,6 +44,12 @@ def _trace_options_parser(prog: str) -> _Parser:
     p.add_argument(
         "--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)"
     )
+    p.add_argument(
+        "--op-inferences",
+        metavar="N",
+        dest="op_inferences",
+        help="record ops and library calls for the first N model calls only, then model and layer spans (PyTorch)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")
     p.add_argument("--native", action="store_true", help="with --py-spy: include native frames")
@@ -57,7 +63,7 @@ def _trace_options_parser(prog: str) -> _Parser:
     return p
 
 
-_VALUE_OPTIONS = {"-o", "--output", "--level", "--name", "--flush-interval"}
+_VALUE_OPTIONS = {"-o", "--output", "--level", "--name", "--flush-interval", "--op-inferences"}
 
 
 def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
@@ -127,6 +133,8 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     }
     if ns.flush_interval_s is not None:
         kwargs["flush_interval_s"] = ns.flush_interval_s
+    if ns.op_inferences is not None:
+        kwargs["op_inferences"] = ns.op_inferences
     options = ProfileOptions.build(**kwargs)
     session = Session(options).start()
     status = 0

@@ -30,6 +30,14 @@ class ProfileOptions:
         py_spy: sample Python stacks with py-spy (source level).
         native: include native frames in py-spy samples.
         otlp: OTLP endpoint to send spans to at the end (None: do not send).
+        op_inferences: end the op and library levels after this many model calls
+            (outermost ``nn.Module`` calls, PyTorch); the model and layer levels go
+            on. None: they run until the end, or until the process grows past
+            the op level's memory budget (``op_memory_gib``).
+        op_memory_gib: the op level's memory budget: it ends when the process has
+            grown by this many GiB since torch.profiler started (environment:
+            ``MLTRACE_OP_MEMORY_GIB``). None: a tenth of the memory available when
+            the session starts, at least 1 GiB.
         stream_perfetto: also stream trace.pftrace while the program runs. Off by
             default: encoding costs the program ~5 µs a span; events.jsonl is
             always streamed, and the Perfetto trace is written at the end (or
@@ -46,6 +54,8 @@ class ProfileOptions:
     py_spy: bool = False
     native: bool = False
     otlp: str | None = None
+    op_inferences: int | None = None
+    op_memory_gib: float | None = None
     stream_perfetto: bool = False
     source_options: dict[str, Any] = field(default_factory=dict)
 
@@ -73,6 +83,27 @@ class ProfileOptions:
             kwargs["stream_perfetto"] = env["MLTRACE_STREAM_PERFETTO"].lower() in ("1", "true", "yes", "on")
         if "flush_interval_s" not in kwargs and env.get("MLTRACE_FLUSH_INTERVAL"):
             kwargs["flush_interval_s"] = env["MLTRACE_FLUSH_INTERVAL"]
+        if kwargs.get("op_inferences") is None and env.get("MLTRACE_OP_INFERENCES"):
+            kwargs["op_inferences"] = env["MLTRACE_OP_INFERENCES"]
+        if kwargs.get("op_inferences") is not None:
+            value = kwargs["op_inferences"]
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UsageError(f"--op-inferences takes a whole number of model calls, not {value!r}")
+            kwargs["op_inferences"] = value
+            if kwargs["op_inferences"] < 1:
+                raise UsageError("--op-inferences must be at least 1")
+        if kwargs.get("op_memory_gib") is None and env.get("MLTRACE_OP_MEMORY_GIB"):
+            kwargs["op_memory_gib"] = env["MLTRACE_OP_MEMORY_GIB"]
+        if kwargs.get("op_memory_gib") is not None:
+            value = kwargs["op_memory_gib"]
+            try:
+                kwargs["op_memory_gib"] = float(value)
+            except (TypeError, ValueError):
+                kwargs["op_memory_gib"] = float("nan")
+            if not kwargs["op_memory_gib"] > 0 or isinstance(value, bool):
+                raise UsageError(f"the op level's memory budget (MLTRACE_OP_MEMORY_GIB) must be a positive number of GiB, not {value!r}")
         if isinstance(kwargs.get("level"), str):
             try:
                 kwargs["level"] = Level.parse(kwargs["level"])

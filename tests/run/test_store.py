@@ -104,7 +104,8 @@ def test_a_run_written_at_the_end_keeps_every_span_and_their_order(
     written = [t for line in text.splitlines() for t in json.loads(line).get("templates", [])]
     if cap is None:  # each stem layer and op in full once, then once as a template: 4 of 27 layer spans' configs
         assert text.count(b"ml.layer.config") == 4 and text.count(b"ml.flops") == 4
-        assert [(t[1], t[2].get("ml.flops")) for t in written] == [("aten::conv2d", 0), ("stem.0", None), ("aten::conv2d", 1), ("stem.1", None)]
+        expected = [("aten::conv2d", 0), ("stem.0", None), ("aten::conv2d", 1), ("stem.1", None)]
+        assert [(t[1], t[2].get("ml.flops")) for t in written] == expected
     else:  # forgotten and written again under new ids
         assert {t[1] for t in written} <= {"stem.0", "stem.1", "aten::conv2d"} and len({t[0] for t in written}) == len(written) > 4
     back = load_run(tmp_path)

@@ -1,4 +1,5 @@
-"""The low-memory warning of long op-level sessions (tracer/memwatch.py)."""
+"""The memory watch of op-level sessions (tracer/memwatch.py) and the op level's early end
+(tracer/opwindow.py) it triggers."""
 
 from __future__ import annotations
 
@@ -37,8 +38,30 @@ def test_warns_once_when_memory_is_low_and_the_process_grew() -> None:
     info[0] = (1 * GIB, 24 * GIB)
     message = watch.check()
     assert message is not None and "1.0 of 24.0 GiB available" in message and "grew by 6.0 GiB" in message
-    assert "the op level (torch.ops)" in message and "--level layer" in message
+    assert "the op level (torch.ops)" in message
     assert watch.check() is None  # once
+
+
+def test_an_armed_watch_fires_past_its_budget_counted_from_when_it_was_armed() -> None:
+    rss = [3 * GIB]  # torch imported: not the profiler's
+    plenty = (20 * GIB, 24 * GIB)
+    watch = MemoryWatch("the op level (torch.profiler)", rss=lambda: rss[0], meminfo=lambda: plenty)
+    rss[0] = 5 * GIB
+    assert watch.check() is None  # no budget before it is armed, and memory is plentiful
+    watch.arm(GIB)
+    rss[0] = 5 * GIB + GIB - 1
+    assert watch.check() is None
+    rss[0] = 6 * GIB
+    message = watch.check()
+    assert message is not None and "grew by 1.0 GiB" in message and "budget of 1.0 GiB" in message
+    assert watch.check() is None  # once
+
+
+def test_the_default_budget_is_a_tenth_of_what_is_available_and_at_least_one_gib() -> None:
+    assert memwatch.default_budget(40 * GIB) == 4 * GIB
+    assert memwatch.default_budget(2 * GIB) == GIB
+    assert memwatch.default_budget(None) == GIB
+    assert memwatch.default_budget(40 * GIB, gib=0.5) == GIB // 2
 
 
 def test_no_warning_when_the_machine_is_short_but_the_process_did_not_grow() -> None:
@@ -81,6 +104,7 @@ def test_a_session_recording_ops_warns_on_stderr_and_in_run_json(
         run_dir = session.stop()
     warnings = [line for line in capsys.readouterr().err.splitlines() if "memory is running low" in line]
     assert len(warnings) == 1 and warnings[0].startswith("mltrace: warning: ") and "the op level (held.ops)" in warnings[0]
+    assert "--level layer" in warnings[0]  # it cannot end early: what to do instead
     limitations = json.loads((run_dir / "run.json").read_text())["limitations"]
     assert [x for x in limitations if "memory is running low" in x] == [warnings[0].removeprefix("mltrace: warning: ")]
 

@@ -232,6 +232,9 @@ class LayerRow:
         op_count: number of those ops.
         framework_ns: self time not covered by the layer's direct ops (ns);
             None when the run has no ops.
+        op_calls: calls made while the op level recorded: all of them, unless it
+            ended early (``--op-inferences``, the memory budget).
+        op_calls_ns: their summed durations (ns).
         libraries: library calls in the subtree, by name, largest first.
         kernels: GPU kernels in the subtree, by name, largest first.
         kernel_ns: their summed GPU time (ns).
@@ -248,6 +251,8 @@ class LayerRow:
     op_ns: int = 0
     op_count: int = 0
     framework_ns: int | None = None
+    op_calls: int = 0
+    op_calls_ns: int = 0
     libraries: list[NameTime] = field(default_factory=list)
     kernels: list[NameTime] = field(default_factory=list)
     kernel_ns: int = 0
@@ -637,6 +642,16 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
     if has_ops and layer_rows:
         findings.framework_ns = sum(r.framework_ns or 0 for r in layer_rows)
         findings.framework_base_ns = model_ns or sum(r.stat.self_ns for r in layer_rows)
+        if p.op_end_ns is not None:  # only the calls the op level saw
+            models = [r for r in layer_rows if r.stat.level is Level.MODEL]
+            findings.framework_base_ns = sum(r.op_calls_ns for r in models) or sum(
+                r.op_calls_ns for r in layer_rows if not r.has_child_layers
+            )
+            seen, calls = sum(r.op_calls for r in models), sum(r.stat.calls for r in models)
+            findings.notes.append(
+                f"the op level ended early: ops were recorded in {seen} of {calls} model calls; framework overhead "
+                "and ops per call count those calls only"
+            )
     elif layer_rows:
         findings.notes.append("no op spans: FLOPs come from layer formulas; framework overhead is not measured")
     if peaks is not None and peaks.cpu.note:
@@ -675,6 +690,8 @@ def _layer_rows(
             op_ns=acc.op_ns,
             op_count=acc.op_count,
             framework_ns=acc.framework_ns if has_ops else None,
+            op_calls=acc.op_calls,
+            op_calls_ns=acc.op_calls_ns,
             libraries=_name_times(acc.libraries),
             kernels=_name_times(acc.kernels),
             kernel_ns=acc.kernel_ns,
@@ -726,7 +743,7 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         peak_flops=roofs.flops_for(row.dtype),
         peak_bytes=roofs.bytes_per_s,
         work_known=known,
-        calls=row.stat.calls,
+        calls=row.op_calls,  # the ops-per-call rule: calls without recorded ops do not count
         ops=row.op_count,
         op_ns=row.op_ns,
         kernels=row.kernel_count,

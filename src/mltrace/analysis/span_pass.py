@@ -77,6 +77,8 @@ class RowAcc:
     op_ns: int = 0
     op_count: int = 0
     framework_ns: int = 0
+    op_calls: int = 0  # calls made while the op level recorded (all of them unless it ended early)
+    op_calls_ns: int = 0  # their summed durations
     kernel_ns: int = 0
     kernel_count: int = 0
     has_child_layers: bool = False
@@ -125,6 +127,10 @@ class Gathered:
     scoped: bool = False
     unscoped_ops: int = 0
     unscoped_ops_ns: int = 0  # outermost ops only
+    # Where the op level ended before the run did (run.json "op_window"): the session clock
+    # time it ended; layer and model calls that ended after it have no ops and are left out
+    # of framework overhead and of the ops-per-call rule.
+    op_end_ns: int | None = None
 
 
 # -- structure ---------------------------------------------------------------------
@@ -521,6 +527,11 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
 
     self_ns = np.maximum(cdur - child_ns, 0)
     framework = np.maximum(self_ns - direct_op_ns, 0)
+    g.op_end_ns = op_window_end(run)
+    with_ops = end[call_rows] <= g.op_end_ns if g.op_end_ns is not None else np.ones(ncall, dtype=bool)
+    framework = np.where(with_ops, framework, 0)
+    r_opcalls = _count_by(crow[with_ops], nrow)
+    r_opcalls_ns = _sum_by(crow[with_ops], cdur[with_ops].astype(np.float64), nrow)
     rc = _count_by(crow, nrow)
     r_total = _sum_by(crow, cdur.astype(np.float64), nrow)
     r_self = _sum_by(crow, self_ns.astype(np.float64), nrow)
@@ -555,6 +566,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             op_ns=int(r_opns[r]),
             op_count=int(r_opc[r]),
             framework_ns=int(r_fw[r]),
+            op_calls=int(r_opcalls[r]),
+            op_calls_ns=int(r_opcalls_ns[r]),
             kernel_ns=int(r_kns[r]),
             kernel_count=int(r_kc[r]),
             has_child_layers=bool(r_kids[r]),
@@ -585,6 +598,13 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model].sum())
     return g
+
+
+def op_window_end(run: Run) -> int | None:
+    """When the op level ended before the run did (session clock ns), from run.json; else None."""
+    window = run.meta.get("op_window")
+    ended = window.get("ended_ns") if isinstance(window, dict) else None
+    return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
 
 
 def _first_by_key(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:

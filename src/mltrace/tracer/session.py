@@ -10,6 +10,7 @@ user's program once it is running.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import re
@@ -27,8 +28,9 @@ from mltrace.run.gcpause import gc_paused
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
 from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
-from mltrace.tracer.memwatch import MemoryWatch
+from mltrace.tracer.memwatch import MemoryWatch, default_budget, read_meminfo, release_free_memory
 from mltrace.tracer.model import Event
+from mltrace.tracer.opwindow import OpWindow, can_end_early
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.tracks import TrackRegistry
@@ -109,6 +111,7 @@ class Session:
         tracks: the track registry.
         recorder: the live recorder.
         meta: run metadata being built (written to run.json).
+        op_window: when the op level ends (None where no source of it can end early).
     """
 
     def __init__(self, options: ProfileOptions | None = None, sources: list[Source] | None = None) -> None:
@@ -132,6 +135,7 @@ class Session:
         self.limitations: list[str] = []
         self.errors: list[str] = []
         self._memory_watch: MemoryWatch | None = None
+        self.op_window: OpWindow | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -204,8 +208,10 @@ class Session:
                     warn(f"{lv.label} level unavailable: {st['reason']}")
         self.meta["levels"] = level_status
         op_level = level_status[Level.OP.label]
-        if op_level["recorded"]:  # its profilers hold their events until the end
-            self._memory_watch = MemoryWatch(f"the op level ({', '.join(op_level['sources'])})")
+        if op_level["recorded"]:  # its profilers hold their events until they stop
+            self._watch_op_level(op_level["sources"])
+        elif opts.op_inferences is not None:
+            self.note_limitation(f"--op-inferences {opts.op_inferences} had no effect: the op level was not recorded")
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
@@ -223,6 +229,94 @@ class Session:
         self._flusher.start()
         _active = self
         return self
+
+    def _watch_op_level(self, names: list[str]) -> None:
+        """Sets up the op level's end: after ``--op-inferences`` model calls or past the memory
+        budget where its sources can end early (``OpWindow``), else a low-memory warning."""
+        endable = [s for s in self.started if can_end_early(s)]
+        owners = [s for s in endable if hasattr(s, "thread_ident")]
+        holding = f"the op level ({', '.join(names)})"
+        if not owners:
+            self._memory_watch = MemoryWatch(holding)
+            if self.options.op_inferences is not None:
+                self.note_limitation(
+                    f"--op-inferences {self.options.op_inferences} had no effect: only torch.profiler's op level "
+                    "(without CUDA kernels) can end before the run does"
+                )
+            return
+        info = read_meminfo()
+        budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
+        watch = self._memory_watch = MemoryWatch(holding)
+        for source in owners:  # the budget counts from the profiler's start
+            around = getattr(source, "around_profiler_start", None)
+            if around is not None:
+                around(lambda: None, lambda: watch.arm(budget))
+        self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
+
+        def owner_thread() -> int | None:
+            for source in owners:
+                ident: int | None = getattr(source, "thread_ident", None)
+                if ident is not None:
+                    return ident
+            return None
+
+        self.op_window = OpWindow(self, self.options.op_inferences, owner_thread)
+
+    def end_op_level(self, window: OpWindow) -> None:
+        """Ends every source that can end early (``OpWindow``); ``stop()`` converts their events.
+
+        Runs on the program's thread between two model calls, which waits while torch.profiler
+        stops and exports what it held (stderr says so when that takes a while).
+        """
+        if self._stopped:
+            return
+        t0 = time.perf_counter()
+        notice = None
+        if self.options.summary:
+            text = f"ending the op level ({window.reason}): torch.profiler is writing its events…"
+            notice = threading.Timer(FINISHING_NOTICE_S, _say, (text,))
+            notice.daemon = True
+            notice.start()
+        ended: list[str] = []
+        try:
+            with gc_paused():
+                for source in reversed(self.started):
+                    if not can_end_early(source):
+                        continue
+                    try:
+                        source.end_early()
+                    except Exception as exc:
+                        self.errors.append(f"{source.name}: ending early failed: {exc}")
+                        warn(f"source {source.name} failed to end early: {exc}")
+                        continue
+                    ended.append(source.name)
+            # What torch held is freed only with the profiler object, which sits in a reference
+            # cycle; then glibc keeps the freed pages unless asked (1.1 → 0.44 GB, PERFORMANCE.md).
+            gc.collect()
+            release_free_memory()
+        finally:
+            if notice is not None:
+                notice.cancel()
+        took = time.perf_counter() - t0
+        self._memory_watch = None
+        self.meta.setdefault("op_window", {}).update(
+            {
+                "ended_after_model_calls": window.calls,
+                "ended_ns": window.ended_ns,
+                "reason": window.reason,
+                "sources": ended,
+                "pause_s": round(took, 3),
+            }
+        )
+        self.note_limitation(
+            f"the op and library levels ended after {_calls(window.calls)} ({window.reason}); "
+            "later model calls have model and layer spans only"
+        )
+        if self.options.summary:
+            _say(
+                f"the op and library levels ended after {_calls(window.calls)} ({window.reason}; "
+                f"the program waited {took:.1f} s); model and layer spans go on"
+            )
 
     def _open_streams(self) -> None:
         assert self.run_dir is not None
@@ -244,9 +338,16 @@ class Session:
         watch = self._memory_watch
         if watch is not None:
             message = watch.check()
-            if message is not None:
-                warn(message)
-                self.note_limitation(message)
+            if message is None:
+                return
+            window = self.op_window
+            if window is not None and window.ended_ns is None:
+                window.request("memory budget")
+                warn(f"{message}; it ends when the current model call returns, and model and layer spans go on")
+                return  # the end itself is written to run.json
+            message += " — for a long run use --level layer, or trace a window with mltrace.profile()"
+            warn(message)
+            self.note_limitation(message)
 
     def _flush_locked(self) -> None:
         # Perfetto streaming needs Span objects; events.jsonl alone takes encoded rows.
@@ -313,6 +414,12 @@ class Session:
 
     def _stop_and_finalize(self) -> Path:
         stop_ns = now_ns()
+        window = self.op_window
+        if window is not None and window.reason is not None and window.ended_ns is None:
+            self.note_limitation(
+                f"the op level was to end ({window.reason}) but no model call returned on the thread that started "
+                "torch.profiler afterwards: it ran to the end"
+            )
         for source in reversed(self.started):
             try:
                 events = source.stop()
@@ -353,6 +460,10 @@ class Session:
             except OSError:
                 pass
         return self.run_dir
+
+
+def _calls(n: int) -> str:
+    return f"{n} model call" if n == 1 else f"{n} model calls"
 
 
 def _default_sources(options: ProfileOptions) -> list[Source]:

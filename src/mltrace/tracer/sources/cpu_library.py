@@ -196,6 +196,13 @@ class CpuLibrarySource:
         self._track_id = 0
         self._saved_env: dict[str, str | None] = {}
         self._problems: list[str] = []
+        self._early_lines: list[TappedLine] = []
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether the session may stop this source before it ends: only where torch's runtime
+        switches turned verbose output on (the environment's stay on)."""
+        return not self.use_env
 
     def available(self) -> str | None:
         if os.name != "posix":
@@ -299,9 +306,13 @@ class CpuLibrarySource:
                 self._saved_env = {}
         return lines
 
+    def end_early(self) -> None:
+        """Switches verbose output off and restores fd 1 now; ``stop()`` turns the lines into spans."""
+        self._early_lines = self._restore()
+
     def stop(self) -> list[Event]:
         session = self._session
-        lines = self._restore()
+        lines, self._early_lines = self._early_lines + self._restore(), []
         if session is None:
             return []
         framework = None  # set from the issuing op by the attach pass (torch and TF share oneDNN)

@@ -197,6 +197,7 @@ class TorchModuleSource:
         new_stack = self._new_stack
         raw_shapes = self._raw_shapes
         model_begin = self._model_begin
+        model_ended = self._model_ended
         end = self._end
         tensor = self._tensor
         next_id = self._session.recorder._ids.__next__
@@ -221,6 +222,7 @@ class TorchModuleSource:
                     if output is not None:
                         span.attrs["_out"] = raw_shapes(output)
                     end(span)
+                    model_ended()
 
             if args:
                 # One plain tensor is the common case: skip the generic walk and
@@ -679,6 +681,16 @@ class TorchModuleSource:
         stack.append(frame)
         return frame
 
+    def _model_ended(self) -> None:
+        """After an outermost call: where the op level may end (``tracer/opwindow.py``)."""
+        session = self._session
+        if session is None or session.op_window is None:
+            return
+        try:
+            session.op_window.model_ended()
+        except Exception as exc:  # never into the user's program
+            session.errors.append(f"ending the op level failed: {exc}")
+
     def _note_opaque(self, module: Any) -> None:
         session = self._session
         if session is None:
@@ -711,6 +723,7 @@ class TorchModuleSource:
             if output is not None:
                 span.attrs["_out"] = self._raw_shapes(output)
             self._end(span)
+            self._model_ended()
             return
         frame[END] = now_ns()
         if output is not None:

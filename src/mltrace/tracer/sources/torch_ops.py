@@ -33,6 +33,11 @@ torch when the session starts, the profiler starts right after its
 ``import torch`` finishes (a post-import hook), so ops run before that
 import are none anyway.
 
+Ending early. Without CUDA activity the profiler may be stopped between two
+model calls (``can_end_early``, ``end_early``, ``tracer/opwindow.py``), by the
+thread that started it (``thread_ident``): torch.profiler stops only there. Its
+trace then waits in a temporary file until ``stop()`` converts it.
+
 Limits. Kineto keeps every event in memory until ``stop()`` and allows one
 profiler per process: a program that runs its own ``torch.profiler`` while
 this source is on gets an error from torch, so use ``--level layer`` there.
@@ -43,8 +48,10 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -86,6 +93,7 @@ class TorchOpSource:
         levels: ``(Level.OP,)``, plus ``Level.KERNEL`` where torch may see a GPU.
         stats: the conversion stats of the last ``stop()`` (None before).
         export_ns: how long the last Chrome-trace export and conversion took (ns).
+        thread_ident: the thread that started the profiler (None before it starts).
     """
 
     name = "torch.profiler"
@@ -98,12 +106,22 @@ class TorchOpSource:
         self.record_kernels = False
         self.stats: KinetoStats | None = None
         self.export_ns = 0
+        self.thread_ident: int | None = None
+        self._tmp: str | None = None  # the directory of the exported trace
+        self._exported: Path | None = None
+        self._cuda_activity = False  # may record CUDA activity (before start), or does
         self._around_start: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
     @property
     def profiling(self) -> bool:
         """Whether torch.profiler is running (it waits for the program's ``import torch``)."""
         return self._prof is not None
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether the session may stop this source before it ends: not with CUDA activity,
+        whose hand-over between Kineto and cupti-python is only done at the session's end."""
+        return not self._cuda_activity
 
     def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
         """Calls ``before`` right before torch.profiler starts and ``after`` right after
@@ -122,6 +140,7 @@ class TorchOpSource:
         # With MLTRACE_KERNEL_PATH=cupti-python, CUDA activity stays out from the start: the
         # profiler may start right now (torch already imported), before CuptiSource runs.
         self.record_kernels = Level.KERNEL in session.levels and requested_kernel_path() != "cupti-python"
+        self._cuda_activity = self.record_kernels and Level.KERNEL in self.levels
         # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
         # stop; it reads this level when the profiler first starts. The user's own setting wins.
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -140,6 +159,7 @@ class TorchOpSource:
                 if torch.cuda.is_available():
                     activities.append(ProfilerActivity.CUDA)
                 else:
+                    self._cuda_activity = False
                     session.note_limitation("kernel level: torch sees no CUDA device, so no kernels were recorded")
             # No with_flops: counting while the program runs cost it ≈ 4 % on the example CNN;
             # kineto_to_events counts the same FLOPs from the recorded shapes (aten_flops).
@@ -157,6 +177,7 @@ class TorchOpSource:
             try:
                 prof.start()
                 self._prof = prof
+                self.thread_ident = threading.get_ident()
             finally:
                 self._call_around(1)
         except Exception as exc:  # never into the user's program
@@ -171,29 +192,48 @@ class TorchOpSource:
                 if self._session is not None:
                     self._session.errors.append(f"{self.name}: {'before' if which == 0 else 'after'}-start hook failed: {exc}")
 
+    def end_early(self) -> None:
+        """Stops the profiler now and keeps its trace on disk for ``stop()`` to convert
+        (``tracer/opwindow.py``): what torch held is freed, and the program is paused only
+        for torch's own stop and export."""
+        self._export()
+
+    def _export(self) -> None:
+        """Stops the profiler (if running) and writes its Chrome trace to a temporary file."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.stop()
+        t0 = time.perf_counter_ns()
+        self._tmp = tempfile.mkdtemp(prefix="mltrace-kineto-")
+        path = Path(self._tmp) / "kineto.json"
+        prof.export_chrome_trace(str(path))
+        self._exported = path
+        self.export_ns += time.perf_counter_ns() - t0
+
     def stop(self) -> list[Event]:
-        """Stops the profiler and returns its ops, API calls, kernels and flows."""
+        """Stops the profiler (unless it ended early) and returns its ops, API calls, kernels and flows."""
         try:
-            prof, self._prof = self._prof, None
-            if prof is None:
+            self._export()
+            if self._exported is None:
                 return []
-            prof.stop()
             t0 = time.perf_counter_ns()
-            with tempfile.TemporaryDirectory(prefix="mltrace-kineto-") as tmp:
-                path = Path(tmp) / "kineto.json"
-                prof.export_chrome_trace(str(path))
-                trace = load_kineto_json(path)
+            trace = load_kineto_json(self._exported)
             session = self._session
             assert session is not None
             result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session, external_ids=False)
             self.stats = result.stats
-            self.export_ns = time.perf_counter_ns() - t0
+            self.export_ns += time.perf_counter_ns() - t0
             stats = result.stats.as_dict()
             stats["export_ns"] = self.export_ns
             session.meta["torch_profiler"] = stats
             # Tracks are left out: the session's registry already queued them.
             return result.events(with_tracks=False)
         finally:
+            self._exported = None
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None
             self._around_start.clear()
             if self._hook is not None:
                 self._hook.remove()

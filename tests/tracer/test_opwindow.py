@@ -1,0 +1,178 @@
+"""The op level's early end (tracer/opwindow.py): after --op-inferences model calls or past
+the memory budget, between two model calls; the model and layer levels go on."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from conftest import SCRIPTS, run_cli, run_plain
+from mltrace.analysis.bottleneck import analyze
+from mltrace.config import ProfileOptions
+from mltrace.errors import UsageError
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Event
+from mltrace.tracer.session import Session
+
+
+class _EndableOps:
+    """An op-level source that can end early, as torch.profiler (without CUDA) can."""
+
+    name = "endable.ops"
+    levels = (Level.OP,)
+    can_end_early = True
+
+    def __init__(self, thread_ident: int | None) -> None:
+        self.thread_ident = thread_ident
+        self.ended = 0
+        self.stopped = 0
+        self.after_start: list[object] = []
+
+    def around_profiler_start(self, before: object, after: object) -> None:
+        self.after_start.append(after)
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, session: Session) -> None:
+        pass
+
+    def end_early(self) -> None:
+        self.ended += 1
+
+    def stop(self) -> list[Event]:
+        self.stopped += 1
+        return []
+
+
+def _session(tmp_path: Path, source: _EndableOps, **options: object) -> Session:
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, **options)
+    return Session(opts, sources=[source]).start()
+
+
+def test_the_op_level_ends_after_the_given_model_calls_and_stops_once(tmp_path: Path) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_inferences=2)
+    try:
+        window = session.op_window
+        assert window is not None
+        window.model_ended()
+        assert source.ended == 0
+        window.model_ended()
+        assert source.ended == 1 and window.ended_ns is not None
+        window.model_ended()  # later calls change nothing
+        assert source.ended == 1 and window.calls == 2
+    finally:
+        run_dir = session.stop()
+    assert source.stopped == 1  # its events are converted at the session's end, as usual
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["op_window"]["ended_after_model_calls"] == 2
+    assert meta["op_window"]["reason"] == "--op-inferences 2"
+    assert meta["op_window"]["sources"] == ["endable.ops"]
+    assert any("ended after 2 model calls (--op-inferences 2)" in x for x in meta["limitations"])
+
+
+def test_only_the_thread_that_started_the_profiler_ends_it(tmp_path: Path) -> None:
+    source = _EndableOps(thread_ident=-1)  # some other thread
+    session = _session(tmp_path, source, op_inferences=1)
+    try:
+        assert session.op_window is not None
+        session.op_window.model_ended()
+        assert source.ended == 0
+    finally:
+        run_dir = session.stop()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert "ended_ns" not in meta["op_window"]
+    assert any("was to end (--op-inferences 1)" in x and "ran to the end" in x for x in meta["limitations"])
+
+
+def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_memory_gib=1e-6)  # about 1 KB
+    try:
+        assert session.op_window is not None
+        for hook in source.after_start:  # what torch.profiler's start does: the budget counts from here
+            hook()  # type: ignore[operator]
+        held = bytearray(64 << 20)  # the process grows by 64 MB
+        held[:: 4096] = b"x" * len(held[:: 4096])
+        session.flush()
+        assert source.ended == 0  # not in the middle of a model call
+        assert session.op_window.reason == "memory budget"
+        session.op_window.model_ended()
+        assert source.ended == 1
+        del held
+    finally:
+        run_dir = session.stop()
+    err = capsys.readouterr().err
+    assert "past the op level's memory budget" in err and "model and layer spans go on" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["op_window"]["reason"] == "memory budget" and meta["op_window"]["ended_after_model_calls"] == 1
+
+
+def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in (0, -3, "x", 2.5, True):
+        with pytest.raises(UsageError, match="op-inferences"):
+            ProfileOptions.build(op_inferences=bad)
+    for bad_gib in ("abc", "0", "-1"):
+        monkeypatch.setenv("MLTRACE_OP_MEMORY_GIB", bad_gib)
+        with pytest.raises(UsageError, match="MLTRACE_OP_MEMORY_GIB"):
+            ProfileOptions.build()
+    monkeypatch.setenv("MLTRACE_OP_MEMORY_GIB", "0.5")
+    monkeypatch.setenv("MLTRACE_OP_INFERENCES", "7")
+    opts = ProfileOptions.build()
+    assert opts.op_memory_gib == 0.5 and opts.op_inferences == 7
+
+
+def test_cli_refuses_a_bad_count_without_creating_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("python", "--op-inferences", "0", "-o", str(out), str(SCRIPTS / "echo_env.py"))
+    assert done.returncode == 2 and b"Traceback" not in done.stderr
+    assert done.stderr.decode().strip() == "mltrace: error: --op-inferences must be at least 1"
+    assert not out.exists()
+
+
+def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -> None:
+    script = SCRIPTS / "repeated_inference.py"
+    plain = run_plain(script, "6")
+    traced = run_cli("python", "--level", "library", "--op-inferences", "3", "-o", str(tmp_path / "run"), str(script), "6")
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    assert "ended after 3 model calls (--op-inferences 3;" in traced.stderr.decode()
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    assert window["ended_after_model_calls"] == 3 and set(window["sources"]) == {"torch.profiler", "cpu.library"}
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert len(models) == 6
+    ended = window["ended_ns"]
+    assert models[2].end_ns <= ended <= models[3].start_ns
+    by_id = run.span_by_id()
+
+    def model_of(span_id: int | None) -> int | None:
+        while span_id is not None:
+            span = by_id[span_id]
+            if span.level == Level.MODEL:
+                return span.id
+            span_id = span.parent_id
+        return None
+
+    # Layers in every call; ops and library calls only in the first three.
+    layers_per_model: dict[int | None, int] = {}
+    for s in run.spans:
+        if s.level == Level.LAYER:
+            layers_per_model[model_of(s.parent_id)] = layers_per_model.get(model_of(s.parent_id), 0) + 1
+    assert [layers_per_model.get(m.id, 0) for m in models] == [layers_per_model[models[0].id]] * 6
+    deep = [s for s in run.spans if s.level in (Level.OP, Level.LIBRARY)]
+    assert all(s.start_ns < ended for s in deep)
+    in_models = {model_of(s.parent_id) for s in deep} - {None}
+    assert in_models == {m.id for m in models[:3]}
+    assert {s.level for s in deep} == {Level.OP, Level.LIBRARY}
+    # The report counts framework overhead over the calls that have ops.
+    analysis = analyze(run)
+    assert analysis.findings.framework_base_ns == sum(m.end_ns - m.start_ns for m in models[:3])
+    assert any("ops were recorded in 3 of 6 model calls" in n for n in analysis.findings.notes)
