@@ -36,8 +36,8 @@ class ProfileOptions:
             the op level's memory budget (``op_memory_gib``).
         op_memory_gib: the op level's memory budget: it ends when the process has
             grown by this many GiB since torch.profiler started (environment:
-            ``MLTRACE_OP_MEMORY_GIB``). None: a tenth of the memory available when
-            the session starts, at least 1 GiB.
+            ``MLTRACE_OP_MEMORY_GIB``). None: 5 % of the memory available when the
+            session starts, at least 1 GiB.
         stream_perfetto: also stream trace.pftrace while the program runs. Off by
             default: encoding costs the program ~5 µs a span; events.jsonl is
             always streamed, and the Perfetto trace is written at the end (or

@@ -57,8 +57,8 @@ def test_an_armed_watch_fires_past_its_budget_counted_from_when_it_was_armed() -
     assert watch.check() is None  # once
 
 
-def test_the_default_budget_is_a_tenth_of_what_is_available_and_at_least_one_gib() -> None:
-    assert memwatch.default_budget(40 * GIB) == 4 * GIB
+def test_the_default_budget_is_5_percent_of_what_is_available_and_at_least_one_gib() -> None:
+    assert memwatch.default_budget(80 * GIB) == 4 * GIB
     assert memwatch.default_budget(2 * GIB) == GIB
     assert memwatch.default_budget(None) == GIB
     assert memwatch.default_budget(40 * GIB, gib=0.5) == GIB // 2

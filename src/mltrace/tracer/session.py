@@ -246,7 +246,7 @@ class Session:
             return
         info = read_meminfo()
         budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
-        watch = self._memory_watch = MemoryWatch(holding)
+        watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in owners)})")
         for source in owners:  # the budget counts from the profiler's start
             around = getattr(source, "around_profiler_start", None)
             if around is not None:
