@@ -137,6 +137,20 @@ def test_cli_refuses_a_bad_count_without_creating_the_run(tmp_path: Path) -> Non
     assert not out.exists()
 
 
+def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_inferences=4, level=Level.LAYER)
+    try:
+        assert session.op_window is None
+    finally:
+        run_dir = session.stop()
+    text = "--op-inferences 4 has no effect: the op level is not recorded"
+    assert f"mltrace: warning: {text}" in capsys.readouterr().err.splitlines()
+    assert text in json.loads((run_dir / "run.json").read_text())["limitations"]
+
+
 def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -> None:
     script = SCRIPTS / "repeated_inference.py"
     plain = run_plain(script, "6")

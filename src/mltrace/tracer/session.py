@@ -211,7 +211,7 @@ class Session:
         if op_level["recorded"]:  # its profilers hold their events until they stop
             self._watch_op_level(op_level["sources"])
         elif opts.op_inferences is not None:
-            self.note_limitation(f"--op-inferences {opts.op_inferences} had no effect: the op level was not recorded")
+            self._no_effect(f"--op-inferences {opts.op_inferences} has no effect: the op level is not recorded")
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
@@ -239,8 +239,8 @@ class Session:
         if not owners:
             self._memory_watch = MemoryWatch(holding)
             if self.options.op_inferences is not None:
-                self.note_limitation(
-                    f"--op-inferences {self.options.op_inferences} had no effect: only torch.profiler's op level "
+                self._no_effect(
+                    f"--op-inferences {self.options.op_inferences} has no effect: only torch.profiler's op level "
                     "(without CUDA kernels) can end before the run does"
                 )
             return
@@ -261,6 +261,10 @@ class Session:
             return None
 
         self.op_window = OpWindow(self, self.options.op_inferences, owner_thread)
+
+    def _no_effect(self, text: str) -> None:
+        warn(text)
+        self.note_limitation(text)
 
     def end_op_level(self, window: OpWindow) -> None:
         """Ends every source that can end early (``OpWindow``); ``stop()`` converts their events.
