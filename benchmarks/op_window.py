@@ -2,7 +2,7 @@
 
 Runs the example CNN (``resnet_small``, batch 8, 64×64) N times in a child process,
 as a user would: plain; under ``mltrace python`` with every CPU level to the end;
-and with ``--op-inferences K`` for each K. For each it prints the child's resident
+at the layer level only; and with ``--op-inferences K`` for each K. For each it prints the child's resident
 memory after its last inference (the program's view), the child's peak resident
 memory over its whole life (the end of the run included, from ``wait4``), the
 program's wall time, and, with a window, how long the program waited while the op
@@ -60,10 +60,11 @@ def run_child(args: list[str], script: Path, out: Path | None) -> dict[str, floa
         raise SystemExit(f"child {' '.join(args)} failed with status {proc.returncode}")
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULT"))
     _, rss, wall = line.split()
-    result = {"rss_mb": float(rss), "peak_mb": usage.ru_maxrss / 1024, "wall_s": float(wall), "pause_s": 0.0}
+    result: dict[str, float] = {"rss_mb": float(rss), "peak_mb": usage.ru_maxrss / 1024, "wall_s": float(wall), "pause_s": 0.0, "spans": 0}
     if out is not None:
-        window = json.loads((out / "run.json").read_text()).get("op_window", {})
-        result["pause_s"] = float(window.get("pause_s", 0.0))
+        meta = json.loads((out / "run.json").read_text())
+        result["pause_s"] = float(meta.get("op_window", {}).get("pause_s", 0.0))
+        result["spans"] = int(meta.get("summary", {}).get("spans", 0))
     return result
 
 
@@ -80,6 +81,9 @@ def main() -> None:
         conditions: list[tuple[str, list[str], Path | None]] = [("plain", [sys.executable], None)]
         full = Path(tmp) / "full"
         conditions.append(("mltrace, every CPU level to the end", [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(full)], full))
+        layer = Path(tmp) / "layer"
+        layer_cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "layer", "-o", str(layer)]
+        conditions.append(("mltrace --level layer", layer_cmd, layer))
         for k in windows:
             out = Path(tmp) / f"k{k}"
             cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--op-inferences", str(k), "-o", str(out)]
@@ -88,10 +92,11 @@ def main() -> None:
             print(f"running: {label} ({ns.inferences} inferences)…", file=sys.stderr, flush=True)
             rows.append((label, run_child(cmd, script, out)))
     print(f"example CNN, batch 8, 64×64, {ns.inferences} inferences a child")
-    print(f"{'condition':<40} {'RSS after last call':>20} {'peak RSS':>10} {'program wall':>13} {'op-level end pause':>19}")
+    print(f"{'condition':<40} {'spans':>8} {'RSS after last call':>20} {'peak RSS':>10} {'program wall':>13} {'op-level end pause':>19}")
     for label, r in rows:
         pause = f"{r['pause_s']:.2f} s" if r["pause_s"] else "-"
-        print(f"{label:<40} {r['rss_mb']:>17.0f} MB {r['peak_mb']:>7.0f} MB {r['wall_s']:>11.2f} s {pause:>19}")
+        spans = f"{r['spans']:.0f}" if r["spans"] else "-"
+        print(f"{label:<40} {spans:>8} {r['rss_mb']:>17.0f} MB {r['peak_mb']:>7.0f} MB {r['wall_s']:>11.2f} s {pause:>19}")
 
 
 if __name__ == "__main__":
