@@ -219,3 +219,16 @@ def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
     fresh = [Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, copy.deepcopy(s.attrs)) for s in torch_run.spans]
     assert len({id(s.attrs["ml.input.shapes"]) for s in layers}) < len(layers)
     assert encode(torch_run.spans) == encode(fresh)
+
+
+def test_varints_match_protobufs_own_encoding() -> None:
+    """The hand encoder's varints, timestamps' cached high groups included (``_varint``)."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    from mltrace.exporters.perfetto import _varint
+
+    edges = [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, (1 << 28) - 1, 1 << 28, (1 << 28) + 1, (1 << 35) - 1, 1 << 35]
+    stamps = [1_720_000_000_123_456_789 + k * 104_729 for k in range(200)]  # epoch-sized ns, one high group
+    monotonic = [1_626_563_407_427 + k * 7_919_191 for k in range(200)]  # session clock ns, several
+    for n in [*edges, *stamps, *monotonic, (1 << 64) - 1]:
+        assert _varint(n) == _VarintBytes(n), n

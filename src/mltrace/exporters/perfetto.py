@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,9 +53,24 @@ _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
 _WRITE_CHUNK = 8192
 
 
+#: Encodings of ``n >> 28`` for large n: timestamps (ns) share them for 0.27 s at a time.
+_HIGH_VARINTS: dict[int, bytes] = {}
+
+
 def _varint(n: int) -> bytes:
     if n < 0x80:
         return _SMALL_VARINTS[n]
+    if n >= 1 << 28:  # a timestamp: four low 7-bit groups, then the cached rest
+        high = _HIGH_VARINTS.get(n >> 28)
+        if high is None:
+            high = _varint_loop(n >> 28)
+            if len(_HIGH_VARINTS) < 4096:
+                _HIGH_VARINTS[n >> 28] = high
+        return bytes((n & 0x7F | 0x80, n >> 7 & 0x7F | 0x80, n >> 14 & 0x7F | 0x80, n >> 21 & 0x7F | 0x80)) + high
+    return _varint_loop(n)
+
+
+def _varint_loop(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -99,6 +114,10 @@ class PerfettoEncoder:
         #: Annotation string values (and JSON-encoded lists and maps) → their encoded iid reference.
         self._str_values: dict[bytes, bytes] = {}
         self._track_enc: dict[int, bytes] = {}
+        #: (track, name, level) → a SLICE_BEGIN's fields before its flows and annotations.
+        self._begin_heads: dict[tuple[int, str, Level], bytes] = {}
+        #: track → a SLICE_END packet's bytes after its timestamp.
+        self._end_tails: dict[int, bytes] = {}
         self._described: set[int] = set()
         self._processes: set[int] = set()
         self._gpu_groups: set[tuple[int, int]] = set()
@@ -228,22 +247,32 @@ class PerfettoEncoder:
                 entry = b"\x08" + _varint(iid) + b"\x12" + _varint(len(raw)) + raw
                 interned += _varint(field << 3 | 2) + _varint(len(entry)) + entry
             body += b"\x62" + _varint(len(interned)) + bytes(interned)
-        return _frame(body + _NEEDS_STATE)
+        body += _NEEDS_STATE
+        return b"\x0a" + _varint(len(body)) + body  # _frame, inlined
 
     def _slice_begin(
-        self, span: Span, flows_out: list[int], flows_in: list[int], blocks: dict[tuple[Any, ...], bytes] | None = None
+        self,
+        span: Span,
+        flows_out: Sequence[int],
+        flows_in: Sequence[int],
+        blocks: dict[tuple[Any, ...], bytes] | None = None,
     ) -> bytes:
         """A SLICE_BEGIN packet. ``blocks``, when given, caches encoded annotations by the
         identity of the attribute values (see ``encode``)."""
         new: list[tuple[int, int, str | bytes]] = []
-        ev = (
-            b"\x48\x01"
-            + self._track_field(span.track_id)
-            + b"\x50"
-            + _varint(self._iid(self._names, span.name, new, _ID_NAMES))
-            + b"\x18"
-            + _varint(self._iid(self._cats, span.level.label, new, _ID_CATS))
-        )
+        head_key = (span.track_id, span.name, span.level)
+        ev = self._begin_heads.get(head_key)
+        if ev is None:  # the first slice of its kind on its track interns its name and category
+            ev = (
+                b"\x48\x01"
+                + self._track_field(span.track_id)
+                + b"\x50"
+                + _varint(self._iid(self._names, span.name, new, _ID_NAMES))
+                + b"\x18"
+                + _varint(self._iid(self._cats, span.level.label, new, _ID_CATS))
+            )
+            if len(self._begin_heads) < _STRING_VALUES_MAX:
+                self._begin_heads[head_key] = ev
         for f in flows_out:
             ev += _FLOW_IDS + struct.pack("<Q", f & 0xFFFFFFFFFFFFFFFF)
         for f in flows_in:
@@ -261,7 +290,12 @@ class PerfettoEncoder:
         return self._event_packet(span.start_ns, ev, new)
 
     def _slice_end(self, span: Span) -> bytes:
-        return self._event_packet(span.end_ns, b"\x48\x02" + self._track_field(span.track_id), [])
+        tail = self._end_tails.get(span.track_id)
+        if tail is None:  # what _event_packet would write after the timestamp
+            event = b"\x48\x02" + self._track_field(span.track_id)
+            tail = self._end_tails[span.track_id] = _SEQ_PREFIX + b"\x5a" + _varint(len(event)) + event + _NEEDS_STATE
+        body = b"\x40" + _varint(span.end_ns) + tail
+        return b"\x0a" + _varint(len(body)) + body
 
     def _instant(self, ev: Instant) -> bytes:
         new: list[tuple[int, int, str | bytes]] = []
@@ -312,29 +346,38 @@ class PerfettoEncoder:
             flow_out.setdefault(f.from_span, []).append(f.id)
             flow_in.setdefault(f.to_span, []).append(f.id)
         depth = _depths(span_list)
-        # (timestamp, phase, tiebreak, kind, object); phase 0 = end, 1 = begin/instant/counter.
-        records: list[tuple[int, int, int, int, Any]] = []
+        # (timestamp, phase, tiebreak, sequence, kind, object); phase 0 = end, 1 = begin/instant/
+        # counter. The sequence number keeps equal keys in insertion order and the tuples
+        # comparable without a key function (objects are never compared).
+        records: list[tuple[int, int, int, int, int, Any]] = []
+        add = records.append
+        seq = 0
         for s in span_list:
             d = depth.get(s.id, 0)
-            records.append((s.start_ns, 1, d, 0, s))
+            add((s.start_ns, 1, d, seq, 0, s))
             # A zero-length span's end must follow its own begin.
-            records.append((s.end_ns, 0 if s.end_ns > s.start_ns else 2, -d, 1, s))
+            add((s.end_ns, 0 if s.end_ns > s.start_ns else 2, -d, seq + 1, 1, s))
+            seq += 2
         for i in instants:
-            records.append((i.ts_ns, 1, 1 << 20, 2, i))
+            add((i.ts_ns, 1, 1 << 20, seq, 2, i))
+            seq += 1
         for c in counters:
-            records.append((c.ts_ns, 1, 0, 3, c))
-        records.sort(key=lambda r: (r[0], r[1], r[2]))
+            add((c.ts_ns, 1, 0, seq, 3, c))
+            seq += 1
+        records.sort()
         # Layer spans of one layer share their attribute values (the objects themselves: a
         # loaded template's, or the drain's cached ones), so their annotations are encoded
         # once and reused. Keyed by the values' ids, which stay unique while this call holds
         # the spans; other levels carry per-span values (Kineto ids) and are encoded each.
         blocks: dict[tuple[Any, ...], bytes] = {}
-        for _, _, _, kind, obj in records:
+        slice_begin, slice_end, append = self._slice_begin, self._slice_end, out.append
+        flows_of, flows_into, no_flows = flow_out.get, flow_in.get, ()
+        layer = Level.LAYER
+        for _, _, _, _, kind, obj in records:
             if kind == 0:
-                cache = blocks if obj.level is Level.LAYER else None
-                out.append(self._slice_begin(obj, flow_out.get(obj.id, []), flow_in.get(obj.id, []), cache))
+                append(slice_begin(obj, flows_of(obj.id, no_flows), flows_into(obj.id, no_flows), blocks if obj.level is layer else None))
             elif kind == 1:
-                out.append(self._slice_end(obj))
+                append(slice_end(obj))
             elif kind == 2:
                 out.append(self._instant(obj))
             else:
