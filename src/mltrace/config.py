@@ -99,11 +99,12 @@ class ProfileOptions:
         if kwargs.get("op_memory_gib") is not None:
             value = kwargs["op_memory_gib"]
             try:
-                kwargs["op_memory_gib"] = float(value)
+                gib = float(value)
             except (TypeError, ValueError):
-                kwargs["op_memory_gib"] = float("nan")
-            if not kwargs["op_memory_gib"] > 0 or isinstance(value, bool):
+                gib = float("nan")
+            if isinstance(value, bool) or not gib > 0:  # nan, too
                 raise UsageError(f"the op level's memory budget (MLTRACE_OP_MEMORY_GIB) must be a positive number of GiB, not {value!r}")
+            kwargs["op_memory_gib"] = gib
         if isinstance(kwargs.get("level"), str):
             try:
                 kwargs["level"] = Level.parse(kwargs["level"])

@@ -4,8 +4,8 @@ torch.profiler (the op level, and the library level placed under it) keeps every
 in memory until the session stops: about 1.5 MB a CNN inference on the example model, so a
 long run at those levels can exhaust the machine. The session's flusher calls
 ``MemoryWatch.check`` every flush. It fires once, when the process has grown past its
-budget since tracing started, or when available memory is low *and* the process has grown
-by a good amount. The session then ends the op level between two inferences where it can
+budget since the watch was armed (when torch.profiler started), or when available memory
+is low *and* the process has grown by a good amount. The session then ends the op level between two inferences where it can
 (``tracer/opwindow.py``), and otherwise says what to do instead.
 """
 
@@ -78,8 +78,6 @@ class MemoryWatch:
 
     Args:
         holding: what keeps events in memory, for the message ("the op level (torch.profiler)").
-        budget: growth (bytes) since the watch began that fires it whatever memory is
-            left; None: only low memory does.
         rss: reads the process's resident size (bytes).
         meminfo: reads (available, total) bytes, or None.
     """
@@ -87,12 +85,11 @@ class MemoryWatch:
     def __init__(
         self,
         holding: str,
-        budget: int | None = None,
         rss: Callable[[], int] = process_rss,
         meminfo: Callable[[], tuple[int, int] | None] = read_meminfo,
     ) -> None:
         self.holding = holding
-        self.budget = budget
+        self.budget: int | None = None  # growth (bytes) that fires the watch whatever memory is left (``arm``)
         self._rss = rss
         self._meminfo = meminfo
         self._start_rss = rss()
