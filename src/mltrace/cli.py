@@ -50,6 +50,13 @@ def _trace_options_parser(prog: str) -> _Parser:
         dest="op_inferences",
         help="record ops and library calls for the first N model calls only, then model and layer spans (PyTorch)",
     )
+    p.add_argument(
+        "--max-spans",
+        metavar="N",
+        dest="max_spans",
+        help="end the layer level once N spans are streamed; model spans go on (0: no limit; "
+        "default: what 10%% of available memory can finish, at most 2 million)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")
     p.add_argument("--native", action="store_true", help="with --py-spy: include native frames")
@@ -63,7 +70,19 @@ def _trace_options_parser(prog: str) -> _Parser:
     return p
 
 
-_VALUE_OPTIONS = {"-o", "--output", "--level", "--name", "--flush-interval", "--op-inferences"}
+def _value_options() -> frozenset[str]:
+    """The trace options that take the next word as their value (``-o DIR``), from the parser
+    itself, so that a new option cannot be forgotten here."""
+    parser = _trace_options_parser("mltrace python")
+    return frozenset(
+        name
+        for action in parser._actions  # noqa: SLF001 - argparse keeps its actions here
+        if action.option_strings and action.nargs is None and isinstance(action, argparse._StoreAction)  # noqa: SLF001
+        for name in action.option_strings
+    )
+
+
+_VALUE_OPTIONS = _value_options()
 
 
 def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
@@ -135,6 +154,8 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         kwargs["flush_interval_s"] = ns.flush_interval_s
     if ns.op_inferences is not None:
         kwargs["op_inferences"] = ns.op_inferences
+    if ns.max_spans is not None:
+        kwargs["max_spans"] = ns.max_spans
     options = ProfileOptions.build(**kwargs)
     session = Session(options).start()
     status = 0

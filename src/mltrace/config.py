@@ -38,6 +38,11 @@ class ProfileOptions:
             grown by this many GiB since torch.profiler started (environment:
             ``MLTRACE_OP_MEMORY_GIB``). None: 5 % of the memory available when the
             session starts, at least 1 GiB.
+        max_spans: once this many spans have been streamed, the layer level ends
+            (and the op level with it) after the current model call; model
+            spans go on (environment: ``MLTRACE_MAX_SPANS``). 0: no limit. None:
+            what the end of the run can load in 10 % of the memory available
+            when the session starts, between 100,000 and 2 million.
         stream_perfetto: also stream trace.pftrace while the program runs. Off by
             default: encoding costs the program ~5 µs a span; events.jsonl is
             always streamed, and the Perfetto trace is written at the end (or
@@ -56,6 +61,7 @@ class ProfileOptions:
     otlp: str | None = None
     op_inferences: int | None = None
     op_memory_gib: float | None = None
+    max_spans: int | None = None
     stream_perfetto: bool = False
     source_options: dict[str, Any] = field(default_factory=dict)
 
@@ -86,14 +92,15 @@ class ProfileOptions:
         if kwargs.get("op_inferences") is None and env.get("MLTRACE_OP_INFERENCES"):
             kwargs["op_inferences"] = env["MLTRACE_OP_INFERENCES"]
         if kwargs.get("op_inferences") is not None:
-            value = kwargs["op_inferences"]
-            if isinstance(value, str) and value.strip().isdigit():
-                value = int(value)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise UsageError(f"--op-inferences takes a whole number of model calls, not {value!r}")
-            kwargs["op_inferences"] = value
+            kwargs["op_inferences"] = _whole_number(kwargs["op_inferences"], "--op-inferences", "model calls")
             if kwargs["op_inferences"] < 1:
                 raise UsageError("--op-inferences must be at least 1")
+        if kwargs.get("max_spans") is None and env.get("MLTRACE_MAX_SPANS"):
+            kwargs["max_spans"] = env["MLTRACE_MAX_SPANS"]
+        if kwargs.get("max_spans") is not None:
+            kwargs["max_spans"] = _whole_number(kwargs["max_spans"], "--max-spans", "spans (0: no limit)")
+            if kwargs["max_spans"] < 0:
+                raise UsageError("--max-spans must be 0 (no limit) or more")
         if kwargs.get("op_memory_gib") is None and env.get("MLTRACE_OP_MEMORY_GIB"):
             kwargs["op_memory_gib"] = env["MLTRACE_OP_MEMORY_GIB"]
         if kwargs.get("op_memory_gib") is not None:
@@ -122,3 +129,16 @@ class ProfileOptions:
             if not 0.01 <= kwargs["flush_interval_s"] <= 60:
                 raise UsageError("flush interval must be between 0.01 and 60 seconds")
         return cls(**kwargs)
+
+
+def _whole_number(value: Any, option: str, unit: str) -> int:
+    """``value`` (an int, or a string of digits from the command line or the environment) as an int.
+
+    Raises:
+        UsageError: for anything else.
+    """
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{option} takes a whole number of {unit}, not {value!r}")
+    return value

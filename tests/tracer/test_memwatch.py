@@ -1,5 +1,5 @@
 """The memory watch of op-level sessions (tracer/memwatch.py) and the op level's early end
-(tracer/opwindow.py) it triggers."""
+(tracer/windows.py) it triggers."""
 
 from __future__ import annotations
 

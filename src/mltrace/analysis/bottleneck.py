@@ -235,6 +235,9 @@ class LayerRow:
         op_calls: calls made while the op level recorded: all of them, unless it
             ended early (``--op-inferences``, the memory budget).
         op_calls_ns: their summed durations (ns).
+        layer_calls: calls made while the layer level recorded: all of them, unless
+            it ended early (run.json ``layer_window``).
+        layer_calls_ns: their summed durations (ns).
         libraries: library calls in the subtree, by name, largest first.
         kernels: GPU kernels in the subtree, by name, largest first.
         kernel_ns: their summed GPU time (ns).
@@ -253,6 +256,8 @@ class LayerRow:
     framework_ns: int | None = None
     op_calls: int = 0
     op_calls_ns: int = 0
+    layer_calls: int = 0
+    layer_calls_ns: int = 0
     libraries: list[NameTime] = field(default_factory=list)
     kernels: list[NameTime] = field(default_factory=list)
     kernel_ns: int = 0
@@ -576,6 +581,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
     layer_rows, type_rows = _layer_rows(g, has_ops, peaks, th)
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
+    layer_ended = g.layer_end_ns is not None
+    op_ended = layer_ended or g.op_end_ns is not None
     order = [*HIERARCHY, Level.USER]
     breakdown = Breakdown(
         levels=[LevelTime(lv, g.counts[int(lv)], g.level_ns[int(lv)]) for lv in order if g.counts.get(int(lv))],
@@ -588,6 +595,9 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         ops_outside_layers=g.ops_outside_layers,
         ops_outside_layers_ns=g.ops_outside_layers_ns,
         ops_outside_models=g.ops_outside_models,
+        layer_model_calls=sum(r.layer_calls for r in models) if layer_ended else None,
+        layer_model_ns=sum(r.layer_calls_ns for r in models) if layer_ended else None,
+        op_model_ns=sum(r.op_calls_ns for r in models) if op_ended else None,
     )
     ops.sort(key=lambda r: (-r.self_ns, r.name))
     if peaks is not None:
@@ -639,21 +649,27 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
     findings.data_movement_ns = sum(v[1] for v in p.moves.values())
     findings.data_movement_base_ns = p.top_op_ns + kernel_total
     findings.data_movement_top = _name_times(p.moves)[:5]
+    models = [r for r in layer_rows if r.stat.level is Level.MODEL]
+    calls = sum(r.stat.calls for r in models)
     if has_ops and layer_rows:
         findings.framework_ns = sum(r.framework_ns or 0 for r in layer_rows)
         findings.framework_base_ns = model_ns or sum(r.stat.self_ns for r in layer_rows)
-        if p.op_end_ns is not None:  # only the calls the op level saw
-            models = [r for r in layer_rows if r.stat.level is Level.MODEL]
+        if p.op_end_ns is not None or p.layer_end_ns is not None:  # only the calls with ops in layers
             findings.framework_base_ns = sum(r.op_calls_ns for r in models) or sum(
                 r.op_calls_ns for r in layer_rows if not r.has_child_layers
             )
-            seen, calls = sum(r.op_calls for r in models), sum(r.stat.calls for r in models)
+        if p.op_end_ns is not None:
             findings.notes.append(
-                f"the op level ended early: ops were recorded in {seen} of {calls} model calls; framework overhead "
-                "and ops per call count those calls only"
+                f"the op level ended early: ops were recorded in {sum(r.op_calls for r in models)} of {calls} model "
+                "calls; framework overhead and ops per call count those calls only"
             )
     elif layer_rows:
         findings.notes.append("no op spans: FLOPs come from layer formulas; framework overhead is not measured")
+    if p.layer_end_ns is not None:
+        findings.notes.append(
+            f"the layer level ended early: layers were recorded in {sum(r.layer_calls for r in models)} of {calls} "
+            "model calls; layer shares are of those calls' time"
+        )
     if peaks is not None and peaks.cpu.note:
         findings.notes.append(f"CPU peaks {peaks.cpu.note}")
     if p.gpu_busy and (peaks is None or peaks.gpu is None):
@@ -692,6 +708,8 @@ def _layer_rows(
             framework_ns=acc.framework_ns if has_ops else None,
             op_calls=acc.op_calls,
             op_calls_ns=acc.op_calls_ns,
+            layer_calls=acc.layer_calls,
+            layer_calls_ns=acc.layer_calls_ns,
             libraries=_name_times(acc.libraries),
             kernels=_name_times(acc.kernels),
             kernel_ns=acc.kernel_ns,

@@ -86,6 +86,11 @@ class Breakdown:
         ops_outside_layers: op spans inside a model span but in no layer span.
         ops_outside_layers_ns: their total duration (ns).
         ops_outside_models: op spans in no model span at all (program code around the model).
+        layer_model_calls: where the layer level ended before the run did
+            (run.json ``layer_window``), the model calls that ended before it; else None.
+        layer_model_ns: their total time (ns), the base of layer shares; else None.
+        op_model_ns: the same for the op level (``op_window``, or the layer level's
+            end if earlier), the base of op, library and kernel shares; else None.
     """
 
     levels: list[LevelTime]
@@ -98,6 +103,25 @@ class Breakdown:
     ops_outside_layers: int = 0
     ops_outside_layers_ns: int = 0
     ops_outside_models: int = 0
+    layer_model_calls: int | None = None
+    layer_model_ns: int | None = None
+    op_model_ns: int | None = None
+
+    def base_ns(self, level: Level) -> int:
+        """The model time a level's share is of: the model calls during which it recorded."""
+        if level is Level.LAYER and self.layer_model_ns is not None:
+            return self.layer_model_ns
+        if level in (Level.OP, Level.LIBRARY, Level.KERNEL) and self.op_model_ns is not None:
+            return self.op_model_ns
+        return self.model_ns
+
+
+def window_end(run: Run, key: str) -> int | None:
+    """When a level ended before the run did (session clock ns), from run.json's ``key``
+    (``op_window``, ``layer_window``); else None."""
+    window = run.meta.get(key)
+    ended = window.get("ended_ns") if isinstance(window, dict) else None
+    return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
 
 
 def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
@@ -174,6 +198,10 @@ def breakdown(run: Run) -> Breakdown:
     types: dict[str, TypeStat] = {}
     model_calls = 0
     model_ns = 0
+    layer_end, op_end = window_end(run, "layer_window"), window_end(run, "op_window")
+    if layer_end is not None and (op_end is None or layer_end < op_end):
+        op_end = layer_end
+    layer_calls = layer_ns = op_ns = 0
     for s in spans:
         if s.level not in (Level.MODEL, Level.LAYER):
             continue
@@ -202,6 +230,11 @@ def breakdown(run: Run) -> Breakdown:
         if s.level == Level.MODEL:
             model_calls += 1
             model_ns += s.duration_ns
+            if layer_end is not None and s.end_ns <= layer_end:
+                layer_calls += 1
+                layer_ns += s.duration_ns
+            if op_end is not None and s.end_ns <= op_end:
+                op_ns += s.duration_ns
         else:
             ts = types.setdefault(ltype, TypeStat(ltype))
             ts.calls += 1
@@ -219,6 +252,9 @@ def breakdown(run: Run) -> Breakdown:
         model_ns=model_ns,
         wall_ns=wall,
         span_count=len(spans),
+        layer_model_calls=layer_calls if layer_end is not None else None,
+        layer_model_ns=layer_ns if layer_end is not None else None,
+        op_model_ns=op_ns if op_end is not None else None,
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
+from mltrace.analysis.breakdown import window_end
 from mltrace.analysis.roofline import CHILDREN, EXPLICIT, IO, OPS, explicit_work, io_bytes, layer_formula_work, op_bytes
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import TrackKind
@@ -79,6 +80,8 @@ class RowAcc:
     framework_ns: int = 0
     op_calls: int = 0  # calls made while the op level recorded (all of them unless it ended early)
     op_calls_ns: int = 0  # their summed durations
+    layer_calls: int = 0  # calls made while the layer level recorded (all of them unless it ended early)
+    layer_calls_ns: int = 0  # their summed durations
     kernel_ns: int = 0
     kernel_count: int = 0
     has_child_layers: bool = False
@@ -131,6 +134,9 @@ class Gathered:
     # time it ended; layer and model calls that ended after it have no ops and are left out
     # of framework overhead and of the ops-per-call rule.
     op_end_ns: int | None = None
+    # The same for the layer level (run.json "layer_window"): model calls that ended after it
+    # have no layer spans, and layer shares are of the calls before it.
+    layer_end_ns: int | None = None
 
 
 # -- structure ---------------------------------------------------------------------
@@ -527,11 +533,18 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
 
     self_ns = np.maximum(cdur - child_ns, 0)
     framework = np.maximum(self_ns - direct_op_ns, 0)
-    g.op_end_ns = op_window_end(run)
-    with_ops = end[call_rows] <= g.op_end_ns if g.op_end_ns is not None else np.ones(ncall, dtype=bool)
+    g.op_end_ns = window_end(run, "op_window")
+    g.layer_end_ns = window_end(run, "layer_window")
+    call_end = end[call_rows]
+    with_ops = call_end <= g.op_end_ns if g.op_end_ns is not None else np.ones(ncall, dtype=bool)
+    if g.layer_end_ns is not None:  # ops after the layer level's end lie in model spans only
+        with_ops &= call_end <= g.layer_end_ns
     framework = np.where(with_ops, framework, 0)
     r_opcalls = _count_by(crow[with_ops], nrow)
     r_opcalls_ns = _sum_by(crow[with_ops], cdur[with_ops].astype(np.float64), nrow)
+    with_layers = call_end <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
+    r_layercalls = _count_by(crow[with_layers], nrow)
+    r_layercalls_ns = _sum_by(crow[with_layers], cdur[with_layers].astype(np.float64), nrow)
     rc = _count_by(crow, nrow)
     r_total = _sum_by(crow, cdur.astype(np.float64), nrow)
     r_self = _sum_by(crow, self_ns.astype(np.float64), nrow)
@@ -568,6 +581,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             framework_ns=int(r_fw[r]),
             op_calls=int(r_opcalls[r]),
             op_calls_ns=int(r_opcalls_ns[r]),
+            layer_calls=int(r_layercalls[r]),
+            layer_calls_ns=int(r_layercalls_ns[r]),
             kernel_ns=int(r_kns[r]),
             kernel_count=int(r_kc[r]),
             has_child_layers=bool(r_kids[r]),
@@ -598,13 +613,6 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model].sum())
     return g
-
-
-def op_window_end(run: Run) -> int | None:
-    """When the op level ended before the run did (session clock ns), from run.json; else None."""
-    window = run.meta.get("op_window")
-    ended = window.get("ended_ns") if isinstance(window, dict) else None
-    return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
 
 
 def _first_by_key(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -9,7 +9,8 @@ from mltrace.run.store import Run
 
 
 def summarize(run: Run, top: int = 5) -> dict[str, Any]:
-    """Counts per level, model calls and the top layers by self time (ns)."""
+    """Counts per level, model calls and the top layers by self time (ns); where the layer level
+    ended early, the model calls it recorded and their time (the base of layer shares)."""
     b = breakdown(run)
     layers = sorted((x for x in b.layers if x.level.label == "layer"), key=lambda x: -x.self_ns)[:top]
     return {
@@ -20,6 +21,7 @@ def summarize(run: Run, top: int = 5) -> dict[str, Any]:
         "model_calls": b.model_calls,
         "model_time_ns": b.model_ns,
         "wall_ns": b.wall_ns,
+        **({"layer_model_calls": b.layer_model_calls, "layer_model_time_ns": b.layer_model_ns} if b.layer_model_ns is not None else {}),
         "top_layers_by_self_time": [
             {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "location": x.location}
             for x in layers

@@ -6,7 +6,7 @@ long run at those levels can exhaust the machine. The session's flusher calls
 ``MemoryWatch.check`` every flush. It fires once, when the process has grown past its
 budget since the watch was armed (when torch.profiler started), or when available memory
 is low *and* the process has grown by a good amount. The session then ends the op level between two inferences where it can
-(``tracer/opwindow.py``), and otherwise says what to do instead.
+(``tracer/windows.py``), and otherwise says what to do instead.
 """
 
 from __future__ import annotations
@@ -63,6 +63,27 @@ def read_meminfo(path: Path = Path("/proc/meminfo")) -> tuple[int, int] | None:
     if "MemAvailable" not in found or not found.get("MemTotal"):
         return None
     return found["MemAvailable"], found["MemTotal"]
+
+
+#: What the session's end needs a streamed span, at its peak (a 2.4-million-span layer-level
+#: run peaked 1.9 GB while it stopped, with torch loaded; PERFORMANCE.md), rounded up.
+FINALIZE_BYTES_PER_SPAN = 1000
+#: The share of the memory available at the start that the end of a run may take by default.
+SPAN_MEMORY_FRACTION = 0.10
+#: The default span limit's bounds: the end of a run takes about 11 µs a span here, so 2 million
+#: spans stop in about 25 s.
+SPAN_LIMIT_MAX = 2_000_000
+SPAN_LIMIT_MIN = 100_000
+
+
+def default_span_limit(available: int | None) -> int:
+    """Spans to stream before the layer level ends (``--max-spans``' default): what the end of
+    the run can load in 10 % of the memory available now, between 100,000 and 2 million
+    (2 million where /proc cannot say)."""
+    if not available:
+        return SPAN_LIMIT_MAX
+    fits = int(SPAN_MEMORY_FRACTION * available) // FINALIZE_BYTES_PER_SPAN
+    return max(SPAN_LIMIT_MIN, min(SPAN_LIMIT_MAX, fits))
 
 
 def default_budget(available: int | None, gib: float | None = None) -> int:

@@ -47,17 +47,22 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
-        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], tuple[bytes, bytes]] | None]] = []
+        self._producers: list[tuple[Callable[[], list[Span]], Callable[[], tuple[bytes, bytes, int]] | None]] = []
+        #: Spans taken by ``drain`` so far (the session's span limit counts them).
+        self.spans_drained = 0
         self._innermost: Callable[[], int | None] | None = None
 
-    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes]] | None = None) -> None:
+    def add_producer(
+        self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes, int]] | None = None
+    ) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
 
         For a hot path that records something cheaper than a Span and builds
         the spans later, in the flusher (the PyTorch layer level). ``encode``,
         if given, takes the same spans as events.jsonl rows instead, for
         ``drain(encoded=True)``: the templates first written in this batch and
-        the span rows (``store.encode_batch``'s ``span_templates`` and ``span_rows``).
+        the span rows (``store.encode_batch``'s ``span_templates`` and ``span_rows``),
+        and how many spans the rows are.
         """
         self._producers.append((produce, encode))
 
@@ -156,13 +161,15 @@ class Recorder:
         for produce, encode in self._producers:
             try:
                 if encoded and encode is not None:
-                    templates, rows = encode()
+                    templates, rows, count = encode()
                     span_templates.append(templates)
                     span_rows.append(rows)
+                    self.spans_drained += count
                 else:
                     spans.extend(produce())
             except Exception as exc:  # a source's bug must not stop the other events
                 log.warning("mltrace: building spans failed: %s", exc)
+        self.spans_drained += len(spans)
         for span in spans:
             fin = span._fin
             if fin is not None:

@@ -28,12 +28,19 @@ from mltrace.run.gcpause import gc_paused
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
 from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
-from mltrace.tracer.memwatch import MemoryWatch, default_budget, read_meminfo, release_free_memory
+from mltrace.tracer.memwatch import (
+    FINALIZE_BYTES_PER_SPAN,
+    MemoryWatch,
+    default_budget,
+    default_span_limit,
+    read_meminfo,
+    release_free_memory,
+)
 from mltrace.tracer.model import Event
-from mltrace.tracer.opwindow import OpWindow, can_end_early
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.tracks import TrackRegistry
+from mltrace.tracer.windows import LevelWindow, can_end_early
 
 log = logging.getLogger("mltrace")
 
@@ -112,6 +119,8 @@ class Session:
         recorder: the live recorder.
         meta: run metadata being built (written to run.json).
         op_window: when the op level ends (None where no source of it can end early).
+        layer_window: when the layer level ends (None where it cannot end early).
+        span_limit: spans streamed before the layer level ends (0: no limit).
     """
 
     def __init__(self, options: ProfileOptions | None = None, sources: list[Source] | None = None) -> None:
@@ -135,7 +144,10 @@ class Session:
         self.limitations: list[str] = []
         self.errors: list[str] = []
         self._memory_watch: MemoryWatch | None = None
-        self.op_window: OpWindow | None = None
+        self.op_window: LevelWindow | None = None
+        self.layer_window: LevelWindow | None = None
+        self.span_limit = 0
+        self._span_limit_reached = False
 
     # -- lifecycle -------------------------------------------------------
 
@@ -212,6 +224,10 @@ class Session:
             self._watch_op_level(op_level["sources"])
         elif opts.op_inferences is not None:
             self._no_effect(f"--op-inferences {opts.op_inferences} has no effect: the op level is not recorded")
+        if level_status[Level.LAYER.label]["recorded"]:  # the end of the run loads every span it streamed
+            self._watch_span_count()
+        elif opts.max_spans:
+            self._no_effect(f"--max-spans {opts.max_spans} has no effect: the layer level is not recorded")
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
@@ -232,7 +248,7 @@ class Session:
 
     def _watch_op_level(self, names: list[str]) -> None:
         """Sets up the op level's end: after ``--op-inferences`` model calls or past the memory
-        budget where its sources can end early (``OpWindow``), else a low-memory warning."""
+        budget where its sources can end early (``LevelWindow``), else a low-memory warning."""
         endable = [s for s in self.started if can_end_early(s)]
         owners = [s for s in endable if hasattr(s, "thread_ident")]
         holding = f"the op level ({', '.join(names)})"
@@ -260,14 +276,33 @@ class Session:
                     return ident
             return None
 
-        self.op_window = OpWindow(self, self.options.op_inferences, owner_thread)
+        self.op_window = LevelWindow(self.end_op_level, self.options.op_inferences, "--op-inferences", owner_thread)
+
+    def _watch_span_count(self) -> None:
+        """Sets up the layer level's end once ``--max-spans`` spans have been streamed
+        (``flush``), where its source can end early; elsewhere the limit only warns."""
+        given = self.options.max_spans
+        if given is None:
+            info = read_meminfo()
+            self.span_limit = default_span_limit(info[0] if info else None)
+        else:
+            self.span_limit = given
+        self.meta["layer_window"] = {"max_spans": self.span_limit}
+        if not self.span_limit:
+            return
+        if any(callable(getattr(s, "end_layer_level", None)) for s in self.started):
+            self.layer_window = LevelWindow(self.end_layer_level)
+        elif given:
+            self._no_effect(
+                f"--max-spans {given} has no effect here: only PyTorch's layer level can end before the run does"
+            )
 
     def _no_effect(self, text: str) -> None:
         warn(text)
         self.note_limitation(text)
 
-    def end_op_level(self, window: OpWindow) -> None:
-        """Ends every source that can end early (``OpWindow``); ``stop()`` converts their events.
+    def end_op_level(self, window: LevelWindow) -> None:
+        """Ends every source that can end early (``LevelWindow``); ``stop()`` converts their events.
 
         Runs on the program's thread between two model calls, which waits while torch.profiler
         stops and exports what it held (stderr says so when that takes a while).
@@ -322,6 +357,63 @@ class Session:
                 f"the program waited {took:.1f} s); model and layer spans go on"
             )
 
+    def end_layer_level(self, window: LevelWindow) -> None:
+        """Ends the layer level (``LevelWindow``); model spans go on. Runs on the thread whose
+        model call just returned; swapping a wrapper takes no time worth saying."""
+        if self._stopped:
+            return
+        ended: list[str] = []
+        for source in self.started:
+            end = getattr(source, "end_layer_level", None)
+            if end is None:
+                continue
+            try:
+                end()
+            except Exception as exc:
+                self.errors.append(f"{source.name}: ending the layer level failed: {exc}")
+                warn(f"source {source.name} failed to end the layer level: {exc}")
+                continue
+            ended.append(source.name)
+        self.meta.setdefault("layer_window", {}).update(
+            {"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "reason": window.reason, "sources": ended}
+        )
+        if not ended:
+            return
+        ops = self.meta.get("levels", {}).get(Level.OP.label, {}).get("recorded", False)
+        ops_go_on = ops and (self.op_window is None or self.op_window.reason is None)
+        tail = "; their op spans lie directly in their model spans" if ops_go_on else ""
+        self.note_limitation(
+            f"the layer level ended after {_calls(window.calls)} ({window.reason}); later model calls have "
+            f"model spans only{tail}"
+        )
+        if self.options.summary:
+            _say(
+                f"the layer level ended after {_calls(window.calls)} ({window.reason}); model spans go on "
+                "(--max-spans sets the limit)"
+            )
+
+    def _check_span_count(self) -> None:
+        """Once the streamed spans reach the limit: asks the layer and op levels to end, or,
+        where they cannot, says once what the end of the run will need."""
+        limit = self.span_limit
+        streamed = self.recorder.spans_drained
+        if not limit or self._span_limit_reached or streamed < limit:
+            return
+        self._span_limit_reached = True
+        reason = f"{limit:,} spans streamed, --max-spans"
+        if self.layer_window is not None:
+            self.layer_window.request(reason)
+            if self.op_window is not None:
+                self.op_window.request(reason)
+            return
+        need = streamed * FINALIZE_BYTES_PER_SPAN / (1 << 30)
+        message = (
+            f"{streamed:,} spans streamed (--max-spans {limit:,}) and the layer level cannot end early here: "
+            f"the end of the run loads every span (≈ {need:.1f} GiB so far)"
+        )
+        warn(message)
+        self.note_limitation(message)
+
     def _open_streams(self) -> None:
         assert self.run_dir is not None
         self._writer = store.EventWriter(self.run_dir / store.EVENTS_FILE)
@@ -339,6 +431,7 @@ class Session:
         """Streams every completed event to the run directory (called by the flusher)."""
         with self._flush_lock:
             self._flush_locked()
+        self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
             message = watch.check()
@@ -424,6 +517,9 @@ class Session:
                 f"the op level was to end ({window.reason}) but no model call returned on the thread that started "
                 "torch.profiler afterwards: it ran to the end"
             )
+        window = self.layer_window
+        if window is not None and window.reason is not None and window.ended_ns is None:
+            self.note_limitation(f"the layer level was to end ({window.reason}) but no model call returned afterwards")
         for source in reversed(self.started):
             try:
                 events = source.stop()

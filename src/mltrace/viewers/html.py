@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, RooflinePoint, Timeline, Verdict
+from mltrace.analysis.breakdown import Breakdown
 from mltrace.analysis.peaks import Peaks
 from mltrace.run.store import TRACE_FILE, Run
 from mltrace.tracer.levels import Level
@@ -229,7 +230,7 @@ def _contents(r: LayerRow) -> str:
     return "<br>".join(parts)
 
 
-def _layer_rows(rows: Sequence[LayerRow], model_ns: int) -> list[list[str]]:
+def _layer_rows(rows: Sequence[LayerRow], b: Breakdown) -> list[list[str]]:
     out = []
     for r in rows:
         x, v = r.stat, r.verdict
@@ -241,7 +242,7 @@ def _layer_rows(rows: Sequence[LayerRow], model_ns: int) -> list[list[str]]:
                 str(x.calls),
                 _e(fmt_ns(x.total_ns)),
                 _e(fmt_ns(x.self_ns)),
-                _pct(x.total_ns, model_ns),
+                _pct(x.total_ns, b.base_ns(x.level)),
                 _verdict_html(v),
                 _e(fmt_si(r.flops, "FLOP")),
                 _e(fmt_si(r.bytes, "B")),
@@ -325,7 +326,7 @@ def _charts(a: Analysis, tl: Timeline, top: int) -> str:
                     lt.time_ns,
                     None,
                     LEVEL_COLORS.get(lt.level, "#888"),
-                    f"{lt.spans} spans, {_pct(a.level_ns_in_scope.get(lt.level, lt.time_ns), b.model_ns)} of model time",
+                    f"{lt.spans} spans, {_pct(a.level_ns_in_scope.get(lt.level, lt.time_ns), b.base_ns(lt.level))} of model time",
                 )
                 for lt in b.levels
             ]
@@ -389,7 +390,7 @@ def _tables(a: Analysis, top: int) -> str:
     for lt in b.levels:
         in_scope = a.level_ns_in_scope.get(lt.level, lt.time_ns)
         scoped_cell = [_e(fmt_ns(in_scope))] if scoped else []
-        level_rows.append([_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), *scoped_cell, _pct(in_scope, b.model_ns)])
+        level_rows.append([_e(lt.level.label), str(lt.spans), _e(fmt_ns(lt.time_ns)), *scoped_cell, _pct(in_scope, b.base_ns(lt.level))])
     parts.append(_table(["level", "spans", "time", *(["in model & user spans"] if scoped else []), "% of model"], level_rows))
     if a.layers:
         headers = [
@@ -409,9 +410,9 @@ def _tables(a: Analysis, top: int) -> str:
         ]
         left, wrap = (0, 1, 6, 10, 11, 12), (10, 11)
         parts.append("<h2>Top layers by self time</h2>")
-        parts.append(_table(headers, _layer_rows(a.top_by_self(top), b.model_ns), left=left, wrap=wrap))
+        parts.append(_table(headers, _layer_rows(a.top_by_self(top), b), left=left, wrap=wrap))
         parts.append("<details><summary>Top layers by total time (table)</summary>")
-        parts.append(_table(headers, _layer_rows(a.layers[:top], b.model_ns), left=left, wrap=wrap) + "</details>")
+        parts.append(_table(headers, _layer_rows(a.layers[:top], b), left=left, wrap=wrap) + "</details>")
     if a.types:
         parts.append("<h2>By layer type (self time)</h2>")
         parts.append(
@@ -423,7 +424,7 @@ def _tables(a: Analysis, top: int) -> str:
                         str(t.calls),
                         _e(fmt_ns(t.total_ns)),
                         _e(fmt_ns(t.self_ns)),
-                        _pct(t.self_ns, b.model_ns),
+                        _pct(t.self_ns, b.base_ns(Level.LAYER)),
                         _e(fmt_si(t.flops, "FLOP")),
                         _e(fmt_si(t.bytes, "B")),
                         _verdict_html(t.verdict),

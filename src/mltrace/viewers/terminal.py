@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
-from mltrace.analysis.breakdown import LayerStat
+from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.summary import summarize
 from mltrace.run.store import Run, load_run, read_meta
+from mltrace.tracer.levels import Level
 
 
 def fmt_ns(ns: float) -> str:
@@ -109,7 +110,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         lt.add_column(col, justify="right" if col != "level" else "left")
     for row in b.levels:
         in_scope = a.level_ns_in_scope.get(row.level, row.time_ns)
-        cells = (fmt_ns(row.time_ns), *((fmt_ns(in_scope),) if scoped else ()), _pct(in_scope, b.model_ns))
+        cells = (fmt_ns(row.time_ns), *((fmt_ns(in_scope),) if scoped else ()), _pct(in_scope, b.base_ns(row.level)))
         lt.add_row(row.level.label, str(row.spans), *cells)
     console.print(lt)  # type: ignore[attr-defined]
     outside: list[str] = []
@@ -122,10 +123,10 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     if outside:
         console.print("[dim]" + "; ".join(outside) + "[/dim]")  # type: ignore[attr-defined]
     if a.layers:
-        _layer_table(console, "Top layers by total time", a.layers[:top], b.model_ns)
+        _layer_table(console, "Top layers by total time", a.layers[:top], b)
         by_self = a.top_by_self(top)
         if by_self:
-            _layer_table(console, "Top layers by self time", by_self, b.model_ns)
+            _layer_table(console, "Top layers by self time", by_self, b)
             _why_table(console, by_self)
     if a.types:
         tt = Table(title="By layer type (self time)", title_justify="left")
@@ -137,7 +138,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
                 str(t.calls),
                 fmt_ns(t.total_ns),
                 fmt_ns(t.self_ns),
-                _pct(t.self_ns, b.model_ns),
+                _pct(t.self_ns, b.base_ns(Level.LAYER)),
                 fmt_si(t.flops, "FLOP"),
                 fmt_si(t.bytes, "B"),
                 _verdict_text(t.verdict),
@@ -241,7 +242,7 @@ def _clip(text: str, width: int = 48) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _layer_table(console: object, title: str, rows: list[LayerRow], model_ns: int) -> None:
+def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -255,7 +256,7 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], model_ns: in
             str(x.calls),
             fmt_ns(x.total_ns),
             fmt_ns(x.self_ns),
-            _pct(x.total_ns, model_ns),
+            _pct(x.total_ns, b.base_ns(x.level)),
             _verdict_text(r.verdict),
             _contents(r),
             _short_path(x.file, x.line),
@@ -383,6 +384,7 @@ def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
             summary = summarize(load_run(run_dir))
         spans, calls, model_ns = int(summary["spans"]), int(summary["model_calls"]), int(summary["model_time_ns"])
         layers = summary["top_layers_by_self_time"]
+        layer_base_ns = int(summary.get("layer_model_time_ns", model_ns))
     except Exception as exc:
         out.write(f"mltrace: run written to {run_dir} (summary unavailable: {exc})\n")
         return
@@ -398,6 +400,6 @@ def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
         for x in layers:
             path, _, line = str(x["location"]).rpartition(":")
             source = _short_path(path, int(line)) if path and line.isdigit() else ""
-            table.add_row(str(x["layer"]), str(x["type"]), str(x["calls"]), fmt_ns(x["self_ns"]), _pct(x["self_ns"], model_ns), source)
+            table.add_row(str(x["layer"]), str(x["type"]), str(x["calls"]), fmt_ns(x["self_ns"]), _pct(x["self_ns"], layer_base_ns), source)
         console.print(table)
     console.print(f"trace: {run_dir / 'trace.pftrace'}  (mltrace report {run_dir})")

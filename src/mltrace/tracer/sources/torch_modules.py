@@ -283,14 +283,17 @@ class TorchModuleSource:
         self._encode_rows = encode_rows
         return LayerCall
 
-    def _wrap_call(self, module_cls: Any) -> None:
+    def _wrap_call(self, module_cls: Any, original: Any = None) -> None:
         """Model level only: wrap ``Module.__call__`` instead of installing global hooks.
 
         Global hooks send every module call down torch's slower hooked path
         (+14 % on a MobileNet-style CNN with 231 module calls); the wrapper times
         the outermost call per thread and lets nested calls through untouched.
+        ``original`` is torch's own ``__call__`` where ours is installed already
+        (the layer level ending early); None: the one installed now.
         """
-        original = module_cls.__call__
+        if original is None:
+            original = module_cls.__call__
         direct = calls_impl_directly(module_cls, original)
         tls = self._tls
         new_stack = self._new_stack
@@ -381,10 +384,10 @@ class TorchModuleSource:
             spans.append(self._layer_span(frame))
         return spans
 
-    def _encode_frames(self) -> tuple[bytes, bytes]:
+    def _encode_frames(self) -> tuple[bytes, bytes, int]:
         """The layer frames completed since the last drain, as encoded rows (``Recorder.add_producer``).
 
-        The same spans ``_drain_frames`` would give, without making them. What
+        The same spans ``_drain_frames`` would give, without making them (and their count). What
         every call of a layer shares (path, attributes, shapes) is a span
         template, written once (``store.encode_batch``'s ``span_templates``);
         each call's row holds its ids, times, track and template id (about 57
@@ -405,7 +408,7 @@ class TorchModuleSource:
         if len(self._templates) >= _TEMPLATE_CACHE_MAX:
             self._templates.clear()  # templates already written stay valid; new ones get new ids
         if self._encode_rows is not None:
-            return self._encode_rows(
+            templates, rows = self._encode_rows(
                 batch,
                 self._place,
                 self._shapes_json,
@@ -415,7 +418,9 @@ class TorchModuleSource:
                 self._template_ids.__next__,
                 level,
             )
-        return self._encode_rows_python(batch, level)
+        else:
+            templates, rows = self._encode_rows_python(batch, level)
+        return templates, rows, len(batch)
 
     def _encode_rows_python(self, frames: list[list[Any]], level: int) -> tuple[bytes, bytes]:
         rows = []
@@ -682,14 +687,36 @@ class TorchModuleSource:
         return frame
 
     def _model_ended(self) -> None:
-        """After an outermost call: where the op level may end (``tracer/opwindow.py``)."""
+        """After an outermost call: where the op and layer levels may end (``tracer/windows.py``)."""
         session = self._session
-        if session is None or session.op_window is None:
+        if session is None:
             return
-        try:
-            session.op_window.model_ended()
-        except Exception as exc:  # never into the user's program
-            session.errors.append(f"ending the op level failed: {exc}")
+        for window, level in ((session.op_window, "op"), (session.layer_window, "layer")):
+            if window is None:
+                continue
+            try:
+                window.model_ended()
+            except Exception as exc:  # never into the user's program
+                session.errors.append(f"ending the {level} level failed: {exc}")
+
+    def end_layer_level(self) -> None:
+        """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).
+
+        Puts the model level's wrapper in place of the layer level's (or of the global
+        hooks). Model calls running on other threads finish with their layer spans:
+        their nested calls pass through the new wrapper, which sees their open frames.
+
+        Raises:
+            RuntimeError: where ours cannot be taken out (someone else has wrapped
+                ``Module.__call__`` since, or the global hooks of
+                ``MLTRACE_TORCH_HOOKS=global`` are in use); the layer level goes on.
+        """
+        if self._handles or self._wrapped is None:
+            raise RuntimeError("the layer level records through global forward hooks here, which do not end early")
+        module_cls, original, ours = self._wrapped
+        if module_cls.__call__ is not ours:
+            raise RuntimeError("nn.Module.__call__ was re-wrapped by someone else; the layer level goes on")
+        self._wrap_call(module_cls, original)
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session

@@ -34,7 +34,7 @@ torch when the session starts, the profiler starts right after its
 import are none anyway.
 
 Ending early. Without CUDA activity the profiler may be stopped between two
-model calls (``can_end_early``, ``end_early``, ``tracer/opwindow.py``), by the
+model calls (``can_end_early``, ``end_early``, ``tracer/windows.py``), by the
 thread that started it (``thread_ident``): torch.profiler stops only there. Its
 trace then waits in a temporary file until ``stop()`` converts it.
 
@@ -194,7 +194,7 @@ class TorchOpSource:
 
     def end_early(self) -> None:
         """Stops the profiler now and keeps its trace on disk for ``stop()`` to convert
-        (``tracer/opwindow.py``): what torch held is freed, and the program is paused only
+        (``tracer/windows.py``): what torch held is freed, and the program is paused only
         for torch's own stop and export."""
         self._export()
 

@@ -1,0 +1,114 @@
+"""Ending detail levels partway through a run, between two inferences.
+
+Two things grow with the length of a run and would exhaust a long one:
+
+- torch.profiler keeps every op in memory until it stops (about 0.6 MB a batch-8
+  inference of the example CNN), and converting its events at the session's end
+  needs several times that again;
+- the session's end loads every streamed span to correlate it and write the final
+  files (about 700 bytes a span at its peak; a layer-level run of a small model
+  streams over 100,000 spans a second).
+
+So the op level, and the layer level with it, can end early while the model level
+goes on:
+
+- the op and library levels after ``--op-inferences N`` model calls (outermost
+  ``nn.Module`` calls), or when the process has grown past the op level's memory
+  budget (``MemoryWatch``);
+- the layer level (and the op level, if it still runs) once ``--max-spans`` spans
+  have been streamed.
+
+An end happens right after a model call returns, so no model call is cut in
+half. The torch.modules source calls ``model_ended`` after every outermost call
+(one attribute read and a counter per inference). torch.profiler can only be
+stopped by the thread that started it, so the op level's window names an owner
+thread; the layer level can end on any. Sources that can end this way say so
+with ``can_end_early``; the others (ONNX Runtime's and TensorFlow's profilers,
+the CUDA kernel paths) run to the end of the session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeGuard
+
+from mltrace.tracer.clock import now_ns
+
+if TYPE_CHECKING:
+    from mltrace.tracer.sources.base import Source
+
+
+class EndsEarly(Protocol):
+    """A source whose recording may end before the session does; ``stop()`` still returns
+    its events at the session's end."""
+
+    name: str
+
+    def end_early(self) -> None:
+        """Stops recording now, freeing what it can."""
+        ...
+
+
+def can_end_early(source: Source) -> TypeGuard[EndsEarly]:
+    """Whether ``source`` may end before the session does (its ``can_end_early``)."""
+    return bool(getattr(source, "can_end_early", False)) and callable(getattr(source, "end_early", None))
+
+
+class LevelWindow:
+    """When a level ends: after a number of model calls, or on request.
+
+    Args:
+        end: ends the level; called once, with this window, on the thread of
+            the model call after which it ends.
+        limit: model calls to record the level for (None: until a request, or
+            the end of the session).
+        limit_text: the option that set ``limit``, for messages (``--op-inferences``).
+        owner_thread: returns the ident of the thread that must do the ending, or
+            None while there is none yet; None (the default): any thread.
+
+    Attributes:
+        calls: model calls that ended so far.
+        reason: why the level ends (set once; None while it goes on).
+        ended_ns: when it ended (session clock), or None.
+    """
+
+    def __init__(
+        self,
+        end: Callable[[LevelWindow], None],
+        limit: int | None = None,
+        limit_text: str = "",
+        owner_thread: Callable[[], int | None] | None = None,
+    ) -> None:
+        self._end = end
+        self.limit = limit
+        self._limit_text = limit_text
+        self._owner_thread = owner_thread
+        self._counter = itertools.count(1)
+        self.calls = 0
+        self.reason: str | None = None
+        self.ended_ns: int | None = None
+        self._lock = threading.Lock()
+
+    def request(self, reason: str) -> None:
+        """Asks for the end at the next model call's return (any thread may ask)."""
+        if self.reason is None:
+            self.reason = reason
+
+    def model_ended(self) -> None:
+        """Called after every outermost model call, on the thread that made it."""
+        if self.ended_ns is not None:
+            return
+        self.calls = next(self._counter)
+        if self.reason is None and self.limit is not None and self.calls >= self.limit:
+            self.reason = f"{self._limit_text} {self.limit}"
+        if self.reason is None:
+            return
+        if self._owner_thread is not None and threading.get_ident() != self._owner_thread():
+            return
+        with self._lock:
+            if self.ended_ns is not None:
+                return
+            self.ended_ns = now_ns()
+        self._end(self)

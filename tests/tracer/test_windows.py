@@ -1,0 +1,361 @@
+"""Levels ending early (tracer/windows.py), between two model calls: the op level after
+--op-inferences model calls or past the memory budget (the model and layer levels go on), and
+the layer level once --max-spans spans were streamed (the model level goes on)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from conftest import SCRIPTS, run_cli, run_plain
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.breakdown import breakdown
+from mltrace.config import ProfileOptions
+from mltrace.errors import UsageError
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.memwatch import SPAN_LIMIT_MAX, SPAN_LIMIT_MIN, default_span_limit
+from mltrace.tracer.model import Event
+from mltrace.tracer.session import Session, active_session
+
+
+class _EndableOps:
+    """An op-level source that can end early, as torch.profiler (without CUDA) can."""
+
+    name = "endable.ops"
+    levels = (Level.OP,)
+    can_end_early = True
+
+    def __init__(self, thread_ident: int | None) -> None:
+        self.thread_ident = thread_ident
+        self.ended = 0
+        self.stopped = 0
+        self.after_start: list[object] = []
+
+    def around_profiler_start(self, before: object, after: object) -> None:
+        self.after_start.append(after)
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, session: Session) -> None:
+        pass
+
+    def end_early(self) -> None:
+        self.ended += 1
+
+    def stop(self) -> list[Event]:
+        self.stopped += 1
+        return []
+
+
+def _session(tmp_path: Path, source: _EndableOps, **options: object) -> Session:
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, **options)
+    return Session(opts, sources=[source]).start()
+
+
+def test_the_op_level_ends_after_the_given_model_calls_and_stops_once(tmp_path: Path) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_inferences=2)
+    try:
+        window = session.op_window
+        assert window is not None
+        window.model_ended()
+        assert source.ended == 0
+        window.model_ended()
+        assert source.ended == 1 and window.ended_ns is not None
+        window.model_ended()  # later calls change nothing
+        assert source.ended == 1 and window.calls == 2
+    finally:
+        run_dir = session.stop()
+    assert source.stopped == 1  # its events are converted at the session's end, as usual
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["op_window"]["ended_after_model_calls"] == 2
+    assert meta["op_window"]["reason"] == "--op-inferences 2"
+    assert meta["op_window"]["sources"] == ["endable.ops"]
+    assert any("ended after 2 model calls (--op-inferences 2)" in x for x in meta["limitations"])
+
+
+def test_only_the_thread_that_started_the_profiler_ends_it(tmp_path: Path) -> None:
+    source = _EndableOps(thread_ident=-1)  # some other thread
+    session = _session(tmp_path, source, op_inferences=1)
+    try:
+        assert session.op_window is not None
+        session.op_window.model_ended()
+        assert source.ended == 0
+    finally:
+        run_dir = session.stop()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert "ended_ns" not in meta["op_window"]
+    assert any("was to end (--op-inferences 1)" in x and "ran to the end" in x for x in meta["limitations"])
+
+
+def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_memory_gib=1e-6)  # about 1 KB
+    try:
+        assert session.op_window is not None
+        for hook in source.after_start:  # what torch.profiler's start does: the budget counts from here
+            hook()  # type: ignore[operator]
+        held = bytearray(64 << 20)  # the process grows by 64 MB
+        held[:: 4096] = b"x" * len(held[:: 4096])
+        session.flush()
+        assert source.ended == 0  # not in the middle of a model call
+        assert session.op_window.reason == "memory budget"
+        session.op_window.model_ended()
+        assert source.ended == 1
+        del held
+    finally:
+        run_dir = session.stop()
+    err = capsys.readouterr().err
+    assert "past the op level's memory budget" in err and "model and layer spans go on" in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["op_window"]["reason"] == "memory budget" and meta["op_window"]["ended_after_model_calls"] == 1
+
+
+def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in (0, -3, "x", 2.5, True):
+        with pytest.raises(UsageError, match="op-inferences"):
+            ProfileOptions.build(op_inferences=bad)
+    for bad_gib in ("abc", "0", "-1"):
+        monkeypatch.setenv("MLTRACE_OP_MEMORY_GIB", bad_gib)
+        with pytest.raises(UsageError, match="MLTRACE_OP_MEMORY_GIB"):
+            ProfileOptions.build()
+    monkeypatch.setenv("MLTRACE_OP_MEMORY_GIB", "0.5")
+    monkeypatch.setenv("MLTRACE_OP_INFERENCES", "7")
+    opts = ProfileOptions.build()
+    assert opts.op_memory_gib == 0.5 and opts.op_inferences == 7
+
+
+def test_cli_refuses_a_bad_count_without_creating_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = run_cli("python", "--op-inferences", "0", "-o", str(out), str(SCRIPTS / "echo_env.py"))
+    assert done.returncode == 2 and b"Traceback" not in done.stderr
+    assert done.stderr.decode().strip() == "mltrace: error: --op-inferences must be at least 1"
+    assert not out.exists()
+
+
+def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = _EndableOps(threading.get_ident())
+    session = _session(tmp_path, source, op_inferences=4, level=Level.LAYER)
+    try:
+        assert session.op_window is None
+    finally:
+        run_dir = session.stop()
+    text = "--op-inferences 4 has no effect: the op level is not recorded"
+    assert f"mltrace: warning: {text}" in capsys.readouterr().err.splitlines()
+    assert text in json.loads((run_dir / "run.json").read_text())["limitations"]
+
+
+def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -> None:
+    script = SCRIPTS / "repeated_inference.py"
+    plain = run_plain(script, "6")
+    traced = run_cli("python", "--level", "library", "--op-inferences", "3", "-o", str(tmp_path / "run"), str(script), "6")
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    assert "ended after 3 model calls (--op-inferences 3;" in traced.stderr.decode()
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    assert window["ended_after_model_calls"] == 3 and set(window["sources"]) == {"torch.profiler", "cpu.library"}
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert len(models) == 6
+    ended = window["ended_ns"]
+    assert models[2].end_ns <= ended <= models[3].start_ns
+    by_id = run.span_by_id()
+
+    def model_of(span_id: int | None) -> int | None:
+        while span_id is not None:
+            span = by_id[span_id]
+            if span.level == Level.MODEL:
+                return span.id
+            span_id = span.parent_id
+        return None
+
+    # Layers in every call; ops and library calls only in the first three.
+    layers_per_model: dict[int | None, int] = {}
+    for s in run.spans:
+        if s.level == Level.LAYER:
+            layers_per_model[model_of(s.parent_id)] = layers_per_model.get(model_of(s.parent_id), 0) + 1
+    assert [layers_per_model.get(m.id, 0) for m in models] == [layers_per_model[models[0].id]] * 6
+    deep = [s for s in run.spans if s.level in (Level.OP, Level.LIBRARY)]
+    assert all(s.start_ns < ended for s in deep)
+    in_models = {model_of(s.parent_id) for s in deep} - {None}
+    assert in_models == {m.id for m in models[:3]}
+    assert {s.level for s in deep} == {Level.OP, Level.LIBRARY}
+    # The report counts framework overhead over the calls that have ops.
+    analysis = analyze(run)
+    assert analysis.findings.framework_base_ns == sum(m.end_ns - m.start_ns for m in models[:3])
+    assert any("ops were recorded in 3 of 6 model calls" in n for n in analysis.findings.notes)
+
+
+# -- the layer level's end (--max-spans) ------------------------------------------------
+
+
+def _models_and_layers(run: Run) -> tuple[list[int], list[int]]:
+    """Model span ids in time order, and the number of layer spans under each."""
+    by_id = run.span_by_id()
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    count = dict.fromkeys((m.id for m in models), 0)
+    for s in run.spans:
+        if s.level != Level.LAYER:
+            continue
+        p = s.parent_id
+        while p is not None and by_id[p].level != Level.MODEL:
+            p = by_id[p].parent_id
+        assert p is not None, f"layer span {s.name} outside every model span"
+        count[p] += 1
+    return [m.id for m in models], [count[m.id] for m in models]
+
+
+@pytest.mark.parametrize("hot_path", ["c", "python"])
+def test_the_layer_level_ends_at_the_model_call_after_the_span_limit(
+    tmp_path: Path, hot_path: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    try:
+        from models import resnet_small
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("MLTRACE_LAYER_HOT_PATH", hot_path)
+    torch.manual_seed(0)
+    cnn = resnet_small().eval()
+    x = torch.randn(1, 3, 32, 32)
+    original = torch.nn.Module.__call__
+    with torch.inference_mode():
+        with mltrace.profile(level="layer", output=tmp_path / "run", max_spans=60, flush_interval_s=60, summary=True):
+            session = active_session()
+            assert session is not None and session.layer_window is not None and session.span_limit == 60
+            assert session.meta["sources"]["torch.modules"]["layer_hot_path"].startswith(hot_path)
+            cnn(x)
+            session.flush()  # one call's layer spans (more than 60) reach the limit
+            assert session.layer_window.reason is not None and session.layer_window.ended_ns is None
+            assert torch.nn.Module.__call__ is not original
+            cnn(x)  # the end comes when this call returns, with its layer spans
+            assert session.layer_window.ended_ns is not None
+            for _ in range(3):
+                cnn(x)
+            session.flush()
+    assert torch.nn.Module.__call__ is original
+    assert "the layer level ended after 2 model calls (60 spans streamed, --max-spans); model spans go on" in capsys.readouterr().err
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["layer_window"]
+    assert window["max_spans"] == 60 and window["ended_after_model_calls"] == 2
+    assert window["sources"] == ["torch.modules"]
+    assert any("the layer level ended after 2 model calls" in x for x in run.meta["limitations"])
+    models, layers = _models_and_layers(run)
+    assert len(models) == 5
+    assert layers[0] > 60 and layers == [layers[0], layers[0], 0, 0, 0]
+    # Layer shares are of the two calls that have layers, in both analyses.
+    by_id = run.span_by_id()
+    two = sum(by_id[m].duration_ns for m in models[:2])
+    analysis = analyze(run)
+    for b in (analysis.breakdown, breakdown(run)):
+        assert b.model_calls == 5 and b.layer_model_calls == 2 and b.layer_model_ns == two
+        assert b.base_ns(Level.LAYER) == two and b.base_ns(Level.MODEL) == b.model_ns > two
+    assert any("layers were recorded in 2 of 5 model calls" in n for n in analysis.findings.notes)
+    assert run.meta["summary"]["layer_model_time_ns"] == two
+
+
+def test_the_default_span_limit_follows_available_memory() -> None:
+    assert default_span_limit(None) == SPAN_LIMIT_MAX
+    assert default_span_limit(1 << 30) == 107_374  # 10 % of 1 GiB at 1000 bytes a span
+    assert default_span_limit(512 << 20) == SPAN_LIMIT_MIN  # 53,687 fit: at least 100,000
+    assert default_span_limit(8 << 30) == 858_993  # 10 % of 8 GiB at 1000 bytes a span
+    assert default_span_limit(1 << 40) == SPAN_LIMIT_MAX
+
+
+def test_max_spans_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for bad in (-1, "x", 2.5, True):
+        with pytest.raises(UsageError, match="max-spans"):
+            ProfileOptions.build(max_spans=bad)
+    monkeypatch.setenv("MLTRACE_MAX_SPANS", "1234")
+    assert ProfileOptions.build().max_spans == 1234
+    assert ProfileOptions.build(max_spans=0).max_spans == 0
+    out = tmp_path / "run"
+    done = run_cli("python", "--max-spans", "lots", "-o", str(out), str(SCRIPTS / "echo_env.py"))
+    assert done.returncode == 2 and b"Traceback" not in done.stderr
+    assert done.stderr.decode().strip() == "mltrace: error: --max-spans takes a whole number of spans (0: no limit), not 'lots'"
+    assert not out.exists()
+
+
+class _Layers:
+    """A layer-level source that cannot end early: its spans only count."""
+
+    name = "plain.layers"
+    levels = (Level.LAYER,)
+
+    def __init__(self, spans: int) -> None:
+        self.spans = spans
+
+    def available(self) -> str | None:
+        return None
+
+    def start(self, session: Session) -> None:
+        for i in range(self.spans):
+            session.recorder.end(session.recorder.begin(f"layer{i}", Level.LAYER))
+
+    def stop(self) -> list[Event]:
+        return []
+
+
+def test_a_layer_level_that_cannot_end_warns_once_past_the_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, max_spans=3)
+    session = Session(opts, sources=[_Layers(5)]).start()
+    try:
+        assert session.layer_window is None
+        session.flush()
+        session.flush()
+    finally:
+        run_dir = session.stop()
+    err = [line for line in capsys.readouterr().err.splitlines() if "--max-spans" in line]
+    assert len(err) == 2  # the limit has no effect (said at the start), and it was passed (once)
+    assert "has no effect here: only PyTorch's layer level can end" in err[0]
+    assert "5 spans streamed (--max-spans 3) and the layer level cannot end early here" in err[1]
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["layer_window"] == {"max_spans": 3}
+    assert sum("--max-spans" in x for x in meta["limitations"]) == 2
+
+
+def test_no_limit_and_no_layer_level(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    opts = ProfileOptions.build(output=tmp_path / "a", summary=False, flush_interval_s=60, max_spans=0)
+    session = Session(opts, sources=[_Layers(5)]).start()
+    try:
+        session.flush()
+    finally:
+        session.stop()
+    assert "--max-spans" not in capsys.readouterr().err
+    opts = ProfileOptions.build(output=tmp_path / "b", summary=False, level=Level.MODEL, max_spans=10)
+    Session(opts, sources=[_Layers(5)]).start().stop()
+    assert "mltrace: warning: --max-spans 10 has no effect: the layer level is not recorded" in capsys.readouterr().err
+
+
+def test_live_layer_spans_end_and_model_spans_go_on(tmp_path: Path) -> None:
+    """As a user runs it: the flusher counts the spans while the program runs."""
+    script = SCRIPTS / "repeated_inference.py"
+    plain = run_plain(script, "40")
+    traced = run_cli(
+        "python", "--level", "layer", "--max-spans", "100", "--flush-interval", "0.01", "-o", str(tmp_path / "run"), str(script), "40"
+    )
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["layer_window"]
+    k = window["ended_after_model_calls"]
+    assert 2 <= k < 40, window  # more than 100 spans take two calls; the flusher runs every 10 ms
+    assert f"the layer level ended after {k} model calls" in traced.stderr.decode()
+    models, layers = _models_and_layers(run)
+    assert len(models) == 40
+    assert layers == [layers[0]] * k + [0] * (40 - k)
+    assert run.meta["complete"] is True
