@@ -359,3 +359,24 @@ def test_live_layer_spans_end_and_model_spans_go_on(tmp_path: Path) -> None:
     assert len(models) == 40
     assert layers == [layers[0]] * k + [0] * (40 - k)
     assert run.meta["complete"] is True
+
+
+def test_the_ended_op_level_waits_in_the_run_directory_until_the_stop(tmp_path: Path) -> None:
+    """torch.profiler's exported trace sits in the run directory between the op level's end and
+    the session's (so a killed process leaves it where ``mltrace import`` finds it), then goes."""
+    import torch
+
+    from mltrace.tracer.sources.torch_ops import EXPORT_FILE
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    run_dir = tmp_path / "run"
+    with torch.inference_mode(), mltrace.profile(level="op", output=run_dir, op_inferences=1, summary=False):
+        model(x)
+        exported = run_dir / EXPORT_FILE
+        assert exported.is_file() and json.loads(exported.read_text())["traceEvents"]
+        model(x)
+    assert not (run_dir / EXPORT_FILE).exists()
+    run = mltrace.load_run(run_dir)
+    assert run.meta["op_window"]["ended_after_model_calls"] == 1
+    assert any(s.level == Level.OP and s.name == "aten::linear" for s in run.spans)

@@ -4,8 +4,8 @@ The source runs ``torch.profiler.profile`` (Kineto) for the whole session:
 CPU activity with ``record_shapes`` (FLOPs are counted from the shapes
 afterwards, ``aten_flops``), plus CUDA activity (runtime calls, kernels,
 memcpys, memsets) when the kernel level is enabled and torch sees a GPU. At
-``stop()`` it exports Kineto's Chrome trace to a temporary file and converts
-it with ``kineto_to_events``; it is a post-hoc source: ops reach the run
+``stop()`` it exports Kineto's Chrome trace to the run directory
+(``EXPORT_FILE``, removed once converted) and converts it with ``kineto_to_events``; it is a post-hoc source: ops reach the run
 directory only when the session stops.
 
 Placement. Kineto's thread ids are OS thread ids, so ops land on the same
@@ -36,7 +36,7 @@ import are none anyway.
 Ending early. Without CUDA activity the profiler may be stopped between two
 model calls (``can_end_early``, ``end_early``, ``tracer/windows.py``), by the
 thread that started it (``thread_ident``): torch.profiler stops only there. Its
-trace then waits in a temporary file until ``stop()`` converts it.
+trace then waits in the run directory until ``stop()`` converts it.
 
 Limits. Kineto keeps every event in memory until ``stop()`` and allows one
 profiler per process: a program that runs its own ``torch.profiler`` while
@@ -66,6 +66,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from mltrace.tracer.session import Session
+
+#: torch.profiler's Chrome trace in the run directory, between its export and its conversion.
+EXPORT_FILE = "torch-profiler.json"
 
 
 def _cuda_possible() -> bool:
@@ -107,7 +110,7 @@ class TorchOpSource:
         self.stats: KinetoStats | None = None
         self.export_ns = 0
         self.thread_ident: int | None = None
-        self._tmp: str | None = None  # the directory of the exported trace
+        self._tmp: str | None = None  # a temporary directory holding the exported trace, if one was made
         self._exported: Path | None = None
         self._cuda_activity = False  # may record CUDA activity (before start), or does
         self._around_start: list[tuple[Callable[[], None], Callable[[], None]]] = []
@@ -199,14 +202,19 @@ class TorchOpSource:
         self._export()
 
     def _export(self) -> None:
-        """Stops the profiler (if running) and writes its Chrome trace to a temporary file."""
+        """Stops the profiler (if running) and writes its Chrome trace to the run directory
+        (``EXPORT_FILE``; ``stop()`` removes it once converted, and a process killed in between
+        leaves it there for ``mltrace import``), or to a temporary directory without one."""
         prof, self._prof = self._prof, None
         if prof is None:
             return
         prof.stop()
         t0 = time.perf_counter_ns()
-        self._tmp = tempfile.mkdtemp(prefix="mltrace-kineto-")
-        path = Path(self._tmp) / "kineto.json"
+        run_dir = self._session.run_dir if self._session is not None else None
+        if run_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="mltrace-kineto-")
+            run_dir = Path(self._tmp)
+        path = run_dir / EXPORT_FILE
         prof.export_chrome_trace(str(path))
         self._exported = path
         self.export_ns += time.perf_counter_ns() - t0
@@ -230,7 +238,9 @@ class TorchOpSource:
             # Tracks are left out: the session's registry already queued them.
             return result.events(with_tracks=False)
         finally:
-            self._exported = None
+            if self._exported is not None:
+                self._exported.unlink(missing_ok=True)
+                self._exported = None
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
                 self._tmp = None
