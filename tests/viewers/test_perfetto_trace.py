@@ -232,3 +232,50 @@ def test_varints_match_protobufs_own_encoding() -> None:
     monotonic = [1_626_563_407_427 + k * 7_919_191 for k in range(200)]  # session clock ns, several
     for n in [*edges, *stamps, *monotonic, (1 << 64) - 1]:
         assert _varint(n) == _VarintBytes(n), n
+
+
+def test_packets_nest_at_equal_timestamps_in_the_written_order() -> None:
+    """Outer begins first and inner ends first at one timestamp; a zero-length span's end follows
+    its own begin; an end comes before a begin at the same time; instants follow the begins."""
+    from mltrace.exporters.perfetto import _depths, _packet_order
+    from mltrace.tracer.levels import Level
+    from mltrace.tracer.model import CounterSample, Instant, Span
+
+    spans = [
+        Span(3, 2, Level.OP, "inner", 100, 200, 1),  # listed before its parents on purpose
+        Span(1, None, Level.MODEL, "outer", 100, 200, 1),
+        Span(2, 1, Level.LAYER, "middle", 100, 200, 1),
+        Span(4, 2, Level.OP, "zero", 150, 150, 1),
+        Span(5, None, Level.MODEL, "next", 200, 300, 1),
+    ]
+    instants = [Instant("mark", 100, 1)]
+    counters = [CounterSample(9, 100, 1.0)]
+    assert _depths(spans).tolist() == [2, 0, 1, 2, 0]
+    order = _packet_order(spans, instants, counters).tolist()
+    begin = {s.name: 2 * i for i, s in enumerate(spans)}
+    end = {s.name: 2 * i + 1 for i, s in enumerate(spans)}
+    assert order == [
+        begin["outer"],
+        11,  # the counter (index 2n + 1): depth 0 as the outer begin, later in the list
+        begin["middle"],
+        begin["inner"],
+        10,  # the instant (index 2n), after every begin at its time
+        begin["zero"],
+        end["zero"],
+        end["inner"],
+        end["middle"],
+        end["outer"],
+        begin["next"],
+        end["next"],
+    ]
+
+
+def test_a_cyclic_parent_chain_does_not_hang_the_exporter() -> None:
+    from mltrace.exporters.perfetto import _depths
+    from mltrace.tracer.levels import Level
+    from mltrace.tracer.model import Span
+
+    spans = [Span(1, 2, Level.LAYER, "a", 0, 10, 1), Span(2, 1, Level.LAYER, "b", 0, 10, 1), Span(3, 99, Level.OP, "c", 1, 2, 1)]
+    depth = _depths(spans).tolist()
+    assert depth[2] == 0  # a parent outside the run counts as none
+    assert min(depth[:2]) >= 1000  # cut off, not looped forever

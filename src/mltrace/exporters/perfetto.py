@@ -51,6 +51,10 @@ _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]
 
 #: Packets joined per write when ``PerfettoEncoder.encode`` writes as it goes.
 _WRITE_CHUNK = 8192
+#: Packet indices turned into Python ints at a time (``_packet_order``'s array is not).
+_ORDER_CHUNK = 1 << 16
+#: Deeper parent chains than this are taken as corrupt (cyclic) and cut there.
+_MAX_DEPTH = 10_000
 
 
 #: Encodings of ``n >> 28`` for large n: timestamps (ns) share them for 0.27 s at a time.
@@ -345,26 +349,8 @@ class PerfettoEncoder:
         for f in flows:
             flow_out.setdefault(f.from_span, []).append(f.id)
             flow_in.setdefault(f.to_span, []).append(f.id)
-        depth = _depths(span_list)
-        # (timestamp, phase, tiebreak, sequence, kind, object); phase 0 = end, 1 = begin/instant/
-        # counter. The sequence number keeps equal keys in insertion order and the tuples
-        # comparable without a key function (objects are never compared).
-        records: list[tuple[int, int, int, int, int, Any]] = []
-        add = records.append
-        seq = 0
-        for s in span_list:
-            d = depth.get(s.id, 0)
-            add((s.start_ns, 1, d, seq, 0, s))
-            # A zero-length span's end must follow its own begin.
-            add((s.end_ns, 0 if s.end_ns > s.start_ns else 2, -d, seq + 1, 1, s))
-            seq += 2
-        for i in instants:
-            add((i.ts_ns, 1, 1 << 20, seq, 2, i))
-            seq += 1
-        for c in counters:
-            add((c.ts_ns, 1, 0, seq, 3, c))
-            seq += 1
-        records.sort()
+        instant_list, counter_list = list(instants), list(counters)
+        order = _packet_order(span_list, instant_list, counter_list)
         # Layer spans of one layer share their attribute values (the objects themselves: a
         # loaded template's, or the drain's cached ones), so their annotations are encoded
         # once and reused. Keyed by the values' ids, which stay unique while this call holds
@@ -373,19 +359,25 @@ class PerfettoEncoder:
         slice_begin, slice_end, append = self._slice_begin, self._slice_end, out.append
         flows_of, flows_into, no_flows = flow_out.get, flow_in.get, ()
         layer = Level.LAYER
-        for _, _, _, _, kind, obj in records:
-            if kind == 0:
-                append(slice_begin(obj, flows_of(obj.id, no_flows), flows_into(obj.id, no_flows), blocks if obj.level is layer else None))
-            elif kind == 1:
-                append(slice_end(obj))
-            elif kind == 2:
-                out.append(self._instant(obj))
-            else:
-                out.append(self._counter(obj))
-            if write is not None and len(out) >= _WRITE_CHUNK:
-                written += len(out)
-                write(b"".join(out))
-                out.clear()
+        n_ends = 2 * len(span_list)
+        n_instants = n_ends + len(instant_list)
+        for lo in range(0, len(order), _ORDER_CHUNK):  # Python ints a chunk at a time
+            for k in order[lo : lo + _ORDER_CHUNK].tolist():
+                if k < n_ends:
+                    obj = span_list[k >> 1]
+                    if k & 1:
+                        append(slice_end(obj))
+                    else:
+                        i = obj.id
+                        append(slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), blocks if obj.level is layer else None))
+                elif k < n_instants:
+                    append(self._instant(instant_list[k - n_ends]))
+                else:
+                    append(self._counter(counter_list[k - n_instants]))
+                if write is not None and len(out) >= _WRITE_CHUNK:
+                    written += len(out)
+                    write(b"".join(out))
+                    out.clear()
         self.packets += written + len(out)
         if write is not None:
             if out:
@@ -394,20 +386,55 @@ class PerfettoEncoder:
         return b"".join(out)
 
 
-def _depths(spans: list[Span]) -> dict[int, int]:
-    """Depth of each span in its parent chain (within ``spans``)."""
-    parent = {s.id: s.parent_id for s in spans}
-    depth: dict[int, int] = {}
-    for sid in parent:
-        chain = []
-        cur: int | None = sid
-        while cur is not None and cur not in depth and cur in parent:
-            chain.append(cur)
-            cur = parent[cur]
-        base = depth.get(cur, -1) if cur is not None else -1
-        for node in reversed(chain):
-            base += 1
-            depth[node] = base
+def _packet_order(spans: list[Span], instants: list[Instant], counters: list[CounterSample]) -> Any:
+    """The order to write packets in, as indices: 2i is span i's begin, 2i + 1 its end, then
+    the instants, then the counters.
+
+    Sorted by timestamp, then phase (an end before a begin, instant or counter at the same
+    time, except a zero-length span's end, which follows its own begin), then depth (outer
+    begins first, inner ends first; instants after every begin), then index. Sorting arrays
+    rather than a list of tuples holds 40 bytes a packet instead of about 150 (2.4 million
+    spans: +400 MB).
+    """
+    import numpy as np
+
+    n, ni, nc = len(spans), len(instants), len(counters)
+    d = _depths(spans)
+    start = np.fromiter((s.start_ns for s in spans), np.int64, n)
+    end = np.fromiter((s.end_ns for s in spans), np.int64, n)
+    ts = np.empty(2 * n + ni + nc, np.int64)
+    phase = np.ones(len(ts), np.int8)
+    tie = np.zeros(len(ts), np.int64)
+    ts[0 : 2 * n : 2], ts[1 : 2 * n : 2] = start, end
+    phase[1 : 2 * n : 2] = np.where(end > start, 0, 2)
+    tie[0 : 2 * n : 2], tie[1 : 2 * n : 2] = d, -d
+    ts[2 * n : 2 * n + ni] = np.fromiter((i.ts_ns for i in instants), np.int64, ni)
+    tie[2 * n : 2 * n + ni] = 1 << 20
+    ts[2 * n + ni :] = np.fromiter((c.ts_ns for c in counters), np.int64, nc)
+    return np.lexsort((tie, phase, ts))  # stable: equal keys keep their index order
+
+
+def _depths(spans: list[Span]) -> Any:
+    """Depth of each span in its parent chain within ``spans`` (0: no parent among them), as
+    an int64 array in the order of ``spans``. A corrupt, cyclic chain stops at ``_MAX_DEPTH``."""
+    import numpy as np
+
+    n = len(spans)
+    ids = np.fromiter((s.id for s in spans), np.int64, n)
+    parents = np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), np.int64, n)
+    by_id = np.argsort(ids, kind="stable")
+    found = np.searchsorted(ids[by_id], parents).clip(0, max(n - 1, 0))
+    up = np.where((parents >= 0) & (ids[by_id][found] == parents), by_id[found], -1) if n else parents
+    depth = np.zeros(n, np.int64)
+    rows = np.flatnonzero(up >= 0)
+    cur = up[rows]
+    for _ in range(_MAX_DEPTH):  # one level of every chain a step
+        if not len(rows):
+            break
+        depth[rows] += 1
+        cur = up[cur]
+        keep = cur >= 0
+        rows, cur = rows[keep], cur[keep]
     return depth
 
 
