@@ -380,3 +380,59 @@ def test_the_ended_op_level_waits_in_the_run_directory_until_the_stop(tmp_path: 
     run = mltrace.load_run(run_dir)
     assert run.meta["op_window"]["ended_after_model_calls"] == 1
     assert any(s.level == Level.OP and s.name == "aten::linear" for s in run.spans)
+
+
+@pytest.mark.parametrize("hot_path", ["c", "python"])
+def test_model_calls_in_flight_on_other_threads_keep_all_their_layers(
+    tmp_path: Path, hot_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model call that is running on another thread when the layer level ends gets all its
+    layer spans; the calls that begin afterwards get none."""
+    import torch
+
+    class Gate(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered, self.release = threading.Event(), threading.Event()
+            self.hold = True
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.hold:
+                self.hold = False
+                self.entered.set()
+                assert self.release.wait(30)
+            return x
+
+    monkeypatch.setenv("MLTRACE_LAYER_HOT_PATH", hot_path)
+    gate = Gate()
+    served = torch.nn.Sequential(torch.nn.Linear(4, 4), gate, torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    x = torch.randn(1, 4)
+    with mltrace.profile(level="layer", output=tmp_path / "run", summary=False, flush_interval_s=60):
+        session = active_session()
+        assert session is not None and session.layer_window is not None
+        worker = threading.Thread(target=served, args=(x,))
+        worker.start()
+        assert gate.entered.wait(30)  # the worker's call is inside its second layer
+        session.layer_window.request("a test")
+        other(x)  # its return ends the layer level
+        assert session.layer_window.ended_ns is not None
+        gate.release.set()
+        worker.join(30)
+        served(x)  # begins after the end: no layer spans
+        second = threading.Thread(target=served, args=(x,))
+        second.start()
+        second.join(30)
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["layer_window"]["ended_after_model_calls"] == 1
+    by_model: dict[int, list[str]] = {}
+    for s in sorted(run.spans, key=lambda s: s.start_ns):
+        if s.level == Level.LAYER:
+            assert s.parent_id is not None
+            by_model.setdefault(s.parent_id, []).append(s.name)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [by_model.get(m.id, []) for m in models] == [["0", "1", "2", "3"], ["0"], [], []]
+    end = run.meta["layer_window"]["ended_ns"]
+    assert models[0].start_ns < end < models[0].end_ns and models[2].start_ns > end
+    b = breakdown(run)
+    assert b.layer_model_calls == 2 and b.layer_model_ns == models[0].duration_ns + models[1].duration_ns

@@ -87,10 +87,11 @@ class Breakdown:
         ops_outside_layers_ns: their total duration (ns).
         ops_outside_models: op spans in no model span at all (program code around the model).
         layer_model_calls: where the layer level ended before the run did
-            (run.json ``layer_window``), the model calls that ended before it; else None.
+            (run.json ``layer_window``), the model calls that started before it (those
+            in flight then finish their layer spans); else None.
         layer_model_ns: their total time (ns), the base of layer shares; else None.
-        op_model_ns: the same for the op level (``op_window``, or the layer level's
-            end if earlier), the base of op, library and kernel shares; else None.
+        op_model_ns: the time of those of them that also ended before the op level did
+            (``op_window``), the base of op, library and kernel shares; else None.
     """
 
     levels: list[LevelTime]
@@ -198,9 +199,9 @@ def breakdown(run: Run) -> Breakdown:
     types: dict[str, TypeStat] = {}
     model_calls = 0
     model_ns = 0
+    # A model call has layer spans if it started before the layer level's end (calls in flight
+    # then finish theirs), and ops if it also ended before the op level's end.
     layer_end, op_end = window_end(run, "layer_window"), window_end(run, "op_window")
-    if layer_end is not None and (op_end is None or layer_end < op_end):
-        op_end = layer_end
     layer_calls = layer_ns = op_ns = 0
     for s in spans:
         if s.level not in (Level.MODEL, Level.LAYER):
@@ -230,11 +231,12 @@ def breakdown(run: Run) -> Breakdown:
         if s.level == Level.MODEL:
             model_calls += 1
             model_ns += s.duration_ns
-            if layer_end is not None and s.end_ns <= layer_end:
+            with_layers = layer_end is None or s.start_ns <= layer_end
+            if with_layers:
                 layer_calls += 1
                 layer_ns += s.duration_ns
-            if op_end is not None and s.end_ns <= op_end:
-                op_ns += s.duration_ns
+                if op_end is None or s.end_ns <= op_end:
+                    op_ns += s.duration_ns
         else:
             ts = types.setdefault(ltype, TypeStat(ltype))
             ts.calls += 1
@@ -254,7 +256,7 @@ def breakdown(run: Run) -> Breakdown:
         span_count=len(spans),
         layer_model_calls=layer_calls if layer_end is not None else None,
         layer_model_ns=layer_ns if layer_end is not None else None,
-        op_model_ns=op_ns if op_end is not None else None,
+        op_model_ns=op_ns if op_end is not None or layer_end is not None else None,
     )
 
 

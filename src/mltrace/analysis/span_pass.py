@@ -535,14 +535,13 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     framework = np.maximum(self_ns - direct_op_ns, 0)
     g.op_end_ns = window_end(run, "op_window")
     g.layer_end_ns = window_end(run, "layer_window")
-    call_end = end[call_rows]
-    with_ops = call_end <= g.op_end_ns if g.op_end_ns is not None else np.ones(ncall, dtype=bool)
-    if g.layer_end_ns is not None:  # ops after the layer level's end lie in model spans only
-        with_ops &= call_end <= g.layer_end_ns
+    # A call has layer spans if it started before the layer level's end (calls in flight then
+    # finish theirs), and ops if it also ended before the op level's end.
+    with_layers = start[call_rows] <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
+    with_ops = with_layers & (end[call_rows] <= g.op_end_ns) if g.op_end_ns is not None else with_layers
     framework = np.where(with_ops, framework, 0)
     r_opcalls = _count_by(crow[with_ops], nrow)
     r_opcalls_ns = _sum_by(crow[with_ops], cdur[with_ops].astype(np.float64), nrow)
-    with_layers = call_end <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
     r_layercalls = _count_by(crow[with_layers], nrow)
     r_layercalls_ns = _sum_by(crow[with_layers], cdur[with_layers].astype(np.float64), nrow)
     rc = _count_by(crow, nrow)

@@ -374,6 +374,9 @@ class Session:
                 warn(f"source {source.name} failed to end the layer level: {exc}")
                 continue
             ended.append(source.name)
+        # After the swap: every model call that began before this time has its layer spans
+        # (those in flight finish theirs), and none that began after it has any.
+        window.ended_ns = now_ns()
         self.meta.setdefault("layer_window", {}).update(
             {"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "reason": window.reason, "sources": ended}
         )

@@ -137,6 +137,9 @@ class TorchModuleSource:
         self._stacks: dict[int, list[list[Any]]] = {}
         #: Frames ended as truncated at stop: their late completion is not recorded twice.
         self._truncated: set[int] = set()
+        #: Model frames (by thread ident) of the calls in flight when the layer level ended early,
+        #: until each returns: their nested calls still get layer spans (``end_layer_level``).
+        self._late: dict[int, list[Any]] = {}
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -283,14 +286,17 @@ class TorchModuleSource:
         self._encode_rows = encode_rows
         return LayerCall
 
-    def _wrap_call(self, module_cls: Any, original: Any = None) -> None:
+    def _wrap_call(self, module_cls: Any, original: Any = None, layer_call: Any = None) -> None:
         """Model level only: wrap ``Module.__call__`` instead of installing global hooks.
 
         Global hooks send every module call down torch's slower hooked path
         (+14 % on a MobileNet-style CNN with 231 module calls); the wrapper times
         the outermost call per thread and lets nested calls through untouched.
-        ``original`` is torch's own ``__call__`` where ours is installed already
-        (the layer level ending early); None: the one installed now.
+
+        Where the layer level ends early, ``original`` is torch's own ``__call__``
+        (ours is installed already) and ``layer_call`` the layer level's wrapper:
+        nested calls of the model calls still running then (``_late``) go to it,
+        so that every model call has all its layer spans or none.
         """
         if original is None:
             original = module_cls.__call__
@@ -299,6 +305,8 @@ class TorchModuleSource:
         new_stack = self._new_stack
         model_begin = self._model_begin
         post = self._post
+        late = self._late
+        get_ident = threading.get_ident
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:
@@ -306,6 +314,8 @@ class TorchModuleSource:
             except AttributeError:
                 stack = new_stack()
             if stack:
+                if late and stack[0] is late.get(get_ident()):  # a model call from before the layer level's end
+                    return layer_call(module, *args, **kwargs)
                 if direct and module._compiled_call_impl is None:  # what original would do, a frame less
                     return module._call_impl(*args, **kwargs)
                 return original(module, *args, **kwargs)
@@ -691,6 +701,8 @@ class TorchModuleSource:
         session = self._session
         if session is None:
             return
+        if self._late:  # this thread's model call from before the layer level's end has returned
+            self._late.pop(threading.get_ident(), None)
         for window, level in ((session.op_window, "op"), (session.layer_window, "layer")):
             if window is None:
                 continue
@@ -702,9 +714,9 @@ class TorchModuleSource:
     def end_layer_level(self) -> None:
         """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).
 
-        Puts the model level's wrapper in place of the layer level's (or of the global
-        hooks). Model calls running on other threads finish with their layer spans:
-        their nested calls pass through the new wrapper, which sees their open frames.
+        Puts the model level's wrapper in place of the layer level's. Model calls
+        running on other threads meanwhile finish with all their layer spans: the new
+        wrapper hands their nested calls to the layer level's wrapper until they return.
 
         Raises:
             RuntimeError: where ours cannot be taken out (someone else has wrapped
@@ -716,7 +728,11 @@ class TorchModuleSource:
         module_cls, original, ours = self._wrapped
         if module_cls.__call__ is not ours:
             raise RuntimeError("nn.Module.__call__ was re-wrapped by someone else; the layer level goes on")
-        self._wrap_call(module_cls, original)
+        for ident, stack in list(self._stacks.items()):
+            head = stack[:1]  # another thread may empty its stack meanwhile
+            if head and ident != threading.get_ident():
+                self._late[ident] = head[0]
+        self._wrap_call(module_cls, original, layer_call=ours)
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
