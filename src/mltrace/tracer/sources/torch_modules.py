@@ -703,13 +703,17 @@ class TorchModuleSource:
             return
         if self._late:  # this thread's model call from before the layer level's end has returned
             self._late.pop(threading.get_ident(), None)
-        for window, level in ((session.op_window, "op"), (session.layer_window, "layer")):
-            if window is None:
-                continue
+        op, layer = session.op_window, session.layer_window
+        if op is not None:
             try:
-                window.model_ended()
+                op.model_ended()
             except Exception as exc:  # never into the user's program
-                session.errors.append(f"ending the {level} level failed: {exc}")
+                session.errors.append(f"ending the op level failed: {exc}")
+        if layer is not None:
+            try:
+                layer.model_ended()
+            except Exception as exc:
+                session.errors.append(f"ending the layer level failed: {exc}")
 
     def end_layer_level(self) -> None:
         """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).
