@@ -92,6 +92,32 @@ def test_different_iteration_counts_compare_per_model_call() -> None:
     assert forced.basis == "totals" and {r.status for r in forced.layers} == {SLOWER}
 
 
+@pytest.mark.parametrize("ended", ["layer_window", "op_window"])
+def test_a_level_that_ended_early_compares_per_call_it_recorded(ended: str) -> None:
+    """B recorded layers (or ops) in 2 of its 4 model calls: per call, nothing changed."""
+    b = make_run("b", 4, A)
+    models = sorted((s for s in b.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    end = models[1].end_ns + 1
+    model_of = {s.id: s.parent_id for s in b.spans if s.level == Level.LAYER}
+    dropped = {Level.LAYER, Level.OP} if ended == "layer_window" else {Level.OP}
+
+    def late(s: Span) -> bool:
+        model = model_of.get(s.parent_id) if s.level == Level.OP else s.parent_id
+        return s.level in dropped and model in {models[2].id, models[3].id}
+
+    b.spans = [s for s in b.spans if not late(s)]
+    b.meta[ended] = {"ended_ns": end}
+    d = diff_runs(make_run("a", 4, A), b)
+    assert d.basis == "per model call" and d.model_calls == (4, 4)
+    assert {r.status for r in d.layers + d.types + d.ops} == {SAME}
+    conv = d.row("layers", "conv")
+    assert conv is not None and (conv.time_a, conv.time_b) == (100_000, 100_000)
+    op = d.row("ops", "aten::conv2d")
+    assert op is not None and (op.time_a, op.time_b) == (90_000, 90_000)
+    for name, in_a, in_b in d.totals:
+        assert in_a == in_b, name
+
+
 def test_identical_runs_have_no_changes() -> None:
     d = diff_runs(make_run("a", 3, A), make_run("a", 3, A))
     assert {r.status for r in d.layers + d.types + d.ops} == {SAME}

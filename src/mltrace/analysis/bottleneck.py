@@ -598,6 +598,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         layer_model_calls=sum(r.layer_calls for r in models) if layer_ended else None,
         layer_model_ns=sum(r.layer_calls_ns for r in models) if layer_ended else None,
         op_model_ns=sum(r.op_calls_ns for r in models) if op_ended else None,
+        op_model_calls=sum(r.op_calls for r in models) if op_ended else None,
     )
     ops.sort(key=lambda r: (-r.self_ns, r.name))
     if peaks is not None:

@@ -19,6 +19,7 @@ from mltrace.tracer.levels import HIERARCHY, Level
 from mltrace.tracer.model import Span
 
 _STRUCTURAL = (Level.MODEL, Level.LAYER, Level.USER)
+_OP_LEVELS = (Level.OP, Level.LIBRARY, Level.KERNEL)  # they end together, with the op level
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Breakdown:
         layer_model_ns: their total time (ns), the base of layer shares; else None.
         op_model_ns: the time of those of them that also ended before the op level did
             (``op_window``), the base of op, library and kernel shares; else None.
+        op_model_calls: the number of those calls; else None.
     """
 
     levels: list[LevelTime]
@@ -107,14 +109,23 @@ class Breakdown:
     layer_model_calls: int | None = None
     layer_model_ns: int | None = None
     op_model_ns: int | None = None
+    op_model_calls: int | None = None
 
     def base_ns(self, level: Level) -> int:
         """The model time a level's share is of: the model calls during which it recorded."""
         if level is Level.LAYER and self.layer_model_ns is not None:
             return self.layer_model_ns
-        if level in (Level.OP, Level.LIBRARY, Level.KERNEL) and self.op_model_ns is not None:
+        if level in _OP_LEVELS and self.op_model_ns is not None:
             return self.op_model_ns
         return self.model_ns
+
+    def calls_for(self, level: Level) -> int:
+        """The model calls during which a level recorded (all of them unless it ended early)."""
+        if level is Level.LAYER and self.layer_model_calls is not None:
+            return self.layer_model_calls
+        if level in _OP_LEVELS and self.op_model_calls is not None:
+            return self.op_model_calls
+        return self.model_calls
 
 
 def window_end(run: Run, key: str) -> int | None:
@@ -202,7 +213,7 @@ def breakdown(run: Run) -> Breakdown:
     # A model call has layer spans if it started before the layer level's end (calls in flight
     # then finish theirs), and ops if it also ended before the op level's end.
     layer_end, op_end = window_end(run, "layer_window"), window_end(run, "op_window")
-    layer_calls = layer_ns = op_ns = 0
+    layer_calls = layer_ns = op_calls = op_ns = 0
     for s in spans:
         if s.level not in (Level.MODEL, Level.LAYER):
             continue
@@ -236,6 +247,7 @@ def breakdown(run: Run) -> Breakdown:
                 layer_calls += 1
                 layer_ns += s.duration_ns
                 if op_end is None or s.end_ns <= op_end:
+                    op_calls += 1
                     op_ns += s.duration_ns
         else:
             ts = types.setdefault(ltype, TypeStat(ltype))
@@ -257,6 +269,7 @@ def breakdown(run: Run) -> Breakdown:
         layer_model_calls=layer_calls if layer_end is not None else None,
         layer_model_ns=layer_ns if layer_end is not None else None,
         op_model_ns=op_ns if op_end is not None or layer_end is not None else None,
+        op_model_calls=op_calls if op_end is not None or layer_end is not None else None,
     )
 
 

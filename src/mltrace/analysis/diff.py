@@ -7,7 +7,9 @@ time changed by more than ``threshold`` (relative) and ``min_delta_ns``
 
 When both runs have model calls and their numbers differ (3 iterations
 against 10), times are compared per model call, so that the number of
-iterations does not read as a slowdown; otherwise totals are compared.
+iterations does not read as a slowdown; otherwise totals are compared. A
+level that ended early in a run (``--max-spans``, ``--op-inferences``) is
+compared per model call it recorded in.
 Typical uses: batch 1 against batch 8, fp32 against bf16, PyTorch against
 ONNX Runtime (then layer names differ and the layer-type and op tables say
 more than the layer table).
@@ -104,7 +106,7 @@ def status_of(calls_a: int, calls_b: int, time_a: float, time_b: float, threshol
 
 
 def _section(
-    a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]], scale_a: float, scale_b: float, threshold: float, min_delta_ns: int
+    a: dict[str, tuple[int, float]], b: dict[str, tuple[int, float]], scale_a: float, scale_b: float, threshold: float, min_delta_ns: int
 ) -> list[DiffRow]:
     rows = []
     for name in a.keys() | b.keys():
@@ -116,7 +118,7 @@ def _section(
     return rows
 
 
-def _names(rows: list[NameRow]) -> dict[str, tuple[int, int]]:
+def _names(rows: list[NameRow]) -> dict[str, tuple[int, float]]:
     return {r.name: (r.calls, r.total_ns) for r in rows}
 
 
@@ -130,38 +132,45 @@ def diff_analyses(
     per_call: bool | None = None,
 ) -> RunDiff:
     """Compares two analyses (see ``diff_runs``)."""
-    ma, mb = a.breakdown.model_calls, b.breakdown.model_calls
-    if per_call is None:
-        per_call = ma > 0 and mb > 0 and ma != mb
+    ba, bb = a.breakdown, b.breakdown
+    ma, mb = ba.model_calls, bb.model_calls
+    if per_call is None:  # per call also where a level recorded fewer calls in one run (it ended early)
+        per_call = ma > 0 and mb > 0 and any(ba.calls_for(lv) != bb.calls_for(lv) for lv in (Level.MODEL, Level.LAYER, Level.OP))
     if per_call and (ma == 0 or mb == 0):
         per_call = False
-    scale_a = 1.0 / ma if per_call else 1.0
-    scale_b = 1.0 / mb if per_call else 1.0
+
+    def scales(level: Level) -> tuple[float, float]:
+        """What one run's times of ``level`` are multiplied by: 1 / the model calls it recorded in."""
+        if not per_call:
+            return 1.0, 1.0
+        ca, cb = ba.calls_for(level), bb.calls_for(level)
+        return (1.0 / ca if ca else 1.0), (1.0 / cb if cb else 1.0)
+
     out = RunDiff(a_name, b_name, "per model call" if per_call else "totals", threshold, min_delta_ns, (ma, mb))
-    out.totals.append(("model time", a.breakdown.model_ns * scale_a, b.breakdown.model_ns * scale_b))
-    la = {lt.level: lt.time_ns for lt in a.breakdown.levels}
-    lb = {lt.level: lt.time_ns for lt in b.breakdown.levels}
+    sa, sb = scales(Level.MODEL)
+    out.totals.append(("model time", ba.model_ns * sa, bb.model_ns * sb))
+    la = {lt.level: lt.time_ns for lt in ba.levels}
+    lb = {lt.level: lt.time_ns for lt in bb.levels}
     for lv in (*HIERARCHY, Level.USER):
         if lv in la or lv in lb:
-            out.totals.append((f"{lv.label} level", la.get(lv, 0) * scale_a, lb.get(lv, 0) * scale_b))
-    out.layers = _section(
-        {r.stat.name: (r.stat.calls, r.stat.total_ns) for r in a.layers},
-        {r.stat.name: (r.stat.calls, r.stat.total_ns) for r in b.layers},
-        scale_a,
-        scale_b,
-        threshold,
-        min_delta_ns,
-    )
+            sa, sb = scales(lv)
+            out.totals.append((f"{lv.label} level", la.get(lv, 0) * sa, lb.get(lv, 0) * sb))
+    # Model rows are in the layer table too: each row takes its own level's scale.
+    layer_a = {r.stat.name: (r.stat.calls, r.stat.total_ns * scales(r.stat.level)[0]) for r in a.layers}
+    layer_b = {r.stat.name: (r.stat.calls, r.stat.total_ns * scales(r.stat.level)[1]) for r in b.layers}
+    out.layers = _section(layer_a, layer_b, 1.0, 1.0, threshold, min_delta_ns)
+    sa, sb = scales(Level.LAYER)
     out.types = _section(
         {t.type: (t.calls, t.self_ns) for t in a.types},
         {t.type: (t.calls, t.self_ns) for t in b.types},
-        scale_a,
-        scale_b,
+        sa,
+        sb,
         threshold,
         min_delta_ns,
     )
-    out.ops = _section(_names(a.ops), _names(b.ops), scale_a, scale_b, threshold, min_delta_ns)
-    out.kernels = _section(_names(a.kernels), _names(b.kernels), scale_a, scale_b, threshold, min_delta_ns)
+    sa, sb = scales(Level.OP)
+    out.ops = _section(_names(a.ops), _names(b.ops), sa, sb, threshold, min_delta_ns)
+    out.kernels = _section(_names(a.kernels), _names(b.kernels), sa, sb, threshold, min_delta_ns)
     return out
 
 
