@@ -132,7 +132,7 @@ def test_a_slow_stop_says_the_trace_is_being_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], summary: bool
 ) -> None:
     """Finishing a large run takes seconds: past FINISHING_NOTICE_S the user is told why,
-    once; a quiet session (summary=False) prints nothing."""
+    once, and then each step as it begins; a quiet session (summary=False) prints nothing."""
     import time
 
     from mltrace.tracer import finalize, session
@@ -148,6 +148,18 @@ def test_a_slow_stop_says_the_trace_is_being_written(
     with mltrace.profile(output=tmp_path / "run", summary=summary, level="model"), mltrace.span("work"):
         pass
     err = capsys.readouterr().err
-    notice = f"mltrace: writing the trace to {tmp_path / 'run'}"
+    notice = f"mltrace: writing the trace to {tmp_path / 'run'}: stopping "
     assert err.count(notice) == (1 if summary else 0)
+    steps = [line.removeprefix("mltrace: … ") for line in err.splitlines() if line.startswith("mltrace: … ")]
+    if summary:
+        assert steps == [
+            "loading the recorded events",
+            "correlating 1 span",  # the user span
+            "rewriting events.jsonl",
+            "writing the span table",
+            "writing trace.pftrace (1 span)",
+            "summarizing",
+        ]
+    else:
+        assert steps == []
     assert mltrace.load_run(tmp_path / "run").complete

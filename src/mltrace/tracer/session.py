@@ -56,8 +56,30 @@ def active_session() -> Session | None:
 FINISHING_NOTICE_S = 2.0
 
 
-def _say_finishing(run_dir: Path | None) -> None:
-    _say(f"writing the trace to {run_dir} (converting and correlating the recorded events)…")
+class StopProgress:
+    """What the end of a session is doing, said on stderr only once it has taken a while.
+
+    ``stop()`` calls ``phase`` at each step; after ``FINISHING_NOTICE_S`` a timer calls
+    ``notice``, which says where the trace goes and the current step, and every later
+    step is said as it begins. A quick stop says nothing.
+    """
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self._run_dir = run_dir
+        self._step = "stopping the sources"
+        self._loud = False
+        self._lock = threading.Lock()
+
+    def notice(self) -> None:
+        with self._lock:
+            self._loud = True
+            _say(f"writing the trace to {self._run_dir}: {self._step}…")
+
+    def phase(self, step: str) -> None:
+        with self._lock:
+            self._step = step
+            if self._loud:
+                _say(f"… {step}")
 
 
 def warn(message: str) -> None:
@@ -498,8 +520,9 @@ class Session:
         if _active is self:
             _active = None
         notice = None
+        progress = StopProgress(self.run_dir)
         if self.options.summary:  # a quiet session stays quiet
-            notice = threading.Timer(FINISHING_NOTICE_S, _say_finishing, (self.run_dir,))
+            notice = threading.Timer(FINISHING_NOTICE_S, progress.notice)
             notice.daemon = True
             try:
                 notice.start()
@@ -507,12 +530,12 @@ class Session:
                 notice = None
         try:
             with gc_paused():
-                return self._stop_and_finalize()
+                return self._stop_and_finalize(progress)
         finally:
             if notice is not None:
                 notice.cancel()
 
-    def _stop_and_finalize(self) -> Path:
+    def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
         window = self.op_window
         if window is not None and window.reason is not None and window.ended_ns is None:
@@ -524,6 +547,7 @@ class Session:
         if window is not None and window.reason is not None and window.ended_ns is None:
             self.note_limitation(f"the layer level was to end ({window.reason}) but no model call returned afterwards")
         for source in reversed(self.started):
+            progress.phase(f"stopping {source.name}")
             try:
                 events = source.stop()
             except Exception as exc:
@@ -554,7 +578,7 @@ class Session:
         try:
             from mltrace.tracer.finalize import finalize_run
 
-            finalize_run(self.run_dir, self.meta)
+            finalize_run(self.run_dir, self.meta, progress.phase)
         except Exception as exc:  # the streamed files stay as they are
             self.meta["errors"].append(f"finalize failed: {exc}")
             warn(f"could not finalize the run ({exc}); the streamed trace in {self.run_dir} is kept")
