@@ -194,6 +194,9 @@ def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -
     analysis = analyze(run)
     assert analysis.findings.framework_base_ns == sum(m.end_ns - m.start_ns for m in models[:3])
     assert any("ops were recorded in 3 of 6 model calls" in n for n in analysis.findings.notes)
+    # A convolution's work basis is its ops', as in the calls that had them.
+    convs = [r for r in analysis.layers if r.stat.type == "Conv2d"]
+    assert convs and {r.work_source for r in convs} == {"ops"}
 
 
 # -- the layer level's end (--max-spans) ------------------------------------------------

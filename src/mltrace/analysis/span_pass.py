@@ -555,8 +555,9 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     r_kc = _sum_by(crow, kern_count.astype(np.float64), nrow)
     r_fw = _sum_by(crow, framework.astype(np.float64), nrow)
     r_kids = _count_by(crow[has_children], nrow) > 0
-    # The call that describes each row: the deepest, then the last-ending (lowest call index).
-    pick = np.lexsort((np.arange(ncall), -cdepth, crow))
+    # The call that describes each row: the deepest, then one with ops (where the op level
+    # ended early, its work basis is the ops'), then the last-ending (lowest call index).
+    pick = np.lexsort((np.arange(ncall), ~with_ops, -cdepth, crow))
     first_call = pick[np.searchsorted(crow[pick], np.arange(nrow))]
     direct_tables = _pair_table(crow[call_of[parent[direct]]], name[direct], durf[direct], names)
     lib_tables = _subtree_tables(lib_rows, name[lib_rows], names, owner, call_of, cowner, crow, durf)
