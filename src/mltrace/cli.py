@@ -48,7 +48,7 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--op-inferences",
         metavar="N",
         dest="op_inferences",
-        help="record ops and library calls for the first N model calls only, then model and layer spans (PyTorch)",
+        help="record ops and library calls for the first N model calls only, then model and layer spans (PyTorch, TensorFlow)",
     )
     p.add_argument(
         "--max-spans",

@@ -31,7 +31,7 @@ class ProfileOptions:
         native: include native frames in py-spy samples.
         otlp: OTLP endpoint to send spans to at the end (None: do not send).
         op_inferences: end the op and library levels after this many model calls
-            (outermost ``nn.Module`` calls, PyTorch); the model and layer levels go
+            (outermost ``nn.Module`` or Keras model calls); the model and layer levels go
             on. None: they run until the end, or until the process grows past
             the op level's memory budget (``op_memory_gib``).
         op_memory_gib: the op level's memory budget: it ends when the process has

@@ -186,6 +186,64 @@ def test_the_programs_own_profiler_still_works(tmp_path: Path, mobilenet: Any) -
     check(run)
 
 
+def _spans_per_model(run: Run) -> list[tuple[str, int, int]]:
+    """(Keras method, layer spans, op spans) of each model call, in time order."""
+    by_id = run.span_by_id()
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    counts = {m.id: [0, 0] for m in models}
+    for s in run.spans:
+        if s.level in (Level.LAYER, Level.OP) and s.attrs.get("ml.framework") == "tensorflow":
+            counts[_root(by_id, s).id][0 if s.level == Level.LAYER else 1] += 1
+    return [(m.attrs["ml.keras.method"], *counts[m.id]) for m in models]
+
+
+def test_the_op_level_ends_after_op_inferences(tmp_path: Path, mobilenet: Any) -> None:
+    """--op-inferences 2: the profiler stops when the second model call returns; eager layer spans
+    go on, and so do model spans (a predict afterwards has no graph layers: they came from the profiler)."""
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, op_inferences=2)
+    session = Session(opts, sources=[TensorFlowSource()]).start()
+    try:
+        for _ in range(3):
+            mobilenet(IMAGES, training=False)
+        mobilenet.predict(IMAGES, verbose=0)
+    finally:
+        session.stop()
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    assert window["ended_after_model_calls"] == 2 and window["sources"] == ["tensorflow"]
+    per_model = _spans_per_model(run)
+    layers = len(mobilenet.layers) - 1
+    assert [(m, n) for m, n, _ in per_model] == [("__call__", layers)] * 3 + [("predict", 0)]
+    ops = [o for _, _, o in per_model]
+    assert ops[0] > 0 and ops[1] > 0 and ops[2:] == [0, 0]
+    assert any("TensorFlow's graph-mode layer spans" in x for x in run.meta["limitations"])
+    check(run)
+
+
+def test_the_layer_level_ends_at_the_span_limit(tmp_path: Path, mobilenet: Any) -> None:
+    """--max-spans: the layer level (and the op level) ends when the model call after the flush
+    that found the limit returns; later calls are model spans only."""
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=20, flush_interval_s=60)
+    session = Session(opts, sources=[TensorFlowSource()]).start()
+    try:
+        assert session.layer_window is not None
+        mobilenet(IMAGES, training=False)
+        session.flush()  # more than 20 layer spans: the limit is reached
+        mobilenet(IMAGES, training=False)  # its return ends the layer and op levels
+        mobilenet(IMAGES, training=False)
+        mobilenet.predict(IMAGES, verbose=0)
+    finally:
+        session.stop()
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["layer_window"]["ended_after_model_calls"] == 2 and run.meta["layer_window"]["sources"] == ["tensorflow"]
+    assert run.meta["op_window"]["ended_after_model_calls"] == 2
+    layers = len(mobilenet.layers) - 1
+    per_model = _spans_per_model(run)
+    assert [n for _, n, _ in per_model] == [layers, layers, 0, 0]
+    assert [o > 0 for _, _, o in per_model] == [True, True, False, False]
+    check(run)
+
+
 def _root(by_id: dict[int, Any], s: Any) -> Any:
     while s.parent_id is not None:
         s = by_id[s.parent_id]

@@ -29,6 +29,7 @@ class _EndableOps:
     name = "endable.ops"
     levels = (Level.OP,)
     can_end_early = True
+    profiling = True
 
     def __init__(self, thread_ident: int | None) -> None:
         self.thread_ident = thread_ident
@@ -324,7 +325,7 @@ def test_a_layer_level_that_cannot_end_warns_once_past_the_limit(tmp_path: Path,
         run_dir = session.stop()
     err = [line for line in capsys.readouterr().err.splitlines() if "--max-spans" in line]
     assert len(err) == 2  # the limit has no effect (said at the start), and it was passed (once)
-    assert "has no effect here: only PyTorch's layer level can end" in err[0]
+    assert "has no effect here: only PyTorch's and Keras's layer levels can end" in err[0]
     assert "5 spans streamed (--max-spans 3) and the layer level cannot end early here" in err[1]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["layer_window"] == {"max_spans": 3}

@@ -272,24 +272,28 @@ class Session:
         """Sets up the op level's end: after ``--op-inferences`` model calls or past the memory
         budget where its sources can end early (``LevelWindow``), else a low-memory warning."""
         endable = [s for s in self.started if can_end_early(s)]
-        owners = [s for s in endable if hasattr(s, "thread_ident")]
         holding = f"the op level ({', '.join(names)})"
-        if not owners:
+        if not endable:
             self._memory_watch = MemoryWatch(holding)
             if self.options.op_inferences is not None:
                 self._no_effect(
-                    f"--op-inferences {self.options.op_inferences} has no effect: only torch.profiler's op level "
-                    "(without CUDA kernels) can end before the run does"
+                    f"--op-inferences {self.options.op_inferences} has no effect: only torch.profiler's (without "
+                    "CUDA kernels) and TensorFlow's op levels can end before the run does"
                 )
             return
         info = read_meminfo()
         budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
-        watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in owners)})")
-        for source in owners:  # the budget counts from the profiler's start
+        watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in endable)})")
+        for source in endable:  # the budget counts from the profilers' start, not the frameworks' imports
             around = getattr(source, "around_profiler_start", None)
             if around is not None:
                 around(lambda: None, lambda: watch.arm(budget))
+            else:
+                watch.arm(budget)
         self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
+        # torch.profiler can only be stopped by the thread that started it (where it started;
+        # in a program that never imports torch it did not); the others by any.
+        owners = [s for s in endable if hasattr(s, "thread_ident")]
 
         def owner_thread() -> int | None:
             for source in owners:
@@ -316,25 +320,40 @@ class Session:
             self.layer_window = LevelWindow(self.end_layer_level)
         elif given:
             self._no_effect(
-                f"--max-spans {given} has no effect here: only PyTorch's layer level can end before the run does"
+                f"--max-spans {given} has no effect here: only PyTorch's and Keras's layer levels can end before the run does"
             )
 
     def _no_effect(self, text: str) -> None:
         warn(text)
         self.note_limitation(text)
 
+    def model_call_ended(self) -> None:
+        """Called by the framework sources after every outermost model call, on its thread:
+        where the op and layer levels may end (``tracer/windows.py``). Never raises."""
+        op, layer = self.op_window, self.layer_window
+        if op is not None:
+            try:
+                op.model_ended()
+            except Exception as exc:  # never into the user's program
+                self.errors.append(f"ending the op level failed: {exc}")
+        if layer is not None:
+            try:
+                layer.model_ended()
+            except Exception as exc:
+                self.errors.append(f"ending the layer level failed: {exc}")
+
     def end_op_level(self, window: LevelWindow) -> None:
         """Ends every source that can end early (``LevelWindow``); ``stop()`` converts their events.
 
-        Runs on the program's thread between two model calls, which waits while torch.profiler
-        stops and exports what it held (stderr says so when that takes a while).
+        Runs on the program's thread between two model calls, which waits while the profilers
+        stop and write what they held (stderr says so when that takes a while).
         """
         if self._stopped:
             return
         t0 = time.perf_counter()
         notice = None
         if self.options.summary:
-            text = f"ending the op level ({window.reason}): torch.profiler is writing its events…"
+            text = f"ending the op level ({window.reason}): the profilers are writing their events…"
             notice = threading.Timer(FINISHING_NOTICE_S, _say, (text,))
             notice.daemon = True
             notice.start()
@@ -344,13 +363,15 @@ class Session:
                 for source in reversed(self.started):
                     if not can_end_early(source):
                         continue
-                    try:
+                    recording = getattr(source, "profiling", True)  # a profiler that never started ends too,
+                    try:  # so that it does not start later
                         source.end_early()
                     except Exception as exc:
                         self.errors.append(f"{source.name}: ending early failed: {exc}")
                         warn(f"source {source.name} failed to end early: {exc}")
                         continue
-                    ended.append(source.name)
+                    if recording:
+                        ended.append(source.name)
             # What torch held is freed only with the profiler object, which sits in a reference
             # cycle; then glibc keeps the freed pages unless asked (1.1 → 0.44 GB, PERFORMANCE.md).
             gc.collect()
@@ -369,13 +390,15 @@ class Session:
                 "pause_s": round(took, 3),
             }
         )
+        levels = "the op and library levels" if "cpu.library" in ended else "the op level"
+        graph = " (TensorFlow's graph-mode layer spans come from its profiler and ended with it)" if "tensorflow" in ended else ""
         self.note_limitation(
-            f"the op and library levels ended after {_calls(window.calls)} ({window.reason}); "
-            "later model calls have model and layer spans only"
+            f"{levels} ended after {_calls(window.calls)} ({window.reason}); later model calls have model and "
+            f"layer spans only{graph}"
         )
         if self.options.summary:
             _say(
-                f"the op and library levels ended after {_calls(window.calls)} ({window.reason}; "
+                f"{levels} ended after {_calls(window.calls)} ({window.reason}; "
                 f"the program waited {took:.1f} s); model and layer spans go on"
             )
 
@@ -390,12 +413,13 @@ class Session:
             if end is None:
                 continue
             try:
-                end()
+                recording = end()
             except Exception as exc:
                 self.errors.append(f"{source.name}: ending the layer level failed: {exc}")
                 warn(f"source {source.name} failed to end the layer level: {exc}")
                 continue
-            ended.append(source.name)
+            if recording:
+                ended.append(source.name)
         # After the swap: every model call that began before this time has its layer spans
         # (those in flight finish theirs), and none that began after it has any.
         window.ended_ns = now_ns()
@@ -463,7 +487,8 @@ class Session:
             if message is None:
                 return
             window = self.op_window
-            if window is not None and window.ended_ns is None:
+            profiling = any(can_end_early(s) and getattr(s, "profiling", False) for s in self.started)
+            if window is not None and window.ended_ns is None and profiling:
                 window.request("memory budget")
                 warn(f"{message}; it ends when the current model call returns, and model and layer spans go on")
                 return  # the end itself is written to run.json
@@ -540,8 +565,8 @@ class Session:
         window = self.op_window
         if window is not None and window.reason is not None and window.ended_ns is None:
             self.note_limitation(
-                f"the op level was to end ({window.reason}) but no model call returned on the thread that started "
-                "torch.profiler afterwards: it ran to the end"
+                f"the op level was to end ({window.reason}) but no model call returned afterwards (torch.profiler's "
+                "end waits for one on the thread that started it): it ran to the end"
             )
         window = self.layer_window
         if window is not None and window.reason is not None and window.ended_ns is None:

@@ -19,12 +19,13 @@ goes on:
   have been streamed.
 
 An end happens right after a model call returns, so no model call is cut in
-half. The torch.modules source calls ``model_ended`` after every outermost call
-(one attribute read and a counter per inference). torch.profiler can only be
-stopped by the thread that started it, so the op level's window names an owner
-thread; the layer level can end on any. Sources that can end this way say so
-with ``can_end_early``; the others (ONNX Runtime's and TensorFlow's profilers,
-the CUDA kernel paths) run to the end of the session.
+half. The torch.modules and tensorflow sources call ``Session.model_call_ended``
+after every outermost call (one attribute read and a counter per inference).
+torch.profiler can only be stopped by the thread that started it, so the op
+level's window names an owner thread (TensorFlow's profiler, and the layer
+level, can end on any). Sources that can end this way say so with
+``can_end_early`` (the op level) or have ``end_layer_level``; the others (ONNX
+Runtime's profiler, the CUDA kernel paths) run to the end of the session.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class LevelWindow:
             the end of the session).
         limit_text: the option that set ``limit``, for messages (``--op-inferences``).
         owner_thread: returns the ident of the thread that must do the ending, or
-            None while there is none yet; None (the default): any thread.
+            None where any thread may (a profiler that never started); None (the
+            default): any thread.
 
     Attributes:
         calls: model calls that ended so far.
@@ -105,8 +107,10 @@ class LevelWindow:
             self.reason = f"{self._limit_text} {self.limit}"
         if self.reason is None:
             return
-        if self._owner_thread is not None and threading.get_ident() != self._owner_thread():
-            return
+        if self._owner_thread is not None:
+            owner = self._owner_thread()
+            if owner is not None and threading.get_ident() != owner:
+                return
         with self._lock:
             if self.ended_ns is not None:
                 return

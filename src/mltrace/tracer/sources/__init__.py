@@ -26,9 +26,9 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
-    # Order matters: CuptiSource reads which sources started before it (the kernel path).
     # Order matters. cpu.library starts before torch.profiler, so the MKL warm-up it runs
-    # is not profiled; CuptiSource and TensorFlowSource read which sources started before them.
+    # is not profiled; CuptiSource (the kernel path) and TensorFlowSource read which sources
+    # started before them.
     sources: list[Source] = [
         TorchModuleSource(),
         CpuLibrarySource(),

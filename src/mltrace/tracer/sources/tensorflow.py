@@ -136,6 +136,9 @@ class TensorFlowSource:
         self._symbolic: type | None = None
         self._onednn_env: str | None = None
         self._set_onednn = False
+        self._ended_early = False  # the op level ended before the session (``end_early``)
+        self._recorded_layers = False  # any eager layer span so far
+        self._after_start: list[Callable[[], None]] = []
 
     def available(self) -> str | None:
         if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
@@ -155,6 +158,39 @@ class TensorFlowSource:
         except BaseException:
             self._remove_hooks()
             raise
+
+    # -- ending early (tracer/windows.py) -------------------------------------------------
+
+    @property
+    def profiling(self) -> bool:
+        """Whether mltrace's TensorFlow profiler is running."""
+        return self._profiling
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether the op level (the TensorFlow profiler) can end before the session does."""
+        return self._profile
+
+    def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
+        """Calls ``after`` once the profiler has started (now, if it has): the op level's memory
+        budget counts from there, not from the program's ``import tensorflow``."""
+        if self._profiling:
+            after()
+        else:
+            self._after_start.append(after)
+
+    def end_early(self) -> None:
+        """Stops the TensorFlow profiler now; ``stop()`` converts what it wrote. Its graph-mode
+        layer spans (``predict``, ``evaluate``) end with it; eager layer spans go on."""
+        self._ended_early = True
+        self._stop_profiler()
+
+    def end_layer_level(self) -> bool:
+        """Stops recording eager layer spans; outermost calls go on as model spans. A model call
+        running meanwhile keeps its layers (each model frame holds whether layers were on).
+        Returns whether it had recorded layer spans."""
+        self._record_layers = False
+        return self._recorded_layers
 
     # -- installation ----------------------------------------------------------------
 
@@ -236,6 +272,8 @@ class TensorFlowSource:
         # TensorFlow 2.21 passes explicit ProfilerOptions with the wrong type (it warns and ignores them).
         self._orig_start(logdir)
         self._profiling = True
+        while self._after_start:
+            self._after_start.pop(0)()
 
     def _stop_profiler(self) -> None:
         if self._profiling and self._orig_stop is not None:
@@ -261,7 +299,7 @@ class TensorFlowSource:
             try:
                 return orig_stop(*args, **kwargs)
             finally:
-                if source._user_profiler and source._active:
+                if source._user_profiler and source._active and not source._ended_early:
                     source._user_profiler = False
                     try:
                         source._start_profiler()
@@ -334,8 +372,9 @@ class TensorFlowSource:
         if not stack:
             return self._model_frame(layer, "__call__", args, kwargs, eager=True)
         parent = stack[-1]
-        if parent[0] is layer or not self._record_layers:
-            return [layer, None, parent[2], parent[3], False]  # re-entry (predict → model.__call__), or layers off
+        if parent[0] is layer or not stack[0][5]:
+            # Re-entry (predict → model.__call__), or a model call begun while layers were off.
+            return [layer, None, parent[2], parent[3], False, False]
         path = f"{parent[2]}/{layer.name}" if parent[2] else str(layer.name)
         attrs: dict[str, Any] = {
             "ml.framework": "tensorflow",
@@ -345,7 +384,8 @@ class TensorFlowSource:
         }
         self._class_location(layer, attrs)
         self._shapes(x, attrs, "input")
-        return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False]
+        self._recorded_layers = True
+        return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
 
     def _model_frame(self, model: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], eager: bool) -> list[Any]:
         name = str(getattr(model, "name", type(model).__name__))
@@ -365,7 +405,9 @@ class TensorFlowSource:
         if site is not None:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
         self._shapes(_first_tensor(args, kwargs), attrs, "input")
-        return [model, self._begin(name, Level.MODEL, attrs), "", name, eager]
+        # A frame: layer or model, its span (None: none), path, model name, eager, layers on
+        # (a model call records layers if they were on when it began).
+        return [model, self._begin(name, Level.MODEL, attrs), "", name, eager, self._record_layers]
 
     def _exit(self, stack: list[Any], frame: list[Any], output: Any) -> None:
         while stack:
@@ -382,6 +424,8 @@ class TensorFlowSource:
         self._end(span)
         if span.level == Level.MODEL:
             self._live.append(LiveModelSpan(span.id, span.start_ns, span.end_ns, threading.get_native_id(), frame[3], frame[4]))
+            if self._session is not None:
+                self._session.model_call_ended()
 
     def _graph_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         source = self

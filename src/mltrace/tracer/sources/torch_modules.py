@@ -703,32 +703,28 @@ class TorchModuleSource:
             return
         if self._late:  # this thread's model call from before the layer level's end has returned
             self._late.pop(threading.get_ident(), None)
-        op, layer = session.op_window, session.layer_window
-        if op is not None:
-            try:
-                op.model_ended()
-            except Exception as exc:  # never into the user's program
-                session.errors.append(f"ending the op level failed: {exc}")
-        if layer is not None:
-            try:
-                layer.model_ended()
-            except Exception as exc:
-                session.errors.append(f"ending the layer level failed: {exc}")
+        session.model_call_ended()
 
-    def end_layer_level(self) -> None:
+    def end_layer_level(self) -> bool:
         """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).
 
         Puts the model level's wrapper in place of the layer level's. Model calls
         running on other threads meanwhile finish with all their layer spans: the new
         wrapper hands their nested calls to the layer level's wrapper until they return.
 
+        Returns:
+            Whether it had recorded layer spans (a program that never calls a torch model
+            has none).
+
         Raises:
             RuntimeError: where ours cannot be taken out (someone else has wrapped
                 ``Module.__call__`` since, or the global hooks of
                 ``MLTRACE_TORCH_HOOKS=global`` are in use); the layer level goes on.
         """
-        if self._handles or self._wrapped is None:
+        if self._handles:
             raise RuntimeError("the layer level records through global forward hooks here, which do not end early")
+        if self._wrapped is None:
+            return False
         module_cls, original, ours = self._wrapped
         if module_cls.__call__ is not ours:
             raise RuntimeError("nn.Module.__call__ was re-wrapped by someone else; the layer level goes on")
@@ -737,6 +733,7 @@ class TorchModuleSource:
             if head and ident != threading.get_ident():
                 self._late[ident] = head[0]
         self._wrap_call(module_cls, original, layer_call=ours)
+        return bool(self._static or self._frames)  # modules described by the drain, or frames waiting for it
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
