@@ -440,3 +440,33 @@ def test_model_calls_in_flight_on_other_threads_keep_all_their_layers(
     assert models[0].start_ns < end < models[0].end_ns and models[2].start_ns > end
     b = breakdown(run)
     assert b.layer_model_calls == 2 and b.layer_model_ns == models[0].duration_ns + models[1].duration_ns
+
+
+def test_a_layer_level_that_fails_to_end_goes_on_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Someone else wrapped ``Module.__call__`` over mltrace's: the layer level cannot end, says so,
+    and records on in every call; run.json then has no end for the analysis to count."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 4)
+    with mltrace.profile(level="layer", output=tmp_path / "run", summary=False, flush_interval_s=60):
+        session = active_session()
+        assert session is not None and session.layer_window is not None
+        ours = torch.nn.Module.__call__
+
+        def theirs(module: torch.nn.Module, *args: object, **kwargs: object) -> object:
+            return ours(module, *args, **kwargs)
+
+        torch.nn.Module.__call__ = theirs  # type: ignore[method-assign]
+        try:
+            session.layer_window.request("a test")
+            model(x)
+            model(x)
+        finally:
+            torch.nn.Module.__call__ = ours  # type: ignore[method-assign]
+    assert "failed to end the layer level: nn.Module.__call__ was re-wrapped" in capsys.readouterr().err
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["layer_window"]["reason"] == "a test" and "ended_ns" not in run.meta["layer_window"]
+    assert any("ending the layer level failed" in e for e in run.meta["errors"])
+    assert _models_and_layers(run)[1] == [2, 2]
+    assert breakdown(run).layer_model_calls is None

@@ -381,15 +381,11 @@ class Session:
                 notice.cancel()
         took = time.perf_counter() - t0
         self._memory_watch = None
-        self.meta.setdefault("op_window", {}).update(
-            {
-                "ended_after_model_calls": window.calls,
-                "ended_ns": window.ended_ns,
-                "reason": window.reason,
-                "sources": ended,
-                "pause_s": round(took, 3),
-            }
-        )
+        entry = self.meta.setdefault("op_window", {})
+        entry["reason"] = window.reason
+        if not ended:  # no profiler was recording, or none could stop: no end for the analysis to count
+            return
+        entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended, "pause_s": round(took, 3)})
         levels = "the op and library levels" if "cpu.library" in ended else "the op level"
         graph = " (TensorFlow's graph-mode layer spans come from its profiler and ended with it)" if "tensorflow" in ended else ""
         self.note_limitation(
@@ -423,11 +419,11 @@ class Session:
         # After the swap: every model call that began before this time has its layer spans
         # (those in flight finish theirs), and none that began after it has any.
         window.ended_ns = now_ns()
-        self.meta.setdefault("layer_window", {}).update(
-            {"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "reason": window.reason, "sources": ended}
-        )
-        if not ended:
+        entry = self.meta.setdefault("layer_window", {})
+        entry["reason"] = window.reason
+        if not ended:  # nothing recorded layers, or they could not end: no end for the analysis to count
             return
+        entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended})
         ops = self.meta.get("levels", {}).get(Level.OP.label, {}).get("recorded", False)
         ops_go_on = ops and (self.op_window is None or self.op_window.reason is None)
         tail = "; their op spans lie directly in their model spans" if ops_go_on else ""
