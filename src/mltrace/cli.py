@@ -54,8 +54,8 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--max-spans",
         metavar="N",
         dest="max_spans",
-        help="end the layer level once N spans are streamed; model spans go on (0: no limit; "
-        "default: what 10%% of available memory can finish, at most 2 million)",
+        help="end the layer level once N spans are streamed (model spans go on) and record nothing more "
+        "at 2N (0: no limit; default: what 10%% of available memory can finish, at most 2 million)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")

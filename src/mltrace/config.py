@@ -40,7 +40,8 @@ class ProfileOptions:
             session starts, at least 1 GiB.
         max_spans: once this many spans have been streamed, the layer level ends
             (and the op level with it) after the current model call; model
-            spans go on (environment: ``MLTRACE_MAX_SPANS``). 0: no limit. None:
+            spans go on until twice as many, when the trace is full and nothing
+            more is recorded (environment: ``MLTRACE_MAX_SPANS``). 0: no limit. None:
             what the end of the run can load in 10 % of the memory available
             when the session starts, between 100,000 and 2 million.
         stream_perfetto: also stream trace.pftrace while the program runs. Off by

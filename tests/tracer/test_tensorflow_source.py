@@ -223,12 +223,12 @@ def test_the_op_level_ends_after_op_inferences(tmp_path: Path, mobilenet: Any) -
 def test_the_layer_level_ends_at_the_span_limit(tmp_path: Path, mobilenet: Any) -> None:
     """--max-spans: the layer level (and the op level) ends when the model call after the flush
     that found the limit returns; later calls are model spans only."""
-    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=20, flush_interval_s=60)
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=100, flush_interval_s=60)
     session = Session(opts, sources=[TensorFlowSource()]).start()
     try:
         assert session.layer_window is not None
         mobilenet(IMAGES, training=False)
-        session.flush()  # more than 20 layer spans: the limit is reached
+        session.flush()  # over 100 layer spans (under 200, when the trace would be full): the limit is reached
         mobilenet(IMAGES, training=False)  # its return ends the layer and op levels
         mobilenet(IMAGES, training=False)
         mobilenet.predict(IMAGES, verbose=0)

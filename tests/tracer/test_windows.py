@@ -255,7 +255,7 @@ def test_the_layer_level_ends_at_the_model_call_after_the_span_limit(
     assert "the layer level ended after 2 model calls (60 spans streamed, --max-spans); model spans go on" in capsys.readouterr().err
     run = mltrace.load_run(tmp_path / "run")
     window = run.meta["layer_window"]
-    assert window["max_spans"] == 60 and window["ended_after_model_calls"] == 2
+    assert run.meta["max_spans"] == 60 and window["ended_after_model_calls"] == 2
     assert window["sources"] == ["torch.modules"]
     assert any("the layer level ended after 2 model calls" in x for x in run.meta["limitations"])
     models, layers = _models_and_layers(run)
@@ -302,47 +302,93 @@ class _Layers:
 
     def __init__(self, spans: int) -> None:
         self.spans = spans
+        self.recorded = 0
 
     def available(self) -> str | None:
         return None
 
     def start(self, session: Session) -> None:
-        for i in range(self.spans):
-            session.recorder.end(session.recorder.begin(f"layer{i}", Level.LAYER))
+        self.record(session, self.spans)
+
+    def record(self, session: Session, n: int) -> None:
+        for _ in range(n):
+            session.recorder.end(session.recorder.begin(f"layer{self.recorded}", Level.LAYER))
+            self.recorded += 1
 
     def stop(self) -> list[Event]:
         return []
 
 
-def test_a_layer_level_that_cannot_end_warns_once_past_the_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, max_spans=3)
-    session = Session(opts, sources=[_Layers(5)]).start()
+def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, max_spans=4)
+    source = _Layers(5)
+    session = Session(opts, sources=[source]).start()
     try:
         assert session.layer_window is None
         session.flush()
         session.flush()
+        assert not session.full
+        source.record(session, 3)
+        session.flush()  # 8 spans: full
+        assert session.full
+        with mltrace.span("after"):  # a no-op now
+            pass
     finally:
         run_dir = session.stop()
-    err = [line for line in capsys.readouterr().err.splitlines() if "--max-spans" in line]
-    assert len(err) == 2  # the limit has no effect (said at the start), and it was passed (once)
-    assert "has no effect here: only PyTorch's and Keras's layer levels can end" in err[0]
-    assert "5 spans streamed (--max-spans 3) and the layer level cannot end early here" in err[1]
+    err = [line for line in capsys.readouterr().err.splitlines() if "spans streamed" in line]
+    assert err == [
+        "mltrace: warning: 5 spans streamed (--max-spans 4) and the layer level cannot end early here: the end of the "
+        "run loads every span (≈ 0.0 GiB so far); the trace is full at 8",
+        "mltrace: warning: the trace is full (8 spans streamed, twice --max-spans): mltrace records nothing more, the "
+        "program goes on",
+    ]
     meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["layer_window"] == {"max_spans": 3}
-    assert sum("--max-spans" in x for x in meta["limitations"]) == 2
+    assert meta["max_spans"] == 4 and "layer_window" not in meta and meta["trace_full"]["spans"] == 8
+    assert sum("--max-spans" in x for x in meta["limitations"]) == 3  # said at the start, at the limit, when full
+    assert [s.name for s in mltrace.load_run(run_dir).spans] == [f"layer{i}" for i in range(8)]
 
 
-def test_no_limit_and_no_layer_level(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_limit_and_a_model_level_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     opts = ProfileOptions.build(output=tmp_path / "a", summary=False, flush_interval_s=60, max_spans=0)
-    session = Session(opts, sources=[_Layers(5)]).start()
+    source = _Layers(5)
+    session = Session(opts, sources=[source]).start()
     try:
+        source.record(session, 20)
         session.flush()
+        assert not session.full
     finally:
         session.stop()
     assert "--max-spans" not in capsys.readouterr().err
     opts = ProfileOptions.build(output=tmp_path / "b", summary=False, level=Level.MODEL, max_spans=10)
-    Session(opts, sources=[_Layers(5)]).start().stop()
-    assert "mltrace: warning: --max-spans 10 has no effect: the layer level is not recorded" in capsys.readouterr().err
+    meta = json.loads((Session(opts, sources=[_Layers(5)]).start().stop() / "run.json").read_text())
+    assert meta["max_spans"] == 10 and "layer_window" not in meta and not meta["limitations"]
+    assert "--max-spans" not in capsys.readouterr().err  # (the fake source gives no model level: that is said)
+
+
+def test_model_spans_alone_fill_the_trace_at_twice_the_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--level model in a long run: at 2 × --max-spans streamed spans mltrace puts torch's own
+    Module.__call__ back and records nothing more; the program's results are unchanged."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 4)
+    expected = model(x)
+    original = torch.nn.Module.__call__
+    with mltrace.profile(level="model", output=tmp_path / "run", summary=False, max_spans=3, flush_interval_s=60):
+        session = active_session()
+        assert session is not None and session.layer_window is None
+        for _ in range(6):
+            model(x)
+        session.flush()
+        assert session.full and torch.nn.Module.__call__ is original
+        with mltrace.span("after the trace filled"):
+            assert torch.equal(model(x), expected)
+    assert "the trace is full (6 spans streamed, twice --max-spans)" in capsys.readouterr().err
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.level for s in run.spans] == [Level.MODEL] * 6
+    assert run.meta["trace_full"]["spans"] == 6 and not run.meta["limitations"][1:]
 
 
 def test_live_layer_spans_end_and_model_spans_go_on(tmp_path: Path) -> None:
@@ -350,14 +396,15 @@ def test_live_layer_spans_end_and_model_spans_go_on(tmp_path: Path) -> None:
     script = SCRIPTS / "repeated_inference.py"
     plain = run_plain(script, "40")
     traced = run_cli(
-        "python", "--level", "layer", "--max-spans", "100", "--flush-interval", "0.01", "-o", str(tmp_path / "run"), str(script), "40"
+        "python", "--level", "layer", "--max-spans", "1000", "--flush-interval", "0.01", "-o", str(tmp_path / "run"), str(script), "40"
     )
     assert traced.returncode == 0, traced.stderr.decode()
     assert traced.stdout == plain.stdout
     run = mltrace.load_run(tmp_path / "run")
     window = run.meta["layer_window"]
     k = window["ended_after_model_calls"]
-    assert 2 <= k < 40, window  # more than 100 spans take two calls; the flusher runs every 10 ms
+    # 1000 spans take 13 calls (78 spans each) and twice that 26: the flusher, every 10 ms, checks in between
+    assert 13 <= k < 40, window
     assert f"the layer level ended after {k} model calls" in traced.stderr.decode()
     models, layers = _models_and_layers(run)
     assert len(models) == 40

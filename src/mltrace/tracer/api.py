@@ -1,8 +1,9 @@
 """The user API: ``trace`` (decorator), ``span`` (context manager), ``profile``.
 
-Outside a session ``span`` returns a shared no-op object and a ``trace``d
-function calls straight through after one global check, so instrumented code
-costs well under a microsecond when nobody is profiling.
+Outside a session (or once its trace is full, ``Session.full``) ``span`` returns
+a shared no-op object and a ``trace``d function calls straight through after one
+global check, so instrumented code costs well under a microsecond when nobody is
+profiling.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
         A context manager; a no-op when no session is running.
     """
     session = _session_mod._active
-    if session is None:
+    if session is None or session.full:
         return _NO_SPAN
     lv = Level.parse(level) if isinstance(level, str) else level
     return _LiveSpan(session, name, lv, attrs)
@@ -133,7 +134,7 @@ def trace(
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
                 session = _session_mod._active
-                if session is None:
+                if session is None or session.full:
                     return await fn(*args, **kwargs)
                 with _LiveSpan(session, span_name, lv, dict(code_attrs)):
                     return await fn(*args, **kwargs)
@@ -143,7 +144,7 @@ def trace(
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             session = _session_mod._active
-            if session is None:
+            if session is None or session.full:
                 return fn(*args, **kwargs)
             with _LiveSpan(session, span_name, lv, dict(code_attrs)):
                 return fn(*args, **kwargs)

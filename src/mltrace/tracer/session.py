@@ -142,7 +142,9 @@ class Session:
         meta: run metadata being built (written to run.json).
         op_window: when the op level ends (None where no source of it can end early).
         layer_window: when the layer level ends (None where it cannot end early).
-        span_limit: spans streamed before the layer level ends (0: no limit).
+        span_limit: spans streamed before the layer level ends; at twice as many the
+            trace is full (0: no limit).
+        full: the trace is full: nothing more is recorded (``fill``).
     """
 
     def __init__(self, options: ProfileOptions | None = None, sources: list[Source] | None = None) -> None:
@@ -170,6 +172,7 @@ class Session:
         self.layer_window: LevelWindow | None = None
         self.span_limit = 0
         self._span_limit_reached = False
+        self.full = False
 
     # -- lifecycle -------------------------------------------------------
 
@@ -246,10 +249,7 @@ class Session:
             self._watch_op_level(op_level["sources"])
         elif opts.op_inferences is not None:
             self._no_effect(f"--op-inferences {opts.op_inferences} has no effect: the op level is not recorded")
-        if level_status[Level.LAYER.label]["recorded"]:  # the end of the run loads every span it streamed
-            self._watch_span_count()
-        elif opts.max_spans:
-            self._no_effect(f"--max-spans {opts.max_spans} has no effect: the layer level is not recorded")
+        self._watch_span_count(level_status[Level.LAYER.label]["recorded"])  # the end of a run loads every span
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
@@ -304,23 +304,25 @@ class Session:
 
         self.op_window = LevelWindow(self.end_op_level, self.options.op_inferences, "--op-inferences", owner_thread)
 
-    def _watch_span_count(self) -> None:
-        """Sets up the layer level's end once ``--max-spans`` spans have been streamed
-        (``flush``), where its source can end early; elsewhere the limit only warns."""
+    def _watch_span_count(self, layers: bool) -> None:
+        """Sets up the span limit (``flush`` checks it): at ``--max-spans`` spans streamed the
+        layer level ends, where its source can end early (elsewhere mltrace warns); at twice
+        that the trace is full (``fill``)."""
         given = self.options.max_spans
         if given is None:
             info = read_meminfo()
             self.span_limit = default_span_limit(info[0] if info else None)
         else:
             self.span_limit = given
-        self.meta["layer_window"] = {"max_spans": self.span_limit}
-        if not self.span_limit:
+        self.meta["max_spans"] = self.span_limit
+        if not self.span_limit or not layers:
             return
         if any(callable(getattr(s, "end_layer_level", None)) for s in self.started):
             self.layer_window = LevelWindow(self.end_layer_level)
         elif given:
-            self._no_effect(
-                f"--max-spans {given} has no effect here: only PyTorch's and Keras's layer levels can end before the run does"
+            self.note_limitation(
+                f"--max-spans {given:,}: only PyTorch's and Keras's layer levels can end before the run does; "
+                f"this one goes on until the trace is full ({2 * given:,} spans)"
             )
 
     def _no_effect(self, text: str) -> None:
@@ -438,11 +440,16 @@ class Session:
             )
 
     def _check_span_count(self) -> None:
-        """Once the streamed spans reach the limit: asks the layer and op levels to end, or,
-        where they cannot, says once what the end of the run will need."""
+        """At the span limit: asks the layer and op levels to end (where the layer level cannot,
+        says what the end of the run will need); at twice the limit, fills the trace."""
         limit = self.span_limit
         streamed = self.recorder.spans_drained
-        if not limit or self._span_limit_reached or streamed < limit:
+        if not limit or self.full or streamed < limit:
+            return
+        if streamed >= 2 * limit:
+            self.fill(streamed)
+            return
+        if self._span_limit_reached:
             return
         self._span_limit_reached = True
         reason = f"{limit:,} spans streamed, --max-spans"
@@ -451,10 +458,35 @@ class Session:
             if self.op_window is not None:
                 self.op_window.request(reason)
             return
+        if not self.levels & {Level.LAYER}:
+            return  # model and user spans only: the trace fills at twice the limit
         need = streamed * FINALIZE_BYTES_PER_SPAN / (1 << 30)
         message = (
             f"{streamed:,} spans streamed (--max-spans {limit:,}) and the layer level cannot end early here: "
-            f"the end of the run loads every span (≈ {need:.1f} GiB so far)"
+            f"the end of the run loads every span (≈ {need:.1f} GiB so far); the trace is full at {2 * limit:,}"
+        )
+        warn(message)
+        self.note_limitation(message)
+
+    def fill(self, streamed: int) -> None:
+        """The trace is full: mltrace records nothing more (the model level's wrappers come out,
+        user spans are no-ops, the profilers that can end early end) and the program goes on.
+        This bounds what the end of the run loads when model or user spans alone keep coming,
+        past twice ``--max-spans``."""
+        self.full = True
+        for source in self.started:
+            end = getattr(source, "end_recording", None)
+            if end is None:
+                continue
+            try:
+                end()
+            except Exception as exc:
+                self.errors.append(f"{source.name}: ending the recording failed: {exc}")
+                warn(f"source {source.name} failed to stop recording: {exc}")
+        self.meta["trace_full"] = {"spans": streamed, "at_ns": now_ns()}
+        message = (
+            f"the trace is full ({streamed:,} spans streamed, twice --max-spans): mltrace records nothing more, "
+            "the program goes on"
         )
         warn(message)
         self.note_limitation(message)

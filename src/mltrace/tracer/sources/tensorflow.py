@@ -192,6 +192,12 @@ class TensorFlowSource:
         self._record_layers = False
         return self._recorded_layers
 
+    def end_recording(self) -> None:
+        """The trace is full (``Session.full``): no more model or layer spans, and the profiler
+        ends; the wrappers stay until ``stop()`` and call straight through."""
+        self._active = False
+        self.end_early()
+
     # -- installation ----------------------------------------------------------------
 
     def _install_tf(self, tf: Any) -> None:

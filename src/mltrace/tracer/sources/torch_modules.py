@@ -330,6 +330,17 @@ class TorchModuleSource:
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
 
+    def end_recording(self) -> None:
+        """The trace is full (``Session.full``): puts torch's own ``Module.__call__`` back, so
+        that later model calls are not recorded. Calls running meanwhile finish theirs."""
+        if self._wrapped is None:
+            return
+        module_cls, original, ours = self._wrapped
+        if module_cls.__call__ is not ours:
+            raise RuntimeError("nn.Module.__call__ was re-wrapped by someone else; model calls go on being recorded")
+        module_cls.__call__ = original
+        self._wrapped = None
+
     def stop(self) -> list[Event]:
         try:
             truncated = self._truncate_open_frames()
