@@ -196,6 +196,61 @@ def test_profiling_enabled_by_the_program(tmp_path: Path, exported: dict[str, An
     check_hierarchy(run)
 
 
+def _per_run(run: Run) -> list[tuple[int, int]]:
+    """(node spans, kernel spans) under each model span, in time order."""
+    by_id = run.span_by_id()
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    counts = {m.id: [0, 0] for m in models}
+    for s in run.spans:
+        if s.level in (Level.LAYER, Level.OP):
+            root = s
+            while root.parent_id is not None:
+                root = by_id[root.parent_id]
+            counts[root.id][0 if s.level == Level.LAYER else 1] += 1
+    return [(counts[m.id][0], counts[m.id][1]) for m in models]
+
+
+def test_profiling_ends_after_op_inferences(tmp_path: Path, exported: dict[str, Any]) -> None:
+    """--op-inferences 2: every live session ends its profiling when the second run returns, and a
+    session made afterwards is not profiled; model spans go on. The program's results are unchanged."""
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, op_inferences=2)
+    session = Session(opts, sources=[OrtSource()]).start()
+    outputs = []
+    try:
+        sess = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            outputs.append(sess.run(None, {"x": IMAGE})[0])
+        later = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])
+        outputs.append(later.run(None, {"x": IMAGE})[0])
+        assert later.get_session_options().enable_profiling is False
+        assert sess.end_profiling() == ""  # as in a plain run
+    finally:
+        session.stop()
+    assert all(np.array_equal(o, outputs[0]) for o in outputs)
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["op_window"]["ended_after_model_calls"] == 2 and run.meta["op_window"]["sources"] == ["onnxruntime"]
+    per_run = _per_run(run)
+    assert len(per_run) == 4 and all(n > 0 and k > 0 for n, k in per_run[:2]) and per_run[2:] == [(0, 0), (0, 0)]
+    assert any("ONNX Runtime's layer spans come from the profiler" in x for x in run.meta["limitations"])
+    check_hierarchy(run)
+
+
+def test_a_full_trace_stops_recording_runs(tmp_path: Path, exported: dict[str, Any]) -> None:
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, level=Level.MODEL, max_spans=1, flush_interval_s=60)
+    session = Session(opts, sources=[OrtSource()]).start()
+    try:
+        sess = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])
+        sess.run(None, {"x": IMAGE})
+        sess.run(None, {"x": IMAGE})
+        session.flush()  # two model spans: twice the limit
+        assert session.full
+        sess.run(None, {"x": IMAGE})
+    finally:
+        session.stop()
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.level for s in run.spans] == [Level.MODEL, Level.MODEL] and run.meta["trace_full"]["spans"] == 2
+
+
 def test_iobinding_runs_are_model_spans(tmp_path: Path, exported: dict[str, Any]) -> None:
     def body() -> None:
         sess = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])

@@ -278,7 +278,7 @@ class Session:
             if self.options.op_inferences is not None:
                 self._no_effect(
                     f"--op-inferences {self.options.op_inferences} has no effect: only torch.profiler's (without "
-                    "CUDA kernels) and TensorFlow's op levels can end before the run does"
+                    "CUDA kernels), TensorFlow's and ONNX Runtime's op levels can end before the run does"
                 )
             return
         info = read_meminfo()
@@ -389,7 +389,8 @@ class Session:
             return
         entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended, "pause_s": round(took, 3)})
         levels = "the op and library levels" if "cpu.library" in ended else "the op level"
-        graph = " (TensorFlow's graph-mode layer spans come from its profiler and ended with it)" if "tensorflow" in ended else ""
+        from_profiler = [x for x, name in (("TensorFlow's graph-mode", "tensorflow"), ("ONNX Runtime's", "onnxruntime")) if name in ended]
+        graph = f" ({' and '.join(from_profiler)} layer spans come from the profiler and ended with it)" if from_profiler else ""
         self.note_limitation(
             f"{levels} ended after {_calls(window.calls)} ({window.reason}); later model calls have model and "
             f"layer spans only{graph}"
@@ -453,10 +454,10 @@ class Session:
             return
         self._span_limit_reached = True
         reason = f"{limit:,} spans streamed, --max-spans"
+        if self.op_window is not None:
+            self.op_window.request(reason)
         if self.layer_window is not None:
             self.layer_window.request(reason)
-            if self.op_window is not None:
-                self.op_window.request(reason)
             return
         if not self.levels & {Level.LAYER}:
             return  # model and user spans only: the trace fills at twice the limit

@@ -19,13 +19,13 @@ goes on:
   have been streamed.
 
 An end happens right after a model call returns, so no model call is cut in
-half. The torch.modules and tensorflow sources call ``Session.model_call_ended``
-after every outermost call (one attribute read and a counter per inference).
-torch.profiler can only be stopped by the thread that started it, so the op
-level's window names an owner thread (TensorFlow's profiler, and the layer
-level, can end on any). Sources that can end this way say so with
-``can_end_early`` (the op level) or have ``end_layer_level``; the others (ONNX
-Runtime's profiler, the CUDA kernel paths) run to the end of the session.
+half. The framework sources (torch.modules, tensorflow, onnxruntime) call
+``Session.model_call_ended`` after every outermost call (one attribute read and
+a counter per inference). torch.profiler can only be stopped by the thread that
+started it, so the op level's window names an owner thread (the other
+profilers, and the layer level, can end on any). Sources that can end this way
+say so with ``can_end_early`` (the op level) or have ``end_layer_level``; the
+others (the CUDA kernel paths) run to the end of the session.
 """
 
 from __future__ import annotations

@@ -142,6 +142,8 @@ class OrtSource:
         self._thread_names: dict[int, str] = {}
         self._active = False
         self._problems: list[str] = []
+        self._ended_early = False  # profiling ended before the session (``end_early``)
+        self._after_start: list[Callable[[], None]] = []
 
     def available(self) -> str | None:
         if importlib.util.find_spec("onnxruntime") is None:
@@ -155,6 +157,48 @@ class OrtSource:
         self._end = session.recorder.end
         self._active = True
         self._hook = PostImportHook("onnxruntime", self._install)
+
+    # -- ending early (tracer/windows.py) -------------------------------------------------
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether the op and layer levels (ORT's profiler) can end before the session does."""
+        return self._profile
+
+    @property
+    def profiling(self) -> bool:
+        """Whether a session is being profiled by mltrace now."""
+        return not self._ended_early and any(info.prefix is not None for info in self._all)
+
+    def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
+        """Calls ``after`` once the first session mltrace profiles exists (now, if one does): the
+        op level's memory budget counts from there, not from the program's imports."""
+        if self.profiling:
+            after()
+        else:
+            self._after_start.append(after)
+
+    def end_early(self) -> None:
+        """Ends the profiling mltrace turned on, in every live session, keeping the files for
+        ``stop()``; sessions created later are not profiled. Node and kernel spans come from
+        that profile, so the layer and op levels end together."""
+        self._ended_early = True
+        for info in list(self._all):
+            sess = info.ref() if info.ref is not None else None
+            if info.prefix is None or sess is None:
+                continue
+            try:
+                path = sess._sess.end_profiling()  # the C session: the program's end_profiling is not called
+            except Exception as exc:
+                self._warn(f"end_profiling failed for session {info.index}: {exc}")
+                continue
+            if path:
+                info.profiles.append(str(path))
+
+    def end_recording(self) -> None:
+        """The trace is full (``Session.fill``): no more model spans; profiling ends."""
+        self._active = False
+        self.end_early()
 
     # -- patching ------------------------------------------------------------
 
@@ -209,7 +253,7 @@ class OrtSource:
         try:
             index = next(self._indices)  # atomic: concurrent constructors get distinct profile prefixes
             info = _OrtSession(index, "onnxruntime", {})
-            if self._profile:
+            if self._profile and not self._ended_early:
                 if options is None:
                     import onnxruntime
 
@@ -243,6 +287,8 @@ class OrtSource:
                 self._register(sess, info, path_or_bytes)
             except Exception as exc:
                 self._warn(f"could not inspect an InferenceSession: {exc}")
+            while info.prefix is not None and self._after_start:
+                self._after_start.pop(0)()
 
     def _register(self, sess: Any, info: _OrtSession, path_or_bytes: Any) -> None:
         path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
@@ -324,6 +370,8 @@ class OrtSource:
                 if span is not None and info is not None:
                     source._end(span)
                     info.runs.append(LiveRun(span.id, span.start_ns, span.end_ns, threading.get_native_id()))
+                    if source._session is not None:
+                        source._session.model_call_ended()
 
         run.__wrapped__ = orig  # type: ignore[attr-defined]
         run.__name__ = orig.__name__
@@ -405,7 +453,7 @@ class OrtSource:
             files = list(info.profiles)
             if info.prefix is not None:
                 sess = info.ref() if info.ref is not None else None
-                if sess is not None:
+                if sess is not None and not self._ended_early:
                     try:
                         path = sess._sess.end_profiling()  # the C session: our wrapper is already off
                         if path:
