@@ -390,11 +390,13 @@ class Session:
         entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended, "pause_s": round(took, 3)})
         levels = "the op and library levels" if "cpu.library" in ended else "the op level"
         from_profiler = [x for x, name in (("TensorFlow's graph-mode", "tensorflow"), ("ONNX Runtime's", "onnxruntime")) if name in ended]
-        graph = f" ({' and '.join(from_profiler)} layer spans come from the profiler and ended with it)" if from_profiler else ""
-        self.note_limitation(
-            f"{levels} ended after {_calls(window.calls)} ({window.reason}); later model calls have model and "
-            f"layer spans only{graph}"
-        )
+        later = "model and layer spans only"
+        if from_profiler:
+            later = (
+                f"model spans, and layer spans where they are recorded live ({' and '.join(from_profiler)} layer "
+                "spans come from the profiler and ended with it)"
+            )
+        self.note_limitation(f"{levels} ended after {_calls(window.calls)} ({window.reason}); later model calls have {later}")
         if self.options.summary:
             _say(
                 f"{levels} ended after {_calls(window.calls)} ({window.reason}; "
