@@ -195,6 +195,10 @@ def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -
     analysis = analyze(run)
     assert analysis.findings.framework_base_ns == sum(m.end_ns - m.start_ns for m in models[:3])
     assert any("ops were recorded in 3 of 6 model calls" in n for n in analysis.findings.notes)
+    # Op and library shares are of those calls; layer shares of all six (both analyses agree).
+    for b in (analysis.breakdown, breakdown(run)):
+        assert b.base_ns(Level.OP) == b.base_ns(Level.LIBRARY) == sum(m.duration_ns for m in models[:3])
+        assert b.calls_for(Level.OP) == 3 and b.calls_for(Level.LAYER) == 6 and b.base_ns(Level.LAYER) == b.model_ns
     # A convolution's work basis is its ops', as in the calls that had them.
     convs = [r for r in analysis.layers if r.stat.type == "Conv2d"]
     assert convs and {r.work_source for r in convs} == {"ops"}
