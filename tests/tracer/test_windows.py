@@ -269,9 +269,14 @@ def test_the_layer_level_ends_at_the_model_call_after_the_span_limit(
     by_id = run.span_by_id()
     two = sum(by_id[m].duration_ns for m in models[:2])
     analysis = analyze(run)
+    # The model row's self time is its time outside layers in those two calls only.
+    top_layers = [s for s in run.spans if s.level == Level.LAYER and by_id[s.parent_id].level == Level.MODEL]
+    model_self = two - sum(s.duration_ns for s in top_layers)
     for b in (analysis.breakdown, breakdown(run)):
         assert b.model_calls == 5 and b.layer_model_calls == 2 and b.layer_model_ns == two
         assert b.base_ns(Level.LAYER) == two and b.base_ns(Level.MODEL) == b.model_ns > two
+        (model_row,) = [x for x in b.layers if x.level == Level.MODEL]
+        assert model_row.calls == 5 and model_row.total_ns == b.model_ns and model_row.self_ns == model_self
     assert any("layers were recorded in 2 of 5 model calls" in n for n in analysis.findings.notes)
     assert run.meta["summary"]["layer_model_time_ns"] == two
 

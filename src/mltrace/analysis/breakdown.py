@@ -41,7 +41,8 @@ class LayerStat:
         type: the layer type ("Conv2d").
         calls: number of calls.
         total_ns: sum of call durations (ns).
-        self_ns: sum of self times (ns).
+        self_ns: sum of self times (ns); where the layer level ended early, a model row sums
+            only the calls that have layer spans.
         file, line: source location of the layer's class.
         ops: op name → (calls, total ns) of ops nested directly in this layer.
     """
@@ -234,7 +235,8 @@ def breakdown(run: Run) -> Breakdown:
         self_ns = max(0, s.duration_ns - child_structural.get(s.id, 0))
         st.calls += 1
         st.total_ns += s.duration_ns
-        st.self_ns += self_ns
+        if s.level != Level.MODEL or layer_end is None or s.start_ns <= layer_end:
+            st.self_ns += self_ns  # a model call without layer spans has no known self time
         for op in ops_in.get(s.id, ()):
             agg = st.ops.setdefault(op.name, [0, 0])
             agg[0] += 1

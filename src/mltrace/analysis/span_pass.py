@@ -546,7 +546,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     r_layercalls_ns = _sum_by(crow[with_layers], cdur[with_layers].astype(np.float64), nrow)
     rc = _count_by(crow, nrow)
     r_total = _sum_by(crow, cdur.astype(np.float64), nrow)
-    r_self = _sum_by(crow, self_ns.astype(np.float64), nrow)
+    # A model call that began after the layer level ended has no layer children: its self
+    # time is unknown, not its whole duration, so model rows sum the calls with layers.
+    known_self = with_layers | (lv[call_rows] != MODEL)
+    r_self = _sum_by(crow[known_self], self_ns[known_self].astype(np.float64), nrow)
     r_flops = np.bincount(crow, weights=flops, minlength=nrow) if ncall else np.zeros(nrow)
     r_bytes = np.bincount(crow, weights=moved, minlength=nrow) if ncall else np.zeros(nrow)
     r_opns = _sum_by(crow, op_ns.astype(np.float64), nrow)
