@@ -235,6 +235,28 @@ def test_profiling_ends_after_op_inferences(tmp_path: Path, exported: dict[str, 
     check_hierarchy(run)
 
 
+def test_the_span_limit_ends_profiling_without_a_warning(
+    tmp_path: Path, exported: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ONNX Runtime's node spans come from its profiler: at --max-spans it ends as the op level
+    does, so no 'cannot end' warning; the run after the limit is the last with nodes."""
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=2, flush_interval_s=60)
+    session = Session(opts, sources=[OrtSource()]).start()
+    try:
+        sess = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])
+        sess.run(None, {"x": IMAGE})
+        sess.run(None, {"x": IMAGE})
+        session.flush()  # two model spans streamed: the limit
+        sess.run(None, {"x": IMAGE})  # its return ends profiling
+        sess.run(None, {"x": IMAGE})
+    finally:
+        session.stop()
+    assert "cannot end" not in capsys.readouterr().err
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["op_window"]["reason"] == "2 spans streamed, --max-spans"
+    assert [n > 0 for n, _ in _per_run(run)] == [True, True, True, False]
+
+
 def test_a_full_trace_stops_recording_runs(tmp_path: Path, exported: dict[str, Any]) -> None:
     opts = ProfileOptions.build(output=tmp_path / "run", summary=False, level=Level.MODEL, max_spans=1, flush_interval_s=60)
     session = Session(opts, sources=[OrtSource()]).start()

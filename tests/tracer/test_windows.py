@@ -348,8 +348,8 @@ def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(
         run_dir = session.stop()
     err = [line for line in capsys.readouterr().err.splitlines() if "spans streamed" in line]
     assert err == [
-        "mltrace: warning: 5 spans streamed (--max-spans 4) and the layer level cannot end early here: the end of the "
-        "run loads every span (≈ 0.0 GiB so far); the trace is full at 8",
+        "mltrace: warning: 5 spans streamed (--max-spans 4) and the layer level of plain.layers cannot end early: the "
+        "end of the run loads every span (≈ 0.0 GiB so far); the trace is full at 8",
         "mltrace: warning: the trace is full (8 spans streamed, twice --max-spans): mltrace records nothing more, the "
         "program goes on",
     ]

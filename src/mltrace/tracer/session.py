@@ -172,6 +172,7 @@ class Session:
         self.layer_window: LevelWindow | None = None
         self.span_limit = 0
         self._span_limit_reached = False
+        self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
 
     # -- lifecycle -------------------------------------------------------
@@ -317,12 +318,16 @@ class Session:
         self.meta["max_spans"] = self.span_limit
         if not self.span_limit or not layers:
             return
-        if any(callable(getattr(s, "end_layer_level", None)) for s in self.started):
+        recording = [s for s in self.started if Level.LAYER in s.levels]
+        live = [s for s in recording if callable(getattr(s, "end_layer_level", None))]
+        if live:
             self.layer_window = LevelWindow(self.end_layer_level)
-        elif given:
+        # Layers from a profiler (ONNX Runtime's nodes) end with the op level's window.
+        self._endless_layers = [s.name for s in recording if s not in live and not can_end_early(s)]
+        if given and self._endless_layers:
             self.note_limitation(
-                f"--max-spans {given:,}: only PyTorch's and Keras's layer levels can end before the run does; "
-                f"this one goes on until the trace is full ({2 * given:,} spans)"
+                f"--max-spans {given:,}: the layer level of {', '.join(self._endless_layers)} cannot end before the run "
+                f"does; it goes on until the trace is full ({2 * given:,} spans)"
             )
 
     def _no_effect(self, text: str) -> None:
@@ -460,12 +465,12 @@ class Session:
             self.op_window.request(reason)
         if self.layer_window is not None:
             self.layer_window.request(reason)
-            return
-        if not self.levels & {Level.LAYER}:
-            return  # model and user spans only: the trace fills at twice the limit
+        if not self._endless_layers:
+            return  # every layer level ends (or none is recorded: the trace fills at twice the limit)
         need = streamed * FINALIZE_BYTES_PER_SPAN / (1 << 30)
         message = (
-            f"{streamed:,} spans streamed (--max-spans {limit:,}) and the layer level cannot end early here: "
+            f"{streamed:,} spans streamed (--max-spans {limit:,}) and the layer level of "
+            f"{', '.join(self._endless_layers)} cannot end early: "
             f"the end of the run loads every span (≈ {need:.1f} GiB so far); the trace is full at {2 * limit:,}"
         )
         warn(message)
