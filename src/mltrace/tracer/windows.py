@@ -2,9 +2,9 @@
 
 Two things grow with the length of a run and would exhaust a long one:
 
-- torch.profiler keeps every op in memory until it stops (about 0.6 MB a batch-8
-  inference of the example CNN), and converting its events at the session's end
-  needs several times that again;
+- the op level's profilers keep every event in memory until they stop
+  (torch.profiler: about 0.6 MB a batch-8 inference of the example CNN), and
+  converting them at the session's end needs several times that again;
 - the session's end loads every streamed span to correlate it and write the final
   files (about 700 bytes a span at its peak; a layer-level run of a small model
   streams over 100,000 spans a second).
@@ -13,10 +13,10 @@ So the op level, and the layer level with it, can end early while the model leve
 goes on:
 
 - the op and library levels after ``--op-inferences N`` model calls (outermost
-  ``nn.Module`` calls), or when the process has grown past the op level's memory
-  budget (``MemoryWatch``);
+  ``nn.Module``, Keras model or ``InferenceSession.run`` calls), or when the
+  process has grown past the op level's memory budget (``MemoryWatch``);
 - the layer level (and the op level, if it still runs) once ``--max-spans`` spans
-  have been streamed.
+  have been streamed; at twice that the trace is full (``Session.fill``).
 
 An end happens right after a model call returns, so no model call is cut in
 half. The framework sources (torch.modules, tensorflow, onnxruntime) call
