@@ -526,3 +526,15 @@ def test_a_layer_level_that_fails_to_end_goes_on_whole(tmp_path: Path, capsys: p
     assert any("ending the layer level failed" in e for e in run.meta["errors"])
     assert _models_and_layers(run)[1] == [2, 2]
     assert breakdown(run).layer_model_calls is None
+
+
+def test_a_framework_imported_after_the_trace_is_full_is_not_traced(tmp_path: Path) -> None:
+    """The trace fills on user spans; torch, imported afterwards, gets no wrapper and no spans."""
+    script = SCRIPTS / "import_after_full.py"
+    args = ("--level", "model", "--max-spans", "1", "--flush-interval", "0.05", "-o", str(tmp_path / "run"), str(script))
+    traced = run_cli("python", *args)
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == b"(1, 3)\n"
+    assert b"the trace is full (3 spans streamed" in traced.stderr
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.name for s in run.spans] == ["s0", "s1", "s2"] and run.meta["trace_full"]["spans"] == 3

@@ -140,6 +140,7 @@ class TorchModuleSource:
         #: Model frames (by thread ident) of the calls in flight when the layer level ended early,
         #: until each returns: their nested calls still get layer spans (``end_layer_level``).
         self._late: dict[int, list[Any]] = {}
+        self._full = False  # the trace is full (``end_recording``)
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -156,6 +157,8 @@ class TorchModuleSource:
         self._import_hook = PostImportHook("torch", self._install)
 
     def _install(self, torch: Any) -> None:
+        if self._full:
+            return
         from torch.nn.modules import module as module_mod
 
         self._tensor = torch.Tensor
@@ -333,6 +336,7 @@ class TorchModuleSource:
     def end_recording(self) -> None:
         """The trace is full (``Session.full``): puts torch's own ``Module.__call__`` back, so
         that later model calls are not recorded. Calls running meanwhile finish theirs."""
+        self._full = True  # a later ``import torch`` installs nothing
         if self._wrapped is None:
             return
         module_cls, original, ours = self._wrapped
@@ -734,7 +738,8 @@ class TorchModuleSource:
         """
         if self._handles:
             raise RuntimeError("the layer level records through global forward hooks here, which do not end early")
-        if self._wrapped is None:
+        if self._wrapped is None:  # torch not imported yet: if it is later, the model level's wrapper goes in
+            self._record_layers = False
             return False
         module_cls, original, ours = self._wrapped
         if module_cls.__call__ is not ours:
