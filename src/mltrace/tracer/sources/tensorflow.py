@@ -212,7 +212,7 @@ class TensorFlowSource:
         except Exception:
             pass
         self._maybe_onednn()
-        if not self._profile:
+        if not self._profile or self._ended_early:  # an op level that ended before tensorflow came does not start
             return
         try:
             from tensorflow.python.profiler import profiler_v2
