@@ -114,6 +114,7 @@ class TorchOpSource:
         self._exported: Path | None = None
         self._cuda_activity = False  # may record CUDA activity (before start), or does
         self._around_start: list[tuple[Callable[[], None], Callable[[], None]]] = []
+        self._ended = False  # the op level ended early: a later ``import torch`` starts nothing
 
     @property
     def profiling(self) -> bool:
@@ -152,7 +153,7 @@ class TorchOpSource:
     def _begin(self, torch: ModuleType) -> None:
         """Starts the profiler (now, or right after the program's ``import torch``)."""
         session = self._session
-        if session is None or self._prof is not None:
+        if session is None or self._prof is not None or self._ended:  # an op level that ended before torch came
             return
         try:
             from torch.profiler import ProfilerActivity, profile
@@ -199,6 +200,7 @@ class TorchOpSource:
         """Stops the profiler now and keeps its trace on disk for ``stop()`` to convert
         (``tracer/windows.py``): what torch held is freed, and the program is paused only
         for torch's own stop and export."""
+        self._ended = True
         self._export()
 
     def _export(self) -> None:
