@@ -419,12 +419,12 @@ def _depths(spans: list[Span]) -> Any:
     an int64 array in the order of ``spans``. A corrupt, cyclic chain stops at ``_MAX_DEPTH``."""
     import numpy as np
 
+    from mltrace.run.table import parent_rows
+
     n = len(spans)
     ids = np.fromiter((s.id for s in spans), np.int64, n)
     parents = np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), np.int64, n)
-    by_id = np.argsort(ids, kind="stable")
-    found = np.searchsorted(ids[by_id], parents).clip(0, max(n - 1, 0))
-    up = np.where((parents >= 0) & (ids[by_id][found] == parents), by_id[found], -1) if n else parents
+    up = parent_rows(ids, parents)
     depth = np.zeros(n, np.int64)
     rows = np.flatnonzero(up >= 0)
     cur = up[rows]

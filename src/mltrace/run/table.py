@@ -56,6 +56,18 @@ def _flops_of(attrs: dict[str, Any]) -> tuple[bool, float]:
     return True, float(f) if isinstance(f, (int, float)) else math.nan
 
 
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+    """Row of each span's parent among ``ids`` (-1: no parent, given as -1, or one not among them)."""
+    import numpy as np
+
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    pos = np.searchsorted(sorted_ids, parent_ids)
+    pos = np.minimum(pos, max(len(sorted_ids) - 1, 0))
+    found = (parent_ids >= 0) & (sorted_ids[pos] == parent_ids) if len(sorted_ids) else parent_ids < -1
+    return np.where(found, order[pos] if len(order) else -1, -1).astype(np.int64)
+
+
 class SpanTable:
     """Every span of a run as columns (see the module docstring).
 
@@ -123,14 +135,7 @@ class SpanTable:
     def parent_row(self) -> np.ndarray:
         """Row of each span's parent (-1: a root, or a parent not in the run)."""
         if self._parent_row is None:
-            import numpy as np
-
-            order = np.argsort(self.id, kind="stable")
-            sorted_ids = self.id[order]
-            pos = np.searchsorted(sorted_ids, self.parent_id)
-            pos = np.minimum(pos, max(len(sorted_ids) - 1, 0))
-            found = (self.parent_id >= 0) & (sorted_ids[pos] == self.parent_id) if len(sorted_ids) else self.parent_id < -1
-            self._parent_row = np.where(found, order[pos] if len(order) else -1, -1).astype(np.int64)
+            self._parent_row = parent_rows(self.id, self.parent_id)
         return self._parent_row
 
     # -- conversions ------------------------------------------------------------
