@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -364,21 +365,16 @@ class Session:
             notice = threading.Timer(FINISHING_NOTICE_S, _say, (text,))
             notice.daemon = True
             notice.start()
-        ended: list[str] = []
+
+        def end_early(source: Any) -> bool:
+            recording = bool(getattr(source, "profiling", True))  # a profiler that never started ends too,
+            source.end_early()  # so that it does not start later
+            return recording
+
         try:
             with gc_paused():
-                for source in reversed(self.started):
-                    if not can_end_early(source):
-                        continue
-                    recording = getattr(source, "profiling", True)  # a profiler that never started ends too,
-                    try:  # so that it does not start later
-                        source.end_early()
-                    except Exception as exc:
-                        self.errors.append(f"{source.name}: ending early failed: {exc}")
-                        warn(f"source {source.name} failed to end early: {exc}")
-                        continue
-                    if recording:
-                        ended.append(source.name)
+                endable = [s for s in reversed(self.started) if can_end_early(s)]
+                ended = self._end_each(endable, end_early, "ending early", "end early")
             # What torch held is freed only with the profiler object, which sits in a reference
             # cycle; then glibc keeps the freed pages unless asked (1.1 → 0.44 GB, PERFORMANCE.md).
             gc.collect()
@@ -413,19 +409,8 @@ class Session:
         model call just returned; swapping a wrapper takes no time worth saying."""
         if self._stopped:
             return
-        ended: list[str] = []
-        for source in self.started:
-            end = getattr(source, "end_layer_level", None)
-            if end is None:
-                continue
-            try:
-                recording = end()
-            except Exception as exc:
-                self.errors.append(f"{source.name}: ending the layer level failed: {exc}")
-                warn(f"source {source.name} failed to end the layer level: {exc}")
-                continue
-            if recording:
-                ended.append(source.name)
+        layered = [s for s in self.started if callable(getattr(s, "end_layer_level", None))]
+        ended = self._end_each(layered, lambda s: bool(s.end_layer_level()), "ending the layer level", "end the layer level")
         # After the swap: every model call that began before this time has its layer spans
         # (those in flight finish theirs), and none that began after it has any.
         window.ended_ns = now_ns()
@@ -446,6 +431,21 @@ class Session:
                 f"the layer level ended after {_calls(window.calls)} ({window.reason}); model spans go on "
                 "(--max-spans sets the limit)"
             )
+
+    def _end_each(self, sources: list[Any], end: Callable[[Any], bool], doing: str, to: str) -> list[str]:
+        """Calls ``end`` on each source, each failure recorded and warned about on its own
+        (``doing``/``to`` word them); returns the names of those for which it returned true."""
+        ended: list[str] = []
+        for source in sources:
+            try:
+                recorded = end(source)
+            except Exception as exc:
+                self.errors.append(f"{source.name}: {doing} failed: {exc}")
+                warn(f"source {source.name} failed to {to}: {exc}")
+                continue
+            if recorded:
+                ended.append(source.name)
+        return ended
 
     def _check_span_count(self) -> None:
         """At the span limit: asks the layer and op levels to end (where the layer level cannot,
@@ -482,15 +482,13 @@ class Session:
         This bounds what the end of the run loads when model or user spans alone keep coming,
         past twice ``--max-spans``."""
         self.full = True
-        for source in self.started:
-            end = getattr(source, "end_recording", None)
-            if end is None:
-                continue
-            try:
-                end()
-            except Exception as exc:
-                self.errors.append(f"{source.name}: ending the recording failed: {exc}")
-                warn(f"source {source.name} failed to stop recording: {exc}")
+
+        def end_recording(source: Any) -> bool:
+            source.end_recording()
+            return True
+
+        recorders = [s for s in self.started if callable(getattr(s, "end_recording", None))]
+        self._end_each(recorders, end_recording, "ending the recording", "stop recording")
         self.meta["trace_full"] = {"spans": streamed, "at_ns": now_ns()}
         message = (
             f"the trace is full ({streamed:,} spans streamed, twice --max-spans): mltrace records nothing more, "
