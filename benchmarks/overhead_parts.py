@@ -26,7 +26,7 @@ garbage collector's work in its blocks (collections by generation, time), seen
 through ``gc.callbacks``: the layer level must not make the program's
 allocations trigger collections it would not have had.
 
-    python benchmarks/overhead_parts.py --paired [--pairs 100] [--block 3]
+    python benchmarks/overhead_parts.py --paired [--pairs 100] [--block 3] [--batch 1]
 """
 
 from __future__ import annotations
@@ -191,10 +191,13 @@ def paired(cnn: torch.nn.Module, x: torch.Tensor, pairs: int, block: int, flush_
     drain_per_inference = flushed[0] / (traced_blocks * (block + 1))  # ns
     total = [(t + drain_per_inference) / p for t, p in zip(traced_ns, plain_ns)]
     sums["flush"] = int(drain_per_inference * pairs * block)
-    print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
+    print(f"ResNet-18-style CNN, batch {len(x)}, 224x224; torch threads {torch.get_num_threads()}")
     print(f"plain inference: median {statistics.median(plain_ns) / 1e6:.2f} ms")
     per_inference = flushed[1] / (traced_blocks * (block + 1))
-    print(f"{pairs} rounds of plain, traced and hooked blocks of {block} timed inferences, {per_inference:.0f} spans per inference")
+    print(
+        f"{pairs} rounds of plain, traced and hooked blocks of {block} timed inferences, "
+        f"{per_inference:.0f} spans per inference, a flush every {flush_every} traced blocks"
+    )
     print(f"load average before {load_before}, after {loadavg()}")
     print(
         f"drain + write, one flush every {flush_every} traced blocks: {flushed[0] / max(flushed[1], 1) / 1e3:.2f} µs a span, "
@@ -234,19 +237,26 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=100, help="--paired: rounds of plain/traced/hooked blocks")
     parser.add_argument("--block", type=int, default=3, help="--paired: timed inferences per block")
     parser.add_argument(
-        "--flush-every", type=int, default=8, help="--paired: traced blocks per flush (8 ≈ the session's 0.5 s on the CNN)"
+        "--flush-every",
+        type=int,
+        default=0,
+        help="--paired: traced blocks per flush (default 8 / batch: about the session's 0.5 s on the CNN)",
     )
+    parser.add_argument("--batch", type=int, default=1, help="images per inference (default 1)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cnn = resnet_small()
-    x = torch.randn(1, 3, 224, 224)
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
+    x = torch.randn(args.batch, 3, 224, 224)
+    flush_every = args.flush_every or max(1, round(8 / args.batch))
     if args.paired:
         with torch.inference_mode():
             for _ in range(3):
                 cnn(x)
-            paired(cnn, x, args.pairs, args.block, args.flush_every)
+            paired(cnn, x, args.pairs, args.block, flush_every)
         return 0
 
     def block() -> list[int]:
@@ -273,7 +283,7 @@ def main() -> int:
                         session.stop()
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
     plain = statistics.median(samples["plain"])
-    print(f"ResNet-18-style CNN, batch 1, 224x224; torch threads {torch.get_num_threads()}")
+    print(f"ResNet-18-style CNN, batch {len(x)}, 224x224; torch threads {torch.get_num_threads()}")
     for name, values in samples.items():
         med = statistics.median(values)
         print(f"  {name:28} {med / 1e6:7.2f} ms  {100 * (med - plain) / plain:+6.2f} %")

@@ -95,6 +95,31 @@ def test_only_the_thread_that_started_the_profiler_ends_it(tmp_path: Path) -> No
     assert any("was to end (--op-inferences 1)" in x and "ran to the end" in x for x in meta["limitations"])
 
 
+@pytest.mark.parametrize("owner", ["any", "other"])
+def test_a_full_trace_ends_the_op_level_without_waiting_for_a_model_call(tmp_path: Path, owner: str) -> None:
+    """Model calls on threads whose wrappers the fill takes out return no more: the fill ends
+    the op level itself, on its own thread, unless only the profiler's thread may."""
+    source = _EndableOps(None if owner == "any" else -1)
+    session = _session(tmp_path, source, max_spans=10)
+    try:
+        assert session.op_window is not None
+        session.op_window.model_ended()  # one model call, no end asked for yet
+        session.fill(20)
+        assert session.full and source.ended == (1 if owner == "any" else 0)
+        session.op_window.model_ended()  # a later return changes nothing
+        assert source.ended == (1 if owner == "any" else 0)
+    finally:
+        run_dir = session.stop()
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["trace_full"]["spans"] == 20
+    if owner == "any":
+        assert meta["op_window"]["reason"] == "the trace is full"
+        assert meta["op_window"]["ended_after_model_calls"] == 1 and meta["op_window"]["sources"] == ["endable.ops"]
+    else:
+        assert "ended_ns" not in meta["op_window"]
+        assert any("was to end (the trace is full)" in x and "on the thread that started torch.profiler" in x for x in meta["limitations"])
+
+
 def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -202,6 +227,27 @@ def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -
     # A convolution's work basis is its ops', as in the calls that had them.
     convs = [r for r in analysis.layers if r.stat.type == "Conv2d"]
     assert convs and {r.work_source for r in convs} == {"ops"}
+
+
+def test_model_calls_only_on_a_worker_thread_end_the_op_level(tmp_path: Path) -> None:
+    """torch.profiler (all threads) started on the main thread stops from the worker whose
+    model call ended the window: a server's request threads bound the op level too."""
+    script = SCRIPTS / "worker_inference.py"
+    plain = run_plain(script, "5")
+    traced = run_cli("python", "--level", "op", "--op-inferences", "2", "-o", str(tmp_path / "run"), str(script), "5")
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    assert "ended after 2 model calls (--op-inferences 2;" in traced.stderr.decode()
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    assert window["ended_after_model_calls"] == 2 and window["sources"] == ["torch.profiler"]
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert len(models) == 5 and len({m.track_id for m in models}) == 1
+    assert run.tracks[models[0].track_id].tid != run.meta["pid"]  # the calls ran on the worker, not the main thread
+    assert models[1].end_ns <= window["ended_ns"] <= models[2].start_ns
+    ops = [s for s in run.spans if s.level == Level.OP]
+    assert ops and all(s.end_ns <= window["ended_ns"] for s in ops)
+    assert sum(1 for s in ops if models[0].start_ns <= s.start_ns and s.end_ns <= models[0].end_ns) > 10
 
 
 # -- the layer level's end (--max-spans) ------------------------------------------------

@@ -293,8 +293,9 @@ class Session:
             else:
                 watch.arm(budget)
         self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
-        # torch.profiler can only be stopped by the thread that started it (where it started;
-        # in a program that never imports torch it did not); the others by any.
+        # A torch.profiler that records only the thread that started it stops only there
+        # (``thread_ident``); every other profiler, the all-threads torch.profiler included,
+        # stops from any thread.
         owners = [s for s in endable if hasattr(s, "thread_ident")]
 
         def owner_thread() -> int | None:
@@ -482,6 +483,11 @@ class Session:
         This bounds what the end of the run loads when model or user spans alone keep coming,
         past twice ``--max-spans``."""
         self.full = True
+        if self.op_window is not None:
+            # Without a model call returning (they may run on threads whose wrappers come out
+            # below), the op level would record until the session ends: it ends here, even
+            # mid-call (the analysis counts ops only in calls that ended before it).
+            self.op_window.end_now("the trace is full")
 
         def end_recording(source: Any) -> bool:
             source.end_recording()
@@ -598,9 +604,11 @@ class Session:
         stop_ns = now_ns()
         window = self.op_window
         if window is not None and window.reason is not None and window.ended_ns is None:
+            owned = any(getattr(s, "thread_ident", None) is not None for s in self.started)
+            where = " on the thread that started torch.profiler (only it can stop a profiler of that thread alone)"
             self.note_limitation(
-                f"the op level was to end ({window.reason}) but no model call returned afterwards (torch.profiler's "
-                "end waits for one on the thread that started it): it ran to the end"
+                f"the op level was to end ({window.reason}) but no model call returned afterwards"
+                f"{where if owned else ''}: it ran to the end"
             )
         window = self.layer_window
         if window is not None and window.reason is not None and window.ended_ns is None:

@@ -21,9 +21,10 @@ goes on:
 An end happens right after a model call returns, so no model call is cut in
 half. The framework sources (torch.modules, tensorflow, onnxruntime) call
 ``Session.model_call_ended`` after every outermost call (one attribute read and
-a counter per inference). torch.profiler can only be stopped by the thread that
-started it, so the op level's window names an owner thread (the other
-profilers, and the layer level, can end on any). Sources that can end this way
+a counter per inference). A torch.profiler that records only the thread that
+started it (torch before 2.6) can only be stopped there, so the op level's window
+may name an owner thread; the other profilers, the all-threads torch.profiler and
+the layer level end on any. Sources that can end this way
 say so with ``can_end_early`` (the op level) or have ``end_layer_level``; the
 others (the CUDA kernel paths) run to the end of the session.
 """
@@ -98,6 +99,13 @@ class LevelWindow:
         if self.reason is None:
             self.reason = reason
 
+    def end_now(self, reason: str) -> bool:
+        """Ends the level now, on this thread, whether or not a model call is running (the
+        trace is full: nothing after this is recorded anyway). Returns False where it had
+        ended, or where only another thread may end it (its next model call still does)."""
+        self.request(reason)
+        return self._end_here()
+
     def model_ended(self) -> None:
         """Called after every outermost model call, on the thread that made it."""
         if self.ended_ns is not None:
@@ -105,14 +113,18 @@ class LevelWindow:
         self.calls = next(self._counter)
         if self.reason is None and self.limit is not None and self.calls >= self.limit:
             self.reason = f"{self._limit_text} {self.limit}"
-        if self.reason is None:
-            return
+        if self.reason is not None:
+            self._end_here()
+
+    def _end_here(self) -> bool:
+        """Ends the level on this thread, unless it has ended or another thread must end it."""
         if self._owner_thread is not None:
             owner = self._owner_thread()
             if owner is not None and threading.get_ident() != owner:
-                return
+                return False
         with self._lock:
             if self.ended_ns is not None:
-                return
+                return False
             self.ended_ns = now_ns()
         self._end(self)
+        return True

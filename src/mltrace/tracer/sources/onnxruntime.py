@@ -181,7 +181,10 @@ class OrtSource:
     def end_early(self) -> None:
         """Ends the profiling mltrace turned on, in every live session, keeping the files for
         ``stop()``; sessions created later are not profiled. Node and kernel spans come from
-        that profile, so the layer and op levels end together."""
+        that profile, so the layer and op levels end together. A second call does nothing
+        (ORT would warn on the program's stderr for each session)."""
+        if self._ended_early:
+            return
         self._ended_early = True
         for info in list(self._all):
             sess = info.ref() if info.ref is not None else None

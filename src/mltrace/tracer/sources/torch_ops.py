@@ -34,9 +34,11 @@ torch when the session starts, the profiler starts right after its
 import are none anyway.
 
 Ending early. Without CUDA activity the profiler may be stopped between two
-model calls (``can_end_early``, ``end_early``, ``tracer/windows.py``), by the
-thread that started it (``thread_ident``): torch.profiler stops only there. Its
-trace then waits in the run directory until ``stop()`` converts it.
+model calls (``can_end_early``, ``end_early``, ``tracer/windows.py``). The
+all-threads profiler stops from any thread; one that records only the thread
+that started it also stops only there (elsewhere torch warns and records on), so
+that thread is named in ``thread_ident``. The trace then waits in the run
+directory until ``stop()`` converts it.
 
 Limits. Kineto keeps every event in memory until ``stop()`` and allows one
 profiler per process: a program that runs its own ``torch.profiler`` while
@@ -96,7 +98,9 @@ class TorchOpSource:
         levels: ``(Level.OP,)``, plus ``Level.KERNEL`` where torch may see a GPU.
         stats: the conversion stats of the last ``stop()`` (None before).
         export_ns: how long the last Chrome-trace export and conversion took (ns).
-        thread_ident: the thread that started the profiler (None before it starts).
+        thread_ident: the thread that must stop the profiler early: the one that started a
+            profiler recording that thread alone; None before the start and for the
+            all-threads profiler, which any thread may stop.
     """
 
     name = "torch.profiler"
@@ -181,7 +185,8 @@ class TorchOpSource:
             try:
                 prof.start()
                 self._prof = prof
-                self.thread_ident = threading.get_ident()
+                if config is None:  # torch stops a one-thread profiler only where it started
+                    self.thread_ident = threading.get_ident()
             finally:
                 self._call_around(1)
         except Exception as exc:  # never into the user's program
