@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 import mltrace
+from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
@@ -232,6 +234,50 @@ def test_profiling_ends_after_op_inferences(tmp_path: Path, exported: dict[str, 
     per_run = _per_run(run)
     assert len(per_run) == 4 and all(n > 0 and k > 0 for n, k in per_run[:2]) and per_run[2:] == [(0, 0), (0, 0)]
     assert any("ONNX Runtime's layer spans come from the profiler" in x for x in run.meta["limitations"])
+    check_hierarchy(run)
+
+
+def test_profiling_ends_while_other_threads_run_the_same_session(tmp_path: Path, exported: dict[str, Any]) -> None:
+    """The run whose return ends the op level ends profiling on its own thread while three others
+    are inside ``run`` on the same session: ORT takes it, every result is right, and a call counts
+    as having kernels only if it ended before the end."""
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, op_inferences=12)
+    session = Session(opts, sources=[OrtSource()]).start()
+    results: list[np.ndarray] = []
+    failures: list[BaseException] = []
+    try:
+        sess = ort.InferenceSession(str(exported["dynamo"]), providers=["CPUExecutionProvider"])
+        expected = sess.run(None, {"x": IMAGE})[0]
+        start = threading.Barrier(4)
+
+        def worker() -> None:
+            try:
+                start.wait()  # all four run together from the first call
+                for _ in range(25):
+                    results.append(sess.run(None, {"x": IMAGE})[0])
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        session.stop()
+    assert not failures and len(results) == 100
+    assert all(np.array_equal(r, expected) for r in results)
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    assert window["ended_after_model_calls"] >= 12 and window["sources"] == ["onnxruntime"]
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert len(models) == 101
+    per_call = _per_run(run)[0][1]  # the first run, before the threads
+    kernels = [s for s in run.spans if s.level == Level.OP]
+    assert per_call > 0 and len(kernels) < 50 * per_call  # profiling ended: runs after it have none
+    # The analysis counts the calls that ended before the end as the calls with kernels.
+    with_ops = sum(1 for m in models if m.end_ns <= window["ended_ns"])
+    assert breakdown(run).calls_for(Level.OP) == with_ops >= 12
     check_hierarchy(run)
 
 
