@@ -1,29 +1,108 @@
-"""The short summary stored in run.json at the end of a run."""
+"""The short summary stored in run.json at the end of a run.
+
+It is computed on the span table's columns (one numpy operation per level of nesting), since
+the end of a long run summarizes millions of spans; the numbers follow the definitions of
+``analysis.breakdown``, the plain reference, and a test holds the two equal.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mltrace.analysis.breakdown import breakdown
-from mltrace.run.store import Run
+from mltrace.analysis.breakdown import window_end
+from mltrace.tracer.levels import HIERARCHY, Level
+
+if TYPE_CHECKING:
+    from mltrace.run.store import Run
+    from mltrace.run.table import SpanTable
+
+_STRUCTURAL = (int(Level.MODEL), int(Level.LAYER), int(Level.USER))
 
 
-def summarize(run: Run, top: int = 5) -> dict[str, Any]:
+def summarize(run: Run, top: int = 5, table: SpanTable | None = None) -> dict[str, Any]:
     """Counts per level, model calls and the top layers by self time (ns); where the layer level
-    ended early, the model calls it recorded and their time (the base of layer shares)."""
-    b = breakdown(run)
-    layers = sorted((x for x in b.layers if x.level.label == "layer"), key=lambda x: -x.self_ns)[:top]
+    ended early, the model calls it recorded and their time (the base of layer shares).
+
+    Args:
+        run: the run.
+        top: how many layers to list.
+        table: ``run``'s spans as a table, where the caller has one (else built from ``run``).
+    """
+    import numpy as np
+
+    from mltrace.analysis.span_pass import tree_of
+
+    t = table if table is not None else run.table
+    n = len(t)
+    level = t.level.astype(np.int64)
+    dur = t.end - t.start
+    parent = t.parent_row()
+
+    # A level's time: its spans with no ancestor of the same level.
+    tree = tree_of(t)
+    above = tree.ancestor_or(np.left_shift(np.int64(1), level))
+    outermost = (np.right_shift(above, level) & 1) == 0
+    levels: dict[str, dict[str, int]] = {}
+    for lv in (*HIERARCHY, Level.USER):
+        mine = level == int(lv)
+        count = int(mine.sum())
+        if count:
+            levels[lv.label] = {"spans": count, "time_ns": int(dur[mine & outermost].sum())}
+
+    models = level == int(Level.MODEL)
+    model_starts = t.start[models]
+    layer_end = window_end(run, "layer_window")
+    with_layers = model_starts <= layer_end if layer_end is not None else None
+
     return {
-        "spans": b.span_count,
+        "spans": n,
         "flows": len(run.flows),
         "counters": len(run.counters),
-        "levels": {lt.level.label: {"spans": lt.spans, "time_ns": lt.time_ns} for lt in b.levels},
-        "model_calls": b.model_calls,
-        "model_time_ns": b.model_ns,
-        "wall_ns": b.wall_ns,
-        **({"layer_model_calls": b.layer_model_calls, "layer_model_time_ns": b.layer_model_ns} if b.layer_model_ns is not None else {}),
-        "top_layers_by_self_time": [
-            {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "location": x.location}
-            for x in layers
-        ],
+        "levels": levels,
+        "model_calls": int(models.sum()),
+        "model_time_ns": int(dur[models].sum()),
+        "wall_ns": int(t.end.max() - t.start.min()) if n else 0,
+        **(
+            {"layer_model_calls": int(with_layers.sum()), "layer_model_time_ns": int(dur[models][with_layers].sum())}
+            if with_layers is not None
+            else {}
+        ),
+        "top_layers_by_self_time": _top_layers(t, level, dur, parent, top),
     }
+
+
+def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, top: int) -> list[dict[str, Any]]:
+    """The layers with the most self time: a call's duration less its direct children's at the
+    model, layer or user level, summed over the calls of each layer path."""
+    import numpy as np
+
+    structural_child = np.isin(level, _STRUCTURAL) & (parent >= 0)
+    children_ns = np.zeros(len(t), dtype=np.int64)
+    np.add.at(children_ns, parent[structural_child], dur[structural_child])
+    rows = np.nonzero(level == int(Level.LAYER))[0]
+    if not rows.size:
+        return []
+    self_ns = np.maximum(dur[rows] - children_ns[rows], 0)
+    names, first, group = np.unique(t.name[rows], return_index=True, return_inverse=True)
+    calls = np.bincount(group, minlength=len(names))
+    total = np.zeros(len(names), dtype=np.int64)
+    self_sum = np.zeros(len(names), dtype=np.int64)
+    np.add.at(total, group, dur[rows])
+    np.add.at(self_sum, group, self_ns)
+    label = [t.names[int(k)] for k in names]
+    # By self time; ties by total time, then name (the reference's order).
+    order = sorted(range(len(names)), key=lambda g: (-int(self_sum[g]), -int(total[g]), label[g]))[:top]
+    out = []
+    for g in order:
+        attrs = t.attrs(int(rows[first[g]]))  # the layer's first call, in the run's order
+        file, line = attrs.get("code.file.path"), attrs.get("code.line.number")
+        out.append(
+            {
+                "layer": label[g],
+                "type": str(attrs.get("ml.layer.type", "")),
+                "calls": int(calls[g]),
+                "self_ns": int(self_sum[g]),
+                "location": f"{file}:{line}" if file else "",
+            }
+        )
+    return out

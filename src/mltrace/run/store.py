@@ -361,12 +361,13 @@ def _load_from_table(p: Path, meta: dict[str, Any], events: Path) -> Run | None:
     return run
 
 
-def write_table(run_dir: Path, run: Run) -> None:
-    """Writes the span table of ``run`` (whose events are ``run_dir``/events.jsonl as written)."""
+def write_table(run_dir: Path, run: Run) -> SpanTable:
+    """Writes the span table of ``run`` (whose events are ``run_dir``/events.jsonl as written)
+    and returns it."""
     from mltrace.run.table import write_table as _write
 
     others = encode_batch(tracks=run.tracks.values(), instants=run.instants, counters=run.counters, flows=run.flows)
-    _write(run_dir / TABLE_FILE, run.spans, others, run_dir / EVENTS_FILE)
+    return _write(run_dir / TABLE_FILE, run.spans, others, run_dir / EVENTS_FILE)
 
 
 def _decode_lines(run: Run, lines: list[bytes], last: int, events: Path) -> None:

@@ -215,8 +215,9 @@ def _stamp(events: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) -> None:
-    """Writes ``spans`` (and the other events, as one batch line) to ``path`` atomically.
+def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) -> SpanTable:
+    """Writes ``spans`` (and the other events, as one batch line) to ``path`` atomically, and
+    returns them as a table (each span's own attribute map its set, as ``from_spans``).
 
     Attribute maps that serialise identically are stored once (keys are not
     sorted first: a source writes its keys in one order, and sorting tripled
@@ -275,6 +276,7 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
             f.write(raw)
         f.truncate(base + offset)
     os.replace(tmp, path)
+    return table
 
 
 def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:

@@ -43,8 +43,9 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     say(f"rewriting {store.EVENTS_FILE}")
     store.write_events_atomically(run_dir / store.EVENTS_FILE, run)
     say("writing the span table")
+    table = None
     try:
-        store.write_table(run_dir, run)
+        table = store.write_table(run_dir, run)
     except Exception as exc:  # noqa: BLE001 - a cache: the run is complete without it
         from mltrace.tracer.session import warn
 
@@ -52,7 +53,7 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     say(f"writing {store.TRACE_FILE} ({spans})")
     export_perfetto(run, run_dir / store.TRACE_FILE)
     say("summarizing")
-    meta["summary"] = summarize(run)
+    meta["summary"] = summarize(run, table=table)
     meta["complete"] = True
     store.write_meta(run_dir, meta)
     return run

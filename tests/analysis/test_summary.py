@@ -1,0 +1,100 @@
+"""run.json's summary, computed on the span table, equals the one the plain reference
+(``analysis.breakdown``) gives, on hand-made edge cases and on real runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import mltrace
+from mltrace.analysis.breakdown import breakdown
+from mltrace.analysis.summary import summarize
+from mltrace.config import ProfileOptions
+from mltrace.importers import import_kineto
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import Span, Track
+from mltrace.tracer.session import Session
+
+KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
+
+
+def reference(run: Run, top: int = 5) -> dict[str, Any]:
+    """The summary from ``breakdown``, the definitions' plain implementation."""
+    b = breakdown(run)
+    layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
+    return {
+        "spans": b.span_count,
+        "flows": len(run.flows),
+        "counters": len(run.counters),
+        "levels": {lt.level.label: {"spans": lt.spans, "time_ns": lt.time_ns} for lt in b.levels},
+        "model_calls": b.model_calls,
+        "model_time_ns": b.model_ns,
+        "wall_ns": b.wall_ns,
+        **({"layer_model_calls": b.layer_model_calls, "layer_model_time_ns": b.layer_model_ns} if b.layer_model_ns is not None else {}),
+        "top_layers_by_self_time": [
+            {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "location": x.location} for x in layers
+        ],
+    }
+
+
+def _run(spans: list[Span], meta: dict[str, Any] | None = None) -> Run:
+    return Run(path=Path("."), meta=meta or {}, tracks={1: Track(1, "thread", "main", 1, 1)}, spans=spans)
+
+
+def test_hand_made_edge_cases() -> None:
+    layer = {"ml.layer.type": "Linear", "code.file.path": "m.py", "code.line.number": 3}
+    spans = [
+        Span(1, None, Level.MODEL, "Net", 0, 100, 1),
+        Span(2, 1, Level.LAYER, "a", 10, 50, 1, layer),
+        Span(3, 2, Level.LAYER, "a.inner", 20, 30, 1, {"ml.layer.type": "ReLU"}),  # nested layer: counted once
+        Span(4, 2, Level.OP, "aten::addmm", 31, 49, 1),  # content, not a child
+        Span(5, 4, Level.OP, "aten::mm", 32, 48, 1),  # an op in an op
+        Span(6, 1, Level.USER, "decode", 55, 95, 1),
+        Span(7, 6, Level.LAYER, "b", 60, 90, 1, {"ml.layer.type": "Linear"}),  # under a user span
+        Span(8, 99, Level.LAYER, "orphan", 0, 5, 1),  # parent not in the run
+        Span(9, 7, Level.LAYER, "tie1", 61, 71, 1),  # ties in self time: by total, then name
+        Span(10, 7, Level.LAYER, "tie0", 72, 82, 1),
+        Span(11, None, Level.MODEL, "Net", 200, 260, 1),
+        Span(12, 11, Level.LAYER, "a", 210, 280, 1, layer),  # longer than its parent's room: self ≥ 0
+        Span(13, None, Level.SOURCE, "line", 0, 1, 1),  # counted as a span, listed at no level
+    ]
+    meta = {"layer_window": {"ended_ns": 150}}
+    for top in (1, 3, 5, 20):
+        assert summarize(_run(spans, meta), top=top) == reference(_run(spans, meta), top=top)
+    got = summarize(_run(spans, meta))
+    assert got["levels"]["layer"] == {"spans": 7, "time_ns": 40 + 30 + 5 + 70}
+    assert got["levels"]["op"]["time_ns"] == 18 and got["layer_model_calls"] == 1
+    assert got["top_layers_by_self_time"][0] == {"layer": "a", "type": "Linear", "calls": 2, "self_ns": 30 + 70, "location": "m.py:3"}
+    assert summarize(_run([])) == reference(_run([]))
+
+
+def test_a_live_library_level_run_with_an_early_layer_end(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Sequential(nn.Conv2d(8, 8, 3), nn.ReLU()), nn.Flatten()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    options = ProfileOptions.build(output=tmp_path / "r", summary=False, level="library", max_spans=20, flush_interval_s=60)
+    with torch.inference_mode():
+        session = Session(options).start()
+        try:
+            for _ in range(4):
+                model(x)
+            session.flush()  # past the limit: the layer level ends after the next call
+            for _ in range(4):
+                model(x)
+        finally:
+            session.stop()
+    run = mltrace.load_run(tmp_path / "r")
+    assert run.meta["layer_window"]["ended_after_model_calls"] == 5
+    assert summarize(run) == reference(run) == run.meta["summary"]
+    assert {"model", "layer", "op"} <= set(run.meta["summary"]["levels"]) and run.meta["summary"]["layer_model_calls"] == 5
+
+
+@pytest.mark.parametrize("name", ["a100_alexnet_train.json.gz", "h100_cuda_models.json.gz", "cpu_modules_torch.json.gz"])
+def test_imported_kineto_traces(tmp_path: Path, name: str) -> None:
+    run = mltrace.load_run(import_kineto(KINETO / name, tmp_path / "r"))
+    assert summarize(run) == reference(run) == run.meta["summary"]
+    assert run.meta["summary"]["spans"] > 20
