@@ -177,6 +177,33 @@ def test_the_exporter_writes_the_same_packets_in_chunks(torch_run: Run, monkeypa
     assert len(chunks) > 10 and streamed.packets == whole.packets
 
 
+@pytest.mark.parametrize("which", ["torch", "imported"])
+def test_the_c_encoder_writes_what_the_python_one_writes(
+    torch_run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    """The span packets made in C (``_pftrace.c``: ends, and begins whose head and annotation
+    block are cached) are byte for byte the Python encoder's, written whole or in chunks; a
+    run with flows, instants, counters and GPU tracks sends the rest to the Python one."""
+    pytest.importorskip("mltrace._pftrace", reason="the C encoder was not built")
+    from mltrace.exporters import perfetto
+
+    run = torch_run if which == "torch" else mltrace.load_run(import_kineto(KINETO / "a100_alexnet_train.json.gz", tmp_path / "r"))
+    events = {"tracks": run.tracks.values(), "spans": run.spans, "instants": run.instants, "counters": run.counters, "flows": run.flows}
+
+    def encode(encoder: str, chunk: int) -> tuple[bytes, int]:
+        monkeypatch.setenv("MLTRACE_PERFETTO_ENCODER", encoder)
+        monkeypatch.setattr(perfetto, "_WRITE_CHUNK", chunk)
+        assert (perfetto._fast_encoder() is None) == (encoder == "python")
+        enc = perfetto.PerfettoEncoder(run.meta)
+        parts: list[bytes] = []
+        assert enc.encode(**events, write=parts.append) == b""
+        return b"".join(parts), enc.packets
+
+    python = encode("python", 8192)
+    assert encode("c", 8192) == python and encode("c", 5) == python
+    assert python[1] > 2 * len(run.spans)  # descriptors too
+
+
 def test_annotation_strings_are_interned_once_each(torch_run: Run) -> None:
     """String annotation values (shapes, file paths, configs as JSON) repeat from span to span:
     each distinct one is written once, in the interned data of the packet that first uses it,

@@ -361,19 +361,39 @@ class PerfettoEncoder:
         layer = Level.LAYER
         n_ends = 2 * len(span_list)
         n_instants = n_ends + len(instant_list)
+
+        def packet(k: int) -> bytes:
+            if k < n_ends:
+                obj = span_list[k >> 1]
+                if k & 1:
+                    return slice_end(obj)
+                i = obj.id
+                return slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), blocks if obj.level is layer else None)
+            if k < n_instants:
+                return self._instant(instant_list[k - n_ends])
+            return self._counter(counter_list[k - n_instants])
+
+        fast = _fast_encoder()
+        if fast is not None:  # the same bytes, the common packets made in C (_pftrace.c)
+            flowing = set(flow_out) | set(flow_in)
+            dict_blocks: dict[int, bytes] = {}
+            written = len(out)  # the track descriptors
+            if write is not None and out:
+                write(b"".join(out))
+                out.clear()
+            for lo in range(0, len(order), _WRITE_CHUNK):
+                ks = order[lo : lo + _WRITE_CHUNK].tolist()
+                chunk = fast(ks, span_list, n_ends, self._end_tails, self._begin_heads, blocks, dict_blocks, layer, flowing, packet)
+                written += len(ks)
+                if write is not None:
+                    write(chunk)
+                else:
+                    append(chunk)
+            self.packets += written
+            return b"" if write is not None else b"".join(out)
         for lo in range(0, len(order), _ORDER_CHUNK):  # Python ints a chunk at a time
             for k in order[lo : lo + _ORDER_CHUNK].tolist():
-                if k < n_ends:
-                    obj = span_list[k >> 1]
-                    if k & 1:
-                        append(slice_end(obj))
-                    else:
-                        i = obj.id
-                        append(slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), blocks if obj.level is layer else None))
-                elif k < n_instants:
-                    append(self._instant(instant_list[k - n_ends]))
-                else:
-                    append(self._counter(counter_list[k - n_instants]))
+                append(packet(k))
                 if write is not None and len(out) >= _WRITE_CHUNK:
                     written += len(out)
                     write(b"".join(out))
@@ -384,6 +404,18 @@ class PerfettoEncoder:
                 write(b"".join(out))
             return b""
         return b"".join(out)
+
+
+def _fast_encoder() -> Callable[..., bytes] | None:
+    """The C span-packet encoder (``_pftrace.encode_spans``), unless it was not built or
+    ``MLTRACE_PERFETTO_ENCODER=python`` asks for the Python one."""
+    if os.environ.get("MLTRACE_PERFETTO_ENCODER") == "python":
+        return None
+    try:
+        from mltrace._pftrace import encode_spans
+    except ImportError:
+        return None
+    return encode_spans  # type: ignore[no-any-return]
 
 
 def _packet_order(spans: list[Span], instants: list[Instant], counters: list[CounterSample]) -> Any:
