@@ -1,9 +1,10 @@
-"""Builds mltrace's two C helpers: the layer level's Module.__call__ and row encoder, and the
-Perfetto exporter's span packets (everything else is in pyproject.toml).
+"""Builds mltrace's C helpers (everything else is in pyproject.toml): the layer level's
+Module.__call__ and row encoder (_layercall), the Perfetto exporter's span packets
+(_pftrace), and the correlator's two sweeps (_sweep).
 
-Both are optional: without a C compiler the build goes on, and mltrace uses the same code
-written in Python (run.json's ``sources.torch.modules`` says which hot path ran; the Perfetto
-output is byte for byte the same either way).
+All are optional: without a C compiler the build goes on, and mltrace uses the same code
+written in Python (run.json's ``sources.torch.modules`` says which hot path ran; the trace
+and the correlated spans are the same either way, as the tests check).
 """
 
 from setuptools import Extension, setup
@@ -12,5 +13,6 @@ setup(
     ext_modules=[
         Extension("mltrace._layercall", ["src/mltrace/_layercall.c"], optional=True),
         Extension("mltrace._pftrace", ["src/mltrace/_pftrace.c"], optional=True),
+        Extension("mltrace._sweep", ["src/mltrace/_sweep.c"], optional=True),
     ]
 )

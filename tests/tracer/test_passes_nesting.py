@@ -192,3 +192,52 @@ def test_attach_gpu_to_launch() -> None:
     assert [s.parent_id for s in run.spans] == [None, None, None, None, None, None, 99, None]
     # The other order gives the same parents: nesting keeps cross-track parents.
     assert parents(nest_by_containment(attach_gpu_to_launch(run))) == parents(out)
+
+
+def _random_rows(rng: random.Random, n: int) -> list[Row]:
+    """Spans on three tracks: nested, partly overlapping, equal, zero-length; parents none,
+    right, wrong, missing from the run, or on another track."""
+    rows: list[Row] = []
+    levels = [M, LY, OP, Level.LIBRARY, K, U]
+    for i in range(1, n + 1):
+        a = rng.randrange(0, 200)
+        b = a + rng.choice([0, 0, 1, 5, 20, 60, 150])
+        if rows and rng.random() < 0.2:  # an interval equal to an earlier one
+            _, _, _, a, b, _ = rows[rng.randrange(len(rows))]
+        parent = rng.choice([None, None, rng.randrange(1, i + 1) if i > 1 else None, 10_000 + i])
+        rows.append((i, parent, rng.choice(levels), a, b, rng.choice([1, 1, 2, 3])))
+    rng.shuffle(rows)
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_c_sweeps_give_what_the_python_ones_give(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nest_by_containment and separate_overlaps on columns with their sweeps in C
+    (``_sweep.c``): the same spans in the same order, the same tracks, the same notes."""
+    pytest.importorskip("mltrace._sweep", reason="the C sweeps were not built")
+    from mltrace.tracer.passes import default_pipeline
+    from mltrace.tracer.passes.checks import separate_overlaps, sort_spans
+
+    rows = _random_rows(random.Random(seed), 60 if seed < 6 else 600)
+
+    def passes(which: str) -> tuple[list[tuple[object, ...]], dict[int, object], dict[str, object]]:
+        monkeypatch.setenv("MLTRACE_SWEEP", which)
+        run = make_run(rows)
+        for p in (sort_spans, nest_by_containment, separate_overlaps):
+            run = p(run)
+        return [(s.id, s.parent_id, s.track_id) for s in run.spans], dict(run.tracks), run.meta["correlation"]
+
+    python, c = passes("python"), passes("c")
+    assert c == python
+    assert python[2]["separate_overlaps"]["moved"] > 0 or seed < 6  # the large cases overlap
+    assert python[2]["nest_by_containment"]["parents_set"] > 0
+    assert default_pipeline()[0] is sort_spans
+
+
+def test_sort_spans_is_a_stable_sort_by_start_then_outer_first_then_id() -> None:
+    from mltrace.tracer.passes.checks import sort_spans
+
+    rows = _random_rows(random.Random(7), 500)
+    run = make_run(rows)
+    got = [s.id for s in sort_spans(run).spans]
+    assert got == [s.id for s in sorted(run.spans, key=lambda s: (s.start_ns, -s.end_ns, s.id))]

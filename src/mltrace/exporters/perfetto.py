@@ -415,7 +415,7 @@ def _fast_encoder() -> Callable[..., bytes] | None:
         from mltrace._pftrace import encode_spans
     except ImportError:
         return None
-    return encode_spans  # type: ignore[no-any-return]
+    return encode_spans
 
 
 def _packet_order(spans: list[Span], instants: list[Instant], counters: list[CounterSample]) -> Any:

@@ -17,9 +17,16 @@ _note = note
 
 
 def sort_spans(run: Run) -> Run:
-    """Orders spans by start time (ns), outer spans first on ties."""
-    spans = sorted(run.spans, key=lambda s: (s.start_ns, -s.end_ns, s.id))
-    return run.replace(spans=spans)
+    """Orders spans by start time (ns), outer spans first on ties, then by id (stable)."""
+    import numpy as np
+
+    spans = run.spans
+    n = len(spans)
+    ids = np.fromiter((s.id for s in spans), dtype=np.int64, count=n)
+    start = np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n)
+    end = np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n)
+    order = np.lexsort((ids, -end, start))
+    return run.replace(spans=[spans[i] for i in order.tolist()])
 
 
 def check_containment(run: Run) -> Run:
@@ -67,41 +74,73 @@ def separate_overlaps(run: Run) -> Run:
     everything nested in it goes to the first "(async n)" track where it
     nests properly.
     """
+    ordered, lanes = _lanes(run.spans)
+    if not any(lanes):
+        _note(run, "separate_overlaps", {"moved": 0, "extra_tracks": 0})
+        return run.replace(spans=ordered)
     tracks = dict(run.tracks)
     next_id = max(tracks, default=0) + 1
-    by_track: dict[int, list[Span]] = {}
-    for s in run.spans:
-        by_track.setdefault(s.track_id, []).append(s)
     moved = 0
     new_spans: list[Span] = []
     overflow_of: dict[tuple[int, int], int] = {}
-    for track_id, spans in by_track.items():
-        spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
-        lanes: list[list[Span]] = [[]]  # lane 0 is the original track; each lane is a stack
-        for s in spans:
-            lane_no = _place(lanes, s)
-            if lane_no == 0:
-                new_spans.append(s)
-                continue
-            key = (track_id, lane_no)
-            if key not in overflow_of:
-                parent = tracks.get(track_id)
-                name = f"{parent.name if parent else track_id} (async {lane_no})"
-                tracks[next_id] = Track(
-                    next_id,
-                    TrackKind.ASYNC,
-                    name,
-                    parent.pid if parent else 0,
-                    parent.tid if parent else 0,
-                    parent_track=track_id,
-                )
-                overflow_of[key] = next_id
-                next_id += 1
-            moved += 1
-            clone = Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, overflow_of[key], s.attrs)
-            new_spans.append(clone)
+    for s, lane_no in zip(ordered, lanes):
+        if lane_no == 0:
+            new_spans.append(s)
+            continue
+        key = (s.track_id, lane_no)
+        if key not in overflow_of:
+            parent = tracks.get(s.track_id)
+            name = f"{parent.name if parent else s.track_id} (async {lane_no})"
+            tracks[next_id] = Track(
+                next_id,
+                TrackKind.ASYNC,
+                name,
+                parent.pid if parent else 0,
+                parent.tid if parent else 0,
+                parent_track=s.track_id,
+            )
+            overflow_of[key] = next_id
+            next_id += 1
+        moved += 1
+        new_spans.append(Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, overflow_of[key], s.attrs))
     _note(run, "separate_overlaps", {"moved": moved, "extra_tracks": len(overflow_of)})
     return run.replace(tracks=tracks, spans=new_spans)
+
+
+def _lanes(spans: list[Span]) -> tuple[list[Span], list[int]]:
+    """The spans grouped by track (in order of first appearance), each track's by (start, -end,
+    id), and the lane each is placed on (``_place``; 0: its own track). The sweep runs in C
+    where ``mltrace._sweep`` is built."""
+    from mltrace.tracer.passes.nesting import _sweep_module
+
+    sweep = _sweep_module()
+    if sweep is None or not spans:
+        by_track: dict[int, list[Span]] = {}
+        for s in spans:
+            by_track.setdefault(s.track_id, []).append(s)
+        ordered: list[Span] = []
+        lanes: list[int] = []
+        for group in by_track.values():
+            group.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
+            stacks: list[list[Span]] = [[]]  # lane 0 is the original track; each lane is a stack
+            for s in group:
+                ordered.append(s)
+                lanes.append(_place(stacks, s))
+        return ordered, lanes
+    import numpy as np
+
+    from mltrace.tracer.passes.nesting import span_columns
+
+    c = span_columns(spans)
+    track, first = np.unique(c["track"], return_index=True)
+    appearance = np.empty(len(track), dtype=np.int64)
+    appearance[np.argsort(first, kind="stable")] = np.arange(len(track))
+    group = appearance[np.searchsorted(track, c["track"])]  # a track's rank by first appearance
+    order = np.lexsort((c["id"], -c["end"], c["start"], group))
+    lane = np.empty(len(spans), dtype=np.int64)
+    sweep.lanes(order, group, c["start"], c["end"], lane)
+    rows = order.tolist()
+    return [spans[i] for i in rows], lane[order].tolist()
 
 
 def _place(lanes: list[list[Span]], s: Span) -> int:

@@ -16,6 +16,7 @@ input run's spans are not modified.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mltrace.run.store import Run
@@ -132,6 +133,9 @@ def nest_by_containment(run: Run) -> Run:
     Returns:
         A run with new span list; changed spans are copies.
     """
+    sweep = _sweep_module()
+    if sweep is not None and run.spans:
+        return _nest_by_containment_columns(run, sweep)
     by_track: dict[int, list[Span]] = {}
     for s in run.spans:
         by_track.setdefault(s.track_id, []).append(s)
@@ -163,6 +167,71 @@ def nest_by_containment(run: Run) -> Run:
     spans_out = [_copy_with_parent(s, new_parent[s.id]) if s.id in new_parent else s for s in run.spans]
     meta = _note(run, "nest_by_containment", {"parents_set": set_count, "parents_refined": refined})
     return run.replace(spans=spans_out, meta=meta)
+
+
+def _sweep_module() -> Any:
+    """The C sweeps (``mltrace._sweep``), unless not built or ``MLTRACE_SWEEP=python``."""
+    if os.environ.get("MLTRACE_SWEEP") == "python":
+        return None
+    try:
+        import mltrace._sweep as sweep
+    except ImportError:
+        return None
+    return sweep
+
+
+def span_columns(spans: list[Span]) -> dict[str, Any]:
+    """id, parent id (-1: none), track, start, end and level of each span, as int64 arrays."""
+    import numpy as np
+
+    n = len(spans)
+    return {
+        "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
+        "parent": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
+        "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
+        "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
+        "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
+        "level": np.fromiter((int(s.level) for s in spans), dtype=np.int64, count=n),
+    }
+
+
+def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
+    """``nest_by_containment`` on columns, with the sweep in C: the same parents, the same notes."""
+    import numpy as np
+
+    from mltrace.run.table import parent_rows
+
+    spans = run.spans
+    c = span_columns(spans)
+    ids, track, start, end, level = c["id"], c["track"], c["start"], c["end"], c["level"]
+    rank = np.asarray(_RANK_BY_VALUE, dtype=np.int64)[level]
+    ordered = np.lexsort((ids, rank, -end, start, track))  # per track, innermost_containers' order
+    inner = np.empty(len(spans), dtype=np.int64)
+    sweep.containers(ordered, track, start, end, level, int(Level.USER), inner)
+    prow = parent_rows(ids, c["parent"])
+    has = inner >= 0
+    safe = np.where(has, inner, 0)
+    differs = has & (ids[safe] != c["parent"])
+    orphan = differs & (prow < 0)  # no parent, or one missing from the run
+    pos = np.empty(len(spans), dtype=np.int64)
+    pos[ordered] = np.arange(len(spans))
+    p = np.where(prow >= 0, prow, 0)
+    user = int(Level.USER)
+    may_contain = (level[p] == user) | (level[safe] == user) | (level[p] <= level[safe])
+    refine = (
+        differs
+        & (prow >= 0)
+        & (track[p] == track)  # parents on other tracks (a kernel's launch call) are kept
+        & (start[p] <= start[safe])
+        & (end[safe] <= end[p])
+        & (pos[p] < pos[safe])
+        & may_contain
+    )
+    spans_out = list(spans)
+    for r in np.nonzero(orphan | refine)[0].tolist():
+        spans_out[r] = _copy_with_parent(spans[r], int(ids[inner[r]]))
+    facts = {"parents_set": int(orphan.sum()), "parents_refined": int(refine.sum())}
+    return run.replace(spans=spans_out, meta=_note(run, "nest_by_containment", facts))
 
 
 def attach_gpu_to_launch(run: Run) -> Run:
