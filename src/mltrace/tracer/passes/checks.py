@@ -111,9 +111,9 @@ def _lanes(spans: list[Span]) -> tuple[list[Span], list[int]]:
     """The spans grouped by track (in order of first appearance), each track's by (start, -end,
     id), and the lane each is placed on (``_place``; 0: its own track). The sweep runs in C
     where ``mltrace._sweep`` is built."""
-    from mltrace.tracer.passes.nesting import _sweep_module
+    from mltrace.tracer.passes.nesting import sweep_module
 
-    sweep = _sweep_module()
+    sweep = sweep_module()
     if sweep is None or not spans:
         by_track: dict[int, list[Span]] = {}
         for s in spans:

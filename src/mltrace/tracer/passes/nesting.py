@@ -133,7 +133,7 @@ def nest_by_containment(run: Run) -> Run:
     Returns:
         A run with new span list; changed spans are copies.
     """
-    sweep = _sweep_module()
+    sweep = sweep_module()
     if sweep is not None and run.spans:
         return _nest_by_containment_columns(run, sweep)
     by_track: dict[int, list[Span]] = {}
@@ -169,7 +169,7 @@ def nest_by_containment(run: Run) -> Run:
     return run.replace(spans=spans_out, meta=meta)
 
 
-def _sweep_module() -> Any:
+def sweep_module() -> Any:
     """The C sweeps (``mltrace._sweep``), unless not built or ``MLTRACE_SWEEP=python``."""
     if os.environ.get("MLTRACE_SWEEP") == "python":
         return None
