@@ -305,3 +305,42 @@ def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> 
         (7, "MKL_VERBOSE d"),
         (8, "onednn_verbose,e"),
     ]
+
+
+ANOTHER_THREAD_WRITES = r"""
+import os, sys, threading, time
+from mltrace.tracer.fdtap import FdTap
+
+stop = threading.Event()
+
+
+def writer() -> None:  # the program's other thread: numbered lines, all the time
+    i = 0
+    while not stop.is_set():
+        os.write(1, b"%d\n" % i)
+        i += 1
+        time.sleep(0.0001)
+
+
+t = threading.Thread(target=writer)
+t.start()
+for _ in range(20):  # the library source's tap (batched reads), stopped while the thread writes
+    tap = FdTap(batch_s=0.01).start()
+    time.sleep(0.03)
+    tap.stop()
+    time.sleep(0.005)
+stop.set()
+t.join()
+"""
+
+
+def test_a_stop_while_another_thread_writes_keeps_its_lines_in_order(tmp_path: Path) -> None:
+    """Bytes still in the pipe when fd 1 is restored would reach the terminal after the
+    thread's next, direct write: stop() first waits until the reader has forwarded them."""
+    script = tmp_path / "writer.py"
+    script.write_text(ANOTHER_THREAD_WRITES)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr.decode()
+    numbers = [int(x) for x in proc.stdout.split()]
+    assert len(numbers) > 1000
+    assert numbers == list(range(len(numbers)))
