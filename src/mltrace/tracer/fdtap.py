@@ -246,6 +246,7 @@ class FdTap:
         self._collecting = True
         self.detached = False
         self._reader_done = False
+        self._idle = self._draining = False
         if self.reader == "process" and self._start_process():
             self._active = True
             atexit.register(self.stop)
