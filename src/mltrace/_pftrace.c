@@ -6,9 +6,10 @@
  * encoder writes. It does the common packets itself, from the encoder's caches:
  *   - an end whose track has its packet tail in end_tails;
  *   - a begin without flows (its span id not in `flowing`) whose (track, name, level) head is in
- *     begin_heads, and whose attributes are empty, or a layer's whose annotation block is cached
- *     (`blocks`, keyed as the Python encoder keys it: attribute names, then the ids of the
- *     values; `dict_blocks` remembers the block of each attribute dict seen in this call).
+ *     begin_heads, and whose attributes are empty or have a cached annotation block: a layer's
+ *     in `blocks` (keyed as the Python encoder keys it: attribute names, then the ids of the
+ *     values), any span's in `dict_blocks` by the id of its attribute dict (filled here for
+ *     layers, and by the Python encoder for a map of another level seen twice).
  * Everything else (a first slice on a track, flows, other levels' annotations, a negative time,
  * instants, counters) goes to fallback(k), the Python encoder, which fills those caches.
  */
@@ -138,13 +139,15 @@ static int begin_packet(Buf *b, PyObject *span, PyObject *begin_heads, PyObject 
     int ok = 1;
     if (!PyDict_CheckExact(attrs)) ok = 0;
     else if (PyDict_GET_SIZE(attrs) > 0) {
-        if (level != layer) ok = 0;
-        else {
-            block = layer_block(attrs, blocks, dict_blocks);
-            if (!block) ok = PyErr_Occurred() ? -1 : 0;
-            else if (!PyBytes_Check(block)) { ok = 0; block = NULL; }
-            else Py_INCREF(block);
+        if (level == layer) block = layer_block(attrs, blocks, dict_blocks);
+        else {  /* another level's map: cached by the Python encoder once seen twice */
+            PyObject *map_id = PyLong_FromVoidPtr(attrs);
+            block = map_id ? PyDict_GetItemWithError(dict_blocks, map_id) : NULL;
+            Py_XDECREF(map_id);
         }
+        if (!block) ok = PyErr_Occurred() ? -1 : 0;
+        else if (!PyBytes_Check(block)) { ok = 0; block = NULL; }
+        else Py_INCREF(block);
     }
     Py_DECREF(level);
     Py_DECREF(attrs);

@@ -228,8 +228,9 @@ def test_annotation_strings_are_interned_once_each(torch_run: Run) -> None:
 
 
 def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
-    """Layer spans sharing their attribute values get their annotations encoded once and reused;
-    the trace must be byte for byte what encoding every span afresh (no values shared) gives."""
+    """Layer spans sharing their attribute values, and other spans sharing their attribute map,
+    get their annotations encoded once and reused; the trace must be byte for byte what encoding
+    every span afresh (nothing shared) gives."""
     import copy
 
     from mltrace.exporters import perfetto
@@ -245,6 +246,8 @@ def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
         s.attrs = {k: shared.setdefault((s.name, k, repr(v)), v) for k, v in s.attrs.items()}
     fresh = [Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, copy.deepcopy(s.attrs)) for s in torch_run.spans]
     assert len({id(s.attrs["ml.input.shapes"]) for s in layers}) < len(layers)
+    ops = [s for s in torch_run.spans if s.level.label == "op" and s.attrs]
+    assert len({id(s.attrs) for s in ops}) < len(ops) / 2  # a loaded run's ops share their templates' maps
     assert encode(torch_run.spans) == encode(fresh)
 
 

@@ -87,6 +87,8 @@ def _varint_loop(n: int) -> bytes:
 _ID_CATS, _ID_NAMES, _ID_ANN_NAMES = 1, 2, 3  # InternedData.event_categories / event_names / debug_annotation_names
 _ID_ANN_STRINGS = 29  # InternedData.debug_annotation_string_values
 _STRING_VALUE_IID = b"\x88\x01"  # DebugAnnotation.string_value_iid (field 17, varint)
+#: Attribute maps of non-layer spans counted as seen once, at most (``PerfettoEncoder.encode``).
+_SHARED_SEEN_MAX = 1 << 18
 #: Distinct annotation string values interned at most; later new ones are written inline.
 _STRING_VALUES_MAX = 1 << 18
 _SEQ_PREFIX = b"\x50\x01"  # trusted_packet_sequence_id = 1 (field 10)
@@ -260,9 +262,11 @@ class PerfettoEncoder:
         flows_out: Sequence[int],
         flows_in: Sequence[int],
         blocks: dict[tuple[Any, ...], bytes] | None = None,
+        shared: tuple[dict[int, bytes], set[int]] | None = None,
     ) -> bytes:
         """A SLICE_BEGIN packet. ``blocks``, when given, caches encoded annotations by the
-        identity of the attribute values (see ``encode``)."""
+        identity of the attribute values; ``shared`` caches them by the identity of the
+        attribute map, once a map is seen a second time (see ``encode``)."""
         new: list[tuple[int, int, str | bytes]] = []
         head_key = (span.track_id, span.name, span.level)
         ev = self._begin_heads.get(head_key)
@@ -283,7 +287,17 @@ class PerfettoEncoder:
             ev += _TERMINATING_FLOW_IDS + struct.pack("<Q", f & 0xFFFFFFFFFFFFFFFF)
         attrs = span.attrs
         if attrs:
-            if blocks is None:
+            if blocks is None and shared is not None:
+                by_map, seen = shared
+                block = by_map.get(id(attrs))
+                if block is None:
+                    block = self._annotations(attrs, new)
+                    if id(attrs) in seen:
+                        by_map[id(attrs)] = block
+                    elif len(seen) < _SHARED_SEEN_MAX:
+                        seen.add(id(attrs))
+                ev += block
+            elif blocks is None:
                 ev += self._annotations(attrs, new)
             else:
                 key = (*attrs, *map(id, attrs.values()))
@@ -356,6 +370,12 @@ class PerfettoEncoder:
         # once and reused. Keyed by the values' ids, which stay unique while this call holds
         # the spans; other levels carry per-span values (Kineto ids) and are encoded each.
         blocks: dict[tuple[Any, ...], bytes] = {}
+        # Other levels' spans share a map where the end of a run wrote them as templates (a
+        # live run's ops of one name and shapes): its annotations are cached by the map's
+        # identity once it is seen twice (maps used once, as an imported trace's, are only
+        # counted, up to _SHARED_SEEN_MAX). The C encoder reads the same cache.
+        by_map: dict[int, bytes] = {}
+        shared = (by_map, set[int]())
         slice_begin, slice_end, append = self._slice_begin, self._slice_end, out.append
         flows_of, flows_into, no_flows = flow_out.get, flow_in.get, ()
         layer = Level.LAYER
@@ -368,7 +388,9 @@ class PerfettoEncoder:
                 if k & 1:
                     return slice_end(obj)
                 i = obj.id
-                return slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), blocks if obj.level is layer else None)
+                if obj.level is layer:
+                    return slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), blocks)
+                return slice_begin(obj, flows_of(i, no_flows), flows_into(i, no_flows), None, shared)
             if k < n_instants:
                 return self._instant(instant_list[k - n_ends])
             return self._counter(counter_list[k - n_instants])
@@ -376,14 +398,13 @@ class PerfettoEncoder:
         fast = _fast_encoder()
         if fast is not None:  # the same bytes, the common packets made in C (_pftrace.c)
             flowing = set(flow_out) | set(flow_in)
-            dict_blocks: dict[int, bytes] = {}
             written = len(out)  # the track descriptors
             if write is not None and out:
                 write(b"".join(out))
                 out.clear()
             for lo in range(0, len(order), _WRITE_CHUNK):
                 ks = order[lo : lo + _WRITE_CHUNK].tolist()
-                chunk = fast(ks, span_list, n_ends, self._end_tails, self._begin_heads, blocks, dict_blocks, layer, flowing, packet)
+                chunk = fast(ks, span_list, n_ends, self._end_tails, self._begin_heads, blocks, by_map, layer, flowing, packet)
                 written += len(ks)
                 if write is not None:
                     write(chunk)
