@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,15 +182,23 @@ def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(
     assert text in json.loads((run_dir / "run.json").read_text())["limitations"]
 
 
-def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -> None:
-    script = SCRIPTS / "repeated_inference.py"
-    plain = run_plain(script, "6")
-    traced = run_cli("python", "--level", "library", "--op-inferences", "3", "-o", str(tmp_path / "run"), str(script), "6")
+def _run_with_op_window(tmp_path: Path, script: str, level: str, ops_for: int, calls: int) -> tuple[Run, dict[str, Any]]:
+    """Runs a test script under ``mltrace python --level LEVEL --op-inferences OPS_FOR`` as a
+    user does (its stdout as in a plain run; stderr says the op level ended); the run and its
+    run.json ``op_window``."""
+    path = SCRIPTS / script
+    plain = run_plain(path, str(calls))
+    option = ["--op-inferences", str(ops_for)]
+    traced = run_cli("python", "--level", level, *option, "-o", str(tmp_path / "run"), str(path), str(calls))
     assert traced.returncode == 0, traced.stderr.decode()
     assert traced.stdout == plain.stdout
-    assert "ended after 3 model calls (--op-inferences 3;" in traced.stderr.decode()
+    assert f"ended after {ops_for} model calls (--op-inferences {ops_for};" in traced.stderr.decode()
     run = mltrace.load_run(tmp_path / "run")
-    window = run.meta["op_window"]
+    return run, run.meta["op_window"]
+
+
+def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -> None:
+    run, window = _run_with_op_window(tmp_path, "repeated_inference.py", "library", 3, 6)
     assert window["ended_after_model_calls"] == 3 and set(window["sources"]) == {"torch.profiler", "cpu.library"}
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
     assert len(models) == 6
@@ -232,14 +241,7 @@ def test_live_ops_stop_after_three_inferences_and_layers_go_on(tmp_path: Path) -
 def test_model_calls_only_on_a_worker_thread_end_the_op_level(tmp_path: Path) -> None:
     """torch.profiler (all threads) started on the main thread stops from the worker whose
     model call ended the window: a server's request threads bound the op level too."""
-    script = SCRIPTS / "worker_inference.py"
-    plain = run_plain(script, "5")
-    traced = run_cli("python", "--level", "op", "--op-inferences", "2", "-o", str(tmp_path / "run"), str(script), "5")
-    assert traced.returncode == 0, traced.stderr.decode()
-    assert traced.stdout == plain.stdout
-    assert "ended after 2 model calls (--op-inferences 2;" in traced.stderr.decode()
-    run = mltrace.load_run(tmp_path / "run")
-    window = run.meta["op_window"]
+    run, window = _run_with_op_window(tmp_path, "worker_inference.py", "op", 2, 5)
     assert window["ended_after_model_calls"] == 2 and window["sources"] == ["torch.profiler"]
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
     assert len(models) == 5 and len({m.track_id for m in models}) == 1

@@ -430,13 +430,10 @@ class PerfettoEncoder:
 def _fast_encoder() -> Callable[..., bytes] | None:
     """The C span-packet encoder (``_pftrace.encode_spans``), unless it was not built or
     ``MLTRACE_PERFETTO_ENCODER=python`` asks for the Python one."""
-    if os.environ.get("MLTRACE_PERFETTO_ENCODER") == "python":
-        return None
-    try:
-        from mltrace._pftrace import encode_spans
-    except ImportError:
-        return None
-    return encode_spans
+    from mltrace.native import c_helper
+
+    helper = c_helper("_pftrace", "MLTRACE_PERFETTO_ENCODER")
+    return helper.encode_spans if helper is not None else None
 
 
 def _packet_order(spans: list[Span], instants: list[Instant], counters: list[CounterSample]) -> Any:

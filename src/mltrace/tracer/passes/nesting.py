@@ -16,7 +16,6 @@ input run's spans are not modified.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from mltrace.run.store import Run
@@ -171,13 +170,9 @@ def nest_by_containment(run: Run) -> Run:
 
 def sweep_module() -> Any:
     """The C sweeps (``mltrace._sweep``), unless not built or ``MLTRACE_SWEEP=python``."""
-    if os.environ.get("MLTRACE_SWEEP") == "python":
-        return None
-    try:
-        import mltrace._sweep as sweep
-    except ImportError:
-        return None
-    return sweep
+    from mltrace.native import c_helper
+
+    return c_helper("_sweep", "MLTRACE_SWEEP")
 
 
 def span_columns(spans: list[Span]) -> dict[str, Any]:
