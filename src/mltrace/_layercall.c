@@ -216,8 +216,8 @@ static PyTypeObject LayerCallType = {
  * once as  [template id,path,{attributes,"ml.input.shapes":…,…}]  and kept in `templates`
  * (key: the four encodings, value: the id from next_template()); each frame then gets the row
  *   [id,parent id,level,null,start,end,track,{},template id]
- * Both come back as comma-separated rows. place(frame) resolves a frame's cache entry where it
- * is not set yet; the shape encodings come from in_cache/out_cache (one-tensor forms), else from
+ * Both come back as comma-separated rows. A frame's cache entry comes from its parent's cache
+ * (placed(), the common case) or else from place(frame); the shape encodings come from in_cache/out_cache (one-tensor forms), else from
  * shapes_json(raw, cache, kind). If a frame fails, the templates this call added are taken out
  * of `templates` again: rows written later must not refer to a template that never reached the
  * file. In Python the same took ≈ 2 µs a frame, about a third of it formatting. */
@@ -286,7 +286,56 @@ static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_tex
     return tid;
 }
 
-static PyObject *s_track_id, *s_input, *s_output, *s_empty;
+static PyObject *s_track_id, *s_input, *s_output, *s_empty, *s_kids, *s_ref;
+
+/* A frame's cache entry (KID), as place(frame) gives it, without a call into Python where the
+ * entry is already cached: the parent's entry (placed first, the same way) holds its children's
+ * in facts.kids under (parent path, id(module)), and the child's facts hold a weak reference
+ * that must still be this module (a dead module's id can be reused). Sets KID and ROOT as
+ * place() does. Anything else (no entry yet, a stale one, a frame of another shape) goes to
+ * place(), which fills the cache. New reference, or NULL with an error. */
+static int referent_is(PyObject *ref, PyObject *o) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *alive = NULL;
+    if (PyWeakref_GetRef(ref, &alive) < 0) return 0;
+    int same = alive == o;
+    Py_XDECREF(alive);
+    return same;
+#else
+    return PyWeakref_GetObject(ref) == o;  /* borrowed; Py_None once dead */
+#endif
+}
+
+static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
+    PyObject *kid = PyList_GET_ITEM(frame, 7);
+    if (kid != Py_None) return Py_NewRef(kid);
+    PyObject *parent = PyList_GET_ITEM(frame, 1);
+    if (depth > 64 || !PyList_CheckExact(parent) || PyList_GET_SIZE(parent) < 9) return PyObject_CallOneArg(place, frame);
+    PyObject *parent_kid = placed(parent, place, depth + 1);
+    if (!parent_kid) return NULL;
+    PyObject *found = NULL;
+    if (PyTuple_Check(parent_kid) && PyTuple_GET_SIZE(parent_kid) >= 2) {
+        PyObject *module = PyList_GET_ITEM(frame, 0);
+        PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
+        PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
+        if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
+        PyObject *hit = key && PyDict_Check(kids) ? PyDict_GetItemWithError(kids, key) : NULL;
+        if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) >= 5) {
+            PyObject *ref = PyObject_GetAttr(PyTuple_GET_ITEM(hit, 1), s_ref);
+            if (ref && PyWeakref_CheckRef(ref) && referent_is(ref, module)) found = Py_NewRef(hit);
+            Py_XDECREF(ref);
+        }
+        Py_XDECREF(kids); Py_XDECREF(module_id); Py_XDECREF(key);
+        PyErr_Clear();  /* whatever failed here, place() does it again and says why */
+    }
+    if (!found) { Py_DECREF(parent_kid); return PyObject_CallOneArg(place, frame); }
+    PyObject *root = PyList_GET_ITEM(parent, 1) == Py_None ? parent : PyList_GET_ITEM(parent, 8);
+    Py_INCREF(root);
+    PyList_SetItem(frame, 8, root);  /* steals */
+    PyList_SetItem(frame, 7, Py_NewRef(found));
+    Py_DECREF(parent_kid);
+    return found;
+}
 
 static PyObject *encode_rows(PyObject *mod, PyObject *args) {
     PyObject *frames, *place, *shapes_json, *in_cache, *out_cache, *templates, *next_template; int level;
@@ -301,13 +350,8 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
         PyObject *f = PyList_GET_ITEM(frames, i);
         if (!PyList_CheckExact(f) || PyList_GET_SIZE(f) < 9) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
-        PyObject *kid = PyList_GET_ITEM(f, 7);
-        if (kid == Py_None) {
-            kid = PyObject_CallOneArg(place, f);
-            if (!kid) goto fail;
-        } else {
-            Py_INCREF(kid);
-        }
+        PyObject *kid = placed(f, place, 0);
+        if (!kid) goto fail;
         PyObject *in_text = NULL, *out_text = NULL, *track = NULL, *tid = NULL;
         PyObject *parent = PyList_GET_ITEM(f, 1), *root = PyList_GET_ITEM(f, 8);
         PyObject *raw_in = PyList_GET_ITEM(f, 5), *raw_out = PyList_GET_ITEM(f, 6);
@@ -365,6 +409,8 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_input = PyUnicode_InternFromString("input");
     s_output = PyUnicode_InternFromString("output");
     s_empty = PyUnicode_InternFromString("");
+    s_kids = PyUnicode_InternFromString("kids");
+    s_ref = PyUnicode_InternFromString("ref");
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0) { Py_DECREF(m); return NULL; }

@@ -443,6 +443,48 @@ def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path) ->
     assert all(s.track_id == spans[0].track_id and s.end_ns >= s.start_ns > 0 for s in spans)
 
 
+def test_a_new_module_at_a_dead_ones_address_gets_its_own_path_and_type(tmp_path: Path) -> None:
+    """The drain caches each child's path and facts under (parent path, id(child)). Modules made
+    and dropped inside forward() often reuse a dead module's address, so a cached entry may
+    belong to a dead module of another type: its weak reference must send the drain (C or
+    Python) back to working the path out, with a flush between calls so the cache is warm."""
+    from mltrace.tracer.session import active_session
+
+    made: list[tuple[int, str]] = []
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.keep = nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i in range(4):
+                layer = (nn.ReLU if i % 2 == 0 else nn.Tanh)()  # not a child: "<ReLU>", "<Tanh>"
+                made.append((id(layer), type(layer).__name__))
+                x = self.keep(layer(x))
+                del layer
+            return x
+
+    net = Net()
+
+    def work() -> None:
+        session = active_session()
+        assert session is not None
+        for _ in range(6):
+            net(torch.ones(1, 3))
+            session.flush()
+
+    run = _trace(tmp_path, work, flush_interval_s=60)
+    types_at: dict[int, set[str]] = {}
+    for address, kind in made:
+        types_at.setdefault(address, set()).add(kind)
+    assert any(len(kinds) > 1 for kinds in types_at.values()), "no address was reused by another type: nothing tested"
+    layers = sorted((s for s in run.spans if s.level == Level.LAYER), key=lambda s: s.start_ns)
+    made_spans = [s for s in layers if s.name != "keep"]
+    assert [(s.name, s.attrs["ml.layer.type"]) for s in made_spans] == [(f"<{kind}>", kind) for _, kind in made]
+    assert len(layers) == 2 * len(made) == 48
+
+
 def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Path, hot_path: str) -> None:
     """What a layer frame keeps until the drain cannot form a cycle; tracked, every live frame
     would be traversed by each collection the program's own allocations trigger."""
