@@ -217,8 +217,8 @@ static PyTypeObject LayerCallType = {
  * (key: the four encodings, value: the id from next_template()); each frame then gets the row
  *   [id,parent id,level,null,start,end,track,{},template id]
  * Both come back as comma-separated rows. A frame's cache entry comes from its parent's cache
- * (placed(), the common case) or else from place(frame); the shape encodings come from in_cache/out_cache (one-tensor forms), else from
- * shapes_json(raw, cache, kind). If a frame fails, the templates this call added are taken out
+ * (placed(), the common case) or else from place(frame); the shape encodings come from
+ * in_cache/out_cache (one-tensor forms), else from shapes_json(raw, cache, kind). If a frame fails, the templates this call added are taken out
  * of `templates` again: rows written later must not refer to a template that never reached the
  * file. In Python the same took ≈ 2 µs a frame, about a third of it formatting. */
 
