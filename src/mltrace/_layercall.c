@@ -25,6 +25,14 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *tls, *new_stack, *outer, *raw_shapes, *tensor_type, *next_id, *append_frame, *original;
     int direct;
+    /* The calling thread's stack (a borrowed reference): TorchModuleSource._stacks keeps every
+     * thread's stack alive while this object lives (it holds new_stack, a method of the source),
+     * and a thread's stack is never replaced. A thread's first call finds it in tls. */
+    Py_tss_t stack_key;
+    /* torch.Tensor's shape and dtype getters, called without the attribute lookup (which,
+     * between convolutions, misses the caches), or NULL where either is not a plain getter. */
+    getter get_shape, get_dtype;
+    void *shape_closure, *dtype_closure;
 } LayerCall;
 
 static PyObject *s_stack, *s_shape, *s_dtype, *s_call_impl, *s_compiled;
@@ -51,9 +59,10 @@ static void untrack(PyObject *o) {
 
 static PyObject *shapes_of(LayerCall *self, PyObject *value) {
     if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
-        PyObject *shape = PyObject_GetAttr(value, s_shape);
+        int direct = self->get_shape != NULL;
+        PyObject *shape = direct ? self->get_shape(value, self->shape_closure) : PyObject_GetAttr(value, s_shape);
         if (!shape) return NULL;
-        PyObject *dtype = PyObject_GetAttr(value, s_dtype);
+        PyObject *dtype = direct ? self->get_dtype(value, self->dtype_closure) : PyObject_GetAttr(value, s_dtype);
         if (!dtype) { Py_DECREF(shape); return NULL; }
         PyObject *pair = PyTuple_Pack(2, shape, dtype);
         Py_DECREF(shape); Py_DECREF(dtype);
@@ -67,12 +76,22 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs < 1) return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     PyObject *module = args[0];
-    PyObject *stack = PyObject_GetAttr(self->tls, s_stack);
-    if (!stack) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
-        PyErr_Clear();
-        stack = PyObject_CallNoArgs(self->new_stack);
-        if (!stack) return NULL;
+    PyObject *stack = PyThread_tss_get(&self->stack_key);
+    if (stack) {
+        Py_INCREF(stack);
+    } else {
+        stack = PyObject_GetAttr(self->tls, s_stack);
+        if (!stack) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+            PyErr_Clear();
+            stack = PyObject_CallNoArgs(self->new_stack);
+            if (!stack) return NULL;
+        }
+        if (PyList_CheckExact(stack) && PyThread_tss_set(&self->stack_key, stack) != 0) {
+            Py_DECREF(stack);
+            PyErr_SetString(PyExc_RuntimeError, "mltrace: thread-specific storage failed");
+            return NULL;
+        }
     }
     if (!PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0) {
         Py_DECREF(stack);
@@ -173,6 +192,7 @@ static int layer_clear(LayerCall *self) {
 }
 static void layer_dealloc(LayerCall *self) {
     PyObject_GC_UnTrack(self);
+    if (PyThread_tss_is_created(&self->stack_key)) PyThread_tss_delete(&self->stack_key);
     layer_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -185,6 +205,20 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!PyType_Check(o[4])) { PyErr_SetString(PyExc_TypeError, "tensor_type must be a type"); return NULL; }
     LayerCall *self = (LayerCall *)type->tp_alloc(type, 0);
     if (!self) return NULL;
+    self->stack_key = (Py_tss_t)Py_tss_NEEDS_INIT;
+    if (PyThread_tss_create(&self->stack_key) != 0) {
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_RuntimeError, "mltrace: no thread-specific storage key left");
+        return NULL;
+    }
+    PyObject *shape = _PyType_Lookup((PyTypeObject *)o[4], s_shape), *dtype = _PyType_Lookup((PyTypeObject *)o[4], s_dtype);
+    if (shape && dtype && Py_IS_TYPE(shape, &PyGetSetDescr_Type) && Py_IS_TYPE(dtype, &PyGetSetDescr_Type)) {
+        PyGetSetDef *s = ((PyGetSetDescrObject *)shape)->d_getset, *d = ((PyGetSetDescrObject *)dtype)->d_getset;
+        if (s->get && d->get) {
+            self->get_shape = s->get; self->shape_closure = s->closure;
+            self->get_dtype = d->get; self->dtype_closure = d->closure;
+        }
+    }
     self->vectorcall = layer_vectorcall;
     self->tls = Py_NewRef(o[0]); self->new_stack = Py_NewRef(o[1]); self->outer = Py_NewRef(o[2]);
     self->raw_shapes = Py_NewRef(o[3]); self->tensor_type = Py_NewRef(o[4]); self->next_id = Py_NewRef(o[5]);
