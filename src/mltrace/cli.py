@@ -48,8 +48,8 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--op-inferences",
         metavar="N",
         dest="op_inferences",
-        help="record ops and library calls for the first N model calls only, then model and layer spans "
-        "(PyTorch, TensorFlow, ONNX Runtime)",
+        help="record ops and library calls for the first N model calls of each framework only, then model and "
+        "layer spans (PyTorch, TensorFlow, ONNX Runtime)",
     )
     p.add_argument(
         "--max-spans",

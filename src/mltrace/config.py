@@ -30,10 +30,11 @@ class ProfileOptions:
         py_spy: sample Python stacks with py-spy (source level).
         native: include native frames in py-spy samples.
         otlp: OTLP endpoint to send spans to at the end (None: do not send).
-        op_inferences: end the op and library levels after this many model calls
-            (outermost ``nn.Module`` or Keras model calls); the model and layer levels go
-            on. None: they run until the end, or until the process grows past
-            the op level's memory budget (``op_memory_gib``).
+        op_inferences: end each framework's op level after this many of its model calls
+            (outermost ``nn.Module``, Keras model or ``InferenceSession.run`` calls), and
+            the library level with the last of them; the model and layer levels go on.
+            None: they run until the end, or until the process grows past the op
+            level's memory budget (``op_memory_gib``).
         op_memory_gib: the op level's memory budget: it ends when the process has
             grown by this many GiB since torch.profiler started (environment:
             ``MLTRACE_OP_MEMORY_GIB``). None: 5 % of the memory available when the

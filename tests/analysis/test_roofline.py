@@ -96,6 +96,17 @@ def test_unknown_type_or_shapes_give_no_formula() -> None:
     assert layer_formula_work("Linear", {}) is None
 
 
+def test_symbolic_dimensions_are_not_known_sizes() -> None:
+    """A shape with a dimension that is not a whole number (a model's declared "batch", a
+    symbolic size written as text) gives no formula and no bytes for that tensor, not an error."""
+    symbolic = {"ml.input.shapes": [["batch", 3, 16, 16]], "ml.output.shapes": [["s0", 8, 16, 16]], "ml.layer.params": 224}
+    assert layer_formula_work("Conv2d", symbolic) is None
+    assert io_bytes(symbolic) == 224 * 4  # the weights only
+    half = {**symbolic, "ml.output.shapes": [[1, 8, 16, 16]]}
+    work = layer_formula_work("Conv2d", half)
+    assert work is not None and work.flops == 2 * 8 * 16 * 16 * (224 // 8)
+
+
 def test_io_bytes_of_scalars_and_missing_fields() -> None:
     assert io_bytes({}) == 0
     assert io_bytes({"ml.input.shapes": [[], [3]], "ml.input.dtypes": ["Scalar", "float64"]}) == 3 * 8

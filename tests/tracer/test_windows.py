@@ -64,7 +64,7 @@ def test_the_op_level_ends_after_the_given_model_calls_and_stops_once(tmp_path: 
     source = _EndableOps(threading.get_ident())
     session = _session(tmp_path, source, op_inferences=2)
     try:
-        window = session.op_window
+        window = session.op_windows.get(None)
         assert window is not None
         window.model_ended()
         assert source.ended == 0
@@ -86,8 +86,8 @@ def test_only_the_thread_that_started_the_profiler_ends_it(tmp_path: Path) -> No
     source = _EndableOps(thread_ident=-1)  # some other thread
     session = _session(tmp_path, source, op_inferences=1)
     try:
-        assert session.op_window is not None
-        session.op_window.model_ended()
+        assert session.op_windows.get(None) is not None
+        session.op_windows.get(None).model_ended()
         assert source.ended == 0
     finally:
         run_dir = session.stop()
@@ -103,11 +103,11 @@ def test_a_full_trace_ends_the_op_level_without_waiting_for_a_model_call(tmp_pat
     source = _EndableOps(None if owner == "any" else -1)
     session = _session(tmp_path, source, max_spans=10)
     try:
-        assert session.op_window is not None
-        session.op_window.model_ended()  # one model call, no end asked for yet
+        assert session.op_windows.get(None) is not None
+        session.op_windows.get(None).model_ended()  # one model call, no end asked for yet
         session.fill(20)
         assert session.full and source.ended == (1 if owner == "any" else 0)
-        session.op_window.model_ended()  # a later return changes nothing
+        session.op_windows.get(None).model_ended()  # a later return changes nothing
         assert source.ended == (1 if owner == "any" else 0)
     finally:
         run_dir = session.stop()
@@ -127,15 +127,15 @@ def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
     source = _EndableOps(threading.get_ident())
     session = _session(tmp_path, source, op_memory_gib=1e-6)  # about 1 KB
     try:
-        assert session.op_window is not None
+        assert session.op_windows.get(None) is not None
         for hook in source.after_start:  # what torch.profiler's start does: the budget counts from here
             hook()  # type: ignore[operator]
         held = bytearray(64 << 20)  # the process grows by 64 MB
         held[:: 4096] = b"x" * len(held[:: 4096])
         session.flush()
         assert source.ended == 0  # not in the middle of a model call
-        assert session.op_window.reason == "memory budget"
-        session.op_window.model_ended()
+        assert session.op_windows.get(None).reason == "memory budget"
+        session.op_windows.get(None).model_ended()
         assert source.ended == 1
         del held
     finally:
@@ -174,7 +174,7 @@ def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(
     source = _EndableOps(threading.get_ident())
     session = _session(tmp_path, source, op_inferences=4, level=Level.LAYER)
     try:
-        assert session.op_window is None
+        assert not session.op_windows
     finally:
         run_dir = session.stop()
     text = "--op-inferences 4 has no effect: the op level is not recorded"
@@ -250,6 +250,45 @@ def test_model_calls_only_on_a_worker_thread_end_the_op_level(tmp_path: Path) ->
     ops = [s for s in run.spans if s.level == Level.OP]
     assert ops and all(s.end_ns <= window["ended_ns"] for s in ops)
     assert sum(1 for s in ops if models[0].start_ns <= s.start_ns and s.end_ns <= models[0].end_ns) > 10
+
+
+def test_each_framework_ends_its_op_level_after_its_own_model_calls(tmp_path: Path) -> None:
+    """A program that calls a torch model, exports it and runs it with ONNX Runtime: with
+    --op-inferences 2, torch's op level ends after two torch calls and ONNX Runtime's after
+    two runs of its own, not after the torch calls that came first."""
+    pytest.importorskip("onnxruntime")
+    path = SCRIPTS / "torch_then_ort.py"
+    plain = run_plain(path, "4")
+    traced = run_cli("python", "--level", "op", "--op-inferences", "2", "-o", str(tmp_path / "run"), str(path), "4")
+    assert traced.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    run = mltrace.load_run(tmp_path / "run")
+    frameworks = run.meta["op_window"]["frameworks"]
+    assert set(frameworks) == {"pytorch", "onnxruntime"}
+    assert frameworks["pytorch"]["ended_after_model_calls"] == frameworks["onnxruntime"]["ended_after_model_calls"] == 2
+    assert frameworks["pytorch"]["sources"] == ["torch.profiler"] and frameworks["onnxruntime"]["sources"] == ["onnxruntime"]
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    torch_calls = [m for m in models if m.attrs.get("ml.framework") == "pytorch"]
+    ort_calls = [m for m in models if m.attrs.get("ml.framework") == "onnxruntime"]
+    # The export traces the model once more: a fifth torch model call.
+    assert len(torch_calls) == 5 and len(ort_calls) == 4 and torch_calls[-1].end_ns < ort_calls[0].start_ns
+    torch_end, ort_end = frameworks["pytorch"]["ended_ns"], frameworks["onnxruntime"]["ended_ns"]
+    assert torch_calls[1].end_ns <= torch_end <= torch_calls[2].start_ns
+    assert ort_calls[1].end_ns <= ort_end <= ort_calls[2].start_ns
+    # Ops in the first two calls of each framework, none in the others.
+    ops = [s for s in run.spans if s.level == Level.OP]
+    with_ops = [m for m in models if any(m.start_ns <= o.start_ns and o.end_ns <= m.end_ns for o in ops)]
+    assert with_ops == torch_calls[:2] + ort_calls[:2]
+    # The analyses count each call against its own framework's end.
+    analysis = analyze(run)
+    assert any("ops were recorded in 4 of 9 model calls" in n for n in analysis.findings.notes)
+    for b in (analysis.breakdown, breakdown(run)):
+        assert b.calls_for(Level.OP) == 4
+        assert b.base_ns(Level.OP) == sum(m.duration_ns for m in with_ops)
+    assert "of its model calls (--op-inferences 2" in traced.stderr.decode()
+    # The exporter's traced call sees sizes as 0-dim tensors: its layers still get int shapes.
+    traced_layers = [s for s in run.spans if s.level == Level.LAYER and torch_calls[4].start_ns <= s.start_ns <= torch_calls[4].end_ns]
+    assert traced_layers and all(type(d) is int for s in traced_layers for shape in s.attrs["ml.input.shapes"] for d in shape)
 
 
 # -- the layer level's end (--max-spans) ------------------------------------------------

@@ -582,7 +582,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
     layer_ended = g.layer_end_ns is not None
-    op_ended = layer_ended or g.op_end_ns is not None
+    op_ended = layer_ended or g.op_ends.ended
     order = [*HIERARCHY, Level.USER]
     breakdown = Breakdown(
         levels=[LevelTime(lv, g.counts[int(lv)], g.level_ns[int(lv)]) for lv in order if g.counts.get(int(lv))],
@@ -655,11 +655,11 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
     if has_ops and layer_rows:
         findings.framework_ns = sum(r.framework_ns or 0 for r in layer_rows)
         findings.framework_base_ns = model_ns or sum(r.stat.self_ns for r in layer_rows)
-        if p.op_end_ns is not None or p.layer_end_ns is not None:  # only the calls with ops in layers
+        if p.op_ends.ended or p.layer_end_ns is not None:  # only the calls with ops in layers
             findings.framework_base_ns = sum(r.op_calls_ns for r in models) or sum(
                 r.op_calls_ns for r in layer_rows if not r.has_child_layers
             )
-        if p.op_end_ns is not None:
+        if p.op_ends.ended:
             findings.notes.append(
                 f"the op level ended early: ops were recorded in {sum(r.op_calls for r in models)} of {calls} model "
                 "calls; framework overhead and ops per call count those calls only"

@@ -92,8 +92,9 @@ class Breakdown:
             (run.json ``layer_window``), the model calls that started before it (those
             in flight then finish their layer spans); else None.
         layer_model_ns: their total time (ns), the base of layer shares; else None.
-        op_model_ns: the time of those of them that also ended before the op level did
-            (``op_window``), the base of op, library and kernel shares; else None.
+        op_model_ns: the time of those of them that also ended before their framework's op
+            level did (``op_window``, ``OpEnds``), the base of op, library and kernel shares;
+            else None.
         op_model_calls: the number of those calls; else None.
     """
 
@@ -129,12 +130,49 @@ class Breakdown:
         return self.model_calls
 
 
+@dataclass(frozen=True)
+class OpEnds:
+    """When the op level ended before the run did (run.json ``op_window``), per framework.
+
+    Each framework's op level ends after its own model calls (``--op-inferences``), so a
+    model or layer call has ops if it ended before its framework's end. Runs written before
+    the per-framework windows (and runs whose op sources name no framework) have one end,
+    ``default``, for every call.
+    """
+
+    default: int | None = None
+    by_framework: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        """Whether any framework's op level ended before the run did."""
+        return self.default is not None or any(v is not None for v in self.by_framework.values())
+
+    def of(self, framework: object) -> int | None:
+        """The end that applies to a call of ``framework`` (its ``ml.framework``), or None."""
+        if not self.by_framework:
+            return self.default
+        return self.by_framework.get(framework) if isinstance(framework, str) else None
+
+
+def op_ends(run: Run) -> OpEnds:
+    """The op level's ends from run.json's ``op_window`` (``OpEnds``)."""
+    window = run.meta.get("op_window")
+    frameworks = window.get("frameworks") if isinstance(window, dict) else None
+    if not isinstance(frameworks, dict) or not frameworks:
+        return OpEnds(window_end(run, "op_window"))
+    return OpEnds(None, {str(fw): _ns(entry.get("ended_ns") if isinstance(entry, dict) else None) for fw, entry in frameworks.items()})
+
+
+def _ns(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def window_end(run: Run, key: str) -> int | None:
     """When a level ended before the run did (session clock ns), from run.json's ``key``
     (``op_window``, ``layer_window``); else None."""
     window = run.meta.get(key)
-    ended = window.get("ended_ns") if isinstance(window, dict) else None
-    return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
+    return _ns(window.get("ended_ns") if isinstance(window, dict) else None)
 
 
 def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
@@ -213,7 +251,7 @@ def breakdown(run: Run) -> Breakdown:
     model_ns = 0
     # A model call has layer spans if it started before the layer level's end (calls in flight
     # then finish theirs), and ops if it also ended before the op level's end.
-    layer_end, op_end = window_end(run, "layer_window"), window_end(run, "op_window")
+    layer_end, op_end = window_end(run, "layer_window"), op_ends(run)
     layer_calls = layer_ns = op_calls = op_ns = 0
     for s in spans:
         if s.level not in (Level.MODEL, Level.LAYER):
@@ -248,7 +286,8 @@ def breakdown(run: Run) -> Breakdown:
             if with_layers:
                 layer_calls += 1
                 layer_ns += s.duration_ns
-                if op_end is None or s.end_ns <= op_end:
+                end = op_end.of(a.get("ml.framework"))
+                if end is None or s.end_ns <= end:
                     op_calls += 1
                     op_ns += s.duration_ns
         else:
@@ -270,8 +309,8 @@ def breakdown(run: Run) -> Breakdown:
         span_count=len(spans),
         layer_model_calls=layer_calls if layer_end is not None else None,
         layer_model_ns=layer_ns if layer_end is not None else None,
-        op_model_ns=op_ns if op_end is not None or layer_end is not None else None,
-        op_model_calls=op_calls if op_end is not None or layer_end is not None else None,
+        op_model_ns=op_ns if op_end.ended or layer_end is not None else None,
+        op_model_calls=op_calls if op_end.ended or layer_end is not None else None,
     )
 
 

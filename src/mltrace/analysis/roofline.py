@@ -110,10 +110,12 @@ def element_bytes(dtype: Any) -> int:
 
 
 def _shapes(attrs: dict[str, Any], key: str) -> list[list[int]]:
+    """The tensor shapes of a span's attribute; a shape with a dimension that is not a whole
+    number (a symbolic one, "batch", from a model's declared inputs) becomes [], not known."""
     value = attrs.get(key)
     if not isinstance(value, list):
         return []
-    return [s for s in value if isinstance(s, list)]
+    return [s if all(type(d) is int for d in s) else [] for s in value if isinstance(s, list)]
 
 
 def _dtypes(attrs: dict[str, Any], key: str, count: int) -> list[Any]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
-from mltrace.analysis.breakdown import window_end
+from mltrace.analysis.breakdown import OpEnds, op_ends, window_end
 from mltrace.analysis.roofline import CHILDREN, EXPLICIT, IO, OPS, explicit_work, io_bytes, layer_formula_work, op_bytes
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import TrackKind
@@ -131,12 +131,29 @@ class Gathered:
     unscoped_ops: int = 0
     unscoped_ops_ns: int = 0  # outermost ops only
     # Where the op level ended before the run did (run.json "op_window"): the session clock
-    # time it ended; layer and model calls that ended after it have no ops and are left out
-    # of framework overhead and of the ops-per-call rule.
-    op_end_ns: int | None = None
+    # time each framework's ended; layer and model calls that ended after their framework's
+    # end have no ops and are left out of framework overhead and of the ops-per-call rule.
+    op_ends: OpEnds = field(default_factory=OpEnds)
     # The same for the layer level (run.json "layer_window"): model calls that ended after it
     # have no layer spans, and layer shares are of the calls before it.
     layer_end_ns: int | None = None
+
+
+def _op_end_per_call(ends: OpEnds, t: SpanTable, call_rows: np.ndarray, cowner: np.ndarray, cdepth: np.ndarray) -> np.ndarray:
+    """When the op level of each call's framework ended (``OpEnds``; int64 max where it did
+    not): the outermost calls' own ``ml.framework``, inherited by the calls inside them."""
+    never = np.iinfo(np.int64).max
+    if not ends.by_framework:
+        return np.full(len(call_rows), never if ends.default is None else ends.default, dtype=np.int64)
+    out = np.full(len(call_rows), never, dtype=np.int64)
+    for c in np.nonzero(cowner < 0)[0].tolist():
+        end = ends.of(t.attrs(int(call_rows[c])).get("ml.framework"))
+        if end is not None:
+            out[c] = end
+    for d in range(2, int(cdepth.max()) + 1 if len(cdepth) else 0):
+        inner = np.nonzero((cdepth == d) & (cowner >= 0))[0]
+        out[inner] = out[cowner[inner]]
+    return out
 
 
 # -- structure ---------------------------------------------------------------------
@@ -533,12 +550,12 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
 
     self_ns = np.maximum(cdur - child_ns, 0)
     framework = np.maximum(self_ns - direct_op_ns, 0)
-    g.op_end_ns = window_end(run, "op_window")
+    g.op_ends = op_ends(run)
     g.layer_end_ns = window_end(run, "layer_window")
     # A call has layer spans if it started before the layer level's end (calls in flight then
-    # finish theirs), and ops if it also ended before the op level's end.
+    # finish theirs), and ops if it also ended before its framework's op level did.
     with_layers = start[call_rows] <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
-    with_ops = with_layers & (end[call_rows] <= g.op_end_ns) if g.op_end_ns is not None else with_layers
+    with_ops = with_layers & (end[call_rows] <= _op_end_per_call(g.op_ends, t, call_rows, cowner, cdepth))
     framework = np.where(with_ops, framework, 0)
     r_opcalls = _count_by(crow[with_ops], nrow)
     r_opcalls_ns = _sum_by(crow[with_ops], cdur[with_ops].astype(np.float64), nrow)

@@ -41,7 +41,7 @@ from mltrace.tracer.model import Event
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.tracks import TrackRegistry
-from mltrace.tracer.windows import LevelWindow, can_end_early
+from mltrace.tracer.windows import EndsEarly, LevelWindow, can_end_early
 
 log = logging.getLogger("mltrace")
 
@@ -141,7 +141,9 @@ class Session:
         tracks: the track registry.
         recorder: the live recorder.
         meta: run metadata being built (written to run.json).
-        op_window: when the op level ends (None where no source of it can end early).
+        op_windows: when the op level ends, per framework (``LevelWindow.framework``; one
+            window keyed None, counting every model call, where no op source names its
+            framework); empty where no source of the op level can end early.
         layer_window: when the layer level ends (None where it cannot end early).
         span_limit: spans streamed before the layer level ends; at twice as many the
             trace is full (0: no limit).
@@ -169,7 +171,10 @@ class Session:
         self.limitations: list[str] = []
         self.errors: list[str] = []
         self._memory_watch: MemoryWatch | None = None
-        self.op_window: LevelWindow | None = None
+        self.op_windows: dict[str | None, LevelWindow] = {}
+        self._op_sources: dict[str | None, list[EndsEarly]] = {}  # endable op sources by framework (None: shared)
+        self._op_end_all: str | None = None  # why the whole op level ends (memory budget, span limit, full trace)
+        self._op_sources_ended: list[EndsEarly] = []
         self.layer_window: LevelWindow | None = None
         self.span_limit = 0
         self._span_limit_reached = False
@@ -293,19 +298,25 @@ class Session:
             else:
                 watch.arm(budget)
         self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
-        # A torch.profiler that records only the thread that started it stops only there
-        # (``thread_ident``); every other profiler, the all-threads torch.profiler included,
-        # stops from any thread.
-        owners = [s for s in endable if hasattr(s, "thread_ident")]
+        for source in endable:
+            self._op_sources.setdefault(getattr(source, "framework", None), []).append(source)
+        frameworks: list[str | None] = [*sorted(f for f in self._op_sources if f is not None)]
+        for framework in frameworks or [None]:
+            # A torch.profiler that records only the thread that started it stops only there
+            # (``thread_ident``); every other profiler, the all-threads torch.profiler
+            # included, stops from any thread.
+            owners = [s for s in self._op_sources.get(framework, endable) if hasattr(s, "thread_ident")]
+            self.op_windows[framework] = LevelWindow(
+                self.end_op_level, self.options.op_inferences, "--op-inferences", _owner_of(owners), framework
+            )
 
-        def owner_thread() -> int | None:
-            for source in owners:
-                ident: int | None = getattr(source, "thread_ident", None)
-                if ident is not None:
-                    return ident
-            return None
-
-        self.op_window = LevelWindow(self.end_op_level, self.options.op_inferences, "--op-inferences", owner_thread)
+    def _end_whole_op_level(self, reason: str) -> None:
+        """Asks every framework's op level to end at the next model call's return (any
+        framework's): the memory budget, the span limit."""
+        if self._op_end_all is None:
+            self._op_end_all = reason
+        for window in self.op_windows.values():
+            window.request(reason)
 
     def _watch_span_count(self, layers: bool) -> None:
         """Sets up the span limit (``flush`` checks it): at ``--max-spans`` spans streamed the
@@ -336,15 +347,21 @@ class Session:
         warn(text)
         self.note_limitation(text)
 
-    def model_call_ended(self) -> None:
-        """Called by the framework sources after every outermost model call, on its thread:
-        where the op and layer levels may end (``tracer/windows.py``). Never raises."""
-        op, layer = self.op_window, self.layer_window
-        if op is not None:
-            try:
+    def model_call_ended(self, framework: str | None = None) -> None:
+        """Called by the framework sources after every outermost model call, on its thread,
+        with their ``ml.framework``: where the op and layer levels may end
+        (``tracer/windows.py``). Never raises."""
+        windows, layer = self.op_windows, self.layer_window
+        op = windows.get(framework) or windows.get(None) if windows else None
+        try:
+            if op is not None and op.ended_ns is None:
                 op.model_ended()
-            except Exception as exc:  # never into the user's program
-                self.errors.append(f"ending the op level failed: {exc}")
+            elif self._op_end_all is not None:  # any model call's return ends the whole op level
+                left = next((w for w in windows.values() if w.ended_ns is None), None)
+                if left is not None:
+                    left.end_now(self._op_end_all)
+        except Exception as exc:  # never into the user's program
+            self.errors.append(f"ending the op level failed: {exc}")
         if layer is not None:
             try:
                 layer.model_ended()
@@ -352,17 +369,22 @@ class Session:
                 self.errors.append(f"ending the layer level failed: {exc}")
 
     def end_op_level(self, window: LevelWindow) -> None:
-        """Ends every source that can end early (``LevelWindow``); ``stop()`` converts their events.
+        """Ends the op level of ``window``'s framework (``LevelWindow``): its sources that can
+        end early; ``stop()`` converts their events. The shared sources (the library level)
+        end with it once every framework that made model calls has ended its op level, or the
+        whole op level ends (memory budget, span limit, full trace: the other frameworks'
+        windows end here too, where this thread may end them).
 
         Runs on the program's thread between two model calls, which waits while the profilers
         stop and write what they held (stderr says so when that takes a while).
         """
         if self._stopped:
             return
+        framework = window.framework
         t0 = time.perf_counter()
         notice = None
         if self.options.summary:
-            text = f"ending the op level ({window.reason}): the profilers are writing their events…"
+            text = f"ending {_op_level_of(framework)} ({window.reason}): the profilers are writing their events…"
             notice = threading.Timer(FINISHING_NOTICE_S, _say, (text,))
             notice.daemon = True
             notice.start()
@@ -372,10 +394,21 @@ class Session:
             source.end_early()  # so that it does not start later
             return recording
 
+        windows = list(self.op_windows.values())
+        if self._op_end_all is not None:
+            for other in windows:
+                if other is not window and other.ended_ns is None:
+                    other.end_now(self._op_end_all)  # ends its own sources (this method, for it)
+        done_with_models = all(w.ended_ns is not None or w.calls == 0 for w in windows)
+        ending = list(self._op_sources.get(framework, []))
+        if framework is not None and (done_with_models or self._op_end_all is not None):
+            ending += self._op_sources.get(None, [])
+        started = {id(s): i for i, s in enumerate(self.started)}  # ended in the reverse of their start
+        ending = sorted((s for s in ending if s not in self._op_sources_ended), key=lambda s: -started.get(id(s), -1))
+        self._op_sources_ended.extend(ending)
         try:
             with gc_paused():
-                endable = [s for s in reversed(self.started) if can_end_early(s)]
-                ended = self._end_each(endable, end_early, "ending early", "end early")
+                ended = self._end_each(ending, end_early, "ending early", "end early")
             # What torch held is freed only with the profiler object, which sits in a reference
             # cycle; then glibc keeps the freed pages unless asked (1.1 → 0.44 GB, PERFORMANCE.md).
             gc.collect()
@@ -384,13 +417,22 @@ class Session:
             if notice is not None:
                 notice.cancel()
         took = time.perf_counter() - t0
-        self._memory_watch = None
-        entry = self.meta.setdefault("op_window", {})
+        if all(s in self._op_sources_ended for group in self._op_sources.values() for s in group):
+            self._memory_watch = None
+        top = self.meta.setdefault("op_window", {})
+        entry = top if framework is None else top.setdefault("frameworks", {}).setdefault(framework, {})
         entry["reason"] = window.reason
         if not ended:  # no profiler was recording, or none could stop: no end for the analysis to count
             return
         entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended, "pause_s": round(took, 3)})
-        levels = "the op and library levels" if "cpu.library" in ended else "the op level"
+        if entry is not top and done_with_models and "ended_ns" not in top:
+            # Every framework that made model calls has ended: the op level's end as a whole
+            # (the analysis reads each framework's own end).
+            top.update({k: v for k, v in entry.items() if k != "sources"})
+            top["sources"] = [n for e in top["frameworks"].values() for n in e.get("sources", [])]
+        several = sum(1 for w in windows if w.calls) > 1  # frameworks named where more than one ran models
+        levels = ("the op and library levels" if "cpu.library" in ended else "the op level") + (f" of {framework}" if several else "")
+        calls = (f"{window.calls} of its model calls" if window.calls != 1 else "1 of its model calls") if several else _calls(window.calls)
         from_profiler = [x for x, name in (("TensorFlow's graph-mode", "tensorflow"), ("ONNX Runtime's", "onnxruntime")) if name in ended]
         later = "model and layer spans only"
         if from_profiler:
@@ -398,12 +440,9 @@ class Session:
                 f"model spans, and layer spans where they are recorded live ({' and '.join(from_profiler)} layer "
                 "spans come from the profiler and ended with it)"
             )
-        self.note_limitation(f"{levels} ended after {_calls(window.calls)} ({window.reason}); later model calls have {later}")
+        self.note_limitation(f"{levels} ended after {calls} ({window.reason}); later model calls have {later}")
         if self.options.summary:
-            _say(
-                f"{levels} ended after {_calls(window.calls)} ({window.reason}; "
-                f"the program waited {took:.1f} s); model and layer spans go on"
-            )
+            _say(f"{levels} ended after {calls} ({window.reason}; the program waited {took:.1f} s); model and layer spans go on")
 
     def end_layer_level(self, window: LevelWindow) -> None:
         """Ends the layer level (``LevelWindow``); model spans go on. Runs on the thread whose
@@ -421,7 +460,7 @@ class Session:
             return
         entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended})
         ops = self.meta.get("levels", {}).get(Level.OP.label, {}).get("recorded", False)
-        ops_go_on = ops and (self.op_window is None or self.op_window.reason is None)
+        ops_go_on = ops and (not self.op_windows or any(w.reason is None for w in self.op_windows.values()))
         tail = "; their op spans lie directly in their model spans" if ops_go_on else ""
         self.note_limitation(
             f"the layer level ended after {_calls(window.calls)} ({window.reason}); later model calls have "
@@ -462,8 +501,7 @@ class Session:
             return
         self._span_limit_reached = True
         reason = f"{limit:,} spans streamed, --max-spans"
-        if self.op_window is not None:
-            self.op_window.request(reason)
+        self._end_whole_op_level(reason)
         if self.layer_window is not None:
             self.layer_window.request(reason)
         if not self._endless_layers:
@@ -483,11 +521,14 @@ class Session:
         This bounds what the end of the run loads when model or user spans alone keep coming,
         past twice ``--max-spans``."""
         self.full = True
-        if self.op_window is not None:
+        if self.op_windows:
             # Without a model call returning (they may run on threads whose wrappers come out
             # below), the op level would record until the session ends: it ends here, even
             # mid-call (the analysis counts ops only in calls that ended before it).
-            self.op_window.end_now("the trace is full")
+            self._end_whole_op_level("the trace is full")
+            for window in list(self.op_windows.values()):
+                if window.ended_ns is None:
+                    window.end_now("the trace is full")
 
         def end_recording(source: Any) -> bool:
             source.end_recording()
@@ -526,10 +567,9 @@ class Session:
             message = watch.check()
             if message is None:
                 return
-            window = self.op_window
             profiling = any(can_end_early(s) and getattr(s, "profiling", False) for s in self.started)
-            if window is not None and window.ended_ns is None and profiling:
-                window.request("memory budget")
+            if any(w.ended_ns is None for w in self.op_windows.values()) and profiling:
+                self._end_whole_op_level("memory budget")
                 warn(f"{message}; it ends when the current model call returns, and model and layer spans go on")
                 return  # the end itself is written to run.json
             message += " — for a long run use --level layer, or trace a window with mltrace.profile()"
@@ -602,12 +642,13 @@ class Session:
 
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
-        window = self.op_window
-        if window is not None and window.reason is not None and window.ended_ns is None:
-            owned = any(getattr(s, "thread_ident", None) is not None for s in self.started)
+        for op_window in self.op_windows.values():
+            if op_window.reason is None or op_window.ended_ns is not None:
+                continue
+            owned = any(getattr(s, "thread_ident", None) is not None for s in self._op_sources.get(op_window.framework, []))
             where = " on the thread that started torch.profiler (only it can stop a profiler of that thread alone)"
             self.note_limitation(
-                f"the op level was to end ({window.reason}) but no model call returned afterwards"
+                f"{_op_level_of(op_window.framework)} was to end ({op_window.reason}) but no model call returned afterwards"
                 f"{where if owned else ''}: it ran to the end"
             )
         window = self.layer_window
@@ -658,6 +699,24 @@ class Session:
 
 def _calls(n: int) -> str:
     return f"{n} model call" if n == 1 else f"{n} model calls"
+
+
+def _op_level_of(framework: str | None) -> str:
+    return "the op level" if framework is None else f"the op level of {framework}"
+
+
+def _owner_of(sources: list[Any]) -> Callable[[], int | None]:
+    """The ident of the thread that must end these sources (``LevelWindow.owner_thread``):
+    the first that names one (a one-thread torch.profiler), else None (any thread)."""
+
+    def owner_thread() -> int | None:
+        for source in sources:
+            ident: int | None = getattr(source, "thread_ident", None)
+            if ident is not None:
+                return ident
+        return None
+
+    return owner_thread
 
 
 def _default_sources(options: ProfileOptions) -> list[Source]:

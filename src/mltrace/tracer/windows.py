@@ -12,9 +12,14 @@ Two things grow with the length of a run and would exhaust a long one:
 So the op level, and the layer level with it, can end early while the model level
 goes on:
 
-- the op and library levels after ``--op-inferences N`` model calls (outermost
-  ``nn.Module``, Keras model or ``InferenceSession.run`` calls), or when the
-  process has grown past the op level's memory budget (``MemoryWatch``);
+- the op level of each framework after ``--op-inferences N`` of its own model calls
+  (outermost ``nn.Module``, Keras model or ``InferenceSession.run`` calls): one window
+  per framework whose op source can end (``framework`` on the source), so a program that
+  exports with torch and infers with ONNX Runtime gets N ONNX Runtime inferences with ops.
+  The sources of no one framework (the library level) end once every framework that
+  made model calls has ended its op level. All of it ends at the first model call's
+  return once the process has grown past the op level's memory budget
+  (``MemoryWatch``), or the span limit is reached;
 - the layer level (and the op level, if it still runs) once ``--max-spans`` spans
   have been streamed; at twice that the trace is full (``Session.fill``).
 
@@ -44,7 +49,9 @@ if TYPE_CHECKING:
 
 class EndsEarly(Protocol):
     """A source whose recording may end before the session does; ``stop()`` still returns
-    its events at the session's end."""
+    its events at the session's end. Where it records one framework's ops it says which
+    (``framework = "pytorch"``): its op level then ends after that framework's own model
+    calls; without it, it is shared and ends with the last framework that made model calls."""
 
     name: str
 
@@ -70,6 +77,8 @@ class LevelWindow:
         owner_thread: returns the ident of the thread that must do the ending, or
             None where any thread may (a profiler that never started); None (the
             default): any thread.
+        framework: the framework whose model calls it counts (``ml.framework``), or
+            None: every model call.
 
     Attributes:
         calls: model calls that ended so far.
@@ -83,8 +92,10 @@ class LevelWindow:
         limit: int | None = None,
         limit_text: str = "",
         owner_thread: Callable[[], int | None] | None = None,
+        framework: str | None = None,
     ) -> None:
         self._end = end
+        self.framework = framework
         self.limit = limit
         self._limit_text = limit_text
         self._owner_thread = owner_thread

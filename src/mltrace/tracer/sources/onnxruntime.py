@@ -126,6 +126,8 @@ class OrtSource:
     """Model, node and kernel spans for ONNX Runtime, from wrappers and ORT's profiler."""
 
     name = "onnxruntime"
+    #: the ``ml.framework`` whose model calls count toward this op level's end (``--op-inferences``)
+    framework = "onnxruntime"
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
@@ -374,7 +376,7 @@ class OrtSource:
                     source._end(span)
                     info.runs.append(LiveRun(span.id, span.start_ns, span.end_ns, threading.get_native_id()))
                     if source._session is not None:
-                        source._session.model_call_ended()
+                        source._session.model_call_ended("onnxruntime")
 
         run.__wrapped__ = orig  # type: ignore[attr-defined]
         run.__name__ = orig.__name__

@@ -106,6 +106,8 @@ class TensorFlowSource:
     """Model, layer and op spans for Keras 3 / TensorFlow."""
 
     name = "tensorflow"
+    #: the ``ml.framework`` whose model calls count toward this op level's end (``--op-inferences``)
+    framework = "tensorflow"
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
@@ -431,7 +433,7 @@ class TensorFlowSource:
         if span.level == Level.MODEL:
             self._live.append(LiveModelSpan(span.id, span.start_ns, span.end_ns, threading.get_native_id(), frame[3], frame[4]))
             if self._session is not None:
-                self._session.model_call_ended()
+                self._session.model_call_ended("tensorflow")
 
     def _graph_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         source = self

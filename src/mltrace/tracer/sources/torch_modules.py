@@ -645,7 +645,7 @@ class TorchModuleSource:
             if len(cache) >= _SHAPE_CACHE_MAX:
                 cache.clear()
             shape, dt = raw
-            converted = cache[raw] = ([[*shape]], [self._dtype_names.get(dt) or self._dtype_name(dt)])
+            converted = cache[raw] = ([self._dims(shape)], [self._dtype_names.get(dt) or self._dtype_name(dt)])
         return converted
 
     def _shapes_dtypes(self, raw: list[Any]) -> tuple[list[list[int]], list[str]]:
@@ -654,9 +654,19 @@ class TorchModuleSource:
         shapes = []
         dtypes = []
         for shape, dt in raw:
-            shapes.append([*shape])
+            shapes.append(self._dims(shape))
             dtypes.append(names.get(dt) or self._dtype_name(dt))
         return shapes, dtypes
+
+    def _dims(self, shape: Any) -> list[Any]:
+        """A shape's dimensions as ints. Under tracing (``torch.jit.trace``, the ONNX
+        exporter's) a size is a 0-dim tensor: its value is taken; anything else that is not an
+        int (a symbolic size) is kept as it is and written as text."""
+        dims = [*shape]
+        if all(type(d) is int for d in dims):
+            return dims
+        tensor = self._tensor
+        return [int(d) if isinstance(d, tensor) and d.dim() == 0 else d for d in dims]
 
     def _dtype_name(self, dtype: Any) -> str:
         name = self._dtype_names[dtype] = str(dtype).removeprefix("torch.")
@@ -718,7 +728,7 @@ class TorchModuleSource:
             return
         if self._late:  # this thread's model call from before the layer level's end has returned
             self._late.pop(threading.get_ident(), None)
-        session.model_call_ended()
+        session.model_call_ended("pytorch")
 
     def end_layer_level(self) -> bool:
         """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).

@@ -104,6 +104,8 @@ class TorchOpSource:
     """
 
     name = "torch.profiler"
+    #: the ``ml.framework`` whose model calls count toward this op level's end (``--op-inferences``)
+    framework = "pytorch"
 
     def __init__(self) -> None:
         self.levels: tuple[Level, ...] = (Level.OP, Level.KERNEL) if _cuda_possible() else (Level.OP,)
