@@ -252,6 +252,74 @@ def test_model_calls_only_on_a_worker_thread_end_the_op_level(tmp_path: Path) ->
     assert sum(1 for s in ops if models[0].start_ns <= s.start_ns and s.end_ns <= models[0].end_ns) > 10
 
 
+class _FrameworkOps(_EndableOps):
+    """An op source of one framework (``framework``), or shared (the library level) without."""
+
+    def __init__(self, name: str, framework: str | None) -> None:
+        super().__init__(None)
+        self.name = name  # type: ignore[misc]
+        if framework is not None:
+            self.framework = framework
+
+
+def _framework_session(tmp_path: Path, **options: object) -> tuple[Session, dict[str, _FrameworkOps]]:
+    sources = {"a": _FrameworkOps("a.ops", "fa"), "b": _FrameworkOps("b.ops", "fb"), "lib": _FrameworkOps("lib", None)}
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, **options)
+    return Session(opts, sources=list(sources.values())).start(), sources
+
+
+def test_framework_windows_hold_the_shared_sources_until_the_last_framework_with_calls_ends(tmp_path: Path) -> None:
+    session, src = _framework_session(tmp_path, op_inferences=2)
+    try:
+        assert set(session.op_windows) == {"fa", "fb"}
+        session.model_call_ended("fb")
+        session.model_call_ended("fa")
+        session.model_call_ended("other")  # a framework without an op window counts nowhere
+        assert [s.ended for s in src.values()] == [0, 0, 0]
+        session.model_call_ended("fa")  # fa's second: fa ends; fb has made calls, so lib goes on
+        assert [s.ended for s in src.values()] == [1, 0, 0]
+        session.model_call_ended("fa")
+        session.model_call_ended("fb")  # fb's second: fb ends, and lib with it
+        assert [s.ended for s in src.values()] == [1, 1, 1]
+    finally:
+        session.stop()
+    window = json.loads((tmp_path / "run" / "run.json").read_text())["op_window"]
+    fa, fb = window["frameworks"]["fa"], window["frameworks"]["fb"]
+    assert fa["ended_after_model_calls"] == fb["ended_after_model_calls"] == 2
+    assert fa["sources"] == ["a.ops"] and fb["sources"] == ["lib", "b.ops"]
+    assert fa["ended_ns"] < fb["ended_ns"] == window["ended_ns"]
+    assert sorted(window["sources"]) == ["a.ops", "b.ops", "lib"]
+
+
+def test_a_framework_without_model_calls_does_not_hold_the_shared_sources(tmp_path: Path) -> None:
+    session, src = _framework_session(tmp_path, op_inferences=2)
+    try:
+        session.model_call_ended("fa")
+        session.model_call_ended("fa")
+        assert [s.ended for s in src.values()] == [1, 0, 1]  # fb made no calls: lib ends with fa
+        session.model_call_ended("fb")
+        session.model_call_ended("fb")  # fb's own window still counts its calls
+        assert [s.ended for s in src.values()] == [1, 1, 1]
+    finally:
+        session.stop()
+    assert all(s.stopped == 1 for s in src.values())
+
+
+def test_the_memory_budget_ends_every_framework_at_the_next_model_call(tmp_path: Path) -> None:
+    session, src = _framework_session(tmp_path, op_inferences=50)
+    try:
+        session.model_call_ended("fa")
+        session._end_whole_op_level("memory budget")
+        session.model_call_ended("other")  # any framework's return ends the whole op level
+        assert [s.ended for s in src.values()] == [1, 1, 1]
+        session.model_call_ended("fa")
+        assert [s.ended for s in src.values()] == [1, 1, 1]  # once
+    finally:
+        session.stop()
+    window = json.loads((tmp_path / "run" / "run.json").read_text())["op_window"]
+    assert {e["reason"] for e in window["frameworks"].values()} == {"memory budget"}
+
+
 def test_each_framework_ends_its_op_level_after_its_own_model_calls(tmp_path: Path) -> None:
     """A program that calls a torch model, exports it and runs it with ONNX Runtime: with
     --op-inferences 2, torch's op level ends after two torch calls and ONNX Runtime's after
