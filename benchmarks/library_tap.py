@@ -105,7 +105,30 @@ def main() -> int:
     for name, values in times.items():
         med = statistics.median(values)
         print(f"  {name:52s} {1e3 * med:8.2f} ms  {med / base:.3f}x")
+    split_cost()
     return 0
+
+
+def split_cost(repeats: int = 2000) -> None:
+    """The reader's work on one read: ``FdTap._split`` of a chunk of real verbose lines (the
+    oneDNN and MKL logs in tests/data), nothing forwarded."""
+    data = Path(__file__).resolve().parent.parent / "tests" / "data"
+    lines = [
+        line
+        for log in sorted([*data.glob("onednn/*.log"), *data.glob("mkl/*.log")])
+        for line in log.read_bytes().split(b"\n")
+        if line.startswith((b"onednn_verbose,", b"MKL_VERBOSE "))
+    ]
+    chunk = b"\n".join(lines) + b"\n"
+    tap = FdTap()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(repeats):
+            tap._split(chunk, 0)
+        best = min(best, (time.perf_counter_ns() - t0) / repeats)
+        tap._raw.clear()
+    print(f"reader split of a {len(lines)}-line chunk ({len(chunk)} bytes): {best / 1e3:.1f} µs, {best / len(lines):.0f} ns a line")
 
 
 if __name__ == "__main__":

@@ -280,7 +280,8 @@ def test_real_torch_onednn_verbose_is_captured(tmp_path: Path) -> None:
 
 def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> None:
     """One chunk: verbose lines first (the quick path), then the program's text with a verbose
-    line starting mid-line, then a started verbose line that must be held back."""
+    line starting mid-line, then a started verbose line that must be held back; then a chunk
+    of nothing but verbose lines (kept as one block, split when read)."""
     from mltrace.tracer.fdtap import FdTap
 
     out = tmp_path / "forwarded"
@@ -294,6 +295,7 @@ def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> 
         )
         held = tap._split(chunk, 7)
         held = tap._split(held + b"ose,e\nbye\n", 8)
+        assert tap._split(b"MKL_VERBOSE f\nonednn_verbose,g\r\n", 9) == b""  # all verbose: kept whole
     finally:
         os.close(tap._saved_fd)
     assert held == b""
@@ -304,6 +306,8 @@ def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> 
         (7, "onednn_verbose,c"),
         (7, "MKL_VERBOSE d"),
         (8, "onednn_verbose,e"),
+        (9, "MKL_VERBOSE f"),
+        (9, "onednn_verbose,g"),
     ]
 
 

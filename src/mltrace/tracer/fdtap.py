@@ -55,6 +55,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -178,6 +179,9 @@ class FdTap:
     ) -> None:
         self.fd = fd
         self.prefixes = prefixes
+        # Whole captured lines one after the other (a library's output, the common case):
+        # matched in one pass instead of a Python step per line.
+        self._line_run = re.compile(b"(?:(?:" + b"|".join(map(re.escape, prefixes)) + b")[^\n]*\n)+")
         self.hold_s = hold_s
         self.batch_s = batch_s
         self.urgent = urgent
@@ -192,7 +196,7 @@ class FdTap:
         self.forward_errors = 0
         self.detached = False
         self._lines: list[TappedLine] = []
-        self._raw: list[tuple[int, list[bytes]]] = []  # captured, not decoded yet
+        self._raw: list[tuple[int, list[bytes]]] = []  # captured, not decoded yet (``_lines_of``)
         self._lock = threading.Lock()
         self._saved_fd = -1
         self._read_fd = -1
@@ -373,7 +377,9 @@ class FdTap:
             self._read_process_output()
         with self._lock:
             for receive_ns, raw in self._raw:
-                self._lines.extend(TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for line in raw)
+                self._lines.extend(
+                    TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for block in raw for line in _lines_of(block)
+                )
             self._raw.clear()
             return list(self._lines)
 
@@ -495,7 +501,8 @@ class FdTap:
         self._capture_all([line], receive_ns)
 
     def _capture_all(self, lines: list[bytes], receive_ns: int) -> None:
-        # Kept as bytes: ``lines()`` decodes them, so the reader holds the GIL for less.
+        # Kept as bytes: ``lines()`` decodes them, so the reader holds the GIL for less. An
+        # item may be a block of several lines, each ended by a newline (``_split``).
         with self._lock:
             if self._collecting:
                 self._raw.append((receive_ns, lines))
@@ -572,13 +579,12 @@ class FdTap:
         """
         pos = 0
         captured: list[bytes] = []
-        # The common case first: whole lines of a library's output, one after the other.
-        while data.startswith(self.prefixes, pos):
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                break
-            captured.append(data[pos:nl])
-            pos = nl + 1
+        # The common case first: whole lines of a library's output, one after the other,
+        # kept as one block (lines() splits it; a chunk that is all such lines is not copied).
+        run = self._line_run.match(data)
+        if run is not None:
+            pos = run.end()
+            captured.append(data if pos == len(data) else data[:pos])
         # Next position of each prefix at or after pos (-1: none left). Searched
         # again only once passed, so a chunk of many lines is one scan, not one
         # per line and prefix.
@@ -621,6 +627,12 @@ class FdTap:
         return 0
 
 
+def _lines_of(block: bytes) -> list[bytes]:
+    """The captured lines of one captured item: a line, or a block of lines each ended by a
+    newline (``FdTap._split``). Captured lines are never empty (each starts with a prefix)."""
+    return block[:-1].split(b"\n") if block.endswith(b"\n") else block.split(b"\n")
+
+
 def _reader_main(config_json: str) -> int:
     """The process reader (``python -m mltrace.tracer.fdtap CONFIG``): FdTap's reader loop,
     writing each captured line as ``<receive ns> <text>`` to the output file."""
@@ -636,7 +648,7 @@ def _reader_main(config_json: str) -> int:
 
     def write_lines(lines: list[bytes], receive_ns: int) -> None:
         stamp = b"%d " % receive_ns
-        data = b"".join(stamp + line.rstrip(b"\r").replace(b"\n", b" ") + b"\n" for line in lines)
+        data = b"".join(stamp + line.rstrip(b"\r") + b"\n" for block in lines for line in _lines_of(block))
         while data:
             data = data[os.write(out_fd, data) :]
 
