@@ -263,3 +263,30 @@ def test_chrome_json_export(tmp_path: Path) -> None:
     assert {e["cat"] for e in xs} == {"model", "layer"}
     assert all(e["dur"] >= 0 for e in xs)
     assert os.path.getsize(dest) > 0
+
+
+def test_an_internal_error_is_one_line_unless_debugging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug of mltrace's own in a command (here: the analysis failing) is one line on stderr
+    and status 1; MLTRACE_DEBUG=1 shows the traceback instead."""
+    import mltrace.analysis.bottleneck as bottleneck
+    from mltrace.cli import DEBUG_ENV, main
+
+    run_dir = tmp_path / "run"
+    with mltrace.profile(output=run_dir, summary=False, level="model"):
+        with mltrace.span("work"):
+            pass
+
+    def broken(*_: object, **__: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(bottleneck, "analyze", broken)
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    assert main(["report", str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    last = err.splitlines()[-1]  # after the peaks measurement's notice, where this machine had none cached
+    assert last.startswith("mltrace: internal error in 'report': ValueError: a bug") and "Traceback" not in err
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ValueError, match="a bug"):
+        main(["report", str(run_dir)])

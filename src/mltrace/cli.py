@@ -22,6 +22,8 @@ from mltrace.errors import UsageError
 COMMANDS = ("report", "export", "import_", "view", "diff", "bench", "bricks", "metrics")
 
 TRACE_COMMANDS = ("python", "run")
+#: Set to 1 to see the traceback of an internal error instead of its one-line summary.
+DEBUG_ENV = "MLTRACE_DEBUG"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -229,6 +231,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # a bug of mltrace's own (the tracing commands handle theirs): one line
+        if os.environ.get(DEBUG_ENV) or (args and args[0] in TRACE_COMMANDS):
+            raise
+        command = args[0] if args else "mltrace"
+        sys.stderr.write(
+            f"mltrace: internal error in '{command}': {type(exc).__name__}: {exc} "
+            f"(a bug in mltrace; {DEBUG_ENV}=1 shows the traceback)\n"
+        )
+        return 1
 
 
 def entry() -> NoReturn:
