@@ -320,6 +320,18 @@ def test_the_memory_budget_ends_every_framework_at_the_next_model_call(tmp_path:
     assert {e["reason"] for e in window["frameworks"].values()} == {"memory budget"}
 
 
+def test_an_end_asked_for_without_a_model_call_after_it_is_noted_for_the_frameworks_that_recorded(tmp_path: Path) -> None:
+    session, src = _framework_session(tmp_path, op_inferences=50)
+    src["b"].profiling = False  # a framework the program never imported
+    try:
+        session._end_whole_op_level("memory budget")
+    finally:
+        session.stop()
+    notes = json.loads((tmp_path / "run" / "run.json").read_text())["limitations"]
+    ran_on = [n for n in notes if "was to end (memory budget) but no model call returned afterwards" in n]
+    assert len(ran_on) == 1 and ran_on[0].startswith("the op level of fa was to end")
+
+
 def test_each_framework_ends_its_op_level_after_its_own_model_calls(tmp_path: Path) -> None:
     """A program that calls a torch model, exports it and runs it with ONNX Runtime: with
     --op-inferences 2, torch's op level ends after two torch calls and ONNX Runtime's after

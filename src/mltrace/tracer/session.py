@@ -643,9 +643,10 @@ class Session:
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
         for op_window in self.op_windows.values():
-            if op_window.reason is None or op_window.ended_ns is not None:
-                continue
-            owned = any(getattr(s, "thread_ident", None) is not None for s in self._op_sources.get(op_window.framework, []))
+            sources = self._op_sources.get(op_window.framework, [])
+            if op_window.reason is None or op_window.ended_ns is not None or not any(getattr(s, "profiling", True) for s in sources):
+                continue  # ended, or nothing of it recorded (a framework the program never imported)
+            owned = any(getattr(s, "thread_ident", None) is not None for s in sources)
             where = " on the thread that started torch.profiler (only it can stop a profiler of that thread alone)"
             self.note_limitation(
                 f"{_op_level_of(op_window.framework)} was to end ({op_window.reason}) but no model call returned afterwards"
