@@ -159,7 +159,8 @@ class GpuTables:
 
 def is_gpu_activity(span: Span) -> bool:
     """Whether ``span`` is GPU work (kernel, memcpy, memset)."""
-    return span.attrs.get("gpu.activity") in GPU_ACTIVITIES
+    activity = span.attrs.get("gpu.activity")
+    return isinstance(activity, str) and activity in GPU_ACTIVITIES
 
 
 def attribute_gpu_activities(run: Run) -> dict[int, Attribution]:

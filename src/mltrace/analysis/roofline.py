@@ -135,7 +135,7 @@ def _tensor_bytes(shapes: Sequence[Any], dtypes: Sequence[Any]) -> int:
 def _param_element_bytes(dtypes: Sequence[Any]) -> int:
     # Weights have the activations' floating type (an Embedding's int64 indices do not say).
     for d in dtypes:
-        if d in _FLOATING:
+        if isinstance(d, str) and d in _FLOATING:
             return element_bytes(d)
     return _DEFAULT_ELEMENT
 

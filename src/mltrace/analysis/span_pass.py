@@ -422,7 +422,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             # Described by its last call in the file, as the other names are.
             details[kname] = str(a.get("ml.library.name") or a.get("gpu.activity") or "")
             keys.append(k)
-            if a.get("gpu.activity") in _GPU_COPY_ACTIVITIES or kname.startswith(("Memcpy", "Memset")):
+            activity = a.get("gpu.activity")
+            if (isinstance(activity, str) and activity in _GPU_COPY_ACTIVITIES) or kname.startswith(("Memcpy", "Memset")):
                 label = kname if len(kname) <= 40 else kname[:39] + "…"
                 got = g.moves.setdefault(label, [0, 0])
                 got[0] += 1
@@ -438,9 +439,11 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         dn = _sum_by(tops, durf[with_top], nn)
         dc = _count_by(tops, nn)
         for k in np.unique(tops).tolist():
-            acc = g.ops[names[k]]
-            acc.device_ns += int(dn[k])
-            acc.kernels += int(dc[k])
+            top = g.ops.get(names[k])
+            if top is None:  # an op outside every model and user span, left out of a scoped table
+                continue
+            top.device_ns += int(dn[k])
+            top.kernels += int(dc[k])
 
     # -- layer calls ----------------------------------------------------------------------------
     call_rows = np.nonzero(is_struct)[0][::-1]  # last-ending first

@@ -38,22 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mltrace._version import __version__
-from mltrace.run.store import Run
+from mltrace.run.store import Run, dumps
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, TrackKind
 
 log = logging.getLogger("mltrace")
 
-try:  # orjson is a core dependency and ~10x faster on the nested shape lists
-    import orjson as _orjson
-
-    def _json(value: Any) -> str:
-        return _orjson.dumps(value, default=str).decode()
-
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def _json(value: Any) -> str:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+def _json(value: Any) -> str:
+    """A non-scalar attribute value as JSON text (``store.dumps``: orjson where installed, and
+    what JSON cannot hold written as text)."""
+    return dumps(value).decode()
 
 
 PROTOCOLS = ("grpc", "http/protobuf")

@@ -13,13 +13,13 @@ sorts packets by timestamp on load.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from mltrace.run.store import dumps
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track, TrackKind
 
@@ -36,15 +36,9 @@ def _pb() -> Any:
     return perfetto_trace_pb2
 
 
-try:
-    import orjson as _orjson
-
-    def _json_bytes(value: Any) -> bytes:
-        return _orjson.dumps(value, default=str)
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def _json_bytes(value: Any) -> bytes:
-        return json.dumps(value, separators=(",", ":"), default=str).encode()
+def _json_bytes(value: Any) -> bytes:
+    """A non-scalar attribute value as JSON (``store.dumps``: what JSON cannot hold as text)."""
+    return dumps(value)
 
 
 _SMALL_VARINTS = [bytes((i,)) for i in range(0x80)]

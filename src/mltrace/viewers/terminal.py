@@ -34,8 +34,8 @@ def _stored_summary(run_dir: Path) -> dict[str, Any] | None:
     return summary if meta.get("complete") and isinstance(summary, dict) else None
 
 
-def _short_path(path: str | None, line: int | None) -> str:
-    if not path:
+def _short_path(path: object, line: object) -> str:
+    if not path or not isinstance(path, str):  # attributes are the program's: not always text
         return ""
     try:
         rel = os.path.relpath(path)

@@ -354,7 +354,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
         ``run.meta["correlation"]["attach_library_calls"]`` counts
         ``timed``/``untimed`` calls attached and ``unattached``.
     """
-    library = [s for s in run.spans if s.level == Level.LIBRARY and s.attrs.get("ml.library.name") in CPU_LIBRARIES]
+    library = [s for s in run.spans if s.level == Level.LIBRARY and str(s.attrs.get("ml.library.name")) in CPU_LIBRARIES]
     if not library:
         return run.replace(meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
     cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
