@@ -76,6 +76,7 @@ def test_reports_and_exports_take_any_attribute_values(tmp_path: Path, base: str
             ["export", str(run_dir), "--format", "chrome-json", "-o", str(run_dir / "trace.json")],
             ["export", str(run_dir), "--format", "perfetto", "-o", str(run_dir / "export.pftrace")],
             ["export", str(run_dir), "--format", "jaeger-json", "-o", str(run_dir / "jaeger.json")],
+            ["diff", str(source), str(run_dir)],
         ):
             assert main(args) == 0, (seed, args, capsys.readouterr().err[-500:])
     capsys.readouterr()
