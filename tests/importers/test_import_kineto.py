@@ -93,3 +93,37 @@ def test_cli_import(tmp_path: Path) -> None:
     bad = run_cli("import", str(foreign), "-o", str(tmp_path / "other"), cwd=tmp_path)
     assert bad.returncode == 2 and "no traceEvents" in bad.stderr.decode()
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("name", ["h100_cuda_models.json.gz", "a100_sampled_rank0.json.gz", "cpu_modules_torch.json.gz"])
+def test_a_trace_with_fields_of_other_types_imports_what_fits(tmp_path: Path, name: str) -> None:
+    """A foreign or damaged trace: fields of events replaced by values of other types (text
+    ids, huge or negative numbers, lists, dicts). The import keeps every event whose fields
+    fit, counts the others as skipped, and the run reports and exports."""
+    import copy
+    import random
+
+    from mltrace.cli import main
+
+    odd: list[object] = [None, "", "x", -1, 0, 1e30, -1e30, 2**70, 1.5, True, [], {}, [1, 2], {"a": 1}, "123"]
+    with gzip.open(DATA / name, "rt", encoding="utf-8") as f:
+        source = json.load(f)
+    for seed in range(4):
+        rng = random.Random(seed)
+        doc = copy.deepcopy(source)
+        for e in doc["traceEvents"]:
+            if rng.random() < 0.2:
+                e[rng.choice([*e, "args"])] = copy.deepcopy(rng.choice(odd))
+            args = e.get("args")
+            if isinstance(args, dict) and args and rng.random() < 0.1:
+                args[rng.choice(list(args))] = copy.deepcopy(rng.choice(odd))
+        path = tmp_path / f"damaged{seed}.json"
+        path.write_text(json.dumps(doc))
+        dest = tmp_path / f"run{seed}"
+        import_kineto(path, dest)
+        run = load_run(dest)
+        assert run.complete and run.spans
+        assert run.meta["kineto"]["skipped"].get("malformed (a name, category, phase or args of another type)", 0) > 0
+        assert all(isinstance(t.pid, int) for t in run.tracks.values())  # ids beyond 64 bits are no ids
+        assert main(["report", str(dest)]) == 0
+        assert main(["export", str(dest), "--format", "chrome-json", "-o", str(dest / "trace.json")]) == 0

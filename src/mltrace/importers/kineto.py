@@ -181,6 +181,8 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
 
         finalize_run(dest, meta)
     except Exception as exc:  # the raw events stay readable; say why the run is not complete
+        if os.environ.get("MLTRACE_DEBUG"):
+            raise
         meta["complete"] = False
         meta["errors"].append(f"finalize failed: {exc}")
         store.write_meta(dest, meta)

@@ -265,19 +265,42 @@ def _us_to_ns(us: float | int) -> int:
     return whole * 1000 + int(frac + 0.5 if frac >= 0 else frac - 0.5)
 
 
+#: Timestamps and durations (µs) beyond this are not a trace's: about 285 years past the epoch.
+_MAX_US = 1 << 53
+
+
+def _well_formed(e: Any) -> bool:
+    """Whether a trace event has the types the conversion reads: a dict whose phase, name and
+    category are text (or absent) and whose args, if any, are a dict. Others are counted as
+    skipped (a foreign or damaged file), not converted."""
+    if not isinstance(e, dict):
+        return False
+    args = e.get("args")
+    return (
+        isinstance(e.get("ph"), str)
+        and isinstance(e.get("name", ""), str)
+        and isinstance(e.get("cat", ""), str)
+        and (args is None or isinstance(args, dict))
+    )
+
+
 def _as_int(value: Any) -> int | None:
+    """An id (pid, tid, stream, correlation) as an int, or None where it is none: text that
+    is not a whole number, a float with a fraction, or a value beyond 64 bits."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
-    if isinstance(value, str):
+        out = value
+    elif isinstance(value, str):
         try:
-            return int(value)
+            out = int(value)
         except ValueError:
             return None
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+    elif isinstance(value, float) and value.is_integer():
+        out = int(value)
+    else:
+        return None
+    return out if -(1 << 63) <= out < (1 << 63) else None
 
 
 def _names(events: list[Any]) -> tuple[dict[tuple[int, int], str], int | None]:
@@ -388,7 +411,8 @@ def kineto_to_events(
         (``nest_by_containment``, ``attach_gpu_to_launch``); module spans get
         explicit parents.
     """
-    events: list[Any] = trace.get("traceEvents") or []
+    given: list[Any] = trace.get("traceEvents") or []
+    events = [e for e in given if _well_formed(e)]
     offset_ns, clock = trace_epoch_offset(trace)
     stats = KinetoStats(clock=clock, base_time_ns=offset_ns if clock == "baseTimeNanoseconds" else 0)
     out = KinetoEvents(stats=stats)
@@ -405,8 +429,10 @@ def kineto_to_events(
         pids.pop(None, None)
         cpu_pid = pids.most_common(1)[0][0] if pids else None
     for e in events:
-        if isinstance(e, dict) and e.get("ph") not in ("X", "M"):
+        if e.get("ph") not in ("X", "M"):
             skipped[f"ph={e.get('ph')}"] += 1
+    if len(events) < len(given):
+        skipped["malformed (a name, category, phase or args of another type)"] += len(given) - len(events)
 
     modules = _module_paths([e for e in complete if e.get("cat") == "python_function"])
     module_span: dict[int, int] = {}  # Python id → span id
@@ -419,7 +445,9 @@ def kineto_to_events(
 
     def times(e: dict[str, Any]) -> tuple[int, int] | None:
         ts, dur = e.get("ts"), e.get("dur", 0)
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or isinstance(ts, bool) or isinstance(dur, bool):
+            return None
+        if not (0 <= ts < _MAX_US and 0 <= dur < _MAX_US):  # NaN fails too
             return None
         start = to_session_ns(_us_to_ns(ts) + offset_ns)
         return start, start + _us_to_ns(dur)
@@ -427,10 +455,9 @@ def kineto_to_events(
     thread_cache: dict[tuple[Any, Any], Track | None] = {}
 
     def thread_track(e: dict[str, Any]) -> Track | None:
-        key = (e.get("pid"), e.get("tid"))
+        key = pid, tid = _as_int(e.get("pid")), _as_int(e.get("tid"))
         if key in thread_cache:
             return thread_cache[key]
-        pid, tid = _as_int(key[0]), _as_int(key[1])
         t = None
         if pid is not None and tid is not None:
             t = tracks.thread(tid, thread_names.get((pid, tid), ""), pid=pid)
