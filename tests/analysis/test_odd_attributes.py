@@ -99,3 +99,51 @@ def test_values_json_cannot_hold_are_written_as_text(tmp_path: Path) -> None:
     assert odd.attrs["big"] == str(2**70) and odd.attrs["small"] == str(-(2**70))
     assert odd.attrs["keys"] == {"1": "a"} and odd.attrs["items"] == [3] and odd.attrs["pair"] == [1, 2]
     assert odd.attrs["blob"] == "b'xy'"
+
+
+#: Values put in place of run.json entries.
+ODD_META: list[Any] = [
+    None, "", "x", -1, 0, 1.5, True, [], {}, [1, 2], {"a": 1}, 2**70, {"ended_ns": "x"},
+    {"frameworks": {"pytorch": 5}}, {"frameworks": []}, [{"a": None}],
+]  # fmt: skip
+
+
+def _paths(d: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for k, v in d.items():
+        out.append((*prefix, k))
+        if isinstance(v, dict):
+            out += _paths(v, (*prefix, k))
+    return out
+
+
+def test_reports_and_exports_take_a_run_json_of_other_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A hand-edited or foreign run.json (sections of other types, ids beyond 64 bits): the
+    report, its HTML form, the exports and a diff still work, from what the run holds."""
+    import json
+    import shutil
+
+    source = _live_run(tmp_path)
+    meta = json.loads((source / store.META_FILE).read_text())
+    paths = _paths(meta)
+    for seed in range(10):
+        rng = random.Random(seed)
+        odd = copy.deepcopy(meta)
+        for path in rng.sample(paths, k=min(len(paths), rng.randint(1, 12))):
+            section = odd
+            for key in path[:-1]:
+                section = section.get(key) if isinstance(section.get(key), dict) else {}
+            section[path[-1]] = copy.deepcopy(rng.choice(ODD_META))
+        run_dir = tmp_path / f"meta{seed}"
+        shutil.copytree(source, run_dir)
+        (run_dir / store.TABLE_FILE).unlink(missing_ok=True)
+        (run_dir / store.META_FILE).write_text(json.dumps(odd))
+        for args in (
+            ["report", str(run_dir)],
+            ["report", str(run_dir), "--html", str(run_dir / "report.html")],
+            ["export", str(run_dir), "--format", "jaeger-json", "-o", str(run_dir / "jaeger.json")],
+            ["export", str(run_dir), "--format", "chrome-json", "-o", str(run_dir / "trace.json")],
+            ["diff", str(source), str(run_dir)],
+        ):
+            assert main(args) in (0, 2), (seed, args, capsys.readouterr().err[-500:])
+    capsys.readouterr()

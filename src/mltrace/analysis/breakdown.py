@@ -165,7 +165,11 @@ def op_ends(run: Run) -> OpEnds:
 
 
 def _ns(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A session-clock time from run.json, or None where it is none (another type, or beyond
+    64 bits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63):
+        return value
+    return None
 
 
 def window_end(run: Run, key: str) -> int | None:

@@ -25,17 +25,7 @@ from typing import Any
 from mltrace._version import __version__
 from mltrace.exporters.otlp import MappedSpan, SpanMapper, resource_attributes
 from mltrace.run.store import Run
-
-try:  # orjson writes a 200,000-span trace several times faster than the stdlib
-    import orjson as _orjson
-
-    def _dumps(obj: Any) -> bytes:
-        return _orjson.dumps(obj)
-
-except ImportError:  # pragma: no cover - orjson is a core dependency
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+from mltrace.run.store import dumps as _dumps  # orjson where installed; what JSON cannot hold as text
 
 
 def jaeger_tag(key: str, value: Any) -> dict[str, Any]:

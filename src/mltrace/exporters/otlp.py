@@ -180,8 +180,8 @@ def run_key(run: Run) -> str:
     rid = meta.get("run_id")
     if rid:
         return str(rid)
-    host = meta.get("host") or {}
-    started = meta.get("started_at_epoch_ns") or (meta.get("clock") or {}).get("anchor_epoch_ns")
+    host = _dict(meta.get("host"))
+    started = meta.get("started_at_epoch_ns") or _dict(meta.get("clock")).get("anchor_epoch_ns")
     return f"{meta.get('name', '')}|{host.get('hostname', '')}|{meta.get('pid', '')}|{started}"
 
 
@@ -304,10 +304,15 @@ def _env_resource_attributes() -> dict[str, str]:
     return out
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    """A run.json section, or {} where a hand-edited or foreign file has something else there."""
+    return value if isinstance(value, dict) else {}
+
+
 def _gpu_names(meta: dict[str, Any]) -> list[str]:
     gpus = meta.get("gpus")
     if gpus is None:
-        gpus = (meta.get("host") or {}).get("gpus")
+        gpus = _dict(meta.get("host")).get("gpus")
     names: list[str] = []
     if isinstance(gpus, list):
         for g in gpus:
@@ -324,15 +329,15 @@ def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
     OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override what mltrace derives.
     """
     meta = run.meta
-    host = meta.get("host") or {}
+    host = _dict(meta.get("host"))
     attrs: dict[str, Any] = {"service.name": DEFAULT_SERVICE_NAME}
     for key, src in (("host.name", "hostname"), ("host.arch", "machine"), ("os.description", "os"), ("host.cpu.model.name", "cpu")):
         if host.get(src):
             attrs[key] = str(host[src])
     if host.get("os"):
         attrs["os.type"] = str(host["os"]).split()[0].lower()
-    if host.get("cpu_count"):
-        attrs["host.cpu.count"] = int(host["cpu_count"])
+    if isinstance(host.get("cpu_count"), int):
+        attrs["host.cpu.count"] = host["cpu_count"]
     if host.get("python"):
         attrs["process.runtime.name"] = str(host.get("python_implementation") or "CPython").lower()
         attrs["process.runtime.version"] = str(host["python"])
@@ -347,7 +352,7 @@ def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
         attrs["host.gpu.count"] = len(gpus)
         attrs["host.gpu.model"] = gpus[0]
         attrs["host.gpu.names"] = tuple(gpus)
-    for dist, version in sorted((meta.get("versions") or {}).items()):
+    for dist, version in sorted(_dict(meta.get("versions")).items()):
         attrs[f"ml.version.{dist}"] = str(version)
     levels = meta.get("levels")
     if isinstance(levels, dict):

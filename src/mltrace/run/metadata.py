@@ -93,3 +93,18 @@ def base_metadata(command: list[str] | None, name: str) -> dict[str, Any]:
         "environment": recorded_environment(),
         "complete": False,
     }
+
+
+def unrecorded_levels(meta: dict[str, Any]) -> list[str]:
+    """``"<level>: <reason>"`` for each level asked for and not recorded (run.json ``levels``);
+    a hand-edited or foreign run.json whose entries have other shapes gives none for them."""
+    levels = meta.get("levels")
+    if not isinstance(levels, dict):
+        return []
+    return [f"{k}: {v.get('reason')}" for k, v in levels.items() if isinstance(v, dict) and v.get("requested") and not v.get("recorded")]
+
+
+def limitations(meta: dict[str, Any]) -> list[str]:
+    """run.json's ``limitations`` as text (none where it is not a list)."""
+    found = meta.get("limitations")
+    return [str(x) for x in found] if isinstance(found, list) else []

@@ -12,6 +12,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.summary import summarize
+from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import Run, load_run, read_meta
 from mltrace.tracer.levels import Level
 
@@ -150,11 +151,10 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
     _gpu_groups(console, run, top)
     _name_table(console, "By CUDA API call (CPU side)", a.runtime[:top])
-    levels = meta.get("levels", {})
-    missing = [f"{k}: {v.get('reason')}" for k, v in levels.items() if v.get("requested") and not v.get("recorded")]
+    missing = unrecorded_levels(meta)
     if missing:
         console.print("[dim]Not recorded — " + "; ".join(missing) + "[/dim]")  # type: ignore[attr-defined]
-    for lim in meta.get("limitations", []):
+    for lim in limitations(meta):
         console.print(f"[dim]Limitation: {lim}[/dim]")  # type: ignore[attr-defined]
 
 
