@@ -77,6 +77,7 @@ def test_reports_and_exports_take_any_attribute_values(tmp_path: Path, base: str
             ["export", str(run_dir), "--format", "perfetto", "-o", str(run_dir / "export.pftrace")],
             ["export", str(run_dir), "--format", "jaeger-json", "-o", str(run_dir / "jaeger.json")],
             ["diff", str(source), str(run_dir)],
+            *([["bricks", "--no-bench", str(run_dir)]] if base == "live" else []),  # layer spans: the live run's
         ):
             assert main(args) == 0, (seed, args, capsys.readouterr().err[-500:])
     capsys.readouterr()

@@ -175,14 +175,18 @@ class BrickSet:
 
 
 def _shapes(value: Any) -> tuple[Shape, ...]:
+    """Recorded shapes; one with a dimension that is not a whole number (symbolic) is ()."""
     if not isinstance(value, list):
         return ()
-    return tuple(tuple(int(d) for d in s) for s in value if isinstance(s, list))
+    return tuple(tuple(s) if all(type(d) is int for d in s) else () for s in value if isinstance(s, list))
 
 
 def _freeze(value: Any) -> Any:
+    """A recorded value made hashable: lists as tuples, dicts as sorted (key, value) tuples."""
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
     return value
 
 
@@ -192,8 +196,9 @@ def brick_of(span: Span, model_batch: int | None = None) -> Brick:
     ltype = str(a.get("ml.layer.type", ""))
     ins = _shapes(a.get("ml.input.shapes"))
     outs = _shapes(a.get("ml.output.shapes"))
-    dtypes = tuple(str(d) for d in a.get("ml.input.dtypes", ()) or ())
-    params = int(a.get("ml.layer.params", 0) or 0)
+    recorded_dtypes, recorded_params = a.get("ml.input.dtypes"), a.get("ml.layer.params")
+    dtypes = tuple(str(d) for d in recorded_dtypes) if isinstance(recorded_dtypes, list) else ()
+    params = recorded_params if isinstance(recorded_params, int) and not isinstance(recorded_params, bool) else 0
     recorded = a.get("ml.layer.config")
     if isinstance(recorded, dict):
         cfg = tuple(sorted((str(k), _freeze(v)) for k, v in recorded.items()))
@@ -468,8 +473,8 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
         for key, calls in invocations(run).items():
             skip = min(warmup, len(calls) - 1)
             ref = calls[skip]
-            shapes = ref.root.attrs.get("ml.input.shapes") or []
-            model_batch = shapes[0][0] if shapes and isinstance(shapes[0], list) and shapes[0] else None
+            first = _shapes(ref.root.attrs.get("ml.input.shapes"))
+            model_batch = first[0][0] if first and first[0] else None
             traced: dict[str, list[int]] = {}
             for call in calls[skip:]:
                 for pk, s in call.spans.items():

@@ -133,7 +133,8 @@ class Stats:
 
 def model_key(span: Span) -> ModelKey:
     """The key of a model span: its name and the call site recorded by the tracer."""
-    return (span.name, span.attrs.get("ml.call.file.path"), span.attrs.get("ml.call.line.number"))
+    file, line = span.attrs.get("ml.call.file.path"), span.attrs.get("ml.call.line.number")
+    return (span.name, file if isinstance(file, str) else None, line if isinstance(line, int) else None)
 
 
 def model_label(key: ModelKey) -> str:
