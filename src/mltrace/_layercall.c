@@ -211,7 +211,9 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "mltrace: no thread-specific storage key left");
         return NULL;
     }
-    PyObject *shape = _PyType_Lookup((PyTypeObject *)o[4], s_shape), *dtype = _PyType_Lookup((PyTypeObject *)o[4], s_dtype);
+    /* On the type, a getset descriptor's attribute is the descriptor itself; its PyGetSetDef is
+     * static in torch's extension, which stays loaded. */
+    PyObject *shape = PyObject_GetAttr(o[4], s_shape), *dtype = shape ? PyObject_GetAttr(o[4], s_dtype) : NULL;
     if (shape && dtype && Py_IS_TYPE(shape, &PyGetSetDescr_Type) && Py_IS_TYPE(dtype, &PyGetSetDescr_Type)) {
         PyGetSetDef *s = ((PyGetSetDescrObject *)shape)->d_getset, *d = ((PyGetSetDescrObject *)dtype)->d_getset;
         if (s->get && d->get) {
@@ -219,6 +221,8 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
             self->get_dtype = d->get; self->dtype_closure = d->closure;
         }
     }
+    Py_XDECREF(shape); Py_XDECREF(dtype);
+    PyErr_Clear();  /* no plain getters: the attribute lookup it is */
     self->vectorcall = layer_vectorcall;
     self->tls = Py_NewRef(o[0]); self->new_stack = Py_NewRef(o[1]); self->outer = Py_NewRef(o[2]);
     self->raw_shapes = Py_NewRef(o[3]); self->tensor_type = Py_NewRef(o[4]); self->next_id = Py_NewRef(o[5]);
@@ -252,9 +256,10 @@ static PyTypeObject LayerCallType = {
  *   [id,parent id,level,null,start,end,track,{},template id]
  * Both come back as comma-separated rows. A frame's cache entry comes from its parent's cache
  * (placed(), the common case) or else from place(frame); the shape encodings come from
- * in_cache/out_cache (one-tensor forms), else from shapes_json(raw, cache, kind). If a frame fails, the templates this call added are taken out
- * of `templates` again: rows written later must not refer to a template that never reached the
- * file. In Python the same took ≈ 2 µs a frame, about a third of it formatting. */
+ * in_cache/out_cache (one-tensor forms), else from shapes_json(raw, cache, kind). If a frame
+ * fails, the templates this call added are taken out of `templates` again: rows written later
+ * must not refer to a template that never reached the file. In Python the same took ≈ 2 µs a
+ * frame, about a third of it formatting. */
 
 typedef struct { char *data; Py_ssize_t len, cap; } Buf;
 
@@ -322,12 +327,6 @@ static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_tex
 
 static PyObject *s_track_id, *s_input, *s_output, *s_empty, *s_kids, *s_ref;
 
-/* A frame's cache entry (KID), as place(frame) gives it, without a call into Python where the
- * entry is already cached: the parent's entry (placed first, the same way) holds its children's
- * in facts.kids under (parent path, id(module)), and the child's facts hold a weak reference
- * that must still be this module (a dead module's id can be reused). Sets KID and ROOT as
- * place() does. Anything else (no entry yet, a stale one, a frame of another shape) goes to
- * place(), which fills the cache. New reference, or NULL with an error. */
 static int referent_is(PyObject *ref, PyObject *o) {
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *alive = NULL;
@@ -340,6 +339,12 @@ static int referent_is(PyObject *ref, PyObject *o) {
 #endif
 }
 
+/* A frame's cache entry (KID), as place(frame) gives it, without a call into Python where the
+ * entry is already cached: the parent's entry (placed first, the same way) holds its children's
+ * in facts.kids under (parent path, id(module)), and the child's facts hold a weak reference
+ * that must still be this module (a dead module's id can be reused). Sets KID and ROOT as
+ * place() does. Anything else (no entry yet, a stale one, a frame of another shape) goes to
+ * place(), which fills the cache. New reference, or NULL with an error. */
 static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
     PyObject *kid = PyList_GET_ITEM(frame, 7);
     if (kid != Py_None) return Py_NewRef(kid);
