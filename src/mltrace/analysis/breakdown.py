@@ -254,7 +254,7 @@ def breakdown(run: Run) -> Breakdown:
     model_calls = 0
     model_ns = 0
     # A model call has layer spans if it started before the layer level's end (calls in flight
-    # then finish theirs), and ops if it also ended before the op level's end.
+    # then finish theirs), and ops if it also ended before its framework's op level ended.
     layer_end, op_end = window_end(run, "layer_window"), op_ends(run)
     layer_calls = layer_ns = op_calls = op_ns = 0
     for s in spans:
