@@ -361,7 +361,7 @@ def test_each_framework_ends_its_op_level_after_its_own_model_calls(tmp_path: Pa
     assert with_ops == torch_calls[:2] + ort_calls[:2]
     # The analyses count each call against its own framework's end.
     analysis = analyze(run)
-    assert any("ops were recorded in 4 of 9 model calls" in n for n in analysis.findings.notes)
+    assert any("ops were recorded in 4 of 9 model calls (onnxruntime: 2 of 4, pytorch: 2 of 5)" in n for n in analysis.findings.notes)
     for b in (analysis.breakdown, breakdown(run)):
         assert b.calls_for(Level.OP) == 4
         assert b.base_ns(Level.OP) == sum(m.duration_ns for m in with_ops)

@@ -660,9 +660,17 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
                 r.op_calls_ns for r in layer_rows if not r.has_child_layers
             )
         if p.op_ends.ended:
+            by_framework: dict[str, list[int]] = {}
+            for r in models:
+                counts = by_framework.setdefault(r.stat.framework or "?", [0, 0])
+                counts[0] += r.op_calls
+                counts[1] += r.stat.calls
+            each = ""
+            if len(by_framework) > 1:  # each framework's op level ends after its own calls
+                each = " (" + ", ".join(f"{fw}: {n} of {m}" for fw, (n, m) in sorted(by_framework.items())) + ")"
             findings.notes.append(
                 f"the op level ended early: ops were recorded in {sum(r.op_calls for r in models)} of {calls} model "
-                "calls; framework overhead and ops per call count those calls only"
+                f"calls{each}; framework overhead and ops per call count those calls only"
             )
     elif layer_rows:
         findings.notes.append("no op spans: FLOPs come from layer formulas; framework overhead is not measured")
