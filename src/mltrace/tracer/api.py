@@ -62,9 +62,9 @@ class _LiveSpan:
             self._session.recorder.end(self.span)
 
     def set(self, key: str, value: Any) -> None:
-        """Sets an attribute on the open span."""
+        """Sets an attribute on the open span (a key that is not text is made text)."""
         if self.span is not None:
-            self.span.attrs[key] = value
+            self.span.attrs[key if isinstance(key, str) else str(key)] = value
 
 
 def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSpan | _NoSpan:
