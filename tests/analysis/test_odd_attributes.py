@@ -92,6 +92,7 @@ def test_values_json_cannot_hold_are_written_as_text(tmp_path: Path) -> None:
             pass
         with mltrace.span("odd", big=2**70, small=-(2**70), keys={1: "a"}, items={3}, blob=b"xy") as s:
             s.set("pair", (1, 2))
+            s.set(2, "two")  # type: ignore[arg-type]  # not text: made text
         with mltrace.span("after"):
             pass
     run = mltrace.load_run(run_dir)
@@ -99,7 +100,7 @@ def test_values_json_cannot_hold_are_written_as_text(tmp_path: Path) -> None:
     odd = next(s for s in run.spans if s.name == "odd")
     assert odd.attrs["big"] == str(2**70) and odd.attrs["small"] == str(-(2**70))
     assert odd.attrs["keys"] == {"1": "a"} and odd.attrs["items"] == [3] and odd.attrs["pair"] == [1, 2]
-    assert odd.attrs["blob"] == "b'xy'"
+    assert odd.attrs["blob"] == "b'xy'" and odd.attrs["2"] == "two"
 
 
 #: Values put in place of run.json entries.
