@@ -1,9 +1,10 @@
 """What the library level's verbose capture costs, split in its parts, in one process.
 
 Interleaved blocks of inferences on one model: plain; oneDNN + MKL verbose
-output switched on and written to /dev/null (the libraries' own cost); and the
-same output read by mltrace's fd tap (``FdTap``): by a thread, with and without
-batched reads, and by a reader process.
+output switched on and written to /dev/null (the libraries' own cost), with MKL's
+own timer and with it redirected to the vDSO clock as the library level does
+(``mltrace._mkltimer``); and the same output read by mltrace's fd tap (``FdTap``):
+by a thread, with and without batched reads, and by a reader process.
 No mltrace session: only the capture path is measured.
 
     python benchmarks/library_tap.py                  # CNN (oneDNN-heavy)
@@ -30,12 +31,21 @@ from models import encoder, resnet_small  # noqa: E402
 
 from mltrace.tracer.fdtap import FdTap  # noqa: E402
 
+try:
+    from mltrace import _mkltimer
+except ImportError:  # not built: the redirected conditions are left out
+    _mkltimer = None  # type: ignore[assignment]
+
 MKL = (b"MKL_VERBOSE",)
-# name → (batch_s, urgent prefixes, reader); None: verbose to /dev/null, no tap.
+REDIRECT = "MKL timer redirected"
+# name → (batch_s, urgent prefixes, reader); None: verbose to /dev/null, no tap. A name
+# with REDIRECT in it runs with MKL's verbose timer redirected (as the library level does).
 CONDITIONS: dict[str, tuple[float, tuple[bytes, ...], str] | None] = {
     "verbose to /dev/null": None,
+    f"verbose to /dev/null, {REDIRECT}": None,
     "tap thread, one read per line": (0.0, (), "thread"),
     "tap thread, 10 ms batches": (0.01, (), "thread"),
+    f"tap thread, 10 ms batches, {REDIRECT} (shipped)": (0.01, (), "thread"),
     "tap thread, 10 ms batches, not after MKL lines": (0.01, MKL, "thread"),
     "tap process, 10 ms batches, not after MKL lines": (0.01, MKL, "process"),
 }
@@ -69,13 +79,14 @@ def main() -> int:
             out.append(time.perf_counter() - t0)
         return out
 
-    times: dict[str, list[float]] = {"plain": [], **{k: [] for k in CONDITIONS}}
+    conditions = {k: v for k, v in CONDITIONS.items() if _mkltimer is not None or REDIRECT not in k}
+    times: dict[str, list[float]] = {"plain": [], **{k: [] for k in conditions}}
     lines = 0
     null = os.open(os.devnull, os.O_WRONLY)
     saved = os.dup(1)
     with torch.inference_mode():
         block()  # warm-up
-        names = ["plain", *CONDITIONS]
+        names = ["plain", *conditions]
         for r in range(args.rounds):
             # Every condition takes every position in turn: a block's place in the round
             # (what ran just before it) must not decide its figure.
@@ -84,27 +95,32 @@ def main() -> int:
                 if name == "plain":
                     times["plain"] += block()
                     continue
-                tap_args = CONDITIONS[name]
-                if tap_args is None:
-                    sys.stdout.flush()
-                    os.dup2(null, 1)
+                tap_args = conditions[name]
+                redirect = REDIRECT in name and _mkltimer is not None and _mkltimer.install() > 0
+                try:
+                    if tap_args is None:
+                        sys.stdout.flush()
+                        os.dup2(null, 1)
+                        try:
+                            with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
+                                times[name] += block()
+                        finally:
+                            os.dup2(saved, 1)
+                        continue
+                    tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1], reader=tap_args[2]).start()
                     try:
                         with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
                             times[name] += block()
                     finally:
-                        os.dup2(saved, 1)
-                    continue
-                tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1], reader=tap_args[2]).start()
-                try:
-                    with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
-                        times[name] += block()
+                        lines = len(tap.stop())
                 finally:
-                    lines = len(tap.stop())
+                    if redirect and _mkltimer is not None:
+                        _mkltimer.remove()
     base = statistics.median(times["plain"])
     print(f"{args.model}: {lines / args.iters:.0f} verbose lines an inference, load {os.getloadavg()[0]:.2f}")
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"  {name:52s} {1e3 * med:8.2f} ms  {med / base:.3f}x")
+        print(f"  {name:70s} {1e3 * med:8.2f} ms  {med / base:.3f}x")
     split_cost()
     return 0
 

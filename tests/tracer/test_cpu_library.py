@@ -21,6 +21,25 @@ DATA = REPO / "tests" / "data"
 OFFSET = 1_795_000_000_000_000_000  # epoch ns of session time 0 in these tests
 
 
+# The parts of mltrace's Session a source uses, for programs run in a subprocess.
+SESSION_STAND_IN = r"""
+    import itertools
+    from mltrace.tracer.clock import ClockAnchor
+    from mltrace.tracer.tracks import TrackRegistry
+
+    class Session:
+        def __init__(self):
+            self.anchor = ClockAnchor.take()
+            self.tracks = TrackRegistry()
+            self.meta, self.limitations = {}, []
+            self._ids = itertools.count(1)
+        def new_id(self):
+            return next(self._ids)
+        def note_limitation(self, text):
+            self.limitations.append(text)
+"""
+
+
 def tapped(path: Path, first_receive_ns: int) -> list[TappedLine]:
     """The verbose lines of a log, received 1 µs apart."""
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if not ln.startswith("== ")]
@@ -107,22 +126,10 @@ def test_source_contract() -> None:
 )
 def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
     """torch imported after start(): verbosity switched on at import, off at stop, stdout clean."""
-    program = r"""
-    import itertools, json, os, sys
-    from mltrace.tracer.clock import ClockAnchor, now_ns
+    program = SESSION_STAND_IN + r"""
+    import json, os, sys
+    from mltrace.tracer.clock import now_ns
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
-    from mltrace.tracer.tracks import TrackRegistry
-
-    class Session:  # the parts of mltrace's Session a source uses
-        def __init__(self):
-            self.anchor = ClockAnchor.take()
-            self.tracks = TrackRegistry()
-            self.meta, self.limitations = {}, []
-            self._ids = itertools.count(1)
-        def new_id(self):
-            return next(self._ids)
-        def note_limitation(self, text):
-            self.limitations.append(text)
 
     session = Session()
     source = CpuLibrarySource()
@@ -175,6 +182,74 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
     assert report["env"] is None  # the environment is restored
 
 
+def _mkl_timer_redirects() -> bool:
+    """Whether this build can redirect MKL's timer: the C helper built, Linux on x86-64, torch with MKL."""
+    probe = "import torch; from mltrace import _mkltimer; import platform, sys; "
+    probe += "sys.exit(not (torch.backends.mkl.is_available() and platform.machine() == 'x86_64' and sys.platform == 'linux'))"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env).returncode == 0
+
+
+@pytest.mark.skipif(not _mkl_timer_redirects(), reason="needs torch with MKL, Linux on x86-64 and the _mkltimer helper")
+@pytest.mark.parametrize("timer", ["redirected", "mkl"])
+def test_mkl_timer_redirected_while_verbose_then_restored(tmp_path: Path, timer: str) -> None:
+    """MKL reads the vDSO clock while the source records, its own again after stop (or throughout, when asked)."""
+    program = SESSION_STAND_IN + r"""
+    import ctypes, json, sys, time
+    from mltrace import _mkltimer
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+
+    session = Session()
+    source = CpuLibrarySource()
+    source.start(session)
+    import torch
+    torch.set_num_threads(1)
+    a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+    slots = _mkltimer.slots()
+    reads = []  # (monotonic before, what MKL's timer slot returns, monotonic after)
+    for _slot, _saved, current in slots:
+        timer = ctypes.CFUNCTYPE(ctypes.c_double)(current)
+        reads.append((time.monotonic(), timer(), time.monotonic()))
+    walls = []
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        torch.mm(a, b)
+        walls.append(time.perf_counter_ns() - t0)
+    events = source.stop()
+    after_stop = [ctypes.c_void_p.from_address(slot).value for slot, _saved, _current in slots]
+    with open(sys.argv[1], "w") as f:
+        json.dump({"slots": slots, "reads": reads, "walls": walls, "after_stop": after_stop,
+                   "exec_ns": [s.attrs["ml.library.exec_ns"] for s in events if s.name == "MKL SGEMM"],
+                   "info": session.meta["sources_info"]["cpu.library"], "left": _mkltimer.slots()}, f)
+    """
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(program), encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("MLTRACE_MKL_TIMER", None)
+    if timer == "mkl":
+        env["MLTRACE_MKL_TIMER"] = "mkl"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    # MKL's durations are in their unit either way: within the call's wall time, not far below it
+    assert len(report["exec_ns"]) == 3
+    assert all(0 < e <= w for e, w in zip(report["exec_ns"], report["walls"]))
+    assert max(e / w for e, w in zip(report["exec_ns"], report["walls"])) > 0.1
+    assert report["left"] == []
+    if timer == "mkl":
+        assert report["slots"] == [] and report["info"]["mkl_timer"] == "mkl (MLTRACE_MKL_TIMER=mkl)"
+        return
+    slots = report["slots"]
+    assert slots and report["info"]["mkl_timer"] == f"clock_gettime ({len(slots)} slots redirected)"
+    assert all(current != saved for _slot, saved, current in slots)
+    for before, seconds, after in report["reads"]:  # the slots call CLOCK_MONOTONIC, in seconds
+        assert before <= seconds <= after
+    assert report["after_stop"] == [saved for _slot, saved, _current in slots]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True).returncode != 0,
@@ -182,22 +257,11 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
 )
 def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
     """use_env=True after ``import tensorflow``: TF's own oneDNN reads the variables at its first op."""
-    program = r"""
-    import itertools, json, os, sys
+    program = SESSION_STAND_IN + r"""
+    import json, os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
-    from mltrace.tracer.clock import ClockAnchor
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
-    from mltrace.tracer.tracks import TrackRegistry
-
-    class Session:
-        def __init__(self):
-            self.anchor, self.tracks, self.meta, self.limitations = ClockAnchor.take(), TrackRegistry(), {}, []
-            self._ids = itertools.count(1)
-        def new_id(self):
-            return next(self._ids)
-        def note_limitation(self, text):
-            self.limitations.append(text)
 
     session = Session()
     source = CpuLibrarySource(use_env=True)

@@ -18,6 +18,14 @@ this source never imports torch itself. TensorFlow (2.21, its own oneDNN
 call, even after ``import tensorflow``: ``CpuLibrarySource(use_env=True)``
 sets it (see the class).
 
+While MKL's verbose mode is on, its timer is redirected (``mltrace._mkltimer``):
+MKL reads its clock around every call through a routine that executes CPUID, which a
+hypervisor traps (≈ 6 µs each on the development VM, ≈ 65 µs of MKL verbose cost a
+call). The redirect points the routine's dynamic-linker slots at the vDSO's
+``clock_gettime`` while verbosity is on and restores them when it goes off.
+``MLTRACE_MKL_TIMER=mkl`` keeps MKL's own timer; run.json's
+``sources_info["cpu.library"]["mkl_timer"]`` says which one ran.
+
 Lines are read from fd 1 by ``FdTap``. They carry no thread id, so spans are
 put on the track of the thread that started the source; the
 ``attach_library_calls`` pass (``tracer.passes.library``) moves each to the thread of
@@ -55,6 +63,8 @@ _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
 _READ_BATCH_S = 0.01
 _ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
 _POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
+#: ``MLTRACE_MKL_TIMER=mkl`` keeps oneMKL's own verbose timer instead of redirecting it.
+MKL_TIMER_ENV = "MLTRACE_MKL_TIMER"
 
 
 def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
@@ -197,6 +207,8 @@ class CpuLibrarySource:
         self._saved_env: dict[str, str | None] = {}
         self._problems: list[str] = []
         self._early_lines: list[TappedLine] = []
+        self._mkl_timer: ModuleType | None = None  # the C helper while it redirects MKL's timer
+        self._mkl_timer_used = "none"  # for run.json: which clock MKL's verbose lines were timed with
 
     @property
     def can_end_early(self) -> bool:
@@ -214,6 +226,7 @@ class CpuLibrarySource:
     def start(self, session: Session) -> None:
         self._session = session
         self._problems = []
+        self._mkl_timer_used = "none"
         self._track_id = session.tracks.current_thread().id
         settings = {_TIMESTAMP_ENV: "1"}
         if self.use_env:
@@ -245,10 +258,32 @@ class CpuLibrarySource:
         if torch.backends.mkldnn.is_available() and not verbose.mkldnn_set_verbose(1):
             self._problems.append("torch could not switch oneDNN verbose output on")
         if torch.backends.mkl.is_available():
+            self._redirect_mkl_timer()
             if not verbose.mkl_set_verbose(1):
                 self._problems.append("torch could not switch MKL verbose output on")
             else:
                 self._warm_up_mkl(torch)
+
+    def _redirect_mkl_timer(self) -> None:
+        """Points MKL's verbose timer at the vDSO clock (see the module's docstring)."""
+        if os.environ.get(MKL_TIMER_ENV) == "mkl":
+            self._mkl_timer_used = f"mkl ({MKL_TIMER_ENV}=mkl)"
+            return
+        try:
+            from mltrace import _mkltimer
+        except ImportError:
+            self._mkl_timer_used = "mkl (mltrace's C helper _mkltimer is not built)"
+            return
+        try:
+            slots = _mkltimer.install()
+        except Exception as exc:  # never let the redirect stop the program
+            self._mkl_timer_used = f"mkl (redirect failed: {exc})"
+            return
+        if slots:
+            self._mkl_timer = _mkltimer
+            self._mkl_timer_used = f"clock_gettime ({slots} slots redirected)"
+        else:
+            self._mkl_timer_used = "mkl (no loaded library imports its timer)"
 
     def _warm_up_mkl(self, torch: ModuleType) -> None:
         """Pays MKL's one-time verbose start-up now, not inside the program's first inference.
@@ -280,7 +315,12 @@ class CpuLibrarySource:
         if torch.backends.mkldnn.is_available():
             verbose.mkldnn_set_verbose(0)
         if torch.backends.mkl.is_available():
-            verbose.mkl_set_verbose(0)
+            try:
+                verbose.mkl_set_verbose(0)
+            finally:
+                helper, self._mkl_timer = self._mkl_timer, None
+                if helper is not None:
+                    helper.remove()
 
     def _restore(self) -> list[TappedLine]:
         """Switches verbosity off, then restores fd 1 and the environment, whatever fails."""
@@ -318,7 +358,7 @@ class CpuLibrarySource:
         framework = None  # set from the issuing op by the attach pass (torch and TF share oneDNN)
         lines = lines[self._warmup_lines :]
         spans, counts = library_spans(lines, session.anchor.epoch_to_session, self._track_id, session.new_id, framework)
-        session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts}
+        session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts, "mkl_timer": self._mkl_timer_used}
         if counts["untimed"]:
             session.note_limitation(
                 f"{counts['untimed']} library calls (MKL) carry no timestamp: placed in their ops by issue order, "
