@@ -55,12 +55,16 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "layer": {"level": "layer"},
     "op": {"level": "op"},
     "library": {"level": "library"},  # the full CPU trace: model + layer + op + library
+    "library-mkl-timer": {"level": "library"},  # the same with oneMKL's own verbose timer (MLTRACE_MKL_TIMER=mkl)
     "kernel": {"level": "kernel"},  # GPU: every level, kernels through Kineto (the default path with torch)
     "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
     "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
 }
 #: Environment each condition runs under (read when its session starts).
-CONDITION_ENV: dict[str, dict[str, str]] = {"kernel-cupti": {"MLTRACE_KERNEL_PATH": "cupti-python"}}
+CONDITION_ENV: dict[str, dict[str, str]] = {
+    "kernel-cupti": {"MLTRACE_KERNEL_PATH": "cupti-python"},
+    "library-mkl-timer": {"MLTRACE_MKL_TIMER": "mkl"},
+}
 
 
 class _TorchProfilerAlone:
@@ -129,7 +133,7 @@ def measure_model(
         med = statistics.median(samples[c])
         res[f"{c}_ms"] = med / 1e6
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
-    for c in ("library", "kernel", "kernel-cupti"):
+    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti"):
         if c in conditions and "torch.profiler" in conditions:
             res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
                 a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
@@ -239,7 +243,7 @@ def main() -> int:
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
                 f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
             )
-        for c in ("kernel", "kernel-cupti"):
+        for c in ("library-mkl-timer", "kernel", "kernel-cupti"):
             if f"{c}_vs_torch_profiler_paired" in r:
                 print(f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)")
     print("\nuser API cost per call (ns):")

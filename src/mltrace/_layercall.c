@@ -6,7 +6,9 @@
  * wrapper in _wrap_call_layers does, with the same objects: push a frame
  *   [module, parent frame, id, start ns, end ns, input shapes, output shapes, None, None]
  * on the thread's stack, call the module, end the frame whatever happened, and
- * hand it to the source's deque; the flusher turns frames into spans. The
+ * hand it to the source's deque; the flusher turns frames into spans. Where torch's
+ * Module._call_impl would only call forward (no hooks, no JIT trace: forward_directly),
+ * the call is module.forward(...) itself, a Python frame less than torch's own __call__. The
  * outermost call of a thread (the model span) goes to the Python wrapper
  * (`outer`). Shapes are kept raw, as (torch.Size, dtype) for one tensor, or
  * what raw_shapes returns. Times are CLOCK_MONOTONIC ns, time.monotonic_ns().
@@ -25,6 +27,10 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *tls, *new_stack, *outer, *raw_shapes, *tensor_type, *next_id, *append_frame, *original;
     int direct;
+    /* Calling forward() itself where torch's Module._call_impl would do nothing else (see
+     * forward_directly): that function (NULL: never), torch._C._get_tracing_state, and the
+     * globals _call_impl reads the global hook dicts from. */
+    PyObject *call_impl, *tracing_state, *hook_globals;
     /* The calling thread's stack (a borrowed reference): TorchModuleSource._stacks keeps every
      * thread's stack alive while this object lives (it holds new_stack, a method of the source),
      * and a thread's stack is never replaced. A thread's first call finds it in tls. */
@@ -35,7 +41,13 @@ typedef struct {
     void *shape_closure, *dtype_closure;
 } LayerCall;
 
-static PyObject *s_stack, *s_shape, *s_dtype, *s_call_impl, *s_compiled;
+static PyObject *s_stack, *s_shape, *s_dtype, *s_call_impl, *s_compiled, *s_forward;
+/* What Module._call_impl checks before its early `return forward_call(*args, **kwargs)`:
+ * the module's own hook dicts, then the module-global ones. */
+static const char *const HOOK_ATTRS[] = {"_backward_hooks", "_backward_pre_hooks", "_forward_hooks", "_forward_pre_hooks"};
+static const char *const HOOK_GLOBALS[] = {"_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
+                                           "_global_forward_pre_hooks"};
+static PyObject *s_hook_attrs[4], *s_hook_globals[4];
 
 static inline PyObject *clock_ns(void) {
     struct timespec ts;
@@ -69,6 +81,31 @@ static PyObject *shapes_of(LayerCall *self, PyObject *value) {
         return pair;
     }
     return PyObject_CallOneArg(self->raw_shapes, value);
+}
+
+/* 1 where torch's Module._call_impl, called now on `module`, would do nothing but
+ * `return self.forward(*args, **kwargs)`: it is the module's _call_impl (no subclass overrides
+ * it), no JIT trace is being recorded (else it calls _slow_forward), and no hook dict, the
+ * module's or a global one, has an entry. Then the hot path calls forward itself and spares
+ * the Python frame, which torch's own __call__ pays too. 0 otherwise (or on any error). */
+static int forward_directly(LayerCall *self, PyObject *module) {
+    if (self->call_impl == NULL || _PyType_Lookup(Py_TYPE(module), s_call_impl) != self->call_impl) return 0;
+    PyObject *tracing = PyObject_CallNoArgs(self->tracing_state);
+    int traced = tracing ? PyObject_IsTrue(tracing) : -1;
+    Py_XDECREF(tracing);
+    if (traced != 0) { PyErr_Clear(); return 0; }
+    for (int i = 0; i < 4; i++) {
+        PyObject *hooks = PyObject_GetAttr(module, s_hook_attrs[i]);
+        int some = hooks ? PyObject_IsTrue(hooks) : -1;
+        Py_XDECREF(hooks);
+        if (some != 0) { PyErr_Clear(); return 0; }
+    }
+    for (int i = 0; i < 4; i++) {
+        PyObject *hooks = PyDict_GetItemWithError(self->hook_globals, s_hook_globals[i]);  /* borrowed */
+        int some = hooks ? PyObject_IsTrue(hooks) : -1;
+        if (some != 0) { PyErr_Clear(); return 0; }
+    }
+    return 1;
 }
 
 static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -141,7 +178,8 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
         else PyErr_Clear();
     }
-    if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
+    if (use_direct && forward_directly(self, module)) output = PyObject_VectorcallMethod(s_forward, args, nargsf, kwnames);
+    else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
     else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 
     /* finally: end the frame whatever happened, keeping the call's exception */
@@ -183,11 +221,13 @@ static PyObject *layer_get(PyObject *self, PyObject *obj, PyObject *type) {
 static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->tls); Py_VISIT(self->new_stack); Py_VISIT(self->outer); Py_VISIT(self->raw_shapes);
     Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
+    Py_VISIT(self->call_impl); Py_VISIT(self->tracing_state); Py_VISIT(self->hook_globals);
     return 0;
 }
 static int layer_clear(LayerCall *self) {
     Py_CLEAR(self->tls); Py_CLEAR(self->new_stack); Py_CLEAR(self->outer); Py_CLEAR(self->raw_shapes);
     Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
+    Py_CLEAR(self->call_impl); Py_CLEAR(self->tracing_state); Py_CLEAR(self->hook_globals);
     return 0;
 }
 static void layer_dealloc(LayerCall *self) {
@@ -198,11 +238,20 @@ static void layer_dealloc(LayerCall *self) {
 }
 
 static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct", NULL};
-    PyObject *o[8]; int direct;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct))
+    static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct",
+                         "forward_check", NULL};
+    PyObject *o[8], *forward_check = Py_None; int direct;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|O", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
+                                     &forward_check))
         return NULL;
     if (!PyType_Check(o[4])) { PyErr_SetString(PyExc_TypeError, "tensor_type must be a type"); return NULL; }
+    PyObject *call_impl = NULL, *tracing_state = NULL, *hook_globals = NULL;
+    if (forward_check != Py_None
+        && (!PyArg_ParseTuple(forward_check, "OOO!", &call_impl, &tracing_state, &PyDict_Type, &hook_globals)
+            || !PyCallable_Check(tracing_state))) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "forward_check: (call_impl, tracing_state, hook_globals)");
+        return NULL;
+    }
     LayerCall *self = (LayerCall *)type->tp_alloc(type, 0);
     if (!self) return NULL;
     self->stack_key = (Py_tss_t)Py_tss_NEEDS_INIT;
@@ -227,6 +276,8 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->tls = Py_NewRef(o[0]); self->new_stack = Py_NewRef(o[1]); self->outer = Py_NewRef(o[2]);
     self->raw_shapes = Py_NewRef(o[3]); self->tensor_type = Py_NewRef(o[4]); self->next_id = Py_NewRef(o[5]);
     self->append_frame = Py_NewRef(o[6]); self->original = Py_NewRef(o[7]); self->direct = direct;
+    self->call_impl = Py_XNewRef(call_impl); self->tracing_state = Py_XNewRef(tracing_state);
+    self->hook_globals = Py_XNewRef(hook_globals);
     return (PyObject *)self;
 }
 
@@ -444,6 +495,12 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_call_impl = PyUnicode_InternFromString("_call_impl");
     s_compiled = PyUnicode_InternFromString("_compiled_call_impl");
+    s_forward = PyUnicode_InternFromString("forward");
+    for (int i = 0; i < 4; i++) {
+        s_hook_attrs[i] = PyUnicode_InternFromString(HOOK_ATTRS[i]);
+        s_hook_globals[i] = PyUnicode_InternFromString(HOOK_GLOBALS[i]);
+        if (!s_hook_attrs[i] || !s_hook_globals[i]) return NULL;
+    }
     s_track_id = PyUnicode_InternFromString("track_id");
     s_input = PyUnicode_InternFromString("input");
     s_output = PyUnicode_InternFromString("output");

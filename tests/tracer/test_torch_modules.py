@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -620,3 +621,77 @@ def test_span_templates_survive_many_shapes_and_a_cache_that_starts_over(tmp_pat
         assert [s.attrs["ml.input.shapes"] for s in layers[::3]] == [[[n, 3]] for n in batches]
         assert [s.attrs["ml.output.shapes"] for s in layers[2::3]] == [[[n, 2]] for n in batches]
         assert all(s.attrs["ml.layer.type"] == ("ReLU" if s.name == "1" else "Linear") for s in layers)
+
+
+def test_forward_is_called_directly_only_where_call_impl_would_do_nothing_else(tmp_path: Path, hot_path: str) -> None:
+    """The C hot path calls ``forward`` itself in place of ``Module._call_impl`` only while no hook
+    (the module's own or global, forward or backward) is registered, no JIT trace is being recorded
+    and ``_call_impl`` is torch's own: hooks, overrides, instance forwards and traces behave as in
+    plain torch, on both hot paths."""
+    seen: list[str] = []
+
+    class Own(nn.Module):
+        def _call_impl(self, *args: object, **kwargs: object) -> object:
+            seen.append("own _call_impl")
+            return super()._call_impl(*args, **kwargs)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    net = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), Own(), nn.Linear(3, 3))
+    net[3].forward = lambda x: seen.append("instance forward") or x * 2  # type: ignore[method-assign]
+    x = torch.randn(2, 3)
+
+    def scopes(module: nn.Module) -> list[str]:
+        traced = torch.jit.trace(module, x)
+        return sorted({n.scopeName() for n in traced.inlined_graph.nodes()})
+
+    plain_scopes = scopes(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
+
+    def go() -> None:
+        net(x)
+        pre = net[0].register_forward_pre_hook(lambda m, i: seen.append("pre hook"))
+        net(x)
+        pre.remove()
+        glob = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: seen.append(f"global {type(m).__name__}"))
+        net(x)
+        glob.remove()
+        back = net[1].register_full_backward_hook(lambda m, gi, go: seen.append("backward hook"))
+        net(x.requires_grad_()).sum().backward()
+        back.remove()
+        seen.append(f"same scopes {scopes(nn.Sequential(nn.Linear(3, 3), nn.ReLU())) == plain_scopes}")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = _trace(tmp_path, go)
+    # mltrace's own reads (the parameter count) add nothing to the user's trace
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    assert seen == [
+        "own _call_impl", "instance forward",
+        "pre hook", "own _call_impl", "instance forward",
+        "global Linear", "global ReLU", "own _call_impl", "global Own", "instance forward", "global Linear", "global Sequential",
+        "own _call_impl", "instance forward", "backward hook",
+        "same scopes True",
+    ]  # fmt: skip
+    assert plain_scopes != [""]  # the trace records module scopes: _slow_forward ran
+    assert _names(run, Level.MODEL)[:4] == ["Sequential"] * 4
+    assert _names(run)[:4] == ["0", "1", "2", "3"]
+    info = run.meta["sources"]["torch.modules"]
+    assert info.get("layer_forward_direct", False) is (hot_path == "c")
+
+
+def test_forward_check_needs_call_impl_to_read_as_verified() -> None:
+    from mltrace.tracer.sources.torch_modules import forward_check
+
+    checked = forward_check(nn.Module)
+    assert checked is not None and checked[0] is nn.Module.__dict__["_call_impl"] and "_global_forward_hooks" in checked[2]
+
+    class Changed:
+        def _call_impl(self, *args: object, **kwargs: object) -> object:
+            forward_call = self.forward  # type: ignore[attr-defined]
+            if not self._forward_hooks:  # type: ignore[attr-defined]
+                return forward_call(*args, **kwargs)
+            return None
+
+    assert forward_check(Changed) is None
+    assert forward_check(object) is None

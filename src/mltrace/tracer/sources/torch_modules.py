@@ -53,6 +53,63 @@ def calls_impl_directly(module_cls: Any, original: Any) -> bool:
     return original is getattr(module_cls, "_wrapped_call_impl", None)
 
 
+#: The start of torch's ``Module._call_impl`` that the C hot path does itself (``forward_check``).
+_CALL_IMPL_EARLY_RETURN = """
+forward_call = (self._slow_forward if torch._C._get_tracing_state() else self.forward)
+if not (self._backward_hooks or self._backward_pre_hooks or self._forward_hooks or self._forward_pre_hooks
+        or _global_backward_pre_hooks or _global_backward_hooks
+        or _global_forward_hooks or _global_forward_pre_hooks):
+    return forward_call(*args, **kwargs)
+"""
+
+
+def forward_check(module_cls: Any) -> tuple[Any, Any, dict[str, Any]] | None:
+    """What the C hot path needs to call ``forward`` itself where ``_call_impl`` would do nothing
+    else: ``(Module._call_impl, torch._C._get_tracing_state, _call_impl's globals)``.
+
+    ``_call_impl`` begins with a check (no JIT trace, no hook of the module's or global) and,
+    where it passes, returns ``self.forward(*args, **kwargs)``: one more Python frame a module
+    call, which torch's own ``__call__`` pays as well. The C hot path makes the same check and
+    calls ``forward`` directly, and calls ``_call_impl`` in every other case. Only where the
+    function's first two statements are exactly that check (compared as syntax trees, so
+    comments and layout do not matter); None where they are not, or cannot be read.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    call_impl = module_cls.__dict__.get("_call_impl")
+    tracing_state = getattr(getattr(sys.modules.get("torch"), "_C", None), "_get_tracing_state", None)
+    if not inspect.isfunction(call_impl) or not callable(tracing_state):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(call_impl)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.FunctionDef) else []
+    expected = ast.parse(_CALL_IMPL_EARLY_RETURN).body
+    if [ast.dump(node) for node in body[:2]] != [ast.dump(node) for node in expected]:
+        return None
+    return call_impl, tracing_state, call_impl.__globals__
+
+
+def _parameter_count(module: Any) -> int:
+    """The module's parameter count (0 where it cannot be read), counted with any JIT trace of this
+    thread paused: inside ``torch.jit.trace`` a count would otherwise add nodes to the user's graph
+    and a TracerWarning to their output."""
+    c = getattr(sys.modules.get("torch"), "_C", None)
+    tracing = getattr(c, "_get_tracing_state", lambda: None)()
+    if tracing is not None:
+        c._set_tracing_state(None)  # type: ignore[union-attr]
+    try:
+        return sum(int(p.numel()) for p in module.parameters())
+    except Exception:
+        return 0
+    finally:
+        if tracing is not None:
+            c._set_tracing_state(tracing)  # type: ignore[union-attr]
+
+
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
 HOT_PATH_ENV = "MLTRACE_LAYER_HOT_PATH"
 _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -268,7 +325,9 @@ class TorchModuleSource:
             # The same frames from C for nested calls (14–39 % less layer-level overhead than
             # this wrapper in paired runs on the example CNN, PERFORMANCE.md); the outermost
             # call of a thread still goes through __call__ above, which opens the model span.
-            installed = native(tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct)
+            checked = forward_check(module_cls) if direct else None
+            self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
+            installed = native(tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked)
         self._wrapped = (module_cls, original, installed)
         module_cls.__call__ = installed
 
@@ -543,10 +602,7 @@ class TorchModuleSource:
             code = getattr(getattr(cls, "forward", None), "__code__", None)
             loc = (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
             self._class_loc[cls] = loc
-        try:
-            params = sum(int(p.numel()) for p in module.parameters())
-        except Exception:
-            params = 0
+        params = _parameter_count(module)
         info = _Static(module, params, loc[0], loc[1])
         try:  # constructor arguments (never weights), so DLBricks can rebuild the layer exactly
             config = layer_config(module)
