@@ -1,7 +1,7 @@
 """Builds mltrace's C helpers (everything else is in pyproject.toml): the layer level's
 Module.__call__ and row encoder (_layercall), the Perfetto exporter's span packets
-(_pftrace), the correlator's two sweeps (_sweep), and the library level's redirect of oneMKL's
-verbose timer (_mkltimer).
+(_pftrace), the correlator's two sweeps (_sweep), and the library level's fd tap reader
+(_tapread) and redirect of oneMKL's verbose timer (_mkltimer).
 
 All are optional: without a C compiler the build goes on, and mltrace uses the same code
 written in Python (run.json's ``sources.torch.modules`` says which hot path ran; the trace
@@ -16,5 +16,6 @@ setup(
         Extension("mltrace._pftrace", ["src/mltrace/_pftrace.c"], optional=True),
         Extension("mltrace._sweep", ["src/mltrace/_sweep.c"], optional=True),
         Extension("mltrace._mkltimer", ["src/mltrace/_mkltimer.c"], optional=True),
+        Extension("mltrace._tapread", ["src/mltrace/_tapread.c"], optional=True),
     ]
 )

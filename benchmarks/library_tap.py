@@ -4,7 +4,8 @@ Interleaved blocks of inferences on one model: plain; oneDNN + MKL verbose
 output switched on and written to /dev/null (the libraries' own cost), with MKL's
 own timer and with it redirected to the vDSO clock as the library level does
 (``mltrace._mkltimer``); and the same output read by mltrace's fd tap (``FdTap``):
-by a thread, with and without batched reads, and by a reader process.
+by a thread whose loop runs in Python (with and without batched reads) or in C
+without the GIL (``_tapread``, what the library level runs), and by a reader process.
 No mltrace session: only the capture path is measured.
 
     python benchmarks/library_tap.py                  # CNN (oneDNN-heavy)
@@ -29,25 +30,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import torch  # noqa: E402
 from models import encoder, resnet_small  # noqa: E402
 
-from mltrace.tracer.fdtap import FdTap  # noqa: E402
+from mltrace.tracer.fdtap import READER_ENV, FdTap  # noqa: E402
 
 try:
     from mltrace import _mkltimer
 except ImportError:  # not built: the redirected conditions are left out
     _mkltimer = None  # type: ignore[assignment]
 
-MKL = (b"MKL_VERBOSE",)
 REDIRECT = "MKL timer redirected"
-# name → (batch_s, urgent prefixes, reader); None: verbose to /dev/null, no tap. A name
-# with REDIRECT in it runs with MKL's verbose timer redirected (as the library level does).
-CONDITIONS: dict[str, tuple[float, tuple[bytes, ...], str] | None] = {
+# name → (batch_s, reader, loop of the thread reader: "c" or "python"); None: verbose to
+# /dev/null, no tap. A name with REDIRECT in it runs with MKL's verbose timer redirected (as
+# the library level does).
+CONDITIONS: dict[str, tuple[float, str, str] | None] = {
     "verbose to /dev/null": None,
     f"verbose to /dev/null, {REDIRECT}": None,
-    "tap thread, one read per line": (0.0, (), "thread"),
-    "tap thread, 10 ms batches": (0.01, (), "thread"),
-    f"tap thread, 10 ms batches, {REDIRECT} (shipped)": (0.01, (), "thread"),
-    "tap thread, 10 ms batches, not after MKL lines": (0.01, MKL, "thread"),
-    "tap process, 10 ms batches, not after MKL lines": (0.01, MKL, "process"),
+    "tap thread, Python loop, one read per line": (0.0, "thread", "python"),
+    f"tap thread, Python loop, 10 ms batches, {REDIRECT}": (0.01, "thread", "python"),
+    f"tap thread, C loop, 10 ms batches, {REDIRECT} (shipped)": (0.01, "thread", "c"),
+    f"tap process, 10 ms batches, {REDIRECT}": (0.01, "process", "python"),
 }
 
 
@@ -107,7 +107,9 @@ def main() -> int:
                         finally:
                             os.dup2(saved, 1)
                         continue
-                    tap = FdTap(batch_s=tap_args[0], urgent=tap_args[1], reader=tap_args[2]).start()
+                    batch_s, reader, loop = tap_args
+                    os.environ[READER_ENV] = loop  # read when the tap is made
+                    tap = FdTap(batch_s=batch_s, reader=reader).start()
                     try:
                         with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
                             times[name] += block()

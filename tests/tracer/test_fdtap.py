@@ -7,6 +7,7 @@ the verbose lines.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -112,16 +113,39 @@ with open(sys.argv[1], "w") as f:
         "t0": t0, "t1": t1,
         "detached": tap.detached,
         "forward_errors": tap.forward_errors,
+        "native": tap._native is not None,
         "fd1_is_pipe_after": os.readlink("/proc/self/fd/1"),
     }, f)
 """
 
 
-def run_program(tmp_path: Path, source: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[bytes], dict[str, Any]]:
+HAVE_C_READER = importlib.util.find_spec("mltrace._tapread") is not None
+# The readers every behaviour is checked with: the thread reader's loop in C (where built) and
+# in Python (MLTRACE_FDTAP_READER=python), and the reader process.
+READERS = [
+    pytest.param("thread", marks=pytest.mark.skipif(not HAVE_C_READER, reason="the C helper mltrace._tapread is not built")),
+    "thread-python",
+    "process",
+]
+
+
+def with_reader(source: str, reader: str) -> str:
+    """``source`` with its first ``FdTap(`` made for ``reader`` (see READERS)."""
+    kind = "process" if reader == "process" else "thread"
+    out = source.replace("FdTap()", f"FdTap(reader={kind!r})", 1)
+    return out if out != source else source.replace("FdTap(", f"FdTap(reader={kind!r}, ", 1)
+
+
+def run_program(
+    tmp_path: Path, source: str, timeout: float = 120, reader: str = "thread"
+) -> tuple[subprocess.CompletedProcess[bytes], dict[str, Any]]:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(source), encoding="utf-8")
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("MLTRACE_FDTAP_READER", None)
+    if reader == "thread-python":
+        env["MLTRACE_FDTAP_READER"] = "python"
     env.pop("PYTHONUNBUFFERED", None)  # test the buffered case: the flushes must happen
     proc = subprocess.run(
         [sys.executable, str(script), str(report)],
@@ -134,9 +158,10 @@ def run_program(tmp_path: Path, source: str, timeout: float = 120) -> tuple[subp
     return proc, json.loads(report.read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("reader", ["thread", "process"])
+@pytest.mark.parametrize("reader", READERS)
 def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: Path, reader: str) -> None:
-    proc, report = run_program(tmp_path, PROGRAM.replace("FdTap()", f"FdTap(reader={reader!r})", 1))
+    proc, report = run_program(tmp_path, with_reader(PROGRAM, reader), reader=reader)
+    assert report["native"] is (reader == "thread")  # which loop ran
     expected = str(report["expected"]).encode("latin-1")
     assert len(proc.stdout) > 3_000_000
     assert proc.stdout == expected
@@ -148,18 +173,19 @@ def test_user_output_is_byte_identical_and_verbose_lines_are_captured(tmp_path: 
     assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
 
 
-def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path) -> None:
-    # The library source reads oneDNN lines in batches (batch_s) but not after an MKL line, in a reader process.
-    program = PROGRAM.replace("FdTap()", "FdTap(batch_s=0.01, urgent=(b'MKL_VERBOSE',), reader='process')", 1)
+@pytest.mark.parametrize("reader", READERS)
+def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path, reader: str) -> None:
+    # In batches (batch_s, as the library source reads), but not after an MKL line.
+    program = with_reader(PROGRAM.replace("FdTap()", "FdTap(batch_s=0.01, urgent=(b'MKL_VERBOSE',))", 1), reader)
     assert program != PROGRAM
-    proc, report = run_program(tmp_path, program)
+    proc, report = run_program(tmp_path, program, reader=reader)
     assert proc.stdout == str(report["expected"]).encode("latin-1")
     assert report["captured"] == report["verbose"]
     receive = [int(ns) for ns in report["receive_ns"]]
     assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
 
 
-@pytest.mark.parametrize("reader", ["thread", "process"])
+@pytest.mark.parametrize("reader", READERS)
 def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path, reader: str) -> None:
     """A closed stdout pipe (``| head``) neither blocks the program nor loses verbose lines."""
     source = r"""
@@ -175,8 +201,8 @@ def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path, reade
     with open(sys.argv[1], "w") as f:
         json.dump({"n": len(lines), "errors": tap.forward_errors}, f)
     """
-    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
-    _, report = run_program(tmp_path, source)
+    source = with_reader(source, reader)
+    _, report = run_program(tmp_path, source, reader=reader)
     assert report["n"] == 2000
     assert int(report["errors"]) > 0
 
@@ -199,7 +225,7 @@ def test_process_reader_falls_back_to_a_thread(tmp_path: Path) -> None:
     assert report == {"thread": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"]}
 
 
-@pytest.mark.parametrize("reader", ["thread", "process"])
+@pytest.mark.parametrize("reader", READERS)
 def test_context_manager_restores_fd_on_exception(tmp_path: Path, reader: str) -> None:
     source = r"""
     import json, os, sys
@@ -217,13 +243,13 @@ def test_context_manager_restores_fd_on_exception(tmp_path: Path, reader: str) -
         json.dump({"same": (before.st_ino, before.st_dev) == (after.st_ino, after.st_dev),
                    "lines": [t for _, t in tap.lines()], "active": tap.active}, f)
     """
-    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
-    proc, report = run_program(tmp_path, source)
+    source = with_reader(source, reader)
+    proc, report = run_program(tmp_path, source, reader=reader)
     assert proc.stdout == b"visible\n"
     assert report == {"same": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"], "active": False}
 
 
-@pytest.mark.parametrize("reader", ["thread", "process"])
+@pytest.mark.parametrize("reader", READERS)
 def test_child_outliving_stop_does_not_block(tmp_path: Path, reader: str) -> None:
     source = r"""
     import json, os, subprocess, sys, time
@@ -239,8 +265,8 @@ def test_child_outliving_stop_does_not_block(tmp_path: Path, reader: str) -> Non
     with open(sys.argv[1], "w") as f:
         json.dump({"detached": tap.detached, "waited_s": waited}, f)
     """
-    source = source.replace("FdTap()", f"FdTap(reader={reader!r})")
-    proc, report = run_program(tmp_path, source)
+    source = with_reader(source, reader)
+    proc, report = run_program(tmp_path, source, reader=reader)
     assert report["detached"] is True
     assert float(report["waited_s"]) < 1.4
     assert proc.stdout == b"late child output\n"
@@ -338,12 +364,15 @@ t.join()
 """
 
 
-def test_a_stop_while_another_thread_writes_keeps_its_lines_in_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_a_stop_while_another_thread_writes_keeps_its_lines_in_order(tmp_path: Path, reader: str) -> None:
     """Bytes still in the pipe when fd 1 is restored would reach the terminal after the
-    thread's next, direct write: stop() first waits until the reader has forwarded them."""
+    thread's next, direct write: stop() first has the reader's bytes forwarded, then forwards
+    what is left in the pipe before another Python thread can run."""
     script = tmp_path / "writer.py"
     script.write_text(ANOTHER_THREAD_WRITES)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, cwd=REPO)
+    env = dict(os.environ, MLTRACE_FDTAP_READER="python" if reader == "thread-python" else "c")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
     numbers = [int(x) for x in proc.stdout.split()]
     assert len(numbers) > 1000

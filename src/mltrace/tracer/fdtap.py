@@ -35,15 +35,19 @@ The user's output must come out as in a plain run:
 - If the original fd 1 breaks (``| head`` exited), the reader keeps draining
   the pipe so that writers never block, and counts the failure.
 
-Limitation: the reader is a Python thread and needs the GIL to run. A writer
-that holds the GIL while it fills the pipe would wait for the reader forever;
-the pipe is enlarged to 1 MiB (Linux) so that this takes over a thousand
-verbose lines in one GIL-holding call. torch, TensorFlow and ONNX Runtime
-release the GIL while their operators run, and Python's own writes release it.
-``FdTap(reader="process")`` reads the pipe in a child process instead, which
-removes that limit; it costs a Python start-up (≈ 0.17 s of CPU) and measured
-no faster than the thread here (``benchmarks/library_tap.py``), so the library
-source keeps the thread.
+The reader thread runs its loop in C without the GIL where mltrace's C helper
+``_tapread`` is built (``_tapread.c``: the same splitting, a mutex where the
+Python reader relies on the GIL). On the example CNN the Python reader cost
+about one point of latency more than the C one (PERFORMANCE.md), since each
+batch it reads takes the GIL from the program. ``MLTRACE_FDTAP_READER=python``
+runs the Python loop instead. Limitation of the Python loop: it needs the GIL to
+run, so a writer that holds the GIL while it fills the pipe would wait for the
+reader forever; the pipe is enlarged to 1 MiB (Linux) so that this takes over a
+thousand verbose lines in one GIL-holding call. torch, TensorFlow and ONNX
+Runtime release the GIL while their operators run, and Python's own writes
+release it. ``FdTap(reader="process")`` reads the pipe in a child process
+instead, which costs a Python start-up (≈ 0.17 s of CPU) and measured no faster
+(``benchmarks/library_tap.py``), so the library source keeps the thread.
 """
 
 from __future__ import annotations
@@ -62,10 +66,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 
+#: ``MLTRACE_FDTAP_READER=python`` runs the thread reader's loop in Python (C, without the GIL, where built).
+READER_ENV = "MLTRACE_FDTAP_READER"
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _READ_SIZE = 1 << 16
 _MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
@@ -211,6 +217,9 @@ class FdTap:
         self._gil_writes = False
         self._libc = _pylibc() if reader == "thread" else None
         self._buf = ctypes.create_string_buffer(_READ_SIZE) if self._libc is not None else None
+        self._native_type = _native_reader() if reader == "thread" else None
+        self._native: Any = None  # the C reader (``_tapread.Reader``) of this start, if any
+        self.reader_error: OSError | None = None  # what ended the C reader early, if anything
 
     # -- public ------------------------------------------------------------
 
@@ -255,7 +264,13 @@ class FdTap:
             self._active = True
             atexit.register(self.stop)
             return self
-        self._thread = threading.Thread(target=self._run, name="mltrace-fdtap", daemon=True)
+        target = self._run
+        self._native = None
+        if self._native_type is not None:
+            os.set_blocking(read_fd, False)  # restore() empties the pipe without waiting
+            self._native = self._native_type(read_fd, saved, self.prefixes, self.urgent, self.hold_s, self.batch_s, _MAX_LINE)
+            target = self._run_native
+        self._thread = threading.Thread(target=target, name="mltrace-fdtap", daemon=True)
         try:
             self._thread.start()
         except BaseException:
@@ -304,7 +319,11 @@ class FdTap:
                 self.detached = True
                 self._collecting = False
         self._thread = None
-        return self.lines()
+        lines = self.lines()
+        if self._native is not None:
+            self._native.collecting = False  # after the lines above: a detached reader's are not returned
+            self.forwarded_bytes, self.forward_errors = self._native.forwarded_bytes, self._native.forward_errors
+        return lines
 
     def _restore_in_order(self, timeout_s: float = 1.0) -> bool:
         """Restores the descriptor so that another thread's output stays in order; False where
@@ -317,6 +336,11 @@ class FdTap:
         letting any other Python thread run, restores the descriptor, reads what is left in
         the pipe and forwards it: the other thread's next write comes after all of it.
         """
+        if self._native is not None:
+            # The C reader handles each read under a mutex, which restore() takes: it sees all
+            # of a read or none, and keeps the GIL while it forwards what is left.
+            self._native.draining = True
+            return bool(self._native.restore(self.fd))
         libc, thread = self._libc, self._thread
         if libc is None or thread is None:
             return False
@@ -375,6 +399,10 @@ class FdTap:
         """A copy of the lines captured so far."""
         if self._out_path:
             self._read_process_output()
+        if self._native is not None:
+            taken = self._native.take()
+            with self._lock:
+                self._raw.extend((ns, [block]) for ns, block in taken)
         with self._lock:
             for receive_ns, raw in self._raw:
                 self._lines.extend(
@@ -507,6 +535,20 @@ class FdTap:
             if self._collecting:
                 self._raw.append((receive_ns, lines))
 
+    def _run_native(self) -> None:
+        """The thread reader's loop in C (``_tapread``), which releases the GIL until the pipe ends."""
+        fd = self._read_fd
+        try:
+            self._native.run()
+        except OSError as exc:  # a broken pipe read: the tap ends, the program goes on
+            self.reader_error = exc
+        finally:
+            os.close(fd)
+            with self._lock:
+                self._reader_done = True
+                if self.detached:
+                    os.close(self._saved_fd)
+
     def _run(self) -> None:
         fd = self._read_fd
         pending = b""  # a segment (no newline) held back: it may become a captured line
@@ -625,6 +667,18 @@ class FdTap:
             if any(p.startswith(tail) for p in self.prefixes):
                 return k
         return 0
+
+
+def _native_reader() -> Any:
+    """The C reader's type (``mltrace._tapread.Reader``), or None: not built, or
+    ``MLTRACE_FDTAP_READER=python``."""
+    if os.environ.get(READER_ENV, "").strip().lower() == "python":
+        return None
+    try:
+        from mltrace._tapread import Reader
+    except ImportError:
+        return None
+    return Reader
 
 
 def _lines_of(block: bytes) -> list[bytes]:

@@ -1,0 +1,424 @@
+/* FdTap's reader loop in C, without the GIL (tracer/fdtap.py).
+ *
+ * The Python reader thread needs the GIL for every batch it reads: it takes the GIL from the
+ * traced program and, on a machine whose cores the program's threads fill, runs in the place
+ * of one of them. This one does the same work, FdTap._run and FdTap._split, in plain C: the
+ * GIL is released for the whole loop, and taken only by take(), stats and restore(), which
+ * Python calls. A mutex keeps a read and the handling of its bytes (forwarding, capture, the
+ * held-back tail) in one piece, so restore() sees either all of a read or none of it.
+ *
+ * Reader(read_fd, saved_fd, prefixes, urgent, hold_s, batch_s, max_line)
+ *   run()          reads the pipe to its end (every writer closed it), forwarding every byte
+ *                  that is not part of a captured line to saved_fd; closes neither fd.
+ *   take()         [(receive ns, block of captured lines, each ended by a newline), ...]
+ *                  captured since the last take (and while collecting is true).
+ *   restore(fd)    with the GIL held (so no other Python thread writes meanwhile): points fd
+ *                  at saved_fd again, then reads what is left in the pipe and handles it as
+ *                  run() would, the held-back tail included. False where dup2 failed.
+ *   draining       when true, run() does not sleep between reads.
+ *   collecting     when false, captured lines are dropped (a detached reader).
+ *   forwarded_bytes, forward_errors   as FdTap's.
+ *
+ * Times are CLOCK_MONOTONIC ns (time.monotonic_ns()).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_SIZE (1 << 16)
+#define MAX_PREFIXES 8
+
+typedef struct { char *data; size_t len, cap; } Bytes;
+
+typedef struct { int64_t ns; size_t offset, len; } Block;
+
+typedef struct {
+    PyObject_HEAD
+    int read_fd, saved_fd;
+    char *prefix[MAX_PREFIXES], *urgent[MAX_PREFIXES];
+    size_t prefix_len[MAX_PREFIXES], urgent_len[MAX_PREFIXES];
+    int n_prefix, n_urgent;
+    size_t longest_prefix, max_line;
+    double hold_s, batch_s;
+    pthread_mutex_t mu;
+    Bytes pending;          /* the held-back tail: a started captured line, or a prefix's start */
+    int64_t held_since;
+    Bytes captured;         /* captured lines since the last take(), each ended by '\n' */
+    Block *blocks;          /* one per read that captured lines */
+    size_t n_blocks, cap_blocks;
+    volatile int draining, collecting, running;
+    long long forwarded_bytes, forward_errors;
+    char *chunk;            /* run()'s read buffer */
+} Reader;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int bytes_put(Bytes *b, const char *s, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n) cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d) return -1;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+/* Writes every byte to saved_fd (waiting where it is non-blocking and full); a write that
+ * fails otherwise drops the rest and counts an error: the reader of the original fd is gone. */
+static void forward(Reader *r, const char *s, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(r->saved_fd, s, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd p = {r->saved_fd, POLLOUT, 0};
+                poll(&p, 1, 100);
+                continue;
+            }
+            r->forward_errors++;
+            return;
+        }
+        r->forwarded_bytes += w;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static int starts_with_prefix(Reader *r, const char *s, size_t n) {
+    for (int i = 0; i < r->n_prefix; i++)
+        if (n >= r->prefix_len[i] && memcmp(s, r->prefix[i], r->prefix_len[i]) == 0) return 1;
+    return 0;
+}
+
+static int contains(const char *s, size_t n, const char *needle, size_t k) {
+    return memmem(s, n, needle, k) != NULL;
+}
+
+/* A captured line (without its newline) into the current read's block. */
+static void capture(Reader *r, const char *s, size_t n, int64_t ns, int *opened) {
+    if (!r->collecting) return;
+    if (!*opened) {
+        if (r->n_blocks == r->cap_blocks) {
+            size_t cap = r->cap_blocks ? 2 * r->cap_blocks : 256;
+            Block *b = realloc(r->blocks, cap * sizeof(Block));
+            if (!b) return;
+            r->blocks = b;
+            r->cap_blocks = cap;
+        }
+        r->blocks[r->n_blocks++] = (Block){ns, r->captured.len, 0};
+        *opened = 1;
+    }
+    size_t before = r->captured.len;
+    if (bytes_put(&r->captured, s, n) < 0 || bytes_put(&r->captured, "\n", 1) < 0) {
+        r->captured.len = before;
+        return;
+    }
+    r->blocks[r->n_blocks - 1].len += r->captured.len - before;
+}
+
+/* Length of the longest tail of data[pos:len] that is a proper start of a prefix. */
+static size_t prefix_tail(Reader *r, const char *data, size_t pos, size_t len) {
+    size_t most = r->longest_prefix - 1;
+    if (most > len - pos) most = len - pos;
+    for (size_t k = most; k > 0; k--) {
+        const char *tail = data + len - k;
+        for (int i = 0; i < r->n_prefix; i++)
+            if (r->prefix_len[i] > k && memcmp(r->prefix[i], tail, k) == 0) return k;
+    }
+    return 0;
+}
+
+/* FdTap._split on data (the held-back tail and a new read, one after the other): captures
+ * every prefixed line, forwards the rest in order, and keeps the new held-back tail in
+ * r->pending. Runs under the mutex. */
+static void split(Reader *r, const char *data, size_t len, int64_t ns) {
+    size_t pos = 0;
+    int opened = 0;
+    const char *next[MAX_PREFIXES];
+    for (int i = 0; i < r->n_prefix; i++) next[i] = memmem(data, len, r->prefix[i], r->prefix_len[i]);
+    Bytes keep = {NULL, 0, 0};
+    for (;;) {
+        const char *begin = NULL;
+        for (int i = 0; i < r->n_prefix; i++) {
+            if (next[i] && next[i] < data + pos)
+                next[i] = memmem(data + pos, len - pos, r->prefix[i], r->prefix_len[i]);
+            if (next[i] && (!begin || next[i] < begin)) begin = next[i];
+        }
+        if (!begin) break;
+        size_t b = (size_t)(begin - data);
+        if (b > pos) forward(r, data + pos, b - pos);
+        const char *nl = memchr(begin, '\n', len - b);
+        if (!nl) {
+            if (len - b <= r->max_line) bytes_put(&keep, begin, len - b);
+            else forward(r, begin, len - b);  /* no library prints such a line: the program's data */
+            pos = len;
+            goto done;
+        }
+        capture(r, begin, (size_t)(nl - begin), ns, &opened);
+        pos = (size_t)(nl - data) + 1;
+    }
+    {
+        size_t k = prefix_tail(r, data, pos, len);
+        forward(r, data + pos, len - k - pos);
+        bytes_put(&keep, data + len - k, k);
+    }
+done:
+    free(r->pending.data);
+    r->pending = keep;
+}
+
+/* One read's worth handled (under the mutex): pending + chunk split. */
+static void handle(Reader *r, const char *chunk, size_t n, int64_t ns) {
+    if (r->pending.len) {
+        Bytes all = {NULL, 0, 0};
+        if (bytes_put(&all, r->pending.data, r->pending.len) < 0 || bytes_put(&all, chunk, n) < 0) {
+            free(all.data);
+            forward(r, r->pending.data, r->pending.len);  /* out of memory: at least nothing is lost */
+            r->pending.len = 0;
+            split(r, chunk, n, ns);
+            return;
+        }
+        split(r, all.data, all.len, ns);
+        free(all.data);
+    } else {
+        split(r, chunk, n, ns);
+    }
+    if (r->pending.len) r->held_since = now_ns();
+}
+
+/* The held-back tail at the pipe's end or at restore: a started captured line is captured,
+ * anything else forwarded. */
+static void finish_pending(Reader *r) {
+    if (!r->pending.len) return;
+    int opened = 0;
+    if (starts_with_prefix(r, r->pending.data, r->pending.len)) capture(r, r->pending.data, r->pending.len, now_ns(), &opened);
+    else forward(r, r->pending.data, r->pending.len);
+    r->pending.len = 0;
+}
+
+static PyObject *reader_run(Reader *r, PyObject *unused) {
+    (void)unused;
+    if (r->running) { PyErr_SetString(PyExc_RuntimeError, "the reader is running already"); return NULL; }
+    r->running = 1;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        struct pollfd p = {r->read_fd, POLLIN, 0};
+        pthread_mutex_lock(&r->mu);
+        size_t held = r->pending.len;
+        int64_t since = r->held_since;
+        pthread_mutex_unlock(&r->mu);
+        if (held) {
+            double wait = r->hold_s - (double)(now_ns() - since) * 1e-9;
+            int ready = wait > 0 && poll(&p, 1, (int)(wait * 1000) + 1) > 0;
+            if (!ready) {
+                pthread_mutex_lock(&r->mu);
+                if (r->pending.len && !starts_with_prefix(r, r->pending.data, r->pending.len)) {
+                    forward(r, r->pending.data, r->pending.len);  /* only a prefix's start: the program's output */
+                    r->pending.len = 0;
+                } else {
+                    r->held_since = now_ns();  /* a started captured line: wait for its end */
+                }
+                pthread_mutex_unlock(&r->mu);
+                continue;
+            }
+        } else if (poll(&p, 1, -1) < 0 && errno != EINTR) {
+            err = errno;
+            break;
+        }
+        pthread_mutex_lock(&r->mu);
+        ssize_t n = read(r->read_fd, r->chunk, READ_SIZE);
+        if (n < 0) {
+            int e = errno;
+            pthread_mutex_unlock(&r->mu);
+            if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) continue;  /* emptied by restore() */
+            err = e;
+            break;
+        }
+        if (n == 0) {
+            finish_pending(r);
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        int64_t ns = now_ns();
+        handle(r, r->chunk, (size_t)n, ns);
+        int urgent = 0;
+        for (int i = 0; i < r->n_urgent && !urgent; i++) urgent = contains(r->chunk, (size_t)n, r->urgent[i], r->urgent_len[i]);
+        pthread_mutex_unlock(&r->mu);
+        if (r->batch_s > 0 && !r->draining && !urgent) {
+            struct timespec ts = {(time_t)r->batch_s, (long)((r->batch_s - (double)(time_t)r->batch_s) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    r->running = 0;
+    if (err) { errno = err; return PyErr_SetFromErrno(PyExc_OSError); }
+    Py_RETURN_NONE;
+}
+
+static PyObject *reader_restore(Reader *r, PyObject *arg) {
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred()) return NULL;
+    if (fd < 0 || fd > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "not a file descriptor"); return NULL; }
+    /* The GIL stays held: no other Python thread writes between the dup2 and the last forward. */
+    pthread_mutex_lock(&r->mu);
+    int ok = dup2(r->saved_fd, (int)fd) >= 0;
+    if (ok) {
+        char *buf = malloc(READ_SIZE);
+        for (ssize_t n; buf && (n = read(r->read_fd, buf, READ_SIZE)) != 0;) {
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                break;  /* EAGAIN: the pipe is empty */
+            }
+            handle(r, buf, (size_t)n, now_ns());
+        }
+        free(buf);
+        finish_pending(r);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *reader_take(Reader *r, PyObject *unused) {
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n_blocks; i++) {
+        PyObject *row = Py_BuildValue("(Ly#)", (long long)r->blocks[i].ns, r->captured.data + r->blocks[i].offset,
+                                      (Py_ssize_t)r->blocks[i].len);
+        if (!row || PyList_Append(out, row) < 0) {
+            Py_XDECREF(row);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(row);
+    }
+    if (out) { r->n_blocks = 0; r->captured.len = 0; }
+    pthread_mutex_unlock(&r->mu);
+    return out;
+}
+
+static int copy_prefixes(PyObject *seq, char **out, size_t *lens, int *count, const char *what) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > MAX_PREFIXES) { Py_DECREF(fast); PyErr_Format(PyExc_ValueError, "at most %d %s", MAX_PREFIXES, what); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *s; Py_ssize_t k;
+        if (PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(fast, i), &s, &k) < 0 || k == 0) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "empty %s", what);
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i] = malloc((size_t)k);
+        if (!out[i]) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
+        memcpy(out[i], s, (size_t)k);
+        lens[i] = (size_t)k;
+        *count = (int)i + 1;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static void reader_dealloc(Reader *r) {
+    for (int i = 0; i < r->n_prefix; i++) free(r->prefix[i]);
+    for (int i = 0; i < r->n_urgent; i++) free(r->urgent[i]);
+    free(r->pending.data); free(r->captured.data); free(r->blocks); free(r->chunk);
+    pthread_mutex_destroy(&r->mu);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"read_fd", "saved_fd", "prefixes", "urgent", "hold_s", "batch_s", "max_line", NULL};
+    int read_fd, saved_fd; PyObject *prefixes, *urgent; double hold_s, batch_s; Py_ssize_t max_line;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOOddn", kw, &read_fd, &saved_fd, &prefixes, &urgent, &hold_s, &batch_s, &max_line))
+        return NULL;
+    Reader *r = (Reader *)type->tp_alloc(type, 0);
+    if (!r) return NULL;
+    pthread_mutex_init(&r->mu, NULL);
+    r->read_fd = read_fd; r->saved_fd = saved_fd; r->hold_s = hold_s; r->batch_s = batch_s < 0 ? 0 : batch_s;
+    r->max_line = max_line < 0 ? 0 : (size_t)max_line;
+    r->collecting = 1;
+    r->chunk = malloc(READ_SIZE);
+    if (!r->chunk) { Py_DECREF(r); return PyErr_NoMemory(); }
+    if (copy_prefixes(prefixes, r->prefix, r->prefix_len, &r->n_prefix, "prefixes") < 0
+        || copy_prefixes(urgent, r->urgent, r->urgent_len, &r->n_urgent, "urgent prefixes") < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (r->n_prefix == 0) { Py_DECREF(r); PyErr_SetString(PyExc_ValueError, "no prefixes"); return NULL; }
+    for (int i = 0; i < r->n_prefix; i++) if (r->prefix_len[i] > r->longest_prefix) r->longest_prefix = r->prefix_len[i];
+    return (PyObject *)r;
+}
+
+static PyObject *get_flag(Reader *r, void *which) {
+    return PyBool_FromLong(which == (void *)0 ? r->draining : r->collecting);
+}
+
+static int set_flag(Reader *r, PyObject *value, void *which) {
+    int v = value ? PyObject_IsTrue(value) : 0;
+    if (v < 0) return -1;
+    if (which == (void *)0) r->draining = v;
+    else r->collecting = v;
+    return 0;
+}
+
+static PyObject *get_count(Reader *r, void *which) {
+    pthread_mutex_lock(&r->mu);
+    long long v = which == (void *)0 ? r->forwarded_bytes : r->forward_errors;
+    pthread_mutex_unlock(&r->mu);
+    return PyLong_FromLongLong(v);
+}
+
+static PyGetSetDef reader_getset[] = {
+    {"draining", (getter)get_flag, (setter)set_flag, "No sleeps between reads.", (void *)0},
+    {"collecting", (getter)get_flag, (setter)set_flag, "Captured lines are kept.", (void *)1},
+    {"forwarded_bytes", (getter)get_count, NULL, "Bytes written to the saved descriptor.", (void *)0},
+    {"forward_errors", (getter)get_count, NULL, "Writes to the saved descriptor that failed.", (void *)1},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef reader_methods[] = {
+    {"run", (PyCFunction)reader_run, METH_NOARGS, "Reads the pipe to its end without the GIL."},
+    {"take", (PyCFunction)reader_take, METH_NOARGS, "The captured blocks since the last take: [(ns, bytes)]."},
+    {"restore", (PyCFunction)reader_restore, METH_O, "Restores fd, then handles what is left in the pipe (GIL held)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mltrace._tapread.Reader",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = reader_new,
+    .tp_dealloc = (destructor)reader_dealloc,
+    .tp_methods = reader_methods,
+    .tp_getset = reader_getset,
+    .tp_doc = "FdTap's reader loop without the GIL (see _tapread.c).",
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_tapread", NULL, -1, NULL, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__tapread(void) {
+    if (PyType_Ready(&ReaderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Reader", (PyObject *)&ReaderType) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}
