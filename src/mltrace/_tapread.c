@@ -279,8 +279,11 @@ static PyObject *reader_restore(Reader *r, PyObject *arg) {
     pthread_mutex_lock(&r->mu);
     int ok = dup2(r->saved_fd, (int)fd) >= 0;
     if (ok) {
+        /* At most 256 reads (16 MiB): a child that goes on writing to the pipe must not keep
+         * the GIL here; what it writes later, run() forwards. */
         char *buf = malloc(READ_SIZE);
-        for (ssize_t n; buf && (n = read(r->read_fd, buf, READ_SIZE)) != 0;) {
+        ssize_t n;
+        for (int reads = 0; buf && reads < 256 && (n = read(r->read_fd, buf, READ_SIZE)) != 0; reads++) {
             if (n < 0) {
                 if (errno == EINTR) continue;
                 break;  /* EAGAIN: the pipe is empty */

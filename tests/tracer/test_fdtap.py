@@ -272,6 +272,32 @@ def test_child_outliving_stop_does_not_block(tmp_path: Path, reader: str) -> Non
     assert proc.stdout == b"late child output\n"
 
 
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_stop_returns_while_a_child_writes_without_pause(tmp_path: Path, reader: str) -> None:
+    """stop() returns while a child keeps writing to the pipe, and the child's lines come out
+    whole: the reader forwards them, detached, until the child ends."""
+    source = r"""
+    import json, subprocess, sys, time
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap().start()
+    child = subprocess.Popen([sys.executable, "-c",
+        "import os, time\nend = time.monotonic() + 4\nwhile time.monotonic() < end: os.write(1, b'x' * 60 + b'\\n')"],
+        stdout=None)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    tap.stop(timeout_s=0.3)
+    waited = time.monotonic() - t0
+    child.wait()
+    time.sleep(0.3)
+    with open(sys.argv[1], "w") as f:
+        json.dump({"detached": tap.detached, "waited_s": waited}, f)
+    """
+    proc, report = run_program(tmp_path, with_reader(source, reader), reader=reader)
+    assert report["detached"] is True
+    assert float(report["waited_s"]) < 2.5  # the child writes for 4 s
+    assert set(proc.stdout.split(b"\n")[:-1]) == {b"x" * 60}  # whole lines, nothing lost in between
+
+
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
     reason="torch is not installed",

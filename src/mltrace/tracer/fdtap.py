@@ -75,6 +75,7 @@ READER_ENV = "MLTRACE_FDTAP_READER"
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _READ_SIZE = 1 << 16
 _MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
+_LEFT_OVER_READS = 256  # reads of what is left in the pipe at stop (as _tapread.c's restore)
 
 
 class TappedLine(NamedTuple):
@@ -369,7 +370,12 @@ class FdTap:
         self._gil_writes = True
         try:
             left = b""
-            while (chunk := self._read_now(self._read_fd)) is not None and chunk:
+            # At most _LEFT_OVER_READS reads: a child that goes on writing to the pipe must not
+            # keep the GIL here; what it writes later, the reader forwards.
+            for _ in range(_LEFT_OVER_READS):
+                chunk = self._read_now(self._read_fd)
+                if not chunk:
+                    break
                 left += chunk
             if left:
                 try:

@@ -336,6 +336,8 @@ class CpuLibrarySource:
                     lines = self._tap.stop()
                     if self._tap.detached:
                         self._problems.append("a child process kept stdout open; its later output was not traced")
+                    if self._tap.reader_error is not None:
+                        self._problems.append(f"the fd tap's reader stopped early: {self._tap.reader_error}")
                     self._tap = None
             finally:
                 for key, value in self._saved_env.items():
