@@ -6,8 +6,11 @@
  * 6 µs each on the development VM, where MKL verbose mode cost ≈ 65 µs a call
  * (docs/PERFORMANCE.md). The caller reaches the routine through its PLT, so the
  * dynamic linker's slot (the GOT entry) decides which code runs. install() points every
- * loaded object's slot for it at clock_gettime(CLOCK_MONOTONIC), a vDSO call of ≈ 20 ns
- * that also returns seconds; remove() puts the saved addresses back. Nothing else in the
+ * loaded object's slot for it at a function that reads clock_gettime(CLOCK_MONOTONIC), a
+ * vDSO call of ≈ 20 ns, and returns seconds as the routine does; remove() puts the saved
+ * addresses back. A slot on a read-only
+ * page (RELRO under BIND_NOW) is written with the page made writable for the moment, then
+ * given back exactly its protection. Nothing else in the
  * program changes: MKL still measures each call around the same work and prints the same
  * line.
  *
@@ -24,6 +27,7 @@
 #if defined(__linux__) && defined(__x86_64__)
 #include <elf.h> /* Python.h has defined _GNU_SOURCE, which link.h needs */
 #include <link.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -36,7 +40,7 @@ static const char *const TIMERS[] = {"mkl_serv_iface_dsecnd", "mkl_serv_dsecnd"}
 typedef struct {
     void **slot;
     void *original;
-    int read_only; /* inside the object's RELRO segment: made writable for the write only */
+    int prot; /* the page's protection as found (PROT_*), -1 where already writable */
 } Saved;
 
 static Saved saved[MAX_SLOTS];
@@ -54,14 +58,35 @@ static int is_timer(const char *name) {
     return 0;
 }
 
-/* Writes one pointer-sized slot, lifting RELRO's read-only protection around the write. */
-static int write_slot(void **slot, void *value, int read_only) {
+/* The protection of the mapping that holds addr, from /proc/self/maps: -1 where it is writable
+ * already, its PROT_* bits where not, -2 where it cannot be told (then nothing is written). A
+ * slot the dynamic linker made read-only (RELRO, with BIND_NOW) gets its page made writable for
+ * the write and then exactly what it was; a writable page is never touched. */
+static int page_protection(uintptr_t addr) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    if (!maps) return -2;
+    char line[512], perms[5];
+    unsigned long lo, hi;
+    int prot = -2;
+    while (fgets(line, sizeof line, maps)) {
+        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3 || addr < lo || addr >= hi) continue;
+        if (perms[1] == 'w') prot = -1;
+        else prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
+        break;
+    }
+    fclose(maps);
+    return prot;
+}
+
+/* Writes one pointer-sized slot; prot as page_protection() found it. */
+static int write_slot(void **slot, void *value, int prot) {
     long page = sysconf(_SC_PAGESIZE);
     void *start = (void *)((uintptr_t)slot & ~((uintptr_t)page - 1));
     size_t len = (uintptr_t)slot + sizeof(void *) - (uintptr_t)start;
-    if (read_only && mprotect(start, len, PROT_READ | PROT_WRITE) != 0) return -1;
+    if (prot == -2) return -1;
+    if (prot >= 0 && mprotect(start, len, prot | PROT_WRITE) != 0) return -1;
     __atomic_store_n(slot, value, __ATOMIC_SEQ_CST);
-    if (read_only) mprotect(start, len, PROT_READ);
+    if (prot >= 0) mprotect(start, len, prot);
     return 0;
 }
 
@@ -69,7 +94,6 @@ typedef struct {
     ElfW(Addr) base;
     const ElfW(Sym) *symtab;
     const char *strtab;
-    ElfW(Addr) relro_start, relro_end;
     int redirected;
 } Object;
 
@@ -85,11 +109,10 @@ static void redirect_table(Object *obj, const ElfW(Rela) *rela, size_t count) {
         size_t sym = ELF64_R_SYM(rela[i].r_info);
         if (sym == 0 || !is_timer(obj->strtab + obj->symtab[sym].st_name)) continue;
         void **slot = (void **)(obj->base + rela[i].r_offset);
-        ElfW(Addr) at = (ElfW(Addr))slot;
-        int read_only = at >= obj->relro_start && at < obj->relro_end;
+        int prot = page_protection((uintptr_t)slot);
         void *original = *slot;
-        if (write_slot(slot, (void *)monotonic_seconds, read_only) != 0) continue;
-        saved[n_saved++] = (Saved){slot, original, read_only};
+        if (write_slot(slot, (void *)monotonic_seconds, prot) != 0) continue;
+        saved[n_saved++] = (Saved){slot, original, prot};
         obj->redirected++;
     }
 }
@@ -97,15 +120,11 @@ static void redirect_table(Object *obj, const ElfW(Rela) *rela, size_t count) {
 static int visit(struct dl_phdr_info *info, size_t size, void *data) {
     (void)size;
     int *total = data;
-    Object obj = {info->dlpi_addr, NULL, NULL, 0, 0, 0};
+    Object obj = {info->dlpi_addr, NULL, NULL, 0};
     const ElfW(Dyn) *dyn = NULL;
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(obj.base + ph->p_vaddr);
-        if (ph->p_type == PT_GNU_RELRO) {
-            obj.relro_start = obj.base + ph->p_vaddr;
-            obj.relro_end = obj.relro_start + ph->p_memsz;
-        }
     }
     if (dyn == NULL) return 0;
     const ElfW(Rela) *jmprel = NULL, *rela = NULL;
@@ -141,7 +160,7 @@ static PyObject *remove_(PyObject *mod, PyObject *unused) {
     (void)unused;
     int restored = 0;
     for (int i = n_saved - 1; i >= 0; i--)
-        if (write_slot(saved[i].slot, saved[i].original, saved[i].read_only) == 0) restored++;
+        if (write_slot(saved[i].slot, saved[i].original, saved[i].prot) == 0) restored++;
     n_saved = 0;
     return PyLong_FromLong(restored);
 }
