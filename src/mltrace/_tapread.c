@@ -211,6 +211,16 @@ static void finish_pending(Reader *r) {
     r->pending.len = 0;
 }
 
+/* Takes the mutex from a thread that holds the GIL, letting go of the GIL while it waits. So
+ * nobody waits for the mutex while holding the GIL, and a holder of the mutex that wants the
+ * GIL back (restore()) always gets it: the reader thread never needs the GIL. */
+static void lock_without_gil(Reader *r) {
+    if (pthread_mutex_trylock(&r->mu) == 0) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->mu);
+    Py_END_ALLOW_THREADS
+}
+
 static PyObject *reader_run(Reader *r, PyObject *unused) {
     (void)unused;
     if (r->running) { PyErr_SetString(PyExc_RuntimeError, "the reader is running already"); return NULL; }
@@ -275,8 +285,10 @@ static PyObject *reader_restore(Reader *r, PyObject *arg) {
     long fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
     if (fd < 0 || fd > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "not a file descriptor"); return NULL; }
-    /* The GIL stays held: no other Python thread writes between the dup2 and the last forward. */
-    pthread_mutex_lock(&r->mu);
+    /* The mutex is waited for without the GIL (the reader may be blocked forwarding to a full
+     * pipe that a Python thread of this process drains); from the dup2 to the last forward the
+     * GIL is held, so no other Python thread writes in between. */
+    lock_without_gil(r);
     int ok = dup2(r->saved_fd, (int)fd) >= 0;
     if (ok) {
         /* At most 256 reads (16 MiB): a child that goes on writing to the pipe must not keep
@@ -301,7 +313,7 @@ static PyObject *reader_take(Reader *r, PyObject *unused) {
     (void)unused;
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
-    pthread_mutex_lock(&r->mu);
+    lock_without_gil(r);
     for (size_t i = 0; i < r->n_blocks; i++) {
         PyObject *row = Py_BuildValue("(Ly#)", (long long)r->blocks[i].ns, r->captured.data + r->blocks[i].offset,
                                       (Py_ssize_t)r->blocks[i].len);
@@ -383,7 +395,7 @@ static int set_flag(Reader *r, PyObject *value, void *which) {
 }
 
 static PyObject *get_count(Reader *r, void *which) {
-    pthread_mutex_lock(&r->mu);
+    lock_without_gil(r);
     long long v = which == (void *)0 ? r->forwarded_bytes : r->forward_errors;
     pthread_mutex_unlock(&r->mu);
     return PyLong_FromLongLong(v);
