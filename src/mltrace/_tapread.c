@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -54,6 +55,7 @@ typedef struct {
     Block *blocks;          /* one per read that captured lines */
     size_t n_blocks, cap_blocks;
     volatile int draining, collecting, running;
+    volatile int idle;      /* waiting for the pipe with nothing held back: all it read is out */
     long long forwarded_bytes, forward_errors;
     char *chunk;            /* run()'s read buffer */
 } Reader;
@@ -247,9 +249,14 @@ static PyObject *reader_run(Reader *r, PyObject *unused) {
                 pthread_mutex_unlock(&r->mu);
                 continue;
             }
-        } else if (poll(&p, 1, -1) < 0 && errno != EINTR) {
-            err = errno;
-            break;
+        } else {
+            r->idle = 1;
+            int got = poll(&p, 1, -1);
+            r->idle = 0;
+            if (got < 0 && errno != EINTR) {
+                err = errno;
+                break;
+            }
         }
         pthread_mutex_lock(&r->mu);
         ssize_t n = read(r->read_fd, r->chunk, READ_SIZE);
@@ -285,9 +292,18 @@ static PyObject *reader_restore(Reader *r, PyObject *arg) {
     long fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
     if (fd < 0 || fd > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "not a file descriptor"); return NULL; }
-    /* The mutex is waited for without the GIL (the reader may be blocked forwarding to a full
-     * pipe that a Python thread of this process drains); from the dup2 to the last forward the
-     * GIL is held, so no other Python thread writes in between. */
+    /* First, without the GIL, until the reader waits on an empty pipe (at most a second): forwarding it here, with the GIL, could block on a full stdout pipe that a Python
+     * thread of this process drains. Then the mutex, also waited for without the GIL. From the
+     * dup2 to the last forward the GIL is held, so no other Python thread writes in between:
+     * what is left is only what other threads wrote meanwhile. */
+    Py_BEGIN_ALLOW_THREADS
+    int64_t deadline = now_ns() + 1000000000LL;
+    int unread = 1;
+    while (r->running && !(r->idle && ioctl(r->read_fd, FIONREAD, &unread) == 0 && unread == 0) && now_ns() < deadline) {
+        struct timespec pause = {0, 200000};
+        nanosleep(&pause, NULL);
+    }
+    Py_END_ALLOW_THREADS
     lock_without_gil(r);
     int ok = dup2(r->saved_fd, (int)fd) >= 0;
     if (ok) {

@@ -298,6 +298,41 @@ def test_stop_returns_while_a_child_writes_without_pause(tmp_path: Path, reader:
     assert set(proc.stdout.split(b"\n")[:-1]) == {b"x" * 60}  # whole lines, nothing lost in between
 
 
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_stop_while_a_thread_of_the_program_drains_a_full_stdout(tmp_path: Path, reader: str) -> None:
+    """stdout is a pipe that a (slow) thread of the program itself reads. At stop() the reader is
+    blocked forwarding into that full pipe: stop() must let the thread run to drain it, not wait
+    for the reader while keeping the GIL."""
+    source = r"""
+    import json, os, sys, threading, time
+    from mltrace.tracer.fdtap import FdTap
+    r, w = os.pipe()
+    os.dup2(w, 1); os.close(w)
+    got = bytearray()
+
+    def drain():  # the program's own reader of its stdout, slower than the writes
+        while not got.endswith(b"END\n"):
+            got.extend(os.read(r, 4096))
+            time.sleep(0.002)
+
+    t = threading.Thread(target=drain)
+    t.start()
+    tap = FdTap(batch_s=0.01).start()
+    expected = b"".join(b"line %06d of the program's output\n" % i for i in range(60_000))
+    os.write(1, expected[:1_000_000])
+    os.write(1, b"MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1\n")
+    os.write(1, expected[1_000_000:])
+    lines = tap.stop()
+    os.write(1, b"END\n")
+    t.join()
+    os.dup2(2, 1)
+    with open(sys.argv[1], "w") as f:
+        json.dump({"same": bytes(got) == expected + b"END\n", "lines": [t for _, t in lines]}, f)
+    """
+    _, report = run_program(tmp_path, with_reader(source, reader), timeout=60, reader=reader)
+    assert report == {"same": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"]}
+
+
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
     reason="torch is not installed",

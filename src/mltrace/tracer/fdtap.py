@@ -61,9 +61,11 @@ import json
 import os
 import re
 import select
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from typing import Any, NamedTuple
@@ -353,7 +355,10 @@ class FdTap:
         interval = sys.getswitchinterval()
         sys.setswitchinterval(max(interval, 1.0))
         try:
-            while not self._idle:
+            # Waiting with the pipe empty: the reader may have marked itself idle just before a
+            # select that returns at once, and forwarding a full pipe here, with the GIL, could
+            # block on a stdout that a Python thread of this program drains.
+            while not (self._idle and _unread_bytes(self._read_fd) == 0):
                 if time.monotonic() > deadline or not thread.is_alive():
                     return False
                 time.sleep(0.0002)  # lets the reader (and any thread waiting for the GIL) run
@@ -673,6 +678,14 @@ class FdTap:
             if any(p.startswith(tail) for p in self.prefixes):
                 return k
         return 0
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` (-1 where that cannot be told)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return -1
 
 
 def _native_reader() -> Any:
