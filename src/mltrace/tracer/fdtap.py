@@ -554,11 +554,16 @@ class FdTap:
         except OSError as exc:  # a broken pipe read: the tap ends, the program goes on
             self.reader_error = exc
         finally:
-            os.close(fd)
-            with self._lock:
-                self._reader_done = True
-                if self.detached:
-                    os.close(self._saved_fd)
+            self._reader_finished(fd)
+
+    def _reader_finished(self, fd: int) -> None:
+        """Closes the pipe's read end, and the saved descriptor too where stop() left the reader
+        running in the background (``detached``)."""
+        os.close(fd)
+        with self._lock:
+            self._reader_done = True
+            if self.detached:
+                os.close(self._saved_fd)
 
     def _run(self) -> None:
         fd = self._read_fd
@@ -611,11 +616,7 @@ class FdTap:
                 else:
                     self._forward(pending)
         finally:
-            os.close(fd)
-            with self._lock:
-                self._reader_done = True
-                if self.detached:
-                    os.close(self._saved_fd)
+            self._reader_finished(fd)
 
     def _split(self, data: bytes, receive_ns: int) -> bytes:
         """Captures every prefixed line of ``data``, forwards the rest in order.
