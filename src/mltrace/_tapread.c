@@ -292,10 +292,11 @@ static PyObject *reader_restore(Reader *r, PyObject *arg) {
     long fd = PyLong_AsLong(arg);
     if (fd == -1 && PyErr_Occurred()) return NULL;
     if (fd < 0 || fd > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "not a file descriptor"); return NULL; }
-    /* First, without the GIL, until the reader waits on an empty pipe (at most a second): forwarding it here, with the GIL, could block on a full stdout pipe that a Python
-     * thread of this process drains. Then the mutex, also waited for without the GIL. From the
-     * dup2 to the last forward the GIL is held, so no other Python thread writes in between:
-     * what is left is only what other threads wrote meanwhile. */
+    /* First, without the GIL, wait until the reader waits on an empty pipe (at most a second):
+     * forwarding a pipe's worth here, with the GIL, could block on a full stdout pipe that a
+     * Python thread of this process drains. Then the mutex, also waited for without the GIL.
+     * From the dup2 to the last forward the GIL is held, so no other Python thread writes in
+     * between: what is left is only what other threads wrote meanwhile. */
     Py_BEGIN_ALLOW_THREADS
     int64_t deadline = now_ns() + 1000000000LL;
     int unread = 1;
