@@ -333,6 +333,34 @@ def test_stop_while_a_thread_of_the_program_drains_a_full_stdout(tmp_path: Path,
     assert report == {"same": True, "lines": ["MKL_VERBOSE SGEMM(N) 1.00us TID:0 NThr:1"]}
 
 
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_a_forked_child_stops_its_copy_without_the_parents_reader(tmp_path: Path, reader: str) -> None:
+    """A child forked while the tap runs has the tap's state but not its reader thread: its
+    stop() restores fd 1 plainly and returns at once; the parent's tap goes on and keeps every
+    line."""
+    source = r"""
+    import json, os, sys, time
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap(batch_s=0.01).start()
+    for i in range(2000):
+        os.write(1, b"MKL_VERBOSE SGEMM(N) %d\n" % i)
+    pid = os.fork()
+    if pid == 0:
+        t0 = time.monotonic()
+        tap.stop()
+        os.write(1, b"child took %.2f s\n" % (time.monotonic() - t0))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    lines = tap.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"lines": len(lines)}, f)
+    """
+    proc, report = run_program(tmp_path, with_reader(source, reader), timeout=60, reader=reader)
+    assert report == {"lines": 2000}
+    took = float(proc.stdout.split(b"child took ")[1].split(b" s")[0])
+    assert took < 0.5  # no wait for a reader thread the child does not have
+
+
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
     reason="torch is not installed",

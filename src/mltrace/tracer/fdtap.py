@@ -222,6 +222,7 @@ class FdTap:
         self._buf = ctypes.create_string_buffer(_READ_SIZE) if self._libc is not None else None
         self._native_type = _native_reader() if reader == "thread" else None
         self._native: Any = None  # the C reader (``_tapread.Reader``) of this start, if any
+        self._pid = os.getpid()  # the process whose reader thread this is (see _reader_here)
         self.reader_error: OSError | None = None  # what ended the C reader early, if anything
 
     # -- public ------------------------------------------------------------
@@ -269,6 +270,7 @@ class FdTap:
             return self
         target = self._run
         self._native = None
+        self._pid = os.getpid()
         if self._native_type is not None:
             os.set_blocking(read_fd, False)  # restore() empties the pipe without waiting
             self._native = self._native_type(read_fd, saved, self.prefixes, self.urgent, self.hold_s, self.batch_s, _MAX_LINE)
@@ -323,9 +325,10 @@ class FdTap:
                 self._collecting = False
         self._thread = None
         lines = self.lines()
-        if self._native is not None:
-            self._native.collecting = False  # after the lines above: a detached reader's are not returned
-            self.forwarded_bytes, self.forward_errors = self._native.forwarded_bytes, self._native.forward_errors
+        native = self._reader_here()
+        if native is not None:
+            native.collecting = False  # after the lines above: a detached reader's are not returned
+            self.forwarded_bytes, self.forward_errors = native.forwarded_bytes, native.forward_errors
         return lines
 
     def _restore_in_order(self, timeout_s: float = 1.0) -> bool:
@@ -340,10 +343,13 @@ class FdTap:
         the pipe and forwards it: the other thread's next write comes after all of it.
         """
         if self._native is not None:
+            native = self._reader_here()
+            if native is None:
+                return False  # a forked child: the reader thread is its parent's (restored plainly)
             # The C reader handles each read under a mutex, which restore() takes: it sees all
             # of a read or none, and keeps the GIL while it forwards what is left.
-            self._native.draining = True
-            return bool(self._native.restore(self.fd))
+            native.draining = True
+            return bool(native.restore(self.fd))
         libc, thread = self._libc, self._thread
         if libc is None or thread is None:
             return False
@@ -410,8 +416,9 @@ class FdTap:
         """A copy of the lines captured so far."""
         if self._out_path:
             self._read_process_output()
-        if self._native is not None:
-            taken = self._native.take()
+        native = self._reader_here()
+        if native is not None:
+            taken = native.take()
             with self._lock:
                 self._raw.extend((ns, [block]) for ns, block in taken)
         with self._lock:
@@ -545,6 +552,11 @@ class FdTap:
         with self._lock:
             if self._collecting:
                 self._raw.append((receive_ns, lines))
+
+    def _reader_here(self) -> Any:
+        """The C reader, where this process runs its thread: a child forked meanwhile has a copy
+        of the reader's state but not its thread, and its mutex may have been copied locked."""
+        return self._native if self._native is not None and os.getpid() == self._pid else None
 
     def _run_native(self) -> None:
         """The thread reader's loop in C (``_tapread``), which releases the GIL until the pipe ends."""
