@@ -236,6 +236,25 @@ def test_sigterm_sigint_finish_the_trace(tmp_path: Path, sig: int, status: int) 
     assert len([s for s in run.spans if s.level == Level.MODEL]) >= 200
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_leaves_the_run_to_its_parent(tmp_path: Path) -> None:
+    """A child the script forks has the session's copy but not its threads: it records nothing
+    more, takes the layer wrapper out, writes nothing and prints no summary; the parent's run
+    is whole. (At the op level a forked child that exits normally hangs in Kineto's exit
+    handlers, as it does under torch.profiler alone, so this runs at the layer level.)"""
+    traced = run_cli("python", "-o", str(tmp_path / "run"), "--level", "layer", str(SCRIPTS / "fork_child.py"), cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr.decode()
+    out = traced.stdout.decode()
+    assert "child done, Module.__call__ is a function" in out  # torch's own, not the C wrapper
+    assert "parent done, child status 0" in out
+    assert traced.stderr.decode().count("model calls, model time") == 1  # one summary: the parent's
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete and run.meta["pid"] != 0
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert [m.attrs["ml.model.invocation"] for m in models] == [1, 2]  # the parent's two calls
+    assert {s.track_id for s in run.spans} == {models[0].track_id}  # one process, one thread
+
+
 def test_import_mltrace_imports_no_framework() -> None:
     code = (
         "import sys, mltrace, mltrace.cli, mltrace.tracer.session; "

@@ -167,9 +167,10 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     finally:
         session.meta["exit_status"] = status
         run_dir = session.stop()
-        if options.otlp is not None:
+        parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
+        if options.otlp is not None and parent:
             _send_otlp(run_dir, options.otlp or None, warn)
-        if options.summary:
+        if options.summary and parent:
             from mltrace.viewers.terminal import print_run_summary
 
             try:

@@ -182,6 +182,54 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
     assert report["env"] is None  # the environment is restored
 
 
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0 or not hasattr(os, "fork"),
+    reason="needs torch and os.fork",
+)
+def test_a_forked_child_releases_verbose_output_and_stdout(tmp_path: Path) -> None:
+    """What the session does in a forked child: the child's oneDNN/MKL verbose output goes off
+    and its stdout is the original again; the parent's capture goes on."""
+    program = SESSION_STAND_IN + r"""
+    import json, os, sys
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+
+    session = Session()
+    source = CpuLibrarySource()
+    source.start(session)
+    import torch
+    conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3).eval()
+    lin = torch.nn.Linear(16, 4).eval()
+    pid = os.fork()
+    if pid == 0:
+        source.release_in_forked_child()
+        with torch.no_grad():
+            conv(torch.randn(1, 3, 32, 32))
+            lin(torch.randn(2, 16))
+        os.write(1, b"child ran conv and linear\n")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with torch.no_grad():
+        conv(torch.randn(1, 3, 32, 32))
+        lin(torch.randn(2, 16))
+    events = source.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"names": [s.name for s in events]}, f)
+    """
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(program), encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert proc.stdout == b"child ran conv and linear\n"  # no verbose line of the child's anywhere
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    # the parent's calls only, captured: one convolution and one SGEMM, none of the child's
+    assert report["names"].count("MKL SGEMM") == 1
+    assert sum(n.startswith("oneDNN convolution") for n in report["names"]) == 1
+
+
 def _mkl_timer_redirects() -> bool:
     """Whether this build can redirect MKL's timer: the C helper built, Linux on x86-64, torch with MKL."""
     probe = "import torch; from mltrace import _mkltimer; import platform, sys; "

@@ -361,6 +361,31 @@ def test_a_forked_child_stops_its_copy_without_the_parents_reader(tmp_path: Path
     assert took < 0.5  # no wait for a reader thread the child does not have
 
 
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_a_forked_child_released_writes_past_the_parents_tap(tmp_path: Path, reader: str) -> None:
+    """What the session does in a forked child (release_in_forked_child): the child's fd 1 is the
+    original again, so its lines, verbose ones too, go straight out; the parent's tap keeps
+    capturing the parent's."""
+    source = r"""
+    import json, os, sys
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap(batch_s=0.01).start()
+    pid = os.fork()
+    if pid == 0:
+        tap.release_in_forked_child()
+        os.write(1, b"MKL_VERBOSE from the child\n")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.write(1, b"MKL_VERBOSE from the parent\n")
+    lines = tap.stop()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"lines": [t for _, t in lines], "active": tap.active}, f)
+    """
+    proc, report = run_program(tmp_path, with_reader(source, reader), timeout=60, reader=reader)
+    assert proc.stdout == b"MKL_VERBOSE from the child\n"
+    assert report == {"lines": ["MKL_VERBOSE from the parent"], "active": False}
+
+
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
     reason="torch is not installed",

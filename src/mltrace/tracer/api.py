@@ -191,7 +191,7 @@ class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
             return None
         session, self._session = self._session, None
         run_dir = session.stop()
-        if session.options.summary:
+        if session.options.summary and not session.forked_copy:
             from mltrace.viewers.terminal import print_run_summary
 
             print_run_summary(run_dir)

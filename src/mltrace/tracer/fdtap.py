@@ -331,6 +331,16 @@ class FdTap:
             self.forwarded_bytes, self.forward_errors = native.forwarded_bytes, native.forward_errors
         return lines
 
+    def release_in_forked_child(self) -> None:
+        """In a child forked while the tap runs: points this process's fd 1 back at the
+        original, where the parent's reader does not see it. The parent's tap goes on."""
+        if not self._active:
+            return
+        self._active = False
+        atexit.unregister(self.stop)
+        _flush_stdio()
+        os.dup2(self._saved_fd, self.fd)
+
     def _restore_in_order(self, timeout_s: float = 1.0) -> bool:
         """Restores the descriptor so that another thread's output stays in order; False where
         it could not (the caller restores it plainly).

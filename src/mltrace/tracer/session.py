@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import os
 import re
 import sys
 import threading
@@ -51,6 +52,30 @@ _active: Session | None = None
 def active_session() -> Session | None:
     """The running session, if any."""
     return _active
+
+
+def _forget_in_forked_child() -> None:
+    """After ``os.fork()``, in the child: the running session is the parent's. The child has a
+    copy of it but none of its threads (the flusher, the readers), so it records nothing more:
+    the session stops being active here, the sources that hook the program in-process take
+    their hooks out (``release_in_forked_child``), and its ``stop()`` writes nothing. The
+    parent's run goes on as before."""
+    global _active
+    session, _active = _active, None
+    if session is None:
+        return
+    session.forked_copy = True
+    for source in session.started:
+        release = getattr(source, "release_in_forked_child", None)
+        if callable(release):
+            try:
+                release()
+            except Exception:  # noqa: BLE001 - nothing may fail the user's fork
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 #: Seconds a stop may take before the user is told the trace is still being written.
@@ -180,6 +205,8 @@ class Session:
         self._span_limit_reached = False
         self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
+        #: True in a child forked from the process running this session: it writes nothing.
+        self.forked_copy = False
 
     # -- lifecycle -------------------------------------------------------
 
@@ -618,7 +645,8 @@ class Session:
         inferences at the op level: 6.2 of 14 s went to collections).
         """
         global _active
-        if self._stopped:
+        if self._stopped or self.forked_copy:  # a forked child leaves the run to its parent
+            self._stopped = True
             assert self.run_dir is not None
             return self.run_dir
         self._stopped = True

@@ -348,6 +348,30 @@ class CpuLibrarySource:
                 self._saved_env = {}
         return lines
 
+    def release_in_forked_child(self) -> None:
+        """In a child forked while the source runs: the child's oneDNN/MKL verbose output off,
+        its fd 1 back on the original, its environment restored; the parent's capture goes on.
+        (MKL's timer stays redirected here: it reads the same clock, in seconds.)"""
+        try:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            torch, self._torch = self._torch, None
+            if torch is not None:
+                torch._C._verbose.mkldnn_set_verbose(0)
+                torch._C._verbose.mkl_set_verbose(0)
+        finally:
+            self._mkl_timer = None
+            if self._tap is not None:
+                self._tap.release_in_forked_child()
+                self._tap = None
+            for key, value in self._saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            self._saved_env = {}
+
     def end_early(self) -> None:
         """Switches verbose output off and restores fd 1 now; ``stop()`` turns the lines into spans."""
         self._early_lines = self._restore()
