@@ -200,6 +200,11 @@ class OrtSource:
             if path:
                 info.profiles.append(str(path))
 
+    def release_in_forked_child(self) -> None:
+        """In a child forked while the session runs: the wrappers call straight through here
+        (as once the trace is full), and the profilers are left to the parent."""
+        self._active = False
+
     def end_recording(self) -> None:
         """The trace is full (``Session.fill``): no more model spans; profiling ends."""
         self._active = False

@@ -194,6 +194,11 @@ class TensorFlowSource:
         self._record_layers = False
         return self._recorded_layers
 
+    def release_in_forked_child(self) -> None:
+        """In a child forked while the session runs: the wrappers call straight through here
+        (as once the trace is full), and the profilers are left to the parent."""
+        self._active = False
+
     def end_recording(self) -> None:
         """The trace is full (``Session.full``): no more model or layer spans, and the profiler
         ends; the wrappers stay until ``stop()`` and call straight through."""
