@@ -695,3 +695,20 @@ def test_forward_check_needs_call_impl_to_read_as_verified() -> None:
 
     assert forward_check(Changed) is None
     assert forward_check(object) is None
+
+
+def test_model_spans_keep_their_own_shapes_when_conversions_are_cached(tmp_path: Path) -> None:
+    """Model spans' shapes (a list of pairs, converted once per distinct list and shared): each
+    call still gets the shapes it was called with."""
+
+    class Two(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a.sum() + b.sum()
+
+    net = Two()
+    calls = [((2, 3), (4,)), ((5, 1), (4,)), ((2, 3), (4,)), ((2, 3), (7, 7))]
+    run = _trace(tmp_path, lambda: [net(torch.ones(*a), torch.ones(*b, dtype=torch.float64)) for a, b in calls])
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.attrs["ml.input.shapes"] for s in models] == [[list(a), list(b)] for a, b in calls]
+    assert [s.attrs["ml.input.dtypes"] for s in models] == [["float32", "float64"]] * 4
+    assert [s.attrs["ml.output.shapes"] for s in models] == [[[]]] * 4

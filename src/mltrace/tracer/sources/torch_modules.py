@@ -702,20 +702,33 @@ class TorchModuleSource:
             attrs["ml.output.shapes"], attrs["ml.output.dtypes"] = converted
 
     def _converted(self, raw: Any) -> tuple[list[list[int]], list[str]]:
-        """JSON-ready shapes and dtype names of one raw form; the one-tensor form is cached.
+        """JSON-ready shapes and dtype names of one raw form, cached.
 
-        Spans of one layer see the same few shapes again and again, so they
-        share the converted lists (attribute values are never modified).
+        Spans of one layer (or model) see the same few shapes again and again, so
+        they share the converted lists (attribute values are never modified). The
+        one-tensor form is its own key; a list of pairs (several tensors, and every
+        model span) is keyed by its tuple, where hashable.
         """
-        if type(raw) is not tuple:
-            return self._shapes_dtypes(raw)
         cache = self._shape_cache
-        converted = cache.get(raw)
+        if type(raw) is tuple:
+            key = raw
+        elif type(raw) is list:
+            key = tuple(raw)
+        else:
+            return self._shapes_dtypes(raw)
+        try:
+            converted = cache.get(key)
+        except TypeError:  # an entry that cannot be hashed
+            return self._shapes_dtypes(raw)
         if converted is None:
             if len(cache) >= _SHAPE_CACHE_MAX:
                 cache.clear()
-            shape, dt = raw
-            converted = cache[raw] = ([self._dims(shape)], [self._dtype_names.get(dt) or self._dtype_name(dt)])
+            if key is raw:
+                shape, dt = raw
+                converted = ([self._dims(shape)], [self._dtype_names.get(dt) or self._dtype_name(dt)])
+            else:
+                converted = self._shapes_dtypes(raw)
+            cache[key] = converted
         return converted
 
     def _shapes_dtypes(self, raw: list[Any]) -> tuple[list[list[int]], list[str]]:
