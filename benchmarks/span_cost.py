@@ -11,6 +11,8 @@ layer session's figure swings with where its flushes fall. Two more rows split
 it: the layer level with streaming off (the ``Module.__call__`` wrapper's own
 cost; the session is flushed untimed after each call), and the mean cost of
 draining and writing one span in those flushes, garbage collections included.
+Last, the same two figures for model spans: the outermost call of an
+``nn.Identity``, made 1000 times in a row.
 
     python benchmarks/span_cost.py [--rounds 5]
 """
@@ -97,6 +99,12 @@ def main() -> int:
     def call() -> None:
         m(x)
 
+    identity = nn.Identity()
+
+    def model_calls() -> None:  # CALLS outermost calls: each one is a model span
+        for _ in range(CALLS):
+            identity(x)
+
     rows = []
     for rnd in range(args.rounds):
         plain = median_ns(call)
@@ -112,15 +120,20 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp, mltrace.profile(output=Path(tmp) / "r", summary=False, level=level):
                 traced[level] = median_ns(call)
         quiet, flush_per_span = streaming_off(call)
-        rows.append((plain, noop, traced["model"], traced["layer"], quiet, flush_per_span))
+        plain_models = median_ns(model_calls)
+        quiet_models, flush_per_model = streaming_off(model_calls)
+        rows.append((plain, noop, traced["model"], traced["layer"], quiet, flush_per_span, plain_models, quiet_models, flush_per_model))
         print(f"round {rnd}: done", file=sys.stderr)
-    plain, noop, model, layer, quiet, flush = (statistics.median(c) for c in zip(*rows))
+    plain, noop, model, layer, quiet, flush, plain_models, quiet_models, flush_model = (statistics.median(c) for c in zip(*rows))
     print(f"plain forward with {CALLS} module calls: {plain / 1e6:.2f} ms")
     print(f"  torch's hooked path (no-op global hooks): {(noop - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"  mltrace --level model:                    {(model - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"  mltrace --level layer (one span each):    {(layer - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"    the same, streaming off (wrapper only): {(quiet - plain) / CALLS / 1e3:6.2f} µs per module call")
     print(f"    draining + writing one span (flusher):  {flush / 1e3:6.2f} µs per span")
+    print(f"a model call (the outermost call of an nn.Identity, {CALLS} in a row; plain {plain_models / CALLS / 1e3:.2f} µs a call):")
+    print(f"  its model span, streaming off:            {(quiet_models - plain_models) / CALLS / 1e3:6.2f} µs per model call")
+    print(f"    draining + writing one model span:      {flush_model / 1e3:6.2f} µs per span")
     return 0
 
 
