@@ -308,6 +308,10 @@ class CpuLibrarySource:
             self._warmup_lines = len(self._tap.lines())
 
     def _switch_off(self) -> None:
+        """Switches verbosity off (and MKL's timer back), and no later ``import torch`` turns it on."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         torch, self._torch = self._torch, None
         if torch is None:
             return
@@ -326,9 +330,6 @@ class CpuLibrarySource:
         """Switches verbosity off, then restores fd 1 and the environment, whatever fails."""
         lines: list[TappedLine] = []
         try:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
             self._switch_off()
         finally:
             try:
@@ -340,37 +341,29 @@ class CpuLibrarySource:
                         self._problems.append(f"the fd tap's reader stopped early: {self._tap.reader_error}")
                     self._tap = None
             finally:
-                for key, value in self._saved_env.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
-                self._saved_env = {}
+                self._restore_env()
         return lines
 
+    def _restore_env(self) -> None:
+        """Puts back the environment variables ``start()`` set."""
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env = {}
+
     def release_in_forked_child(self) -> None:
-        """In a child forked while the source runs: the child's oneDNN/MKL verbose output off,
-        its fd 1 back on the original, its environment restored; the parent's capture goes on.
-        (MKL's timer stays redirected here: it reads the same clock, in seconds.)"""
+        """In a child forked while the source runs: the child's oneDNN/MKL verbose output off
+        (and MKL's own timer back), its fd 1 back on the original, its environment restored;
+        the parent's capture goes on."""
         try:
-            if self._hook is not None:
-                self._hook.remove()
-                self._hook = None
-            torch, self._torch = self._torch, None
-            if torch is not None:
-                torch._C._verbose.mkldnn_set_verbose(0)
-                torch._C._verbose.mkl_set_verbose(0)
+            self._switch_off()
         finally:
-            self._mkl_timer = None
             if self._tap is not None:
                 self._tap.release_in_forked_child()
                 self._tap = None
-            for key, value in self._saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-            self._saved_env = {}
+            self._restore_env()
 
     def end_early(self) -> None:
         """Switches verbose output off and restores fd 1 now; ``stop()`` turns the lines into spans."""

@@ -408,15 +408,10 @@ class TorchModuleSource:
         """In a child forked while the session runs (``session._forget_in_forked_child``): puts
         torch's own ``Module.__call__`` (or no hooks) back in this process, where no flusher
         drains what the wrapper would record."""
-        self._full = True  # a later ``import torch`` here installs nothing
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if self._wrapped is not None:
-            module_cls, original, ours = self._wrapped
-            if module_cls.__call__ is ours:
-                module_cls.__call__ = original
-            self._wrapped = None
+        self.end_recording()  # as when the trace is full; a later ``import torch`` here installs nothing
 
     def stop(self) -> list[Event]:
         try:
