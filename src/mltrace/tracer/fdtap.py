@@ -70,6 +70,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from mltrace.native import c_helper
 from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 
 #: ``MLTRACE_FDTAP_READER=python`` runs the thread reader's loop in Python (C, without the GIL, where built).
@@ -714,13 +715,8 @@ def _unread_bytes(fd: int) -> int:
 def _native_reader() -> Any:
     """The C reader's type (``mltrace._tapread.Reader``), or None: not built, or
     ``MLTRACE_FDTAP_READER=python``."""
-    if os.environ.get(READER_ENV, "").strip().lower() == "python":
-        return None
-    try:
-        from mltrace._tapread import Reader
-    except ImportError:
-        return None
-    return Reader
+    helper = c_helper("_tapread", READER_ENV)
+    return helper.Reader if helper is not None else None
 
 
 def _lines_of(block: bytes) -> list[bytes]:
