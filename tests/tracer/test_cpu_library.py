@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,26 @@ SESSION_STAND_IN = r"""
         def note_limitation(self, text):
             self.limitations.append(text)
 """
+
+
+def run_program(tmp_path: Path, program: str, env_changes: dict[str, str | None] | None = None) -> tuple[bytes, Any]:
+    """Runs ``program`` (dedented) as a script with this checkout's mltrace, ``env_changes``
+    set in its environment (None: removed); returns its stdout and the JSON it wrote to the
+    path in ``sys.argv[1]``."""
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(program), encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    for key, value in (env_changes or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    proc = subprocess.run(
+        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    return proc.stdout, json.loads(report_path.read_text(encoding="utf-8"))
 
 
 def tapped(path: Path, first_receive_ns: int) -> list[TappedLine]:
@@ -157,17 +178,8 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
             "env": os.environ.get("ONEDNN_VERBOSE_TIMESTAMP"),
         }, f)
     """
-    script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(program), encoding="utf-8")
-    report_path = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    env.pop("ONEDNN_VERBOSE_TIMESTAMP", None)
-    proc = subprocess.run(
-        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    assert proc.stdout == b"running done\nafter\n"
-    report = json.loads(report_path.read_text(encoding="utf-8"))
+    stdout, report = run_program(tmp_path, program, {"ONEDNN_VERBOSE_TIMESTAMP": None})
+    assert stdout == b"running done\nafter\n"
     spans = report["spans"]
     names = [s[0] for s in spans]
     assert "oneDNN convolution jit:avx512_core" in names or any(n.startswith("oneDNN convolution") for n in names)
@@ -215,16 +227,8 @@ def test_a_forked_child_releases_verbose_output_and_stdout(tmp_path: Path) -> No
     with open(sys.argv[1], "w") as f:
         json.dump({"names": [s.name for s in events]}, f)
     """
-    script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(program), encoding="utf-8")
-    report_path = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.run(
-        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    assert proc.stdout == b"child ran conv and linear\n"  # no verbose line of the child's anywhere
-    report = json.loads(report_path.read_text(encoding="utf-8"))
+    stdout, report = run_program(tmp_path, program)
+    assert stdout == b"child ran conv and linear\n"  # no verbose line of the child's anywhere
     # the parent's calls only, captured: one convolution and one SGEMM, none of the child's
     assert report["names"].count("MKL SGEMM") == 1
     assert sum(n.startswith("oneDNN convolution") for n in report["names"]) == 1
@@ -270,18 +274,7 @@ def test_mkl_timer_redirected_while_verbose_then_restored(tmp_path: Path, timer:
                    "exec_ns": [s.attrs["ml.library.exec_ns"] for s in events if s.name == "MKL SGEMM"],
                    "info": session.meta["sources_info"]["cpu.library"], "left": _mkltimer.slots()}, f)
     """
-    script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(program), encoding="utf-8")
-    report_path = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    env.pop("MLTRACE_MKL_TIMER", None)
-    if timer == "mkl":
-        env["MLTRACE_MKL_TIMER"] = "mkl"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    report = json.loads(report_path.read_text(encoding="utf-8"))
+    _, report = run_program(tmp_path, program, {"MLTRACE_MKL_TIMER": "mkl" if timer == "mkl" else None})
     # MKL's durations are in their unit either way: within the call's wall time, not far below it
     assert len(report["exec_ns"]) == 3
     assert all(0 < e <= w for e, w in zip(report["exec_ns"], report["walls"]))
@@ -321,18 +314,8 @@ def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
         json.dump({"spans": [[s.name, s.attrs] for s in events], "limitations": session.limitations,
                    "env": [os.environ.get(k) for k in ("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP")]}, f)
     """
-    script = tmp_path / "prog.py"
-    script.write_text(textwrap.dedent(program), encoding="utf-8")
-    report_path = tmp_path / "report.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    for key in ("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, str(script), str(report_path)], capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    assert proc.stdout == b"tf matmul\n"
-    report = json.loads(report_path.read_text(encoding="utf-8"))
+    stdout, report = run_program(tmp_path, program, dict.fromkeys(("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP")))
+    assert stdout == b"tf matmul\n"
     gemm = [attrs for name, attrs in report["spans"] if name.startswith("oneDNN gemm_api")]
     assert [a["ml.library.desc"] for a in gemm] == ["4x64:64x32"]
     assert gemm[0]["ml.flops"] == 2 * 4 * 32 * 64 and "ml.library.untimed" not in gemm[0]
