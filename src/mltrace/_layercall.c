@@ -3,24 +3,169 @@
  *
  * TorchModuleSource (tracer/sources/torch_modules.py) installs a LayerCall as
  * torch.nn.Module.__call__. For a nested module call it does what the Python
- * wrapper in _wrap_call_layers does, with the same objects: push a frame
+ * wrapper in _wrap_call_layers does: push a frame
  *   [module, parent frame, id, start ns, end ns, input shapes, output shapes, None, None]
  * on the thread's stack, call the module, end the frame whatever happened, and
- * hand it to the source's deque; the flusher turns frames into spans. Where torch's
- * Module._call_impl would only call forward (no hooks, no JIT trace: forward_directly),
- * the call is module.forward(...) itself, a Python frame less than torch's own __call__. The
- * outermost call of a thread (the model span) goes to the Python wrapper
- * (`outer`). Shapes are kept raw, as (torch.Size, dtype) for one tensor, or
- * what raw_shapes returns. Times are CLOCK_MONOTONIC ns, time.monotonic_ns().
+ * hand it to the source's deque; the flusher turns frames into spans. The Python wrapper's
+ * frame is a list; this one is a LayerFrame, which reads and writes as the same sequence of
+ * nine items but keeps the ids and times as C integers and one tensor's shape and dtype
+ * inline, so that a call leaves one small object (not tracked by the cyclic garbage
+ * collector) instead of a list, three ints, two torch.Size objects and two pairs until the
+ * drain. Where torch's Module._call_impl would only call forward (no hooks, no JIT trace:
+ * forward_directly), the call is module.forward(...) itself, a Python frame less than torch's
+ * own __call__. The outermost call of a thread (the model span) goes to the Python wrapper
+ * (`outer`), whose frame is a list. Shapes are kept inline for one tensor, else raw, as
+ * raw_shapes returns them. Times are CLOCK_MONOTONIC ns, time.monotonic_ns().
  * mltrace's own failures after the call (a shape that cannot be read) are
  * dropped; the module's own result or exception always reaches the caller.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+/* ---- LayerFrame: one nested module call ---------------------------------------------- */
+
+#define MAX_DIMS 8
+
+/* A frame's input or output shapes: one tensor inline (ndim >= 0: dims and dtype), or `raw`
+ * (what raw_shapes returned, or a (shape, dtype) pair whose sizes are not all ints), or
+ * nothing (ndim < 0, raw NULL). */
+typedef struct {
+    int ndim;
+    PyObject *raw, *dtype;
+    long long dims[MAX_DIMS];
+} Shapes;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *module, *parent, *kid, *root; /* kid and root: NULL until the drain places the frame */
+    long long id, start, end;               /* end: -1 while the call runs */
+    Shapes in, out;
+} LayerFrame;
+
+enum { F_MODULE, F_PARENT, F_ID, F_START, F_END, F_IN, F_OUT, F_KID, F_ROOT, F_LEN };
+
+static PyTypeObject LayerFrameType;
+
+static LayerFrame *frame_new(void) {
+    LayerFrame *f = PyObject_Malloc(sizeof(LayerFrame));
+    if (!f) { PyErr_NoMemory(); return NULL; }
+    PyObject_Init((PyObject *)f, &LayerFrameType);
+    f->module = f->parent = f->kid = f->root = NULL;
+    f->id = f->start = 0;
+    f->end = -1;
+    f->in.ndim = f->out.ndim = -1;
+    f->in.raw = f->in.dtype = f->out.raw = f->out.dtype = NULL;
+    return f;
+}
+
+static void shapes_clear(Shapes *s) {
+    Py_CLEAR(s->raw); Py_CLEAR(s->dtype);
+    s->ndim = -1;
+}
+
+static void frame_dealloc(LayerFrame *f) {
+    Py_XDECREF(f->module); Py_XDECREF(f->parent); Py_XDECREF(f->kid); Py_XDECREF(f->root);
+    shapes_clear(&f->in); shapes_clear(&f->out);
+    PyObject_Free(f);
+}
+
+/* The raw form of s, as the Python wrapper keeps it: (shape tuple, dtype) for one tensor
+ * (a tuple of ints where the wrapper has a torch.Size: equal, with the same hash), the raw
+ * object, or None. New reference. */
+static PyObject *shapes_raw(const Shapes *s) {
+    if (s->raw) return Py_NewRef(s->raw);
+    if (s->ndim < 0) return Py_NewRef(Py_None);
+    PyObject *dims = PyTuple_New(s->ndim);
+    if (!dims) return NULL;
+    for (int i = 0; i < s->ndim; i++) {
+        PyObject *d = PyLong_FromLongLong(s->dims[i]);
+        if (!d) { Py_DECREF(dims); return NULL; }
+        PyTuple_SET_ITEM(dims, i, d);
+    }
+    PyObject *pair = PyTuple_Pack(2, dims, s->dtype);
+    Py_DECREF(dims);
+    return pair;
+}
+
+/* 1 where s holds shapes (as truth of the Python wrapper's raw form), 0 if not, -1 on error. */
+static int shapes_present(const Shapes *s) {
+    if (s->raw) return PyObject_IsTrue(s->raw);
+    return s->ndim >= 0;
+}
+
+static Py_ssize_t frame_length(PyObject *self) { return F_LEN; }
+
+static PyObject *frame_item(PyObject *self, Py_ssize_t i) {
+    LayerFrame *f = (LayerFrame *)self;
+    switch (i) {
+    case F_MODULE: return Py_NewRef(f->module ? f->module : Py_None);
+    case F_PARENT: return Py_NewRef(f->parent ? f->parent : Py_None);
+    case F_ID: return PyLong_FromLongLong(f->id);
+    case F_START: return PyLong_FromLongLong(f->start);
+    case F_END: return PyLong_FromLongLong(f->end);
+    case F_IN: return shapes_raw(&f->in);
+    case F_OUT: return shapes_raw(&f->out);
+    case F_KID: return Py_NewRef(f->kid ? f->kid : Py_None);
+    case F_ROOT: return Py_NewRef(f->root ? f->root : Py_None);
+    default: PyErr_SetString(PyExc_IndexError, "layer frame index out of range"); return NULL;
+    }
+}
+
+static int set_int(long long *field, PyObject *v) {
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    *field = x;
+    return 0;
+}
+
+static void set_object(PyObject **field, PyObject *v) {
+    Py_XSETREF(*field, v == Py_None ? NULL : Py_NewRef(v));
+}
+
+static int frame_ass_item(PyObject *self, Py_ssize_t i, PyObject *v) {
+    LayerFrame *f = (LayerFrame *)self;
+    if (v == NULL) { PyErr_SetString(PyExc_TypeError, "layer frame items cannot be deleted"); return -1; }
+    switch (i) {
+    case F_MODULE: set_object(&f->module, v); return 0;
+    case F_PARENT: set_object(&f->parent, v); return 0;
+    case F_ID: return set_int(&f->id, v);
+    case F_START: return set_int(&f->start, v);
+    case F_END: return set_int(&f->end, v);
+    case F_IN: case F_OUT: {
+        Shapes *s = i == F_IN ? &f->in : &f->out;
+        shapes_clear(s);
+        if (v != Py_None) s->raw = Py_NewRef(v);
+        return 0;
+    }
+    case F_KID: set_object(&f->kid, v); return 0;
+    case F_ROOT: set_object(&f->root, v); return 0;
+    default: PyErr_SetString(PyExc_IndexError, "layer frame index out of range"); return -1;
+    }
+}
+
+static PySequenceMethods frame_as_sequence = {
+    .sq_length = frame_length,
+    .sq_item = frame_item,
+    .sq_ass_item = frame_ass_item,
+};
+
+static PyTypeObject LayerFrameType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "mltrace._layercall.LayerFrame",
+    .tp_basicsize = sizeof(LayerFrame),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)frame_dealloc,
+    .tp_as_sequence = &frame_as_sequence,
+    .tp_doc = "A nested module call of the layer level, read and written as the 9-item frame list of "
+              "torch_modules.py (module, parent, id, start, end, in, out, kid, root).",
+};
+
+/* ---- LayerCall: Module.__call__ ------------------------------------------------------ */
 
 typedef struct {
     PyObject_HEAD
@@ -49,15 +194,15 @@ static const char *const HOOK_GLOBALS[] = {"_global_backward_pre_hooks", "_globa
                                            "_global_forward_pre_hooks"};
 static PyObject *s_hook_attrs[4], *s_hook_globals[4];
 
-static inline PyObject *clock_ns(void) {
+static inline long long clock_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Untracks what a frame keeps until the flusher drains it (the frame, tuples and lists of
+/* Untracks a raw form a frame keeps until the flusher drains it (tuples and lists of
  * shapes): none of it can be part of a reference cycle, and the cyclic garbage collector
- * would otherwise traverse every live frame in each collection of the program's objects. */
+ * would otherwise traverse every live one in each collection of the program's objects. */
 static void untrack(PyObject *o) {
     if (PyList_Check(o)) {
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++) untrack(PyList_GET_ITEM(o, i));
@@ -69,18 +214,47 @@ static void untrack(PyObject *o) {
     if (PyObject_GC_IsTracked(o)) PyObject_GC_UnTrack(o);
 }
 
-static PyObject *shapes_of(LayerCall *self, PyObject *value) {
-    if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
-        int direct = self->get_shape != NULL;
-        PyObject *shape = direct ? self->get_shape(value, self->shape_closure) : PyObject_GetAttr(value, s_shape);
-        if (!shape) return NULL;
-        PyObject *dtype = direct ? self->get_dtype(value, self->dtype_closure) : PyObject_GetAttr(value, s_dtype);
-        if (!dtype) { Py_DECREF(shape); return NULL; }
-        PyObject *pair = PyTuple_Pack(2, shape, dtype);
-        Py_DECREF(shape); Py_DECREF(dtype);
-        return pair;
+/* One tensor's shape and dtype into s: inline where every size is an int (eager mode), else
+ * as a raw (shape, dtype) pair. 0, or -1 with an error (a nested tensor has no shape). The
+ * torch.Size is dropped at once: it is freed while still in the caches, and nothing tracked
+ * by the garbage collector outlives the call. */
+static int read_shapes(LayerCall *self, PyObject *tensor, Shapes *s) {
+    int direct = self->get_shape != NULL;
+    PyObject *shape = direct ? self->get_shape(tensor, self->shape_closure) : PyObject_GetAttr(tensor, s_shape);
+    if (!shape) return -1;
+    PyObject *dtype = direct ? self->get_dtype(tensor, self->dtype_closure) : PyObject_GetAttr(tensor, s_dtype);
+    if (!dtype) { Py_DECREF(shape); return -1; }
+    Py_ssize_t n = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : MAX_DIMS + 1;
+    int inline_ok = n <= MAX_DIMS;
+    for (Py_ssize_t i = 0; inline_ok && i < n; i++) {
+        PyObject *d = PyTuple_GET_ITEM(shape, i);
+        long long v = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+        if (v < 0) { PyErr_Clear(); inline_ok = 0; }  /* a 0-dim tensor or symbolic size (tracing) */
+        else s->dims[i] = v;
     }
-    return PyObject_CallOneArg(self->raw_shapes, value);
+    if (inline_ok) {
+        s->ndim = (int)n;
+        s->dtype = dtype;  /* a torch.dtype singleton */
+        Py_DECREF(shape);
+        return 0;
+    }
+    s->raw = PyTuple_Pack(2, shape, dtype);
+    Py_DECREF(shape); Py_DECREF(dtype);
+    if (!s->raw) return -1;
+    untrack(s->raw);
+    return 0;
+}
+
+/* The shapes of a call's arguments (args[1:]) or output into s; errors are cleared (no shapes). */
+static void read_value_shapes(LayerCall *self, PyObject *value, Shapes *s) {
+    if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
+        if (read_shapes(self, value, s) < 0) PyErr_Clear();
+        return;
+    }
+    PyObject *raw = PyObject_CallOneArg(self->raw_shapes, value);
+    if (!raw) { PyErr_Clear(); return; }
+    untrack(raw);
+    s->raw = raw;
 }
 
 /* 1 where torch's Module._call_impl, called now on `module`, would do nothing but
@@ -134,42 +308,24 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_DECREF(stack);
         return PyObject_Vectorcall(self->outer, args, nargsf, kwnames);
     }
-    PyObject *shapes_in;
-    if (nargs == 1) {
-        shapes_in = Py_NewRef(Py_None);
-    } else if (nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
-        shapes_in = shapes_of(self, args[1]);
-    } else {
+    LayerFrame *frame = frame_new();
+    if (!frame) { Py_DECREF(stack); return NULL; }
+    if (nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
+        read_value_shapes(self, args[1], &frame->in);
+    } else if (nargs >= 2) {  /* raw_shapes of the arguments' tuple, as the Python wrapper */
         PyObject *t = PyTuple_New(nargs - 1);
-        if (!t) { Py_DECREF(stack); return NULL; }
+        if (!t) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
         for (Py_ssize_t i = 1; i < nargs; i++) PyTuple_SET_ITEM(t, i - 1, Py_NewRef(args[i]));
-        shapes_in = PyObject_CallOneArg(self->raw_shapes, t);
+        read_value_shapes(self, t, &frame->in);
         Py_DECREF(t);
     }
-    if (!shapes_in) {  /* a nested tensor has no shape (TransformerEncoder's fast path): no shapes */
-        PyErr_Clear();
-        shapes_in = Py_NewRef(Py_None);
-    }
-    untrack(shapes_in);
     PyObject *id = PyObject_CallNoArgs(self->next_id);
-    PyObject *start = clock_ns();
-    PyObject *frame = PyList_New(9);
-    if (!id || !start || !frame) {
-        Py_XDECREF(id); Py_XDECREF(start); Py_XDECREF(frame); Py_DECREF(shapes_in); Py_DECREF(stack);
-        return NULL;
-    }
-    PyObject_GC_UnTrack(frame);  /* see untrack() */
-    PyObject *parent = PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1);
-    PyList_SET_ITEM(frame, 0, Py_NewRef(module));
-    PyList_SET_ITEM(frame, 1, Py_NewRef(parent));
-    PyList_SET_ITEM(frame, 2, id);
-    PyList_SET_ITEM(frame, 3, start);
-    PyList_SET_ITEM(frame, 4, PyLong_FromLong(-1));
-    PyList_SET_ITEM(frame, 5, shapes_in);
-    PyList_SET_ITEM(frame, 6, Py_NewRef(Py_None));
-    PyList_SET_ITEM(frame, 7, Py_NewRef(Py_None));
-    PyList_SET_ITEM(frame, 8, Py_NewRef(Py_None));
-    if (PyList_Append(stack, frame) < 0) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
+    if (!id || set_int(&frame->id, id) < 0) { Py_XDECREF(id); Py_DECREF(frame); Py_DECREF(stack); return NULL; }
+    Py_DECREF(id);
+    frame->start = clock_ns();
+    frame->module = Py_NewRef(module);
+    frame->parent = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
+    if (PyList_Append(stack, (PyObject *)frame) < 0) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
 
     PyObject *output = NULL;
     int use_direct = 0;
@@ -183,24 +339,18 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 
     /* finally: end the frame whatever happened, keeping the call's exception */
+    frame->end = clock_ns();
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    PyObject *end = clock_ns();
-    if (end) PyList_SetItem(frame, 4, end);
-    else PyErr_Clear();
     Py_ssize_t n;
     while ((n = PyList_GET_SIZE(stack)) > 0) {
         PyObject *top = PyList_GET_ITEM(stack, n - 1);
-        int ours = top == frame;
+        int ours = top == (PyObject *)frame;
         PyList_SetSlice(stack, n - 1, n, NULL);
         if (ours) break;
     }
-    if (output && output != Py_None) {
-        PyObject *out = shapes_of(self, output);
-        if (out) { untrack(out); PyList_SetItem(frame, 6, out); }
-        else PyErr_Clear();  /* a nested tensor has no shape */
-    }
-    PyObject *r = PyObject_CallOneArg(self->append_frame, frame);
+    if (output && output != Py_None) read_value_shapes(self, output, &frame->out);
+    PyObject *r = PyObject_CallOneArg(self->append_frame, (PyObject *)frame);
     Py_XDECREF(r);
     PyErr_Clear();  /* mltrace's own failures never reach the program */
     PyErr_Restore(et, ev, tb);
@@ -300,14 +450,16 @@ static PyTypeObject LayerCallType = {
  *
  * encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level)
  *   -> (template rows, span rows)
- * does what TorchModuleSource._encode_rows_python does, for a list of completed frames. What
+ * does what TorchModuleSource._encode_rows_python does, for a list of completed frames
+ * (LayerFrames, or the Python wrapper's lists). What
  * the calls of one layer share (its path, attributes and shapes) is a span template, written
  * once as  [template id,path,{attributes,"ml.input.shapes":…,…}]  and kept in `templates`
  * (key: the four encodings, value: the id from next_template()); each frame then gets the row
  *   [id,parent id,level,null,start,end,track,{},template id]
  * Both come back as comma-separated rows. A frame's cache entry comes from its parent's cache
- * (placed(), the common case) or else from place(frame); the shape encodings come from
- * in_cache/out_cache (one-tensor forms), else from shapes_json(raw, cache, kind). If a frame
+ * (placed(), the common case) or else from place(frame); the shape encodings of a LayerFrame's
+ * inline shapes come from shape_texts (below), else from in_cache/out_cache (one-tensor
+ * forms), else from shapes_json(raw, cache, kind). If a frame
  * fails, the templates this call added are taken out of `templates` again: rows written later
  * must not refer to a template that never reached the file. In Python the same took ≈ 2 µs a
  * frame, about a third of it formatting. */
@@ -333,9 +485,7 @@ static int buf_str(Buf *b, PyObject *o) {
     return s ? buf_put(b, s, n) : -1;
 }
 
-static int buf_int(Buf *b, PyObject *o, char after) {
-    long long v = PyLong_AsLongLong(o);
-    if (v == -1 && PyErr_Occurred()) return -1;
+static int buf_ll(Buf *b, long long v, char after) {
     char tmp[24];  /* digits written backwards from the end; snprintf cost more than the rest of a row */
     char *p = tmp + sizeof tmp;
     *--p = after;
@@ -345,7 +495,65 @@ static int buf_int(Buf *b, PyObject *o, char after) {
     return buf_put(b, p, tmp + sizeof tmp - p);
 }
 
-/* The shape encoding of raw (a frame's IN or OUT), or NULL with an error; new reference. */
+static int buf_int(Buf *b, PyObject *o, char after) {
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    return buf_ll(b, v, after);
+}
+
+static PyObject *s_track_id, *s_input, *s_output, *s_empty, *s_kids, *s_ref;
+
+/* Frames of either kind: a LayerFrame, or a list of at least 9 items. */
+static inline int is_layer_frame(PyObject *f) { return Py_IS_TYPE(f, &LayerFrameType); }
+static inline int is_frame(PyObject *f) { return is_layer_frame(f) || (PyList_CheckExact(f) && PyList_GET_SIZE(f) >= F_LEN); }
+
+/* Item i of a frame (module, parent, kid, root): borrowed, Py_None where a LayerFrame has none. */
+static PyObject *frame_object(PyObject *f, int i) {
+    if (!is_layer_frame(f)) return PyList_GET_ITEM(f, i);
+    LayerFrame *lf = (LayerFrame *)f;
+    PyObject *o = i == F_MODULE ? lf->module : i == F_PARENT ? lf->parent : i == F_KID ? lf->kid : lf->root;
+    return o ? o : Py_None;
+}
+
+/* Sets item i (kid or root) of a frame to o; steals o. */
+static void frame_put(PyObject *f, int i, PyObject *o) {
+    if (!is_layer_frame(f)) { PyList_SetItem(f, i, o); return; }
+    LayerFrame *lf = (LayerFrame *)f;
+    Py_XSETREF(*(i == F_KID ? &lf->kid : &lf->root), o);
+}
+
+/* Item i of a frame (id, start, end) into *v: 0, or -1 with an error. */
+static int frame_int(PyObject *f, int i, long long *v) {
+    if (is_layer_frame(f)) {
+        LayerFrame *lf = (LayerFrame *)f;
+        *v = i == F_ID ? lf->id : i == F_START ? lf->start : lf->end;
+        return 0;
+    }
+    *v = PyLong_AsLongLong(PyList_GET_ITEM(f, i));
+    return *v == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* Shape encodings of inline shapes, by kind (input, output): a direct-mapped cache keyed by
+ * (dims, dtype), so that the drain neither builds nor hashes a tuple for the common frame. The
+ * text depends on nothing else, so the cache serves every session of the process; a slot
+ * holds its dtype and text until another shape takes it. */
+#define TEXT_SLOTS 512
+typedef struct {
+    int ndim;
+    PyObject *dtype, *text;
+    long long dims[MAX_DIMS];
+} TextSlot;
+static TextSlot shape_texts[2][TEXT_SLOTS];
+
+static TextSlot *text_slot(int kind, const Shapes *s) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)(uintptr_t)s->dtype;
+    h = (h ^ (uint64_t)s->ndim) * 1099511628211ULL;
+    for (int i = 0; i < s->ndim; i++) h = (h ^ (uint64_t)s->dims[i]) * 1099511628211ULL;
+    return &shape_texts[kind][(h ^ (h >> 31)) % TEXT_SLOTS];
+}
+
+/* The shape encoding of raw (a list frame's IN or OUT, or a LayerFrame's raw form), or NULL
+ * with an error; new reference. */
 static PyObject *shapes_text(PyObject *raw, PyObject *cache, PyObject *shapes_json, PyObject *kind) {
     if (PyTuple_CheckExact(raw)) {
         PyObject *hit = PyDict_GetItemWithError(cache, raw);
@@ -353,6 +561,35 @@ static PyObject *shapes_text(PyObject *raw, PyObject *cache, PyObject *shapes_js
         if (PyErr_Occurred()) return NULL;
     }
     return PyObject_CallFunctionObjArgs(shapes_json, raw, cache, kind, NULL);
+}
+
+/* The shape encoding of item IN or OUT of frame f ("" where it has none); new reference. */
+static PyObject *frame_shapes_text(PyObject *f, int i, PyObject *cache, PyObject *shapes_json) {
+    PyObject *kind = i == F_IN ? s_input : s_output;
+    if (!is_layer_frame(f)) {
+        PyObject *raw = PyList_GET_ITEM(f, i);
+        int has = PyObject_IsTrue(raw);
+        if (has < 0) return NULL;
+        return has ? shapes_text(raw, cache, shapes_json, kind) : Py_NewRef(s_empty);
+    }
+    const Shapes *s = i == F_IN ? &((LayerFrame *)f)->in : &((LayerFrame *)f)->out;
+    int has = shapes_present(s);
+    if (has <= 0) return has < 0 ? NULL : Py_NewRef(s_empty);
+    if (s->raw) return shapes_text(s->raw, cache, shapes_json, kind);
+    TextSlot *slot = text_slot(i == F_OUT, s);
+    if (slot->text && slot->ndim == s->ndim && slot->dtype == s->dtype
+        && memcmp(slot->dims, s->dims, sizeof(long long) * (size_t)s->ndim) == 0)
+        return Py_NewRef(slot->text);
+    PyObject *raw = shapes_raw(s);
+    PyObject *text = raw ? shapes_text(raw, cache, shapes_json, kind) : NULL;
+    Py_XDECREF(raw);
+    if (!text) return NULL;
+    if (!PyUnicode_Check(text)) return text;  /* buf_str says why */
+    Py_XSETREF(slot->text, Py_NewRef(text));
+    Py_XSETREF(slot->dtype, Py_NewRef(s->dtype));
+    slot->ndim = s->ndim;
+    memcpy(slot->dims, s->dims, sizeof(long long) * (size_t)s->ndim);
+    return text;
 }
 
 /* The template id for (path, attributes, input and output shapes): from `templates`, or a new
@@ -376,8 +613,6 @@ static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_tex
     return tid;
 }
 
-static PyObject *s_track_id, *s_input, *s_output, *s_empty, *s_kids, *s_ref;
-
 static int referent_is(PyObject *ref, PyObject *o) {
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *alive = NULL;
@@ -397,15 +632,15 @@ static int referent_is(PyObject *ref, PyObject *o) {
  * place() does. Anything else (no entry yet, a stale one, a frame of another shape) goes to
  * place(), which fills the cache. New reference, or NULL with an error. */
 static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
-    PyObject *kid = PyList_GET_ITEM(frame, 7);
+    PyObject *kid = frame_object(frame, F_KID);
     if (kid != Py_None) return Py_NewRef(kid);
-    PyObject *parent = PyList_GET_ITEM(frame, 1);
-    if (depth > 64 || !PyList_CheckExact(parent) || PyList_GET_SIZE(parent) < 9) return PyObject_CallOneArg(place, frame);
+    PyObject *parent = frame_object(frame, F_PARENT);
+    if (depth > 64 || !is_frame(parent)) return PyObject_CallOneArg(place, frame);
     PyObject *parent_kid = placed(parent, place, depth + 1);
     if (!parent_kid) return NULL;
     PyObject *found = NULL;
     if (PyTuple_Check(parent_kid) && PyTuple_GET_SIZE(parent_kid) >= 2) {
-        PyObject *module = PyList_GET_ITEM(frame, 0);
+        PyObject *module = frame_object(frame, F_MODULE);
         PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
         PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
         if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
@@ -419,10 +654,9 @@ static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
         PyErr_Clear();  /* whatever failed here, place() does it again and says why */
     }
     if (!found) { Py_DECREF(parent_kid); return PyObject_CallOneArg(place, frame); }
-    PyObject *root = PyList_GET_ITEM(parent, 1) == Py_None ? parent : PyList_GET_ITEM(parent, 8);
-    Py_INCREF(root);
-    PyList_SetItem(frame, 8, root);  /* steals */
-    PyList_SetItem(frame, 7, Py_NewRef(found));
+    PyObject *root = frame_object(parent, F_PARENT) == Py_None ? parent : frame_object(parent, F_ROOT);
+    frame_put(frame, F_ROOT, Py_NewRef(root));
+    frame_put(frame, F_KID, Py_NewRef(found));
     Py_DECREF(parent_kid);
     return found;
 }
@@ -439,25 +673,25 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
     int head_n = snprintf(head, sizeof head, "%d,null,", level);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
         PyObject *f = PyList_GET_ITEM(frames, i);
-        if (!PyList_CheckExact(f) || PyList_GET_SIZE(f) < 9) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
+        if (!is_frame(f)) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
         PyObject *kid = placed(f, place, 0);
         if (!kid) goto fail;
         PyObject *in_text = NULL, *out_text = NULL, *track = NULL, *tid = NULL;
-        PyObject *parent = PyList_GET_ITEM(f, 1), *root = PyList_GET_ITEM(f, 8);
-        PyObject *raw_in = PyList_GET_ITEM(f, 5), *raw_out = PyList_GET_ITEM(f, 6);
-        int ok = PyTuple_Check(kid) && PyTuple_GET_SIZE(kid) >= 5 && PyList_Check(parent) && PyList_GET_SIZE(parent) > 2
-            && PyList_Check(root) && PyList_GET_SIZE(root) > 9;
+        PyObject *parent = frame_object(f, F_PARENT), *root = frame_object(f, F_ROOT);
+        long long id, parent_id, start, end;
+        int ok = PyTuple_Check(kid) && PyTuple_GET_SIZE(kid) >= 5 && is_frame(parent) && PyList_Check(root)
+            && PyList_GET_SIZE(root) > 9;
         if (!ok) PyErr_SetString(PyExc_TypeError, "not a placed layer frame");
+        ok = ok && frame_int(f, F_ID, &id) == 0 && frame_int(parent, F_ID, &parent_id) == 0
+            && frame_int(f, F_START, &start) == 0 && frame_int(f, F_END, &end) == 0;
         ok = ok && (track = PyObject_GetAttr(PyList_GET_ITEM(root, 9), s_track_id)) != NULL;
-        int has_in = ok ? PyObject_IsTrue(raw_in) : 0, has_out = ok ? PyObject_IsTrue(raw_out) : 0;
-        ok = ok && has_in >= 0 && has_out >= 0;
-        ok = ok && (in_text = has_in ? shapes_text(raw_in, in_cache, shapes_json, s_input) : Py_NewRef(s_empty)) != NULL;
-        ok = ok && (out_text = has_out ? shapes_text(raw_out, out_cache, shapes_json, s_output) : Py_NewRef(s_empty)) != NULL;
+        ok = ok && (in_text = frame_shapes_text(f, F_IN, in_cache, shapes_json)) != NULL;
+        ok = ok && (out_text = frame_shapes_text(f, F_OUT, out_cache, shapes_json)) != NULL;
         ok = ok && (tid = template_of(kid, in_text, out_text, templates, next_template, added, &defs)) != NULL;
         ok = ok && (b.len == 0 || buf_put(&b, ",", 1) == 0) && buf_put(&b, "[", 1) == 0
-            && buf_int(&b, PyList_GET_ITEM(f, 2), ',') == 0 && buf_int(&b, PyList_GET_ITEM(parent, 2), ',') == 0
-            && buf_put(&b, head, head_n) == 0 && buf_int(&b, PyList_GET_ITEM(f, 3), ',') == 0
-            && buf_int(&b, PyList_GET_ITEM(f, 4), ',') == 0 && buf_int(&b, track, ',') == 0
+            && buf_ll(&b, id, ',') == 0 && buf_ll(&b, parent_id, ',') == 0
+            && buf_put(&b, head, head_n) == 0 && buf_ll(&b, start, ',') == 0
+            && buf_ll(&b, end, ',') == 0 && buf_int(&b, track, ',') == 0
             && buf_put(&b, "{},", 3) == 0 && buf_int(&b, tid, ']') == 0;
         Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text); Py_XDECREF(tid);
         if (!ok) goto fail;
@@ -489,7 +723,7 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_layercall", NULL, -1, module_methods};
 
 PyMODINIT_FUNC PyInit__layercall(void) {
-    if (PyType_Ready(&LayerCallType) < 0) return NULL;
+    if (PyType_Ready(&LayerCallType) < 0 || PyType_Ready(&LayerFrameType) < 0) return NULL;
     s_stack = PyUnicode_InternFromString("stack");
     s_shape = PyUnicode_InternFromString("shape");
     s_dtype = PyUnicode_InternFromString("dtype");
@@ -509,6 +743,10 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_ref = PyUnicode_InternFromString("ref");
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
-    if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0) { Py_DECREF(m); return NULL; }
+    if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0
+        || PyModule_AddObjectRef(m, "LayerFrame", (PyObject *)&LayerFrameType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -1,6 +1,14 @@
 from collections.abc import Callable
 from typing import Any
 
+class LayerFrame:
+    """A nested module call of the layer level: reads and writes as the 9-item frame list of
+    ``torch_modules.py`` (module, parent, id, start, end, in, out, kid, root)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Any: ...
+    def __setitem__(self, index: int, value: Any) -> None: ...
+
 class LayerCall:
     """``Module.__call__`` for the layer level, in C (see ``_layercall.c``)."""
 

@@ -488,7 +488,9 @@ def test_a_new_module_at_a_dead_ones_address_gets_its_own_path_and_type(tmp_path
 
 def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Path, hot_path: str) -> None:
     """What a layer frame keeps until the drain cannot form a cycle; tracked, every live frame
-    would be traversed by each collection the program's own allocations trigger."""
+    would be traversed by each collection the program's own allocations trigger. The C hot
+    path's frame is not a GC object at all; it keeps one tensor's shape inline (nothing of
+    torch's is kept: the raw form is built when read), and any other form untracked."""
     import gc
 
     if hot_path != "c":
@@ -497,26 +499,38 @@ def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Pa
 
     seen: list[list[object]] = []
 
+    class Pair(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return a + b, a - b
+
     class Outer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.inner = nn.Linear(3, 3)
+            self.pair = Pair()
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             y = self.inner(x) + self.inner(x)
+            s, d = self.pair(y, x)
             session = active_session()
             assert session is not None
             source = next(s for s in session.started if s.name == "torch.modules")
             seen.extend(source._frames)  # type: ignore[attr-defined]
-            return y
+            return s * d
 
     _trace(tmp_path, lambda: Outer()(torch.ones(2, 3)), flush_interval_s=60)
-    assert seen, "the inner frames were drained before the check"
+    assert len(seen) == 3, "the inner frames were drained before the check"
     for frame in seen:
-        assert not gc.is_tracked(frame)
-        for shapes in frame[5:7]:
-            assert shapes and not gc.is_tracked(shapes)
-            assert not any(gc.is_tracked(part) for part in shapes)
+        assert type(frame).__name__ == "LayerFrame" and not gc.is_tracked(frame)
+        assert len(frame) == 9 and list(frame)[2:5] == [frame[2], frame[3], frame[4]]
+    linear, _, pair = seen
+    for one_tensor in (linear[5], linear[6]):
+        assert one_tensor == ((2, 3), torch.float32)
+    assert linear[5] is not linear[5]  # inline: built when read
+    assert pair[5] is pair[5] and pair[6] is pair[6]  # kept as raw_shapes gave them
+    for several in (pair[5], pair[6]):
+        assert len(several) == 2 and not gc.is_tracked(several)
+        assert not any(gc.is_tracked(part) for part in several)
 
 
 def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path: str) -> None:
