@@ -343,11 +343,11 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     Py_ssize_t n;
-    while ((n = PyList_GET_SIZE(stack)) > 0) {
+    while ((n = PyList_GET_SIZE(stack)) > 0) {  /* pop up to ours, as list.pop() without the call */
         PyObject *top = PyList_GET_ITEM(stack, n - 1);
-        int ours = top == (PyObject *)frame;
-        PyList_SetSlice(stack, n - 1, n, NULL);
-        if (ours) break;
+        Py_SET_SIZE(stack, n - 1);
+        Py_DECREF(top);
+        if (top == (PyObject *)frame) break;
     }
     if (output && output != Py_None) read_value_shapes(self, output, &frame->out);
     PyObject *r = PyObject_CallOneArg(self->append_frame, (PyObject *)frame);
@@ -625,10 +625,57 @@ static int referent_is(PyObject *ref, PyObject *o) {
 #endif
 }
 
+/* 1 where kid (a cache entry: path, facts, …) is the entry of this live module: its facts'
+ * weak reference still points to it (a dead module's address can be reused). */
+static int kid_is_of(PyObject *kid, PyObject *module) {
+    if (!PyTuple_Check(kid) || PyTuple_GET_SIZE(kid) < 5) return 0;
+    PyObject *ref = PyObject_GetAttr(PyTuple_GET_ITEM(kid, 1), s_ref);
+    int same = ref && PyWeakref_CheckRef(ref) && referent_is(ref, module);
+    Py_XDECREF(ref);
+    PyErr_Clear();
+    return same;
+}
+
+/* The entries placed() found last, direct-mapped by (parent's entry, module): what facts.kids
+ * would give, without building and hashing its (path, id) key. A slot holds both entries, so
+ * an address it compares cannot be reused meanwhile; the module is compared by address and
+ * checked by kid_is_of like any entry found. clear_caches() empties it when a session stops. */
+#define PLACE_SLOTS 1024
+typedef struct {
+    PyObject *parent_kid, *kid;
+    void *module;
+} PlaceSlot;
+static PlaceSlot place_slots[PLACE_SLOTS];
+
+static PlaceSlot *place_slot(PyObject *parent_kid, PyObject *module) {
+    uintptr_t h = ((uintptr_t)parent_kid >> 4) * 31 + ((uintptr_t)module >> 4);
+    return &place_slots[(h ^ (h >> 10)) % PLACE_SLOTS];
+}
+
+/* The child entry of `module` under parent_kid, from the slot or facts.kids; NULL (no error)
+ * where neither has a live one. New reference. */
+static PyObject *cached_kid(PyObject *parent_kid, PyObject *module) {
+    PlaceSlot *slot = place_slot(parent_kid, module);
+    if (slot->parent_kid == parent_kid && slot->module == (void *)module && kid_is_of(slot->kid, module))
+        return Py_NewRef(slot->kid);
+    PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
+    PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
+    if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
+    PyObject *hit = key && PyDict_Check(kids) ? PyDict_GetItemWithError(kids, key) : NULL;
+    PyObject *found = hit && kid_is_of(hit, module) ? Py_NewRef(hit) : NULL;
+    Py_XDECREF(kids); Py_XDECREF(module_id); Py_XDECREF(key);
+    PyErr_Clear();  /* whatever failed here, place() does it again and says why */
+    if (found) {
+        Py_XSETREF(slot->parent_kid, Py_NewRef(parent_kid));
+        Py_XSETREF(slot->kid, Py_NewRef(found));
+        slot->module = module;
+    }
+    return found;
+}
+
 /* A frame's cache entry (KID), as place(frame) gives it, without a call into Python where the
  * entry is already cached: the parent's entry (placed first, the same way) holds its children's
- * in facts.kids under (parent path, id(module)), and the child's facts hold a weak reference
- * that must still be this module (a dead module's id can be reused). Sets KID and ROOT as
+ * in facts.kids under (parent path, id(module)) (cached_kid). Sets KID and ROOT as
  * place() does. Anything else (no entry yet, a stale one, a frame of another shape) goes to
  * place(), which fills the cache. New reference, or NULL with an error. */
 static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
@@ -639,26 +686,27 @@ static PyObject *placed(PyObject *frame, PyObject *place, int depth) {
     PyObject *parent_kid = placed(parent, place, depth + 1);
     if (!parent_kid) return NULL;
     PyObject *found = NULL;
-    if (PyTuple_Check(parent_kid) && PyTuple_GET_SIZE(parent_kid) >= 2) {
-        PyObject *module = frame_object(frame, F_MODULE);
-        PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
-        PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
-        if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
-        PyObject *hit = key && PyDict_Check(kids) ? PyDict_GetItemWithError(kids, key) : NULL;
-        if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) >= 5) {
-            PyObject *ref = PyObject_GetAttr(PyTuple_GET_ITEM(hit, 1), s_ref);
-            if (ref && PyWeakref_CheckRef(ref) && referent_is(ref, module)) found = Py_NewRef(hit);
-            Py_XDECREF(ref);
-        }
-        Py_XDECREF(kids); Py_XDECREF(module_id); Py_XDECREF(key);
-        PyErr_Clear();  /* whatever failed here, place() does it again and says why */
-    }
+    if (PyTuple_Check(parent_kid) && PyTuple_GET_SIZE(parent_kid) >= 2) found = cached_kid(parent_kid, frame_object(frame, F_MODULE));
     if (!found) { Py_DECREF(parent_kid); return PyObject_CallOneArg(place, frame); }
     PyObject *root = frame_object(parent, F_PARENT) == Py_None ? parent : frame_object(parent, F_ROOT);
     frame_put(frame, F_ROOT, Py_NewRef(root));
     frame_put(frame, F_KID, Py_NewRef(found));
     Py_DECREF(parent_kid);
     return found;
+}
+
+static PyObject *clear_caches(PyObject *mod, PyObject *unused) {
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < TEXT_SLOTS; i++) {
+            Py_CLEAR(shape_texts[k][i].text);
+            Py_CLEAR(shape_texts[k][i].dtype);
+        }
+    for (int i = 0; i < PLACE_SLOTS; i++) {
+        Py_CLEAR(place_slots[i].parent_kid);
+        Py_CLEAR(place_slots[i].kid);
+        place_slots[i].module = NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *encode_rows(PyObject *mod, PyObject *args) {
@@ -671,6 +719,7 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
     Buf b = {NULL, 0, 0}, defs = {NULL, 0, 0};
     char head[32];
     int head_n = snprintf(head, sizeof head, "%d,null,", level);
+    PyObject *last_root = NULL, *last_track = NULL;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(frames); i++) {
         PyObject *f = PyList_GET_ITEM(frames, i);
         if (!is_frame(f)) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
@@ -684,7 +733,13 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         if (!ok) PyErr_SetString(PyExc_TypeError, "not a placed layer frame");
         ok = ok && frame_int(f, F_ID, &id) == 0 && frame_int(parent, F_ID, &parent_id) == 0
             && frame_int(f, F_START, &start) == 0 && frame_int(f, F_END, &end) == 0;
-        ok = ok && (track = PyObject_GetAttr(PyList_GET_ITEM(root, 9), s_track_id)) != NULL;
+        if (ok && root == last_root) {
+            track = Py_NewRef(last_track);
+        } else if (ok && (track = PyObject_GetAttr(PyList_GET_ITEM(root, 9), s_track_id)) != NULL) {
+            last_root = root;  /* frames of one model call come together; `frames` keeps root alive */
+            Py_XSETREF(last_track, Py_NewRef(track));
+        }
+        ok = ok && track != NULL;
         ok = ok && (in_text = frame_shapes_text(f, F_IN, in_cache, shapes_json)) != NULL;
         ok = ok && (out_text = frame_shapes_text(f, F_OUT, out_cache, shapes_json)) != NULL;
         ok = ok && (tid = template_of(kid, in_text, out_text, templates, next_template, added, &defs)) != NULL;
@@ -696,11 +751,13 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text); Py_XDECREF(tid);
         if (!ok) goto fail;
     }
+    Py_XDECREF(last_track);
     PyObject *out = Py_BuildValue("(y#y#)", defs.data ? defs.data : "", defs.len, b.data ? b.data : "", b.len);
     PyMem_Free(b.data); PyMem_Free(defs.data);
     Py_DECREF(added);
     return out;
 fail:
+    Py_XDECREF(last_track);
     PyMem_Free(b.data); PyMem_Free(defs.data);
     {
         PyObject *et, *ev, *tb;
@@ -717,6 +774,8 @@ static PyMethodDef module_methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS,
      "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level) -> (bytes, bytes): "
      "completed layer frames as events.jsonl template and span rows (see TorchModuleSource._encode_frames)."},
+    {"clear_caches", clear_caches, METH_NOARGS,
+     "clear_caches() -> None: empties the drain's caches of shape encodings and placed entries (at a session's stop)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,3 +39,6 @@ def encode_rows(
     level: int,
 ) -> tuple[bytes, bytes]:
     """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""
+
+def clear_caches() -> None:
+    """Empties the drain's process-wide caches of shape encodings and placed entries."""

@@ -183,6 +183,7 @@ class TorchModuleSource:
         self._templates: dict[tuple[str | None, str | None, str, str], int] = {}
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
+        self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         self._invocations: dict[int, int] = {}
         self._torch_dir = ""
         self._tensor: Any = object
@@ -340,12 +341,14 @@ class TorchModuleSource:
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall, encode_rows
+            from mltrace._layercall import LayerCall, clear_caches, encode_rows
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
         self._encode_rows = encode_rows
+        self._clear_caches = clear_caches
+        clear_caches()  # the encoder's process-wide caches start empty for each session
         return LayerCall
 
     def _wrap_call(self, module_cls: Any, original: Any = None, layer_call: Any = None) -> None:
@@ -427,6 +430,7 @@ class TorchModuleSource:
         finally:
             self._wrapped = None
             self._handles.clear()
+            self._clear_caches()  # refilled by the session's last drain at most, and emptied by the next start
             if self._import_hook is not None:
                 self._import_hook.remove()
                 self._import_hook = None
