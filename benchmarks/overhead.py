@@ -1,9 +1,10 @@
 """Tracing overhead, measured side by side in one process.
 
 For each example model: median latency plain and under each tracing
-condition, in interleaved rounds (plain block, traced block, plain block, …) so
-that machine noise hits both alike. Also the per-span cost of the user API
-inside and outside a session.
+condition, in interleaved rounds (a block of each, the order rotating round by
+round) so that machine noise hits all alike, as pooled medians and as the
+median of each round's ratio to its plain block. Also the per-span cost of the
+user API inside and outside a session.
 
     python benchmarks/overhead.py            # full (a few minutes on 2 cores)
     python benchmarks/overhead.py --quick    # smoke run
@@ -116,15 +117,18 @@ def measure_model(
         fn()  # warm-up: allocator, oneDNN primitive cache
     samples: dict[str, list[float]] = {"plain": [], **{c: [] for c in conditions}}
     blocks: dict[str, list[float]] = {c: [] for c in samples}  # each round's block median
+    kinds = list(samples)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            block = _time_block(fn, iters)
-            samples["plain"] += block
-            blocks["plain"].append(statistics.median(block))
-            for c in conditions:
-                with _condition(c, Path(tmp) / f"{c}-{r}", cuda):
-                    fn()  # first call under a new session: outside the measured block
+            # Each kind takes every position of a round in turn: what follows a session's
+            # stop (or a plain block) must not favour one kind.
+            for c in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
+                if c == "plain":
                     block = _time_block(fn, iters)
+                else:
+                    with _condition(c, Path(tmp) / f"{c}-{r}", cuda):
+                        fn()  # first call under a new session: outside the measured block
+                        block = _time_block(fn, iters)
                 samples[c] += block
                 blocks[c].append(statistics.median(block))
     plain = statistics.median(samples["plain"])
@@ -133,6 +137,8 @@ def measure_model(
         med = statistics.median(samples[c])
         res[f"{c}_ms"] = med / 1e6
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
+        # The same, round by round against that round's plain block (drift cancels).
+        res[f"{c}_overhead_paired_pct"] = 100.0 * (statistics.median(a / b for a, b in zip(blocks[c], blocks["plain"])) - 1)
     for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti"):
         if c in conditions and "torch.profiler" in conditions:
             res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
@@ -238,6 +244,8 @@ def main() -> int:
         for c in conditions:
             row += f" {r[f'{c}_ms']:10.2f} {r[f'{c}_overhead_pct']:+8.2f}%"
         print(row)
+        paired = ", ".join(f"{c} {r[f'{c}_overhead_paired_pct']:+.2f}%" for c in conditions)
+        print(f"{'':52} median of per-round ratios to plain: {paired}")
         if "library_vs_torch_profiler_ratio" in r:
             print(
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
