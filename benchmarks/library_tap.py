@@ -38,12 +38,14 @@ except ImportError:  # not built: the redirected conditions are left out
     _mkltimer = None  # type: ignore[assignment]
 
 REDIRECT = "MKL timer redirected"
-# name → (batch_s, reader, loop of the thread reader: "c" or "python"); None: verbose to
-# /dev/null, no tap. A name with REDIRECT in it runs with MKL's verbose timer redirected (as
-# the library level does).
-CONDITIONS: dict[str, tuple[float, str, str] | None] = {
+# name → (batch_s, reader, loop of the thread reader: "c" or "python"); a str or None: verbose
+# to /dev/null, no tap (only "onednn"'s or "mkl"'s; None: both). A name with REDIRECT in it runs
+# with MKL's verbose timer redirected (as the library level does).
+CONDITIONS: dict[str, tuple[float, str, str] | str | None] = {
     "verbose to /dev/null": None,
     f"verbose to /dev/null, {REDIRECT}": None,
+    "oneDNN verbose alone to /dev/null": "onednn",
+    f"MKL verbose alone to /dev/null, {REDIRECT}": "mkl",
     "tap thread, Python loop, one read per line": (0.0, "thread", "python"),
     f"tap thread, Python loop, 10 ms batches, {REDIRECT}": (0.01, "thread", "python"),
     f"tap thread, C loop, 10 ms batches, {REDIRECT} (shipped)": (0.01, "thread", "c"),
@@ -98,11 +100,16 @@ def main() -> int:
                 tap_args = conditions[name]
                 redirect = REDIRECT in name and _mkltimer is not None and _mkltimer.install() > 0
                 try:
-                    if tap_args is None:
+                    if tap_args is None or isinstance(tap_args, str):
+                        onednn_on = tap_args in (None, "onednn")
+                        mkl_on = tap_args in (None, "mkl")
                         sys.stdout.flush()
                         os.dup2(null, 1)
                         try:
-                            with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
+                            with (
+                                mkldnn.verbose(mkldnn.VERBOSE_ON if onednn_on else mkldnn.VERBOSE_OFF),
+                                mkl.verbose(mkl.VERBOSE_ON if mkl_on else mkl.VERBOSE_OFF),
+                            ):
                                 times[name] += block()
                         finally:
                             os.dup2(saved, 1)
