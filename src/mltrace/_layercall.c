@@ -229,7 +229,7 @@ static int read_shapes(LayerCall *self, PyObject *tensor, Shapes *s) {
     for (Py_ssize_t i = 0; inline_ok && i < n; i++) {
         PyObject *d = PyTuple_GET_ITEM(shape, i);
         long long v = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
-        if (v < 0) { PyErr_Clear(); inline_ok = 0; }  /* a 0-dim tensor or symbolic size (tracing) */
+        if (v < 0) { PyErr_Clear(); inline_ok = 0; }  /* a size that is a 0-dim tensor (JIT tracing) or symbolic */
         else s->dims[i] = v;
     }
     if (inline_ok) {
