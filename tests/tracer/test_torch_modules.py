@@ -422,6 +422,52 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
     assert tables["c"] == tables["python"]
 
 
+def test_shapes_of_every_rank_and_dtype_reach_the_spans(tmp_path: Path) -> None:
+    """The C hot path keeps one tensor's sizes inline up to 8 dimensions and raw beyond, and
+    the drain caches encodings by sizes and dtype: a 0-dim tensor, a 9-dim one, and the same
+    sizes in two dtypes must each reach their span as they were, flushed between calls so the
+    caches are warm, on both hot paths."""
+    from mltrace.tracer.session import active_session
+
+    class Pass(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = Pass()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.step(x)
+
+    net = Net()
+    inputs = [
+        torch.ones(()),
+        torch.ones((1,) * 9),
+        torch.ones(2, 3),
+        torch.ones(2, 3, dtype=torch.float64),
+        torch.ones(2, 3),
+        torch.ones(2, 3, dtype=torch.float64),
+    ]
+
+    def work() -> None:
+        session = active_session()
+        assert session is not None
+        for x in inputs:
+            net(x)
+            session.flush()
+
+    run = _trace(tmp_path, work, flush_interval_s=60)
+    layers = sorted((s for s in run.spans if s.level == Level.LAYER), key=lambda s: s.start_ns)
+    assert [s.name for s in layers] == ["step"] * len(inputs)
+    for span, x in zip(layers, inputs):
+        dtype = str(x.dtype).removeprefix("torch.")
+        assert span.attrs["ml.input.shapes"] == [list(x.shape)]
+        assert span.attrs["ml.output.shapes"] == [list(x.shape)]
+        assert span.attrs["ml.input.dtypes"] == span.attrs["ml.output.dtypes"] == [dtype]
+
+
 def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path) -> None:
     """The flusher encodes layer frames straight to events.jsonl rows unless it streams
     Perfetto (which needs Span objects): both give the same spans, attributes included."""
