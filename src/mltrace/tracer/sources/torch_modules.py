@@ -248,7 +248,8 @@ class TorchModuleSource:
         in between evict its data from the caches. So a layer call does the
         least it can: one list (the frame) with the module, its parent frame,
         an id, two clock reads and the raw shapes, pushed on the thread's stack
-        and handed to a deque when it ends. No Span object, attribute dict,
+        and handed to a deque when it ends (the C helper's frame is a ``LayerFrame``,
+        which reads as the same list, see ``_layercall.c``). No Span object, attribute dict,
         ``current_span`` switch or path lookup: ``_drain_frames`` derives all of
         that in the flusher (benchmarks/overhead_parts.py --paired). The
         outermost (model) call goes through ``_model_begin`` and
