@@ -139,6 +139,53 @@ def test_torchscript_gets_a_model_span_and_a_limitation(tmp_path: Path) -> None:
     assert any("TorchScript" in lim for lim in run.meta["limitations"])
 
 
+def test_every_model_call_gets_its_own_call_site_invocation_and_notes(tmp_path: Path) -> None:
+    """Call sites are remembered by code object and instruction: two lines of one function,
+    called in turn, must each be the site of their own calls, a helper's line the site of the
+    calls made through it, and invocations count per model. Two ScriptModules (one class in
+    torch) each get their own limitation."""
+    import inspect
+
+    net = nn.Linear(3, 3)
+    other = nn.ReLU()
+    class First(nn.Sequential):
+        pass
+
+    class Second(nn.Sequential):
+        pass
+
+    first = torch.jit.script(First(nn.Linear(3, 3)))
+    second = torch.jit.script(Second(nn.ReLU()))
+    x = torch.ones(1, 3)
+    here = inspect.getsourcelines(test_every_model_call_gets_its_own_call_site_invocation_and_notes)[1]
+    lines: list[int] = []
+
+    def through_helper() -> None:
+        other(x)
+
+    def work() -> None:
+        for _ in range(3):
+            net(x)
+            other(x)
+            through_helper()
+        first(x)
+        second(x)
+
+    body = inspect.getsource(test_every_model_call_gets_its_own_call_site_invocation_and_notes).splitlines()
+    for needle in ("            net(x)", "            other(x)", "        other(x)"):
+        lines.append(here + body.index(needle))
+    run = _trace(tmp_path, work)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.name for s in models] == ["Linear", "ReLU", "ReLU"] * 3 + ["RecursiveScriptModule"] * 2
+    expected = [lines[0], lines[1], lines[2]] * 3
+    assert [s.attrs["ml.call.line.number"] for s in models[:9]] == expected
+    assert {s.attrs["ml.call.file.path"] for s in models} == {__file__}
+    assert [s.attrs["ml.model.invocation"] for s in models[:9:3]] == [1, 2, 3]
+    assert [s.attrs["ml.model.invocation"] for s in models[1:9:3]] == [1, 3, 5]  # the ReLU, both sites
+    notes = [lim for lim in run.meta["limitations"] if "TorchScript" in lim]
+    assert len(notes) == 2 and "ScriptModule First:" in notes[0] and "ScriptModule Second:" in notes[1]
+
+
 def test_hooks_installed_when_torch_is_imported_later(tmp_path: Path) -> None:
     # In a fresh interpreter: the session starts before torch is imported.
     import subprocess

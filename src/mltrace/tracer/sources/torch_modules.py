@@ -28,7 +28,8 @@ import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.bricks import layer_config
@@ -132,6 +133,8 @@ _Kid = tuple[str, "_Static", "dict[str, Any]", "str | None", "str | None"]
 
 #: Converted (shape, dtype) pairs kept at most; the cache starts over beyond.
 _SHAPE_CACHE_MAX = 4096
+#: Code objects whose owner (the program, or torch and mltrace) ``_call_site`` remembers at most.
+_CODE_CACHE_MAX = 4096
 #: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
 _TEMPLATE_CACHE_MAX = 4096
 
@@ -184,7 +187,14 @@ class TorchModuleSource:
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
-        self._invocations: dict[int, int] = {}
+        #: id(model) → its invocation counter (a model call takes the next number).
+        self._invocations: dict[int, Iterator[int]] = {}
+        #: Code objects seen by ``_call_site`` → whether they are torch's or mltrace's.
+        self._internal_code: dict[CodeType, bool] = {}
+        #: (code object, instruction offset) of a call site → its file and line.
+        self._sites: dict[tuple[CodeType, int], tuple[str, int]] = {}
+        #: Module classes ``_note_opaque`` found nothing to say about.
+        self._see_through: set[type] = set()
         self._torch_dir = ""
         self._tensor: Any = object
         self._script_module: type | None = None
@@ -756,11 +766,27 @@ class TorchModuleSource:
         return name
 
     def _call_site(self) -> tuple[str, int] | None:
+        """File and line of the first caller outside torch and mltrace. This runs on every model
+        call, so whether a code object is theirs, and the line of a call site (reading
+        ``f_lineno`` decodes the line table), are remembered."""
         frame = sys._getframe(2)
+        internal = self._internal_code
         while frame is not None:
-            fn = frame.f_code.co_filename
-            if not (fn.startswith(self._torch_dir) or fn.startswith(_MLTRACE_DIR)):
-                return fn, frame.f_lineno
+            code = frame.f_code
+            inside = internal.get(code)
+            if inside is None:
+                if len(internal) >= _CODE_CACHE_MAX:
+                    internal.clear()
+                fn = code.co_filename
+                inside = internal[code] = fn.startswith(self._torch_dir) or fn.startswith(_MLTRACE_DIR)
+            if not inside:
+                key = (code, frame.f_lasti)
+                site = self._sites.get(key)
+                if site is None:
+                    if len(self._sites) >= _CODE_CACHE_MAX:
+                        self._sites.clear()
+                    site = self._sites[key] = (code.co_filename, frame.f_lineno)
+                return site
             frame = frame.f_back  # type: ignore[assignment]
         return None
 
@@ -783,10 +809,11 @@ class TorchModuleSource:
         static = self._static_of(module)
         name = static.type_name
         attrs = dict(static.attrs)
-        with self._lock:
-            n = self._invocations.get(id(module), 0) + 1
-            self._invocations[id(module)] = n
-        attrs["ml.model.invocation"] = n
+        counter = self._invocations.get(id(module))
+        if counter is None:
+            with self._lock:
+                counter = self._invocations.setdefault(id(module), itertools.count(1))
+        attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
         site = self._call_site()
         if site is not None:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
@@ -846,19 +873,22 @@ class TorchModuleSource:
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
-        if session is None:
+        if session is None or type(module) in self._see_through:
             return
         cls = type(module).__name__
         if self._script_module is not None and isinstance(module, self._script_module):
+            # Noted per call, not remembered: the note names the instance's model.
             session.note_limitation(
                 f"torch.jit.ScriptModule {getattr(module, 'original_name', cls)}: its submodules run inside "
                 "TorchScript, so only the model span is recorded (no layer spans)"
             )
-        elif cls == "OptimizedModule":
+            return
+        if cls == "OptimizedModule":
             session.note_limitation(
                 "torch.compile model: code compiled by TorchDynamo runs without nn.Module hooks, "
                 "so only the model span (and layers that fall back to eager) are recorded"
             )
+        self._see_through.add(type(module))
 
     def _post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
         """Global forward hook, and the end of the model-only wrapper's outermost call."""
