@@ -656,13 +656,18 @@ static PlaceSlot *place_slot(PyObject *parent_kid, PyObject *module) {
  * where neither has a live one. New reference. */
 static PyObject *cached_kid(PyObject *parent_kid, PyObject *module) {
     PlaceSlot *slot = place_slot(parent_kid, module);
-    if (slot->parent_kid == parent_kid && slot->module == (void *)module && kid_is_of(slot->kid, module))
-        return Py_NewRef(slot->kid);
+    if (slot->kid && slot->parent_kid == parent_kid && slot->module == (void *)module) {
+        PyObject *kid = Py_NewRef(slot->kid);  /* held across the check, whatever it runs */
+        if (kid_is_of(kid, module)) return kid;
+        Py_DECREF(kid);
+    }
     PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
     PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
     if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
     PyObject *hit = key && PyDict_Check(kids) ? PyDict_GetItemWithError(kids, key) : NULL;
+    Py_XINCREF(hit);
     PyObject *found = hit && kid_is_of(hit, module) ? Py_NewRef(hit) : NULL;
+    Py_XDECREF(hit);
     Py_XDECREF(kids); Py_XDECREF(module_id); Py_XDECREF(key);
     PyErr_Clear();  /* whatever failed here, place() does it again and says why */
     if (found) {
