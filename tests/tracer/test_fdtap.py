@@ -7,6 +7,7 @@ the verbose lines.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -205,6 +206,54 @@ def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path, reade
     _, report = run_program(tmp_path, source, reader=reader)
     assert report["n"] == 2000
     assert int(report["errors"]) > 0
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+@pytest.mark.parametrize("saved", ["kept", "closed"])
+def test_a_failed_reader_hands_stdout_back(tmp_path: Path, reader: str, saved: str) -> None:
+    """When the thread reader fails (a program that closes descriptors it did not open, with
+    ``os.closerange``, can make it), the program's output must not go into a pipe nobody reads:
+    its writes would fail with EPIPE. ``_reader_failed`` points fd 1 back at the original
+    where the saved descriptor is still the one saved, else at /dev/null with one warning;
+    stop() then neither restores from nor closes a descriptor that is no longer mltrace's."""
+    source = r"""
+    import errno, json, os, sys, time
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap(batch_s=0.01).start()
+    print("before", flush=True)
+    time.sleep(0.2)  # forwarded by the reader
+    if SAVED == "closed":
+        os.close(tap._saved_fd)
+        mine = os.open(os.devnull, os.O_RDONLY)  # may take its number: mltrace must leave it open
+    tap._reader_failed(OSError(errno.EBADF, "closed by the program"))
+    now = os.fstat(1)
+    if SAVED == "kept":
+        where = "original" if (now.st_dev, now.st_ino) == tuple(os.fstat(tap._saved_fd)[i] for i in (2, 1)) else "pipe"
+    else:
+        where = "null" if now.st_rdev == os.stat(os.devnull).st_rdev else "pipe"
+    print("after", flush=True)
+    tap.stop()
+    if SAVED == "closed":
+        os.fstat(mine)
+    print(json.dumps({"errno": tap.reader_error.errno, "fd1": where}), file=sys.stderr)
+    """.replace("SAVED", repr(saved))
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent(source), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("MLTRACE_FDTAP_READER", None)
+    if reader == "thread-python":
+        env["MLTRACE_FDTAP_READER"] = "python"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert json.loads(err.strip().splitlines()[-1]) == {"errno": errno.EBADF, "fd1": "original" if saved == "kept" else "null"}
+    if saved == "kept":
+        assert proc.stdout == b"before\nafter\n"
+        assert "warning" not in err
+    else:  # the original went with the saved descriptor: the rest is discarded, once said
+        assert proc.stdout == b"before\n"
+        assert err.count("mltrace: warning: the tap on descriptor 1 lost its pipe") == 1
 
 
 def test_process_reader_falls_back_to_a_thread(tmp_path: Path) -> None:

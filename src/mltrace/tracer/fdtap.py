@@ -210,6 +210,10 @@ class FdTap:
         self._lock = threading.Lock()
         self._saved_fd = -1
         self._read_fd = -1
+        #: What the saved and read descriptors were made as (``_fd_ident``): a program may close
+        #: them (``os.closerange``) and reuse their numbers, which mltrace must then leave alone.
+        self._saved_ident: tuple[int, int] | None = None
+        self._read_ident: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._collecting = True
         self._active = False
@@ -261,6 +265,7 @@ class FdTap:
             raise
         os.close(write_fd)  # fd 1 is now the process's only write end
         self._saved_fd, self._read_fd = saved, read_fd
+        self._saved_ident, self._read_ident = _fd_ident(saved), _fd_ident(read_fd)
         self._collecting = True
         self.detached = False
         self._reader_done = False
@@ -308,17 +313,17 @@ class FdTap:
         restored = False
         try:
             _flush_stdio()
-            restored = self._restore_in_order()
+            restored = self.reader_error is None and self._restore_in_order()
         finally:
-            if not restored:  # restoring fd 1 closes this process's write end of the pipe
-                os.dup2(self._saved_fd, self.fd)
+            if not restored and _fd_ident(self._saved_fd) == self._saved_ident:
+                os.dup2(self._saved_fd, self.fd)  # closes this process's write end of the pipe
         if self._process is not None:
             return self._stop_process(timeout_s)
         if self._thread is not None:
             self._thread.join(timeout_s)
         with self._lock:
             if self._reader_done:
-                os.close(self._saved_fd)
+                self._close_saved()
             else:
                 # A child still holds the pipe: the reader goes on forwarding
                 # its output and closes the descriptors when the pipe ends.
@@ -575,18 +580,44 @@ class FdTap:
         try:
             self._native.run()
         except OSError as exc:  # a broken pipe read: the tap ends, the program goes on
-            self.reader_error = exc
+            self._reader_failed(exc)
         finally:
             self._reader_finished(fd)
 
+    def _reader_failed(self, exc: OSError) -> None:
+        """The reader could not go on (the program closed the pipe's read end, say, with
+        ``os.closerange``): the program's output must not go into a pipe nobody reads (its
+        writes would fail with EPIPE). The descriptor goes back to the original where that
+        is still the one saved, else to /dev/null, with one warning."""
+        try:
+            if not self._active:
+                return  # stop() restores it
+            if _fd_ident(self._saved_fd) == self._saved_ident:
+                with contextlib.suppress(OSError):
+                    os.dup2(self._saved_fd, self.fd)
+                    return
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, self.fd)
+                os.close(null)
+            _warn(f"the tap on descriptor {self.fd} lost its pipe ({exc}); the program's output there is discarded from now on")
+        finally:
+            self.reader_error = exc  # once the descriptor is safe to write to
+
     def _reader_finished(self, fd: int) -> None:
         """Closes the pipe's read end, and the saved descriptor too where stop() left the reader
-        running in the background (``detached``)."""
-        os.close(fd)
+        running in the background (``detached``); a descriptor that is no longer the one made
+        (the program closed it and may have reused its number) is left alone."""
+        if _fd_ident(fd) == self._read_ident:
+            os.close(fd)
         with self._lock:
             self._reader_done = True
             if self.detached:
-                os.close(self._saved_fd)
+                self._close_saved()
+
+    def _close_saved(self) -> None:
+        if _fd_ident(self._saved_fd) == self._saved_ident:
+            os.close(self._saved_fd)
 
     def _run(self) -> None:
         fd = self._read_fd
@@ -638,6 +669,8 @@ class FdTap:
                     self._capture(pending, time.monotonic_ns())
                 else:
                     self._forward(pending)
+        except OSError as exc:  # as the C reader's: the tap ends, the program goes on
+            self._reader_failed(exc)
         finally:
             self._reader_finished(fd)
 
@@ -702,6 +735,21 @@ class FdTap:
             if any(p.startswith(tail) for p in self.prefixes):
                 return k
         return 0
+
+
+def _fd_ident(fd: int) -> tuple[int, int] | None:
+    """(device, inode) of what a descriptor refers to, or None where it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _warn(text: str) -> None:
+    """One mltrace warning line on stderr (this module sits below the session's ``warn``)."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"mltrace: warning: {text}\n".encode())
 
 
 def _unread_bytes(fd: int) -> int:
