@@ -228,7 +228,7 @@ class FdTap:
         self._native_type = _native_reader() if reader == "thread" else None
         self._native: Any = None  # the C reader (``_tapread.Reader``) of this start, if any
         self._pid = os.getpid()  # the process whose reader thread this is (see _reader_here)
-        self.reader_error: OSError | None = None  # what ended the C reader early, if anything
+        self.reader_error: OSError | None = None  # what ended the reader thread early, if anything
 
     # -- public ------------------------------------------------------------
 
@@ -315,7 +315,7 @@ class FdTap:
             _flush_stdio()
             restored = self.reader_error is None and self._restore_in_order()
         finally:
-            if not restored and _fd_ident(self._saved_fd) == self._saved_ident:
+            if not restored and self._saved_is_ours():
                 os.dup2(self._saved_fd, self.fd)  # closes this process's write end of the pipe
         if self._process is not None:
             return self._stop_process(timeout_s)
@@ -592,7 +592,7 @@ class FdTap:
         try:
             if not self._active:
                 return  # stop() restores it
-            if _fd_ident(self._saved_fd) == self._saved_ident:
+            if self._saved_is_ours():
                 with contextlib.suppress(OSError):
                     os.dup2(self._saved_fd, self.fd)
                     return
@@ -615,8 +615,12 @@ class FdTap:
             if self.detached:
                 self._close_saved()
 
+    def _saved_is_ours(self) -> bool:
+        """Whether the saved descriptor still refers to the original it was made as."""
+        return _fd_ident(self._saved_fd) == self._saved_ident
+
     def _close_saved(self) -> None:
-        if _fd_ident(self._saved_fd) == self._saved_ident:
+        if self._saved_is_ours():
             os.close(self._saved_fd)
 
     def _run(self) -> None:
