@@ -119,3 +119,24 @@ def test_a_session_without_the_op_level_does_not_watch(tmp_path: Path, monkeypat
     finally:
         run_dir = session.stop()
     assert not any("memory" in x for x in json.loads((run_dir / "run.json").read_text())["limitations"])
+
+
+def test_what_the_stop_itself_takes_is_not_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Converting a profiler's events at the end grows the process; the flusher may check then."""
+    source = _HoldingOpsSource()
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, flush_interval_s=60), sources=[source])
+
+    def stop() -> list[Event]:
+        monkeypatch.setattr(memwatch, "LOW_FRACTION", 2.0)  # the machine is now "low"
+        monkeypatch.setattr(memwatch, "GROWTH_BYTES", -(1 << 62))  # and the process has "grown"
+        session.flush()  # the flusher thread's turn while this source converts its events
+        return []
+
+    monkeypatch.setattr(source, "stop", stop)
+    session.start()
+    session.flush()
+    run_dir = session.stop()
+    assert "memory" not in capsys.readouterr().err
+    assert not any("memory" in x for x in json.loads((run_dir / "run.json").read_text())["limitations"])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, Track, TrackKind
-from mltrace.tracer.passes.library import attach_library_calls
+from mltrace.tracer.passes.library import _Containing, attach_library_calls
 
 OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
 MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call
@@ -73,6 +74,51 @@ def test_timed_calls_go_to_the_innermost_containing_op_on_its_thread() -> None:
     assert got[12] == (1, 80_000, 90_000, MAIN)
     assert got[13] == (None, 200_000, 210_000, SOURCE)
     assert out.meta["correlation"]["attach_library_calls"] == {"timed": 4, "untimed": 0, "unattached": 1}
+
+
+def _nested_ops(rng: random.Random, track: int, first_id: int, t0: int, t1: int, depth: int) -> list[Span]:
+    """Properly nested random ops in [t0, t1) on one track, some with equal intervals."""
+    out: list[Span] = []
+    t = t0
+    while depth and t < t1 - 10:
+        start = rng.randrange(t, t1 - 5)
+        end = rng.randrange(start + 1, min(t1, start + (t1 - t0) // 2 + 2))
+        i = first_id + len(out)
+        out.append(op(i, "aten::op", start, end, track=track))
+        if rng.random() < 0.1:  # an op and its only child, the same interval (aten::conv2d → aten::convolution)
+            out.append(op(i + 1, "aten::op", start, end, track=track))
+        out += _nested_ops(rng, track, first_id + len(out), start, end, depth - 1)
+        t = end
+    return out
+
+
+def test_the_containment_index_finds_what_a_scan_of_every_op_finds() -> None:
+    """``_Containing`` (sorted, blocks skipped) against the rule written as a scan of every op."""
+
+    def scan(ops: list[Span], start: int, end: int, slack: int, prefer: int) -> Span | None:
+        inside = [c for c in ops if c.start_ns - slack <= start and end <= c.end_ns + slack]
+        return max(inside, key=lambda c: (c.start_ns, -c.end_ns, c.track_id == prefer, -c.id), default=None)
+
+    rng = random.Random(7)
+    for trial in range(30):
+        ops: list[Span] = []
+        for track in (MAIN, WORKER):
+            ops += _nested_ops(rng, track, 1 + len(ops), 0, 100_000, depth=rng.randrange(1, 5))
+        if trial % 3 == 0:  # a long op across everything (a user's record_function region)
+            ops.append(op(len(ops) + 1, "region", 0, 100_000))
+        index = _Containing(ops, block=rng.choice((1, 4, 64)))
+        for _ in range(200):
+            if rng.random() < 0.3:  # an op's own interval, or its ends' neighbours
+                some = rng.choice(ops)
+                start, end = some.start_ns + rng.choice((-1, 0, 1)), some.end_ns + rng.choice((-1, 0, 1))
+            else:
+                start = rng.randrange(-1_000, 101_000)
+                end = start + rng.choice((0, 1, 50, 2_000, 30_000))
+            slack = rng.choice((0, 2_000))
+            prefer = rng.choice((MAIN, WORKER, SOURCE))
+            want = scan(ops, start, end, slack, prefer)
+            got = index.innermost(start, end, slack, prefer)
+            assert (got.id if got else None) == (want.id if want else None), (trial, start, end, slack, prefer)
 
 
 def test_slack_absorbs_microsecond_stamps() -> None:

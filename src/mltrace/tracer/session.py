@@ -670,6 +670,9 @@ class Session:
 
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
+        # Converting what the sources held (torch.profiler's export and load) grows the process
+        # too: that is not the recording's growth, and nothing is left to end early.
+        self._memory_watch = None
         for op_window in self.op_windows.values():
             sources = self._op_sources.get(op_window.framework, [])
             if op_window.reason is None or op_window.ended_ns is not None or not any(getattr(s, "profiling", True) for s in sources):
