@@ -15,15 +15,20 @@
  *   restore(fd)    with the GIL held (so no other Python thread writes meanwhile): points fd
  *                  at saved_fd again, then reads what is left in the pipe and handles it as
  *                  run() would, the held-back tail included. False where dup2 failed.
- *   draining       when true, run() does not sleep between reads.
+ *   draining       when true, run() does not sleep between reads; setting it ends a sleep.
  *   collecting     when false, captured lines are dropped (a detached reader).
  *   forwarded_bytes, forward_errors   as FdTap's.
+ *
+ * After a read that emptied the pipe, run() sleeps batch_s (less where a quarter of the pipe
+ * would fill sooner at the rate just read: batch_sleep_s); after a read that filled its
+ * buffer it reads again at once.
  *
  * Times are CLOCK_MONOTONIC ns (time.monotonic_ns()).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -49,6 +54,10 @@ typedef struct {
     size_t longest_prefix, max_line;
     double hold_s, batch_s;
     pthread_mutex_t mu;
+    pthread_cond_t wake;    /* signalled when draining is set: cuts a batching sleep short */
+    size_t pipe_cap;        /* the pipe's capacity (bytes), for how long a sleep may be */
+    int64_t emptied_ns;     /* when a read last emptied the pipe */
+    size_t since_emptied;   /* bytes read since then */
     Bytes pending;          /* the held-back tail: a started captured line, or a prefix's start */
     int64_t held_since;
     Bytes captured;         /* captured lines since the last take(), each ended by '\n' */
@@ -223,6 +232,18 @@ static void lock_without_gil(Reader *r) {
     Py_END_ALLOW_THREADS
 }
 
+/* How long to sleep after a read that emptied the pipe: batch_s, or less where the bytes read
+ * since the pipe was last emptied (over elapsed_s) say that at this rate a quarter of the pipe
+ * fills sooner; never under 1 ms. The same rule as fdtap.batch_sleep_s. */
+static double batch_sleep_s(double batch_s, size_t bytes, double elapsed_s, size_t pipe_cap) {
+    double s = batch_s;
+    if (bytes > 0 && elapsed_s > 0) {
+        double quarter_s = elapsed_s * ((double)pipe_cap / 4.0) / (double)bytes;
+        if (quarter_s < s) s = quarter_s;
+    }
+    return s < 0.001 ? 0.001 : s;
+}
+
 static PyObject *reader_run(Reader *r, PyObject *unused) {
     (void)unused;
     if (r->running) { PyErr_SetString(PyExc_RuntimeError, "the reader is running already"); return NULL; }
@@ -276,11 +297,24 @@ static PyObject *reader_run(Reader *r, PyObject *unused) {
         handle(r, r->chunk, (size_t)n, ns);
         int urgent = 0;
         for (int i = 0; i < r->n_urgent && !urgent; i++) urgent = contains(r->chunk, (size_t)n, r->urgent[i], r->urgent_len[i]);
-        pthread_mutex_unlock(&r->mu);
-        if (r->batch_s > 0 && !r->draining && !urgent) {
-            struct timespec ts = {(time_t)r->batch_s, (long)((r->batch_s - (double)(time_t)r->batch_s) * 1e9)};
-            nanosleep(&ts, NULL);
+        r->since_emptied += (size_t)n;
+        if (n == READ_SIZE || r->batch_s <= 0 || urgent) {  /* more may be waiting, or no batching */
+            pthread_mutex_unlock(&r->mu);
+            continue;
         }
+        double sleep_s = batch_sleep_s(r->batch_s, r->since_emptied, (double)(ns - r->emptied_ns) * 1e-9, r->pipe_cap);
+        r->emptied_ns = ns;
+        r->since_emptied = 0;
+        if (!r->draining) {  /* sleeps with the mutex released; restore() wakes it through draining */
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            int64_t end = (int64_t)until.tv_sec * 1000000000LL + until.tv_nsec + (int64_t)(sleep_s * 1e9);
+            until.tv_sec = (time_t)(end / 1000000000LL);
+            until.tv_nsec = (long)(end % 1000000000LL);
+            while (!r->draining && pthread_cond_timedwait(&r->wake, &r->mu, &until) == 0) {
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
     }
     Py_END_ALLOW_THREADS
     r->running = 0;
@@ -373,6 +407,7 @@ static void reader_dealloc(Reader *r) {
     for (int i = 0; i < r->n_urgent; i++) free(r->urgent[i]);
     free(r->pending.data); free(r->captured.data); free(r->blocks); free(r->chunk);
     pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->wake);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -384,6 +419,17 @@ static PyObject *reader_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     Reader *r = (Reader *)type->tp_alloc(type, 0);
     if (!r) return NULL;
     pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    r->pipe_cap = 65536;
+#ifdef F_GETPIPE_SZ
+    int cap = fcntl(read_fd, F_GETPIPE_SZ);
+    if (cap > 0) r->pipe_cap = (size_t)cap;
+#endif
+    r->emptied_ns = now_ns();
     r->read_fd = read_fd; r->saved_fd = saved_fd; r->hold_s = hold_s; r->batch_s = batch_s < 0 ? 0 : batch_s;
     r->max_line = max_line < 0 ? 0 : (size_t)max_line;
     r->collecting = 1;
@@ -406,8 +452,14 @@ static PyObject *get_flag(Reader *r, void *which) {
 static int set_flag(Reader *r, PyObject *value, void *which) {
     int v = value ? PyObject_IsTrue(value) : 0;
     if (v < 0) return -1;
-    if (which == (void *)0) r->draining = v;
-    else r->collecting = v;
+    if (which == (void *)0) {
+        lock_without_gil(r);
+        r->draining = v;
+        pthread_cond_signal(&r->wake);  /* a batching sleep ends now */
+        pthread_mutex_unlock(&r->mu);
+    } else {
+        r->collecting = v;
+    }
     return 0;
 }
 
@@ -419,7 +471,7 @@ static PyObject *get_count(Reader *r, void *which) {
 }
 
 static PyGetSetDef reader_getset[] = {
-    {"draining", (getter)get_flag, (setter)set_flag, "No sleeps between reads.", (void *)0},
+    {"draining", (getter)get_flag, (setter)set_flag, "No sleeps between reads (setting it ends one).", (void *)0},
     {"collecting", (getter)get_flag, (setter)set_flag, "Captured lines are kept.", (void *)1},
     {"forwarded_bytes", (getter)get_count, NULL, "Bytes written to the saved descriptor.", (void *)0},
     {"forward_errors", (getter)get_count, NULL, "Writes to the saved descriptor that failed.", (void *)1},

@@ -186,6 +186,60 @@ def test_batched_reads_give_the_same_bytes_and_lines(tmp_path: Path, reader: str
     assert receive == sorted(receive) and receive[-1] <= int(report["t1"])
 
 
+LONG_BATCH_PROGRAM = r"""
+import json, os, sys, time
+from mltrace.tracer.fdtap import FdTap
+
+expected, verbose = bytearray(), []
+tap = FdTap(batch_s=3600).start()  # the reader may sleep up to an hour between reads
+# A burst of 4 MB in one write, four times the pipe: the reader reads again at once after a
+# full buffer, and sleeps only as long as a quarter of the pipe takes to fill at this rate.
+burst = bytearray()
+for i in range(80_000):
+    row = b"row %06d %s\n" % (i, b"y" * 36)
+    burst += row
+    expected += row
+    if i % 100 == 7:
+        line = "onednn_verbose,v1,%d.5,primitive,exec,cpu,reorder,jit:uni,undef,x,,2x2,0.01" % i
+        burst += line.encode() + b"\n"
+        verbose.append(line)
+os.write(1, bytes(burst))
+# After a quiet spell, one line: at that rate the reader's next sleep is long (minutes).
+time.sleep(0.3)
+last = "onednn_verbose,v1,1.5,primitive,exec,cpu,reorder,jit:uni,undef,last,,2x2,0.01"
+os.write(1, last.encode() + b"\n")
+verbose.append(last)
+deadline = time.monotonic() + 60
+while last not in [text for _, text in tap.lines()] and time.monotonic() < deadline:
+    time.sleep(0.01)
+os.write(1, b"written while the reader sleeps\n")
+expected += b"written while the reader sleeps\n"
+lines = tap.stop()  # wakes the reader: nothing is left behind in the background
+with open(sys.argv[1], "w") as f:
+    json.dump({"expected": expected.decode("latin-1"), "verbose": verbose,
+               "captured": [text for _, text in lines], "detached": tap.detached}, f)
+"""
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])  # the process reader ends its sleep first
+def test_a_long_batch_sleep_neither_holds_back_a_burst_nor_outlasts_stop(tmp_path: Path, reader: str) -> None:
+    proc, report = run_program(tmp_path, LONG_BATCH_PROGRAM, reader=reader)
+    assert proc.stdout == str(report["expected"]).encode("latin-1")
+    assert report["captured"] == report["verbose"]
+    assert report["detached"] is False  # the reader woke and finished within stop()
+
+
+def test_the_batch_sleep_is_cut_to_what_a_quarter_of_the_pipe_holds() -> None:
+    from mltrace.tracer.fdtap import batch_sleep_s
+
+    pipe = 1 << 20
+    assert batch_sleep_s(0.1, 0, 0.5, pipe) == 0.1  # nothing read: the full batch
+    assert batch_sleep_s(0.1, 30_000, 0.1, pipe) == 0.1  # 300 kB/s: a quarter (256 KiB) takes 0.87 s
+    assert batch_sleep_s(0.1, 1 << 20, 0.1, pipe) == pytest.approx(0.025)  # 10 MiB/s: 25 ms
+    assert batch_sleep_s(0.1, 1 << 30, 0.1, pipe) == 0.001  # never under 1 ms
+    assert batch_sleep_s(0.1, 1 << 20, 0.1, 1 << 16) == pytest.approx(0.1 / 64)  # a 64 KiB pipe
+
+
 @pytest.mark.parametrize("reader", READERS)
 def test_stdout_restored_when_the_reader_of_stdout_is_gone(tmp_path: Path, reader: str) -> None:
     """A closed stdout pipe (``| head``) neither blocks the program nor loses verbose lines."""

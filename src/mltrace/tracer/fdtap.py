@@ -77,6 +77,27 @@ from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 READER_ENV = "MLTRACE_FDTAP_READER"
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _READ_SIZE = 1 << 16
+_F_GETPIPE_SZ = 1032  # Linux's F_GETPIPE_SZ
+
+
+def batch_sleep_s(batch_s: float, read_bytes: int, elapsed_s: float, pipe_capacity: int) -> float:
+    """How long the reader sleeps after a read that emptied the pipe (the C reader's rule too).
+
+    ``batch_s``, or less where ``read_bytes`` read since the pipe was last emptied, over
+    ``elapsed_s``, say that at this rate a quarter of the pipe fills sooner: a full pipe
+    would block the program's writes until the reader wakes. Never under 1 ms.
+    """
+    sleep = batch_s
+    if read_bytes > 0 and elapsed_s > 0:
+        sleep = min(sleep, elapsed_s * (pipe_capacity / 4) / read_bytes)
+    return max(sleep, 0.001)
+
+
+def _pipe_capacity(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", _F_GETPIPE_SZ))
+    except OSError:
+        return 1 << 16
 _MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
 _LEFT_OVER_READS = 256  # reads of what is left in the pipe at stop (as _tapread.c's restore)
 
@@ -152,12 +173,16 @@ class FdTap:
         hold_s: longest time (s) to hold back a partial line that might still
             become a captured line, before forwarding it.
         pipe_size: requested pipe capacity (bytes); the kernel may cap it.
-        batch_s: after each read, how long (s) the reader sleeps so that the
-            next read takes many lines at once. Each wake-up of the reader
-            takes the GIL from the traced program; waking once per verbose
-            line (80 a ResNet-18 inference) cost it ≈ 6 %. Lines keep the
-            time they were read, so a line's receipt time can be this much
-            later than its write.
+        batch_s: after a read that emptied the pipe, how long (s) the reader
+            sleeps so that the next read takes many lines at once (less where
+            a quarter of the pipe would fill sooner at the rate just read:
+            ``batch_sleep_s``; after a read that filled its buffer it reads
+            again at once). Where the program's threads fill every core, each
+            wake-up of the reader displaces one of them: waking once per
+            verbose line (80 a ResNet-18 inference) cost ≈ 6 %, every 10 ms
+            still 1–2 %. Lines keep the time they were read, so a line's
+            receipt time, and the program's own output, can be this much
+            later than its write. Stopping cuts a sleep short.
         urgent: prefixes of lines whose receipt time should stay close to
             their write: after a read that contained one, the reader does not
             sleep, since more tend to follow. The library source reads every
@@ -222,6 +247,7 @@ class FdTap:
         # forwarded (idle); draining: no batching sleeps; the restore's writes keep the GIL.
         self._idle = False
         self._draining = False
+        self._wake = threading.Event()  # set with _draining: ends a batching sleep
         self._gil_writes = False
         self._libc = _pylibc() if reader == "thread" else None
         self._buf = ctypes.create_string_buffer(_READ_SIZE) if self._libc is not None else None
@@ -270,6 +296,7 @@ class FdTap:
         self.detached = False
         self._reader_done = False
         self._idle = self._draining = False
+        self._wake.clear()
         if self.reader == "process" and self._start_process():
             self._active = True
             atexit.register(self.stop)
@@ -370,6 +397,7 @@ class FdTap:
         if libc is None or thread is None:
             return False
         self._draining = True
+        self._wake.set()
         deadline = time.monotonic() + timeout_s
         # A thread that waits for the GIL longer than the switch interval makes the holder
         # give it up at its next bytecode boundary: for the few microseconds below, that must
@@ -627,6 +655,8 @@ class FdTap:
         fd = self._read_fd
         pending = b""  # a segment (no newline) held back: it may become a captured line
         held_since = 0.0
+        capacity = _pipe_capacity(fd)
+        emptied, since_emptied = time.monotonic(), 0  # when a read last emptied the pipe; bytes since
         if self._libc is not None:
             # Reads keep the GIL (``_read_now``): while this thread waits in select, the pipe's
             # bytes are either still in it or forwarded, which ``_restore_in_order`` relies on.
@@ -666,8 +696,14 @@ class FdTap:
                     pending = b""
                 if pending:
                     held_since = time.monotonic()
-                if self.batch_s > 0 and not self._draining and not any(p in chunk for p in self.urgent):
-                    time.sleep(self.batch_s)
+                since_emptied += len(chunk)
+                if len(chunk) == _READ_SIZE or self.batch_s <= 0 or any(p in chunk for p in self.urgent):
+                    continue  # more may be waiting, or no batching
+                now = time.monotonic()
+                sleep = batch_sleep_s(self.batch_s, since_emptied, now - emptied, capacity)
+                emptied, since_emptied = now, 0
+                if not self._draining:
+                    self._wake.wait(sleep)
             if pending:  # the pipe ended inside a line
                 if pending.startswith(self.prefixes):
                     self._capture(pending, time.monotonic_ns())

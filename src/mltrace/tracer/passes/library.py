@@ -366,7 +366,7 @@ def _last_started(call: Span, callers: list[Span], cur: int, used: bool, d: int,
     return chosen
 
 
-def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_000_000) -> Run:
+def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_000_000) -> Run:
     """Sets the parent (and track) of each CPU library span to the op that issued it.
 
     See the module docstring for the rules.
@@ -375,10 +375,11 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 250_
         run: the run; not modified.
         slack_ns: tolerance (ns) on interval ends: clock resolution and alignment.
         max_lag_ns: longest plausible delay (ns) between an untimed call's end
-            and the receipt of its line: the reader reads in 10 ms batches and
-            waits for the GIL, which the program may hold for tens of ms (the
-            last lines of a run, read while the session stopped, came 65 ms
-            late). Issue order and room decide; this only keeps a call with no
+            and the receipt of its line: the reader reads in batches of up to
+            100 ms, and its Python loop waits for the GIL, which the program may
+            hold for tens of ms (the last lines of a run, read while the session
+            stopped, came 65 ms late with 10 ms batches). Issue order and room
+            decide; this only keeps a call with no
             caller op (MKL used outside any profiled op) off a long-finished one.
 
     Returns:

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
 _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
-_READ_BATCH_S = 0.01
+_READ_BATCH_S = 0.1
 _ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
 _POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
 #: ``MLTRACE_MKL_TIMER=mkl`` keeps oneMKL's own verbose timer instead of redirecting it.
@@ -235,10 +235,13 @@ class CpuLibrarySource:
         self._saved_env = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
         # Read every line in batches: waking the reader once per line took the
-        # GIL from the program 80 times a ResNet-18 inference (+9 % against +5 %,
-        # see FdTap's batch_s). oneDNN lines carry their own timestamps; MKL
-        # calls are placed by issue order and room in their ops, their receipt
-        # time only bounding the search (passes/library.py).
+        # GIL from the program 80 times a ResNet-18 inference (+9 % against +5 %),
+        # and on a machine whose cores the program fills each wake-up still
+        # displaces one of its threads (every 10 ms: +1–2 % on the CNN, every
+        # 100 ms: within the noise of verbose output to /dev/null; see FdTap's
+        # batch_s and PERFORMANCE.md). oneDNN lines carry their own timestamps;
+        # MKL calls are placed by issue order and room in their ops, their
+        # receipt time only bounding the search (passes/library.py).
         self._tap = FdTap(batch_s=_READ_BATCH_S)
         try:
             self._tap.start()
