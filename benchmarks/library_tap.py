@@ -13,6 +13,16 @@ No mltrace session: only the capture path is measured.
 
 Conditions rotate through the positions of a round, round by round. Prints
 the median latency of each condition and its ratio to plain.
+
+``--paired BATCH_S`` measures the tap alone, tighter: one tap (C loop, reading in
+batches of BATCH_S as the library level does) for the whole run, and blocks of
+three kinds alternating a few hundred milliseconds apart (rotating order): verbose
+output off, verbose output into the tap's pipe, and verbose output to /dev/null
+(fd 1 switched between the pipe and /dev/null between blocks). Prints the median
+of per-round ratios with a bootstrap 95 % interval; tap / /dev/null is what the
+tap costs beyond the libraries' own printing.
+
+    python benchmarks/library_tap.py --paired 0.1 --rounds 60
 """
 
 from __future__ import annotations
@@ -58,7 +68,10 @@ def main() -> int:
     parser.add_argument("--model", choices=("cnn", "encoder"), default="cnn")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--iters", type=int, default=4)
+    parser.add_argument("--paired", type=float, metavar="BATCH_S", help="the tap alone, paired blocks (see above)")
     args = parser.parse_args()
+    if args.paired is not None and args.paired < 0:
+        parser.error("--paired takes a batch length in seconds (0 or more)")
     torch.manual_seed(0)
     if args.model == "cnn":
         model: Any = resnet_small().eval()
@@ -68,6 +81,10 @@ def main() -> int:
         x = torch.randint(0, 30522, (1, 128))
     mkldnn, mkl = torch.backends.mkldnn, torch.backends.mkl
     os.environ["ONEDNN_VERBOSE_TIMESTAMP"] = "1"
+    if args.paired is not None:
+        with torch.inference_mode():
+            paired(lambda: model(x), args.rounds, args.iters, args.paired)
+        return 0
 
     def block() -> list[float]:
         # Every block starts after the same pause: a reader process needs ≈ 0.2 s to
@@ -132,6 +149,57 @@ def main() -> int:
         print(f"  {name:70s} {1e3 * med:8.2f} ms  {med / base:.3f}x")
     split_cost()
     return 0
+
+
+def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
+    """Verbose output off / into one tap's pipe / to /dev/null, in alternating blocks (``--paired``)."""
+    from overhead_parts import bootstrap_median
+
+    verbose = torch._C._verbose
+    redirected = _mkltimer is not None and _mkltimer.install() > 0
+    kinds = ("off", "tap", "/dev/null")
+    medians: dict[str, list[float]] = {k: [] for k in kinds}
+    os.environ[READER_ENV] = "c"
+    tap = FdTap(batch_s=batch_s).start()
+    pipe = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for _ in range(3):
+            fn()
+        for r in range(rounds):
+            order = list(kinds[r % 3 :] + kinds[: r % 3])
+            for kind in order if r % 2 == 0 else order[::-1]:
+                os.dup2(null if kind == "/dev/null" else pipe, 1)
+                verbose.mkldnn_set_verbose(0 if kind == "off" else 1)
+                verbose.mkl_set_verbose(0 if kind == "off" else 1)
+                try:
+                    fn()  # the first call after a switch: not measured
+                    out = []
+                    for _ in range(iters):
+                        t0 = time.perf_counter_ns()
+                        fn()
+                        out.append(time.perf_counter_ns() - t0)
+                    medians[kind].append(statistics.median(out))
+                finally:
+                    verbose.mkldnn_set_verbose(0)
+                    verbose.mkl_set_verbose(0)
+                    os.dup2(pipe, 1)
+            if (r + 1) % 10 == 0:
+                print(f"round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+    finally:
+        os.dup2(pipe, 1)
+        os.close(pipe)
+        os.close(null)
+        lines = len(tap.stop())
+        if redirected and _mkltimer is not None:
+            _mkltimer.remove()
+    print(f"one tap reading in {1e3 * batch_s:g} ms batches, {rounds} rounds of 3 blocks of {iters}; {lines} lines captured")
+    print(f"plain: median {statistics.median(medians['off']) / 1e6:.2f} ms, load {os.getloadavg()[0]:.2f}")
+    for kind, base in (("tap", "off"), ("/dev/null", "off"), ("tap", "/dev/null")):
+        pct = [100 * (a / b - 1) for a, b in zip(medians[kind], medians[base])]
+        lo, hi = bootstrap_median(pct)
+        against = "verbose off" if base == "off" else "to /dev/null"
+        print(f"  verbose to {kind:9} / {against:12} {statistics.median(pct):+6.2f} %  95% CI [{lo:+.2f}, {hi:+.2f}]")
 
 
 def split_cost(repeats: int = 2000) -> None:
