@@ -76,8 +76,10 @@ from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 #: ``MLTRACE_FDTAP_READER=python`` runs the thread reader's loop in Python (C, without the GIL, where built).
 READER_ENV = "MLTRACE_FDTAP_READER"
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
+_F_GETPIPE_SZ = 1032  # and F_GETPIPE_SZ
 _READ_SIZE = 1 << 16
-_F_GETPIPE_SZ = 1032  # Linux's F_GETPIPE_SZ
+_MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
+_LEFT_OVER_READS = 256  # reads of what is left in the pipe at stop (as _tapread.c's restore)
 
 
 def batch_sleep_s(batch_s: float, read_bytes: int, elapsed_s: float, pipe_capacity: int) -> float:
@@ -94,12 +96,11 @@ def batch_sleep_s(batch_s: float, read_bytes: int, elapsed_s: float, pipe_capaci
 
 
 def _pipe_capacity(fd: int) -> int:
+    """The pipe's capacity in bytes (64 KiB where it cannot be asked)."""
     try:
         return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", _F_GETPIPE_SZ))
     except OSError:
         return 1 << 16
-_MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
-_LEFT_OVER_READS = 256  # reads of what is left in the pipe at stop (as _tapread.c's restore)
 
 
 class TappedLine(NamedTuple):
@@ -182,7 +183,8 @@ class FdTap:
             verbose line (80 a ResNet-18 inference) cost ≈ 6 %, every 10 ms
             still 1–2 %. Lines keep the time they were read, so a line's
             receipt time, and the program's own output, can be this much
-            later than its write. Stopping cuts a sleep short.
+            later than its write. ``stop()`` cuts the thread reader's sleep short
+            (the reader process finishes its own).
         urgent: prefixes of lines whose receipt time should stay close to
             their write: after a read that contained one, the reader does not
             sleep, since more tend to follow. The library source reads every
