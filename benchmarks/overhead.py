@@ -18,7 +18,9 @@ torch) and ``kernel-cupti`` (``MLTRACE_KERNEL_PATH=cupti-python``).
 
 ONNX Runtime and Keras are
 measured the same way by ``benchmarks/overhead_frameworks.py``; per-call costs
-by ``benchmarks/span_cost.py``.
+by ``benchmarks/span_cost.py``. The full CPU trace against torch.profiler alone
+is measured tighter, in paired blocks a few hundred milliseconds apart, by
+``benchmarks/cross_stack_paired.py``.
 """
 
 from __future__ import annotations
