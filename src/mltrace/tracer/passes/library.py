@@ -240,10 +240,10 @@ class _Containing:
     The spans are sorted by start, longest first among equal starts; the answer
     for ``[start, end]`` is the last span, among those that start by ``start``,
     that ends at or after ``end``: the containing span that started last, and of
-    those the shortest. A block's greatest end lets the search skip a block of
-    spans that all ended too early, so a call is placed in time close to
-    logarithmic in practice, not by scanning every op (which made attaching a
-    few hundred inferences' library calls quadratic: minutes).
+    those the shortest. Each block's greatest end lets the search skip a block of
+    spans that all ended too early, so a call inside an op is found a few steps
+    from where its start falls. (A scan of every op for each call made the end
+    of a run of a few hundred inferences take minutes.)
     """
 
     def __init__(self, spans: list[Span], block: int = 64) -> None:
@@ -379,8 +379,8 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
             100 ms, and its Python loop waits for the GIL, which the program may
             hold for tens of ms (the last lines of a run, read while the session
             stopped, came 65 ms late with 10 ms batches). Issue order and room
-            decide; this only keeps a call with no
-            caller op (MKL used outside any profiled op) off a long-finished one.
+            decide; this only keeps a call with no caller op (MKL used outside
+            any profiled op) off a long-finished one.
 
     Returns:
         A run whose CPU library spans are replaced by re-parented copies;
