@@ -248,8 +248,7 @@ class FdTap:
         # The thread reader's state, for stop(): waiting for the pipe with nothing read and not
         # forwarded (idle); draining: no batching sleeps; the restore's writes keep the GIL.
         self._idle = False
-        self._draining = False
-        self._wake = threading.Event()  # set with _draining: ends a batching sleep
+        self._draining = threading.Event()  # setting it also ends a batching sleep
         self._gil_writes = False
         self._libc = _pylibc() if reader == "thread" else None
         self._buf = ctypes.create_string_buffer(_READ_SIZE) if self._libc is not None else None
@@ -297,8 +296,8 @@ class FdTap:
         self._collecting = True
         self.detached = False
         self._reader_done = False
-        self._idle = self._draining = False
-        self._wake.clear()
+        self._idle = False
+        self._draining.clear()
         if self.reader == "process" and self._start_process():
             self._active = True
             atexit.register(self.stop)
@@ -398,8 +397,7 @@ class FdTap:
         libc, thread = self._libc, self._thread
         if libc is None or thread is None:
             return False
-        self._draining = True
-        self._wake.set()
+        self._draining.set()
         deadline = time.monotonic() + timeout_s
         # A thread that waits for the GIL longer than the switch interval makes the holder
         # give it up at its next bytecode boundary: for the few microseconds below, that must
@@ -704,8 +702,7 @@ class FdTap:
                 now = time.monotonic()
                 sleep = batch_sleep_s(self.batch_s, since_emptied, now - emptied, capacity)
                 emptied, since_emptied = now, 0
-                if not self._draining:
-                    self._wake.wait(sleep)
+                self._draining.wait(sleep)  # returns at once when draining
             if pending:  # the pipe ended inside a line
                 if pending.startswith(self.prefixes):
                     self._capture(pending, time.monotonic_ns())
