@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import torch  # noqa: E402
 from models import encoder, resnet_small  # noqa: E402
-from overhead_parts import bootstrap_median, loadavg  # noqa: E402
+from overhead_parts import bootstrap_median, loadavg, timed_block  # noqa: E402
 
 from mltrace.config import ProfileOptions  # noqa: E402
 from mltrace.tracer.levels import Level  # noqa: E402
@@ -62,16 +62,6 @@ NO_FLUSH_S = 60.0  # the session's own flusher stays idle: flushes are timed by 
 IN_SESSION = ("op", "op+layer", "op+library", "full")  # phase A: (wrapper on, verbose on)
 SWITCHES = {"op": (False, False), "op+layer": (True, False), "op+library": (False, True), "full": (True, True)}
 PROFILERS = ("plain", "torch.profiler", "mltrace's profiler")  # phase B
-
-
-def _timed(fn: Callable[[], Any], block: int) -> list[int]:
-    fn()  # the first call after a switch: not measured
-    out = []
-    for _ in range(block):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append(time.perf_counter_ns() - t0)
-    return out
 
 
 def _order(kinds: tuple[str, ...], i: int) -> list[str]:
@@ -113,7 +103,7 @@ def in_session(fn: Callable[[], Any], pairs: int, block: int, flush_every: int) 
                     module_cls.__call__ = wrapper if wrapped else original
                     _set_verbose(verbose)
                     try:
-                        medians[kind].append(statistics.median(_timed(fn, block)))
+                        medians[kind].append(statistics.median(timed_block(fn, block)))
                     finally:
                         module_cls.__call__ = wrapper
                         _set_verbose(True)
@@ -157,7 +147,7 @@ def profilers(fn: Callable[[], Any], pairs: int, block: int) -> dict[str, Any]:
             if prof is not None:
                 prof.start()
             try:
-                medians[kind].append(statistics.median(_timed(fn, block)))
+                medians[kind].append(statistics.median(timed_block(fn, block)))
             finally:
                 if prof is not None:
                     prof.stop()

@@ -153,7 +153,7 @@ def main() -> int:
 
 def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
     """Verbose output off / into one tap's pipe / to /dev/null, in alternating blocks (``--paired``)."""
-    from overhead_parts import bootstrap_median
+    from overhead_parts import bootstrap_median, timed_block
 
     verbose = torch._C._verbose
     redirected = _mkltimer is not None and _mkltimer.install() > 0
@@ -173,13 +173,7 @@ def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
                 verbose.mkldnn_set_verbose(0 if kind == "off" else 1)
                 verbose.mkl_set_verbose(0 if kind == "off" else 1)
                 try:
-                    fn()  # the first call after a switch: not measured
-                    out = []
-                    for _ in range(iters):
-                        t0 = time.perf_counter_ns()
-                        fn()
-                        out.append(time.perf_counter_ns() - t0)
-                    medians[kind].append(statistics.median(out))
+                    medians[kind].append(statistics.median(timed_block(fn, iters)))
                 finally:
                     verbose.mkldnn_set_verbose(0)
                     verbose.mkl_set_verbose(0)

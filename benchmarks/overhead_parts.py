@@ -77,6 +77,17 @@ def loadavg() -> str:
         return "n/a"
 
 
+def timed_block(fn: Callable[[], object], n: int) -> list[int]:
+    """ns of each of ``n`` calls of ``fn``, after one call not measured (the first after a switch)."""
+    fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append(time.perf_counter_ns() - t0)
+    return out
+
+
 def bootstrap_median(values: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
     """A 95 % percentile-bootstrap interval for the median of ``values``."""
     rng = random.Random(seed)
