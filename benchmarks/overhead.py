@@ -9,12 +9,18 @@ user API inside and outside a session.
     python benchmarks/overhead.py            # full (a few minutes on 2 cores)
     python benchmarks/overhead.py --quick    # smoke run
     python benchmarks/overhead.py --device cuda --conditions layer,kernel,kernel-cupti,torch.profiler
+    python benchmarks/overhead.py --device cuda --cnn resnet50 --dtype float16 --channels-last \
+        --batch 1 --encoder-batch 8 --conditions layer,kernel,torch.profiler
 
 Prints a table; ``--json FILE`` writes the figures. With ``--device cuda`` the
 models run on the GPU, every timed call ends with ``torch.cuda.synchronize()``,
 ``torch.profiler`` alone records CUDA activity too, and two kernel-level
 conditions compare the kernel paths: ``kernel`` (Kineto, the default path with
 torch) and ``kernel-cupti`` (``MLTRACE_KERNEL_PATH=cupti-python``).
+``--cnn resnet50`` takes torchvision's ResNet-50 (random weights) where
+torchvision imports; ``--dtype`` and ``--channels-last`` convert both models
+and inputs. Each condition's p90 per call is reported beside its median, since
+a tracer that delays the program now and then shows in the tail first.
 
 ONNX Runtime and Keras are
 measured the same way by ``benchmarks/overhead_frameworks.py``; per-call costs
@@ -61,6 +67,7 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "library-mkl-timer": {"level": "library"},  # the same with oneMKL's own verbose timer (MLTRACE_MKL_TIMER=mkl)
     "kernel": {"level": "kernel"},  # GPU: every level, kernels through Kineto (the default path with torch)
     "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
+    "kernel-no-counters": {"level": "kernel"},  # GPU: "kernel" without the CPU/NVML counter sampler (attribution)
     "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
 }
 #: Environment each condition runs under (read when its session starts).
@@ -107,8 +114,28 @@ def _condition(name: str, out: Path, cuda: bool = False) -> Any:
         with _TorchProfilerAlone(cuda):
             yield
         return
-    with _environ(CONDITION_ENV.get(name, {})), mltrace.profile(output=out, summary=False, **CONDITIONS[name]):
+    with (
+        _environ(CONDITION_ENV.get(name, {})),
+        _counters_off(name == "kernel-no-counters"),
+        mltrace.profile(output=out, summary=False, **CONDITIONS[name]),
+    ):
         yield
+
+
+@contextlib.contextmanager
+def _counters_off(off: bool) -> Any:
+    """The counter sampler reports itself unavailable while ``off``, so the session does not start it."""
+    from mltrace.tracer.sources.nvml import NvmlSampler
+
+    if not off:
+        yield
+        return
+    saved = NvmlSampler.available
+    NvmlSampler.available = lambda self: "off for this benchmark condition"  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        NvmlSampler.available = saved  # type: ignore[method-assign]
 
 
 def measure_model(
@@ -135,22 +162,41 @@ def measure_model(
                 blocks[c].append(statistics.median(block))
     plain = statistics.median(samples["plain"])
     res: dict[str, Any] = {"model": name, "plain_ms": plain / 1e6, "samples_per_condition": len(samples["plain"])}
+    res["plain_p90_ms"] = _p90(samples["plain"]) / 1e6
     for c in conditions:
         med = statistics.median(samples[c])
         res[f"{c}_ms"] = med / 1e6
+        res[f"{c}_p90_ms"] = _p90(samples[c]) / 1e6
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
         # The same, round by round against that round's plain block (drift cancels).
         res[f"{c}_overhead_paired_pct"] = 100.0 * (statistics.median(a / b for a, b in zip(blocks[c], blocks["plain"])) - 1)
-    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti"):
+    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters"):
         if c in conditions and "torch.profiler" in conditions:
             res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
                 a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
             )
+            res[f"{c}_vs_torch_profiler_p90"] = res[f"{c}_p90_ms"] / res["torch.profiler_p90_ms"]
     if "library" in conditions and "torch.profiler" in conditions:
         # The CPU cross-stack goal: mltrace's full CPU trace vs torch.profiler's own overhead.
         res["library_vs_torch_profiler_ratio"] = res["library_ms"] / res["torch.profiler_ms"]
         # The same, round by round: both blocks of a round ran seconds apart, so drift cancels.
     return res
+
+
+def _p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+
+
+def _cnn(kind: str) -> torch.nn.Module:
+    if kind == "resnet50":
+        try:
+            from torchvision.models import resnet50
+        except Exception as exc:  # torchvision absent, or a build that does not import beside this torch
+            raise SystemExit(f"overhead.py: --cnn resnet50 needs torchvision ({exc})") from None
+        return resnet50(weights=None).eval()
+    from models import resnet_small
+
+    return resnet_small()
 
 
 def measure_api(n: int) -> dict[str, float]:
@@ -197,6 +243,10 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the models run (default: cpu)")
     parser.add_argument("--batch", type=int, default=1, help="batch size of both models (default: 1)")
+    parser.add_argument("--encoder-batch", type=int, help="batch size of the encoder (default: --batch)")
+    parser.add_argument("--cnn", choices=("resnet18-style", "resnet50"), default="resnet18-style", help="the CNN measured")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="both models' dtype")
+    parser.add_argument("--channels-last", action="store_true", help="the CNN and its input in channels_last")
     args = parser.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
     unknown = [c for c in conditions if c not in CONDITIONS]
@@ -206,16 +256,19 @@ def main() -> int:
     if cuda and not torch.cuda.is_available():
         print("overhead.py: --device cuda: torch sees no CUDA device", file=sys.stderr)
         return 2
-    from models import encoder, resnet_small
+    from models import encoder
 
     torch.manual_seed(0)
     rounds, iters = (2, 2) if args.quick else (args.rounds, args.iters)
     size, seq, layers = (64, 32, 2) if args.quick else (224, 128, 12)
     device = torch.device(args.device)
-    cnn = resnet_small().to(device).eval()
-    enc = encoder(layers=layers).to(device).eval()
-    images = torch.randn(args.batch, 3, size, size, device=device)
-    tokens = torch.randint(0, 30522, (args.batch, seq), device=device)
+    dtype = getattr(torch, args.dtype)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    cnn = _cnn(args.cnn).to(device=device, dtype=dtype, memory_format=memory_format).eval()
+    enc = encoder(layers=layers).to(device=device, dtype=dtype).eval()
+    images = torch.randn(args.batch, 3, size, size, device=device, dtype=dtype).to(memory_format=memory_format)
+    encoder_batch = args.encoder_batch or args.batch
+    tokens = torch.randint(0, 30522, (encoder_batch, seq), device=device)
 
     def run(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], Any]:
         if not cuda:
@@ -231,8 +284,8 @@ def main() -> int:
     results = []
     with torch.inference_mode():
         for name, fn in (
-            (f"ResNet-18-style CNN, batch {args.batch}, {size}x{size}", run(cnn, images)),
-            (f"Transformer encoder ({layers}x768), batch {args.batch}, seq {seq}", run(enc, tokens)),
+            (f"{args.cnn} CNN, batch {args.batch}, {size}x{size}, {args.dtype}", run(cnn, images)),
+            (f"Transformer encoder ({layers}x768), batch {encoder_batch}, seq {seq}, {args.dtype}", run(enc, tokens)),
         ):
             print(f"measuring {name} on {args.device} ...", file=sys.stderr, flush=True)
             results.append(measure_model(name, fn, rounds, iters, conditions, cuda))
@@ -248,14 +301,19 @@ def main() -> int:
         print(row)
         paired = ", ".join(f"{c} {r[f'{c}_overhead_paired_pct']:+.2f}%" for c in conditions)
         print(f"{'':52} median of per-round ratios to plain: {paired}")
+        p90 = ", ".join(f"{c} {r[f'{c}_p90_ms']:.2f}" for c in conditions)
+        print(f"{'':52} p90 ms: plain {r['plain_p90_ms']:.2f}, {p90}")
         if "library_vs_torch_profiler_ratio" in r:
             print(
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
                 f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
             )
-        for c in ("library-mkl-timer", "kernel", "kernel-cupti"):
+        for c in ("library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters"):
             if f"{c}_vs_torch_profiler_paired" in r:
-                print(f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)")
+                print(
+                    f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x "
+                    f"(median of per-round ratios), p90 {r[f'{c}_vs_torch_profiler_p90']:.3f}x"
+                )
     print("\nuser API cost per call (ns):")
     for k, v in api.items():
         print(f"  {k:40} {v:8.0f}")

@@ -15,9 +15,12 @@
 #    twice: kernel path "kineto" (torch.profiler) and "cupti-python"
 #    (MLTRACE_KERNEL_PATH=cupti-python), and checks model → layer → op → kernel
 #    with launch flows, and the NVML counter tracks.
-# 3. Runs a CuPy program (elementwise and cuBLAS kernels, memcpy, memset, a
+# 3. Runs the same models GPU_CHECK_EXIT_RUNS times (default 10) on each kernel
+#    path and counts the runs whose exit status is not the script's 0 (an abort
+#    at exit is status 134); any such run fails the check.
+# 4. Runs a CuPy program (elementwise and cuBLAS kernels, memcpy, memset, a
 #    CUDA graph) through cupti-python and checks kernels, flows, graph launches.
-# 4. Prints the key counts and copies small fixtures into OUT_DIR: a Kineto
+# 5. Prints the key counts and copies small fixtures into OUT_DIR: a Kineto
 #    trace (.json.gz), the cupti-python records (JSON), NVML samples (JSON),
 #    each run's run.json.
 #
@@ -33,6 +36,7 @@ fi
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+EXIT_RUNS="${GPU_CHECK_EXIT_RUNS:-10}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/mltrace-gpu-check.XXXXXX")"
 trap 'echo "gpu_check: FAILED (line $LINENO); work files kept in $WORK" >&2' ERR
 
@@ -213,6 +217,25 @@ run_mltrace torch-kineto "$WORK/torch_models.py"
 echo "== torch on CUDA, kernels through cupti-python"
 run_mltrace torch-cupti "$WORK/torch_models.py" MLTRACE_KERNEL_PATH=cupti-python MLTRACE_CUPTI_DUMP="$WORK/cupti_records_torch.json"
 "$PY" "$WORK/check_run.py" "$WORK/torch-cupti" torch cupti-python
+
+echo "== clean exits: each kernel path ${EXIT_RUNS} times (GPU_CHECK_EXIT_RUNS), 4 at a time"
+exit_run() {  # exit_run PATH I: prints "PATH I STATUS FIRST_STDERR_LINE_ABOUT_IT"
+    local path="$1" i="$2" dir="$WORK/exit-$1-$2" status=0
+    (cd "$WORK" && env MLTRACE_KERNEL_PATH="$path" "$PY" -m mltrace python --level kernel -o "$dir/run" \
+        "$WORK/torch_models.py" >"$dir.out" 2>"$dir.err") || status=$?
+    echo "$path $i $status $(grep -m1 -i 'free\|corrupt\|abort\|segmentation' "$dir.err" | head -c 120)"
+    [[ "$status" == 0 ]] && rm -rf "$dir" "$dir.out" "$dir.err"
+    return 0
+}
+export -f exit_run
+export WORK PY
+for i in $(seq 1 "$EXIT_RUNS"); do printf 'kineto %s\ncupti-python %s\n' "$i" "$i"; done \
+    | xargs -P 4 -L 1 bash -c 'exit_run "$0" "$1"' >"$WORK/exits.txt"
+sort "$WORK/exits.txt"
+cp "$WORK/exits.txt" "$OUT_DIR/exits.txt"
+abnormal="$(awk '$3 != 0' "$WORK/exits.txt" | wc -l)"
+echo "abnormal exits: $abnormal of $((2 * EXIT_RUNS))"
+[[ "$abnormal" == 0 ]] || { echo "gpu_check: $abnormal traced runs did not exit with the script's status 0" >&2; false; }
 
 echo "== CuPy through cupti-python"
 run_mltrace cupy "$WORK/cupy_work.py" MLTRACE_KERNEL_PATH=cupti-python MLTRACE_CUPTI_DUMP="$WORK/cupti_records_cupy.json"

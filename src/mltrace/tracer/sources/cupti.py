@@ -104,6 +104,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Flow, Instant, Span, Track
 from mltrace.tracer.sources.kineto import link_launches
@@ -972,6 +973,7 @@ class CuptiSource:
                 session warns with it and records it in run.json.
         """
         self._session = session
+        keep_primary_contexts_at_exit()  # no CUPTI callback may run while C++ statics are destroyed
         info = session.meta.setdefault("sources", {}).setdefault(self.name, {})
         if self.prefer not in PATHS:
             self._fail(info, f"{PATH_ENV}={self.prefer!r}: choose auto, kineto or cupti-python")

@@ -181,8 +181,10 @@ class TorchOpSource:
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
             prof = profile(**kwargs)
             self._call_around(0)
+            from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
             from mltrace.tracer.sources.cupti import hand_back_buffers
 
+            keep_primary_contexts_at_exit()  # Kineto's CUPTI callbacks must not run during C++ teardown
             hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
             try:
                 prof.start()
