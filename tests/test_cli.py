@@ -309,3 +309,31 @@ def test_an_internal_error_is_one_line_unless_debugging(
     monkeypatch.setenv(DEBUG_ENV, "1")
     with pytest.raises(ValueError, match="a bug"):
         main(["report", str(run_dir)])
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "script", "script_args"),
+    [
+        (["--otlp", "http://localhost:4317", "infer.py"], ["--otlp", "http://localhost:4317"], "infer.py", []),
+        (["--otlp=http://localhost:4317", "infer.py"], ["--otlp=http://localhost:4317"], "infer.py", []),
+        (["--otlp", "jaeger:4317", "-q", "infer.py"], ["--otlp", "jaeger:4317", "-q"], "infer.py", []),
+        (["--otlp", "https://[::1]:4318/v1/traces", "x.py"], ["--otlp", "https://[::1]:4318/v1/traces"], "x.py", []),
+        (["--otlp", "infer.py", "--otlp", "a:1"], ["--otlp"], "infer.py", ["--otlp", "a:1"]),
+        (["-q", "--otlp", "--", "infer.py", "-q"], ["-q", "--otlp"], "infer.py", ["-q"]),
+    ],
+)
+def test_otlp_takes_a_url_after_it_and_nothing_else(
+    argv: list[str], options: list[str], script: str, script_args: list[str]
+) -> None:
+    from mltrace.cli import split_trace_argv
+
+    assert split_trace_argv(argv) == (options, script, None, script_args)
+
+
+def test_otlp_value_looks_like_an_endpoint() -> None:
+    from mltrace.cli import looks_like_endpoint
+
+    for word in ("http://localhost:4317", "grpc://h", "localhost:4317", "10.0.0.1:4318/v1/traces", "[::1]:4317"):
+        assert looks_like_endpoint(word), word
+    for word in ("infer.py", "dir/infer.py", "C:\\infer.py", "-q", "host:port", "a:b:1"):
+        assert not looks_like_endpoint(word), word

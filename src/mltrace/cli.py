@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from mltrace._version import __version__
@@ -68,7 +69,8 @@ def _trace_options_parser(prog: str) -> _Parser:
         nargs="?",
         const="",
         metavar="URL",
-        help="send spans over OTLP at the end (write --otlp=URL; default endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)",
+        help="send spans over OTLP at the end, to URL (--otlp URL or --otlp=URL; a bare --otlp uses "
+        "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost:4317)",
     )
     return p
 
@@ -86,6 +88,19 @@ def _value_options() -> frozenset[str]:
 
 
 _VALUE_OPTIONS = _value_options()
+
+#: ``scheme://…`` or ``host:port[/path]`` (a name, an IPv4 address or a bracketed IPv6 one).
+_ENDPOINT_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+|(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}(?:/\S*)?")
+
+
+def looks_like_endpoint(word: str) -> bool:
+    """Whether ``word`` is a URL (``scheme://…``) or a ``host:port`` address, never a script path."""
+    return _ENDPOINT_RE.fullmatch(word) is not None
+
+
+#: Trace options whose value is optional, with the test a following word must pass to be
+#: that value (``--otlp http://host:4317 infer.py``); a word that fails it is the script.
+_OPTIONAL_VALUE_OPTIONS: dict[str, Callable[[str], bool]] = {"--otlp": looks_like_endpoint}
 
 
 def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
@@ -110,12 +125,15 @@ def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | 
             return options, None, argv[i + 1], list(argv[i + 2 :])
         if tok.startswith("-") and tok != "-":
             options.append(tok)
-            if tok in _VALUE_OPTIONS:
-                if i + 1 >= len(argv):
-                    raise UsageError(f"{tok} needs a value")
-                options.append(argv[i + 1])
-                i += 1
             i += 1
+            if tok in _VALUE_OPTIONS:
+                if i >= len(argv):
+                    raise UsageError(f"{tok} needs a value")
+                options.append(argv[i])
+                i += 1
+            elif tok in _OPTIONAL_VALUE_OPTIONS and i < len(argv) and _OPTIONAL_VALUE_OPTIONS[tok](argv[i]):
+                options.append(argv[i])
+                i += 1
             continue
         break
     if i < len(argv) and argv[i] == "-m":
@@ -169,7 +187,7 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         run_dir = session.stop()
         parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
         if options.otlp is not None and parent:
-            _send_otlp(run_dir, options.otlp or None, warn)
+            _send_otlp(run_dir, options.otlp or None)
         if options.summary and parent:
             from mltrace.viewers.terminal import print_run_summary
 
@@ -180,14 +198,21 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     return status
 
 
-def _send_otlp(run_dir: Any, endpoint: str | None, warn: Any) -> None:
+def _send_otlp(run_dir: Any, endpoint: str | None) -> None:
+    """Sends the finished run over OTLP and prints one stderr line: how many spans reached
+    which endpoint, or why none did. Never raises, so the script's exit status stands."""
     try:
         from mltrace.exporters.otlp import export_otlp
         from mltrace.run.store import load_run
 
-        export_otlp(load_run(run_dir), endpoint)  # warns once itself on failure
-    except Exception as exc:  # never changes the script's status
-        warn(f"OTLP export failed: {exc}")
+        line = export_otlp(load_run(run_dir), endpoint, log_failure=False).status_line()
+    except Exception as exc:
+        line = f"OTLP: not sent to {endpoint or 'the default endpoint'}: {type(exc).__name__}: {exc}"
+    try:
+        sys.stderr.write(f"mltrace: {line}\n")
+        sys.stderr.flush()
+    except Exception:  # stderr closed by the program: nothing else to do
+        pass
 
 
 def build_parser() -> _Parser:

@@ -644,3 +644,89 @@ def test_live_run_sends_every_span_identical_to_local_trace(protocol: str, tmp_p
         if local.parent_id is not None and local.level.label != "model":
             assert sp.parent_span_id == span_id_of[local.parent_id]
     assert {attrs_of(sp.attributes)["mltrace.level"] for _r, sp in got} >= {"model", "layer", "op"}
+
+
+# -- `mltrace python --otlp URL` and `--otlp=URL` --------------------------------------------
+
+USER_SPANS_SCRIPT = """\
+import sys
+import mltrace
+for i in range(3):
+    with mltrace.span(f"step{i}", index=i):
+        pass
+print("argv", sys.argv[1:])
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 0)
+"""
+
+
+def _trace_cli(tmp_path: Path, otlp: list[str], *script_args: str, command: str = "python") -> Any:
+    """``mltrace COMMAND -q OTLP… -o RUN script.py ARGS…`` with 3 user spans, OTEL_* cleared, 1 s timeout."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "user_spans.py"
+    script.write_text(USER_SPANS_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLTRACE_"))}
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1"
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    cmd = [sys.executable, "-m", "mltrace", command, "-q", *otlp, "-o", str(tmp_path / "run"), str(script), *script_args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def _otlp_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "OTLP" in line]
+
+
+@pytest.mark.parametrize("spelling", ["--otlp URL", "--otlp=URL", "--otlp HOST:PORT"])
+def test_trace_command_sends_with_either_spelling(spelling: str, tmp_path: Path) -> None:
+    r = GrpcReceiver()
+    try:
+        value = f"127.0.0.1:{r.port}" if "HOST" in spelling else r.url
+        otlp = [f"--otlp={value}"] if "=" in spelling else ["--otlp", value]
+        # the script's own arguments look like mltrace options and must reach it untouched
+        out = _trace_cli(tmp_path, otlp, "3", "--otlp", r.url, "-q", "--level", "op")
+    finally:
+        r.close()
+    assert out.returncode == 3, out.stderr  # the script's own status
+    assert out.stdout.strip() == f"argv ['3', '--otlp', '{r.url}', '-q', '--level', 'op']"
+    run = load_run(tmp_path / "run")
+    got = received(r.requests)
+    assert sorted(_span_id_attr(sp) for _res, sp in got) == sorted(s.id for s in run.spans)
+    assert {sp.name for _res, sp in got} >= {"step0", "step1", "step2"}
+    assert _otlp_lines(out.stderr) == [f"mltrace: OTLP: {len(run.spans)} spans sent to {r.url} (grpc)"]
+    assert "warning" not in out.stderr
+
+
+def test_trace_command_with_a_down_receiver_says_why_and_keeps_the_status(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    out = _trace_cli(tmp_path, ["--otlp", url], "5", command="run")  # `mltrace run` is `mltrace python`
+    assert out.returncode == 5, out.stderr
+    assert out.stdout.strip() == "argv ['5']"
+    lines = _otlp_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"mltrace: OTLP: not sent to {url}: "), out.stderr
+    assert load_run(tmp_path / "run").complete
+
+
+def test_bare_otlp_leaves_the_next_word_to_be_the_script(tmp_path: Path) -> None:
+    r = GrpcReceiver()
+    try:
+        env_url = r.url
+        import subprocess
+        import sys
+
+        script = tmp_path / "user_spans.py"
+        script.write_text(USER_SPANS_SCRIPT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLTRACE_"))}
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = env_url
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+        out = subprocess.run(
+            [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(tmp_path / "run"), "--otlp", str(script), "a"],
+            capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
+        )
+    finally:
+        r.close()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "argv ['a']"
+    n = len(load_run(tmp_path / "run").spans)
+    assert len(received(r.requests)) == n
+    assert _otlp_lines(out.stderr) == [f"mltrace: OTLP: {n} spans sent to {env_url} (grpc)"]

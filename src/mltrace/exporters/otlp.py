@@ -142,6 +142,23 @@ class OtlpExportResult:
             line += f"; {self.dropped} not delivered"
         return line
 
+    def status_line(self) -> str:
+        """One line for stderr after a traced program: how many spans reached which endpoint, or why none did.
+
+        ``OTLP: 1234 spans sent to http://localhost:4317 (grpc)``; ``OTLP: 1000 of 1234 spans sent
+        to … (grpc); 234 not delivered: <reason>``; ``OTLP: not sent to …: <reason>``.
+        """
+        where = self.endpoint or "(unresolved endpoint)"
+        reason = self.errors[0] if self.errors else "unknown error"
+        if self.ok:
+            return f"OTLP: {self.spans_sent} spans sent to {where} ({self.protocol})"
+        if self.spans_sent:
+            return (
+                f"OTLP: {self.spans_sent} of {self.spans_total} spans sent to {where} ({self.protocol}); "
+                f"{self.dropped} not delivered: {reason}"
+            )
+        return f"OTLP: not sent to {where}: {reason}"
+
 
 # -- mapping (shared with jaeger_json) ----------------------------------------
 
@@ -659,6 +676,7 @@ def export_otlp(
     trace_per: str = "invocation",
     timeout_s: float | None = None,
     parent: tuple[int, int] | None = None,
+    log_failure: bool = True,
 ) -> OtlpExportResult:
     """Sends every span of ``run`` to an OTLP receiver. Never raises.
 
@@ -680,9 +698,11 @@ def export_otlp(
             (seconds, as the Python SDK reads it), else 5 s.
         parent: ``(trace_id, span_id)`` of an OpenTelemetry span to hang the
             run's root spans under (same trace); None uses ``run.meta["otel_parent"]``.
+        log_failure: log a failure as one warning; False leaves reporting it to the
+            caller (``OtlpExportResult.status_line``).
 
     Returns:
-        What was sent, dropped and why. Failures are logged as one warning.
+        What was sent, dropped and why.
     """
     t0 = time.monotonic_ns()
     result = OtlpExportResult(endpoint=endpoint or "", protocol=protocol or "", spans_total=len(run.spans))
@@ -696,7 +716,7 @@ def export_otlp(
         result.errors.append(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (ValueError, ImportError)) else str(exc))
     result.dropped = result.spans_total - result.spans_sent
     result.elapsed_ns = time.monotonic_ns() - t0
-    if result.errors or result.dropped:
+    if log_failure and (result.errors or result.dropped):
         reason = result.errors[0] if result.errors else "unknown error"
         log.warning(
             "mltrace: OTLP export to %s failed (%d of %d spans not delivered): %s",
