@@ -145,6 +145,7 @@ def test_layer_table_from_a_table() -> None:
 
 
 def test_report_lists_top_kernels_per_op_for_an_imported_trace(tmp_path: Path) -> None:
+    import os
     import subprocess
     import sys
 
@@ -152,7 +153,11 @@ def test_report_lists_top_kernels_per_op_for_an_imported_trace(tmp_path: Path) -
 
     data = Path(__file__).resolve().parents[1] / "data" / "kineto" / "a100_alexnet_train.json.gz"
     import_kineto(data, tmp_path / "run")
-    res = subprocess.run([sys.executable, "-m", "mltrace", "report", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    # The piped report is whole unless COLUMNS says otherwise; a C-level COLUMNS=80 set under pytest
+    # (not in os.environ) would otherwise reach the child and fold the kernel names.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    cmd = [sys.executable, "-m", "mltrace", "report", str(tmp_path / "run")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     section = res.stdout.split("GPU time by op", 1)[1]
     assert "aten::cudnn_convolution" in section and "cudnn" in section.split("aten::cudnn_convolution", 1)[1][:400]

@@ -201,3 +201,36 @@ def test_renders_in_headless_chromium(real_run: Run, tmp_path_factory: pytest.Te
     if any(lane.level is Level.OP for lane in timeline(real_run).lanes):
         assert near(pixels, LEVEL_COLORS[Level.OP], 40) > 2000
     assert Bound.UNKNOWN not in shown or len(shown) > 1  # the run is judged, not left unknown
+
+
+def test_source_context_and_hot_lines(tmp_path: Path) -> None:
+    """The call site's code with lines of context, read at report time; a file that is gone
+    leaves just its location."""
+    src = tmp_path / "infer.py"
+    src.write_text("".join(f"line_{n} = {n}\n" for n in range(1, 10)))
+    spans = [
+        Span(1, None, Level.MODEL, "Net", 0, 1_000, 1, {"ml.layer.type": "Net"}),
+        Span(2, 1, Level.LAYER, "fc", 0, 900, 1, {"ml.layer.type": "Linear", "code.file.path": str(src), "code.line.number": 5}),
+        Span(
+            3,
+            1,
+            Level.LAYER,
+            "act",
+            900,
+            1_000,
+            1,
+            {
+                "ml.layer.type": "ReLU",
+                "code.file.path": str(tmp_path / "gone.py"),
+                "code.line.number": 3,
+                "ml.source.hot_lines": [[f"{src}:7 f", 10]],
+            },
+        ),
+    ]
+    run = Run(Path("hand"), {"name": "hand", "complete": True}, {1: Track(1, TrackKind.THREAD, "MainThread", 1, 1)}, spans)
+    text = page(run)
+    assert f"<code>{src}:5</code> <code>line_5 = 5</code>" in text
+    assert '<span class="ctx">    2  line_2 = 2</span>' in text and '<span class="hl">    5  line_5 = 5</span>' in text
+    assert f"<code>{tmp_path}/gone.py:3</code>" in text
+    hot = text.split("Hottest model-code lines per layer", 1)[1]
+    assert "<b>act</b>" in hot and "line_7 = 7" in hot and "100.0% of samples" in hot

@@ -10,6 +10,7 @@ import pytest
 import mltrace
 from conftest import run_cli
 from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.codepaths import location
 from mltrace.analysis.diff import diff_runs
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.run.store import Run
@@ -159,5 +160,30 @@ def test_run_summary_from_run_json_equals_the_one_computed_from_the_events(tmp_p
     del meta["summary"]
     meta_path.write_text(json.dumps(meta))
     print_run_summary(tmp_path / "copy", file=computed)
-    assert "3 model calls" in stored.getvalue() and "torch/nn/modules/linear.py:" in stored.getvalue()
+    linear = next(s for s in mltrace.load_run(tmp_path / "run").spans if s.attrs.get("ml.layer.type") == "Linear")
+    source = location(linear.attrs["code.file.path"], linear.attrs["code.line.number"])  # call site or definition
+    assert "3 model calls" in stored.getvalue() and source in stored.getvalue()
     assert stored.getvalue().replace("copy", "run") == computed.getvalue().replace("copy", "run")
+
+
+def test_hot_lines_and_defined_location_are_shown(tmp_path: Path) -> None:
+    """Sampled model-code lines per layer (``--py-spy``), the line's code read now, and the
+    ``forward`` definition beside the call site."""
+    src = tmp_path / "infer.py"
+    src.write_text("import torch\n\n\ndef run(model, x):\n    return model.fc(x)  # the call\n")
+    run = hand_run()
+    fc = next(s for s in run.spans if s.name == "fc")
+    fc.attrs = {
+        **fc.attrs,
+        "code.file.path": str(src),
+        "code.line.number": 5,
+        "ml.defined.file.path": "/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py",
+        "ml.defined.line.number": 124,
+        "ml.source.hot_lines": [[f"{src}:5 run", 1_500_000], [f"{tmp_path}/gone.py:9 helper", 500_000]],
+    }
+    text = rendered(run)
+    row = next(line for line in text.splitlines() if line.startswith("│ fc ") and "compute" in line)
+    assert f"{src}:5" in row and "return model.fc(x)  # the call" in row and "torch/nn/modules/linear.py:124" in row
+    hot = text.split("Hottest model-code lines per layer (py-spy samples)", 1)[1]
+    assert f"{src}:5  return model.fc(x)" in hot and "75.0% of samples" in hot
+    assert f"{tmp_path}/gone.py:9" in hot and "helper" in hot  # a file gone since: the location alone

@@ -705,6 +705,8 @@ def _layer_rows(
             line=attrs.get("code.line.number"),
             framework=str(attrs.get("ml.framework", "")),
             ops=acc.direct_ops,
+            defined_file=attrs.get("ml.defined.file.path"),
+            defined_line=attrs.get("ml.defined.line.number"),
         )
         dtypes = attrs.get("ml.input.dtypes")
         row = LayerRow(

@@ -43,7 +43,11 @@ class LayerStat:
         total_ns: sum of call durations (ns).
         self_ns: sum of self times (ns); where the layer level ended early, a model row sums
             only the calls that have layer spans.
-        file, line: source location of the layer's class.
+        file, line: the layer's source (``code.file.path``, ``code.line.number``): the call
+            site in model code in runs that record ``ml.defined.*``, where the layer's
+            ``forward`` is defined in older runs.
+        defined_file, defined_line: where the layer's ``forward`` is defined
+            (``ml.defined.file.path``, ``ml.defined.line.number``); None when not recorded.
         ops: op name → (calls, total ns) of ops nested directly in this layer.
     """
 
@@ -57,11 +61,18 @@ class LayerStat:
     line: int | None = None
     framework: str = ""
     ops: dict[str, list[int]] = field(default_factory=dict)
+    defined_file: str | None = None
+    defined_line: int | None = None
 
     @property
     def location(self) -> str:
         """``file:line`` or "" when unknown."""
         return f"{self.file}:{self.line}" if self.file else ""
+
+    @property
+    def defined(self) -> str:
+        """``file:line`` of the ``forward`` definition, or "" when not recorded."""
+        return f"{self.defined_file}:{self.defined_line}" if self.defined_file else ""
 
 
 @dataclass
@@ -272,6 +283,8 @@ def breakdown(run: Run) -> Breakdown:
                 file=a.get("code.file.path"),
                 line=a.get("code.line.number"),
                 framework=str(a.get("ml.framework", "")),
+                defined_file=a.get("ml.defined.file.path"),
+                defined_line=a.get("ml.defined.line.number"),
             )
             layers[key] = st
         self_ns = max(0, s.duration_ns - child_structural.get(s.id, 0))

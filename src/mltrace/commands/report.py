@@ -1,14 +1,22 @@
-"""``mltrace report RUN``: the bottleneck report of a run (terminal, or one HTML file)."""
+"""``mltrace report RUN``: the bottleneck report of a run (text, JSON, Markdown, or one HTML file)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mltrace.errors import UsageError
 from mltrace.run.gcpause import gc_paused
+
+if TYPE_CHECKING:
+    from mltrace.analysis.bottleneck import Analysis
+    from mltrace.run.store import Run
+
+FORMATS = ("text", "json", "md")
+#: Narrower than this, a table cannot show its headers.
+MIN_WIDTH = 40
 
 
 def add_parser(subparsers: Any) -> None:
@@ -23,6 +31,19 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("run", metavar="RUN", help="run directory")
     p.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (default): tables for a terminal; json: the report's data (schema: docs/CONVENTIONS.md, "
+        "'Report JSON'); md: Markdown to paste into a pull request",
+    )
+    p.add_argument(
+        "--width",
+        type=int,
+        metavar="N",
+        help="draw the text report N columns wide (default: COLUMNS, else the terminal's width; a pipe gets every line whole)",
+    )
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report to FILE instead of printing")
     p.add_argument("--remeasure", action="store_true", help="measure this machine's peak FLOP/s and bandwidth again")
     p.set_defaults(func=run)
@@ -35,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top < 1:
         raise UsageError("--top must be at least 1")
+    if args.width is not None and args.width < MIN_WIDTH:
+        raise UsageError(f"--width must be at least {MIN_WIDTH}")
+    if args.html and args.format != "text":
+        raise UsageError(f"--html and --format {args.format}: choose one")
     html_path = Path(args.html) if args.html else None
     if html_path is not None and html_path.is_dir():
         raise UsageError(f"--html {html_path}: is a directory (give a file name)")
@@ -48,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
         peaks = peaks_for_run(run_obj.meta, has_gpu, remeasure=args.remeasure)
         analysis = analyze(run_obj, peaks)
         if html_path is None:
-            from mltrace.viewers.terminal import render_report
-
-            render_report(run_obj, analysis, top=args.top)
+            _print(run_obj, analysis, args)
             return 0
         from mltrace.analysis.bottleneck import timeline
         from mltrace.viewers.html import render_html
@@ -63,6 +86,26 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--html {html_path}: {exc.strerror}") from None
     sys.stdout.write(f"HTML report: {html_path}\n")
     return 0
+
+
+def _print(run_obj: Run, analysis: Analysis, args: argparse.Namespace) -> None:
+    """Writes the report to stdout in ``args.format``."""
+    if args.format == "text":
+        from mltrace.viewers.terminal import render_report
+
+        render_report(run_obj, analysis, top=args.top, width=args.width)
+        return
+    from mltrace.analysis.report_data import build_report
+
+    data = build_report(run_obj, analysis)
+    if args.format == "json":
+        from mltrace.viewers.json_report import render_json
+
+        sys.stdout.write(render_json(data))
+    else:
+        from mltrace.viewers.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(data, top=args.top))
 
 
 def _say_if_slow(run_dir: Path) -> None:

@@ -15,10 +15,10 @@ import html
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, RooflinePoint, Timeline, Verdict
-from mltrace.analysis.breakdown import Breakdown
+from mltrace.analysis.breakdown import Breakdown, LayerStat
+from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.peaks import Peaks
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
@@ -55,6 +55,9 @@ th{background:#f6f6f6;font-weight:600}td.l,th.l{text-align:left}
 .v{font-weight:600}.links a{margin-right:18px}
 ul.findings li{margin:3px 0}code{background:#f3f3f3;padding:1px 4px;border-radius:3px}
 svg{display:block;margin:6px 0 14px;font:12px system-ui,sans-serif}
+pre.src{margin:4px 0;padding:4px 6px;background:#f7f7f7;font-size:12px;white-space:pre;overflow-x:auto}
+pre.src .hl{font-weight:700;background:#fff3c4}pre.src .ctx{color:#666}
+details summary{cursor:pointer}
 .legend span{display:inline-block;margin-right:14px}.sw{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:-1px}
 """
 
@@ -231,11 +234,32 @@ def _contents(r: LayerRow) -> str:
     return "<br>".join(parts)
 
 
+def _source_html(path: object, line: object, around: int = 3) -> str:
+    """The location ``path:line`` (shortened, whole) with the code line and ``around`` lines
+    either side, read now; just the location when the file is not readable here."""
+    where = location(path, line)
+    if not where:
+        return ""
+    context = context_lines(path, line, around)
+    if not context:
+        return f"<code>{_e(where)}</code>"
+    code = next((text.strip() for n, text in context if n == line), "")
+    listing = "\n".join(f'<span class="{"hl" if n == line else "ctx"}">{n:>5}  {_e(text)}</span>' for n, text in context)
+    return f"<details><summary><code>{_e(where)}</code> <code>{_e(code)}</code></summary><pre class=src>{listing}</pre></details>"
+
+
+def _source_cell(x: LayerStat) -> str:
+    """The call site with its code, and where the layer is defined (when recorded)."""
+    cell = _source_html(x.file, x.line)
+    if x.defined_file:
+        cell += f'<div class="muted">defined at <code>{_e(location(x.defined_file, x.defined_line))}</code></div>'
+    return cell
+
+
 def _layer_rows(rows: Sequence[LayerRow], b: Breakdown) -> list[list[str]]:
     out = []
     for r in rows:
         x, v = r.stat, r.verdict
-        src = f"{x.file}:{x.line}" if x.file else ""
         out.append(
             [
                 _e(x.name),
@@ -250,7 +274,7 @@ def _layer_rows(rows: Sequence[LayerRow], b: Breakdown) -> list[list[str]]:
                 f"{100 * v.efficiency:.2g}%" if v is not None and v.efficiency is not None else "",
                 _e(v.reason) if v is not None else "",
                 _contents(r),
-                f'<span class="muted">{_e(Path(src).name if src else "")}</span>' if src else "",
+                _source_cell(x),
             ]
         )
     return out
@@ -301,7 +325,7 @@ def render_html(run: Run, a: Analysis, tl: Timeline, top: int = 15, port: int = 
     ]
     if not run.complete:
         parts.append('<p class="warn">The run did not finish normally: events up to the last flush.</p>')
-    parts += [_meta_block(meta), _links(run, port), _findings(a), _charts(a, tl, top), _tables(a, top)]
+    parts += [_meta_block(meta), _links(run, port), _findings(a), _charts(a, tl, top), _tables(run, a, top)]
     notes = [*(f"Not recorded — {m}" for m in unrecorded_levels(meta)), *(f"Limitation: {x}" for x in limitations(meta))]
     if notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li class=muted>{_e(n)}</li>" for n in notes) + "</ul>")
@@ -381,7 +405,29 @@ def _charts(a: Analysis, tl: Timeline, top: int) -> str:
     return "\n".join(parts)
 
 
-def _tables(a: Analysis, top: int) -> str:
+def _hot_lines(run: Run, rows: Sequence[LayerRow], per_layer: int = 3) -> str:
+    """Per top layer, the model-code lines py-spy sampled most while it ran (``--py-spy``)."""
+    from mltrace.analysis.report_data import hot_lines
+
+    hot = hot_lines(run, [r.stat.name for r in rows])
+    if not hot:
+        return ""
+    items = []
+    for r in rows:
+        lines = hot.get(r.stat.name)
+        if not lines:
+            continue
+        sampled = sum(ns for _, ns in lines)
+        entries = []
+        for loc, ns in lines[:per_layer]:
+            path, line, function = split_location(loc)
+            share = f"{_e(function)} · {_e(fmt_ns(ns))}, {_pct(ns, sampled)} of samples"
+            entries.append(f"<li>{_source_html(path, line, around=2)} <span class=muted>{share}</span></li>")
+        items.append(f"<li><b>{_e(r.stat.name)}</b> ({_e(r.stat.type)})<ul>{''.join(entries)}</ul></li>")
+    return "<h2>Hottest model-code lines per layer (py-spy samples)</h2><ul>" + "".join(items) + "</ul>"
+
+
+def _tables(run: Run, a: Analysis, top: int) -> str:
     b = a.breakdown
     parts = ["<h2>Time per level (table)</h2>"]
     scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
@@ -412,6 +458,7 @@ def _tables(a: Analysis, top: int) -> str:
         parts.append(_table(headers, _layer_rows(a.top_by_self(top), b), left=left, wrap=wrap))
         parts.append("<details><summary>Top layers by total time (table)</summary>")
         parts.append(_table(headers, _layer_rows(a.layers[:top], b), left=left, wrap=wrap) + "</details>")
+        parts.append(_hot_lines(run, a.top_by_self(top)))
     if a.types:
         parts.append("<h2>By layer type (self time)</h2>")
         parts.append(

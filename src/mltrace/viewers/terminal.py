@@ -9,23 +9,16 @@ from typing import IO, Any
 
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
 from mltrace.analysis.breakdown import Breakdown, LayerStat
+from mltrace.analysis.codepaths import location, source_line, split_location
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.summary import summarize
+from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import Run, load_run, read_meta
 from mltrace.tracer.levels import Level
 
-
-def fmt_ns(ns: float) -> str:
-    """Human duration: 812 ns, 12.3 µs, 4.56 ms, 1.23 s."""
-    if ns < 1_000:
-        return f"{ns:.0f} ns"
-    if ns < 1_000_000:
-        return f"{ns / 1e3:.1f} µs"
-    if ns < 1_000_000_000:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e9:.2f} s"
+__all__ = ["fmt_ns", "fmt_si", "output_width", "print_run_summary", "render_diff", "render_report"]
 
 
 def _stored_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -36,36 +29,64 @@ def _stored_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _short_path(path: object, line: object) -> str:
-    if not path or not isinstance(path, str):  # attributes are the program's: not always text
-        return ""
-    try:
-        rel = os.path.relpath(path)
-        shown = rel if not rel.startswith("..") else path
-    except ValueError:
-        shown = path
-    if "site-packages/" in shown:
-        shown = shown.split("site-packages/", 1)[1]
-    return f"{shown}:{line}"
+    """``path:line`` shortened (working directory, ``site-packages/``) but whole."""
+    return location(path, line)
+
+
+def _source_cell(path: object, line: object) -> str:
+    """The call site ``path:line`` and, when the file is readable now, the line's code."""
+    where = location(path, line)
+    code = source_line(path, line) if where else ""
+    return f"{_esc(where)}  [dim]{_esc(code)}[/dim]" if code else _esc(where)
+
+
+def _esc(text: object) -> str:
+    """Text shown as it is: rich markup in it (``[...]``) escaped."""
+    from rich.markup import escape
+
+    return escape(str(text))
 
 
 def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def _console(file: IO[str] | None) -> object:
+#: Width of a report written to a pipe or file when neither ``--width`` nor ``COLUMNS``
+#: says otherwise: no line is ever folded (tables are as wide as their content).
+UNLIMITED_WIDTH = 100_000
+
+
+def output_width(out: IO[str], width: int | None = None) -> int | None:
+    """Columns to draw in: ``width`` if given, else ``COLUMNS``, else the terminal's
+    (None: rich asks the terminal), else (a pipe, a file) ``UNLIMITED_WIDTH``."""
+    if width:
+        return width
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if out.isatty() else UNLIMITED_WIDTH
+
+
+def _console(file: IO[str] | None, width: int | None = None) -> Any:
     from rich.console import Console
 
-    return Console(file=file or sys.stdout, width=None if (file or sys.stdout).isatty() else 160, highlight=False)
+    out = file or sys.stdout
+    return Console(file=out, width=output_width(out, width), highlight=False, soft_wrap=False)
 
 
-def fmt_si(value: float, unit: str) -> str:
-    """A number with an SI prefix: 1.23 GFLOP, 45.6 MB, 0 B."""
-    if value == 0:
-        return f"0 {unit}"
-    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
+def _table(title: str, columns: list[tuple[str, bool]]) -> Any:
+    """A rich table whose cells wrap (folding words too long for the column), never "…".
+
+    Args:
+        title: the table's title.
+        columns: (header, right-justified) per column.
+    """
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for header, right in columns:
+        table.add_column(header, justify="right" if right else "left", overflow="fold")
+    return table
 
 
 _BOUND_STYLE = {Bound.COMPUTE: "red", Bound.MEMORY: "blue", Bound.OVERHEAD: "yellow", Bound.UNKNOWN: "dim"}
@@ -86,11 +107,12 @@ def _peaks_line(p: Peaks) -> str:
     )
 
 
-def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = None) -> None:
-    """Prints the bottleneck report: findings, levels, top layers with verdicts, aggregations."""
-    from rich.table import Table
+def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = None, width: int | None = None) -> None:
+    """Prints the bottleneck report: findings, levels, top layers with verdicts, aggregations.
 
-    console = _console(file)
+    Nothing is cut: long cells wrap (``output_width`` says how wide the report is drawn).
+    """
+    console = _console(file, width)
     b = a.breakdown
     meta = run.meta
     title = f"mltrace report — {meta.get('name', run.path.name)}  ({run.path})"
@@ -105,10 +127,9 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         if a.peaks.gpu is not None:
             console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.gpu) + "[/dim]")  # type: ignore[attr-defined]
     _findings(console, a)
-    lt = Table(title="Time per level", title_justify="left")
     scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
-    for col in ("level", "spans", "time", *(("in model & user spans",) if scoped else ()), "% of model"):
-        lt.add_column(col, justify="right" if col != "level" else "left")
+    cols = ("level", "spans", "time", *(("in model & user spans",) if scoped else ()), "% of model")
+    lt = _table("Time per level", [(col, col != "level") for col in cols])
     for row in b.levels:
         in_scope = a.level_ns_in_scope.get(row.level, row.time_ns)
         cells = (fmt_ns(row.time_ns), *((fmt_ns(in_scope),) if scoped else ()), _pct(in_scope, b.base_ns(row.level)))
@@ -129,13 +150,13 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         if by_self:
             _layer_table(console, "Top layers by self time", by_self, b)
             _why_table(console, by_self)
+            _hot_lines(console, run, by_self)
     if a.types:
-        tt = Table(title="By layer type (self time)", title_justify="left")
-        for col in ("type", "calls", "total", "self", "% of model", "FLOP", "bytes", "verdict"):
-            tt.add_column(col, justify="left" if col in ("type", "verdict") else "right")
+        cols = ("type", "calls", "total", "self", "% of model", "FLOP", "bytes", "verdict")
+        tt = _table("By layer type (self time)", [(col, col not in ("type", "verdict")) for col in cols])
         for t in a.types[:top]:
             tt.add_row(
-                t.type,
+                _esc(t.type),
                 str(t.calls),
                 fmt_ns(t.total_ns),
                 fmt_ns(t.self_ns),
@@ -162,21 +183,37 @@ def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> Non
     """Top layers by self time, each with its heaviest op and library call or kernel."""
     from mltrace.analysis.breakdown import cross_stack_chains
 
-    chains = [c for c in cross_stack_chains(run, top=min(top, 10), layers=layers) if c.links or c.hot_line]
+    chains = [c for c in cross_stack_chains(run, top=min(top, 10), layers=layers) if c.links]
     if not chains:
         return
     console.print("[bold]Cross-stack: where each top layer's time goes[/bold]")  # type: ignore[attr-defined]
     for c in chains:
-        steps = [f"[bold]{c.layer}[/bold] ({c.type}, self {fmt_ns(c.self_ns)})"]
-        steps += [f"{link.name} {fmt_ns(link.total_ns)}" for link in c.links]
+        steps = [f"[bold]{_esc(c.layer)}[/bold] ({_esc(c.type)}, self {fmt_ns(c.self_ns)})"]
+        steps += [f"{_esc(link.name)} {fmt_ns(link.total_ns)}" for link in c.links]
         console.print("  " + " → ".join(steps))  # type: ignore[attr-defined]
-        if c.hot_line:
-            console.print(f"      [dim]hottest Python line: {c.hot_line}[/dim]")  # type: ignore[attr-defined]
+
+
+def _hot_lines(console: Any, run: Run, rows: list[LayerRow], per_layer: int = 3) -> None:
+    """Per top layer, the model-code lines py-spy sampled most while it ran (``--py-spy``)."""
+    from mltrace.analysis.report_data import hot_lines
+
+    hot = hot_lines(run, [r.stat.name for r in rows])
+    if not hot:
+        return
+    console.print("[bold]Hottest model-code lines per layer (py-spy samples)[/bold]")
+    for r in rows:
+        lines = hot.get(r.stat.name)
+        if not lines:
+            continue
+        sampled = sum(ns for _, ns in lines)
+        console.print(f"  [bold]{_esc(r.stat.name)}[/bold] ({_esc(r.stat.type)})")
+        for loc, ns in lines[:per_layer]:
+            path, line, function = split_location(loc)
+            console.print(f"      {_source_cell(path, line)}  [dim]{_esc(function)} · {fmt_ns(ns)}, {_pct(ns, sampled)} of samples[/dim]")
 
 
 def _gpu_groups(console: object, run: Run, top: int) -> None:
     """XSP's layer and op tables on the GPU: GPU time, launches and the top kernels of each."""
-    from rich.table import Table
 
     from mltrace.analysis.gpu import gpu_tables
 
@@ -187,12 +224,11 @@ def _gpu_groups(console: object, run: Run, top: int) -> None:
         rows = [r for r in rows if r.gpu_ns][:top]
         if not rows:
             continue
-        table = Table(title=title, title_justify="left")
-        for col in ("name", "calls", "CPU", "GPU", "launches", "top kernels"):
-            table.add_column(col, justify="left" if col in ("name", "top kernels") else "right")
+        cols = ("name", "calls", "CPU", "GPU", "launches", "top kernels")
+        table = _table(title, [(col, col not in ("name", "top kernels")) for col in cols])
         for r in rows:
-            kernels = "; ".join(f"{_clip(name, 40)} ×{count} {fmt_ns(ns)}" for name, count, ns in r.top_kernels(2))
-            table.add_row(_clip(r.name, 40), str(r.calls), fmt_ns(r.cpu_ns), fmt_ns(r.gpu_ns), str(r.launches), kernels)
+            kernels = "; ".join(f"{_esc(name)} ×{count} {fmt_ns(ns)}" for name, count, ns in r.top_kernels(2))
+            table.add_row(_esc(r.name), str(r.calls), fmt_ns(r.cpu_ns), fmt_ns(r.gpu_ns), str(r.launches), kernels)
         console.print(table)  # type: ignore[attr-defined]
     if tables.unattributed_to_op:
         console.print(f"[dim]GPU activities not under any op: {tables.unattributed_to_op}[/dim]")  # type: ignore[attr-defined]
@@ -214,12 +250,12 @@ def _findings(console: object, a: Analysis) -> None:
         text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})"
         if idle.gaps:
             g = idle.gaps[0]
-            text += f"; largest {fmt_ns(g.duration_ns)} after {_clip(g.before)} before {_clip(g.after)}"
+            text += f"; largest {fmt_ns(g.duration_ns)} after {_esc(g.before)} before {_esc(g.after)}"
         lines.append(text)
     if f.device_ns and f.cpu_ns:
         lines.append(f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}")
     if f.data_movement_base_ns:
-        top = ", ".join(f"{_clip(x.name)} {fmt_ns(x.total_ns)}" for x in f.data_movement_top[:3])
+        top = ", ".join(f"{_esc(x.name)} {fmt_ns(x.total_ns)}" for x in f.data_movement_top[:3])
         lines.append(
             f"Data movement: {fmt_ns(f.data_movement_ns)} ({_pct(f.data_movement_ns, f.data_movement_base_ns)} of op+GPU time)"
             + (f" — {top}" if top else "")
@@ -238,28 +274,34 @@ def _findings(console: object, a: Analysis) -> None:
     del b
 
 
-def _clip(text: str, width: int = 48) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown) -> None:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for col in ("layer", "type", "calls", "total", "self", "% model", "verdict", "top ops / libraries / kernels", "source"):
-        table.add_column(col, justify="right" if col in ("calls", "total", "self", "% model") else "left")
+    defined = any(r.stat.defined_file for r in rows)  # runs that record call sites also name the definition
+    cols = [
+        "layer",
+        "type",
+        "calls",
+        "total",
+        "self",
+        "% model",
+        "verdict",
+        "top ops / libraries / kernels",
+        "source",
+        *(["defined"] if defined else []),
+    ]
+    table = _table(title, [(col, col in ("calls", "total", "self", "% model")) for col in cols])
     for r in rows:
         x = r.stat
         table.add_row(
-            x.name if x.level.label == "layer" else f"[bold]{x.name}[/bold]",
-            x.type,
+            _esc(x.name) if x.level.label == "layer" else f"[bold]{_esc(x.name)}[/bold]",
+            _esc(x.type),
             str(x.calls),
             fmt_ns(x.total_ns),
             fmt_ns(x.self_ns),
             _pct(x.total_ns, b.base_ns(x.level)),
             _verdict_text(r.verdict),
             _contents(r),
-            _short_path(x.file, x.line),
+            _source_cell(x.file, x.line),
+            *([_esc(location(x.defined_file, x.defined_line))] if defined else []),
         )
     console.print(table)  # type: ignore[attr-defined]
 
@@ -267,22 +309,22 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown
 def _contents(r: LayerRow) -> str:
     parts = []
     ops = sorted(r.stat.ops.items(), key=lambda kv: -kv[1][1])[:2]
-    parts += [f"{name} {fmt_ns(v[1])}" for name, v in ops]
-    parts += [f"{_clip(x.name, 24)} {fmt_ns(x.total_ns)}" for x in r.libraries[:1]]
-    parts += [f"{_clip(x.name, 32)} {fmt_ns(x.total_ns)}" for x in r.kernels[:1]]
+    parts += [f"{_esc(name)} {fmt_ns(v[1])}" for name, v in ops]
+    parts += [f"{_esc(x.name)} {fmt_ns(x.total_ns)}" for x in r.libraries[:1]]
+    parts += [f"{_esc(x.name)} {fmt_ns(x.total_ns)}" for x in r.kernels[:1]]
     return ", ".join(parts)
 
 
 def _why_table(console: object, rows: list[LayerRow]) -> None:
-    from rich.table import Table
-
-    table = Table(title="Why: the roofline numbers of the top layers (by self time)", title_justify="left")
-    for col in ("layer", "verdict", "FLOP", "bytes", "FLOP/B", "achieved", "% roofline", "basis", "reason"):
-        table.add_column(col, justify="left" if col in ("layer", "verdict", "basis", "reason") else "right")
+    cols = ("layer", "verdict", "FLOP", "bytes", "FLOP/B", "achieved", "% roofline", "basis", "reason")
+    table = _table(
+        "Why: the roofline numbers of the top layers (by self time)",
+        [(col, col not in ("layer", "verdict", "basis", "reason")) for col in cols],
+    )
     for r in rows:
         v = r.verdict
         table.add_row(
-            r.stat.name,
+            _esc(r.stat.name),
             _verdict_text(v),
             fmt_si(r.flops, "FLOP"),
             fmt_si(r.bytes, "B"),
@@ -290,43 +332,42 @@ def _why_table(console: object, rows: list[LayerRow]) -> None:
             fmt_si(v.achieved_flops, "FLOP/s") if v is not None and v.achieved_flops else "",
             f"{100 * v.efficiency:.2g}%" if v is not None and v.efficiency is not None else "",
             r.work_source,
-            v.reason if v is not None else "",
+            _esc(v.reason) if v is not None else "",
         )
     console.print(table)  # type: ignore[attr-defined]
 
 
 def _name_table(console: object, title: str, rows: list[NameRow], ops: bool = False, detail: str = "") -> None:
-    from rich.table import Table
-
     if not rows:
         return
-    table = Table(title=title, title_justify="left")
     cols = ["name", *([detail] if detail else []), "calls", "total", "self", "mean"]
     if ops:
         cols += ["FLOP", "GPU time", "verdict"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("name", detail, "verdict") else "right")
+    table = _table(title, [(col, col not in ("name", detail, "verdict")) for col in cols])
     for r in rows:
-        cells = [_clip(r.name, 70), *([r.detail] if detail else []), str(r.calls), fmt_ns(r.total_ns), fmt_ns(r.self_ns), fmt_ns(r.mean_ns)]
+        cells = [
+            _esc(r.name),
+            *([_esc(r.detail)] if detail else []),
+            str(r.calls),
+            fmt_ns(r.total_ns),
+            fmt_ns(r.self_ns),
+            fmt_ns(r.mean_ns),
+        ]
         if ops:
             cells += [fmt_si(r.flops, "FLOP") if r.flops else "", fmt_ns(r.device_ns) if r.device_ns else "", _verdict_text(r.verdict)]
         table.add_row(*cells)
     console.print(table)  # type: ignore[attr-defined]
 
 
-def render_diff(d: RunDiff, top: int = 15, file: IO[str] | None = None) -> None:
+def render_diff(d: RunDiff, top: int = 15, file: IO[str] | None = None, width: int | None = None) -> None:
     """Prints a run comparison: totals, then layers, layer types, ops and kernels that changed."""
-    from rich.table import Table
-
-    console = _console(file)
+    console = _console(file, width)
     a = f"{d.a_name} ({d.a_path})" if d.a_path else d.a_name
     b = f"{d.b_name} ({d.b_path})" if d.b_path else d.b_name
     console.print(f"[bold]mltrace diff[/bold] — A: {a}  B: {b}")  # type: ignore[attr-defined]
     console.print(f"[dim]model calls: {d.model_calls[0]} in A, {d.model_calls[1]} in B[/dim]")  # type: ignore[attr-defined]
     console.print(f"[dim]times are {d.basis}; a change counts when it is over {100 * d.threshold:.0f}% and {fmt_ns(d.min_delta_ns)}[/dim]")  # type: ignore[attr-defined]
-    tt = Table(title="Totals", title_justify="left")
-    for col in ("", "A", "B", "change"):
-        tt.add_column(col, justify="left" if not col else "right")
+    tt = _table("Totals", [(col, bool(col)) for col in ("", "A", "B", "change")])
     for name, va, vb in d.totals:
         tt.add_row(name, fmt_ns(va), fmt_ns(vb), _change(va, vb))
     console.print(tt)  # type: ignore[attr-defined]
@@ -337,13 +378,12 @@ def render_diff(d: RunDiff, top: int = 15, file: IO[str] | None = None) -> None:
         for row in section:
             counts[row.status] = counts.get(row.status, 0) + 1
         summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        table = Table(title=f"{title}: {summary}", title_justify="left")
-        for col in ("name", "status", "calls A", "calls B", "time A", "time B", "Δ", "change"):
-            table.add_column(col, justify="left" if col in ("name", "status") else "right")
+        cols = ("name", "status", "calls A", "calls B", "time A", "time B", "Δ", "change")
+        table = _table(f"{title}: {summary}", [(col, col not in ("name", "status")) for col in cols])
         shown = [r for r in section if r.status != "same"][:top]
         for r in shown:
             table.add_row(
-                _clip(r.name, 60),
+                _esc(r.name),
                 f"[{_STATUS_STYLE.get(r.status, '')}]{r.status}[/]" if r.status in _STATUS_STYLE else r.status,
                 str(r.calls_a),
                 str(r.calls_b),
@@ -388,18 +428,16 @@ def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
     except Exception as exc:
         out.write(f"mltrace: run written to {run_dir} (summary unavailable: {exc})\n")
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=out, width=None if out.isatty() else 140, highlight=False)
+    console = _console(out)
     console.print(f"[bold]mltrace[/bold]: {spans} spans, {calls} model calls, model time {fmt_ns(model_ns)}")
     if layers:
-        table = Table(title="Top layers by self time", title_justify="left")
-        for col in ("layer", "type", "calls", "self", "% model", "source"):
-            table.add_column(col, justify="right" if col in ("calls", "self", "% model") else "left")
+        cols = ("layer", "type", "calls", "self", "% model", "source")
+        table = _table("Top layers by self time", [(col, col in ("calls", "self", "% model")) for col in cols])
         for x in layers:
             path, _, line = str(x["location"]).rpartition(":")
             source = _short_path(path, int(line)) if path and line.isdigit() else ""
-            table.add_row(str(x["layer"]), str(x["type"]), str(x["calls"]), fmt_ns(x["self_ns"]), _pct(x["self_ns"], layer_base_ns), source)
+            table.add_row(
+                _esc(x["layer"]), _esc(x["type"]), str(x["calls"]), fmt_ns(x["self_ns"]), _pct(x["self_ns"], layer_base_ns), _esc(source)
+            )
         console.print(table)
     console.print(f"trace: {run_dir / 'trace.pftrace'}  (mltrace report {run_dir})")

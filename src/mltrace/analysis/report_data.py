@@ -1,0 +1,260 @@
+"""The report as plain data (dicts, lists, numbers, strings): what ``--format json``
+prints and what the Markdown report is drawn from.
+
+The shape is the "Report JSON" schema of docs/CONVENTIONS.md (``REPORT_SCHEMA`` in
+``analysis.report_schema``); keys are stable. Paths are as recorded (absolute where the
+program ran); viewers shorten them for display.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
+from mltrace.analysis.codepaths import source_line, split_location
+from mltrace.analysis.peaks import Peaks
+from mltrace.analysis.units import fmt_ns
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+
+#: Bumped when a key changes meaning or goes away (new keys do not bump it).
+SCHEMA_VERSION = 1
+
+
+def build_report(run: Run, a: Analysis) -> dict[str, Any]:
+    """The whole report of a run as plain data (the "Report JSON" schema).
+
+    Args:
+        run: the run.
+        a: its analysis (``analysis.bottleneck.analyze``).
+
+    Returns:
+        ``{"run", "models", "layers", "ops", "findings"}``; times in ns.
+    """
+    rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
+    durations = call_durations(run, [(r.stat.name, r.stat.level) for r in rows])
+    layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
+    hot = hot_lines(run, [r.stat.name for r in layer_rows])
+    return {
+        "run": _run_entry(run, a),
+        "models": [_model_entry(run, r, durations.get((r.stat.name, r.stat.level), [])) for r in rows if r.stat.level is Level.MODEL],
+        "layers": [_layer_entry(r, durations.get((r.stat.name, r.stat.level), []), hot.get(r.stat.name, [])) for r in layer_rows],
+        "ops": [_op_entry(r) for r in a.ops],
+        "findings": findings(a),
+    }
+
+
+def call_durations(run: Run, keys: list[tuple[str, Level]]) -> dict[tuple[str, Level], list[int]]:
+    """The duration (ns) of every call of each (span name, level), in start order."""
+    import numpy as np
+
+    t = run.table
+    if not keys or not len(t):
+        return {}
+    index = {nm: i for i, nm in enumerate(t.names)}
+    out: dict[tuple[str, Level], list[int]] = {}
+    levels = t.level.astype(np.int64)
+    names = t.name.astype(np.int64)
+    wanted = {(index[name], int(level)): (name, level) for name, level in keys if name in index}
+    if not wanted:
+        return {}
+    rows = np.nonzero(np.isin(levels, [lv for _, lv in wanted]))[0]
+    rows = rows[np.argsort(t.start[rows], kind="stable")]
+    dur = np.maximum(t.end[rows] - t.start[rows], 0)
+    for row, d in zip(rows.tolist(), dur.tolist()):
+        key = wanted.get((int(names[row]), int(levels[row])))
+        if key is not None:
+            out.setdefault(key, []).append(int(d))
+    return out
+
+
+def percentile_ns(values: list[int], q: float) -> int | None:
+    """The ``q``-th percentile (0..100) of durations (ns), linearly interpolated between
+    the closest ranks (numpy's default), rounded to whole ns; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+def hot_lines(run: Run, names: list[str]) -> dict[str, list[tuple[str, int]]]:
+    """Per layer name, its ``ml.source.hot_lines`` summed over its calls, hottest first:
+    ``[("path:line function", ns), …]`` (empty for layers that were not sampled)."""
+    import numpy as np
+
+    t = run.table
+    index = {nm: i for i, nm in enumerate(t.names)}
+    is_layer = t.level.astype(np.int64) == int(Level.LAYER)
+    out: dict[str, list[tuple[str, int]]] = {}
+    for name in names:
+        ni = index.get(name)
+        if ni is None:
+            continue
+        calls = np.nonzero(is_layer & (t.name == ni))[0]
+        sets, counts = np.unique(t.attr[calls], return_counts=True)
+        per: dict[str, int] = {}
+        for k, times in zip(sets.tolist(), counts.tolist()):
+            lines = t.attr_set(k).get("ml.source.hot_lines")
+            for item in lines if isinstance(lines, list) else ():
+                if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int):
+                    per[item[0]] = per.get(item[0], 0) + item[1] * times
+        if per:
+            out[name] = sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))
+    return out
+
+
+def _loc(path: object, line: object) -> str | None:
+    """``path:line`` as recorded, or None when the path is missing or not text."""
+    if not isinstance(path, str) or not path:
+        return None
+    return f"{path}:{line}" if isinstance(line, int) and not isinstance(line, bool) else path
+
+
+def _verdict(v: Verdict | None) -> tuple[str | None, str | None]:
+    return (v.bound.value, v.reason) if v is not None else (None, None)
+
+
+def _peaks_entry(p: Peaks) -> dict[str, Any]:
+    return {"device": p.device, "name": p.name, "flops_per_s": p.flops_per_s, "bytes_per_s": p.bytes_per_s, "source": p.source}
+
+
+def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
+    b, meta = a.breakdown, run.meta
+    peaks = [] if a.peaks is None else [_peaks_entry(p) for p in (a.peaks.cpu, a.peaks.gpu) if p is not None]
+    command = meta.get("command")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "name": str(meta.get("name") or run.path.name),
+        "path": str(run.path),
+        "run_id": str(meta["run_id"]) if meta.get("run_id") else None,
+        "complete": run.complete,
+        "command": [str(x) for x in command] if isinstance(command, list) else None,
+        "spans": b.span_count,
+        "model_calls": b.model_calls,
+        "model_ns": b.model_ns,
+        "wall_ns": b.wall_ns,
+        "levels": [{"level": lt.level.label, "spans": lt.spans, "time_ns": lt.time_ns} for lt in b.levels],
+        "peaks": peaks,
+    }
+
+
+def _model_entry(run: Run, r: LayerRow, durations: list[int]) -> dict[str, Any]:
+    x = r.stat
+    source = _loc(x.file, x.line)
+    if source is None:  # runs before call sites: the model span names its caller in ml.call.*
+        attrs = _first_attrs(run, x.name, Level.MODEL)
+        source = _loc(attrs.get("ml.call.file.path"), attrs.get("ml.call.line.number"))
+    return {
+        "name": x.name,
+        "type": x.type,
+        "calls": x.calls,
+        "total_ns": x.total_ns,
+        # Cold and steady calls are not told apart yet: every call counts as steady.
+        "cold_calls": 0,
+        "cold_ns": 0,
+        "steady_median_ns": percentile_ns(durations, 50),
+        "steady_p90_ns": percentile_ns(durations, 90),
+        "source": source,
+    }
+
+
+def _first_attrs(run: Run, name: str, level: Level) -> dict[str, Any]:
+    import numpy as np
+
+    t = run.table
+    index = {nm: i for i, nm in enumerate(t.names)}
+    if name not in index:
+        return {}
+    rows = np.nonzero((t.name == index[name]) & (t.level.astype(np.int64) == int(level)))[0]
+    return t.attrs(int(rows[0])) if len(rows) else {}
+
+
+def _layer_entry(r: LayerRow, durations: list[int], hot: list[tuple[str, int]]) -> dict[str, Any]:
+    x = r.stat
+    bound, why = _verdict(r.verdict)
+    text = source_line(x.file, x.line)
+    return {
+        "name": x.name,
+        "type": x.type,
+        "calls": x.calls,
+        "total_ns": x.total_ns,
+        "self_ns": x.self_ns,
+        "median_ns": percentile_ns(durations, 50),
+        "p90_ns": percentile_ns(durations, 90),
+        "source": _loc(x.file, x.line),
+        "source_text": text or None,
+        "defined": _loc(x.defined_file, x.defined_line),
+        "flops": r.flops,
+        "bytes": r.bytes,
+        "verdict": bound,
+        "why": why,
+        "hot_lines": [_hot_entry(loc, ns) for loc, ns in hot],
+    }
+
+
+def _hot_entry(loc: str, ns: int) -> dict[str, Any]:
+    path, line, function = split_location(loc)
+    return {"line": _loc(path, line), "function": function, "ns": ns}
+
+
+def _op_entry(r: NameRow) -> dict[str, Any]:
+    bound, why = _verdict(r.verdict)
+    return {
+        "name": r.name,
+        "calls": r.calls,
+        "total_ns": r.total_ns,
+        "self_ns": r.self_ns,
+        "mean_ns": round(r.mean_ns),
+        "flops": r.flops,
+        "device_ns": r.device_ns,
+        "verdict": bound,
+        "why": why,
+    }
+
+
+def findings(a: Analysis) -> list[dict[str, Any]]:
+    """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``bound``,
+    ``idle``, ``cpu_vs_gpu``, ``data_movement``, ``framework_overhead``, ``note``)."""
+    f = a.findings
+    out = _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
+    if f.device_ns and f.cpu_ns:
+        text = f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}"
+        out.append({"kind": "cpu_vs_gpu", "text": text, "cpu_ns": f.cpu_ns, "device_ns": f.device_ns})
+    if f.data_movement_base_ns:
+        top = ", ".join(f"{x.name} {fmt_ns(x.total_ns)}" for x in f.data_movement_top[:3])
+        text = f"Data movement: {fmt_ns(f.data_movement_ns)} ({_share(f.data_movement_ns, f.data_movement_base_ns)} of op+GPU time)"
+        text += f" — {top}" if top else ""
+        out.append({"kind": "data_movement", "text": text, "ns": f.data_movement_ns, "base_ns": f.data_movement_base_ns})
+    if f.framework_ns is not None:
+        share = _share(f.framework_ns, f.framework_base_ns)
+        text = f"Framework overhead (layer time not covered by ops): {fmt_ns(f.framework_ns)} ({share} of model time)"
+        out.append({"kind": "framework_overhead", "text": text, "ns": f.framework_ns, "base_ns": f.framework_base_ns})
+    return out + [{"kind": "note", "text": note} for note in f.notes]
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _bound_finding(f: Findings) -> list[dict[str, Any]]:
+    """The verdicts' shares of the time (none when no verdict holds any)."""
+    total = sum(f.bound_ns.values())
+    if not total:
+        return []
+    shares = {bound.value: ns for bound, ns in sorted(f.bound_ns.items(), key=lambda kv: -kv[1]) if ns}
+    text = ", ".join(f"{bound.split('-')[0]} {100 * ns / total:.0f}%" for bound, ns in shares.items())
+    text = f"Mostly {f.dominant.value} — share of {f.basis}: {text}"
+    return [{"kind": "bound", "text": text, "dominant": f.dominant.value, "basis": f.basis, "ns": shares}]
+
+
+def _idle_finding(idle: Idle) -> dict[str, Any]:
+    text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})"
+    entry: dict[str, Any] = {"kind": "idle", "text": text, "where": idle.where, "idle_ns": idle.idle_ns, "window_ns": idle.window_ns}
+    if idle.gaps:
+        g = idle.gaps[0]
+        entry["text"] += f"; largest {fmt_ns(g.duration_ns)} after {g.before} before {g.after}"
+        entry["largest_gap"] = {"ns": g.duration_ns, "before": g.before, "after": g.after}
+    return entry

@@ -1,0 +1,108 @@
+"""The schema of ``mltrace report RUN --format json`` (JSON Schema, draft 2020-12 subset).
+
+Only ``type``, ``properties``, ``required``, ``additionalProperties``, ``items`` and
+``enum`` are used, so a small validator can check it (the tests do). Every key an
+object has is listed in ``required``: keys are stable, and a value that is not known
+is ``null``, never a missing key (``findings`` items, whose numbers depend on their
+``kind``, are the one open object). docs/CONVENTIONS.md ("Report JSON") explains the
+fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_OPT_INT = {"type": ["integer", "null"]}
+_OPT_STR = {"type": ["string", "null"]}
+_VERDICT = {"type": ["string", "null"], "enum": ["compute-bound", "memory-bound", "overhead-bound", "unknown", None]}
+
+
+def _object(props: dict[str, Any], closed: bool = True) -> dict[str, Any]:
+    """An object schema whose keys are all required (and, when ``closed``, the only ones)."""
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": not closed}
+
+
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+_PEAKS = _object({"device": _STR, "name": _STR, "flops_per_s": _NUM, "bytes_per_s": _NUM, "source": _STR})
+_LEVEL = _object({"level": _STR, "spans": _INT, "time_ns": _INT})
+_HOT_LINE = _object({"line": _OPT_STR, "function": _STR, "ns": _INT})
+
+RUN = _object(
+    {
+        "schema_version": _INT,
+        "name": _STR,
+        "path": _STR,
+        "run_id": _OPT_STR,
+        "complete": _BOOL,
+        "command": {"type": ["array", "null"], "items": _STR},
+        "spans": _INT,
+        "model_calls": _INT,
+        "model_ns": _INT,
+        "wall_ns": _INT,
+        "levels": _array(_LEVEL),
+        "peaks": _array(_PEAKS),
+    }
+)
+MODEL = _object(
+    {
+        "name": _STR,
+        "type": _STR,
+        "calls": _INT,
+        "total_ns": _INT,
+        "cold_calls": _INT,
+        "cold_ns": _INT,
+        "steady_median_ns": _OPT_INT,
+        "steady_p90_ns": _OPT_INT,
+        "source": _OPT_STR,
+    }
+)
+LAYER = _object(
+    {
+        "name": _STR,
+        "type": _STR,
+        "calls": _INT,
+        "total_ns": _INT,
+        "self_ns": _INT,
+        "median_ns": _OPT_INT,
+        "p90_ns": _OPT_INT,
+        "source": _OPT_STR,
+        "source_text": _OPT_STR,
+        "defined": _OPT_STR,
+        "flops": _NUM,
+        "bytes": _NUM,
+        "verdict": _VERDICT,
+        "why": _OPT_STR,
+        "hot_lines": _array(_HOT_LINE),
+    }
+)
+OP = _object(
+    {
+        "name": _STR,
+        "calls": _INT,
+        "total_ns": _INT,
+        "self_ns": _INT,
+        "mean_ns": _INT,
+        "flops": _NUM,
+        "device_ns": _INT,
+        "verdict": _VERDICT,
+        "why": _OPT_STR,
+    }
+)
+FINDING = _object(
+    {"kind": {"type": "string", "enum": ["bound", "idle", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"]}, "text": _STR},
+    closed=False,
+)
+
+#: The whole document.
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "mltrace report",
+    **_object({"run": RUN, "models": _array(MODEL), "layers": _array(LAYER), "ops": _array(OP), "findings": _array(FINDING)}),
+}

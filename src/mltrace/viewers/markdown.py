@@ -1,0 +1,126 @@
+"""The report as Markdown (``mltrace report RUN --format md``), to paste into a pull request.
+
+Drawn from ``analysis.report_data``'s plain data; paths are shortened
+(``analysis.codepaths.short_path``) but never cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mltrace.analysis.codepaths import short_path, split_location
+from mltrace.analysis.units import fmt_ns, fmt_si
+
+
+def _cell(text: object) -> str:
+    """A table cell: pipes escaped, newlines as spaces."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str | None) -> str:
+    """Inline code (a path:line, a source line); "" for None."""
+    if not text:
+        return ""
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{_cell(text)}{fence}"
+
+
+def _short(loc: str | None) -> str | None:
+    """``path:line`` with its path shortened, or None."""
+    if not loc:
+        return None
+    path, line, _ = split_location(loc)
+    return f"{short_path(path)}:{line}" if line is not None else short_path(path)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def render_markdown(data: dict[str, Any], top: int = 15) -> str:
+    """The report data as one Markdown document: summary, findings, models, top layers by
+    self time (with call site, definition and hot lines), ops."""
+    run = data["run"]
+    out = [f"## mltrace report — {_cell(run['name'])}", ""]
+    out.append(
+        f"{run['spans']} spans, {run['model_calls']} model calls, model time {fmt_ns(run['model_ns'])}, wall {fmt_ns(run['wall_ns'])}."
+    )
+    if not run["complete"]:
+        out.append("The run did not finish normally: events up to the last flush.")
+    out.append("")
+    if data["findings"]:
+        out += ["### Findings", ""] + [f"- {_cell(f['text'])}" for f in data["findings"]] + [""]
+    if data["models"]:
+        out += ["### Models", ""]
+        out += _table(
+            ["model", "calls", "median", "p90", "called from"],
+            [
+                [_cell(m["name"]), str(m["calls"]), _opt_ns(m["steady_median_ns"]), _opt_ns(m["steady_p90_ns"]), _code(_short(m["source"]))]
+                for m in data["models"]
+            ],
+        )
+        out.append("")
+    layers = sorted(data["layers"], key=lambda x: (-x["self_ns"], x["name"]))[:top]
+    if layers:
+        out += ["### Top layers by self time", ""]
+        out += _table(
+            ["layer", "type", "calls", "self", "total", "median", "verdict", "source", "defined"], [_layer_row(x) for x in layers]
+        )
+        out.append("")
+        out += _hot_section(layers)
+    if data["ops"]:
+        out += ["### Top ops by self time", ""]
+        out += _table(
+            ["op", "calls", "self", "total", "FLOP", "verdict"],
+            [
+                [
+                    _code(o["name"]),
+                    str(o["calls"]),
+                    fmt_ns(o["self_ns"]),
+                    fmt_ns(o["total_ns"]),
+                    fmt_si(o["flops"], "FLOP") if o["flops"] else "",
+                    _verdict(o["verdict"]),
+                ]
+                for o in data["ops"][:top]
+            ],
+        )
+        out.append("")
+    return "\n".join(out)
+
+
+def _opt_ns(ns: int | None) -> str:
+    return fmt_ns(ns) if ns is not None else ""
+
+
+def _verdict(v: str | None) -> str:
+    return v.split("-")[0] if v else ""
+
+
+def _layer_row(x: dict[str, Any]) -> list[str]:
+    source = _code(_short(x["source"]))
+    if x["source_text"]:
+        source += " " + _code(x["source_text"])
+    return [
+        _code(x["name"]),
+        _cell(x["type"]),
+        str(x["calls"]),
+        fmt_ns(x["self_ns"]),
+        fmt_ns(x["total_ns"]),
+        _opt_ns(x["median_ns"]),
+        _verdict(x["verdict"]),
+        source,
+        _code(_short(x["defined"])),
+    ]
+
+
+def _hot_section(layers: list[dict[str, Any]]) -> list[str]:
+    """Per sampled layer, its hottest model-code lines (py-spy)."""
+    sampled = [x for x in layers if x["hot_lines"]]
+    if not sampled:
+        return []
+    out = ["### Hottest model-code lines per layer (py-spy)", ""]
+    for x in sampled:
+        lines = ", ".join(f"{_code(_short(h['line']))} {_cell(h['function'])} {fmt_ns(h['ns'])}" for h in x["hot_lines"][:3])
+        out.append(f"- {_code(x['name'])}: {lines}")
+    return [*out, ""]
