@@ -16,6 +16,7 @@ import gzip
 import importlib.util
 import itertools
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -205,9 +206,98 @@ def test_synchronization_becomes_an_instant_on_its_stream() -> None:
 
 
 def test_api_call_without_a_resolved_name_is_named_by_cbid() -> None:
-    rec = _api("DRIVER", "", 1, 10, 20)
-    result, _ = _convert([rec])
-    assert result.spans[0].name == "driver API cbid 13"
+    named = _api("DRIVER", "", 1, 10, 20)  # cbid 13: cuCtxDetach in every CUDA
+    unnamed = {**_api("RUNTIME", "", 2, 30, 40), "cbid": 531}  # a placeholder (cuda531) in CUDA 13's enum
+    result, _ = _convert([named, unnamed])
+    assert [s.name for s in result.spans] == ["cuCtxDetach", "runtime API cbid 531"]
+    assert [s.attrs["cuda.api.cbid"] for s in result.spans] == [13, 531]
+
+
+def test_collector_names_what_get_callback_name_cannot() -> None:
+    collector = cs._Collector(_StandInCupti(), 1 << 20)  # type: ignore[arg-type]
+    assert collector.api_name("RUNTIME", 211) == "cudaLaunchKernel_v7000"  # CUPTI's own name first
+    assert collector.api_name("RUNTIME", 468) == "cudaGetDriverEntryPointByVersion"  # the stand-in raises: the table's
+    assert collector.api_name("RUNTIME", 531) is None  # no name anywhere: to_events falls back to the cbid
+
+
+# -- generated cbid names (scripts/gen_cuda_cbid_names.py → cuda_cbids.py) -------------------------
+
+
+def _generator() -> Any:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gen_cuda_cbid_names.py"
+    spec = importlib.util.spec_from_file_location("gen_cuda_cbid_names", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not HAVE_CUPTI, reason="cupti-python not installed")
+def test_cbid_module_is_what_the_generator_writes_now() -> None:
+    """Regenerates the installed cupti-python's major version (the other majors' tables come
+    from wheels not at hand here, so they are taken from the module) and compares the text."""
+    from mltrace.tracer.sources import cuda_cbids
+
+    gen = _generator()
+    installed = gen.read_enums()
+    versions, tables = gen.build_tables([installed])
+    (major,) = versions
+    if cuda_cbids.SOURCES.get(major) != versions[major]:
+        for api, checked in (("runtime", cuda_cbids.RUNTIME), ("driver", cuda_cbids.DRIVER)):
+            shared = set(checked[major]) & set(tables[api][major])
+            assert {i: checked[major][i] for i in shared} == {i: tables[api][major][i] for i in shared}
+        pytest.skip(f"installed {versions[major]}, module from {cuda_cbids.SOURCES.get(major)}: shared ids agree")
+    all_versions = {**cuda_cbids.SOURCES, **versions}
+    all_tables = {
+        "runtime": {**cuda_cbids.RUNTIME, major: tables["runtime"][major]},
+        "driver": {**cuda_cbids.DRIVER, major: tables["driver"][major]},
+    }
+    expected = gen.render(dict(sorted(all_versions.items())), {api: dict(sorted(t.items())) for api, t in all_tables.items()})
+    assert Path(cuda_cbids.__file__).read_text() == expected
+
+
+def test_cbid_tables_cover_cuda_12_and_13() -> None:
+    from mltrace.tracer.sources.cuda_cbids import DRIVER, RUNTIME, SOURCES, api_name
+
+    assert set(SOURCES) == set(RUNTIME) == set(DRIVER) == {12, 13}
+    assert api_name("runtime", 468, 13) == api_name("runtime", 468) == "cudaGetDriverEntryPointByVersion"
+    assert api_name("runtime", 211, 12) == api_name("runtime", 211, 13) == "cudaLaunchKernel"
+    assert api_name("driver", 307, 13) == "cuLaunchKernel"
+    # the one naming difference the two majors keep: CUDA 12 calls the function by its _v2 name
+    assert (api_name("runtime", 440, 12), api_name("runtime", 440, 13)) == ("cudaGetDeviceProperties_v2", "cudaGetDeviceProperties")
+    assert api_name("runtime", 470, 12) == "cudaLibraryLoadData"  # a placeholder in 12.8's enum, named by 13's
+    assert api_name("runtime", 487, 12) is None and api_name("runtime", 487, 13) == "cudaMemPrefetchBatchAsync"
+    assert api_name("runtime", 468, 11) == api_name("runtime", 468)  # no table for 11: the newest
+    for tables in (RUNTIME, DRIVER):
+        for table in tables.values():
+            # names, not placeholders or CUPTI's version suffix
+            assert not [n for n in table.values() if re.fullmatch(r"(cuda|reserved)\d+", n) or re.search(r"_v\d{4,}$", n)]
+    # the ids of CUDA 12 mean the same in 13 (names agree but for the _v2 spellings)
+    for tables in (RUNTIME, DRIVER):
+        differ = {i for i, name in tables[12].items() if i in tables[13] and tables[13][i] != name}
+        assert all(tables[12][i].replace("_v2", "").replace("_v3", "") == tables[13][i] for i in differ), differ
+
+
+def test_recorded_api_names_are_the_tables_names() -> None:
+    """Every API record of the H100 fixtures was named live by CUPTI 13.0's get_callback_name:
+    the CUDA 13 table gives the same name for each cbid, and records stripped of their names
+    replay without one unnamed API call."""
+    from mltrace.tracer.sources.cuda_cbids import api_name
+
+    for fixture in ("h100_cupy_records.json.gz", "h100_torch_records.json.gz"):
+        doc = _recorded(fixture)
+        api = [r for r in doc["records"] if r["kind"] in ("RUNTIME", "DRIVER")]
+        assert api
+        live = {(r["kind"], r["cbid"], cs.api_display_name(r["name"])) for r in api}
+        assert live == {(k, i, api_name(k.lower(), i, 13)) for k, i, _ in live}
+        stripped = {**doc, "records": [{**r, "name": None} if r in api else r for r in doc["records"]]}
+        result, _ = _convert_recorded(stripped)
+        calls = [s for s in result.spans if "cuda.api.kind" in s.attrs]
+        assert len(calls) == len(api)
+        assert not [s for s in calls if "cbid" in s.name]
+        assert {(s.attrs["cuda.api.kind"], s.attrs["cuda.api.cbid"], s.name) for s in calls} == {
+            (k.lower(), i, n) for k, i, n in live
+        }
 
 
 @pytest.mark.skipif(not HAVE_CUPTI, reason="cupti-python not installed")

@@ -23,7 +23,7 @@ from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, TrackKind
 from mltrace.tracer.passes.gpu_library import attribute_gpu_library
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, nest_by_containment
-from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json
+from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json, trace_cuda_major
 from mltrace.tracer.tracks import TrackRegistry
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
@@ -403,13 +403,32 @@ def test_h100_convolutions_count_the_flops_of_the_conv2d_they_serve() -> None:
     assert set(checked) == set(chain) and min(checked.values()) >= 9
 
 
-def test_api_calls_kineto_cannot_name_keep_their_callback_id() -> None:
+def test_api_calls_kineto_cannot_name_get_their_cuda_name() -> None:
     """Kineto of torch 2.11 names cbid 468 (cudaGetDriverEntryPointByVersion, CUDA 13) "INVALID"."""
     trace = raw("h100_cuda_models.json.gz")
+    assert trace_cuda_major(trace) == 13
     invalid = [e for e in complete_events(trace, "cuda_runtime") if e["name"] == "INVALID"]
     assert invalid and {e["args"]["cbid"] for e in invalid} == {468}
     _, run = convert("h100_cuda_models.json.gz")
     named = [s for s in run.spans if s.attrs.get("cuda.api.cbid") == 468]
     assert len(named) == len(invalid)
-    assert {s.name for s in named} == {s.attrs["cuda.api.name"] for s in named} == {"CUDA runtime API call (cbid 468)"}
-    assert not [s for s in run.spans if s.name == "INVALID"]
+    assert {s.name for s in named} == {s.attrs["cuda.api.name"] for s in named} == {"cudaGetDriverEntryPointByVersion"}
+    calls = [s for s in run.spans if "cuda.api.kind" in s.attrs]
+    assert len(calls) == len(complete_events(trace, "cuda_runtime", "cuda_driver"))
+    assert not [s for s in calls if s.name == "INVALID" or "cbid" in s.name]  # no unnamed API call left
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [(12040, "cudaGetDeviceProperties_v2"), (13000, "cudaGetDeviceProperties"), (None, "cudaGetDeviceProperties")],
+)
+def test_unnamed_api_call_takes_the_traces_cuda_version(version: int | None, expected: str) -> None:
+    event = {"ph": "X", "cat": "cuda_runtime", "name": "INVALID", "pid": 1, "tid": 1, "ts": 10, "dur": 2}
+    trace: dict[str, Any] = {"traceEvents": [{**event, "args": {"cbid": 440, "correlation": 5}}]}
+    trace.update({} if version is None else {"cuda_runtime_version": version})
+    ids = itertools.count(1)
+    result = kineto_to_events(trace, TrackRegistry(pid=1), lambda: next(ids), lambda ns: ns)
+    assert [(s.name, s.attrs["cuda.api.cbid"]) for s in result.spans] == [(expected, 440)]
+    unknown = {"traceEvents": [{**event, "args": {"cbid": 99999}}]}
+    result = kineto_to_events(unknown, TrackRegistry(pid=1), lambda: next(ids), lambda ns: ns)
+    assert [s.name for s in result.spans] == ["CUDA runtime API call (cbid 99999)"]

@@ -454,6 +454,26 @@ def api_display_name(callback_name: str) -> str:
     return _VERSION_SUFFIX.sub("", callback_name)
 
 
+def unnamed_api_call(api: str, cbid: int | None, cuda_major: int | None = None) -> str:
+    """The name of an API record that arrived without one: the generated cbid table's
+    (``cuda_cbids``, the newest CUDA's when ``cuda_major`` is None), else ``runtime API cbid N``."""
+    from mltrace.tracer.sources.cuda_cbids import api_name
+
+    return (api_name(api, cbid, cuda_major) if cbid is not None else None) or f"{api} API cbid {cbid}"
+
+
+@functools.cache
+def _cupti_major() -> int | None:
+    """The CUDA major version of the installed cupti-python (N.x is built for CUPTI of CUDA N),
+    or None when unknown."""
+    try:
+        from importlib.metadata import version
+
+        return int(version("cupti-python").split(".")[0])
+    except Exception:
+        return None
+
+
 # -- records → events (pure) -----------------------------------------------------------------
 
 #: The fields ``record_to_dict`` copies from each kind of cupti-python record (attribute names
@@ -660,7 +680,7 @@ def cupti_records_to_events(
             used[track.id] = track
             raw = _field(rec, "name")
             cbid = _int(_field(rec, "cbid"))
-            name = api_display_name(raw) if isinstance(raw, str) and raw else f"{_API[kind]} API cbid {cbid}"
+            name = api_display_name(raw) if isinstance(raw, str) and raw else unnamed_api_call(_API[kind], cbid)
             attrs: dict[str, Any] = {"cuda.api.name": name, "cuda.api.kind": _API[kind]}
             if cbid is not None:
                 attrs["cuda.api.cbid"] = cbid
@@ -852,15 +872,21 @@ class _Collector:
         return out
 
     def api_name(self, kind: str, cbid: int) -> str | None:
+        """CUPTI's name for an API callback id (``cudaLaunchKernel_v7000``), else the generated
+        table's for this cupti-python's CUDA major version, else None; cached per id."""
         key = (kind, cbid)
         if key not in self._api_names:
             try:
                 c = self.cupti
                 domain = c.CallbackDomain.RUNTIME_API if kind == "RUNTIME" else c.CallbackDomain.DRIVER_API
                 name = c.get_callback_name(domain, cbid)
-                self._api_names[key] = name.decode() if isinstance(name, bytes) else str(name)
+                self._api_names[key] = (name.decode() if isinstance(name, bytes) else str(name)) or None
             except Exception:
                 self._api_names[key] = None
+            if self._api_names[key] is None:  # CUPTI did not say: the generated table's name
+                from mltrace.tracer.sources.cuda_cbids import api_name
+
+                self._api_names[key] = api_name(_API[kind], cbid, _cupti_major())
         return self._api_names[key]
 
 

@@ -383,6 +383,15 @@ def _module_paths(py_events: list[dict[str, Any]]) -> dict[int, tuple[str, int |
     return {pyid: (paths[pyid], outer_of[pyid]) for pyid in label_of}
 
 
+def trace_cuda_major(trace: dict[str, Any]) -> int | None:
+    """The CUDA major version a Kineto trace was recorded with (``cuda_runtime_version``, e.g.
+    13000 → 13, the CUPTI whose callback ids it carries), or None when it does not say."""
+    version = trace.get("cuda_runtime_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 1000:
+        return version // 1000
+    return None
+
+
 def kineto_to_events(
     trace: dict[str, Any],
     tracks: TrackRegistry,
@@ -435,6 +444,7 @@ def kineto_to_events(
         skipped["malformed (a name, category, phase or args of another type)"] += len(given) - len(events)
 
     modules = _module_paths([e for e in complete if e.get("cat") == "python_function"])
+    cuda_major = trace_cuda_major(trace)
     module_span: dict[int, int] = {}  # Python id → span id
     for pyid in modules:
         module_span[pyid] = new_id()
@@ -549,8 +559,10 @@ def kineto_to_events(
             cbid = args.get("cbid")
             if name == "INVALID" and isinstance(cbid, int):
                 # Kineto's own table lacks the callback ids of newer CUDA releases (on an H100
-                # with CUDA 13, cbid 468 is cudaGetDriverEntryPointByVersion): say what is known.
-                name = f"CUDA {kind} API call (cbid {cbid})"
+                # with CUDA 13, cbid 468 is cudaGetDriverEntryPointByVersion): the generated one has them.
+                from mltrace.tracer.sources.cuda_cbids import api_name
+
+                name = api_name(kind, cbid, cuda_major) or f"CUDA {kind} API call (cbid {cbid})"
             attrs = {"cuda.api.name": name, "cuda.api.kind": kind}
             if isinstance(cbid, int):
                 attrs["cuda.api.cbid"] = cbid
