@@ -95,7 +95,8 @@ def test_models_end_to_end(tmp_path: Path) -> None:
     assert conv.attrs["ml.output.shapes"] == [[2, 8, 8, 8]]
     assert conv.attrs["ml.input.dtypes"] == ["float32"]
     assert conv.attrs["ml.layer.params"] == 3 * 8 * 9 + 8
-    assert conv.attrs["code.file.path"].endswith("torch/nn/modules/conv.py")
+    assert conv.attrs["code.file.path"] == str(MODELS)  # the call site: the model's own line
+    assert conv.attrs["ml.defined.file.path"].endswith("torch/nn/modules/conv.py")
     cnn = next(s for s in models if s.name == "Cnn")
     assert cnn.attrs["ml.call.file.path"] == str(MODELS)
     assert run.meta["levels"]["layer"]["recorded"] is True

@@ -45,9 +45,12 @@ typedef struct {
     PyObject *module, *parent, *kid, *root; /* kid and root: NULL until the drain places the frame */
     long long id, start, end;               /* end: -1 while the call runs */
     Shapes in, out;
+    PyObject *site_code;                    /* the call site's code object (NULL: none found) */
+    int site_lasti;                         /* and its instruction offset in bytes, as frame.f_lasti */
 } LayerFrame;
 
-enum { F_MODULE, F_PARENT, F_ID, F_START, F_END, F_IN, F_OUT, F_KID, F_ROOT, F_LEN };
+/* Items of a frame; F_SPAN is the model frame's (a list's) alone, F_SITE the call site. */
+enum { F_MODULE, F_PARENT, F_ID, F_START, F_END, F_IN, F_OUT, F_KID, F_ROOT, F_LEN, F_SPAN = F_LEN, F_SITE };
 
 static PyTypeObject LayerFrameType;
 
@@ -60,6 +63,8 @@ static LayerFrame *frame_new(void) {
     f->end = -1;
     f->in.ndim = f->out.ndim = -1;
     f->in.raw = f->in.dtype = f->out.raw = f->out.dtype = NULL;
+    f->site_code = NULL;
+    f->site_lasti = -1;
     return f;
 }
 
@@ -71,6 +76,7 @@ static void shapes_clear(Shapes *s) {
 static void frame_dealloc(LayerFrame *f) {
     Py_XDECREF(f->module); Py_XDECREF(f->parent); Py_XDECREF(f->kid); Py_XDECREF(f->root);
     shapes_clear(&f->in); shapes_clear(&f->out);
+    Py_XDECREF(f->site_code);
     PyObject_Free(f);
 }
 
@@ -98,7 +104,13 @@ static int shapes_present(const Shapes *s) {
     return s->ndim >= 0;
 }
 
-static Py_ssize_t frame_length(PyObject *self) { return F_LEN; }
+static Py_ssize_t frame_length(PyObject *self) { return F_SITE + 1; }
+
+/* The call site as the Python wrapper keeps it: (code, instruction offset), or None. New reference. */
+static PyObject *site_pair(const LayerFrame *f) {
+    if (!f->site_code) return Py_NewRef(Py_None);
+    return Py_BuildValue("(Oi)", f->site_code, f->site_lasti);
+}
 
 static PyObject *frame_item(PyObject *self, Py_ssize_t i) {
     LayerFrame *f = (LayerFrame *)self;
@@ -112,6 +124,8 @@ static PyObject *frame_item(PyObject *self, Py_ssize_t i) {
     case F_OUT: return shapes_raw(&f->out);
     case F_KID: return Py_NewRef(f->kid ? f->kid : Py_None);
     case F_ROOT: return Py_NewRef(f->root ? f->root : Py_None);
+    case F_SPAN: return Py_NewRef(Py_None);
+    case F_SITE: return site_pair(f);
     default: PyErr_SetString(PyExc_IndexError, "layer frame index out of range"); return NULL;
     }
 }
@@ -144,6 +158,13 @@ static int frame_ass_item(PyObject *self, Py_ssize_t i, PyObject *v) {
     }
     case F_KID: set_object(&f->kid, v); return 0;
     case F_ROOT: set_object(&f->root, v); return 0;
+    case F_SITE: {
+        PyObject *code; int lasti;
+        if (v != Py_None && !PyArg_ParseTuple(v, "O!i", &PyCode_Type, &code, &lasti)) return -1;
+        Py_CLEAR(f->site_code);
+        if (v != Py_None) { f->site_code = Py_NewRef(code); f->site_lasti = lasti; }
+        return 0;
+    }
     default: PyErr_SetString(PyExc_IndexError, "layer frame index out of range"); return -1;
     }
 }
@@ -161,8 +182,8 @@ static PyTypeObject LayerFrameType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_dealloc = (destructor)frame_dealloc,
     .tp_as_sequence = &frame_as_sequence,
-    .tp_doc = "A nested module call of the layer level, read and written as the 9-item frame list of "
-              "torch_modules.py (module, parent, id, start, end, in, out, kid, root).",
+    .tp_doc = "A nested module call of the layer level, read and written as the 11-item frame list of "
+              "torch_modules.py (module, parent, id, start, end, in, out, kid, root, None, site).",
 };
 
 /* ---- LayerCall: Module.__call__ ------------------------------------------------------ */
@@ -176,6 +197,10 @@ typedef struct {
      * forward_directly): that function (NULL: never), torch._C._get_tracing_state, and the
      * globals _call_impl reads the global hook dicts from. */
     PyObject *call_impl, *tracing_state, *hook_globals;
+    /* Call sites: `internal` maps code objects to whether they are a framework's (True) or model
+     * code, and `classify(code)` adds one it lacks (TorchModuleSource._is_framework_code). NULL:
+     * no call sites recorded. */
+    PyObject *internal, *classify;
     /* The calling thread's stack (a borrowed reference): TorchModuleSource._stacks keeps every
      * thread's stack alive while this object lives (it holds new_stack, a method of the source),
      * and a thread's stack is never replaced. A thread's first call finds it in tls. */
@@ -282,6 +307,47 @@ static int forward_directly(LayerCall *self, PyObject *module) {
     return 1;
 }
 
+/* 1 where `code` is a framework's (never a call site), 0 where it is model code, -1 on error. */
+static int is_framework_code(LayerCall *self, PyObject *code) {
+    PyObject *known = PyDict_GetItemWithError(self->internal, code);  /* borrowed */
+    if (known) return PyObject_IsTrue(known);
+    if (PyErr_Occurred()) return -1;
+    PyObject *r = PyObject_CallOneArg(self->classify, code);
+    int inside = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    return inside;
+}
+
+#if PY_VERSION_HEX < 0x030B0000
+static int PyFrame_GetLasti(PyFrameObject *frame) { return frame->f_lasti * (int)sizeof(_Py_CODEUNIT); }
+#endif
+
+/* The call site of this module call into f: the code object (new reference) and instruction
+ * offset of the innermost Python frame that is not a framework's, as _site_of does; nothing
+ * where none is found within 256 frames or on any error (cleared). */
+static void find_site(LayerCall *self, LayerFrame *f) {
+    if (!self->internal) return;
+    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed: the frame that made this call */
+    Py_XINCREF(frame);
+    for (int depth = 0; frame && depth < 256; depth++) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int inside = is_framework_code(self, (PyObject *)code);
+        if (inside == 0) {
+            f->site_code = (PyObject *)code;
+            f->site_lasti = PyFrame_GetLasti(frame);
+            Py_DECREF(frame);
+            return;
+        }
+        Py_DECREF(code);
+        if (inside < 0) break;
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    PyErr_Clear();
+}
+
 static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     LayerCall *self = (LayerCall *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -319,6 +385,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         read_value_shapes(self, t, &frame->in);
         Py_DECREF(t);
     }
+    find_site(self, frame);
     PyObject *id = PyObject_CallNoArgs(self->next_id);
     if (!id || set_int(&frame->id, id) < 0) { Py_XDECREF(id); Py_DECREF(frame); Py_DECREF(stack); return NULL; }
     Py_DECREF(id);
@@ -372,12 +439,14 @@ static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->tls); Py_VISIT(self->new_stack); Py_VISIT(self->outer); Py_VISIT(self->raw_shapes);
     Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
     Py_VISIT(self->call_impl); Py_VISIT(self->tracing_state); Py_VISIT(self->hook_globals);
+    Py_VISIT(self->internal); Py_VISIT(self->classify);
     return 0;
 }
 static int layer_clear(LayerCall *self) {
     Py_CLEAR(self->tls); Py_CLEAR(self->new_stack); Py_CLEAR(self->outer); Py_CLEAR(self->raw_shapes);
     Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
     Py_CLEAR(self->call_impl); Py_CLEAR(self->tracing_state); Py_CLEAR(self->hook_globals);
+    Py_CLEAR(self->internal); Py_CLEAR(self->classify);
     return 0;
 }
 static void layer_dealloc(LayerCall *self) {
@@ -389,11 +458,15 @@ static void layer_dealloc(LayerCall *self) {
 
 static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct",
-                         "forward_check", NULL};
-    PyObject *o[8], *forward_check = Py_None; int direct;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|O", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
-                                     &forward_check))
+                         "forward_check", "internal", "classify", NULL};
+    PyObject *o[8], *forward_check = Py_None, *internal = Py_None, *classify = Py_None; int direct;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
+                                     &forward_check, &internal, &classify))
         return NULL;
+    if ((internal == Py_None) != (classify == Py_None) || (internal != Py_None && (!PyDict_Check(internal) || !PyCallable_Check(classify)))) {
+        PyErr_SetString(PyExc_TypeError, "internal (a dict) and classify (a callable) come together");
+        return NULL;
+    }
     if (!PyType_Check(o[4])) { PyErr_SetString(PyExc_TypeError, "tensor_type must be a type"); return NULL; }
     PyObject *call_impl = NULL, *tracing_state = NULL, *hook_globals = NULL;
     if (forward_check != Py_None
@@ -428,6 +501,7 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->append_frame = Py_NewRef(o[6]); self->original = Py_NewRef(o[7]); self->direct = direct;
     self->call_impl = Py_XNewRef(call_impl); self->tracing_state = Py_XNewRef(tracing_state);
     self->hook_globals = Py_XNewRef(hook_globals);
+    if (internal != Py_None) { self->internal = Py_NewRef(internal); self->classify = Py_NewRef(classify); }
     return (PyObject *)self;
 }
 
@@ -448,13 +522,14 @@ static PyTypeObject LayerCallType = {
 
 /* ---- encode_rows: the flusher's side, frames → events.jsonl rows -------------------------
  *
- * encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level)
+ * encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level, site_json)
  *   -> (template rows, span rows)
  * does what TorchModuleSource._encode_rows_python does, for a list of completed frames
  * (LayerFrames, or the Python wrapper's lists). What
  * the calls of one layer share (its path, attributes and shapes) is a span template, written
- * once as  [template id,path,{attributes,"ml.input.shapes":…,…}]  and kept in `templates`
- * (key: the four encodings, value: the id from next_template()); each frame then gets the row
+ * once as  [template id,path,{attributes,"code.file.path":…,"ml.input.shapes":…,…}]  and kept in `templates`
+ * (key: the five encodings, the call site's from site_json(code, lasti); value: the id from
+ * next_template()); each frame then gets the row
  *   [id,parent id,level,null,start,end,track,{},template id]
  * Both come back as comma-separated rows. A frame's cache entry comes from its parent's cache
  * (placed(), the common case) or else from place(frame); the shape encodings of a LayerFrame's
@@ -592,11 +667,39 @@ static PyObject *frame_shapes_text(PyObject *f, int i, PyObject *cache, PyObject
     return text;
 }
 
-/* The template id for (path, attributes, input and output shapes): from `templates`, or a new
- * one, whose template row is appended to `defs` and whose key to `added`. New reference. */
-static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_text, PyObject *templates,
+/* Call-site encodings (site_json(code, lasti)) by code object and offset, direct-mapped; a slot
+ * holds its code object, so an address it compares cannot be reused meanwhile. */
+#define SITE_SLOTS 1024
+typedef struct { PyObject *code, *text; int lasti; } SiteSlot;
+static SiteSlot site_slots[SITE_SLOTS];
+
+/* The call-site encoding of frame f ("" where it has none); new reference. */
+static PyObject *frame_site_text(PyObject *f, PyObject *site_json) {
+    PyObject *code = NULL; int lasti = -1;
+    if (is_layer_frame(f)) {
+        code = ((LayerFrame *)f)->site_code;
+        lasti = ((LayerFrame *)f)->site_lasti;
+    } else if (PyList_GET_SIZE(f) > F_SITE) {
+        PyObject *site = PyList_GET_ITEM(f, F_SITE);
+        if (site != Py_None && !PyArg_ParseTuple(site, "O!i", &PyCode_Type, &code, &lasti)) return NULL;
+    }
+    if (!code) return Py_NewRef(s_empty);
+    uintptr_t h = ((uintptr_t)code >> 4) * 31 + (uintptr_t)lasti;
+    SiteSlot *slot = &site_slots[(h ^ (h >> 10)) % SITE_SLOTS];
+    if (slot->text && slot->code == code && slot->lasti == lasti) return Py_NewRef(slot->text);
+    PyObject *text = PyObject_CallFunction(site_json, "Oi", code, lasti);
+    if (!text || !PyUnicode_Check(text)) return text;  /* buf_str says why */
+    Py_XSETREF(slot->code, Py_NewRef(code));
+    Py_XSETREF(slot->text, Py_NewRef(text));
+    slot->lasti = lasti;
+    return text;
+}
+
+/* The template id for (path, attributes, call site, input and output shapes): from `templates`,
+ * or a new one, whose template row is appended to `defs` and whose key to `added`. New reference. */
+static PyObject *template_of(PyObject *kid, PyObject *site_text, PyObject *in_text, PyObject *out_text, PyObject *templates,
                              PyObject *next_template, PyObject *added, Buf *defs) {
-    PyObject *key = PyTuple_Pack(4, PyTuple_GET_ITEM(kid, 3), PyTuple_GET_ITEM(kid, 4), in_text, out_text);
+    PyObject *key = PyTuple_Pack(5, PyTuple_GET_ITEM(kid, 3), PyTuple_GET_ITEM(kid, 4), site_text, in_text, out_text);
     if (!key) return NULL;
     PyObject *tid = PyDict_GetItemWithError(templates, key);
     if (tid) { Py_DECREF(key); return Py_NewRef(tid); }
@@ -606,7 +709,8 @@ static PyObject *template_of(PyObject *kid, PyObject *in_text, PyObject *out_tex
     ok = ok && PyList_Append(added, key) == 0;
     ok = ok && (defs->len == 0 || buf_put(defs, ",", 1) == 0) && buf_put(defs, "[", 1) == 0
         && buf_int(defs, tid, ',') == 0 && buf_str(defs, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(defs, ",", 1) == 0
-        && buf_str(defs, PyTuple_GET_ITEM(kid, 4)) == 0 && buf_str(defs, in_text) == 0 && buf_str(defs, out_text) == 0
+        && buf_str(defs, PyTuple_GET_ITEM(kid, 4)) == 0 && buf_str(defs, site_text) == 0 && buf_str(defs, in_text) == 0
+        && buf_str(defs, out_text) == 0
         && buf_put(defs, "}]", 2) == 0;
     Py_DECREF(key);
     if (!ok) { Py_XDECREF(tid); return NULL; }
@@ -711,13 +815,17 @@ static PyObject *clear_caches(PyObject *mod, PyObject *unused) {
         Py_CLEAR(place_slots[i].kid);
         place_slots[i].module = NULL;
     }
+    for (int i = 0; i < SITE_SLOTS; i++) {
+        Py_CLEAR(site_slots[i].code);
+        Py_CLEAR(site_slots[i].text);
+    }
     Py_RETURN_NONE;
 }
 
 static PyObject *encode_rows(PyObject *mod, PyObject *args) {
-    PyObject *frames, *place, *shapes_json, *in_cache, *out_cache, *templates, *next_template; int level;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!O!Oi", &PyList_Type, &frames, &place, &shapes_json, &PyDict_Type, &in_cache,
-                          &PyDict_Type, &out_cache, &PyDict_Type, &templates, &next_template, &level))
+    PyObject *frames, *place, *shapes_json, *in_cache, *out_cache, *templates, *next_template, *site_json; int level;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!O!OiO", &PyList_Type, &frames, &place, &shapes_json, &PyDict_Type, &in_cache,
+                          &PyDict_Type, &out_cache, &PyDict_Type, &templates, &next_template, &level, &site_json))
         return NULL;
     PyObject *added = PyList_New(0);
     if (!added) return NULL;
@@ -730,7 +838,7 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         if (!is_frame(f)) { PyErr_SetString(PyExc_TypeError, "not a layer frame"); goto fail; }
         PyObject *kid = placed(f, place, 0);
         if (!kid) goto fail;
-        PyObject *in_text = NULL, *out_text = NULL, *track = NULL, *tid = NULL;
+        PyObject *in_text = NULL, *out_text = NULL, *site_text = NULL, *track = NULL, *tid = NULL;
         PyObject *parent = frame_object(f, F_PARENT), *root = frame_object(f, F_ROOT);
         long long id, parent_id, start, end;
         int ok = PyTuple_Check(kid) && PyTuple_GET_SIZE(kid) >= 5 && is_frame(parent) && PyList_Check(root)
@@ -747,13 +855,14 @@ static PyObject *encode_rows(PyObject *mod, PyObject *args) {
         ok = ok && track != NULL;
         ok = ok && (in_text = frame_shapes_text(f, F_IN, in_cache, shapes_json)) != NULL;
         ok = ok && (out_text = frame_shapes_text(f, F_OUT, out_cache, shapes_json)) != NULL;
-        ok = ok && (tid = template_of(kid, in_text, out_text, templates, next_template, added, &defs)) != NULL;
+        ok = ok && (site_text = frame_site_text(f, site_json)) != NULL;
+        ok = ok && (tid = template_of(kid, site_text, in_text, out_text, templates, next_template, added, &defs)) != NULL;
         ok = ok && (b.len == 0 || buf_put(&b, ",", 1) == 0) && buf_put(&b, "[", 1) == 0
             && buf_ll(&b, id, ',') == 0 && buf_ll(&b, parent_id, ',') == 0
             && buf_put(&b, head, head_n) == 0 && buf_ll(&b, start, ',') == 0
             && buf_ll(&b, end, ',') == 0 && buf_int(&b, track, ',') == 0
             && buf_put(&b, "{},", 3) == 0 && buf_int(&b, tid, ']') == 0;
-        Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text); Py_XDECREF(tid);
+        Py_DECREF(kid); Py_XDECREF(track); Py_XDECREF(in_text); Py_XDECREF(out_text); Py_XDECREF(site_text); Py_XDECREF(tid);
         if (!ok) goto fail;
     }
     Py_XDECREF(last_track);
@@ -777,7 +886,7 @@ fail:
 
 static PyMethodDef module_methods[] = {
     {"encode_rows", encode_rows, METH_VARARGS,
-     "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level) -> (bytes, bytes): "
+     "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level, site_json) -> (bytes, bytes): "
      "completed layer frames as events.jsonl template and span rows (see TorchModuleSource._encode_frames)."},
     {"clear_caches", clear_caches, METH_NOARGS,
      "clear_caches() -> None: empties the drain's caches of shape encodings and placed entries (at a session's stop)."},

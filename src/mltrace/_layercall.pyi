@@ -2,8 +2,8 @@ from collections.abc import Callable
 from typing import Any
 
 class LayerFrame:
-    """A nested module call of the layer level: reads and writes as the 9-item frame list of
-    ``torch_modules.py`` (module, parent, id, start, end, in, out, kid, root)."""
+    """A nested module call of the layer level: reads and writes as the 11-item frame list of
+    ``torch_modules.py`` (module, parent, id, start, end, in, out, kid, root, None, site)."""
 
     def __len__(self) -> int: ...
     def __getitem__(self, index: int) -> Any: ...
@@ -24,6 +24,8 @@ class LayerCall:
         original: Callable[..., Any],
         direct: bool,
         forward_check: tuple[Callable[..., Any], Callable[[], Any], dict[str, Any]] | None = None,
+        internal: dict[Any, bool] | None = None,
+        classify: Callable[[Any], bool] | None = None,
     ) -> None: ...
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __get__(self, obj: Any, objtype: Any = None) -> Any: ...
@@ -34,9 +36,10 @@ def encode_rows(
     shapes_json: Callable[[Any, dict[Any, str], str], str],
     in_cache: dict[Any, str],
     out_cache: dict[Any, str],
-    templates: dict[tuple[str, str, str, str], int],
+    templates: dict[tuple[str, str, str, str, str], int],
     next_template: Callable[[], int],
     level: int,
+    site_json: Callable[[Any, int], str],
 ) -> tuple[bytes, bytes]:
     """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""
 

@@ -58,7 +58,8 @@ def test_spans_and_layers(real_run: Run) -> None:
     assert by_path == {r.stat.name: r.stat.self_ns for r in a.layers}
     conv = f.layers[f.layers.path == "0"].iloc[0]
     assert conv.type == "Conv2d" and conv.input_shapes == [[2, 3, 16, 16]] and conv.parent_layer == "Sequential"
-    assert str(conv.file).endswith("conv.py") and conv.line > 0
+    assert conv.file == __file__ and conv.line > 0  # the call site, in this test's model
+    assert str(conv.defined_file).endswith("torch/nn/modules/conv.py") and conv.defined_line > 0
 
 
 def test_ops_know_their_layer(real_run: Run) -> None:

@@ -44,9 +44,18 @@ def test_spans_nest_with_attributes_and_errors(tmp_path: Path) -> None:
     assert by_name["step"].parent_id == by_name["outer"].id
     assert by_name["inner"].parent_id == by_name["step"].id
     assert by_name["inner"].level == Level.LAYER and by_name["step"].level == Level.USER
-    assert by_name["inner"].attrs == {"batch": 8, "extra": "yes"}
-    assert by_name["step"].attrs["stage"] == 2
-    assert by_name["step"].attrs["code.file.path"] == __file__
+    inner = by_name["inner"].attrs
+    assert {k: v for k, v in inner.items() if not k.startswith("code.")} == {"batch": 8, "extra": "yes"}
+    # Call sites: the line of each `with` and of the decorated function's call, here.
+    lines = {name: by_name[name].attrs["code.line.number"] for name in by_name}
+    assert all(by_name[n].attrs["code.file.path"] == __file__ for n in by_name)
+    assert inner["code.function.name"].endswith("step")  # the with-statement is inside step()
+    assert lines["step"] == lines["outer"] + 1 and lines["failing"] == lines["outer"] + 2
+    step = by_name["step"].attrs
+    assert step["stage"] == 2
+    # Where the traced function is defined, apart from where it was called.
+    assert step["ml.defined.file.path"] == __file__ and step["ml.defined.line.number"] < lines["inner"]
+    assert step["ml.defined.function.name"] == "step"
     assert by_name["failing"].attrs["error.type"] == "KeyError"
 
 

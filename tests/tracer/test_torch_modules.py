@@ -615,7 +615,7 @@ def test_c_frames_and_their_shapes_are_not_tracked_by_the_cyclic_gc(tmp_path: Pa
     assert len(seen) == 3, "the inner frames were drained before the check"
     for frame in seen:
         assert type(frame).__name__ == "LayerFrame" and not gc.is_tracked(frame)
-        assert len(frame) == 9 and list(frame)[2:5] == [frame[2], frame[3], frame[4]]
+        assert len(frame) == 11 and list(frame)[2:5] == [frame[2], frame[3], frame[4]]
     linear, _, pair = seen
     for one_tensor in (linear[5], linear[6]):
         assert one_tensor == ((2, 3), torch.float32)
@@ -659,7 +659,9 @@ def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path
             if encoder == "python":
                 return source._encode_rows_python(frames, 3)  # type: ignore[attr-defined,no-any-return]
             caches = (source._in_json, source._out_json, source._templates)  # type: ignore[attr-defined]
-            return source._encode_rows(frames, source._place, source._shapes_json, *caches, source._template_ids.__next__, 3)  # type: ignore[attr-defined,no-any-return]
+            return source._encode_rows(  # type: ignore[attr-defined,no-any-return]
+                frames, source._place, source._shapes_json, *caches, source._template_ids.__next__, 3, source._site_json
+            )
 
         # Fresh caches for the comparison; the session's own stay as its flushes left them.
         kept = source._in_json, source._out_json, source._templates, source._template_ids  # type: ignore[attr-defined]
@@ -682,8 +684,14 @@ def test_c_and_python_row_encoders_write_the_same_bytes(tmp_path: Path, hot_path
         rows = json.loads(b"[" + c_out[1] + b"]")
         assert len(rows) == len(taken) > 60
         assert all(r[3] is None and r[7] == {} and r[8] in templates for r in rows)
-        assert len(templates) < len(rows)  # a ResNet block calls its ReLU twice, with the same shapes
         assert {templates[r[8]][1] for r in rows} >= {"stem.0", "layers.0.self_attn", "layers.1.linear2"}
+        # Call sites are model code, never torch's: the CNN's layers are called from
+        # examples/models.py, the encoder's (torch's own modules all the way down) from work().
+        sites = {(templates[r[8]][1], templates[r[8]][2]["code.file.path"], templates[r[8]][2]["code.line.number"]) for r in rows}
+        assert {f for _, f, _ in sites} == {__file__, sys.modules["models"].__file__}
+        assert {f for name, f, _ in sites if name.startswith("layers.")} == {__file__}
+        # A ResNet block calls its ReLU from two lines: one layer, two templates that differ in the line.
+        assert len({line for name, _, line in sites if name == "layer1.0.relu"}) == 2
 
     _trace(tmp_path, work, flush_interval_s=60)
     assert taken

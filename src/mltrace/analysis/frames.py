@@ -24,7 +24,8 @@ Columns:
     outermost op at or above), attrs (the attribute dict).
 ``layers`` (model and layer spans)
     id, parent_id, level, path, type, start_ns, end_ns, dur_ns, self_ns,
-    parent_layer, framework, file, line, params, input_shapes, output_shapes,
+    parent_layer, framework, file, line (the call site in model code), defined_file,
+    defined_line (where its forward is defined), params, input_shapes, output_shapes,
     input_dtypes.
 ``ops``
     id, parent_id, name, start_ns, end_ns, dur_ns, self_ns, top_level, layer,
@@ -178,6 +179,8 @@ def load_frames(run: Run | str | os.PathLike[str], peaks: PeakSet | None = None)
                     "framework": a.get("ml.framework"),
                     "file": a.get("code.file.path"),
                     "line": a.get("code.line.number"),
+                    "defined_file": a.get("ml.defined.file.path"),
+                    "defined_line": a.get("ml.defined.line.number"),
                     "params": a.get("ml.layer.params"),
                     "input_shapes": a.get("ml.input.shapes"),
                     "output_shapes": a.get("ml.output.shapes"),
@@ -249,7 +252,7 @@ def load_frames(run: Run | str | os.PathLike[str], peaks: PeakSet | None = None)
         spans=pd.DataFrame(rows),
         layers=frame(
             layer_rows,
-            "id parent_id level path type start_ns end_ns dur_ns self_ns parent_layer framework file line params "
+            "id parent_id level path type start_ns end_ns dur_ns self_ns parent_layer framework file line defined_file defined_line params "
             "input_shapes output_shapes input_dtypes".split(),
         ),
         ops=frame(

@@ -260,10 +260,19 @@ def _models_of(spans: list[Span]) -> list[dict[str, Any]]:
             "parameters": a.get("ml.layer.params"),
             "input_shapes": a.get("ml.input.shapes"),
             "input_dtypes": a.get("ml.input.dtypes"),
-            "defined_at": f"{a['code.file.path']}:{a.get('code.line.number')}" if a.get("code.file.path") else None,
+            "defined_at": _defined_at(a),
             "called_at": f"{key[1]}:{key[2]}" if key[1] else None,
         }
     return list(seen.values())
+
+
+def _defined_at(attrs: dict[str, Any]) -> str | None:
+    """Where the model's forward is defined: ``ml.defined.*``; runs recorded before it existed
+    kept the definition in ``code.*``."""
+    for prefix in ("ml.defined", "code"):
+        if attrs.get(f"{prefix}.file.path"):
+            return f"{attrs[f'{prefix}.file.path']}:{attrs.get(f'{prefix}.line.number')}"
+    return None
 
 
 _FRAMEWORK_DISTS = {

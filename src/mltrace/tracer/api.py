@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar, overload
 
 from mltrace.config import ProfileOptions
 from mltrace.tracer import session as _session_mod
+from mltrace.tracer.callsite import code_attrs, defined_attrs
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span
 
@@ -85,7 +87,14 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
     if session is None or session.full:
         return _NO_SPAN
     lv = Level.parse(level) if isinstance(level, str) else level
-    return _LiveSpan(session, name, lv, attrs)
+    return _LiveSpan(session, name, lv, _with_call_site(attrs, sys._getframe(1)))
+
+
+def _with_call_site(attrs: dict[str, Any], caller: FrameType) -> dict[str, Any]:
+    """``attrs`` with the ``code.*`` attributes of the caller's line (the call site), unless given."""
+    site = code_attrs(caller.f_code, caller.f_lineno or caller.f_code.co_firstlineno)
+    site.update(attrs)
+    return site
 
 
 @overload
@@ -121,13 +130,7 @@ def trace(
 
     def decorate(fn: F) -> F:
         span_name: str = name or str(getattr(fn, "__qualname__", getattr(fn, "__name__", "function")))
-        code_attrs: dict[str, Any] = {"code.function.name": span_name}
-        try:
-            code_attrs["code.file.path"] = inspect.getsourcefile(fn) or ""
-            code_attrs["code.line.number"] = inspect.getsourcelines(fn)[1]
-        except (OSError, TypeError):
-            pass
-        code_attrs.update(attrs)
+        fixed = {**defined_attrs(fn, span_name), **attrs}
 
         if inspect.iscoroutinefunction(fn):
 
@@ -136,7 +139,7 @@ def trace(
                 session = _session_mod._active
                 if session is None or session.full:
                     return await fn(*args, **kwargs)
-                with _LiveSpan(session, span_name, lv, dict(code_attrs)):
+                with _LiveSpan(session, span_name, lv, _with_call_site(fixed, sys._getframe(1))):
                     return await fn(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
@@ -146,7 +149,7 @@ def trace(
             session = _session_mod._active
             if session is None or session.full:
                 return fn(*args, **kwargs)
-            with _LiveSpan(session, span_name, lv, dict(code_attrs)):
+            with _LiveSpan(session, span_name, lv, _with_call_site(fixed, sys._getframe(1))):
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mltrace.tracer.callsite import FrameworkCode, frame_site
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event
 from mltrace.tracer.sources._imports import PostImportHook
@@ -60,7 +61,6 @@ from mltrace.tracer.sources.ort_profile import (
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
-_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _RUN_METHODS = ("run", "run_with_iobinding", "run_with_ort_values")
 
 
@@ -140,7 +140,7 @@ class OrtSource:
         self._lock = threading.Lock()
         self._tmp: str | None = None
         self._profile = False
-        self._ort_dir = ""
+        self._frameworks: FrameworkCode | None = None
         self._thread_names: dict[int, str] = {}
         self._active = False
         self._problems: list[str] = []
@@ -218,7 +218,6 @@ class OrtSource:
         except Exception as exc:  # a broken install: the program will see it too
             self._problems.append(f"could not hook onnxruntime: {exc}")
             return
-        self._ort_dir = os.path.dirname(os.path.abspath(ort.__file__))
         source = self
         base, inference = oic.Session, oic.InferenceSession
         orig_init = inference.__dict__["__init__"]
@@ -398,22 +397,16 @@ class OrtSource:
             if shapes:
                 attrs["ml.input.shapes"] = shapes
                 attrs["ml.input.dtypes"] = dtypes
-        site = self._call_site()
-        if site is not None:
-            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+        if self._frameworks is None:
+            self._frameworks = FrameworkCode()
+        site = frame_site(sys._getframe(1), self._frameworks)
+        if site:
+            attrs.update(site)
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]
         tid = threading.get_native_id()
         if tid not in self._thread_names:
             self._thread_names[tid] = threading.current_thread().name
         return self._begin(info.model_name, Level.MODEL, attrs)
-
-    def _call_site(self) -> tuple[str, int] | None:
-        frame = sys._getframe(3)
-        while frame is not None:
-            fn = frame.f_code.co_filename
-            if not (fn.startswith(self._ort_dir) or fn.startswith(_MLTRACE_DIR)):
-                return fn, frame.f_lineno
-            frame = frame.f_back  # type: ignore[assignment]
-        return None
 
     def _end_profiling(self, orig: Callable[[Any], Any], sess: Any) -> Any:
         path = orig(sess)

@@ -43,6 +43,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mltrace.tracer.callsite import FrameworkCode, defined_attrs, frame_site
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
@@ -59,7 +60,6 @@ from mltrace.tracer.sources.xspace import (
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
 
-_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _GRAPH_METHODS = ("predict", "evaluate", "predict_on_batch", "test_on_batch")
 _ONEDNN_ENV = "ONEDNN_VERBOSE"
 
@@ -132,8 +132,7 @@ class TensorFlowSource:
         self._idents: set[int] = set()
         self._problems: list[str] = []
         self._lock = threading.Lock()
-        self._keras_dir = ""
-        self._tf_dir = ""
+        self._frameworks: FrameworkCode | None = None
         self._eager: Callable[[], bool] = lambda: True
         self._symbolic: type | None = None
         self._onednn_env: str | None = None
@@ -211,7 +210,6 @@ class TensorFlowSource:
         if not self._active:
             return
         self._tf = tf
-        self._tf_dir = os.path.dirname(os.path.abspath(tf.__file__))
         try:
             from tensorflow.python.eager import context
 
@@ -242,7 +240,6 @@ class TensorFlowSource:
             return
         self._symbolic = KerasTensor
         self._model_cls = Model
-        self._keras_dir = os.path.dirname(os.path.abspath(keras.__file__))
         try:
             backend = keras.backend.backend()
         except Exception:
@@ -396,6 +393,7 @@ class TensorFlowSource:
             "ml.tf.mode": "eager",
         }
         self._class_location(layer, attrs)
+        attrs.update(frame_site(sys._getframe(1), self._framework_code()))
         self._shapes(x, attrs, "input")
         self._recorded_layers = True
         return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
@@ -414,9 +412,10 @@ class TensorFlowSource:
                 self._idents.add(ident)
                 self._threads[std_thread_hash(ident)] = (threading.get_native_id(), threading.current_thread().name)
         self._class_location(model, attrs)
-        site = self._call_site()
-        if site is not None:
-            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+        site = frame_site(sys._getframe(1), self._framework_code())
+        if site:
+            attrs.update(site)
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]
         self._shapes(_first_tensor(args, kwargs), attrs, "input")
         # A frame: layer or model, its span (None: none), path, model name, eager, layers on
         # (a model call records layers if they were on when it began).
@@ -463,11 +462,13 @@ class TensorFlowSource:
         return wrapper
 
     def _class_location(self, layer: Any, attrs: dict[str, Any]) -> None:
-        code = getattr(getattr(type(layer), "call", None), "__code__", None)
-        if code is not None:
-            attrs["code.file.path"] = code.co_filename
-            attrs["code.line.number"] = code.co_firstlineno
-            attrs["code.function.name"] = f"{type(layer).__name__}.call"
+        attrs.update(defined_attrs(getattr(type(layer), "call", None), f"{type(layer).__name__}.call"))
+
+    def _framework_code(self) -> FrameworkCode:
+        """Which files are the frameworks' (never a call site), found once."""
+        if self._frameworks is None:
+            self._frameworks = FrameworkCode()
+        return self._frameworks
 
     def _shapes(self, x: Any, attrs: dict[str, Any], which: str) -> None:
         shape = getattr(x, "shape", None)
@@ -480,16 +481,6 @@ class TensorFlowSource:
         attrs[f"ml.{which}.shapes"] = [dims]
         dtype = getattr(x, "dtype", None)
         attrs[f"ml.{which}.dtypes"] = [str(getattr(dtype, "name", dtype))]
-
-    def _call_site(self) -> tuple[str, int] | None:
-        frame = sys._getframe(3)
-        skip = tuple(d for d in (self._keras_dir, self._tf_dir, _MLTRACE_DIR) if d)
-        while frame is not None:
-            fn = frame.f_code.co_filename
-            if not fn.startswith(skip):
-                return fn, frame.f_lineno
-            frame = frame.f_back  # type: ignore[assignment]
-        return None
 
     def _note(self, message: str) -> None:
         if message not in self._problems:

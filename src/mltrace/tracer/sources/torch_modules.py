@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.bricks import layer_config
 from mltrace.run import store
+from mltrace.tracer.callsite import FrameworkCode, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
@@ -113,16 +114,17 @@ def _parameter_count(module: Any) -> int:
 
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
 HOT_PATH_ENV = "MLTRACE_LAYER_HOT_PATH"
-_MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # One module call on a thread's stack: a list, indexed by these slots.
 # Layer frames are made by the hot path as ``[module, parent, id, start, -1,
-# in, None, None, None]``; the model frame (the outermost call) also holds its
+# in, None, None, None, None, site]``; the model frame (the outermost call) also holds its
 # Span (slot SPAN), has no parent, and its KID is set when it is made. KID (the
 # frame's ``_Kid``: path, facts, attributes) and ROOT (the model frame) are
-# filled in by the drain (``_place``), never by the traced program.
-MODULE, PARENT, ID, START, END, IN, OUT, KID, ROOT, SPAN = range(10)
+# filled in by the drain (``_place``), never by the traced program. SITE is the
+# layer call's call site, ``(code object, instruction offset)`` of the innermost
+# Python frame outside the frameworks (``_site_of``), or None.
+MODULE, PARENT, ID, START, END, IN, OUT, KID, ROOT, SPAN, SITE = range(11)
 
 #: What the drain caches per (parent module, parent path, child): the child's
 #: path, its facts (whose weak reference identifies the child), the attributes
@@ -133,7 +135,7 @@ _Kid = tuple[str, "_Static", "dict[str, Any]", "str | None", "str | None"]
 
 #: Converted (shape, dtype) pairs kept at most; the cache starts over beyond.
 _SHAPE_CACHE_MAX = 4096
-#: Code objects whose owner (the program, or torch and mltrace) ``_call_site`` remembers at most.
+#: Code objects whose owner (the program, or a framework) ``_site_of`` remembers, and call sites, at most.
 _CODE_CACHE_MAX = 4096
 #: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
 _TEMPLATE_CACHE_MAX = 4096
@@ -155,9 +157,9 @@ class _Static:
             "ml.layer.params": params,
         }
         if file is not None:
-            self.attrs["code.file.path"] = file
-            self.attrs["code.line.number"] = line
-            self.attrs["code.function.name"] = f"{self.type_name}.forward"
+            self.attrs["ml.defined.file.path"] = file
+            self.attrs["ml.defined.line.number"] = line
+            self.attrs["ml.defined.function.name"] = f"{self.type_name}.forward"
 
 
 class TorchModuleSource:
@@ -183,16 +185,20 @@ class TorchModuleSource:
         self._in_json: dict[Any, str] = {}
         self._out_json: dict[Any, str] = {}
         #: Span templates written so far (``_encode_frames``): (path, attributes, input, output encodings) → id.
-        self._templates: dict[tuple[str | None, str | None, str, str], int] = {}
+        self._templates: dict[tuple[str | None, str | None, str, str, str], int] = {}
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         #: id(model) → its invocation counter (a model call takes the next number).
         self._invocations: dict[int, Iterator[int]] = {}
-        #: Code objects seen by ``_call_site`` → whether they are torch's or mltrace's.
+        #: Code objects seen by ``_site_of`` → whether they belong to a framework (``framework_dirs``).
         self._internal_code: dict[CodeType, bool] = {}
-        #: (code object, instruction offset) of a call site → its file and line.
-        self._sites: dict[tuple[CodeType, int], tuple[str, int]] = {}
+        #: (code object, instruction offset) of a call site → its file, line and function.
+        self._sites: dict[tuple[CodeType, int], tuple[str, int, str]] = {}
+        #: The same → its ``code.*`` attributes as the tail of a JSON object (``_site_json``).
+        self._site_texts: dict[tuple[CodeType, int], str] = {}
+        #: Which files are the frameworks' (never a call site), set when torch is imported.
+        self._frameworks: FrameworkCode | None = None
         #: Module classes ``_note_opaque`` found nothing to say about.
         self._see_through: set[type] = set()
         self._torch_dir = ""
@@ -231,6 +237,7 @@ class TorchModuleSource:
 
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
+        self._frameworks = FrameworkCode(self._torch_dir)
         self._script_module = getattr(torch.jit, "ScriptModule", None)
         if os.environ.get("MLTRACE_TORCH_HOOKS") == "global":  # the older mechanism, kept for comparison
             if not self._record_layers:
@@ -278,6 +285,8 @@ class TorchModuleSource:
         next_id = self._session.recorder._ids.__next__
         append_frame = self._frames.append
         clock = now_ns
+        site_of = self._site_of
+        _getframe = sys._getframe
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:
@@ -309,7 +318,7 @@ class TorchModuleSource:
                     shapes_in = None
             else:
                 shapes_in = None
-            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None]
+            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site_of(_getframe(1))]
             stack.append(frame)
             output = None
             try:
@@ -339,7 +348,10 @@ class TorchModuleSource:
             # call of a thread still goes through __call__ above, which opens the model span.
             checked = forward_check(module_cls) if direct else None
             self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
-            installed = native(tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked)
+            installed = native(
+                tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked,
+                self._internal_code, self._is_framework_code,
+            )
         self._wrapped = (module_cls, original, installed)
         module_cls.__call__ = installed
 
@@ -525,6 +537,7 @@ class TorchModuleSource:
                 self._templates,
                 self._template_ids.__next__,
                 level,
+                self._site_json,
             )
         else:
             templates, rows = self._encode_rows_python(batch, level)
@@ -542,12 +555,14 @@ class TorchModuleSource:
                 raw_out = frame[OUT]
                 in_text = self._shapes_json(raw_in, self._in_json, "input") if raw_in else ""
                 out_text = self._shapes_json(raw_out, self._out_json, "output") if raw_out else ""
-                key = (kid[3], kid[4], in_text, out_text)
+                site = frame[SITE]
+                site_text = self._site_json(*site) if site is not None else ""
+                key = (kid[3], kid[4], site_text, in_text, out_text)
                 tid = templates.get(key)
                 if tid is None:
                     tid = templates[key] = next(self._template_ids)
                     added.append(key)
-                    defs.append(f"[{tid},{kid[3]},{kid[4]}{in_text}{out_text}}}]")
+                    defs.append(f"[{tid},{kid[3]},{kid[4]}{site_text}{in_text}{out_text}}}]")
                 rows.append(
                     f"[{frame[ID]},{frame[PARENT][ID]},{level},null,{frame[START]},{frame[END]},{frame[ROOT][SPAN].track_id},{{}},{tid}]"
                 )
@@ -574,6 +589,9 @@ class TorchModuleSource:
     def _layer_span(self, frame: list[Any]) -> Span:
         kid = self._place(frame)
         attrs = kid[2].copy()
+        site = frame[SITE]
+        if site is not None:
+            attrs.update(self._site_attrs(*site))
         self._add_shapes(attrs, frame[IN], frame[OUT])
         return Span(frame[ID], frame[PARENT][ID], Level.LAYER, kid[0], frame[START], frame[END], frame[ROOT][SPAN].track_id, attrs)
 
@@ -623,7 +641,8 @@ class TorchModuleSource:
         loc = self._class_loc.get(cls)
         if loc is None:
             # The forward() code object gives file:line for free; inspect would read the file.
-            code = getattr(getattr(cls, "forward", None), "__code__", None)
+            # Decorators (transformers wraps many forwards) are unwrapped to the function itself.
+            code = getattr(unwrapped(getattr(cls, "forward", None)), "__code__", None)
             loc = (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
             self._class_loc[cls] = loc
         params = _parameter_count(module)
@@ -765,30 +784,59 @@ class TorchModuleSource:
         name = self._dtype_names[dtype] = str(dtype).removeprefix("torch.")
         return name
 
-    def _call_site(self) -> tuple[str, int] | None:
-        """File and line of the first caller outside torch and mltrace. This runs on every model
-        call, so whether a code object is theirs, and the line of a call site (reading
-        ``f_lineno`` decodes the line table), are remembered."""
-        frame = sys._getframe(2)
+    def _is_framework_code(self, code: CodeType) -> bool:
+        """Whether ``code`` is a framework's (torch, TensorFlow/Keras, ONNX Runtime, the standard
+        library, mltrace) and so never a call site; remembered in ``_internal_code``, which the C
+        hot path reads too."""
+        internal = self._internal_code
+        if len(internal) >= _CODE_CACHE_MAX:
+            internal.clear()
+        if self._frameworks is None:
+            self._frameworks = FrameworkCode(self._torch_dir)
+        inside = internal[code] = self._frameworks.owns(code.co_filename)
+        return inside
+
+    def _site_of(self, frame: Any) -> tuple[CodeType, int] | None:
+        """The call site from ``frame`` outwards: ``(code, instruction offset)`` of the innermost
+        Python frame that is not a framework's, or None. Model libraries (transformers,
+        torchvision) are model code. Runs on every module call of the Python hot path."""
         internal = self._internal_code
         while frame is not None:
             code = frame.f_code
             inside = internal.get(code)
             if inside is None:
-                if len(internal) >= _CODE_CACHE_MAX:
-                    internal.clear()
-                fn = code.co_filename
-                inside = internal[code] = fn.startswith(self._torch_dir) or fn.startswith(_MLTRACE_DIR)
+                inside = self._is_framework_code(code)
             if not inside:
-                key = (code, frame.f_lasti)
-                site = self._sites.get(key)
-                if site is None:
-                    if len(self._sites) >= _CODE_CACHE_MAX:
-                        self._sites.clear()
-                    site = self._sites[key] = (code.co_filename, frame.f_lineno)
-                return site
-            frame = frame.f_back  # type: ignore[assignment]
+                return code, frame.f_lasti
+            frame = frame.f_back
         return None
+
+    def _site_fields(self, code: CodeType, lasti: int) -> tuple[str, int, str]:
+        """File, line and function name of a call site (the line table is decoded once per site)."""
+        key = (code, lasti)
+        fields = self._sites.get(key)
+        if fields is None:
+            if len(self._sites) >= _CODE_CACHE_MAX:
+                self._sites.clear()
+            line = line_of(code, lasti)
+            fields = self._sites[key] = (code.co_filename, line, getattr(code, "co_qualname", code.co_name))
+        return fields
+
+    def _site_attrs(self, code: CodeType, lasti: int) -> dict[str, Any]:
+        """A call site's ``code.*`` attributes (OpenTelemetry's names)."""
+        file, line, function = self._site_fields(code, lasti)
+        return {"code.file.path": file, "code.line.number": line, "code.function.name": function}
+
+    def _site_json(self, code: CodeType, lasti: int) -> str:
+        """``,"code.file.path":…,"code.line.number":…,"code.function.name":…`` for a span template."""
+        key = (code, lasti)
+        text = self._site_texts.get(key)
+        if text is None:
+            if len(self._site_texts) >= _CODE_CACHE_MAX:
+                self._site_texts.clear()
+            body = store.dumps(self._site_attrs(code, lasti)).decode()
+            text = self._site_texts[key] = "," + body[1:-1]
+        return text
 
     # -- hooks (hot path) ------------------------------------------------
 
@@ -802,7 +850,8 @@ class TorchModuleSource:
             return
         assert self._session is not None
         shapes_in = self._raw_shapes(args) if args else None
-        stack.append([module, stack[-1], self._session.new_id(), now_ns(), -1, shapes_in, None, None, None])
+        site = self._site_of(sys._getframe(1))
+        stack.append([module, stack[-1], self._session.new_id(), now_ns(), -1, shapes_in, None, None, None, None, site])
 
     def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> list[Any]:
         """Opens the model span of an outermost module call and pushes its frame; returns the frame."""
@@ -814,9 +863,10 @@ class TorchModuleSource:
             with self._lock:
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
-        site = self._call_site()
+        site = self._site_of(sys._getframe(2))
         if site is not None:
-            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site
+            attrs.update(self._site_attrs(*site))
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs["code.line.number"]
         attrs["_in"] = self._raw_shapes(args)
         if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
             from mltrace.exporters.otlp import OTEL_PARENT_ATTR, capture_otel_parent
