@@ -98,6 +98,13 @@ def test_eager_call(tmp_path: Path, mobilenet: Any) -> None:
     assert all(s.attrs["ml.tf.mode"] == "eager" and s.parent_id == model.id for s in layers)
     conv = next(s for s in layers if s.name == "Conv1")
     assert conv.attrs["ml.layer.type"] == "Conv2D"
+    # A functional model's layers run inside Keras: their call site is this test's line that
+    # called the model; where Conv2D's call() is defined is kept apart.
+    assert {(s.attrs["code.file.path"], s.attrs["code.line.number"]) for s in layers} == {
+        (model.attrs["code.file.path"], model.attrs["code.line.number"])
+    }
+    assert model.attrs["code.file.path"] == __file__
+    assert "keras" in conv.attrs["ml.defined.file.path"] and conv.attrs["ml.defined.function.name"] == "Conv2D.call"
     assert conv.attrs["ml.output.shapes"][0][1:] == list(mobilenet.get_layer("Conv1").output.shape[1:])
     by_id = run.span_by_id()
     ops = [s for s in run.spans if s.level == Level.OP]

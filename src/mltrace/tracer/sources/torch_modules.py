@@ -287,6 +287,7 @@ class TorchModuleSource:
         clock = now_ns
         site_of = self._site_of
         _getframe = sys._getframe
+        compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             try:
@@ -318,7 +319,10 @@ class TorchModuleSource:
                     shapes_in = None
             else:
                 shapes_in = None
-            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site_of(_getframe(1))]
+            # TorchDynamo traces this wrapper when it compiles a model and cannot trace frame
+            # objects; a compiled call has no call site to read anyway.
+            site = None if compiling() else site_of(_getframe(1))
+            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site]
             stack.append(frame)
             output = None
             try:
