@@ -307,14 +307,33 @@ static int forward_directly(LayerCall *self, PyObject *module) {
     return 1;
 }
 
+/* What is_framework_code found last, direct-mapped by the code object's address: a dict lookup
+ * would hash the code object (its name, bytecode and constants) on every module call. A slot
+ * holds its code object, so an address it compares cannot be reused meanwhile. */
+#define CODE_SLOTS 1024
+typedef struct { PyObject *code; int inside; } CodeSlot;
+static CodeSlot code_slots[CODE_SLOTS];
+
 /* 1 where `code` is a framework's (never a call site), 0 where it is model code, -1 on error. */
 static int is_framework_code(LayerCall *self, PyObject *code) {
+    uintptr_t h = (uintptr_t)code >> 4;
+    CodeSlot *slot = &code_slots[(h ^ (h >> 10)) % CODE_SLOTS];
+    if (slot->code == code) return slot->inside;
+    int inside;
     PyObject *known = PyDict_GetItemWithError(self->internal, code);  /* borrowed */
-    if (known) return PyObject_IsTrue(known);
-    if (PyErr_Occurred()) return -1;
-    PyObject *r = PyObject_CallOneArg(self->classify, code);
-    int inside = r ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
+    if (known) {
+        inside = PyObject_IsTrue(known);
+    } else if (PyErr_Occurred()) {
+        return -1;
+    } else {
+        PyObject *r = PyObject_CallOneArg(self->classify, code);
+        inside = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+    }
+    if (inside >= 0) {
+        Py_XSETREF(slot->code, Py_NewRef(code));
+        slot->inside = inside;
+    }
     return inside;
 }
 
@@ -819,6 +838,7 @@ static PyObject *clear_caches(PyObject *mod, PyObject *unused) {
         Py_CLEAR(site_slots[i].code);
         Py_CLEAR(site_slots[i].text);
     }
+    for (int i = 0; i < CODE_SLOTS; i++) Py_CLEAR(code_slots[i].code);
     Py_RETURN_NONE;
 }
 
@@ -889,7 +909,7 @@ static PyMethodDef module_methods[] = {
      "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level, site_json) -> (bytes, bytes): "
      "completed layer frames as events.jsonl template and span rows (see TorchModuleSource._encode_frames)."},
     {"clear_caches", clear_caches, METH_NOARGS,
-     "clear_caches() -> None: empties the drain's caches of shape encodings and placed entries (at a session's stop)."},
+     "clear_caches() -> None: empties the process-wide caches of shape encodings, placed entries, call sites and code owners (at a session's stop)."},
     {NULL, NULL, 0, NULL},
 };
 
