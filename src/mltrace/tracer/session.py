@@ -62,6 +62,8 @@ def _forget_in_forked_child() -> None:
     parent's run goes on as before."""
     global _active
     session, _active = _active, None
+    if _traced_here:
+        _skip_native_teardown()
     if session is None:
         return
     session.forked_copy = True
@@ -72,6 +74,60 @@ def _forget_in_forked_child() -> None:
                 release()
             except Exception:  # noqa: BLE001 - nothing may fail the user's fork
                 pass
+
+
+#: A session has run in this process: a child forked from now on must not run the native
+#: libraries' exit-time teardown (``_skip_native_teardown``).
+_traced_here = False
+#: libc's ``on_exit``, ``__cxa_atexit``, ``_exit`` and ``fflush``, looked up when the first
+#: session starts (None where libc lacks them), so the fork handler does no imports.
+_libc_exit: tuple[Any, Any, int, int] | None = None
+
+
+def _prepare_native_teardown_skip() -> None:
+    """Looks up the libc functions ``_skip_native_teardown`` registers (glibc only)."""
+    global _traced_here, _libc_exit
+    _traced_here = True
+    if _libc_exit is not None or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        on_exit, cxa_atexit = libc.on_exit, libc.__cxa_atexit
+        on_exit.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        exit_now = ctypes.cast(libc._exit, ctypes.c_void_p).value
+        flush_all = ctypes.cast(libc.fflush, ctypes.c_void_p).value
+    except (OSError, AttributeError, ImportError):
+        return
+    if exit_now and flush_all:
+        _libc_exit = (on_exit, cxa_atexit, exit_now, flush_all)
+
+
+def _skip_native_teardown() -> None:
+    """In a forked child: makes C ``exit()`` flush C stdio and end the process with its status
+    before the native libraries' exit handlers and C++ static destructors registered in the
+    parent run.
+
+    Those are the parent's state, copied without its threads. torch.profiler's Kineto keeps a
+    configuration thread waiting on a condition variable; in the child its destructor
+    (``libkineto::ConfigLoader::~ConfigLoader`` → ``pthread_cond_destroy``) waits for that
+    waiter forever, so a child that ends through ``sys.exit`` or by returning would hang.
+    Python's own finalization (``atexit``, flushing ``sys.stdout``) still runs first, and the
+    exit status is the child's: glibc calls an ``on_exit`` function with it, and handlers run
+    last-registered first, so ``fflush(NULL)`` (``__cxa_atexit`` passes its argument first) runs,
+    then ``_exit(status)``. Handlers the child registers itself still run before both.
+    """
+    hooks = _libc_exit
+    if hooks is None:
+        return
+    on_exit, cxa_atexit, exit_now, flush_all = hooks
+    try:
+        if on_exit(exit_now, None) == 0:
+            cxa_atexit(flush_all, None, None)
+    except Exception:  # noqa: BLE001 - nothing may fail the user's fork
+        pass
 
 
 if hasattr(os, "register_at_fork"):
@@ -299,6 +355,7 @@ class Session:
             raise
         self._flusher = Flusher(self.flush, opts.flush_interval_s)
         self._flusher.start()
+        _prepare_native_teardown_skip()
         _active = self
         return self
 
