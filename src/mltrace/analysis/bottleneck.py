@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
+from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
 from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.store import Run
@@ -245,6 +246,8 @@ class LayerRow:
         has_child_layers: whether any call contained layer spans.
         dtype: data type of the first input of the first call ("" if unknown).
         verdict: the verdict, or None when no peaks were given.
+        median_ns: median duration of its calls (ns).
+        p90_ns: 90th percentile of its calls' durations (ns).
     """
 
     stat: LayerStat
@@ -265,6 +268,8 @@ class LayerRow:
     has_child_layers: bool = False
     dtype: str = ""
     verdict: Verdict | None = None
+    median_ns: int | None = None
+    p90_ns: int | None = None
 
 
 @dataclass
@@ -457,6 +462,9 @@ class Analysis:
             in a run with no such spans, whose tables count everything.
         level_ns_in_scope: each level's time (as in ``breakdown.levels``) counting only
             what ran inside a model, layer or user span (everything, in a run with none).
+        cold: each model's cold and steady calls (``analysis.coldstart``).
+        include_cold: whether the tables count the cold calls; when False every
+            table, verdict and finding is over the steady calls only.
     """
 
     breakdown: Breakdown
@@ -472,6 +480,17 @@ class Analysis:
     levels: list[Level]
     unscoped_ops: tuple[int, int] = (0, 0)
     level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
+    cold: ColdStart = field(default_factory=ColdStart)
+    include_cold: bool = True
+
+    def cold_text(self) -> str:
+        """One line on the cold calls and whether the tables count them ("" when there are none)."""
+        c = self.cold
+        if not c.cold_calls:
+            return ""
+        calls = "call" if c.cold_calls == 1 else "calls"
+        where = "counted in the tables" if self.include_cold else "left out of the tables (--include-cold counts them)"
+        return f"{c.cold_calls} cold {calls} ({c.cold_ns / 1e6:.2f} ms) {where}"
 
     def unscoped_text(self) -> str:
         """One line on the ops the name tables leave out ("" when none were)."""
@@ -561,24 +580,34 @@ def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
     ]
 
 
-def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS) -> Analysis:
+def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS, include_cold: bool = True) -> Analysis:
     """Builds the bottleneck report's data from a run (``span_pass.gather`` does the counting).
 
     Args:
         run: a loaded run (any mix of levels; recorded or imported).
         peaks: the roofs to judge by; None leaves every verdict None.
         th: the verdict thresholds.
+        include_cold: count the models' cold calls (``analysis.coldstart``) in the
+            tables, verdicts and findings; ``mltrace report`` passes False unless
+            ``--include-cold``.
 
     Returns:
-        The analysis; ``analysis.breakdown`` equals ``breakdown(run)``.
+        The analysis; ``analysis.breakdown`` equals ``breakdown(run)`` (of the run
+        without its cold calls when ``include_cold`` is False).
     """
 
     from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made
 
+    cold = find_cold_start(run)
+    if not include_cold and cold.rows is not None:
+        run = without_rows(run, cold.rows)
     g = gather(run)
+    if not include_cold:  # a cold call left out is busy time between the calls, not idle
+        g.model_intervals += cold.intervals
     ops = _rows(g.ops)
     has_ops = g.counts.get(int(Level.OP), 0) > 0
     layer_rows, type_rows = _layer_rows(g, has_ops, peaks, th)
+    _per_call(run, layer_rows)
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
     layer_ended = g.layer_end_ns is not None
@@ -621,7 +650,17 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS)
         levels=[lv for lv in order if g.counts.get(int(lv))],
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
         level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
+        cold=cold,
+        include_cold=include_cold,
     )
+
+
+def _per_call(run: Run, rows: list[LayerRow]) -> None:
+    """Sets each row's median and 90th percentile call duration (ns)."""
+    durations = call_durations(run, [(r.stat.name, r.stat.level) for r in rows])
+    for r in rows:
+        calls = durations.get((r.stat.name, r.stat.level), [])
+        r.median_ns, r.p90_ns = percentile_ns(calls, 50), percentile_ns(calls, 90)
 
 
 def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks: PeakSet | None, model_ns: int, has_ops: bool) -> Findings:

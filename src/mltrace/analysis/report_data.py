@@ -12,6 +12,9 @@ from typing import Any
 
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
 from mltrace.analysis.codepaths import source_line, split_location
+from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
+
+__all__ = ["build_report", "call_durations", "findings", "hot_lines", "percentile_ns"]
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.store import Run
@@ -32,52 +35,15 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         ``{"run", "models", "layers", "ops", "findings"}``; times in ns.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
-    durations = call_durations(run, [(r.stat.name, r.stat.level) for r in rows])
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
     hot = hot_lines(run, [r.stat.name for r in layer_rows])
     return {
         "run": _run_entry(run, a),
-        "models": [_model_entry(run, r, durations.get((r.stat.name, r.stat.level), [])) for r in rows if r.stat.level is Level.MODEL],
-        "layers": [_layer_entry(r, durations.get((r.stat.name, r.stat.level), []), hot.get(r.stat.name, [])) for r in layer_rows],
+        "models": [_model_entry(run, r, a.cold.model(r.stat.name)) for r in rows if r.stat.level is Level.MODEL],
+        "layers": [_layer_entry(r, hot.get(r.stat.name, [])) for r in layer_rows],
         "ops": [_op_entry(r) for r in a.ops],
         "findings": findings(a),
     }
-
-
-def call_durations(run: Run, keys: list[tuple[str, Level]]) -> dict[tuple[str, Level], list[int]]:
-    """The duration (ns) of every call of each (span name, level), in start order."""
-    import numpy as np
-
-    t = run.table
-    if not keys or not len(t):
-        return {}
-    index = {nm: i for i, nm in enumerate(t.names)}
-    out: dict[tuple[str, Level], list[int]] = {}
-    levels = t.level.astype(np.int64)
-    names = t.name.astype(np.int64)
-    wanted = {(index[name], int(level)): (name, level) for name, level in keys if name in index}
-    if not wanted:
-        return {}
-    rows = np.nonzero(np.isin(levels, [lv for _, lv in wanted]))[0]
-    rows = rows[np.argsort(t.start[rows], kind="stable")]
-    dur = np.maximum(t.end[rows] - t.start[rows], 0)
-    for row, d in zip(rows.tolist(), dur.tolist()):
-        key = wanted.get((int(names[row]), int(levels[row])))
-        if key is not None:
-            out.setdefault(key, []).append(int(d))
-    return out
-
-
-def percentile_ns(values: list[int], q: float) -> int | None:
-    """The ``q``-th percentile (0..100) of durations (ns), linearly interpolated between
-    the closest ranks (numpy's default), rounded to whole ns; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
 
 
 def hot_lines(run: Run, names: list[str]) -> dict[str, list[tuple[str, int]]]:
@@ -138,25 +104,33 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "wall_ns": b.wall_ns,
         "levels": [{"level": lt.level.label, "spans": lt.spans, "time_ns": lt.time_ns} for lt in b.levels],
         "peaks": peaks,
+        "include_cold": a.include_cold,
+        "cold_calls": a.cold.cold_calls,
+        "cold_ns": a.cold.cold_ns,
+        "cold_spent": [{"name": x.name, "category": x.category or None, "ns": x.ns} for x in a.cold.spent],
     }
 
 
-def _model_entry(run: Run, r: LayerRow, durations: list[int]) -> dict[str, Any]:
+def _model_entry(run: Run, r: LayerRow, calls: ModelCalls | None) -> dict[str, Any]:
+    """A model's entry: ``calls`` and ``total_ns`` over every call, cold or steady."""
     x = r.stat
     source = _loc(x.file, x.line)
     if source is None:  # runs before call sites: the model span names its caller in ml.call.*
         attrs = _first_attrs(run, x.name, Level.MODEL)
         source = _loc(attrs.get("ml.call.file.path"), attrs.get("ml.call.line.number"))
+    if calls is None:  # not a model span of this run's table (cannot happen for a loaded run)
+        calls = ModelCalls(x.name, [])
     return {
         "name": x.name,
         "type": x.type,
-        "calls": x.calls,
-        "total_ns": x.total_ns,
-        # Cold and steady calls are not told apart yet: every call counts as steady.
-        "cold_calls": 0,
-        "cold_ns": 0,
-        "steady_median_ns": percentile_ns(durations, 50),
-        "steady_p90_ns": percentile_ns(durations, 90),
+        "calls": len(calls.durations) or x.calls,
+        "total_ns": sum(calls.durations) or x.total_ns,
+        "cold_calls": len(calls.cold),
+        "cold_ns": calls.cold_ns,
+        "cold_indices": list(calls.cold),
+        "steady_median_ns": calls.steady_median_ns,
+        "steady_p90_ns": calls.steady_p90_ns,
+        "one_time": [{"category": cat, "names": names} for cat, names in calls.one_time.items()],
         "source": source,
     }
 
@@ -172,7 +146,7 @@ def _first_attrs(run: Run, name: str, level: Level) -> dict[str, Any]:
     return t.attrs(int(rows[0])) if len(rows) else {}
 
 
-def _layer_entry(r: LayerRow, durations: list[int], hot: list[tuple[str, int]]) -> dict[str, Any]:
+def _layer_entry(r: LayerRow, hot: list[tuple[str, int]]) -> dict[str, Any]:
     x = r.stat
     bound, why = _verdict(r.verdict)
     text = source_line(x.file, x.line)
@@ -182,8 +156,8 @@ def _layer_entry(r: LayerRow, durations: list[int], hot: list[tuple[str, int]]) 
         "calls": x.calls,
         "total_ns": x.total_ns,
         "self_ns": x.self_ns,
-        "median_ns": percentile_ns(durations, 50),
-        "p90_ns": percentile_ns(durations, 90),
+        "median_ns": r.median_ns,
+        "p90_ns": r.p90_ns,
         "source": _loc(x.file, x.line),
         "source_text": text or None,
         "defined": _loc(x.defined_file, x.defined_line),
@@ -219,7 +193,7 @@ def findings(a: Analysis) -> list[dict[str, Any]]:
     """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``bound``,
     ``idle``, ``cpu_vs_gpu``, ``data_movement``, ``framework_overhead``, ``note``)."""
     f = a.findings
-    out = _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
+    out = _cold_finding(a) + _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
     if f.device_ns and f.cpu_ns:
         text = f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}"
         out.append({"kind": "cpu_vs_gpu", "text": text, "cpu_ns": f.cpu_ns, "device_ns": f.device_ns})
@@ -233,6 +207,21 @@ def findings(a: Analysis) -> list[dict[str, Any]]:
         text = f"Framework overhead (layer time not covered by ops): {fmt_ns(f.framework_ns)} ({share} of model time)"
         out.append({"kind": "framework_overhead", "text": text, "ns": f.framework_ns, "base_ns": f.framework_base_ns})
     return out + [{"kind": "note", "text": note} for note in f.notes]
+
+
+def _cold_finding(a: Analysis) -> list[dict[str, Any]]:
+    """The cold calls: how many, per model against its steady median, and what they spent time on."""
+    text = a.cold_text()
+    if not text:
+        return []
+    per_model = [
+        f"{m.name} {len(m.cold)} of {len(m.durations)} ({fmt_ns(m.cold_ns)}; steady median {fmt_ns(m.steady_median_ns or 0)})"
+        for m in a.cold.models
+        if m.cold
+    ]
+    spent = ", ".join(f"{x.name} +{fmt_ns(x.ns)}" + (f" ({x.category})" if x.category else "") for x in a.cold.spent[:5])
+    text = f"Cold start: {text} — " + "; ".join(per_model) + (f". Extra time in: {spent}" if spent else "")
+    return [{"kind": "cold_start", "text": text, "calls": a.cold.cold_calls, "ns": a.cold.cold_ns, "included": a.include_cold}]
 
 
 def _share(part: int, whole: int) -> str:

@@ -48,6 +48,10 @@ RUN = _object(
         "wall_ns": _INT,
         "levels": _array(_LEVEL),
         "peaks": _array(_PEAKS),
+        "include_cold": _BOOL,
+        "cold_calls": _INT,
+        "cold_ns": _INT,
+        "cold_spent": _array(_object({"name": _STR, "category": _OPT_STR, "ns": _INT})),
     }
 )
 MODEL = _object(
@@ -58,8 +62,10 @@ MODEL = _object(
         "total_ns": _INT,
         "cold_calls": _INT,
         "cold_ns": _INT,
+        "cold_indices": _array(_INT),
         "steady_median_ns": _OPT_INT,
         "steady_p90_ns": _OPT_INT,
+        "one_time": _array(_object({"category": _STR, "names": _array(_STR)})),
         "source": _OPT_STR,
     }
 )
@@ -96,7 +102,10 @@ OP = _object(
     }
 )
 FINDING = _object(
-    {"kind": {"type": "string", "enum": ["bound", "idle", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"]}, "text": _STR},
+    {
+        "kind": {"type": "string", "enum": ["cold_start", "bound", "idle", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"]},
+        "text": _STR,
+    },
     closed=False,
 )
 

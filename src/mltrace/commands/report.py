@@ -45,6 +45,12 @@ def add_parser(subparsers: Any) -> None:
         help="draw the text report N columns wide (default: COLUMNS, else the terminal's width; a pipe gets every line whole)",
     )
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report to FILE instead of printing")
+    p.add_argument(
+        "--include-cold",
+        action="store_true",
+        help="count every model call in the tables and verdicts; by default the cold calls (warm-up: compile, autotune, "
+        "lazy init; docs/ANALYSIS.md) are shown apart and left out",
+    )
     p.add_argument("--remeasure", action="store_true", help="measure this machine's peak FLOP/s and bandwidth again")
     p.set_defaults(func=run)
 
@@ -71,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if args.remeasure or read_cached(this_host_key()) is None:
             sys.stderr.write(f"mltrace: measuring this machine's peak FLOP/s and bandwidth (once; cached in {cache_dir()})\n")
         peaks = peaks_for_run(run_obj.meta, has_gpu, remeasure=args.remeasure)
-        analysis = analyze(run_obj, peaks)
+        analysis = analyze(run_obj, peaks, include_cold=args.include_cold)
         if html_path is None:
             _print(run_obj, analysis, args)
             return 0

@@ -536,9 +536,23 @@ def _links(run: Run, port: int) -> str:
     )
 
 
+def _cold_item(a: Analysis) -> str:
+    """The cold calls apart, per model against its steady calls, and where their extra time went."""
+    parts = [
+        f"<code>{_e(m.name)}</code> {len(m.cold)} of {len(m.durations)} ({_e(fmt_ns(m.cold_ns))}; "
+        f"steady median {_e(fmt_ns(m.steady_median_ns or 0))})"
+        for m in a.cold.models
+        if m.cold
+    ]
+    spent = ", ".join(
+        f"<code>{_e(x.name)}</code> +{_e(fmt_ns(x.ns))}" + (f" ({_e(x.category)})" if x.category else "") for x in a.cold.spent[:5]
+    )
+    return f"Cold start: {_e(a.cold_text())} — " + "; ".join(parts) + (f". Extra time in: {spent}" if spent else "")
+
+
 def _findings(a: Analysis) -> str:
     f = a.findings
-    items: list[str] = []
+    items: list[str] = [_cold_item(a)] if a.cold_text() else []
     total = sum(f.bound_ns.values())
     if total:
         shares = ", ".join(

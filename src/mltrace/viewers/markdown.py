@@ -54,9 +54,16 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     if data["models"]:
         out += ["### Models", ""]
         out += _table(
-            ["model", "calls", "median", "p90", "called from"],
+            ["model", "calls", "cold", "steady median", "steady p90", "called from"],
             [
-                [_cell(m["name"]), str(m["calls"]), _opt_ns(m["steady_median_ns"]), _opt_ns(m["steady_p90_ns"]), _code(_short(m["source"]))]
+                [
+                    _cell(m["name"]),
+                    str(m["calls"]),
+                    f"{m['cold_calls']} ({fmt_ns(m['cold_ns'])})" if m["cold_calls"] else "0",
+                    _opt_ns(m["steady_median_ns"]),
+                    _opt_ns(m["steady_p90_ns"]),
+                    _code(_short(m["source"])),
+                ]
                 for m in data["models"]
             ],
         )

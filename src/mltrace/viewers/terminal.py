@@ -237,7 +237,7 @@ def _gpu_groups(console: object, run: Run, top: int) -> None:
 def _findings(console: object, a: Analysis) -> None:
     f = a.findings
     b = a.breakdown
-    lines: list[str] = []
+    lines: list[str] = [_cold_line(a)] if a.cold_text() else []
     total = sum(f.bound_ns.values())
     if total:
         shares = ", ".join(
@@ -274,6 +274,18 @@ def _findings(console: object, a: Analysis) -> None:
     del b
 
 
+def _cold_line(a: Analysis) -> str:
+    """The cold calls apart: per model against its steady calls, and where their extra time went."""
+    parts = [
+        f"{_esc(m.name)} {len(m.cold)} of {len(m.durations)} ({fmt_ns(m.cold_ns)}; steady median {fmt_ns(m.steady_median_ns or 0)}, "
+        f"p90 {fmt_ns(m.steady_p90_ns or 0)})"
+        for m in a.cold.models
+        if m.cold
+    ]
+    spent = ", ".join(f"{_esc(x.name)} +{fmt_ns(x.ns)}" + (f" ({x.category})" if x.category else "") for x in a.cold.spent[:5])
+    return f"Cold start: {a.cold_text()} — " + "; ".join(parts) + (f". Extra time in: {spent}" if spent else "")
+
+
 def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown) -> None:
     defined = any(r.stat.defined_file for r in rows)  # runs that record call sites also name the definition
     cols = [
@@ -282,13 +294,15 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown
         "calls",
         "total",
         "self",
+        "median",
+        "p90",
         "% model",
         "verdict",
         "top ops / libraries / kernels",
         "source",
         *(["defined"] if defined else []),
     ]
-    table = _table(title, [(col, col in ("calls", "total", "self", "% model")) for col in cols])
+    table = _table(title, [(col, col in ("calls", "total", "self", "median", "p90", "% model")) for col in cols])
     for r in rows:
         x = r.stat
         table.add_row(
@@ -297,6 +311,8 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown
             str(x.calls),
             fmt_ns(x.total_ns),
             fmt_ns(x.self_ns),
+            fmt_ns(r.median_ns) if r.median_ns is not None else "",
+            fmt_ns(r.p90_ns) if r.p90_ns is not None else "",
             _pct(x.total_ns, b.base_ns(x.level)),
             _verdict_text(r.verdict),
             _contents(r),

@@ -1,0 +1,392 @@
+"""Cold start apart from steady state: which model calls warmed the model up.
+
+The rule (docs/ANALYSIS.md, "Cold start"), per model (model spans of one name, in
+start order), with m and MAD the median and the median absolute deviation of the
+durations of every call but the first:
+
+- a call is an *outlier* when its duration d > m + k·1.4826·MAD and d > r·m
+  (``ColdRule``: k = 5, r = 1.5): robust to a slow call among the steady ones, and
+  never triggered by ordinary jitter when MAD is tiny;
+- the first call is cold when it is an outlier, and so is each following call while
+  every call before it was cold (a warm-up over several calls);
+- a later call is cold only when it is an outlier *and* one-time work ran inside it:
+  an op, library call or CUDA API call whose name says compile, autotune, kernel
+  loading, lazy initialisation or weight transfer (``ONE_TIME``) and which is absent
+  from most of the model's calls. A later call whose contents were not recorded
+  (no ops, library or API calls under it) is never cold: a GC pause is not warm-up.
+
+A model called once has no steady state to compare with: its call is steady.
+What the cold calls spent time on is the excess of their ops', library calls' and
+CUDA API calls' self time over as many steady calls (``Spent``).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mltrace.tracer.levels import Level
+from mltrace.tracer.model import TrackKind
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mltrace.run.store import Run
+    from mltrace.run.table import SpanTable
+
+#: (category, pattern) for names of one-time work; first match wins.
+ONE_TIME: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (cat, re.compile(pat, re.IGNORECASE))
+    for cat, pat in (
+        ("compile", r"dynamo|inductor|codegen|compile_fx|aot_autograd|nvrtc|triton.*compile|compile_inner|call_user_compiler"),
+        ("autotune", r"autotun|cudnnFind|Find\w*Algorithm|benchmark"),
+        ("kernel loading (JIT)", r"cuModule|cuLibrary|FuncGetAttribute|FuncSetAttribute|cuKernelGet|jit.*creat|creat.*jit"),
+        ("lazy init", r"Malloc|MemAlloc|HostAlloc|cuInit|lazy_?init|Create\b|Create[A-Z]|cudaGetDeviceProperties"),
+        ("weight transfer", r"HtoD|MemcpyHtoD"),
+    )
+)
+#: Categories for the names that took longer in cold calls (``Spent``), first match wins.
+_SPENT: tuple[tuple[str, re.Pattern[str]], ...] = (
+    *ONE_TIME,
+    ("cuDNN/cuBLAS set-up", re.compile(r"cudnn|cublas|miopen|rocblas|hipblas|nvjet", re.IGNORECASE)),
+    ("oneDNN/MKL set-up (JIT)", re.compile(r"mkldnn|onednn|oneDNN|MKL", re.IGNORECASE)),
+    ("data transfer", re.compile(r"copy|aten::to\b|_to_copy|Memcpy", re.IGNORECASE)),
+)
+_TOP_SPENT = 8
+
+
+@dataclass(frozen=True)
+class ColdRule:
+    """The constants of the cold-start rule.
+
+    Attributes:
+        k: robust z: an outlier exceeds the median by more than k·1.4826·MAD.
+        min_ratio: and is more than this many times the median.
+    """
+
+    k: float = 5.0
+    min_ratio: float = 1.5
+
+
+COLD_RULE = ColdRule()
+
+
+def is_outlier(d: float, reference: Sequence[int], rule: ColdRule = COLD_RULE) -> bool:
+    """Whether duration ``d`` (ns) is a robust outlier against ``reference`` (ns)."""
+    if not reference:
+        return False
+    m = float(statistics.median(reference))
+    mad = float(statistics.median(abs(x - m) for x in reference))
+    return d > m + rule.k * 1.4826 * mad and d > rule.min_ratio * m
+
+
+def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule: ColdRule = COLD_RULE) -> list[int]:
+    """Which calls of one model are cold (the rule of the module docstring).
+
+    Args:
+        durations: every call's duration (ns), in start order.
+        one_time: per call, whether one-time work was seen inside it (None: its
+            contents were not recorded).
+        rule: the constants.
+
+    Returns:
+        Indices of the cold calls, ascending.
+    """
+    if len(durations) < 2:
+        return []
+    reference = list(durations[1:])
+    cold: list[int] = []
+    for i, d in enumerate(durations):
+        warming = len(cold) == i  # every call before this one was cold
+        if not is_outlier(d, reference, rule):
+            continue
+        if warming or one_time[i]:
+            cold.append(i)
+    return cold
+
+
+def percentile_ns(values: Sequence[int], q: float) -> int | None:
+    """The ``q``-th percentile (0..100) of durations (ns), linearly interpolated between
+    the closest ranks (numpy's default), rounded to whole ns; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+def call_durations(run: Run, keys: list[tuple[str, Level]]) -> dict[tuple[str, Level], list[int]]:
+    """The duration (ns) of every call of each (span name, level), in start order."""
+    import numpy as np
+
+    t = run.table
+    if not keys or not len(t):
+        return {}
+    index = {nm: i for i, nm in enumerate(t.names)}
+    out: dict[tuple[str, Level], list[int]] = {}
+    levels = t.level.astype(np.int64)
+    names = t.name.astype(np.int64)
+    wanted = {(index[name], int(level)): (name, level) for name, level in keys if name in index}
+    if not wanted:
+        return {}
+    rows = np.nonzero(np.isin(levels, [lv for _, lv in wanted]))[0]
+    rows = rows[np.argsort(t.start[rows], kind="stable")]
+    dur = np.maximum(t.end[rows] - t.start[rows], 0)
+    for row, d in zip(rows.tolist(), dur.tolist()):
+        key = wanted.get((int(names[row]), int(levels[row])))
+        if key is not None:
+            out.setdefault(key, []).append(int(d))
+    return out
+
+
+@dataclass
+class ModelCalls:
+    """One model's calls, cold and steady.
+
+    Attributes:
+        name: the model span's name.
+        durations: every call's duration (ns), in start order.
+        cold: indices of the cold calls.
+        one_time: one-time work seen in the cold calls: category → names.
+    """
+
+    name: str
+    durations: list[int]
+    cold: list[int] = field(default_factory=list)
+    one_time: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def steady(self) -> list[int]:
+        """Durations of the steady calls (ns)."""
+        cold = set(self.cold)
+        return [d for i, d in enumerate(self.durations) if i not in cold]
+
+    @property
+    def cold_ns(self) -> int:
+        """Summed duration of the cold calls (ns)."""
+        return sum(self.durations[i] for i in self.cold)
+
+    @property
+    def steady_median_ns(self) -> int | None:
+        """Median duration of the steady calls (ns)."""
+        return percentile_ns(self.steady, 50)
+
+    @property
+    def steady_p90_ns(self) -> int | None:
+        """90th percentile of the steady calls' durations (ns)."""
+        return percentile_ns(self.steady, 90)
+
+
+@dataclass
+class Spent:
+    """What cold calls spent their extra time on: one name's excess self time.
+
+    Attributes:
+        name: an op, library call or CUDA API call.
+        category: what kind of one-time work the name suggests ("" when none).
+        ns: its self time in the cold calls minus that in as many steady calls (ns).
+    """
+
+    name: str
+    category: str
+    ns: int
+
+
+@dataclass
+class ColdStart:
+    """The cold calls of every model of a run.
+
+    Attributes:
+        models: per model, its calls.
+        spent: the names the cold calls spent most extra time on, largest first.
+        rows: rows of the span table inside cold calls (the calls themselves included).
+        intervals: the cold calls as (start ns, end ns, name): busy time, not idle, when
+            the tables leave them out.
+    """
+
+    models: list[ModelCalls] = field(default_factory=list)
+    spent: list[Spent] = field(default_factory=list)
+    rows: np.ndarray | None = None
+    intervals: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @property
+    def cold_calls(self) -> int:
+        """Number of cold calls over all models."""
+        return sum(len(m.cold) for m in self.models)
+
+    @property
+    def cold_ns(self) -> int:
+        """Their summed duration (ns)."""
+        return sum(m.cold_ns for m in self.models)
+
+    def model(self, name: str) -> ModelCalls | None:
+        """The calls of the model ``name``, or None."""
+        return next((m for m in self.models if m.name == name), None)
+
+
+def category_of(name: str, patterns: Sequence[tuple[str, re.Pattern[str]]] = ONE_TIME) -> str:
+    """The one-time category a span name suggests ("" when none)."""
+    return next((cat for cat, pat in patterns if pat.search(name)), "")
+
+
+def _work_names(run: Run, t: SpanTable) -> tuple[np.ndarray, list[str]]:
+    """Per row, a key for its name as ops, library and CUDA API calls are listed (-1 for
+    other rows); CPU-side API calls by ``cuda.api.name``, GPU memcpys by their kind."""
+    import numpy as np
+
+    lv = t.level.astype(np.int64)
+    gpu = np.fromiter((tid for tid, tr in run.tracks.items() if tr.kind == TrackKind.GPU_STREAM), dtype=np.int64)
+    on_gpu = np.isin(t.track, gpu)
+    key = np.full(len(t), -1, dtype=np.int64)
+    plain = np.isin(lv, [int(Level.OP), int(Level.LIBRARY)])
+    key[plain] = t.name[plain]
+    names = list(t.names)
+    index = {n: i for i, n in enumerate(names)}
+    kernel_rows = np.nonzero(lv == int(Level.KERNEL))[0]
+    sets, inverse = np.unique(t.attr[kernel_rows], return_inverse=True)
+    for j, k in enumerate(sets.tolist()):
+        a = t.attr_set(int(k))
+        name = a.get("cuda.api.name")
+        if name is None and a.get("gpu.activity") == "gpu_memcpy":
+            name = f"GPU memcpy {a.get('gpu.memcpy.kind', '?')}"
+        if isinstance(name, str):
+            rows = kernel_rows[inverse == j]
+            rows = rows[~on_gpu[rows]] if not name.startswith("GPU memcpy") else rows
+            key[rows] = index.setdefault(name, len(names))
+            if len(names) < len(index):
+                names.append(name)
+    return key, names
+
+
+def _self_ns(t: SpanTable, parent: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Duration minus the durations of direct children that are listed work on the same track."""
+    import numpy as np
+
+    dur = np.maximum(t.end - t.start, 0).astype(np.float64)
+    child = (key >= 0) & (parent >= 0)
+    child &= np.where(parent >= 0, key[np.maximum(parent, 0)] >= 0, False) & (t.track == t.track[np.maximum(parent, 0)])
+    sub = np.bincount(parent[child], weights=dur[child], minlength=len(t)) if child.any() else np.zeros(len(t))
+    return np.maximum(dur - sub, 0)
+
+
+def find_cold_start(run: Run, rule: ColdRule = COLD_RULE) -> ColdStart:
+    """Tells the cold calls of each model from its steady ones (module docstring).
+
+    Args:
+        run: the run.
+        rule: the constants of the rule.
+
+    Returns:
+        The models' calls, what the cold ones spent time on, and their rows.
+    """
+    import numpy as np
+
+    from mltrace.analysis.span_pass import tree_of
+
+    t = run.table
+    out = ColdStart()
+    lv = t.level.astype(np.int64)
+    model_rows = np.nonzero(lv == int(Level.MODEL))[0]
+    if not len(model_rows):
+        return out
+    model_rows = model_rows[np.argsort(t.start[model_rows], kind="stable")]
+    tree = tree_of(t)
+    is_model = lv == int(Level.MODEL)
+    owner = tree.nearest(is_model)  # each span's nearest model call
+    key, names = _work_names(run, t)
+    calls_of: dict[str, list[int]] = {}
+    for r in model_rows.tolist():
+        calls_of.setdefault(t.names[int(t.name[r])], []).append(r)
+    markers = _one_time_markers(key, names, owner)
+    cold_flag = np.zeros(len(t), dtype=bool)
+    weight = np.zeros(len(t), dtype=np.float64)  # +1 cold, -n_cold/n_steady steady: for the excess
+    for name, rows in calls_of.items():
+        model = _model_calls(name, rows, t, markers, names, rule)
+        out.models.append(model)
+        if model.cold:
+            cold_rows = [rows[i] for i in model.cold]
+            cold_flag[cold_rows] = True
+            out.intervals += [(int(t.start[r]), int(t.end[r]), f"{name} (cold)") for r in cold_rows]
+            steady_rows = [r for i, r in enumerate(rows) if i not in set(model.cold)]
+            weight[cold_rows] = 1.0
+            if steady_rows:
+                weight[steady_rows] = -len(cold_rows) / len(steady_rows)
+    if not cold_flag.any():
+        return out
+    inside = cold_flag | tree.ancestor_or(cold_flag)
+    out.rows = np.nonzero(inside)[0].astype(np.int64)
+    out.spent = _spent(t, tree.parent, key, names, owner, weight)
+    return out
+
+
+def _one_time_markers(key: np.ndarray, names: list[str], owner: np.ndarray) -> dict[int, set[int] | None]:
+    """Per model call row: the keys of one-time names inside it (None: no work recorded in it)."""
+    import numpy as np
+
+    matched = np.fromiter((bool(category_of(n)) for n in names), dtype=bool, count=len(names))
+    has_work = (key >= 0) & (owner >= 0)
+    out: dict[int, set[int] | None] = {int(r): set() for r in np.unique(owner[has_work]).tolist()}
+    rows = np.nonzero(has_work & matched[np.maximum(key, 0)])[0]
+    for o, k in zip(owner[rows].tolist(), key[rows].tolist()):
+        found = out[o]
+        assert found is not None
+        found.add(k)
+    return out  # type: ignore[return-value]
+
+
+def _model_calls(
+    name: str, rows: list[int], t: SpanTable, markers: dict[int, set[int] | None], names: list[str], rule: ColdRule
+) -> ModelCalls:
+    durations = [int(max(t.end[r] - t.start[r], 0)) for r in rows]
+    seen = [markers.get(r) for r in rows]
+    counts: dict[int, int] = {}
+    for s in seen:
+        for k in s or ():
+            counts[k] = counts.get(k, 0) + 1
+    rare = {k for k, c in counts.items() if 2 * c < len(rows)}  # one-time: in fewer than half the calls
+    one_time = [None if s is None else bool(s & rare) for s in seen]
+    model = ModelCalls(name, durations, cold_indices(durations, one_time, rule))
+    for i in model.cold:
+        for k in sorted(seen[i] or ()):
+            found = model.one_time.setdefault(category_of(names[k]), [])
+            if names[k] not in found:
+                found.append(names[k])
+    return model
+
+
+def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], owner: np.ndarray, weight: np.ndarray) -> list[Spent]:
+    """Excess self time per name of the cold calls over as many steady calls."""
+    import numpy as np
+
+    self_ns = _self_ns(t, parent, key)
+    # Each work row counts for its outermost model call: propagate the call's weight down.
+    w = np.zeros(len(t), dtype=np.float64)
+    rows = np.nonzero((key >= 0) & (owner >= 0))[0]
+    w[rows] = weight[owner[rows]]
+    rows = rows[w[rows] != 0]
+    if not len(rows):
+        return []
+    excess = np.bincount(key[rows], weights=self_ns[rows] * w[rows], minlength=len(names))
+    top = np.argsort(-excess)[:_TOP_SPENT]
+    return [Spent(names[k], category_of(names[k], _SPENT), int(excess[k])) for k in top.tolist() if excess[k] > 0]
+
+
+def without_rows(run: Run, rows: np.ndarray) -> Run:
+    """``run`` without the spans in ``rows`` of its table (tracks and metadata kept)."""
+    import numpy as np
+
+    from mltrace.run.table import SpanTable
+
+    t = run.table
+    keep = np.ones(len(t), dtype=bool)
+    keep[rows] = False
+    columns = {c: getattr(t, c)[keep] for c in ("id", "parent_id", "level", "name", "start", "end", "track", "flops", "has_flops")}
+    sets, inverse = np.unique(t.attr[keep], return_inverse=True)
+    columns["attr"] = inverse.astype(np.int32)
+    table = SpanTable(columns, t.names, attr_sets=[t.attr_set(int(k)) for k in sets.tolist()])
+    return run.replace(spans=None, table=table)

@@ -1,0 +1,107 @@
+"""The cold-start rule from tables, and on the H100 fixture (cold calls 10-100x the steady ones)."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.coldstart import category_of, cold_indices, find_cold_start
+from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
+from mltrace.analysis.report_data import build_report
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+
+FIXTURE = Path(__file__).resolve().parent.parent / "data" / "runs" / "h100_resnet50_bert"
+MS = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("durations", "one_time", "cold"),
+    [
+        ([50 * MS, 5 * MS, 5 * MS, 5 * MS], [None] * 4, [0]),  # a slow first call
+        ([50 * MS, 30 * MS, 5 * MS, 5 * MS, 5 * MS], [None] * 5, [0, 1]),  # warm-up over two calls
+        ([6 * MS, 5 * MS, 5 * MS, 5 * MS], [None] * 4, []),  # 1.2x: jitter, not cold
+        ([5 * MS, 5 * MS, 50 * MS, 5 * MS, 5 * MS], [None] * 5, []),  # a late slow call, nothing seen inside
+        ([5 * MS, 5 * MS, 50 * MS, 5 * MS, 5 * MS], [False, False, False, False, False], []),  # nothing one-time in it
+        ([5 * MS, 5 * MS, 50 * MS, 5 * MS, 5 * MS], [False, False, True, False, False], [2]),  # a recompile
+        ([5 * MS, 5 * MS, 5.2 * MS, 5 * MS], [True, False, True, False], []),  # one-time work, not an outlier
+        ([50 * MS], [True], []),  # one call: nothing to compare with
+        ([50 * MS, 5 * MS], [None, None], [0]),
+    ],
+)
+def test_cold_rule(durations: list[int], one_time: list[bool | None], cold: list[int]) -> None:
+    assert cold_indices([int(d) for d in durations], one_time) == cold
+
+
+def test_the_median_of_steady_calls_is_robust_to_a_slow_one() -> None:
+    steady = [5 * MS + i * 10_000 for i in range(9)]
+    assert cold_indices([80 * MS, *steady[:4], 9 * MS, *steady[4:]], [None] * 11) == [0]
+
+
+@pytest.mark.parametrize(
+    ("name", "category"),
+    [
+        ("Scheduler.codegen", "compile"),
+        ("cudnnFindConvolutionForwardAlgorithmEx", "autotune"),
+        ("cuModuleLoadData", "kernel loading (JIT)"),
+        ("cudaMalloc", "lazy init"),
+        ("GPU memcpy HtoD", "weight transfer"),
+        ("cudaLaunchKernel", ""),
+        ("aten::addmm", ""),
+    ],
+)
+def test_one_time_names(name: str, category: str) -> None:
+    assert category_of(name) == category
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    dest = tmp_path_factory.mktemp("h100") / "run"
+    dest.mkdir()
+    shutil.copy(FIXTURE / "run.json", dest / "run.json")
+    with gzip.open(FIXTURE / "events.jsonl.gz", "rb") as src, open(dest / "events.jsonl", "wb") as out:
+        shutil.copyfileobj(src, out)
+    return mltrace.load_run(dest)
+
+
+PEAKS = PeakSet(Peaks("cpu", "test CPU", 1e11, 1e10, "assumed"), gpu_peaks("NVIDIA H100 80GB HBM3"))
+
+
+def test_fixture_first_calls_are_cold_with_what_they_spent_time_on(run: Run) -> None:
+    cs = find_cold_start(run)
+    by_name = {m.name: m for m in cs.models}
+    assert by_name["ResNet"].cold == [0] and by_name["BertModel"].cold == [0]
+    for m in by_name.values():
+        assert m.cold_ns > 10 * (m.steady_median_ns or 0)
+    assert "lazy init" in by_name["ResNet"].one_time  # cudaMalloc, stream and host allocations
+    spent = {x.name: x for x in cs.spent}
+    assert spent["aten::_cudnn_attention_forward"].category == "cuDNN/cuBLAS set-up"
+    assert spent["aten::cudnn_convolution"].ns > 100 * MS
+
+
+def test_fixture_report_is_steady_by_default(run: Run) -> None:
+    steady = build_report(run, analyze(run, PEAKS, include_cold=False))
+    every = build_report(run, analyze(run, PEAKS, include_cold=True))
+    conv1 = {x["name"]: x for x in steady["layers"]}["conv1"]
+    conv1_all = {x["name"]: x for x in every["layers"]}["conv1"]
+    assert conv1["calls"] == 3 and conv1_all["calls"] == 4
+    assert conv1_all["total_ns"] > 50 * MS  # the cold call's cuDNN set-up
+    assert conv1["total_ns"] < 2 * MS and conv1["p90_ns"] < MS
+    resnet = {m["name"]: m for m in steady["models"]}["ResNet"]
+    assert (resnet["calls"], resnet["cold_calls"]) == (4, 1) and resnet["steady_median_ns"] < 20 * MS
+    assert steady["run"]["model_calls"] == 6 and every["run"]["model_calls"] == 8
+    idle = next(f for f in steady["findings"] if f["kind"] == "idle" and f["where"] == "between model calls")
+    assert idle["idle_ns"] < 10 * MS  # a cold call left out is not idle time
+
+
+def test_spans_of_cold_calls_leave_the_tables(run: Run) -> None:
+    a = analyze(run, PEAKS, include_cold=False)
+    ops = {r.name: r for r in a.ops}
+    every = {r.name: r for r in analyze(run, PEAKS).ops}
+    assert ops["aten::cudnn_convolution"].calls * 4 == every["aten::cudnn_convolution"].calls * 3
+    assert all(r.stat.calls in (3, 6, 9, 12, 36) or r.stat.level is not Level.LAYER for r in a.layers)

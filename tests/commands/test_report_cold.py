@@ -1,0 +1,105 @@
+"""``mltrace report`` separates a model's cold calls from its steady ones on a real traced
+program, and its steady median agrees with the program's own timing of the same calls."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from analysis.schema_check import errors
+from conftest import run_cli
+from mltrace.analysis.report_schema import REPORT_SCHEMA
+
+# The first forward calibrates a scale once with many large matrix products (one-time
+# work inside the first call, as lazy init, JIT or autotune would be); later calls are cheap.
+SCRIPT = """
+import json, sys, time
+import torch
+from torch import nn
+
+class Calibrated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
+        self.register_buffer("scale", torch.zeros(()))
+        self.ready = False
+
+    def forward(self, x):
+        if not self.ready:
+            a = torch.randn(384, 384)
+            for _ in range(60):
+                a = torch.tanh(a @ a.T / 384)
+            self.scale = a.abs().mean()
+            self.ready = True
+        return self.body(x) * self.scale
+
+torch.manual_seed(0)
+model = Calibrated().eval()
+x = torch.randn(32, 256)
+times = []
+with torch.inference_mode():
+    for _ in range(12):
+        t0 = time.perf_counter_ns()
+        model(x)
+        times.append(time.perf_counter_ns() - t0)
+json.dump(times, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    home = tmp_path_factory.mktemp("cold")
+    (home / "infer.py").write_text(SCRIPT)
+    res = run_cli("python", "-q", "--level", "op", "-o", str(home / "run"), str(home / "infer.py"), str(home / "times.json"), cwd=home)
+    assert res.returncode == 0, res.stderr.decode()
+    return home
+
+
+def _report(home: Path, *args: str) -> dict:
+    res = run_cli("report", "run", "--format", "json", *args, cwd=home, env={"MLTRACE_CACHE_DIR": str(home / "cache")})
+    assert res.returncode == 0, res.stderr.decode()
+    data = json.loads(res.stdout)
+    assert errors(data, REPORT_SCHEMA) == []
+    return data
+
+
+def test_the_first_call_is_cold_and_the_steady_median_is_the_programs_own(traced: Path) -> None:
+    data = _report(traced)
+    own = json.loads((traced / "times.json").read_text())
+    (model,) = data["models"]
+    assert model["calls"] == 12
+    # The calibrating call, and maybe a warm-up call right after it (first use of ops under
+    # the tracer); never a slow call later with nothing one-time in it.
+    cold = model["cold_indices"]
+    assert cold[0] == 0 and cold == list(range(len(cold))) and len(cold) <= 2, own
+    assert model["cold_calls"] == len(cold) and model["cold_ns"] > 3 * model["steady_median_ns"]
+    mine = statistics.median(own[len(cold) :])  # the program's own timing of the same steady calls
+    assert abs(model["steady_median_ns"] - mine) <= max(0.10 * mine, 200_000), (model["steady_median_ns"], mine)
+    assert data["run"]["cold_calls"] == len(cold) and data["run"]["include_cold"] is False
+    assert data["run"]["model_calls"] == 12 - len(cold)  # the tables count the steady calls
+    assert any(x["name"] == "aten::tanh" for x in data["run"]["cold_spent"])  # the calibration's own ops
+    (finding,) = [f for f in data["findings"] if f["kind"] == "cold_start"]
+    assert f"Calibrated {len(cold)} of 12" in finding["text"]
+
+
+def test_include_cold_counts_every_call(traced: Path) -> None:
+    steady = _report(traced)
+    every = _report(traced, "--include-cold")
+    assert every["run"]["model_calls"] == 12 and every["run"]["include_cold"] is True
+    body = {x["name"]: x for x in every["layers"]}["body"]
+    cold = steady["models"][0]["cold_calls"]
+    assert body["calls"] == 12 and {x["name"]: x for x in steady["layers"]}["body"]["calls"] == 12 - cold
+    ops = {o["name"] for o in steady["ops"]}
+    assert "aten::tanh" not in ops and "aten::tanh" in {o["name"] for o in every["ops"]}
+
+
+def test_text_report_shows_the_cold_call_apart(traced: Path) -> None:
+    res = run_cli("report", "run", "--width", "200", cwd=traced, env={"MLTRACE_CACHE_DIR": str(traced / "cache")})
+    out = res.stdout.decode()
+    assert res.returncode == 0
+    assert "Cold start: " in out and "--include-cold" in out
+    assert "median" in out and "p90" in out
