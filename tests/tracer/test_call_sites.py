@@ -119,25 +119,53 @@ def test_every_layer_names_the_model_code_line_that_called_it(tmp_path: Path, ho
     assert model > _line("head")  # the model's own call site: the loop above
 
 
-def test_compiled_modules_keep_the_call_sites_of_what_runs_eagerly(
-    tmp_path: Path, hot_path: str, request: pytest.FixtureRequest
+class Compiled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stem(x).mean((2, 3)))
+
+
+def _compiled_calls(backend: str, calls: int) -> tuple[list[torch.Tensor], int, int]:
+    """Outputs of ``calls`` calls of a freshly compiled model, its graph breaks and its graphs."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    compiled = torch.compile(Compiled().eval(), backend=backend)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        outputs = [compiled(x) for _ in range(calls)]  # LINE: compiled call
+    return outputs, sum(counters["graph_break"].values()), int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("level", ["layer", "op"])
+def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(
+    tmp_path: Path, hot_path: str, level: str, request: pytest.FixtureRequest
 ) -> None:
-    """torch.compile: what TorchDynamo compiles has no Python frames, so only the model span (and
-    modules that run eagerly) are recorded; the model span still names the calling line."""
+    """Tracing adds no graph break and no graph (TorchDynamo compiles what it would plain); the
+    compiled region is one model span per call, at the line that called it."""
     pytest.importorskip("torch._dynamo")
     if hot_path == "python":
-        # TorchDynamo traces the Python wrapper and fails inside it ("already tracked for
-        # mutation"), as it did before call sites existed: the execution-modes issue.
+        # TorchDynamo inlines the Python wrapper (a plain function on the class) and fails in it
+        # ("already tracked for mutation"), as before call sites: only the C hot path steps aside.
         request.applymarker(pytest.mark.xfail(strict=True, reason="TorchDynamo fails tracing the Python layer wrapper"))
-    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
-    compiled = torch.compile(net, backend="eager")
-    x = torch.randn(2, 8)
-    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"), torch.no_grad():
-        compiled(x)  # LINE: compiled call
+    plain, plain_breaks, plain_graphs = _compiled_calls("eager", 3)
+    with mltrace.profile(output=tmp_path / "run", summary=False, level=level):
+        traced, traced_breaks, traced_graphs = _compiled_calls("eager", 3)
+    assert (traced_breaks, traced_graphs) == (plain_breaks, plain_graphs) == (0, 1)
+    assert all(torch.equal(a, b) for a, b in zip(plain, traced))
     run = mltrace.load_run(tmp_path / "run")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert models and all(s.attrs["code.file.path"] == __file__ for s in models)
-    assert {s.attrs["code.line.number"] for s in models} == {_line("compiled call")}
+    assert [s.name for s in models] == ["OptimizedModule"] * 3
+    assert {(s.attrs["code.file.path"], s.attrs["code.line.number"]) for s in models} == {(__file__, _line("compiled call"))}
+    # What Dynamo compiled runs without nn.Module calls: no layer spans inside.
+    assert not [s for s in run.spans if s.level == Level.LAYER]
 
 
 def test_framework_files_are_never_call_sites() -> None:

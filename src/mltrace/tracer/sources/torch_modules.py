@@ -112,6 +112,22 @@ def _parameter_count(module: Any) -> int:
             c._set_tracing_state(tracing)  # type: ignore[union-attr]
 
 
+def dynamo_tracing_probe() -> Callable[[], Any] | None:
+    """A function that is true while TorchDynamo traces a program (``torch._guards.TracingContext``),
+    or None where this torch has none. While it is true, ``nn.Module.__call__`` read as an
+    attribute is torch's own, which Dynamo inlines into the graph it builds (the layer level's C
+    function would make it break the graph at every submodule call); calls still go through ours."""
+    guards = sys.modules.get("torch._guards")
+    if guards is None:
+        try:
+            import torch._guards as guards
+        except ImportError:
+            return None
+    context = getattr(guards, "TracingContext", None)
+    try_get = getattr(context, "try_get", None)
+    return try_get if callable(try_get) else None
+
+
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
 HOT_PATH_ENV = "MLTRACE_LAYER_HOT_PATH"
 
@@ -352,10 +368,20 @@ class TorchModuleSource:
             # call of a thread still goes through __call__ above, which opens the model span.
             checked = forward_check(module_cls) if direct else None
             self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
+            native_call: list[Any] = []
+
+            def bound_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+                """``module.__call__`` read from an instance (torch.compile keeps it as what it
+                compiles): the C hot path, or torch's own while TorchDynamo traces it."""
+                if compiling():
+                    return original(module, *args, **kwargs)
+                return native_call[0](module, *args, **kwargs)
+
             installed = native(
                 tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked,
-                self._internal_code, self._is_framework_code,
+                self._internal_code, self._is_framework_code, dynamo_tracing_probe(), bound_call,
             )
+            native_call.append(installed)
         self._wrapped = (module_cls, original, installed)
         module_cls.__call__ = installed
 
