@@ -204,7 +204,7 @@ typedef struct {
     /* A callable that is true while a compiler traces the program (TorchDynamo), or NULL. Then
      * class-level access (`nn.Module.__call__`, which Dynamo inlines for every submodule call)
      * gives `original`: Dynamo cannot trace this C function, and would break the graph there. */
-    PyObject *compiling, *bound;
+    PyObject *compiling, *bound, *owner;  /* owner: the class this is installed on (borrowed use only) */
     /* The calling thread's stack (a borrowed reference): TorchModuleSource._stacks keeps every
      * thread's stack alive while this object lives (it holds new_stack, a method of the source),
      * and a thread's stack is never replaced. A thread's first call finds it in tls. */
@@ -456,16 +456,18 @@ static PyObject *layer_call(PyObject *callable, PyObject *args, PyObject *kwargs
 /* `Module.__call__` and `module.__call__` read as attributes. A call `module(x)` does not read
  * them (the type's call slot calls this object directly), so they only decide what code that
  * takes the attribute gets:
- * - from the class: this object, except while a compiler traces (`compiling` is true): then
- *   torch's own. TorchDynamo inlines the class's `__call__` at every submodule call of the
- *   graph it builds and cannot trace this C function: it would break the graph there;
+ * - from nn.Module itself (`owner`): this object, always (torch.fx saves and restores
+ *   `nn.Module.__call__` around its tracing, also inside a compiler's);
+ * - from a subclass: this object, except while a compiler traces (`compiling` is true): then
+ *   torch's own. TorchDynamo inlines the module class's `__call__` at every submodule call
+ *   of the graph it builds and cannot trace this C function: it would break the graph there;
  * - from an instance: `bound` (a Python function that calls this object, or torch's own
  *   under a compiler), bound to the module, where given; else this object, bound.
  *   torch.compile keeps `model.__call__` as the function it compiles. */
 static PyObject *layer_get(PyObject *self, PyObject *obj, PyObject *type) {
     LayerCall *lc = (LayerCall *)self;
     if (obj != NULL && obj != Py_None) return PyMethod_New(lc->bound ? lc->bound : self, obj);
-    if (lc->compiling) {
+    if (lc->compiling && type != lc->owner) {
         PyObject *r = PyObject_CallNoArgs(lc->compiling);
         int yes = r ? PyObject_IsTrue(r) : 0;
         Py_XDECREF(r);
@@ -479,14 +481,14 @@ static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->tls); Py_VISIT(self->new_stack); Py_VISIT(self->outer); Py_VISIT(self->raw_shapes);
     Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
     Py_VISIT(self->call_impl); Py_VISIT(self->tracing_state); Py_VISIT(self->hook_globals);
-    Py_VISIT(self->internal); Py_VISIT(self->classify); Py_VISIT(self->compiling); Py_VISIT(self->bound);
+    Py_VISIT(self->internal); Py_VISIT(self->classify); Py_VISIT(self->compiling); Py_VISIT(self->bound); Py_VISIT(self->owner);
     return 0;
 }
 static int layer_clear(LayerCall *self) {
     Py_CLEAR(self->tls); Py_CLEAR(self->new_stack); Py_CLEAR(self->outer); Py_CLEAR(self->raw_shapes);
     Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
     Py_CLEAR(self->call_impl); Py_CLEAR(self->tracing_state); Py_CLEAR(self->hook_globals);
-    Py_CLEAR(self->internal); Py_CLEAR(self->classify); Py_CLEAR(self->compiling); Py_CLEAR(self->bound);
+    Py_CLEAR(self->internal); Py_CLEAR(self->classify); Py_CLEAR(self->compiling); Py_CLEAR(self->bound); Py_CLEAR(self->owner);
     return 0;
 }
 static void layer_dealloc(LayerCall *self) {
@@ -498,11 +500,12 @@ static void layer_dealloc(LayerCall *self) {
 
 static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct",
-                         "forward_check", "internal", "classify", "compiling", "bound", NULL};
+                         "forward_check", "internal", "classify", "compiling", "bound", "owner", NULL};
     PyObject *o[8], *forward_check = Py_None, *internal = Py_None, *classify = Py_None, *compiling = Py_None, *bound = Py_None;
+    PyObject *owner = Py_None;
     int direct;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
-                                     &forward_check, &internal, &classify, &compiling, &bound))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
+                                     &forward_check, &internal, &classify, &compiling, &bound, &owner))
         return NULL;
     if ((compiling != Py_None && !PyCallable_Check(compiling)) || (bound != Py_None && !PyCallable_Check(bound))) {
         PyErr_SetString(PyExc_TypeError, "compiling and bound must be callable");
@@ -549,6 +552,7 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (internal != Py_None) { self->internal = Py_NewRef(internal); self->classify = Py_NewRef(classify); }
     if (compiling != Py_None) self->compiling = Py_NewRef(compiling);
     if (bound != Py_None) self->bound = Py_NewRef(bound);
+    if (owner != Py_None) self->owner = Py_NewRef(owner);
     return (PyObject *)self;
 }
 

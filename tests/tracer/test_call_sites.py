@@ -177,3 +177,24 @@ def test_framework_files_are_never_call_sites() -> None:
     transformers = importlib.util.find_spec("transformers")
     if transformers is not None and transformers.origin:
         assert not frameworks.owns(transformers.origin)  # model libraries are model code
+
+
+def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(tmp_path: Path, hot_path: str) -> None:
+    """torch.export traces with TorchDynamo and torch.fx, which save and restore
+    ``nn.Module.__call__`` around their tracing: the layer level's own must be what is put back,
+    and export's tracing is no model call. The exported program's calls are model spans."""
+    pytest.importorskip("torch.export")
+    net = Compiled().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        program = torch.export.export(net, (x,)).module()
+        with torch.no_grad():
+            outputs = [program(x) for _ in range(2)]  # LINE: exported call
+        installed = torch.nn.Module.__dict__["__call__"]
+    assert torch.equal(outputs[0], net(x))
+    assert installed is not torch.nn.modules.module.Module._wrapped_call_impl  # still mltrace's
+    run = mltrace.load_run(tmp_path / "run")
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert [s.name for s in models] == ["GraphModule", "GraphModule"]
+    assert {s.attrs["code.line.number"] for s in models} == {_line("exported call")}
+    assert not [n for n in run.meta.get("limitations", []) if "re-wrapped" in n]

@@ -379,7 +379,7 @@ class TorchModuleSource:
 
             installed = native(
                 tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked,
-                self._internal_code, self._is_framework_code, dynamo_tracing_probe(), bound_call,
+                self._internal_code, self._is_framework_code, dynamo_tracing_probe(), bound_call, module_cls,
             )
             native_call.append(installed)
         self._wrapped = (module_cls, original, installed)
