@@ -105,3 +105,22 @@ def test_spans_of_cold_calls_leave_the_tables(run: Run) -> None:
     every = {r.name: r for r in analyze(run, PEAKS).ops}
     assert ops["aten::cudnn_convolution"].calls * 4 == every["aten::cudnn_convolution"].calls * 3
     assert all(r.stat.calls in (3, 6, 9, 12, 36) or r.stat.level is not Level.LAYER for r in a.layers)
+
+
+def test_gpu_layers_get_achieved_flops_from_their_kernels_never_above_the_peak(run: Run) -> None:
+    a = analyze(run, PEAKS, include_cold=False)
+    gpu = [r for r in a.layers if r.kernel_count and r.achieved_flops]
+    assert len(gpu) > 50
+    assert all(r.peak_share is None or 0 < r.peak_share <= 1 for r in a.layers)
+    assert all(o.peak_share is None or 0 <= o.peak_share <= 1 for o in a.ops)
+    linear = next(r for r in a.layers if r.stat.name == "encoder.layer.0.attention.self.query")
+    assert linear.dtype == "float16" and linear.achieved_flops is not None
+    assert linear.peak_share == linear.achieved_flops / 989e12  # the fp16 tensor-core peak of the table
+
+
+def test_measured_roofs_below_a_reached_point_are_raised(run: Run) -> None:
+    slow = PeakSet(Peaks("cpu", "too low", 1e3, 1e3, "measured"), PEAKS.gpu)
+    a = analyze(run, slow)
+    assert a.peaks is not None and a.peaks.cpu.flops_per_s > 1e3 and "raised" in a.peaks.cpu.note
+    cpu_rates = [r.bytes / (r.stat.total_ns * 1e-9) for r in a.layers if not r.kernel_count and r.stat.total_ns]
+    assert cpu_rates and max(cpu_rates) <= a.peaks.cpu.bytes_per_s * (1 + 1e-9)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
-from mltrace.analysis.peaks import Peaks, PeakSet
+from mltrace.analysis.peaks import Peaks, PeakSet, is_half, raised
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
@@ -248,6 +248,9 @@ class LayerRow:
         verdict: the verdict, or None when no peaks were given.
         median_ns: median duration of its calls (ns).
         p90_ns: 90th percentile of its calls' durations (ns).
+        achieved_flops: FLOP/s reached over its kernels' GPU time when kernels ran,
+            else over its CPU time; None without FLOPs or peaks.
+        peak_share: that as a fraction of the FLOP/s peak of its device and dtype (≤ 1).
     """
 
     stat: LayerStat
@@ -270,6 +273,8 @@ class LayerRow:
     verdict: Verdict | None = None
     median_ns: int | None = None
     p90_ns: int | None = None
+    achieved_flops: float | None = None
+    peak_share: float | None = None
 
 
 @dataclass
@@ -322,6 +327,8 @@ class NameRow:
     kernels: int = 0
     detail: str = ""
     verdict: Verdict | None = None
+    achieved_flops: float | None = None
+    peak_share: float | None = None
 
     @property
     def mean_ns(self) -> float:
@@ -606,8 +613,11 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         g.model_intervals += cold.intervals
     ops = _rows(g.ops)
     has_ops = g.counts.get(int(Level.OP), 0) > 0
-    layer_rows, type_rows = _layer_rows(g, has_ops, peaks, th)
+    layer_rows, type_rows = _layer_rows(g, has_ops, None, th)
     _per_call(run, layer_rows)
+    if peaks is not None:
+        peaks = fit_peaks(peaks, layer_rows, ops)
+        _judge(layer_rows, type_rows, peaks, th)
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
     layer_ended = g.layer_end_ns is not None
@@ -633,6 +643,11 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     if peaks is not None:
         for row in ops:
             row.verdict = _op_verdict(row, peaks, th)
+            roofs = peaks.gpu if row.kernels > 0 else peaks.cpu
+            t = row.device_ns if row.kernels > 0 else row.total_ns
+            if roofs is not None and row.flops > 0 and t > 0:
+                row.achieved_flops = row.flops / (t * 1e-9)
+                row.peak_share = _share_or_none(row.achieved_flops, roofs.top_flops_per_s)
     findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops)
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
@@ -653,6 +668,65 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         cold=cold,
         include_cold=include_cold,
     )
+
+
+def _work_time_ns(kernels: int, device_ns: int, total_ns: int) -> int:
+    """The time work is judged over: its kernels' GPU time when kernels ran, else its CPU time (ns)."""
+    return device_ns if kernels > 0 else total_ns
+
+
+def fit_peaks(peaks: PeakSet, rows: list[LayerRow], ops: list[NameRow]) -> PeakSet:
+    """The peaks, each roof raised to the highest FLOP/s and bytes/s a layer or op reached on
+    its device (layers by their dtype; ops, whose dtype is unknown, against the top roof), so
+    that no share of a roof exceeds 100 %; a raised roof carries a note."""
+    reached: dict[str, list[float]] = {"cpu": [0.0, 0.0, 0.0], "gpu": [0.0, 0.0, 0.0]}  # fp32, half, bytes/s
+    for r in rows:
+        t = _work_time_ns(r.kernel_count, r.kernel_ns, r.stat.total_ns)
+        if t > 0:
+            got = reached["gpu" if r.kernel_count else "cpu"]
+            k = 1 if is_half(r.dtype) or not r.dtype else 0  # unknown dtype: against the top roof
+            got[k] = max(got[k], r.flops / (t * 1e-9))
+            got[2] = max(got[2], r.bytes / (t * 1e-9))
+    for o in ops:
+        t = _work_time_ns(o.kernels, o.device_ns, o.total_ns)
+        if t > 0:
+            got = reached["gpu" if o.kernels else "cpu"]
+            got[1] = max(got[1], o.flops / (t * 1e-9))  # against the top roof: half where there is one
+            got[2] = max(got[2], o.bytes / (t * 1e-9))
+
+    def fit(p: Peaks | None, got: list[float]) -> Peaks | None:
+        if p is None or p.source == "table":  # datasheet roofs are not raised: a point above one is an estimate's error
+            return p
+        half = got[1] if p.half_flops_per_s else 0.0
+        fp32 = max(got[0], got[1] if not p.half_flops_per_s else 0.0)
+        return raised(p, fp32, half, got[2], "this run's layers and ops")
+
+    cpu = fit(peaks.cpu, reached["cpu"])
+    assert cpu is not None
+    return PeakSet(cpu=cpu, gpu=fit(peaks.gpu, reached["gpu"]))
+
+
+def _share_or_none(achieved: float, peak: float) -> float | None:
+    """achieved ÷ peak, or None above 1 (a work estimate above a datasheet roof is wrong, not fast)."""
+    share = achieved / peak if peak > 0 else None
+    return share if share is not None and share <= 1.0 else None
+
+
+def _judge(rows: list[LayerRow], types: list[TypeRow], peaks: PeakSet, th: Thresholds) -> None:
+    """Sets the verdicts and achieved FLOP/s of layers and layer types."""
+    members: dict[str, list[LayerRow]] = {}
+    for row in rows:
+        row.verdict = _layer_verdict(row, peaks, th)
+        roofs = _peaks_for(row.kernel_count, peaks)
+        t = _work_time_ns(row.kernel_count, row.kernel_ns, row.stat.total_ns)
+        if roofs is not None and row.flops > 0 and t > 0:
+            row.achieved_flops = row.flops / (t * 1e-9)
+            peak = roofs.flops_for(row.dtype) if row.dtype else roofs.top_flops_per_s
+            row.peak_share = _share_or_none(row.achieved_flops, peak)
+        if row.stat.level is Level.LAYER:
+            members.setdefault(row.stat.type, []).append(row)
+    for t_row in types:
+        t_row.verdict = _type_verdict(t_row, members.get(t_row.type, []), peaks, th)
 
 
 def _per_call(run: Run, rows: list[LayerRow]) -> None:
@@ -849,7 +923,7 @@ def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         time_ns=row.total_ns,
         flops=row.flops if roofs is not None else 0,
         moved_bytes=row.bytes if roofs is not None else 0,
-        peak_flops=roofs.flops_per_s if roofs is not None else 1,
+        peak_flops=roofs.top_flops_per_s if roofs is not None else 1,  # an op's dtype is not known: the top roof
         peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
         work_known=roofs is not None and (row.flops > 0 or row.bytes > 0),
         calls=row.calls,

@@ -74,6 +74,97 @@ class Peaks:
         """Plain JSON-able form."""
         return asdict(self)
 
+    @property
+    def top_flops_per_s(self) -> float:
+        """The highest FLOP/s roof of any data type: the roof for work of unknown dtype."""
+        return max(self.flops_per_s, self.half_flops_per_s)
+
+
+#: CPU half-precision (bf16/fp16) peak per fp32 peak, by the ISA feature that computes it
+#: natively: AMX tiles do 16× the FLOP per cycle of AVX-512 FMA (1024 vs 64 per core);
+#: AVX512_BF16 (vdpbf16ps) and AVX512_FP16 do 2×. Without one, bf16/fp16 run at the fp32 peak.
+CPU_HALF_FACTORS: tuple[tuple[str, float], ...] = (("amx_bf16", 16.0), ("amx_fp16", 16.0), ("avx512_bf16", 2.0), ("avx512_fp16", 2.0))
+
+
+def is_half(dtype: str | None) -> bool:
+    """Whether a dtype name is float16 or bfloat16."""
+    return dtype in _HALF_DTYPES
+
+
+def raised(p: Peaks, flops: float, half_flops: float, bytes_per_s: float, what: str) -> Peaks:
+    """``p`` with each roof raised to at least what the run reached (FLOP/s, bytes/s), and a
+    note when one was: a measured point above a roof means the roof underestimates the machine."""
+    new = Peaks(
+        p.device,
+        p.name,
+        max(p.flops_per_s, flops),
+        max(p.bytes_per_s, bytes_per_s),
+        p.source,
+        max(p.half_flops_per_s, half_flops) if p.half_flops_per_s or half_flops > p.flops_per_s else 0.0,
+        p.note,
+    )
+    if new == p:
+        return p
+    note = f"roofs raised to what {what} reached (the {p.source} peaks were lower)"
+    notes = "; ".join(x for x in (p.note, note) if x)
+    return Peaks(new.device, new.name, new.flops_per_s, new.bytes_per_s, new.source, new.half_flops_per_s, notes)
+
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU feature flags (/proc/cpuinfo; empty where it is not readable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def half_factor(flags: set[str]) -> float:
+    """bf16/fp16 CPU peak ÷ fp32 peak for these flags (``CPU_HALF_FACTORS``; 1 without any)."""
+    return max((f for name, f in CPU_HALF_FACTORS if name in flags), default=1.0)
+
+
+def run_threads(meta: dict[str, Any]) -> int | None:
+    """The compute threads the program used: run.json ``threads.torch`` (torch.get_num_threads()
+    at the end of the run), else ``OMP_NUM_THREADS`` from its environment; None when unknown."""
+    threads = meta.get("threads")
+    if isinstance(threads, dict) and isinstance(threads.get("torch"), int) and threads["torch"] > 0:
+        return int(threads["torch"])
+    env = meta.get("environment")
+    value = env.get("OMP_NUM_THREADS") if isinstance(env, dict) else None
+    try:
+        n = int(str(value).split(",")[0]) if value is not None else 0
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def cpu_for_run(cpu: Peaks, meta: dict[str, Any], cores: int | None, flags: set[str]) -> Peaks:
+    """CPU peaks for a run: a bf16/fp16 roof from the CPU's flags, and both FLOP roofs scaled
+    to the threads the program used (``run_threads``) out of the ``cores`` measured with.
+
+    The copy bandwidth is not scaled: a few threads already reach most of it."""
+    factor = half_factor(flags)
+    threads = run_threads(meta)
+    share = min(threads, cores) / cores if threads and cores else 1.0
+    notes = [cpu.note] if cpu.note else []
+    if share < 1.0:
+        notes.append(f"FLOP/s scaled to the {threads} of {cores} threads the program used")
+    if factor > 1.0:
+        notes.append(f"bf16/fp16 peak {factor:g}× fp32 ({', '.join(n for n, _ in CPU_HALF_FACTORS if n in flags)})")
+    return Peaks(
+        cpu.device,
+        cpu.name,
+        cpu.flops_per_s * share,
+        cpu.bytes_per_s,
+        cpu.source,
+        cpu.flops_per_s * share * factor if factor > 1.0 else 0.0,
+        "; ".join(notes),
+    )
+
 
 @dataclass(frozen=True)
 class PeakSet:
@@ -301,6 +392,10 @@ def peaks_for_run(meta: dict[str, Any], has_gpu_kernels: bool, remeasure: bool =
                 cpu.source,
                 note="measured on this machine, not on the host that recorded the run",
             )
+    found = meta.get("host")
+    host: dict[str, Any] = found if isinstance(found, dict) else {}
+    flags = cpu_flags() if key in (None, here) else set(host.get("cpu_flags") or ())
+    cpu = cpu_for_run(cpu, meta, host.get("cpu_count") or os.cpu_count(), flags)
     gpu: Peaks | None = None
     if has_gpu_kernels:
         for name in gpu_names(meta):

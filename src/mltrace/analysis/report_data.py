@@ -84,7 +84,15 @@ def _verdict(v: Verdict | None) -> tuple[str | None, str | None]:
 
 
 def _peaks_entry(p: Peaks) -> dict[str, Any]:
-    return {"device": p.device, "name": p.name, "flops_per_s": p.flops_per_s, "bytes_per_s": p.bytes_per_s, "source": p.source}
+    return {
+        "device": p.device,
+        "name": p.name,
+        "flops_per_s": p.flops_per_s,
+        "half_flops_per_s": p.half_flops_per_s or None,
+        "bytes_per_s": p.bytes_per_s,
+        "source": p.source,
+        "note": p.note or None,
+    }
 
 
 def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
@@ -163,6 +171,8 @@ def _layer_entry(r: LayerRow, hot: list[tuple[str, int]]) -> dict[str, Any]:
         "defined": _loc(x.defined_file, x.defined_line),
         "flops": r.flops,
         "bytes": r.bytes,
+        "achieved_flops_per_s": r.achieved_flops,
+        "peak_share": r.peak_share,
         "verdict": bound,
         "why": why,
         "hot_lines": [_hot_entry(loc, ns) for loc, ns in hot],
@@ -184,6 +194,8 @@ def _op_entry(r: NameRow) -> dict[str, Any]:
         "mean_ns": round(r.mean_ns),
         "flops": r.flops,
         "device_ns": r.device_ns,
+        "achieved_flops_per_s": r.achieved_flops,
+        "peak_share": r.peak_share,
         "verdict": bound,
         "why": why,
     }

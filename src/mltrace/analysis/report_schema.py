@@ -30,7 +30,10 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
-_PEAKS = _object({"device": _STR, "name": _STR, "flops_per_s": _NUM, "bytes_per_s": _NUM, "source": _STR})
+_OPT_NUM = {"type": ["number", "null"]}
+_PEAKS = _object(
+    {"device": _STR, "name": _STR, "flops_per_s": _NUM, "half_flops_per_s": _OPT_NUM, "bytes_per_s": _NUM, "source": _STR, "note": _OPT_STR}
+)
 _LEVEL = _object({"level": _STR, "spans": _INT, "time_ns": _INT})
 _HOT_LINE = _object({"line": _OPT_STR, "function": _STR, "ns": _INT})
 
@@ -83,6 +86,8 @@ LAYER = _object(
         "defined": _OPT_STR,
         "flops": _NUM,
         "bytes": _NUM,
+        "achieved_flops_per_s": _OPT_NUM,
+        "peak_share": _OPT_NUM,
         "verdict": _VERDICT,
         "why": _OPT_STR,
         "hot_lines": _array(_HOT_LINE),
@@ -97,6 +102,8 @@ OP = _object(
         "mean_ns": _INT,
         "flops": _NUM,
         "device_ns": _INT,
+        "achieved_flops_per_s": _OPT_NUM,
+        "peak_share": _OPT_NUM,
         "verdict": _VERDICT,
         "why": _OPT_STR,
     }

@@ -332,7 +332,7 @@ def _contents(r: LayerRow) -> str:
 
 
 def _why_table(console: object, rows: list[LayerRow]) -> None:
-    cols = ("layer", "verdict", "FLOP", "bytes", "FLOP/B", "achieved", "% roofline", "basis", "reason")
+    cols = ("layer", "verdict", "FLOP", "bytes", "FLOP/B", "achieved", "% peak", "% roofline", "basis", "reason")
     table = _table(
         "Why: the roofline numbers of the top layers (by self time)",
         [(col, col not in ("layer", "verdict", "basis", "reason")) for col in cols],
@@ -345,7 +345,8 @@ def _why_table(console: object, rows: list[LayerRow]) -> None:
             fmt_si(r.flops, "FLOP"),
             fmt_si(r.bytes, "B"),
             f"{v.intensity:.3g}" if v is not None and v.intensity is not None else "",
-            fmt_si(v.achieved_flops, "FLOP/s") if v is not None and v.achieved_flops else "",
+            fmt_si(r.achieved_flops, "FLOP/s") if r.achieved_flops else "",
+            f"{100 * r.peak_share:.2g}%" if r.peak_share is not None else "",
             f"{100 * v.efficiency:.2g}%" if v is not None and v.efficiency is not None else "",
             r.work_source,
             _esc(v.reason) if v is not None else "",
