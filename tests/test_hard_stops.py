@@ -5,8 +5,10 @@ its output and the run directory it leaves."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,111 @@ def test_a_forked_child_of_a_profiled_region_never_hangs(tmp_path: Path) -> None
     assert "parent: child status 5" in res.stdout and "parent: child status 6" in res.stdout
     assert "child 6 wrote through C stdio" in res.stdout
     assert mltrace.load_run(tmp_path / "run").complete
+
+
+SIGNAL_LOOP = SCRIPTS / "signal_loop.py"
+
+
+def _start_loop(out: Path, *extra: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        mltrace_cmd("python", "-q", "--flush-interval", "0.2", "-o", str(out), *extra, str(SIGNAL_LOOP)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=_env(),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line == "ready\n", proc.communicate(timeout=HANG_S)
+    time.sleep(0.5)  # more than the flush interval
+    return proc
+
+
+def _no_mltrace_traceback(stderr: str) -> None:
+    """The program's own traceback may name mltrace's layer wrapper; mltrace's finish may not appear."""
+    for frame in ("mltrace/cli.py", "mltrace/tracer/session.py", "mltrace/tracer/finishguard.py", "__main__.py"):
+        assert frame not in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    ("signals", "status"),
+    [
+        ((signal.SIGINT, signal.SIGINT), 130),
+        ((signal.SIGTERM, signal.SIGTERM), 143),
+        ((signal.SIGINT, signal.SIGINT, signal.SIGINT, signal.SIGINT), 130),
+    ],
+)
+def test_repeated_signals_keep_the_status_and_the_spans(tmp_path: Path, signals: tuple[int, ...], status: int) -> None:
+    """A second (third, fourth) signal 0.15 s after the first, as an impatient user sends them:
+    the program's own status, no traceback of mltrace's, and a readable run with the op spans
+    the session held (a small run's finish ends within the grace, or its spans were written
+    before it was cut short)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    proc = _start_loop(out)
+    for i, sig in enumerate(signals):
+        if i:
+            time.sleep(0.15)
+        proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == status, stderr
+    _no_mltrace_traceback(stderr)
+    run = mltrace.load_run(out)
+    assert run.complete or run.meta["stopped_early"]["signal"] == signal.Signals(signals[0]).name
+    assert run.meta["exit_status"] == status
+    levels = {s.level for s in run.spans}
+    assert Level.MODEL in levels and Level.OP in levels
+
+
+def test_a_signal_cuts_a_long_finish_short(tmp_path: Path) -> None:
+    """A finish that outlasts the grace (a source whose stop takes minutes) is cut short: the
+    program's status, what was streamed kept, run.json says where the finish stopped."""
+    script = tmp_path / "slow_finish.py"
+    script.write_text(SLOW_FINISH)
+    out = tmp_path / "run"
+    pipe = subprocess.PIPE
+    argv = [sys.executable, str(script), str(out)]
+    proc = subprocess.Popen(argv, stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL, text=True, env=_env())
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "finishing\n", proc.communicate(timeout=HANG_S)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 0, stderr  # the program handled it: its own status
+    assert "SIGTERM during the finish: stopped early" in stderr
+    assert "after stop: SIGTERM handler restored" in stdout
+    run = mltrace.load_run(out)
+    assert not run.complete
+    assert run.meta["stopped_early"] == {"signal": "SIGTERM", "during": "stopping slow"}
+    assert [s.name for s in run.spans if s.level == Level.USER] == ["streamed"]
+    assert not list(out.glob("*.tmp"))
+
+
+SLOW_FINISH = """
+import signal, sys, time
+import mltrace
+from mltrace.config import ProfileOptions
+from mltrace.tracer.session import Session
+from mltrace.tracer.sources.base import Source
+
+class Slow(Source):
+    name = "slow"
+    levels = ()
+    def available(self): return None
+    def start(self, session): pass
+    def stop(self):
+        for _ in range(6000):  # 60 s of Python: the grace cuts it short
+            time.sleep(0.01)
+        return []
+
+mine = lambda s, f: None
+signal.signal(signal.SIGTERM, mine)
+session = Session(ProfileOptions.build(output=sys.argv[1], summary=True, flush_interval_s=0.05), sources=[Slow()]).start()
+with mltrace.span("streamed"):
+    pass
+time.sleep(0.3)
+print("finishing", flush=True)
+session.stop()
+print("after stop: SIGTERM handler", "restored" if signal.getsignal(signal.SIGTERM) is mine else "lost", flush=True)
+"""

@@ -5,7 +5,9 @@ multiprocessing's spawn workers can unpickle its objects) with its own
 ``sys.argv`` and ``sys.path[0]``. ``run_target`` returns the exit status Python
 would have given: the ``SystemExit`` code, 1 after an uncaught exception
 (printed through ``sys.excepthook``, as Python does), 130 after Ctrl-C, 143
-after SIGTERM.
+after SIGTERM. After a program that ended through SIGINT or SIGTERM, further ones are
+ignored for the rest of the process: only the trace's finish is left, and it has its own
+guard (``tracer/finishguard.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +76,22 @@ class _Terminated(SystemExit):
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated(128 + signum)
+
+
+def _ignore_further() -> None:
+    """After a program that ended through SIGINT or SIGTERM: ignores both for the rest of the
+    process. The program has no code left to interrupt; the process only finishes its trace
+    (where ``tracer/finishguard.py`` cuts the finish short) and leaves with the program's status,
+    without a traceback of mltrace's. ``SIG_IGN``, not a Python handler, because Python puts a
+    Python handler back to the default at finalization, and a signal during the rest of the
+    teardown would then end the process with the signal's status."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
 
 
 def _exit_status(exc: SystemExit) -> int:
@@ -158,6 +176,7 @@ def run_target(target: Target) -> int:
     if not sys.path:
         sys.path.append("")
     status = 0
+    by_signal = False
     try:
         try:
             if target.module is not None:
@@ -168,9 +187,11 @@ def run_target(target: Target) -> int:
             _join_threads()
         except SystemExit as exc:
             status = _exit_status(exc)
+            by_signal = isinstance(exc, _Terminated)
         except KeyboardInterrupt as exc:
             _report(exc)
             status = 130
+            by_signal = True
         except BaseException as exc:  # noqa: BLE001 - the user's error, reported as Python would
             _report(exc)
             status = 1
@@ -181,6 +202,8 @@ def run_target(target: Target) -> int:
                     signal.signal(signal.SIGTERM, signal.SIG_DFL)
             except (ValueError, OSError):
                 pass
+        if by_signal:
+            _ignore_further()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

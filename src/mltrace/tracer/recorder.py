@@ -207,10 +207,11 @@ class Flusher(threading.Thread):
             except Exception as exc:  # never into the user's program
                 log.warning("mltrace: streaming flush failed: %s", exc)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10) -> None:
+        """Stops the thread, waiting at most ``timeout_s`` for a flush in progress."""
         self._stopped.set()
         if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=10)
+            self.join(timeout=timeout_s)
 
 
 def events_of(batch: list[Event]) -> dict[str, list[Any]]:

@@ -29,6 +29,7 @@ from mltrace.run import store
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
+from mltrace.tracer.finishguard import FinishGuard, FinishInterrupted
 from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
 from mltrace.tracer.memwatch import (
     FINALIZE_BYTES_PER_SPAN,
@@ -156,6 +157,11 @@ class StopProgress:
         with self._lock:
             self._loud = True
             _say(f"writing the trace to {self._run_dir}: {self._step}…")
+
+    @property
+    def step(self) -> str:
+        """What the finish is doing now."""
+        return self._step
 
     def phase(self, step: str) -> None:
         with self._lock:
@@ -718,12 +724,65 @@ class Session:
                 notice.start()
             except RuntimeError:  # no new threads (interpreter shutting down): no notice
                 notice = None
+        guard = FinishGuard()
         try:
-            with gc_paused():
-                return self._stop_and_finalize(progress)
+            with guard:
+                try:
+                    with gc_paused():
+                        return self._stop_and_finalize(progress)
+                except FinishInterrupted:
+                    guard.cut()
+                    return self._cut_short(guard, progress.step)
+                finally:
+                    self._after_signal(guard)
+        except FinishInterrupted:  # the grace ran out as the guard was left: the run is as written
+            assert self.run_dir is not None
+            return self.run_dir
         finally:
             if notice is not None:
                 notice.cancel()
+
+    def _after_signal(self, guard: FinishGuard) -> None:
+        """After a finish that a signal reached: no OTLP send (the user asked to leave), said once."""
+        if guard.signum is None:
+            return
+        if self.options.otlp is not None:
+            self.options.otlp = None
+            _say(f"{guard.signal_name} during the finish: the run is not sent over OTLP (mltrace export --otlp sends it)")
+
+    def _cut_short(self, guard: FinishGuard, step: str) -> Path:
+        """Ends a finish that a signal cut short (``tracer/finishguard.py``): writes what the
+        recorder still holds, removes the finish's temporary files, and marks run.json as not
+        complete and ``stopped_early``, so the run loads with what was streamed. The summary is
+        not printed (it would load the whole run)."""
+        assert self.run_dir is not None
+        name = guard.signal_name or "a signal"
+        self.meta["stopped_early"] = {"signal": name, "during": step}
+        self.note_limitation(f"the finish was cut short by {name} while {step}: the run holds what was written before")
+        if self._flusher is not None:
+            self._flusher.stop(timeout_s=0.2)
+        if self._flush_lock.acquire(timeout=0.5):
+            try:
+                self._flush_locked()
+                self._streams_closed = True
+                for closer in (self._writer, self._pftrace):
+                    if closer is not None:
+                        try:
+                            closer.close()
+                        except Exception:  # noqa: BLE001 - what is on disk stays
+                            pass
+            finally:
+                self._flush_lock.release()
+        for leftover in self.run_dir.glob("*.tmp"):
+            leftover.unlink(missing_ok=True)
+        self.meta.update(complete=False, limitations=self.limitations, errors=self.errors)
+        try:
+            store.write_meta(self.run_dir, self.meta)
+        except OSError as exc:
+            warn(f"could not write {store.META_FILE}: {exc}")
+        self.options.summary = False
+        _say(f"{name} during the finish: stopped early; {self.run_dir} keeps what was written")
+        return self.run_dir
 
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
