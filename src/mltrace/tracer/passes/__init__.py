@@ -4,6 +4,7 @@ Each pass takes the run's events and returns a run with corrected events; a
 pass records what it found under ``run.meta["correlation"][<pass name>]``.
 ``default_pipeline()`` is the order the session applies them in:
 
+- ``fx_layers``: layer spans for the calls of exported programs (``torch.export``)
 - ``checks``: ordering, overlap separation, the containment check
 - ``nesting``: parents by containment on a track; GPU work under its launch
 - ``gpu_library``: cuDNN / cuBLAS / CUTLASS / Triton … from kernel names
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 from mltrace.run.store import Run
 from mltrace.tracer.passes.checks import check_containment, separate_overlaps, sort_spans
+from mltrace.tracer.passes.fx_layers import layers_from_fx
 from mltrace.tracer.passes.gpu_library import attribute_gpu_library
 from mltrace.tracer.passes.library import attach_library_calls
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, nest_by_containment
@@ -28,6 +30,7 @@ Pass = Callable[[Run], Run]
 def default_pipeline() -> list[Pass]:
     """The passes in order. Sources' passes slot in before the checks."""
     return [
+        layers_from_fx,
         sort_spans,
         nest_by_containment,
         attach_gpu_to_launch,

@@ -128,6 +128,38 @@ def dynamo_tracing_probe() -> Callable[[], Any] | None:
     return try_get if callable(try_get) else None
 
 
+def fx_node_modules(module: Any) -> dict[str, Any] | None:
+    """The op nodes of a GraphModule and the modules each came from, or None where its nodes
+    carry no ``nn_module_stack`` (a graph not made by torch.export or Dynamo):
+    ``{"modules": [[path, class name], …], "nodes": [[op name, [module index, …]], …]}``, the
+    op name as the profiler names the op (``aten::conv2d``), the modules outermost first
+    (the model itself left out)."""
+    modules: list[list[str]] = []
+    index: dict[tuple[str, str], int] = {}
+    nodes: list[list[Any]] = []
+    seen_stack = False
+    for node in module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(getattr(node.target, "_schema", None), "name", None)
+        stack = node.meta.get("nn_module_stack")
+        if not isinstance(name, str):
+            continue
+        chain = []
+        for entry in (stack or {}).values():
+            path, cls = (entry[0], entry[1]) if isinstance(entry, tuple) and len(entry) >= 2 else ("", "")
+            if not path:
+                continue
+            key = (str(path).removeprefix("L['self']."), str(getattr(cls, "__name__", cls)).rsplit(".", 1)[-1])
+            if key not in index:
+                index[key] = len(modules)
+                modules.append([key[0], key[1]])
+            chain.append(index[key])
+        seen_stack = seen_stack or bool(stack)
+        nodes.append([name, chain])
+    return {"modules": modules, "nodes": nodes} if seen_stack else None
+
+
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
 HOT_PATH_ENV = "MLTRACE_LAYER_HOT_PATH"
 
@@ -217,6 +249,8 @@ class TorchModuleSource:
         self._frameworks: FrameworkCode | None = None
         #: Module classes ``_note_opaque`` found nothing to say about.
         self._see_through: set[type] = set()
+        #: id(GraphModule) → (weak reference, its graph id) for ``_note_fx_graph``.
+        self._fx_graphs: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._torch_dir = ""
         self._tensor: Any = object
         self._script_module: type | None = None
@@ -893,6 +927,7 @@ class TorchModuleSource:
             with self._lock:
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
+        self._note_fx_graph(module, attrs)
         site = self._site_of(sys._getframe(2))
         if site is not None:
             attrs.update(self._site_attrs(*site))
@@ -950,6 +985,26 @@ class TorchModuleSource:
                 self._late[ident] = head[0]
         self._wrap_call(module_cls, original, layer_call=ours)
         return bool(self._static or self._frames)  # modules described by the drain, or frames waiting for it
+
+    def _note_fx_graph(self, module: Any, attrs: dict[str, Any]) -> None:
+        """For a ``torch.fx.GraphModule`` model (``torch.export``'s ``.module()``, FX passes):
+        its graph id on every call (``ml.fx.graph``) and, on the first call, which module each
+        op node came from (``ml.fx.nodes``), from which ``passes/fx_layers.py`` makes its layers."""
+        fx = sys.modules.get("torch.fx")
+        graph_module = getattr(fx, "GraphModule", None)
+        if graph_module is None or not isinstance(module, graph_module):
+            return
+        known = self._fx_graphs.get(id(module))
+        if known is not None and known[0]() is module:
+            attrs["ml.fx.graph"] = known[1]
+            return
+        nodes = fx_node_modules(module)
+        if nodes is None:
+            return
+        graph_id = len(self._fx_graphs) + 1
+        self._fx_graphs[id(module)] = (weakref.ref(module), graph_id)
+        attrs["ml.fx.graph"] = graph_id
+        attrs["ml.fx.nodes"] = store.dumps(nodes).decode()
 
     def _note_opaque(self, module: Any) -> None:
         session = self._session
