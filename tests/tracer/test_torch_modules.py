@@ -427,6 +427,7 @@ def test_run_json_names_the_hot_path_that_ran(tmp_path: Path, hot_path: str) -> 
     run = _trace(tmp_path, lambda: nn.Sequential(nn.Linear(2, 2), nn.ReLU())(torch.ones(1, 2)))
     assert run.meta["sources"]["torch.modules"]["layer_hot_path"].split(" ")[0] == hot_path
     assert _names(run) == ["0", "1"]
+    assert run.meta["threads"] == {"torch": torch.get_num_threads()}  # the roofline scales CPU peaks to it
 
 
 def _span_table(run: Run) -> list[tuple[object, ...]]:

@@ -504,6 +504,7 @@ class TorchModuleSource:
         self.end_recording()  # as when the trace is full; a later ``import torch`` here installs nothing
 
     def stop(self) -> list[Event]:
+        self._note_threads()
         try:
             truncated = self._truncate_open_frames()
             for handle in self._handles:
@@ -985,6 +986,18 @@ class TorchModuleSource:
                 self._late[ident] = head[0]
         self._wrap_call(module_cls, original, layer_call=ours)
         return bool(self._static or self._frames)  # modules described by the drain, or frames waiting for it
+
+    def _note_threads(self) -> None:
+        """run.json's ``threads.torch``: torch's intra-op threads at the end of the run (the
+        roofline scales the CPU's peaks to them), where torch was imported."""
+        torch = sys.modules.get("torch")
+        get = getattr(torch, "get_num_threads", None)
+        if self._session is None or get is None:
+            return
+        try:
+            self._session.meta.setdefault("threads", {})["torch"] = int(get())
+        except Exception:  # noqa: BLE001 - a fact for the report, never an error of the run
+            pass
 
     def _note_fx_graph(self, module: Any, attrs: dict[str, Any]) -> None:
         """For a ``torch.fx.GraphModule`` model (``torch.export``'s ``.module()``, FX passes):
