@@ -176,3 +176,33 @@ print("finishing", flush=True)
 session.stop()
 print("after stop: SIGTERM handler", "restored" if signal.getsignal(signal.SIGTERM) is mine else "lost", flush=True)
 """
+
+
+def test_os_exit_finishes_the_trace_first(tmp_path: Path) -> None:
+    """``os._exit(7)`` runs no ``finally``: the session's wrapper finishes the run before the
+    process ends, op spans and Perfetto trace included, with the program's status."""
+    pytest.importorskip("torch")
+    out = tmp_path / "run"
+    res = _run(mltrace_cmd("python", "-q", "-o", str(out), str(SIGNAL_LOOP), "_exit", "7"), tmp_path)
+    assert res.returncode == 7, res.stderr
+    assert res.stdout.endswith("leaving\n")
+    _no_mltrace_traceback(res.stderr)
+    assert (out / "trace.pftrace").is_file()
+    run = mltrace.load_run(out)
+    assert run.complete and run.meta["exit_status"] == 7 and run.meta["exit_via"] == "os._exit"
+    assert sum(1 for s in run.spans if s.level == Level.MODEL) == 21
+    assert any(s.level == Level.OP for s in run.spans)
+
+
+def test_os_exit_is_put_back_after_the_session(tmp_path: Path) -> None:
+    """The wrapper is in place only while a session runs."""
+    from mltrace.config import ProfileOptions
+    from mltrace.tracer.session import Session
+
+    original = os._exit
+    session = Session(ProfileOptions.build(output=tmp_path / "run", summary=False), sources=[]).start()
+    try:
+        assert os._exit is not original
+    finally:
+        session.stop()
+    assert os._exit is original

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
@@ -269,6 +269,7 @@ class Session:
         self.full = False
         #: True in a child forked from the process running this session: it writes nothing.
         self.forked_copy = False
+        self._os_exit: tuple[Callable[[int], NoReturn], Callable[[int], NoReturn]] | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -363,7 +364,36 @@ class Session:
         self._flusher.start()
         _prepare_native_teardown_skip()
         _active = self
+        self._patch_os_exit()
         return self
+
+    def _patch_os_exit(self) -> None:
+        """Puts a wrapper in place of ``os._exit`` that finishes this session's trace before the
+        process ends (``os._exit`` runs no ``finally`` and no ``atexit``); ``stop()`` takes it out.
+        In a forked child, or once the session has stopped, the wrapper only calls the original."""
+        original = os._exit
+
+        def _exit(status: int) -> NoReturn:
+            if _active is self and not self._stopped:
+                self.meta["exit_status"] = status
+                self.meta["exit_via"] = "os._exit"
+                try:
+                    self.stop()
+                except BaseException:  # noqa: BLE001 - the program asked to leave now, with its status
+                    pass
+            original(status)
+
+        _exit.__wrapped__ = original  # type: ignore[attr-defined]
+        self._os_exit = (original, _exit)
+        os._exit = _exit
+
+    def _unpatch_os_exit(self) -> None:
+        """Puts ``os._exit`` back, unless something else replaced the wrapper since."""
+        if self._os_exit is not None:
+            original, wrapper = self._os_exit
+            if os._exit is wrapper:
+                os._exit = original
+            self._os_exit = None
 
     def _watch_op_level(self, names: list[str]) -> None:
         """Sets up the op level's end: after ``--op-inferences`` model calls or past the memory
@@ -715,6 +745,7 @@ class Session:
         self._stopped = True
         if _active is self:
             _active = None
+        self._unpatch_os_exit()
         notice = None
         progress = StopProgress(self.run_dir)
         if self.options.summary:  # a quiet session stays quiet
