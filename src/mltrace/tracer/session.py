@@ -392,7 +392,7 @@ class Session:
         if self._os_exit is not None:
             original, wrapper = self._os_exit
             if os._exit is wrapper:
-                os._exit = original
+                os._exit = original  # type: ignore[assignment]  # the function it was
             self._os_exit = None
 
     def _watch_op_level(self, names: list[str]) -> None:
