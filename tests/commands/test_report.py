@@ -91,7 +91,8 @@ def test_json_report_follows_the_schema(traced: Path) -> None:
     assert rc == 0, err
     data = json.loads(out)
     assert errors(data, REPORT_SCHEMA) == []
-    assert list(data) == ["run", "models", "layers", "ops", "findings"]
+    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate"]
+    assert data["generate"] == []  # no generate() call in this run
     (model,) = data["models"]
     assert model["name"] == "Net" and model["calls"] == 3
     layers = {x["name"]: x for x in data["layers"]}

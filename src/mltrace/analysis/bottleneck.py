@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
+from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.peaks import Peaks, PeakSet, is_half, raised
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.store import Run
@@ -472,6 +473,7 @@ class Analysis:
         cold: each model's cold and steady calls (``analysis.coldstart``).
         include_cold: whether the tables count the cold calls; when False every
             table, verdict and finding is over the steady calls only.
+        generation: the run's ``generate()`` calls (``analysis.generation``).
     """
 
     breakdown: Breakdown
@@ -489,6 +491,7 @@ class Analysis:
     level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
     cold: ColdStart = field(default_factory=ColdStart)
     include_cold: bool = True
+    generation: list[GenerateCall] = field(default_factory=list)
 
     def cold_text(self) -> str:
         """One line on the cold calls and whether the tables count them ("" when there are none)."""
@@ -606,6 +609,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made
 
     cold = find_cold_start(run)
+    generation = generate_calls(run)  # a generate() call's first model call is its prefill, cold or not
     if not include_cold and cold.rows is not None:
         run = without_rows(run, cold.rows)
     g = gather(run)
@@ -667,6 +671,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
         cold=cold,
         include_cold=include_cold,
+        generation=generation,
     )
 
 

@@ -32,7 +32,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         a: its analysis (``analysis.bottleneck.analyze``).
 
     Returns:
-        ``{"run", "models", "layers", "ops", "findings"}``; times in ns.
+        ``{"run", "models", "layers", "ops", "findings", "generate"}``; times in ns.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
@@ -43,6 +43,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         "layers": [_layer_entry(r, hot.get(r.stat.name, [])) for r in layer_rows],
         "ops": [_op_entry(r) for r in a.ops],
         "findings": findings(a),
+        "generate": [g.as_dict() for g in a.generation],
     }
 
 
@@ -202,10 +203,11 @@ def _op_entry(r: NameRow) -> dict[str, Any]:
 
 
 def findings(a: Analysis) -> list[dict[str, Any]]:
-    """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``bound``,
-    ``idle``, ``cpu_vs_gpu``, ``data_movement``, ``framework_overhead``, ``note``)."""
+    """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``cold_start``, ``bound``,
+    ``idle``, ``generate``, ``cpu_vs_gpu``, ``data_movement``, ``framework_overhead``, ``note``)."""
     f = a.findings
     out = _cold_finding(a) + _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
+    out += [{"kind": "generate", "text": g.text(), "ttft_ns": g.ttft_ns, "tpot_median_ns": g.tpot_median_ns} for g in a.generation]
     if f.device_ns and f.cpu_ns:
         text = f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}"
         out.append({"kind": "cpu_vs_gpu", "text": text, "cpu_ns": f.cpu_ns, "device_ns": f.device_ns})

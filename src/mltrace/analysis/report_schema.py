@@ -110,15 +110,41 @@ OP = _object(
 )
 FINDING = _object(
     {
-        "kind": {"type": "string", "enum": ["cold_start", "bound", "idle", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"]},
+        "kind": {
+            "type": "string",
+            "enum": ["cold_start", "bound", "idle", "generate", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"],
+        },
         "text": _STR,
     },
     closed=False,
+)
+
+GENERATE = _object(
+    {
+        "model": _STR,
+        "start_ns": _INT,
+        "total_ns": _INT,
+        "model_calls": _INT,
+        "new_tokens": _OPT_INT,
+        "ttft_ns": _OPT_INT,
+        "tpot_median_ns": _OPT_INT,
+        "tpot_p90_ns": _OPT_INT,
+        "tokens_per_s": _OPT_NUM,
+    }
 )
 
 #: The whole document.
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "mltrace report",
-    **_object({"run": RUN, "models": _array(MODEL), "layers": _array(LAYER), "ops": _array(OP), "findings": _array(FINDING)}),
+    **_object(
+        {
+            "run": RUN,
+            "models": _array(MODEL),
+            "layers": _array(LAYER),
+            "ops": _array(OP),
+            "findings": _array(FINDING),
+            "generate": _array(GENERATE),
+        }
+    ),
 }

@@ -238,6 +238,7 @@ def _findings(console: object, a: Analysis) -> None:
     f = a.findings
     b = a.breakdown
     lines: list[str] = [_cold_line(a)] if a.cold_text() else []
+    lines += [_esc(g.text()) for g in a.generation]
     total = sum(f.bound_ns.values())
     if total:
         shares = ", ".join(

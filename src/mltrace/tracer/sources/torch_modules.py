@@ -39,6 +39,7 @@ from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.hf_generate import GenerateSpans
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
@@ -249,6 +250,8 @@ class TorchModuleSource:
         self._frameworks: FrameworkCode | None = None
         #: Module classes ``_note_opaque`` found nothing to say about.
         self._see_through: set[type] = set()
+        #: Hugging Face generate() calls as spans; the model calls inside them tagged.
+        self._generate = GenerateSpans()
         #: id(GraphModule) → (weak reference, its graph id) for ``_note_fx_graph``.
         self._fx_graphs: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._torch_dir = ""
@@ -279,6 +282,7 @@ class TorchModuleSource:
         session.recorder.add_producer(self._drain_frames, self._encode_frames)
         session.recorder.set_innermost(self._innermost_id)
         self._import_hook = PostImportHook("torch", self._install)
+        self._generate.start(session)
 
     def _install(self, torch: Any) -> None:
         if self._full:
@@ -519,6 +523,7 @@ class TorchModuleSource:
             self._wrapped = None
             self._handles.clear()
             self._clear_caches()  # refilled by the session's last drain at most, and emptied by the next start
+            self._generate.stop()
             if self._import_hook is not None:
                 self._import_hook.remove()
                 self._import_hook = None
@@ -929,6 +934,7 @@ class TorchModuleSource:
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
         self._note_fx_graph(module, attrs)
+        self._generate.tag(attrs)
         site = self._site_of(sys._getframe(2))
         if site is not None:
             attrs.update(self._site_attrs(*site))

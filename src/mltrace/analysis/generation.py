@@ -1,0 +1,111 @@
+"""Generation loops: time to first token, time per output token, tokens per second.
+
+A Hugging Face ``generate()`` call is a ``generate`` span whose model calls are
+its children, tagged ``ml.generate.step`` (``tracer/sources/hf_generate.py``).
+For each: the time to first token is from the span's start to the end of its
+first (prefill) model call; the time per output token is the time between the
+ends of consecutive model calls after it (each decode step: the model call and
+the sampling around it); tokens per second is new tokens per sequence over the
+whole call.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from mltrace.analysis.coldstart import percentile_ns
+from mltrace.analysis.units import fmt_ns
+from mltrace.run.store import Run
+from mltrace.tracer.levels import Level
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One ``generate()`` call.
+
+    Attributes:
+        model: the model's class.
+        start_ns, total_ns: when it began, and how long it took.
+        model_calls: its model calls (prefill and decode steps).
+        new_tokens: tokens generated per sequence, or None where not recorded.
+        ttft_ns: time to first token (None without model calls).
+        token_ns: the time of each decode step, in order.
+    """
+
+    model: str
+    start_ns: int
+    total_ns: int
+    model_calls: int
+    new_tokens: int | None
+    ttft_ns: int | None
+    token_ns: list[int]
+
+    @property
+    def tpot_median_ns(self) -> int | None:
+        return int(statistics.median(self.token_ns)) if self.token_ns else None
+
+    @property
+    def tpot_p90_ns(self) -> int | None:
+        return percentile_ns(self.token_ns, 90) if self.token_ns else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if not self.new_tokens or self.total_ns <= 0:
+            return None
+        return self.new_tokens * 1e9 / self.total_ns
+
+    def text(self) -> str:
+        """One line for the report's findings."""
+        tokens = f"{self.new_tokens} new tokens" if self.new_tokens is not None else f"{self.model_calls} model calls"
+        parts = [f"generate ({self.model}): {tokens} in {fmt_ns(self.total_ns)}"]
+        if self.ttft_ns is not None:
+            parts.append(f"time to first token {fmt_ns(self.ttft_ns)}")
+        if self.token_ns:
+            parts.append(f"per output token {fmt_ns(self.tpot_median_ns or 0)} median (p90 {fmt_ns(self.tpot_p90_ns or 0)})")
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:.1f} tokens/s")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report JSON's ``generate[]`` entry."""
+        return {
+            "model": self.model,
+            "start_ns": self.start_ns,
+            "total_ns": self.total_ns,
+            "model_calls": self.model_calls,
+            "new_tokens": self.new_tokens,
+            "ttft_ns": self.ttft_ns,
+            "tpot_median_ns": self.tpot_median_ns,
+            "tpot_p90_ns": self.tpot_p90_ns,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+def generate_calls(run: Run) -> list[GenerateCall]:
+    """Every ``generate()`` call of the run, in start order."""
+    calls = [s for s in run.spans if s.level == Level.USER and s.name == "generate" and "ml.generate.model" in s.attrs]
+    if not calls:
+        return []
+    children: dict[int, list[Any]] = {c.id: [] for c in calls}
+    for s in run.spans:
+        if s.level == Level.MODEL and s.parent_id in children and "ml.generate.step" in s.attrs:
+            children[s.parent_id].append(s)
+    out = []
+    for call in sorted(calls, key=lambda s: s.start_ns):
+        steps = sorted(children[call.id], key=lambda s: s.start_ns)
+        ends = [s.end_ns for s in steps]
+        tokens = call.attrs.get("ml.generate.new_tokens")
+        out.append(
+            GenerateCall(
+                model=str(call.attrs["ml.generate.model"]),
+                start_ns=call.start_ns,
+                total_ns=call.end_ns - call.start_ns,
+                model_calls=len(steps),
+                new_tokens=int(tokens) if isinstance(tokens, int) else None,
+                ttft_ns=ends[0] - call.start_ns if ends else None,
+                token_ns=[b - a for a, b in zip(ends, ends[1:])],
+            )
+        )
+    return out

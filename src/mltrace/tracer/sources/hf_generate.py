@@ -1,0 +1,134 @@
+"""Hugging Face ``generate()`` as a span that parents its model calls.
+
+A decode loop calls the model once per new token; without this, 40 forward calls
+of one ``generate()`` read as 40 unrelated model calls. ``GenerateSpans`` wraps
+``transformers.generation.utils.GenerationMixin.generate`` once transformers is
+imported (it never imports it), and removes the wrapper at ``stop()``:
+
+- each outermost ``generate()`` call is a ``user``-level span named ``generate``
+  (``ml.generate.model``: the model's class; ``code.*``: the line that called it),
+  and the model calls inside it are its children;
+- those model calls are tagged in order (``TorchModuleSource._model_begin`` calls
+  ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``, ``prefill``
+  for the first and ``decode`` for the rest;
+- at its end the span gets ``ml.generate.model_calls`` and, where the output and
+  the input ids say it, ``ml.generate.new_tokens`` per sequence.
+
+``analysis/generation.py`` turns them into time to first token, time per output
+token and tokens per second.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from mltrace.tracer.callsite import code_attrs
+from mltrace.tracer.levels import Level
+from mltrace.tracer.sources._imports import PostImportHook
+
+if TYPE_CHECKING:
+    from mltrace.tracer.session import Session
+
+MODULE = "transformers.generation.utils"
+
+
+class GenerateSpans:
+    """The ``generate()`` wrapper's install, removal, and the tags of the model calls inside."""
+
+    def __init__(self) -> None:
+        self._tls = threading.local()
+        self._session: Session | None = None
+        self._hook: PostImportHook | None = None
+        self._patched: tuple[Any, Any, Any] | None = None
+
+    def start(self, session: Session) -> None:
+        """Wraps ``generate`` now if transformers' generation module is imported, else at its import."""
+        self._session = session
+        self._hook = PostImportHook(MODULE, self._install)
+
+    def stop(self) -> None:
+        """Puts transformers' own ``generate`` back (unless someone wrapped it since)."""
+        try:
+            if self._patched is not None:
+                mixin, original, ours = self._patched
+                if mixin.__dict__.get("generate") is ours:
+                    mixin.generate = original
+        finally:
+            self._patched = None
+            self._session = None
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+
+    def tag(self, attrs: dict[str, Any]) -> None:
+        """Adds the step and phase of a model call made inside this thread's ``generate()``."""
+        state = getattr(self._tls, "state", None)
+        if state is None:
+            return
+        step = state[0]
+        state[0] = step + 1
+        attrs["ml.generate.step"] = step
+        attrs["ml.generate.phase"] = "prefill" if step == 0 else "decode"
+
+    def _install(self, module: Any) -> None:
+        mixin = getattr(module, "GenerationMixin", None)
+        original = getattr(mixin, "__dict__", {}).get("generate")
+        if original is None or self._session is None:
+            return
+        ours = self._wrap(original)
+        mixin.generate = ours  # type: ignore[union-attr]
+        self._patched = (mixin, original, ours)
+
+    def _wrap(self, original: Any) -> Any:
+        spans = self
+
+        @functools.wraps(original)
+        def generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+            session = spans._session
+            if session is None or session.full or getattr(spans._tls, "state", None) is not None:
+                return original(model, *args, **kwargs)  # no session, or a generate() inside one
+            caller = sys._getframe(1)
+            attrs = {"ml.generate.model": type(model).__name__, **code_attrs(caller.f_code, caller.f_lineno or 0)}
+            span = session.recorder.begin("generate", Level.USER, attrs)
+            state = [0]
+            spans._tls.state = state
+            output = None
+            try:
+                output = original(model, *args, **kwargs)
+                return output
+            finally:
+                spans._tls.state = None
+                span.attrs["ml.generate.model_calls"] = state[0]
+                tokens = new_tokens(model, args, kwargs, output)
+                if tokens is not None:
+                    span.attrs["ml.generate.new_tokens"] = tokens
+                session.recorder.end(span)
+
+        return generate
+
+
+def new_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> int | None:
+    """Tokens generated per sequence: the output's length less the prompt's (decoder-only
+    models return the prompt too; encoder-decoder models start from one decoder token);
+    None where either length cannot be read."""
+    sequences = getattr(output, "sequences", output)
+    out_len = _last_dim(sequences)
+    if out_len is None:
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return max(out_len - 1, 0)
+    prompt = kwargs.get("input_ids", args[0] if args else None)
+    in_len = _last_dim(prompt)
+    return max(out_len - in_len, 0) if in_len is not None else None
+
+
+def _last_dim(tensor: Any) -> int | None:
+    shape = getattr(tensor, "shape", None)
+    try:
+        return int(shape[-1]) if shape is not None and len(shape) > 0 else None
+    except (TypeError, ValueError, IndexError):
+        return None
