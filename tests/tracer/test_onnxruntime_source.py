@@ -73,11 +73,16 @@ def traced(tmp_path: Path, body: Any, sources: list[Any] | None = None, level: L
 
 
 def check_hierarchy(run: Run) -> None:
-    """Nodes under model spans, kernels under nodes, every child inside its parent."""
+    """Nodes under the torch modules they came from (or the model span), modules under their
+    parent module or the model span, kernels under nodes, every child inside its parent."""
     by_id = run.span_by_id()
     for s in run.spans:
         if s.level == Level.LAYER and s.attrs.get("ml.framework") == "onnxruntime":
-            assert by_id[s.parent_id].level == Level.MODEL, s
+            assert s.parent_id is not None, s
+            parent = by_id[s.parent_id]
+            assert parent.level == Level.MODEL or parent.attrs.get("ml.ort.module"), s
+            if parent.level == Level.LAYER:
+                assert s.name.startswith(parent.name + ".") or s.attrs.get("ml.torch.module_path") == parent.name, s
         if s.level == Level.OP and s.attrs.get("ml.framework") == "onnxruntime":
             assert by_id[s.parent_id].level == Level.LAYER, s  # every op lies in a layer (graph node)
     facts = run.meta["correlation"]["check_containment"]
@@ -108,15 +113,22 @@ def test_model_node_and_kernel_spans(tmp_path: Path, exported: dict[str, Any], o
     assert m.attrs["ml.framework"] == "onnxruntime" and m.attrs["ml.ort.provider"] == "CPUExecutionProvider"
     assert m.attrs["ml.input.shapes"] == [[1, 3, 32, 32]] and m.attrs["ml.input.dtypes"] == ["float32"]
     assert m.attrs["ml.call.file.path"] == __file__
-    nodes = [s for s in run.spans if s.level == Level.LAYER]
+    nodes = [s for s in run.spans if s.level == Level.LAYER and not s.attrs.get("ml.ort.module")]
     kernels = [s for s in run.spans if s.level == Level.OP]
     assert nodes and len(nodes) == len(kernels)
-    assert len({s.parent_id for s in nodes}) == 2  # both runs profiled
+    by_id = run.span_by_id()
+
+    def model_of(span: Any) -> int:
+        while span.level != Level.MODEL:
+            span = by_id[span.parent_id]
+        return int(span.id)
+
+    assert {model_of(s) for s in nodes} == {m.id for m in models}  # both runs profiled
     check_hierarchy(run)
     # Every node knows its torch module; unoptimised, straight from the exporter's metadata.
     assert all("ml.torch.module_path" in s.attrs for s in nodes)
     hows = {s.attrs["ml.torch.mapping"] for s in nodes}
-    assert hows == {"metadata"} if opt == "off" else "fused" in hows
+    assert hows == {"metadata", "parameter"} if opt == "off" else "fused" in hows
     modules = {n for n, _ in exported["model"].named_modules()}
     assert {s.attrs["ml.torch.module_path"] for s in nodes} <= modules
     info = run.meta["sources_info"]["onnxruntime"]["sessions"][0]
@@ -137,7 +149,9 @@ def test_lines_up_with_the_pytorch_run(tmp_path: Path, exported: dict[str, Any])
 
     run = traced(tmp_path, body, sources=[TorchModuleSource(), OrtSource()])
     torch_layers = {s.name for s in run.spans if s.level == Level.LAYER and s.attrs.get("ml.framework") == "pytorch"}
-    ort_nodes = [s for s in run.spans if s.level == Level.LAYER and s.attrs.get("ml.framework") == "onnxruntime"]
+    ort_nodes = [
+        s for s in run.spans if s.level == Level.LAYER and s.attrs.get("ml.framework") == "onnxruntime" and not s.attrs.get("ml.ort.module")
+    ]
     paths = {s.attrs["ml.torch.module_path"] for s in ort_nodes}
     assert "layer1.0.conv1" in paths and "layer1.0.conv1" in torch_layers
     assert paths - {""} <= torch_layers

@@ -205,12 +205,18 @@ def test_dynamo_export_unoptimised_maps_every_node_by_metadata() -> None:
     proto = onnx.load(str(DATA / "resnet_tiny_dynamo.onnx"), load_external_data=False)
     origins = mapped("resnet_tiny_dynamo", "off")
     assert set(origins) == {n.name for n in proto.graph.node}  # every node ran, under its own name
-    assert all(o is not None and o.how == "metadata" for o in origins.values())
+    initializers = {i.name for i in proto.graph.initializer}
     for n in proto.graph.node:
-        scopes = next(p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes")
+        scopes = eval(next(p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes"))  # noqa: S307 - a list literal written by torch
+        weight = next((v for v in n.input[1:] if v in initializers and v.endswith(".weight")), None)
         origin = origins[n.name]
-        assert origin is not None and origin.module_path == eval(scopes)[-2]  # noqa: S307 - a list literal written by torch
-        assert origin.file is not None and origin.file.endswith("models.py")
+        assert origin is not None and origin.file is not None and origin.file.endswith("models.py")
+        if weight is not None and weight.removesuffix(".weight") != scopes[-2]:
+            # A Conv with its BatchNorm folded in: the BN's scope, the Conv's weight; the weight decides.
+            assert (origin.module_path, origin.how) == (weight.removesuffix(".weight"), "parameter"), n.name
+        else:
+            assert (origin.module_path, origin.how) == (scopes[-2], "metadata"), n.name
+    assert origins["node_Conv_292"] is not None and origins["node_Conv_292"].module_path == "stem.0"
 
 
 def test_dynamo_export_optimised_maps_fused_nodes() -> None:
@@ -220,10 +226,10 @@ def test_dynamo_export_optimised_maps_fused_nodes() -> None:
     assert renamed, "ORT_ENABLE_ALL renames nodes (NCHWc layout)"
     assert all(o is not None for o in origins.values())
     # The first Conv+BN+ReLU runs as one NCHWc Conv named after the ReLU's output ("relu"):
-    # its module is the Conv's (BN was folded into it by the exporter).
+    # its module is the Conv's, whose weight it holds (BN was folded into it by the exporter).
     stem = origins["relu_nchwc"]
-    assert stem is not None and stem.how == "fused" and stem.module_path == "stem.1" and stem.onnx_node == "node_Conv_292"
-    assert {o.module_path for o in origins.values() if o is not None} >= {"layer1.0.bn1", "layer4.1.bn2", "fc", "pool"}
+    assert stem is not None and stem.how == "fused" and stem.module_path == "stem.0" and stem.onnx_node == "node_Conv_292"
+    assert {o.module_path for o in origins.values() if o is not None} >= {"layer1.0.conv1", "layer4.1.conv2", "fc", "pool"}
 
 
 def test_legacy_export_maps_scoped_and_fused_names() -> None:
@@ -259,7 +265,7 @@ def test_node_and_kernel_spans_under_live_model_spans() -> None:
     live = live_runs_around(events, start)
     out = convert("resnet_tiny_dynamo", "off", live_runs=live)
     node_events = [e for e in events if e["cat"] == "Node" and e["name"].endswith("_kernel_time")]
-    layers = [s for s in out.spans if s.level == Level.LAYER]
+    layers = [s for s in out.spans if s.level == Level.LAYER and not s.attrs.get("ml.ort.module")]
     ops = [s for s in out.spans if s.level == Level.OP]
     assert len(layers) == len(ops) == len(node_events) == out.stats.node_spans == out.stats.op_spans
     assert out.stats.model_runs == out.stats.runs_matched == len(live) == 2
@@ -270,8 +276,13 @@ def test_node_and_kernel_spans_under_live_model_spans() -> None:
     for e, layer, op in zip(node_events, layers, ops):
         assert layer.name == e["name"].removesuffix("_kernel_time")
         assert layer.start_ns == start + e["ts"] * 1000 and layer.end_ns == layer.start_ns + e["dur"] * 1000
-        assert layer.parent_id in live_ids
-        run = live_ids[layer.parent_id]
+        up = layer.parent_id
+        while up not in live_ids:  # the torch modules the node came from, then the model span
+            module = by_id[up]
+            assert module.attrs["ml.ort.module"] and module.start_ns <= layer.start_ns and layer.end_ns <= module.end_ns
+            assert layer.attrs["ml.torch.module_path"].startswith(module.name)
+            up = module.parent_id
+        run = live_ids[up]
         assert run.start_ns <= layer.start_ns and layer.end_ns <= run.end_ns
         assert op.parent_id == layer.id and by_id[op.parent_id] is layer
         assert op.name == op.attrs["ml.op.name"] == e["args"]["op_name"]
@@ -280,10 +291,14 @@ def test_node_and_kernel_spans_under_live_model_spans() -> None:
         assert layer.attrs["ml.framework"] == op.attrs["ml.framework"] == "onnxruntime"
         assert layer.attrs["ml.input.shapes"] == [next(iter(d.values())) for d in e["args"]["input_type_shape"]]
         assert layer.attrs["ml.ort.parameter_bytes"] == int(e["args"]["parameter_size"])
-        assert layer.attrs["ml.torch.mapping"] == "metadata"
+        assert layer.attrs["ml.torch.mapping"] in ("metadata", "parameter")
+        parent = by_id.get(layer.parent_id)
+        if layer.attrs["ml.torch.module_path"]:
+            assert parent is not None and parent.name == layer.attrs["ml.torch.module_path"]
     tids = {e["tid"] for e in node_events}
     assert {out_track.tid for out_track in out.tracks if out_track.kind == TrackKind.THREAD} == tids
-    assert out.stats.torch_mapped == {"metadata": len(layers)} and out.stats.torch_unmapped == 0
+    assert sum(out.stats.torch_mapped.values()) == len(layers) and out.stats.torch_unmapped == 0
+    assert out.stats.module_spans == len([s for s in out.spans if s.attrs.get("ml.ort.module")]) > 0
 
 
 def test_session_events_and_unmatched_runs() -> None:
@@ -294,7 +309,9 @@ def test_session_events_and_unmatched_runs() -> None:
     assert len(models) == len(runs) == 2
     assert all(m.name == "ResNet" and m.attrs["ml.ort.live_span"] is False and m.attrs["ml.ort.session"] == 1 for m in models)
     model_ids = {m.id for m in models}
-    assert all(s.parent_id in model_ids for s in out.spans if s.level == Level.LAYER)
+    by_id = {s.id: s for s in out.spans}
+    roots = [s for s in out.spans if s.level == Level.LAYER and by_id.get(s.parent_id, s).level != Level.LAYER]
+    assert roots and all(s.parent_id in model_ids for s in roots)  # outermost modules and unmapped nodes
     user = sorted(s.attrs["ml.ort.event"] for s in out.spans if s.level == Level.USER)
     assert user == ["model_loading_uri", "session_initialization"]
     assert out.stats.skipped == {"SequentialExecutor::Execute": 2}
@@ -364,9 +381,13 @@ def test_clock_alignment_shift() -> None:
     out = convert("resnet_tiny_dynamo", "off", live_runs=skewed)
     assert out.stats.shift_ns == 10_000 and out.stats.alignment_slack_ns == -10_000
     runs = {r.span_id: r for r in skewed}
+    by_id = {s.id: s for s in out.spans}
     for s in out.spans:
         if s.level == Level.LAYER:
-            assert runs[s.parent_id].start_ns <= s.start_ns and s.end_ns <= runs[s.parent_id].end_ns
+            up = s.parent_id
+            while up not in runs:  # through the module spans
+                up = by_id[up].parent_id
+            assert runs[up].start_ns <= s.start_ns and s.end_ns <= runs[up].end_ns
 
 
 def test_gpu_kernel_events_from_cuda_ep() -> None:

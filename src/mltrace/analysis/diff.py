@@ -12,7 +12,11 @@ level that ended early in a run (``--max-spans``, ``--op-inferences``) is
 compared per model call it recorded in.
 Typical uses: batch 1 against batch 8, fp32 against bf16, PyTorch against
 ONNX Runtime (then layer names differ and the layer-type and op tables say
-more than the layer table).
+more than the layer table). ONNX Runtime's layers are named by the torch
+module path their nodes came from, so an fp32 model and its int8 copy
+(``quantize_dynamic``, QDQ) pair layer by layer. Where each run has one
+model and their names differ (``model.onnx`` against ``model.int8.onnx``),
+the two are one row, ``A → B``.
 """
 
 from __future__ import annotations
@@ -158,6 +162,7 @@ def diff_analyses(
     # Model rows are in the layer table too: each row takes its own level's scale.
     layer_a = {r.stat.name: (r.stat.calls, r.stat.total_ns * scales(r.stat.level)[0]) for r in a.layers}
     layer_b = {r.stat.name: (r.stat.calls, r.stat.total_ns * scales(r.stat.level)[1]) for r in b.layers}
+    _pair_single_models(a, b, layer_a, layer_b)
     out.layers = _section(layer_a, layer_b, 1.0, 1.0, threshold, min_delta_ns)
     sa, sb = scales(Level.LAYER)
     out.types = _section(
@@ -172,6 +177,21 @@ def diff_analyses(
     out.ops = _section(_names(a.ops), _names(b.ops), sa, sb, threshold, min_delta_ns)
     out.kernels = _section(_names(a.kernels), _names(b.kernels), sa, sb, threshold, min_delta_ns)
     return out
+
+
+def _pair_single_models(a: Analysis, b: Analysis, layer_a: dict[str, tuple[int, float]], layer_b: dict[str, tuple[int, float]]) -> None:
+    """Renames the model rows to ``"A → B"`` in both tables where each run has one model
+    and the names differ (an fp32 model file against its int8 copy)."""
+    models_a = [r.stat.name for r in a.layers if r.stat.level is Level.MODEL]
+    models_b = [r.stat.name for r in b.layers if r.stat.level is Level.MODEL]
+    if len(models_a) != 1 or len(models_b) != 1 or models_a[0] == models_b[0]:
+        return
+    (na,), (nb,) = models_a, models_b
+    if nb in layer_a or na in layer_b:  # the name is a layer of the other run: keep rows apart
+        return
+    both = f"{na} → {nb}"
+    layer_a[both] = layer_a.pop(na)
+    layer_b[both] = layer_b.pop(nb)
 
 
 def diff_runs(

@@ -65,6 +65,7 @@ from typing import Any
 
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Instant, Span, Track
+from mltrace.tracer.sources.onnx_flops import CONV_OPS, onnx_flops
 from mltrace.tracer.tracks import TrackRegistry
 
 #: ORT's fixed cap on recorded events per profiling session.
@@ -131,6 +132,9 @@ class OnnxGraph:
         nodes: node name → node.
         producer_of: value name → name of the node that outputs it.
         model_metadata: the model's own ``metadata_props``.
+        torch_metadata: some node carries ``pkg.torch.onnx.*`` metadata.
+        initializer_dims: initializer (weight) name → its shape, as exported (ORT may
+            pad a weight's channels for its NCHWc layout; these are the model's).
     """
 
     graph_name: str = ""
@@ -139,18 +143,30 @@ class OnnxGraph:
     nodes: dict[str, OnnxNode] = field(default_factory=dict)
     producer_of: dict[str, str] = field(default_factory=dict)
     model_metadata: dict[str, str] = field(default_factory=dict)
+    torch_metadata: bool = False
+    initializer_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def from_pytorch(self) -> bool:
-        """Whether ``torch.onnx.export`` wrote the model."""
-        return self.producer_name == "pytorch"
+        """Whether the model came from ``torch.onnx.export``: written by it, or by a tool
+        that kept its node metadata, or quantized by ONNX Runtime's quantizer
+        (``onnx.quantize``) from a graph named as torch names its exports (``main_graph``)."""
+        if self.producer_name == "pytorch" or self.torch_metadata:
+            return True
+        return self.producer_name.startswith("onnx.quantize") and self.graph_name == "main_graph"
 
     def torch_root_class(self) -> str | None:
-        """The exported ``nn.Module``'s class name (``"ResNet"``), from node metadata."""
+        """The exported ``nn.Module``'s class name (``"ResNet"``), from node metadata.
+
+        Private names (``_empty_nn_module_stack_from_metadata_hook``, a helper of
+        torch.export's dynamic-shape path) are never taken for the model's.
+        """
         for node in self.nodes.values():
             classes = _literal_list(node.metadata.get("pkg.torch.onnx.class_hierarchy"))
             if classes:
-                return classes[0].rsplit(".", 1)[-1]
+                name = classes[0].rsplit(".", 1)[-1]
+                if name and not name.startswith("_"):
+                    return name
         return None
 
 
@@ -217,8 +233,27 @@ def _read_graph(buf: Any, start: int, end: int, graph: OnnxGraph, depth: int) ->
             _read_node(buf, a, b, graph, depth)
         elif number == 2:
             name = _text(buf, a, b)
+        elif number == 5:  # TensorProto initializer: its name and dims, never its data
+            _read_initializer(buf, a, b, graph)
         # initializer (5), inputs/outputs (11, 12), value_info (13), …: not needed
     return name
+
+
+def _read_initializer(buf: Any, start: int, end: int, graph: OnnxGraph) -> None:
+    dims: list[int] = []
+    name = ""
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == 1 and wire == 0:
+            dims.append(a)
+        elif number == 1 and wire == 2:  # packed dims
+            pos = a
+            while pos < b:
+                value, pos = _varint(buf, pos)
+                dims.append(value)
+        elif number == 8 and wire == 2:
+            name = _text(buf, a, b)
+    if name:
+        graph.initializer_dims[name] = tuple(dims)
 
 
 def _read_node(buf: Any, start: int, end: int, graph: OnnxGraph, depth: int) -> None:
@@ -246,6 +281,8 @@ def _read_node(buf: Any, start: int, end: int, graph: OnnxGraph, depth: int) -> 
                 if w2 == 2 and n2 in (6, 11):
                     subgraphs.append((x, y))
     node = OnnxNode(name, op_type, tuple(inputs), tuple(outputs), meta)
+    if any(k.startswith("pkg.torch.onnx.") for k in meta):
+        graph.torch_metadata = True
     if name:
         graph.nodes.setdefault(name, node)
     for out in outputs:
@@ -318,7 +355,9 @@ class TorchOrigin:
             is the root module).
         module_class: the module's class (``"torch.nn.modules.conv.Conv2d"``) when known.
         how: how it was found: ``"metadata"`` (the exporter's node metadata),
-            ``"scope_name"`` (a TorchScript-exporter node name), ``"fused"``
+            ``"scope_name"`` (a TorchScript-exporter node name), ``"parameter"``
+            (the module owning the node's weight, ``stem.0.weight`` → ``stem.0``),
+            ``"fused"``
             (an ORT node named after an original node or value; the name the
             fused node kept decides), or ``"neighbours"`` (an ORT-made node:
             the common module of the mapped nodes executed around it).
@@ -393,6 +432,21 @@ def source_of_stack_trace(text: str | None) -> tuple[str, int] | None:
 
 
 _REPEAT_SUFFIX = re.compile(r"(.+)_(\d+)\Z")
+#: What ORT's quantizer appends to a weight's name (``stem.0.weight_quantized``,
+#: ``fc.weight_DequantizeLinear_Output``).
+_QUANT_VALUE_SUFFIX = re.compile(r"(_quantized|_DequantizeLinear_Output|_dequantized)\Z")
+_PARAMETER = re.compile(r"(?P<path>[A-Za-z_][\w]*(\.\w+)*)\.(weight|bias)\Z")
+
+
+def module_of_parameter(value: str) -> str | None:
+    """The module owning a weight or bias, from the value's name: ``layer1.0.conv1.weight``,
+    ``stem.0.weight_quantized`` or ``fc.weight_DequantizeLinear_Output`` → its module path."""
+    m = _PARAMETER.match(_QUANT_VALUE_SUFFIX.sub("", value))
+    return m.group("path") if m is not None else None
+
+
+def _parent_path(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path else ""
 
 
 def scope_prefixes(node_names: list[str]) -> frozenset[str]:
@@ -455,7 +509,15 @@ def common_module(a: str, b: str) -> str:
 
 
 _FUSION_SEGMENT = re.compile(r"[A-Za-z0-9]*Fusion\Z")
-_NAME_SUFFIXES = (re.compile(r"_nchwc\Z"), re.compile(r"_new_reshape\Z"), re.compile(r"_token_\d+\Z"), re.compile(r"_output_\d+\Z"))
+_NAME_SUFFIXES = (
+    re.compile(r"_nchwc\Z"),
+    re.compile(r"_new_reshape\Z"),
+    re.compile(r"_token_\d+\Z"),
+    re.compile(r"_output_\d+\Z"),
+    # ORT's dynamic quantizer: node_Conv_3_quant_output_scale_mul, getitem_output_quantized_cast
+    re.compile(r"_(output_scale|scales)_mul\Z"),
+    re.compile(r"_cast\Z"),
+)
 
 
 def name_candidates(name: str) -> list[str]:
@@ -495,17 +557,47 @@ class TorchModuleMapper:
         self.graph = graph
         self._scopes = scope_prefixes(list(graph.nodes)) if graph.from_pytorch else frozenset()
         self._cache: dict[tuple[str, str], TorchOrigin | None] = {}
+        self._classes: dict[str, str] | None = None
+
+    @property
+    def module_classes(self) -> dict[str, str]:
+        """Module path → class (``"layer1.0"`` → ``"models.BasicBlock"``), from the dynamo
+        exporter's ``name_scopes`` and ``class_hierarchy`` (empty for other exports)."""
+        if self._classes is None:
+            self._classes = {}
+            for node in self.graph.nodes.values():
+                if "pkg.torch.onnx.class_hierarchy" not in node.metadata:
+                    continue
+                scopes = _literal_list(node.metadata.get("pkg.torch.onnx.name_scopes")) or []
+                classes = _literal_list(node.metadata.get("pkg.torch.onnx.class_hierarchy")) or []
+                if len(scopes) == len(classes):
+                    for path, cls in zip(scopes[1:-1], classes[1:-1]):
+                        self._classes.setdefault(path, cls)
+        return self._classes
 
     def origin_of_node(self, node: OnnxNode) -> TorchOrigin | None:
-        """The origin of an original ONNX node (metadata first, then its scoped name)."""
+        """The origin of an original ONNX node: its weight's module where that agrees with
+        the metadata, else the metadata, then its scoped name, then its weight's module.
+
+        A Conv exported with its BatchNorm folded in carries the BatchNorm's scope
+        (``stem.1``) but the Conv's weight (``stem.0.weight``): the weight decides, so
+        the node lands on the Conv2d as in the PyTorch run, and on the same module as
+        the quantized copy of it, which keeps the weight's name and loses the metadata.
+        """
+        param = next((p for p in map(module_of_parameter, node.inputs[1:]) if p is not None), None)
         found = origin_from_metadata(node.metadata)
         if found is not None:
             src = source_of_stack_trace(node.metadata.get("pkg.torch.onnx.stack_trace"))
+            scopes = _literal_list(node.metadata.get("pkg.torch.onnx.name_scopes")) or []
+            if param is not None and param != found[0] and _parent_path(param) in scopes:
+                return TorchOrigin(param, None, "parameter", node.name, *(src or (None, None)))
             return TorchOrigin(found[0], found[1], "metadata", node.name, *(src or (None, None)))
         if self.graph.from_pytorch:
             path = origin_from_scope_name(node.name, self._scopes)
             if path is not None:
                 return TorchOrigin(path, None, "scope_name", node.name)
+            if param is not None:
+                return TorchOrigin(param, None, "parameter", node.name)
         return None
 
     def _find(self, name: str) -> OnnxNode | None:
@@ -537,6 +629,32 @@ class TorchModuleMapper:
             frontier = nxt
         return None
 
+    def original_node(self, ort_name: str, op_type: str) -> tuple[OnnxNode, bool] | None:
+        """The exported node ORT ran as ``ort_name`` with kernel ``op_type``, and whether
+        ORT renamed it (fused or relaid it); None for a node ORT made up."""
+        node = self.graph.nodes.get(ort_name)
+        if node is not None:
+            return node, False
+        node = self._find(ort_name)
+        if node is None:
+            return None
+        base = _FUSED_BASE.get(op_type, op_type)
+        if node.op_type != base:
+            upstream = self._upstream(node, base)
+            if upstream is not None:
+                node = upstream
+        return node, True
+
+    def weight_dims(self, ort_name: str, op_type: str) -> tuple[int, ...] | None:
+        """The exported shape of the weight of the node ORT ran as ``ort_name`` (a Conv's
+        ``W``), or None when it is not an initializer of the graph."""
+        found = self.original_node(ort_name, op_type)
+        if found is None:
+            return None
+        node = found[0]
+        at = 3 if node.op_type == "QLinearConv" else 1
+        return self.graph.initializer_dims.get(node.inputs[at]) if len(node.inputs) > at else None
+
     def resolve(self, ort_name: str, op_type: str) -> TorchOrigin | None:
         """The torch module of the node ORT ran as ``ort_name`` with kernel ``op_type``.
 
@@ -548,20 +666,12 @@ class TorchModuleMapper:
         if key in self._cache:
             return self._cache[key]
         result: TorchOrigin | None = None
-        node = self.graph.nodes.get(ort_name)
-        if node is not None:
+        found = self.original_node(ort_name, op_type)
+        if found is not None:
+            node, renamed = found
             result = self.origin_of_node(node)
-        else:
-            node = self._find(ort_name)
-            if node is not None:
-                base = _FUSED_BASE.get(op_type, op_type)
-                if node.op_type != base:
-                    upstream = self._upstream(node, base)
-                    if upstream is not None:
-                        node = upstream
-                found = self.origin_of_node(node)
-                if found is not None:
-                    result = TorchOrigin(found.module_path, found.module_class, "fused", node.name, found.file, found.line)
+            if renamed and result is not None:
+                result = TorchOrigin(result.module_path, result.module_class, "fused", node.name, result.file, result.line)
         self._cache[key] = result
         return result
 
@@ -732,6 +842,7 @@ class OrtProfileStats:
         op_spans: kernel (op-level) spans made.
         gpu_spans: GPU kernel/memcpy spans made.
         session_spans: model-load / initialisation spans made.
+        module_spans: torch-module layer spans made around node spans (``module_spans``).
         skipped: events not converted, by reason.
         torch_mapped: node spans with a torch module, by how they were mapped.
         torch_unmapped: node spans of a PyTorch model without one.
@@ -754,6 +865,7 @@ class OrtProfileStats:
     op_spans: int = 0
     gpu_spans: int = 0
     session_spans: int = 0
+    module_spans: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     torch_mapped: dict[str, int] = field(default_factory=dict)
     torch_unmapped: int = 0
@@ -776,6 +888,7 @@ class OrtProfileStats:
             "op_spans": self.op_spans,
             "gpu_spans": self.gpu_spans,
             "session_spans": self.session_spans,
+            "module_spans": self.module_spans,
             "skipped": dict(self.skipped),
             "torch_mapped": dict(self.torch_mapped),
             "torch_unmapped": self.torch_unmapped,
@@ -878,8 +991,11 @@ _SIZE_ATTRS = (
 )
 
 
-def _static_attrs(args: dict[str, Any], node_name: str, op: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The attributes of a node span and of its kernel span that do not change between runs."""
+def _static_attrs(
+    args: dict[str, Any], node_name: str, op: str, weight: Sequence[int] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The attributes of a node span and of its kernel span that do not change between runs
+    (``weight``: a convolution's weight shape as exported, for its FLOPs)."""
     common: dict[str, Any] = {"ml.framework": "onnxruntime"}
     provider = args.get("provider")
     if isinstance(provider, str):
@@ -906,7 +1022,26 @@ def _static_attrs(args: dict[str, Any], node_name: str, op: str) -> tuple[dict[s
     kernel["ml.op.name"] = op
     kernel["ml.op.type"] = op
     kernel["ml.ort.node"] = node_name
+    work = _work_attrs(args, op, in_shapes, out_shapes, weight)
+    layer.update(work)
+    kernel.update(work)
     return layer, kernel
+
+
+def _work_attrs(
+    args: dict[str, Any], op: str, in_shapes: list[list[int]], out_shapes: list[list[int]], weight: Sequence[int] | None
+) -> dict[str, Any]:
+    """``ml.flops`` (FLOP, from the op type and run-time shapes; ``onnx_flops``) and
+    ``ml.bytes``: the sizes ORT reports for the node's inputs, initializers and outputs
+    (bytes; weights ORT pre-packed are not among them, so it is a lower bound)."""
+    out: dict[str, Any] = {}
+    flops = onnx_flops(op, in_shapes, out_shapes, weight)
+    if flops is not None:
+        out["ml.flops"] = flops
+    sizes = [_int(args.get(key)) for key, _ in _SIZE_ATTRS]
+    if any(v is not None for v in sizes):
+        out["ml.bytes"] = sum(v for v in sizes if v is not None and v > 0)
+    return out
 
 
 def _node_and_op(e: dict[str, Any]) -> tuple[str, str]:
@@ -935,6 +1070,38 @@ def align_shift(pairs: list[tuple[tuple[int, int], tuple[int, int]]]) -> tuple[i
     if lo <= hi:
         return (0 if lo <= 0 <= hi else (lo if lo > 0 else hi)), slack
     return (lo + hi) // 2, slack
+
+
+def _module_parents(
+    nodes: Sequence[tuple[int, int, dict[str, Any]]],
+    node_run: Sequence[int | None],
+    run_ids: Sequence[int],
+    origins: Sequence[TorchOrigin | None],
+    shift: int,
+    track_of: Callable[[dict[str, Any]], Track | None],
+    new_id: Callable[[], int],
+    mapper: TorchModuleMapper | None,
+    out: OrtEvents,
+) -> dict[int, int]:
+    """Makes the module spans of every run and thread (``module_spans``) into ``out``;
+    returns node index → the id of the module span that parents it."""
+    groups: dict[tuple[int | None, int], list[int]] = {}
+    tracks: dict[int, int] = {}
+    for idx, (_, _, e) in enumerate(nodes):
+        tr = track_of(e)
+        if tr is not None:
+            tracks[idx] = tr.id
+            groups.setdefault((node_run[idx], tr.id), []).append(idx)
+    classes = mapper.module_classes if mapper is not None else {}
+    parent_of: dict[int, int] = {}
+    for (r, track_id), idxs in groups.items():
+        parent = run_ids[r] if r is not None else None
+        rows = [(nodes[i][0] + shift, nodes[i][1] + shift, track_id, parent, origins[i]) for i in idxs]
+        made, parents = module_spans(rows, new_id, classes)
+        out.spans.extend(made)
+        out.stats.module_spans += len(made)
+        parent_of.update((i, p) for i, p in zip(idxs, parents) if p is not None)
+    return parent_of
 
 
 def ort_profile_to_events(
@@ -1130,6 +1297,7 @@ def ort_profile_to_events(
     pool: Counter[str] = Counter()
     op_span_of_node: list[int | None] = [None] * len(nodes)
     op_by_name: dict[str, list[tuple[int, int]]] = {}  # node event name → [(start, op span id)]
+    module_of_node = _module_parents(nodes, node_run, run_ids, origins, shift, track_of, new_id, mapper, out) if want_layer else {}
     static: dict[str, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
     for idx, (s, t_end, e) in enumerate(nodes):
         tr = track_of(e)
@@ -1146,7 +1314,8 @@ def ort_profile_to_events(
         raw_in, raw_out = args.get("input_type_shape"), args.get("output_type_shape")
         cached = static.get(node_name)
         if cached is None or cached[0] != raw_in or cached[1] != raw_out:
-            cached = (raw_in, raw_out, *_static_attrs(args, node_name, op))
+            weight = mapper.weight_dims(node_name, op) if mapper is not None and op in CONV_OPS else None
+            cached = (raw_in, raw_out, *_static_attrs(args, node_name, op, weight))
             static[node_name] = cached
         layer_static, op_static = cached[2], cached[3]
         layer_id: int | None = None
@@ -1169,7 +1338,9 @@ def ort_profile_to_events(
                 if len(stats.unmapped_examples) < 10 and node_name not in stats.unmapped_examples:
                     stats.unmapped_examples.append(node_name)
             layer_id = new_id()
-            out.spans.append(Span(layer_id, parent, Level.LAYER, node_name, s2, t2, tr.id, attrs))
+            module_id = module_of_node.get(idx)
+            up = module_id if module_id is not None else parent
+            out.spans.append(Span(layer_id, up, Level.LAYER, node_name, s2, t2, tr.id, attrs))
             stats.node_spans += 1
         if want_op:
             attrs = dict(op_static)
@@ -1225,6 +1396,57 @@ def ort_profile_to_events(
     stats.skipped = dict(skipped)
     out.tracks = list(used_tracks.values())
     return out
+
+
+def module_spans(
+    nodes: Sequence[tuple[int, int, int, int | None, TorchOrigin | None]],
+    new_id: Callable[[], int],
+    classes: Mapping[str, str] | None = None,
+) -> tuple[list[Span], list[int | None]]:
+    """Layer spans named by torch module path around the nodes that came from them.
+
+    ``nodes`` are the node executions of one run on one thread, in execution order,
+    as ``(start_ns, end_ns, track id, parent id, origin)``. Consecutive nodes of
+    ``layer1.0.conv1`` get one span ``layer1.0.conv1`` inside one ``layer1.0``
+    inside one ``layer1``, as the PyTorch run's layers nest; each module span lasts
+    from its first node's start to its last node's end. Nodes without a module, or
+    of the root module (``""``), stay under the model. Module spans are made before
+    their nodes' spans, so a module of one node, with the node's very interval, has
+    the smaller id and stays the outer one when the run is nested by time.
+    ``classes`` maps module paths to their classes (``TorchModuleMapper.module_classes``).
+
+    Returns:
+        The module spans (``ml.layer.path`` = the module path, ``ml.layer.type`` = its
+        class where the exporter named it, else ``"Module"``), and per node the id of
+        the module span to parent it (None: keep its own parent).
+    """
+    made: list[Span] = []
+    parents: list[int | None] = []
+    stack: list[Span] = []  # open module spans, outermost first
+    for start_ns, end_ns, track_id, parent_id, origin in nodes:
+        path = origin.module_path if origin is not None else ""
+        parts = path.split(".") if path else []
+        prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+        keep = 0
+        while keep < min(len(stack), len(prefixes)) and stack[keep].name == prefixes[keep]:
+            keep += 1
+        del stack[keep:]
+        for prefix in prefixes[keep:]:
+            cls = (classes or {}).get(prefix) or (origin.module_class if origin is not None and prefix == path else None)
+            attrs: dict[str, Any] = {
+                "ml.framework": "onnxruntime",
+                "ml.layer.path": prefix,
+                "ml.layer.type": cls.rsplit(".", 1)[-1] if cls else "Module",
+                "ml.ort.module": True,
+            }
+            up = stack[-1].id if stack else parent_id
+            span = Span(new_id(), up, Level.LAYER, prefix, start_ns, end_ns, track_id, attrs)
+            stack.append(span)
+            made.append(span)
+        for span in stack:
+            span.end_ns = max(span.end_ns, end_ns)
+        parents.append(stack[-1].id if stack else None)
+    return made, parents
 
 
 def node_op_table(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
