@@ -23,6 +23,7 @@ from mltrace.tracer.model import Span, TrackKind
 from mltrace.tracer.sources.ort_profile import (
     LiveRun,
     OnnxGraph,
+    OnnxNode,
     TorchModuleMapper,
     TorchOrigin,
     align_shift,
@@ -470,3 +471,29 @@ def test_line_up_by_module_path() -> None:
     assert (rows[""].torch_ns, rows[""].ort_ns, rows[""].ort_nodes) == (100, 16, 2)
     assert rows["layer1.0"].torch_ns == 0 and rows["layer1.0"].ort_ns == 10
     assert {r.module_path for r in line_up_by_module_path(spans, depth=1)} == {"", "layer1", "fc"}
+
+
+def test_model_is_never_named_after_an_fx_helper() -> None:
+    """A dynamic-shape export's first class can be torch.export's private hook: not a model name."""
+    helper = "['torch.fx.experimental._empty_nn_module_stack_from_metadata_hook', 'torch.nn.modules.linear.Linear']"
+    meta = {"pkg.torch.onnx.class_hierarchy": helper, "pkg.torch.onnx.name_scopes": "['', 'fc', 'linear']"}
+    graph = OnnxGraph("main_graph", "pytorch", "2.13", {"n": OnnxNode("n", "Gemm", ("x", "fc.weight"), ("y",), meta)})
+    assert graph.torch_root_class() is None
+    named = {"pkg.torch.onnx.class_hierarchy": "['models.Net', 'torch.nn.modules.linear.Linear']"}
+    graph.nodes["m"] = OnnxNode("m", "Gemm", ("x", "fc.weight"), ("y",), named)
+    assert graph.torch_root_class() == "Net"
+
+
+def test_quantized_copy_of_a_torch_export_keeps_the_weight_module() -> None:
+    graph = OnnxGraph("main_graph", "onnx.quantize", "0.1.0")
+    node = OnnxNode("node_Conv_292_quant", "ConvInteger", ("x_quantized", "stem.0.weight_quantized", "x_zero_point"), ("y_q",), {})
+    graph.nodes[node.name] = node
+    graph.producer_of["y_q"] = node.name
+    mapper = TorchModuleMapper(graph)
+    assert graph.from_pytorch
+    assert mapper.resolve("node_Conv_292_quant", "ConvInteger") == TorchOrigin("stem.0", None, "parameter", "node_Conv_292_quant")
+    # ORT's scale multiply after it is named after it
+    found = mapper.resolve("node_Conv_292_quant_output_scale_mul", "Mul")
+    assert found is not None and found.module_path == "stem.0"
+    foreign = OnnxGraph("tf2onnx", "tf2onnx", "1.16", dict(graph.nodes), dict(graph.producer_of))
+    assert TorchModuleMapper(foreign).resolve("node_Conv_292_quant", "ConvInteger") is None
