@@ -71,11 +71,6 @@ def _span_json(m: MappedSpan, process_id: str) -> dict[str, Any]:
     }
 
 
-def jaeger_traces(run: Run, trace_per: str = "invocation", parent: tuple[int, int] | None = None) -> list[dict[str, Any]]:
-    """The ``data`` entries (one per trace) of ``run``, as Python objects."""
-    return [_trace_json(run, mapper, spans) for mapper, spans in _grouped(run, trace_per, parent)]
-
-
 def _grouped(run: Run, trace_per: str, parent: tuple[int, int] | None) -> list[tuple[SpanMapper, list[Any]]]:
     mapper = SpanMapper(run, trace_per, parent)
     groups: dict[int, list[Any]] = {}

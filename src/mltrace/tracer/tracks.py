@@ -63,31 +63,3 @@ class TrackRegistry:
     def counter(self, name: str, unit: str = "", device: int = -1) -> Track:
         """A counter track, e.g. ``counter("gpu.utilization", "%", device=0)``."""
         return self._get(("counter", name, device), Track, kind=TrackKind.COUNTER, name=name, pid=self.pid, device=device, unit=unit)
-
-    def overflow(self, parent: Track, index: int) -> Track:
-        """An extra track for spans that overlap others on ``parent`` (async code)."""
-        return self._get(
-            ("async", parent.id, index),
-            Track,
-            kind=TrackKind.ASYNC,
-            name=f"{parent.name} (async {index})",
-            pid=parent.pid,
-            tid=parent.tid,
-            parent_track=parent.id,
-        )
-
-    def add_existing(self, track: Track) -> None:
-        """Registers a track loaded from disk (keeps its id)."""
-        with self._lock:
-            self.tracks[track.id] = track
-            self._next_id = max(self._next_id, track.id + 1)
-            key: tuple[object, ...]
-            if track.kind == TrackKind.THREAD:
-                key = ("thread", track.pid, track.tid)
-            elif track.kind == TrackKind.GPU_STREAM:
-                key = ("gpu", track.pid, track.device, track.stream)
-            elif track.kind == TrackKind.COUNTER:
-                key = ("counter", track.name, track.device)
-            else:
-                key = ("async", track.parent_track, track.id)
-            self._by_key[key] = track

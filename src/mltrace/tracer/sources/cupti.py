@@ -812,11 +812,6 @@ def _torch_ops_source(session: Session) -> Any:
     return None
 
 
-def kineto_records_kernels(session: Session) -> bool:
-    """Whether the session's torch.profiler source records kernels (Kineto holds CUPTI)."""
-    return _torch_kernel_source(session) is not None
-
-
 class _Collector:
     """Receives CUPTI's completed buffers (on CUPTI's thread) as plain dicts."""
 
