@@ -14,6 +14,7 @@ import itertools
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +254,41 @@ def test_rejects_foreign_data(tmp_path: Path) -> None:
     empty = xplane_pb2().XSpace()
     with pytest.raises(ValueError, match="host"):
         read_xspace(empty.SerializeToString())
+
+
+def _layer(sid: int, parent: int, path: str, start: int, end: int) -> Any:
+    from mltrace.tracer.model import Span
+
+    return Span(sid, parent, Level.LAYER, path, start, end, 7, {"ml.layer.path": path})
+
+
+def test_fragments_of_one_layer_call_merge_into_one_span() -> None:
+    """A BatchNormalization's Rsqrt before the conv and its Mul after: two fragments, one call."""
+    from mltrace.tracer.sources.xspace import merge_layer_fragments
+
+    layers = [
+        _layer(10, 1, "bn", 0, 20),  # Rsqrt of the variance: 15 ns of work
+        _layer(11, 1, "conv", 30, 90),
+        _layer(12, 1, "bn", 100, 160),  # the normalisation itself: 50 ns
+        _layer(13, 1, "head", 170, 260),
+        _layer(14, 13, "head/fc", 170, 200),  # a fragment of head/fc inside the kept head
+        _layer(15, 1, "head", 270, 280),
+        _layer(16, 15, "head/fc", 270, 280),
+        _layer(17, 13, "head/fc", 210, 260),
+    ]
+    work = {10: 15, 11: 55, 12: 50, 13: 80, 14: 25, 15: 9, 16: 9, 17: 40}
+    merged = merge_layer_fragments(layers, 1, work)
+    assert [(s.id, s.name, s.parent_id) for s in merged.kept] == [(11, "conv", 1), (12, "bn", 1), (13, "head", 1), (17, "head/fc", 13)]
+    # What the dropped fragments held goes to their nearest kept ancestor, which contains it in time.
+    assert merged.resolve(10) == 1 and merged.resolve(14) == 13 and merged.resolve(16) == 1 and merged.resolve(12) == 12
+
+
+def test_predict_batches_are_steps() -> None:
+    """keras_nested's predict() ran one batch: each layer once, numbered step 0."""
+    out, _, live = convert("keras_nested")
+    predict = next(m for m in live if not m.eager)
+    mine = [s for s in out.spans if s.level == Level.LAYER and s.parent_id == predict.span_id]
+    assert mine and all(s.attrs["ml.tf.step"] == 0 for s in mine)
+    names = [s.name for s in out.spans if s.level == Level.LAYER]
+    per_model = Counter(names)
+    assert set(per_model.values()) == {2}  # once in predict, once in the user's tf.function

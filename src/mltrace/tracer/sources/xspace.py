@@ -354,6 +354,8 @@ class XSpaceStats:
         op_spans: op spans made.
         ops_outside_layers: op spans of a model outside every layer.
         function_models: model spans made for ``tf.function`` calls.
+        fragments_merged: layer spans folded into another span of the same
+            layer call (one layer span per layer per call).
         skipped: events not converted, by reason.
         unknown_scopes: up to 10 node names whose first scope is no known model.
         lines_matched: host lines mapped to a Python thread by their id.
@@ -367,6 +369,7 @@ class XSpaceStats:
     op_spans: int = 0
     ops_outside_layers: int = 0
     function_models: int = 0
+    fragments_merged: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unknown_scopes: list[str] = field(default_factory=list)
     lines_matched: int = 0
@@ -382,6 +385,7 @@ class XSpaceStats:
             "op_spans": self.op_spans,
             "ops_outside_layers": self.ops_outside_layers,
             "function_models": self.function_models,
+            "fragments_merged": self.fragments_merged,
             "skipped": dict(self.skipped),
             "unknown_scopes": list(self.unknown_scopes),
             "lines_matched": self.lines_matched,
@@ -421,6 +425,163 @@ class _Intervals:
             if i - j > 64:  # model spans rarely nest deeper; stop scanning far back
                 break
         return best
+
+
+_GraphOp = tuple[int, int, XEventRow, str, str]  # (start, end, row, node name, op type), session ns
+
+
+def _layer_fragments(
+    graph: Sequence[_GraphOp],
+    idxs: Sequence[int],
+    model_id: int,
+    track_id: int,
+    known: Mapping[str, KerasModelInfo],
+    stats: XSpaceStats,
+    new_id: Callable[[], int] | None,
+) -> tuple[list[Span], list[int]]:
+    """Layer spans around runs of consecutive ops of one layer on one thread (fragments).
+
+    Each run of ops (in time order) under one name scope opens a layer span,
+    nested by the layer's path below ``model_id``; bookkeeping ops
+    (``BOOKKEEPING_OPS``) neither open nor close one.
+
+    Args:
+        graph: every graph op.
+        idxs: the ops of one model call (or step) on one thread, in time order.
+        model_id: the model span's id (the parent of top-level layers).
+        track_id: the thread's track.
+        known: known Keras models by name.
+        stats: where node names of no known model are noted.
+        new_id: allocates span ids; None: no layer spans (every op's parent is the model).
+
+    Returns:
+        The layer spans, and each op's parent span id (in ``idxs`` order).
+    """
+    paths: list[tuple[str, ...]] = []
+    types_of: dict[str, str] = {}
+    for i in idxs:
+        found = layer_of_node(graph[i][3], known)
+        if found is None:
+            if len(stats.unknown_scopes) < 10 and graph[i][3] not in stats.unknown_scopes:
+                stats.unknown_scopes.append(graph[i][3])
+            paths.append(())
+            continue
+        info, path = found
+        parts = tuple(path.split("/")) if path else ()
+        paths.append(parts)
+        for k in range(1, len(parts) + 1):
+            p = "/".join(parts[:k])
+            types_of.setdefault(p, info.layers.get(p, ""))
+    spans: list[Span] = []
+    stack: list[tuple[tuple[str, ...], Span]] = []
+    parents: list[int] = []
+    for i, parts in zip(idxs, paths):
+        s, e, _, _, op_type = graph[i]
+        if op_type in BOOKKEEPING_OPS:
+            # Inside the innermost open span of its own layer (if that span is open), else the model.
+            parent = model_id
+            for sp_parts, sp in reversed(stack):
+                if parts[: len(sp_parts)] == sp_parts:
+                    parent = sp.id if sp.end_ns >= s else parent
+                    break
+            parents.append(parent)
+            continue
+        keep = 0
+        while keep < len(stack) and keep < len(parts) and stack[keep][0] == parts[: keep + 1]:
+            keep += 1
+        del stack[keep:]
+        if new_id is not None:
+            for k in range(keep, len(parts)):
+                sub = parts[: k + 1]
+                path = "/".join(sub)
+                up = stack[-1][1].id if stack else model_id
+                attrs = {
+                    "ml.framework": "tensorflow",
+                    "ml.layer.path": path,
+                    "ml.layer.type": types_of.get(path, ""),
+                    "ml.tf.mode": "graph",
+                }
+                span = Span(new_id(), up, Level.LAYER, path, s, e, track_id, attrs)
+                stack.append((sub, span))
+                spans.append(span)
+        for _, sp in stack:
+            sp.end_ns = max(sp.end_ns, e)
+        parents.append(stack[-1][1].id if stack else model_id)
+    return spans, parents
+
+
+def _fragment_work(graph: Sequence[_GraphOp], parent_of: Mapping[int, int], layers: Sequence[Span]) -> dict[int, int]:
+    """Each layer span's compute time: its non-bookkeeping ops' durations, nested spans' included (ns)."""
+    up = {s.id: s.parent_id for s in layers}
+    work = dict.fromkeys(up, 0)
+    for i, parent in parent_of.items():
+        s, e, _, _, op_type = graph[i]
+        if op_type in BOOKKEEPING_OPS:
+            continue
+        sid: int | None = parent
+        while sid is not None and sid in work:
+            work[sid] += e - s
+            sid = up[sid]
+    return work
+
+
+@dataclass
+class MergedLayers:
+    """The layer spans of one call after ``merge_layer_fragments``.
+
+    Attributes:
+        kept: one span per layer path (parents resolved past dropped spans).
+        moved_to: dropped span id → the id of the span that takes its children.
+    """
+
+    kept: list[Span]
+    moved_to: dict[int, int]
+
+    def resolve(self, span_id: int) -> int:
+        """The span that holds what ``span_id`` held: itself when kept, else its nearest kept ancestor."""
+        while span_id in self.moved_to:
+            span_id = self.moved_to[span_id]
+        return span_id
+
+
+def merge_layer_fragments(layers: Sequence[Span], model_id: int, work: Mapping[int, int]) -> MergedLayers:
+    """One layer span per layer path in one model call (or step).
+
+    TensorFlow's executor runs a layer's ops as soon as their inputs are ready,
+    so one layer call can show as several runs of ops (a BatchNormalization's
+    ``Rsqrt`` of its variance before the convolution that feeds it, its
+    ``Mul`` after), each a fragment span. Per path, top-down, the fragment
+    with the most compute time (``work``, ns) is kept, preferring one whose
+    parent layer was kept; the others are dropped and their ops and nested
+    spans move to the dropped span's nearest kept ancestor (which contains
+    them in time), so no span lies outside its parent.
+
+    Args:
+        layers: the fragment spans (parents first within each path's nesting).
+        model_id: the model span's id.
+        work: compute time per span id (ns).
+
+    Returns:
+        The kept spans (their ``parent_id`` updated) and the moves.
+    """
+    by_path: dict[str, list[Span]] = {}
+    for s in layers:
+        by_path.setdefault(s.name, []).append(s)
+    merged = MergedLayers([], {})
+    kept_ids: set[int] = {model_id}
+    for path in sorted(by_path, key=lambda p: p.count("/")):
+        fragments = by_path[path]
+        best = max(fragments, key=lambda s: (s.parent_id in kept_ids, work.get(s.id, 0), -s.start_ns))
+        kept_ids.add(best.id)
+        merged.kept.append(best)
+        for s in fragments:
+            if s is not best:
+                merged.moved_to[s.id] = s.parent_id if s.parent_id is not None else model_id
+    for s in merged.kept:
+        if s.parent_id is not None:
+            s.parent_id = merged.resolve(s.parent_id)
+    merged.kept.sort(key=lambda s: (s.start_ns, -s.end_ns))
+    return merged
 
 
 def xspace_to_events(
@@ -498,6 +659,7 @@ def xspace_to_events(
     # Which model span holds each graph op: a live one, else a tf.function call.
     owner: list[LiveModelSpan | None] = [live.containing(s, e) for s, e, *_ in graph]
     pending = [i for i, o in enumerate(owner) if o is None]
+    made_ids: set[int] = set()
     if pending and functions:
         calls = _Intervals([(s, e, (s, e, row)) for s, e, row in functions if live.containing(s, e) is None])
         by_call: dict[tuple[int, int, int], list[int]] = {}
@@ -523,79 +685,55 @@ def xspace_to_events(
             out.spans.append(Span(sid, None, Level.MODEL, model_name, cs, ce, t.id, attrs))
             stats.function_models += 1
             made = LiveModelSpan(sid, cs, ce, pythons.get(line_id, (0, ""))[0], model_name, False)
+            made_ids.add(sid)
             for i in idxs:
                 owner[i] = made
 
-    # Layer spans from name scopes, per (model span, thread); op spans under them.
-    groups: dict[tuple[int, int], list[int]] = {}
+    # Layer spans from name scopes, per (model span, step): a graph model call (predict,
+    # evaluate) runs one graph function per batch; each is one call of each layer.
+    steps = _Intervals([(s, e, (s, e, row.line_id)) for s, e, row in functions if live.containing(s, e) is not None])
+    groups: dict[tuple[int, tuple[int, int, int] | None], list[int]] = {}
     for i, o in enumerate(owner):
         if o is None:
             skipped["graph op outside model spans"] += 1
             continue
-        groups.setdefault((o.span_id, graph[i][2].line_id), []).append(i)
-    for (model_id, line_id), idxs in groups.items():
-        t = track_of(line_id)
-        idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
-        paths: list[tuple[str, ...]] = []
-        types_of: dict[str, str] = {}
+        step = steps.containing(graph[i][0], graph[i][1]) if not o.eager and o.span_id not in made_ids else None
+        groups.setdefault((o.span_id, step), []).append(i)
+    step_numbers: dict[tuple[int, tuple[int, int, int] | None], int] = {}
+    per_model: Counter[int] = Counter()
+    for key in sorted((k for k in groups if k[1] is not None), key=lambda k: (k[0], k[1] or (0, 0, 0))):
+        step_numbers[key] = per_model[key[0]]
+        per_model[key[0]] += 1
+    for key, idxs in groups.items():
+        model_id = key[0]
+        layers: list[Span] = []
+        parent_of: dict[int, int] = {}  # op index → parent span id
+        by_line: dict[int, list[int]] = {}
         for i in idxs:
-            found = layer_of_node(graph[i][3], known)
-            if found is None:
-                if len(stats.unknown_scopes) < 10 and graph[i][3] not in stats.unknown_scopes:
-                    stats.unknown_scopes.append(graph[i][3])
-                paths.append(())
-                continue
-            info, path = found
-            parts = tuple(path.split("/")) if path else ()
-            paths.append(parts)
-            for k in range(1, len(parts) + 1):
-                p = "/".join(parts[:k])
-                types_of.setdefault(p, info.layers.get(p, ""))
-        # Open layer spans as a stack of (path parts, span); bookkeeping ops do not open or close them.
-        stack: list[tuple[tuple[str, ...], Span]] = []
-        parent_of_op: list[int] = []
-        for i, parts in zip(idxs, paths):
-            s, e, row, node, op_type = graph[i]
-            if op_type in BOOKKEEPING_OPS:
-                # Inside the innermost open span of its own layer (if that span is open), else the model.
-                parent = model_id
-                for sp_parts, sp in reversed(stack):
-                    if parts[: len(sp_parts)] == sp_parts:
-                        parent = sp.id if sp.end_ns >= s else parent
-                        break
-                parent_of_op.append(parent)
-                continue
-            keep = 0
-            while keep < len(stack) and keep < len(parts) and stack[keep][0] == parts[: keep + 1]:
-                keep += 1
-            del stack[keep:]
-            if want_layer:
-                for k in range(keep, len(parts)):
-                    sub = parts[: k + 1]
-                    path = "/".join(sub)
-                    up = stack[-1][1].id if stack else model_id
-                    attrs = {
-                        "ml.framework": "tensorflow",
-                        "ml.layer.path": path,
-                        "ml.layer.type": types_of.get(path, ""),
-                        "ml.tf.mode": "graph",
-                    }
-                    span = Span(new_id(), up, Level.LAYER, path, s, e, t.id, attrs)
-                    stack.append((sub, span))
-                    out.spans.append(span)
-                    stats.layer_spans += 1
-            for _, sp in stack:
-                sp.end_ns = max(sp.end_ns, e)
-            parent_of_op.append(stack[-1][1].id if stack else model_id)
+            by_line.setdefault(graph[i][2].line_id, []).append(i)
+        for line_id, line_idxs in by_line.items():
+            t = track_of(line_id)
+            line_idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
+            made_layers, parents = _layer_fragments(graph, line_idxs, model_id, t.id, known, stats, new_id if want_layer else None)
+            layers.extend(made_layers)
+            parent_of.update(zip(line_idxs, parents))
+        moved = merge_layer_fragments(layers, model_id, _fragment_work(graph, parent_of, layers))
+        stats.fragments_merged += len(layers) - len(moved.kept)
+        step_no = step_numbers.get(key)
+        for span in moved.kept:
+            if step_no is not None:
+                span.attrs["ml.tf.step"] = step_no
+            out.spans.append(span)
+        stats.layer_spans += len(moved.kept)
         if want_op:
-            for i, parent in zip(idxs, parent_of_op):
+            for i in idxs:
                 s, e, row, node, op_type = graph[i]
+                parent = moved.resolve(parent_of[i])
                 attrs = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
-                out.spans.append(Span(new_id(), parent, Level.OP, op_type, s, e, t.id, attrs))
+                out.spans.append(Span(new_id(), parent, Level.OP, op_type, s, e, track_of(row.line_id).id, attrs))
                 stats.op_spans += 1
                 stats.ops_outside_layers += parent == model_id
         stats.graph_ops_in_models += len(idxs)
-
     # Eager ops inside eager model spans on the same thread.
     if want_op:
         for s, e, row in eager:

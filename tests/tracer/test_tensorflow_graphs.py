@@ -1,0 +1,95 @@
+"""Keras models run as TensorFlow graphs: ``predict()``/``evaluate()`` batches, ``tf.function`` and SavedModels.
+
+A small functional model (``stem_conv`` … ``classifier``) is built in code; each
+test runs it in an in-process session with the TensorFlow source and reads the
+run back, and the JSON report (``mltrace report RUN --format json``) as a user
+would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import mltrace  # noqa: E402
+from mltrace.config import ProfileOptions  # noqa: E402
+from mltrace.run.store import Run  # noqa: E402
+from mltrace.tracer.levels import Level  # noqa: E402
+from mltrace.tracer.session import Session  # noqa: E402
+from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
+
+LAYERS = ("stem_conv", "stem_bn", "block_conv", "pool", "fc", "classifier")
+DATA = np.random.default_rng(0).standard_normal((24, 16, 16, 3)).astype(np.float32)
+
+
+def build(name: str) -> Any:
+    """A functional model whose layers are named ``stem_conv`` … ``classifier``."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3), name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="stem_conv")(inp)
+    x = keras.layers.BatchNormalization(name="stem_bn")(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="block_conv")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    x = keras.layers.Dense(16, activation="relu", name="fc")(x)
+    out = keras.layers.Dense(4, name="classifier")(x)
+    return keras.Model(inp, out, name=name)
+
+
+def traced(tmp_path: Path, body: Any, level: Level | None = None) -> Run:
+    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, level=level), sources=[TensorFlowSource()]).start()
+    try:
+        body()
+    finally:
+        path = session.stop()
+    return mltrace.load_run(path)
+
+
+def json_report(tmp_path: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mltrace", "report", str(tmp_path / "run"), "--format", "json"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+def layer_calls(run: Run) -> Counter[str]:
+    return Counter(s.name for s in run.spans if s.level == Level.LAYER)
+
+
+def test_predict_one_layer_span_per_layer_per_batch(tmp_path: Path) -> None:
+    """predict() on 6 batches: each layer has exactly 6 calls, one per batch, in the run and the JSON report."""
+    model = build("tiny")
+    run = traced(tmp_path, lambda: model.predict(DATA, batch_size=4, verbose=0))
+    (call,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert call.attrs["ml.keras.method"] == "predict"
+    computing = {name for name in LAYERS}  # every layer runs ops (BatchNormalization in inference too)
+    assert layer_calls(run) == dict.fromkeys(computing, 6)
+    by_id = run.span_by_id()
+    for s in run.spans:
+        if s.level == Level.LAYER:
+            assert s.parent_id == call.id and s.attrs["ml.tf.step"] in range(6)
+    assert sorted(Counter(s.attrs["ml.tf.step"] for s in run.spans if s.level == Level.LAYER).values()) == [len(LAYERS)] * 6
+    convs = [s for s in run.spans if s.level == Level.OP and "Conv2D" in s.name]
+    assert len(convs) == 12 and all(by_id[s.parent_id].name in ("stem_conv", "block_conv") for s in convs)
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+    report = json_report(tmp_path)
+    assert {row["name"]: row["calls"] for row in report["layers"]} == dict.fromkeys(LAYERS, 6)
+
+
+def test_evaluate_one_layer_span_per_layer_per_batch(tmp_path: Path) -> None:
+    model = build("tiny_eval")
+    model.compile(loss="mse")
+    targets = np.zeros((12, 4), np.float32)
+    run = traced(tmp_path, lambda: model.evaluate(DATA[:12], targets, batch_size=4, verbose=0))
+    assert layer_calls(run) == dict.fromkeys(LAYERS, 3)
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
