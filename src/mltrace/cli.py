@@ -61,6 +61,9 @@ def _trace_options_parser(prog: str) -> _Parser:
         help="end the layer level once N spans are streamed (model spans go on) and record nothing more "
         "at 2N (0: no limit; default: what 10%% of available memory can finish, at most 2 million)",
     )
+    p.add_argument(
+        "--memory", action="store_true", help="record PyTorch allocations: bytes and peaks per layer and op, a memory counter per device"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary at the end")
     p.add_argument("--py-spy", action="store_true", help="sample Python stacks with py-spy (source lines per layer)")
     p.add_argument("--native", action="store_true", help="with --py-spy: include native frames")
@@ -177,6 +180,8 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         kwargs["op_inferences"] = ns.op_inferences
     if ns.max_spans is not None:
         kwargs["max_spans"] = ns.max_spans
+    if ns.memory:
+        kwargs["memory"] = True
     options = ProfileOptions.build(**kwargs)
     session = Session(options).start()
     status = 0

@@ -49,6 +49,11 @@ class ProfileOptions:
             default: encoding costs the program ~5 µs a span; events.jsonl is
             always streamed, and the Perfetto trace is written at the end (or
             rebuilt from events.jsonl by ``mltrace export``/``view`` after a crash).
+        memory: record PyTorch's allocations and frees (torch.profiler's
+            ``profile_memory``): allocated, freed and peak bytes per op and layer, and a
+            counter track of allocated bytes per device (environment:
+            ``MLTRACE_MEMORY=1``). Needs the op level; off by default (cost:
+            docs/PERFORMANCE.md, "Memory").
         source_options: per-source settings, by source name.
     """
 
@@ -65,6 +70,7 @@ class ProfileOptions:
     op_memory_gib: float | None = None
     max_spans: int | None = None
     stream_perfetto: bool = False
+    memory: bool = False
     source_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -89,6 +95,8 @@ class ProfileOptions:
             kwargs["otlp"] = env["MLTRACE_OTLP"]
         if "stream_perfetto" not in kwargs and env.get("MLTRACE_STREAM_PERFETTO"):
             kwargs["stream_perfetto"] = env["MLTRACE_STREAM_PERFETTO"].lower() in ("1", "true", "yes", "on")
+        if "memory" not in kwargs and env.get("MLTRACE_MEMORY"):
+            kwargs["memory"] = env["MLTRACE_MEMORY"].lower() in ("1", "true", "yes", "on")
         if "flush_interval_s" not in kwargs and env.get("MLTRACE_FLUSH_INTERVAL"):
             kwargs["flush_interval_s"] = env["MLTRACE_FLUSH_INTERVAL"]
         if kwargs.get("op_inferences") is None and env.get("MLTRACE_OP_INFERENCES"):
@@ -121,6 +129,8 @@ class ProfileOptions:
                 raise UsageError(str(exc)) from None
         if kwargs.get("level") is Level.USER:
             raise UsageError("--level takes a hierarchy level: model, layer, op, library or kernel")
+        if kwargs.get("memory") and kwargs.get("level") in (Level.MODEL, Level.LAYER):
+            raise UsageError("--memory needs the op level (torch.profiler records the allocations): use --level op or deeper")
         if kwargs.get("output") is not None:
             kwargs["output"] = Path(kwargs["output"])
         if "flush_interval_s" in kwargs:

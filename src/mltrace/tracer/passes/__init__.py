@@ -10,6 +10,7 @@ pass records what it found under ``run.meta["correlation"][<pass name>]``.
 - ``gpu_library``: cuDNN / cuBLAS / CUTLASS / Triton … from kernel names
 - ``library``: oneDNN / MKL calls under the ops that issued them
 - ``samples``: py-spy samples to the spans they were taken in
+- ``memory``: allocations, frees and peaks of memory per span (``--memory``)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mltrace.tracer.passes.checks import check_containment, separate_overlaps, s
 from mltrace.tracer.passes.fx_layers import layers_from_fx
 from mltrace.tracer.passes.gpu_library import attribute_gpu_library
 from mltrace.tracer.passes.library import attach_library_calls
+from mltrace.tracer.passes.memory import attribute_memory
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, nest_by_containment
 from mltrace.tracer.passes.samples import attribute_samples
 
@@ -37,6 +39,7 @@ def default_pipeline() -> list[Pass]:
         attribute_gpu_library,
         attach_library_calls,
         attribute_samples,
+        attribute_memory,
         separate_overlaps,
         check_containment,
     ]

@@ -33,7 +33,18 @@ CPU runs, see tests/data/kineto/):
 
   Everything else (``Trace``, ``ac2g`` flow events, ``fwdbwd``, metadata,
   other ``python_function`` frames, instants) is counted in the stats and
-  not converted.
+  not converted, except:
+
+- ``ph: "i"`` instants named ``[memory]`` (``profile_memory=True``): one per
+  allocation or free, on the thread that made it, with ``Bytes`` (negative for a
+  free), ``Total Allocated`` and ``Total Reserved`` of the device after it
+  (bytes) and ``Device Type``/``Device Id`` (c10's: 0 CPU, 1 CUDA). Each becomes
+  an ``Instant`` named ``[memory]`` on the thread's track (``ml.memory.bytes``,
+  ``ml.memory.device`` as ``cpu`` or ``cuda:N``, ``ml.memory.total_allocated``,
+  ``ml.memory.total_reserved``), which ``passes.memory.attribute_memory`` turns into
+  per-span numbers, and a ``CounterSample`` of the device's allocated bytes on the
+  counter track ``cpu.memory.allocated`` or ``gpuN.memory.allocated`` (unit bytes).
+  On CPU, torch counts only what was allocated while the profiler ran.
 
 Launches are matched by the ``correlation`` argument, not by Kineto's
 ``ac2g`` flow events: old traces draw ``ac2g`` arrows for API calls that
@@ -57,7 +68,7 @@ from typing import Any
 
 from mltrace.run.store import RunError
 from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Flow, Instant, Span, Track
+from mltrace.tracer.model import CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.tracer.sources.aten_flops import aten_flops
 from mltrace.tracer.tracks import TrackRegistry
 
@@ -76,6 +87,10 @@ _EPOCH_US_THRESHOLD = 1e15
 _ALL_STREAMS = 0xFFFFFFFF
 #: How many unmatched correlation ids the stats keep as examples.
 _MAX_EXAMPLES = 20
+#: The name of Kineto's allocation and free instants (``profile_memory=True``).
+MEMORY_EVENT = "[memory]"
+#: c10's ``DeviceType`` numbers → the device names of ``ml.memory.device``.
+_DEVICE_TYPES = {0: "cpu", 1: "cuda", 12: "xpu", 13: "mps"}
 
 
 def link_launches(
@@ -118,7 +133,8 @@ class KinetoStats:
     Attributes:
         events_by_category: every ``ph: "X"`` event by ``cat`` (raw counts).
         spans_by_category: spans made, by the ``cat`` they came from.
-        instants: instants made (GPU-side ``cuda_sync`` waits).
+        instants: instants made (GPU-side ``cuda_sync`` waits, memory events).
+        memory_events: ``[memory]`` instants converted (allocations and frees).
         skipped: events not converted, by reason.
         gpu_activities: kernels + memcpys + memsets converted.
         gpu_activities_launched: those linked to their launching API call.
@@ -134,6 +150,7 @@ class KinetoStats:
     events_by_category: dict[str, int] = field(default_factory=dict)
     spans_by_category: dict[str, int] = field(default_factory=dict)
     instants: int = 0
+    memory_events: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     gpu_activities: int = 0
     gpu_activities_launched: int = 0
@@ -148,6 +165,7 @@ class KinetoStats:
             "events_by_category": dict(self.events_by_category),
             "spans_by_category": dict(self.spans_by_category),
             "instants": self.instants,
+            "memory_events": self.memory_events,
             "skipped": dict(self.skipped),
             "gpu_activities": self.gpu_activities,
             "gpu_activities_launched": self.gpu_activities_launched,
@@ -165,7 +183,8 @@ class KinetoEvents:
     Attributes:
         spans: every span, in trace order.
         flows: launch flows (API call → GPU activity).
-        instants: GPU-side synchronization events.
+        instants: GPU-side synchronization events and memory events.
+        counters: allocated bytes per device, one sample per memory event.
         tracks: the tracks the events use (already in the registry).
         stats: counts of what was converted and linked.
     """
@@ -173,6 +192,7 @@ class KinetoEvents:
     spans: list[Span] = field(default_factory=list)
     flows: list[Flow] = field(default_factory=list)
     instants: list[Instant] = field(default_factory=list)
+    counters: list[CounterSample] = field(default_factory=list)
     tracks: list[Track] = field(default_factory=list)
     stats: KinetoStats = field(default_factory=KinetoStats)
 
@@ -182,6 +202,7 @@ class KinetoEvents:
         out: list[Event] = list(self.tracks) if with_tracks else []
         out.extend(self.spans)
         out.extend(self.instants)
+        out.extend(self.counters)
         out.extend(self.flows)
         return out
 
@@ -438,7 +459,7 @@ def kineto_to_events(
         pids.pop(None, None)
         cpu_pid = pids.most_common(1)[0][0] if pids else None
     for e in events:
-        if e.get("ph") not in ("X", "M"):
+        if e.get("ph") not in ("X", "M") and not _is_memory_event(e):
             skipped[f"ph={e.get('ph')}"] += 1
     if len(events) < len(given):
         skipped["malformed (a name, category, phase or args of another type)"] += len(given) - len(events)
@@ -587,6 +608,11 @@ def kineto_to_events(
         elif cat in GPU_ACTIVITY_CATEGORIES:
             gpu_spans.append((span, corr))
 
+    for e in events:
+        if _is_memory_event(e):
+            if not _memory_event(e, out, thread_track, tracks, lambda ts: to_session_ns(_us_to_ns(ts) + offset_ns), used_tracks):
+                skipped["[memory] (bad ts, bytes or pid/tid)"] += 1
+    stats.memory_events = len(out.counters)
     flows, missing, unmatched = link_launches(gpu_spans, launch_by_corr, new_id)
     out.flows.extend(flows)
     stats.gpu_activities_launched += len(flows)
@@ -599,6 +625,53 @@ def kineto_to_events(
     stats.skipped = dict(sorted(skipped.items()))
     out.tracks = [used_tracks[k] for k in sorted(used_tracks)]
     return out
+
+
+def _is_memory_event(e: dict[str, Any]) -> bool:
+    return e.get("ph") == "i" and e.get("name") == MEMORY_EVENT
+
+
+def _memory_event(
+    e: dict[str, Any],
+    out: KinetoEvents,
+    thread_track: Callable[[dict[str, Any]], Track | None],
+    tracks: TrackRegistry,
+    to_ns: Callable[[float], int],
+    used_tracks: dict[int, Track],
+) -> bool:
+    """Converts one ``[memory]`` instant: an ``Instant`` on its thread and a sample of its
+    device's allocated bytes. False (nothing made) when it lacks a field."""
+    args = e.get("args") or {}
+    ts = e.get("ts")
+    size, total = _as_int(args.get("Bytes")), _as_int(args.get("Total Allocated"))
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts < _MAX_US or size is None or total is None:
+        return False
+    track = thread_track(e)
+    if track is None:
+        return False
+    kind = _as_int(args.get("Device Type"))
+    index = _as_int(args.get("Device Id"))
+    name = _DEVICE_TYPES.get(kind if kind is not None else 0, f"device{kind}")
+    device = name if name == "cpu" else f"{name}:{max(index or 0, 0)}"
+    ts_ns = to_ns(ts)
+    attrs = {"ml.memory.bytes": size, "ml.memory.device": device, "ml.memory.total_allocated": total}
+    reserved = _as_int(args.get("Total Reserved"))
+    if reserved is not None:
+        attrs["ml.memory.total_reserved"] = reserved
+    out.instants.append(Instant(MEMORY_EVENT, ts_ns, track.id, Level.OP, attrs))
+    counter = tracks.counter(memory_counter_name(device), "bytes", -1 if name == "cpu" else max(index or 0, 0))
+    used_tracks[counter.id] = counter
+    out.counters.append(CounterSample(counter.id, ts_ns, float(total)))
+    return True
+
+
+def memory_counter_name(device: str) -> str:
+    """The counter track of a device's allocated bytes: ``cpu.memory.allocated``,
+    ``gpu0.memory.allocated`` for ``cuda:0`` (beside NVML's ``gpu0.*``), else
+    ``<device>.memory.allocated``."""
+    if device.startswith("cuda:"):
+        device = "gpu" + device[5:]
+    return f"{device}.memory.allocated"
 
 
 _HANDLED = frozenset(

@@ -40,6 +40,14 @@ that started it also stops only there (elsewhere torch warns and records on), so
 that thread is named in ``thread_ident``. The trace then waits in the run
 directory until ``stop()`` converts it.
 
+Memory (``--memory``, ``ProfileOptions.memory``). The profiler also runs with
+``profile_memory=True``: every allocation and free becomes a ``[memory]`` event
+(``kineto_to_events``), attributed to ops and layers by ``passes.memory``. torch
+(2.13) records no memory events in its all-threads mode, so with ``--memory`` the
+profiler records the thread that started it only (ops on other threads are not
+recorded, and run.json says so); the allocations of the program's main thread,
+where the model runs, are what the memory numbers need.
+
 Limits. Kineto keeps every event in memory until ``stop()`` and allows one
 profiler per process: a program that runs its own ``torch.profiler`` while
 this source is on gets an error from torch, so use ``--level layer`` there.
@@ -174,8 +182,15 @@ class TorchOpSource:
             # No with_flops: counting while the program runs cost it ≈ 4 % on the example CNN;
             # kineto_to_events counts the same FLOPs from the recorded shapes (aten_flops).
             kwargs: dict[str, Any] = {"activities": activities, "record_shapes": True}
-            config = _all_threads_config()
-            if config is not None:
+            memory = session.options.memory
+            config = None if memory else _all_threads_config()
+            if memory:
+                kwargs["profile_memory"] = True
+                session.note_limitation(
+                    "op level: with --memory, torch.profiler records ops and allocations only on the thread "
+                    "that started profiling (torch records no memory events when profiling all threads)"
+                )
+            elif config is not None:
                 kwargs["experimental_config"] = config
             else:
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
