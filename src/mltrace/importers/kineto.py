@@ -12,7 +12,9 @@ the stats) keeps its own origin; run.json says so under ``limitations``.
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from mltrace.errors import UsageError
 from mltrace.run import store
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.tracer.model import Track
 from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json
 from mltrace.tracer.tracks import TrackRegistry
 
@@ -58,21 +61,62 @@ def _levels(result: KinetoEvents) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _scalar(value: Any) -> str | int | float | bool | None:
+    """``value`` where it is text, a 64-bit integer, a finite number or a boolean, else None: a
+    trace's device facts go to run.json as they are, and only these are facts."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value if -(1 << 63) <= value < (1 << 63) else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return None
+
+
 def _devices(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """run.json's ``devices``: each ``deviceProperties`` entry's facts (values of another shape
+    are left out, so a malformed entry cannot make run.json unwritable)."""
+    found = trace.get("deviceProperties")
     out = []
-    for d in trace.get("deviceProperties") or ():
+    for d in found if isinstance(found, list) else ():
         if not isinstance(d, dict):
             continue
+        major, minor = _scalar(d.get("computeMajor")), _scalar(d.get("computeMinor"))
         out.append(
             {
-                "id": d.get("id"),
-                "name": d.get("name"),
-                "total_memory_bytes": d.get("totalGlobalMem"),
-                "compute_capability": f"{d.get('computeMajor')}.{d.get('computeMinor')}" if "computeMajor" in d else None,
-                "sm_count": d.get("numSms"),
+                "id": _scalar(d.get("id")),
+                "name": _scalar(d.get("name")),
+                "total_memory_bytes": _scalar(d.get("totalGlobalMem")),
+                "compute_capability": f"{major}.{minor}" if major is not None else None,
+                "sm_count": _scalar(d.get("numSms")),
             }
         )
     return out
+
+
+#: Perfetto holds a process or thread id in 32 bits (signed).
+_ID_RANGE = range(0, 1 << 31)
+
+
+def fit_thread_ids(tracks: list[Track]) -> list[str]:
+    """Gives tracks whose pid or tid Perfetto cannot hold (beyond 31 bits, or negative) the
+    highest ids free below 2**31, the same one for the same id; returns what was changed, for
+    run.json's ``limitations``."""
+    used = {t.pid for t in tracks} | {t.tid for t in tracks}
+    given: dict[int, int] = {}
+    free = (1 << 31) - 1
+    for track in tracks:
+        for field in ("pid", "tid"):
+            value = getattr(track, field)
+            if value is None or value in _ID_RANGE:
+                continue
+            if value not in given:
+                while free in used:
+                    free -= 1
+                given[value] = free
+                used.add(free)
+            setattr(track, field, given[value])
+    return [f"thread or process id {k} does not fit in 31 bits (Perfetto's): shown as {v}" for k, v in given.items()]
 
 
 def build_meta(path: Path, trace: dict[str, Any], result: KinetoEvents, name: str | None = None) -> dict[str, Any]:
@@ -131,6 +175,19 @@ def build_meta(path: Path, trace: dict[str, Any], result: KinetoEvents, name: st
     return meta
 
 
+def _remove_written(dest: Path, existed: bool) -> None:
+    """Takes back what a failed import wrote: the directory it made, or what it put in the
+    empty one it was given."""
+    if not existed:
+        shutil.rmtree(dest, ignore_errors=True)
+        return
+    for child in dest.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+
+
 def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Path:
     """Creates a run directory from a Kineto trace (``.json`` or ``.json.gz``).
 
@@ -159,9 +216,11 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
     ids = itertools.count(1)
     result = kineto_to_events(trace, TrackRegistry(pid=0), lambda: next(ids), lambda epoch_ns: epoch_ns)
     meta = build_meta(src, trace, result)
+    meta["limitations"].extend(fit_thread_ids(result.tracks))
 
     from mltrace.tracer.session import prepare_run_dir
 
+    existed = dest.exists()
     prepare_run_dir(dest)
     run = Run(
         path=dest,
@@ -174,8 +233,11 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
     try:
         store.write_meta(dest, meta)
         store.write_events_atomically(dest / store.EVENTS_FILE, run)
-    except OSError as exc:
-        raise UsageError(f"cannot write {dest}: {exc.strerror or exc}") from None
+    except BaseException as exc:
+        _remove_written(dest, existed)
+        if isinstance(exc, OSError):
+            raise UsageError(f"cannot write {dest}: {exc.strerror or exc}") from None
+        raise
     try:
         from mltrace.tracer.finalize import finalize_run
 

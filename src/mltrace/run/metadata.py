@@ -108,3 +108,67 @@ def limitations(meta: dict[str, Any]) -> list[str]:
     """run.json's ``limitations`` as text (none where it is not a list)."""
     found = meta.get("limitations")
     return [str(x) for x in found] if isinstance(found, list) else []
+
+#: The type of each run.json field that readers use (a field may be absent; ``int`` excludes
+#: ``bool``). A run.json whose field has another type is refused with a line naming it.
+META_TYPES: dict[str, type] = {
+    "format_version": int,
+    "name": str,
+    "command": list,
+    "cwd": str,
+    "pid": int,
+    "host": dict,
+    "versions": dict,
+    "environment": dict,
+    "complete": bool,
+    "run_id": str,
+    "clock": dict,
+    "sources": dict,
+    "sources_info": dict,
+    "levels": dict,
+    "op_window": dict,
+    "layer_window": dict,
+    "started_at_epoch_ns": int,
+    "stopped_at_epoch_ns": int,
+    "duration_ns": int,
+    "exit_status": int,
+    "limitations": list,
+    "errors": list,
+    "correlation": dict,
+    "summary": dict,
+    "gpus": list,
+    "devices": list,
+    "otel_parent": dict,
+    "kernel_path": str,
+    "stopped_early": dict,
+    "trace_full": dict,
+    "events_bytes": int,
+}
+_NAMES = {bool: "true or false", int: "a whole number", str: "text", list: "a list", dict: "an object"}
+_INT64 = range(-(1 << 63), 1 << 63)
+
+
+def meta_problem(meta: dict[str, Any]) -> str | None:
+    """What is wrong with run.json's fields (``META_TYPES``, the clock's anchors), or None."""
+    for key, kind in META_TYPES.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        if type(value) is not kind:
+            return f"{key!r} is {_kind_of(value)}, not {_NAMES[kind]}"
+        if kind is int and value not in _INT64:
+            return f"{key!r} is {value}, beyond a 64-bit integer"
+    clock = meta.get("clock", {})
+    for key in ("anchor_monotonic_ns", "anchor_epoch_ns", "anchor_uncertainty_ns"):
+        if key in clock and (type(clock[key]) is not int or clock[key] not in _INT64):
+            return f"'clock.{key}' is {_kind_of(clock[key])}, not a 64-bit whole number (ns)"
+    return None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    for kind, name in _NAMES.items():
+        if type(value) is kind:
+            return name if kind is not int else str(value)
+    return "a number" if isinstance(value, float) else type(value).__name__

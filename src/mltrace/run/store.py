@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from mltrace.run.gcpause import gc_paused
+from mltrace.run.metadata import meta_problem
 from mltrace.run.table import TABLE_FILE
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track
@@ -270,33 +271,149 @@ class Run:
 _Templates = dict[int, tuple[str, dict[str, Any]]]
 
 
+#: Integers the run's columns hold (int64): ids, times (ns), tracks.
+_INT64 = range(-(1 << 63), 1 << 63)
+_LEVELS = {int(lv): lv for lv in Level}
+
+
+def _int(value: Any, what: str, *, low: int = -(1 << 63), none: bool = False) -> None:
+    """Raises ValueError naming ``what`` unless ``value`` is an int64 of at least ``low`` (or None where allowed)."""
+    if value is None and none:
+        return
+    if type(value) is not int or value not in _INT64 or value < low:
+        raise ValueError(f"{what} is {_shown(value)}, not a whole number" + (f" ≥ {low}" if low > -(1 << 63) else " in int64"))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _row(r: Any, n: int, what: str) -> list[Any]:
+    """``r`` when it is a list of ``n`` items (ValueError naming ``what`` otherwise)."""
+    if type(r) is not list or len(r) != n:
+        raise ValueError(f"a {what} row is {_shown(r)}, not a list of {n} items")
+    return r
+
+
+def _check_span(r: Any, templates: _Templates) -> None:
+    """Raises ValueError saying what is wrong with span row ``r`` (``store`` docstring layout)."""
+    if type(r) is not list or len(r) not in (8, 9):
+        raise ValueError(f"a span row is {_shown(r)}, not a list of 8 or 9 items")
+    _int(r[0], "a span id", low=0)
+    _int(r[1], f"the parent id of span {r[0]}", low=0, none=True)
+    if type(r[2]) is not int or r[2] not in _LEVELS:
+        raise ValueError(f"span {r[0]} has level {_shown(r[2])}, not one of {sorted(_LEVELS)}")
+    _int(r[4], f"the start of span {r[0]}")
+    _int(r[5], f"the end of span {r[0]}")
+    if r[5] < r[4] and r[5] != -1:  # -1: still open (``Span.end_ns``)
+        raise ValueError(f"span {r[0]} ends ({r[5]}) before it starts ({r[4]})")
+    _int(r[6], f"the track of span {r[0]}")
+    if type(r[7]) is not dict:
+        raise ValueError(f"span {r[0]} has attributes {_shown(r[7])}, not an object")
+    if len(r) == 9:
+        if type(r[8]) is not int or r[8] not in templates:
+            raise ValueError(f"span {r[0]} refers to span template {_shown(r[8])}, which no earlier line defines")
+        if r[3] is not None and type(r[3]) is not str:
+            raise ValueError(f"span {r[0]} has name {_shown(r[3])}, not text")
+    elif type(r[3]) is not str:
+        raise ValueError(f"span {r[0]} has name {_shown(r[3])}, not text")
+
+
+def _track(r: Any) -> Track:
+    r = _row(r, 9, "track")
+    _int(r[0], "a track id")
+    for i, what in ((3, "pid"), (4, "tid"), (5, "device"), (6, "stream"), (8, "parent track")):
+        _int(r[i], f"the {what} of track {r[0]}")
+    if type(r[1]) is not str or type(r[2]) is not str or type(r[7]) is not str:
+        raise ValueError(f"track {r[0]} has a kind, name or unit that is not text")
+    return Track(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
+
+
+def _instant(r: Any) -> Instant:
+    r = _row(r, 5, "instant")
+    _int(r[1], "an instant's time")
+    _int(r[2], "an instant's track")
+    if type(r[0]) is not str or type(r[3]) is not int or r[3] not in _LEVELS or type(r[4]) is not dict:
+        raise ValueError(f"an instant row is {_shown(r)}: its name, level or attributes have the wrong type")
+    return Instant(r[0], r[1], r[2], _LEVELS[r[3]], r[4])
+
+
+def _counter(r: Any) -> CounterSample:
+    r = _row(r, 3, "counter")
+    _int(r[0], "a counter's track")
+    _int(r[1], "a counter sample's time")
+    if type(r[2]) not in (int, float) or not -1e300 < r[2] < 1e300:
+        raise ValueError(f"a counter sample's value is {_shown(r[2])}, not a finite number")
+    return CounterSample(r[0], r[1], r[2])
+
+
+def _flow(r: Any) -> Flow:
+    r = _row(r, 4, "flow")
+    for i, what in ((0, "a flow's id"), (1, "a flow's source span"), (2, "a flow's destination span")):
+        _int(r[i], what)
+    if type(r[3]) is not str:
+        raise ValueError(f"flow {r[0]} has kind {_shown(r[3])}, not text")
+    return Flow(r[0], r[1], r[2], r[3])
+
+
+def _rows(obj: dict[str, Any], key: str) -> list[Any]:
+    rows = obj.get(key, ())
+    if type(rows) is not list and rows != ():
+        raise ValueError(f"{key!r} is {_shown(rows)}, not a list")
+    return rows or []
+
+
 def _decode_line(run: Run, obj: dict[str, Any], templates: _Templates | None = None) -> None:
-    """Adds one events.jsonl line's events to ``run``; ``templates`` carries templates from line to line."""
-    for r in obj.get("tracks", ()):
-        run.tracks[r[0]] = Track(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8])
-    levels = {int(lv): lv for lv in Level}
+    """Adds one events.jsonl line's events to ``run``; ``templates`` carries templates from line to line.
+
+    Raises:
+        ValueError: saying what is wrong, for a row of another shape or type than the store
+            writes (an id or time that is not an int64, a span that ends before it starts, …).
+    """
+    for r in _rows(obj, "tracks"):
+        track = _track(r)
+        run.tracks[track.id] = track
     if templates is None:
         templates = {}
-    for t in obj.get("templates", ()):
-        if not isinstance(t[1], str) or not isinstance(t[2], dict):
+    for t in _rows(obj, "templates"):
+        if type(t) is not list or len(t) != 3 or type(t[0]) is not int or not isinstance(t[1], str) or not isinstance(t[2], dict):
             raise ValueError("malformed span template")
         templates[t[0]] = (t[1], t[2])
-    rows = obj.get("spans")
+    rows = _rows(obj, "spans")
     spans = run.spans if rows else []
-    for r in rows or ():
+    levels = _LEVELS
+    t, low, high = type, -(1 << 63), 1 << 63
+    for r in rows:
+        # The common row in one expression (a call per row cost loading a third more); any other
+        # goes through _check_span, which passes the rare valid ones (an open span) or says why not.
+        if not (
+            t(r) is list
+            and (len(r) == 8 and t(r[3]) is str or len(r) == 9 and (r[3] is None or t(r[3]) is str) and t(r[8]) is int)
+            and (len(r) == 8 or r[8] in templates)
+            and t(r[0]) is int
+            and t(r[2]) is int
+            and t(r[4]) is int
+            and t(r[5]) is int
+            and t(r[6]) is int
+            and t(r[7]) is dict
+            and (r[1] is None or t(r[1]) is int and 0 <= r[1] < high)
+            and r[2] in levels
+            and 0 <= r[0] < high
+            and low <= r[4] <= r[5] < high
+            and low <= r[6] < high
+        ):
+            _check_span(r, templates)
         if len(r) > 8:
-            name, attrs = templates[r[8]]  # KeyError: a template never written
+            name, attrs = templates[r[8]]
             if r[3] is not None:
                 name = r[3]
             spans.append(Span(r[0], r[1], levels[r[2]], name, r[4], r[5], r[6], {**attrs, **r[7]} if r[7] else attrs))  # shared: see Span
         else:
             spans.append(Span(r[0], r[1], levels[r[2]], r[3], r[4], r[5], r[6], r[7]))
-    for r in obj.get("instants", ()):
-        run.instants.append(Instant(r[0], r[1], r[2], levels[r[3]], r[4]))
-    for r in obj.get("counters", ()):
-        run.counters.append(CounterSample(r[0], r[1], r[2]))
-    for r in obj.get("flows", ()):
-        run.flows.append(Flow(r[0], r[1], r[2], r[3]))
+    run.instants.extend(_instant(r) for r in _rows(obj, "instants"))
+    run.counters.extend(_counter(r) for r in _rows(obj, "counters"))
+    run.flows.extend(_flow(r) for r in _rows(obj, "flows"))
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -312,8 +429,13 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise RunError(f"{run_dir}: not an mltrace run directory (no {META_FILE})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RunError(f"{meta_path}: unreadable run metadata ({exc})") from None
+    except RecursionError:
+        raise RunError(f"{meta_path}: unreadable run metadata (nested too deeply)") from None
     if not isinstance(meta, dict) or meta.get("format") != "mltrace-run":
         raise RunError(f"{meta_path}: not mltrace run metadata")
+    problem = meta_problem(meta)
+    if problem is not None:
+        raise RunError(f"{meta_path}: malformed run metadata: {problem}")
     return meta
 
 
@@ -345,6 +467,7 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
     events = p / EVENTS_FILE
     if not events.exists():
         raise RunError(f"{p}: run has no {EVENTS_FILE}")
+    _check_events_size(events, meta)
     with gc_paused():  # millions of small lists and Span objects, none in a cycle
         run = _load_from_table(p, meta, events)
         if run is not None:
@@ -363,6 +486,25 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
             except (OSError, ValueError, TypeError, OverflowError):
                 pass  # a cache: failing to write it only costs the next load its speed
     return run
+
+
+def _check_events_size(events: Path, meta: dict[str, Any]) -> None:
+    """Refuses a complete run whose events.jsonl has another size than run.json recorded.
+
+    Raises:
+        RunError: saying by how much it differs (truncated, or changed after the run).
+    """
+    expected = meta.get("events_bytes")
+    if not meta.get("complete") or expected is None:
+        return
+    try:
+        size = events.stat().st_size
+    except OSError as exc:
+        raise RunError(f"{events}: {exc.strerror}") from None
+    if size < expected:
+        raise RunError(f"{events}: truncated: {size:,} of the {expected:,} bytes this complete run wrote")
+    if size != expected:
+        raise RunError(f"{events}: {size:,} bytes, but this complete run wrote {expected:,}: changed after the run")
 
 
 def _load_from_table(p: Path, meta: dict[str, Any], events: Path) -> Run | None:
@@ -493,7 +635,13 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """Writes run.json atomically."""
+    """Writes run.json atomically. A complete run's records the size of its events.jsonl
+    (``events_bytes``), so that a reader can tell a truncated one from a short run."""
+    if meta.get("complete") is True:
+        try:
+            meta["events_bytes"] = (run_dir / EVENTS_FILE).stat().st_size
+        except OSError:
+            meta.pop("events_bytes", None)
     tmp = run_dir / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, run_dir / META_FILE)

@@ -10,9 +10,11 @@ only when something asks for it.
 Stored next to events.jsonl as ``spans.bin`` (a cache: events.jsonl stays the
 canonical record). The file names the size and modification time of the
 events.jsonl it was built from; a table that no longer matches is ignored and
-rebuilt. Layout of ``spans.bin``: the line ``MLTRACE-SPANS``, the length of a
-JSON header (8 bytes, little-endian), the header (format version, the
-events.jsonl stamp, and dtype, offset and count of each array), then the
+rebuilt, and so is one whose CRC-32 does not match (a flipped byte would otherwise
+give wrong times silently). Layout of ``spans.bin``: the line ``MLTRACE-SPANS``, the
+length of a JSON header (8 bytes, little-endian), the header (format version, the
+events.jsonl stamp, dtype, offset and count of each array, and ``checksum``: the CRC-32 of
+the header's other fields as JSON and of every byte after the header's padding), then the
 arrays, little-endian, each at a 64-byte aligned offset (memory-mapped on read):
 
 - ``id``, ``parent_id`` (-1: none), ``start``, ``end``, ``track``: int64.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 TABLE_FILE = "spans.bin"
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: the header names a CRC-32 of itself and the data
 
 _LEVELS = {int(lv): lv for lv in Level}
 
@@ -264,9 +267,12 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
         placed[key] = [_DTYPES[key], offset, count]
         chunks.append((offset, raw))
         offset += -(-len(raw) // _ALIGN) * _ALIGN
-    header = json.dumps(
-        {"format": "mltrace-spans", "version": TABLE_VERSION, "events": _stamp(events), "arrays": placed}
-    ).encode()
+    fields: dict[str, Any] = {"format": "mltrace-spans", "version": TABLE_VERSION, "events": _stamp(events), "arrays": placed}
+    checksum = zlib.crc32(json.dumps(fields).encode())
+    for _, raw in chunks:  # the data region as the file holds it: each array, zero-padded to the next
+        checksum = zlib.crc32(raw, checksum)
+        checksum = zlib.crc32(bytes(-len(raw) % _ALIGN), checksum)
+    header = json.dumps({**fields, "checksum": checksum}).encode()
     base = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -277,6 +283,20 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
         f.truncate(base + offset)
     os.replace(tmp, path)
     return table
+
+
+def _checksum_matches(path: Path, header: dict[str, Any], base: int) -> bool:
+    """Whether the CRC-32 the header names is that of the header's other fields and of every
+    byte from ``base`` on (a flipped bit anywhere, or a truncated file, gives another)."""
+    expected = header.pop("checksum", None)
+    if not isinstance(expected, int):
+        return False
+    checksum = zlib.crc32(json.dumps(header).encode())
+    with open(path, "rb") as f:
+        f.seek(base)
+        while chunk := f.read(1 << 22):
+            checksum = zlib.crc32(chunk, checksum)
+    return checksum == expected
 
 
 def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
@@ -297,6 +317,8 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
         if header.get("events") != _stamp(events):
             return None
         base = -(-(len(_MAGIC) + 8 + int.from_bytes(head[len(_MAGIC) :], "little")) // _ALIGN) * _ALIGN
+        if not _checksum_matches(path, header, base):
+            return None
         size = path.stat().st_size
         arrays: dict[str, Any] = {}
         for key, (dtype, offset, count) in header["arrays"].items():
@@ -309,7 +331,7 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
         others = arrays["others"].tobytes()
         offsets = arrays["attr_offsets"]
         blob = arrays["attr_blob"]
-    except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError, AttributeError):
         return None
     n = len(columns["id"])
     if any(len(c) != n for c in columns.values()) or len(offsets) < 1:
