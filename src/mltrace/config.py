@@ -54,6 +54,11 @@ class ProfileOptions:
             counter track of allocated bytes per device (environment:
             ``MLTRACE_MEMORY=1``). Needs the op level; off by default (cost:
             docs/PERFORMANCE.md, "Memory").
+        redact: replace the values of secret-looking command arguments (``--token=…``,
+            ``--password …``, ``Authorization: …``) and user-span attributes by
+            ``[redacted]`` in the run (environment: ``MLTRACE_REDACT``, ``0`` to keep them;
+            ``run/redact.py``). Recorded environment variables with such names are
+            redacted either way.
         source_options: per-source settings, by source name.
     """
 
@@ -71,6 +76,7 @@ class ProfileOptions:
     max_spans: int | None = None
     stream_perfetto: bool = False
     memory: bool = False
+    redact: bool = True
     source_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -97,6 +103,8 @@ class ProfileOptions:
             kwargs["stream_perfetto"] = env["MLTRACE_STREAM_PERFETTO"].lower() in ("1", "true", "yes", "on")
         if "memory" not in kwargs and env.get("MLTRACE_MEMORY"):
             kwargs["memory"] = env["MLTRACE_MEMORY"].lower() in ("1", "true", "yes", "on")
+        if "redact" not in kwargs and env.get("MLTRACE_REDACT"):
+            kwargs["redact"] = env["MLTRACE_REDACT"].lower() not in ("0", "false", "no", "off")
         if "flush_interval_s" not in kwargs and env.get("MLTRACE_FLUSH_INTERVAL"):
             kwargs["flush_interval_s"] = env["MLTRACE_FLUSH_INTERVAL"]
         if kwargs.get("op_inferences") is None and env.get("MLTRACE_OP_INFERENCES"):

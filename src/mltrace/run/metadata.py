@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from mltrace._version import __version__
+from mltrace.run.redact import REDACTED, looks_secret, redact_command
 
 #: Distributions whose versions are recorded when installed (read from package
 #: metadata: nothing is imported).
@@ -27,8 +28,8 @@ FRAMEWORK_DISTRIBUTIONS = (
     "opentelemetry-sdk",
 )
 
-#: Environment variables worth recording (configuration that changes results).
-#: Values of anything else — tokens, keys, passwords — are never written.
+#: Environment variables worth recording (configuration that changes results). Nothing
+#: else is written, and the values of these whose names look secret are ``[redacted]``.
 RECORDED_ENV_PREFIXES = ("MLTRACE_", "OMP_", "MKL_", "ONEDNN_", "DNNL_", "CUDA_VISIBLE_DEVICES", "TF_NUM_", "TF_ENABLE_ONEDNN")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "HEADERS")
 
@@ -57,11 +58,13 @@ def installed_versions() -> dict[str, str]:
 
 
 def recorded_environment() -> dict[str, str]:
-    """The subset of the environment that configures performance, minus secrets."""
+    """The subset of the environment that configures performance; a variable whose name looks
+    secret (``redact.looks_secret``, or holds one of ``_SECRET_WORDS``) has its value replaced
+    by ``[redacted]``, whatever ``MLTRACE_REDACT`` says."""
     env: dict[str, str] = {}
     for k, v in os.environ.items():
-        if k.startswith(RECORDED_ENV_PREFIXES) and not any(w in k.upper() for w in _SECRET_WORDS):
-            env[k] = v
+        if k.startswith(RECORDED_ENV_PREFIXES):
+            env[k] = REDACTED if looks_secret(k) or any(w in k.upper() for w in _SECRET_WORDS) else v
     return env
 
 
@@ -78,14 +81,16 @@ def host_metadata() -> dict[str, Any]:
     }
 
 
-def base_metadata(command: list[str] | None, name: str) -> dict[str, Any]:
-    """The metadata known when a run starts."""
+def base_metadata(command: list[str] | None, name: str, *, redact: bool = True) -> dict[str, Any]:
+    """The metadata known when a run starts; with ``redact``, the command's secret-looking
+    values are ``[redacted]`` (``redact.redact_command``)."""
+    argv = command if command is not None else list(sys.argv)
     return {
         "format": "mltrace-run",
         "format_version": 1,
         "mltrace_version": __version__,
         "name": name,
-        "command": command if command is not None else list(sys.argv),
+        "command": redact_command(argv) if redact else argv,
         "cwd": os.getcwd(),
         "pid": os.getpid(),
         "host": host_metadata(),
@@ -108,6 +113,7 @@ def limitations(meta: dict[str, Any]) -> list[str]:
     """run.json's ``limitations`` as text (none where it is not a list)."""
     found = meta.get("limitations")
     return [str(x) for x in found] if isinstance(found, list) else []
+
 
 #: The type of each run.json field that readers use (a field may be absent; ``int`` excludes
 #: ``bool``). A run.json whose field has another type is refused with a line naming it.

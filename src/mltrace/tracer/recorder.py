@@ -17,6 +17,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from mltrace.run.redact import needs_redaction, redact_values
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Attrs, CounterSample, Event, Flow, Instant, Span, Track
@@ -51,6 +52,9 @@ class Recorder:
         #: Spans taken by ``drain`` so far (the session's span limit counts them).
         self.spans_drained = 0
         self._innermost: Callable[[], int | None] | None = None
+        #: Replace the values of secret-looking attribute names of user spans and instants
+        #: (``run/redact.py``; the session sets it from ``ProfileOptions.redact``).
+        self.redact = True
 
     def add_producer(
         self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes, int]] | None = None
@@ -87,7 +91,10 @@ class Recorder:
             return tid
 
     def begin(self, name: str, level: Level, attrs: Attrs | None = None, start_ns: int | None = None) -> Span:
-        """Opens a span as a child of the current context's innermost span."""
+        """Opens a span as a child of the current context's innermost span. A user span's
+        attributes whose names look secret are stored as ``[redacted]`` (``redact``)."""
+        if attrs and level is Level.USER and self.redact and needs_redaction(attrs):
+            attrs = redact_values(attrs)
         up = current_span.get()
         parent_id = up.id if up is not None else None
         if self._innermost is not None:
@@ -132,7 +139,9 @@ class Recorder:
         return len(spans)
 
     def instant(self, name: str, level: Level = Level.USER, attrs: Attrs | None = None) -> None:
-        """Records a point event on the calling thread's track."""
+        """Records a point event on the calling thread's track (attributes redacted as in ``begin``)."""
+        if attrs and level is Level.USER and self.redact and needs_redaction(attrs):
+            attrs = redact_values(attrs)
         self.instants.append(Instant(name, now_ns(), self._track_id(), level, attrs or {}))
 
     def counter(self, track: Track, value: float, ts_ns: int | None = None) -> None:

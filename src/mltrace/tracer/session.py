@@ -285,7 +285,8 @@ class Session:
         opts = self.options
         name = opts.name or "profile"
         self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name))
-        self.meta = base_metadata(opts.command, name)
+        self.meta = base_metadata(opts.command, name, redact=opts.redact)
+        self.recorder.redact = opts.redact
         self.meta["run_id"] = uuid.uuid4().hex
         from mltrace.exporters.otlp import capture_otel_parent, otel_parent_meta
 
