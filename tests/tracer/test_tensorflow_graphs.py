@@ -54,10 +54,9 @@ def traced(tmp_path: Path, body: Any, level: Level | None = None) -> Run:
     return mltrace.load_run(path)
 
 
-def json_report(tmp_path: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "mltrace", "report", str(tmp_path / "run"), "--format", "json"], capture_output=True, text=True, timeout=120
-    )
+def json_report(tmp_path: Path, *flags: str) -> dict[str, Any]:
+    args = [sys.executable, "-m", "mltrace", "report", str(tmp_path / "run"), "--format", "json", *flags]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
@@ -93,3 +92,64 @@ def test_evaluate_one_layer_span_per_layer_per_batch(tmp_path: Path) -> None:
     run = traced(tmp_path, lambda: model.evaluate(DATA[:12], targets, batch_size=4, verbose=0))
     assert layer_calls(run) == dict.fromkeys(LAYERS, 3)
     assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+
+
+def models_by_method(run: Run) -> Counter[tuple[str, str]]:
+    return Counter((s.name, s.attrs["ml.keras.method"]) for s in run.spans if s.level == Level.MODEL)
+
+
+def test_tf_function_and_saved_model_of_a_model_never_called_eagerly(tmp_path: Path) -> None:
+    """5 calls through tf.function and 3 through a reloaded SavedModel's signature: 8 model calls, each with its layers."""
+    model = build("tiny_graph")
+    serve = tf.function(lambda x: model(x, training=False))
+    batch = tf.constant(DATA[:2])
+    outputs: list[Any] = []
+
+    def body() -> None:
+        for _ in range(5):
+            outputs.append(serve(batch))
+        tf.saved_model.save(model, str(tmp_path / "saved"))
+        signature = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
+        for _ in range(3):
+            outputs.append(next(iter(signature(batch).values())))
+
+    run = traced(tmp_path, body)
+    np.testing.assert_allclose(np.asarray(outputs[-1]), np.asarray(outputs[0]), rtol=1e-5)
+    assert models_by_method(run) == {("tiny_graph", "tf.function"): 5, ("tiny_graph:serving_default", "saved_model"): 3}
+    assert layer_calls(run) == dict.fromkeys(LAYERS, 8)
+    by_id = run.span_by_id()
+    for s in run.spans:
+        if s.level == Level.LAYER:
+            assert by_id[s.parent_id].level == Level.MODEL and s.attrs["ml.layer.type"] == type(model.get_layer(s.name)).__name__
+    sig = next(s for s in run.spans if s.level == Level.MODEL and s.attrs["ml.keras.method"] == "saved_model")
+    assert sig.attrs["ml.tf.signature"] == "serving_default" and sig.attrs["ml.model.name"] == "tiny_graph"
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+    report = json_report(tmp_path, "--include-cold")
+    assert sum(m["calls"] for m in report["models"]) == 8
+    assert {row["name"]: row["calls"] for row in report["layers"]} == dict.fromkeys(LAYERS, 8)
+    # By default the cold calls (warm-up: tracing, oneDNN set-up) are left out of the layer rows.
+    report = json_report(tmp_path)
+    assert sorted((m["name"], m["calls"]) for m in report["models"]) == [("tiny_graph", 5), ("tiny_graph:serving_default", 3)]
+    cold = sum(m["cold_calls"] for m in report["models"])
+    assert {row["name"]: row["calls"] for row in report["layers"]} == dict.fromkeys(LAYERS, 8 - cold)
+
+
+def test_a_saved_model_this_process_never_built(tmp_path: Path) -> None:
+    """Saved before the session: the model and its top-level layers are read from the graph's name scopes."""
+    model = build("tiny_saved")
+    tf.saved_model.save(model, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    batch = tf.constant(DATA[:2])
+    run = traced(tmp_path, lambda: [loaded.signatures["serving_default"](batch) for _ in range(2)])
+    assert models_by_method(run) == {("tiny_saved:serving_default", "saved_model"): 2}
+    assert layer_calls(run) == dict.fromkeys(LAYERS, 2)
+    assert all(s.attrs["ml.tf.model_from_scopes"] for s in run.spans if s.level == Level.MODEL)
+
+
+def test_graph_calls_at_the_model_level_are_a_limitation(tmp_path: Path) -> None:
+    """--level model: the profiler does not run, so tf.function calls are not recorded, and the run says so."""
+    model = build("tiny_model_level")
+    serve = tf.function(lambda x: model(x, training=False))
+    run = traced(tmp_path, lambda: serve(tf.constant(DATA[:2])), level=Level.MODEL)
+    assert [s for s in run.spans if s.level == Level.MODEL] == []
+    assert any("tiny_model_level runs inside a tf.function" in line and "not recorded" in line for line in run.meta["limitations"])

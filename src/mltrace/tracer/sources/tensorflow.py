@@ -135,6 +135,7 @@ class TensorFlowSource:
         self._frameworks: FrameworkCode | None = None
         self._eager: Callable[[], bool] = lambda: True
         self._symbolic: type | None = None
+        self._model_cls: type | None = None
         self._onednn_env: str | None = None
         self._set_onednn = False
         self._ended_early = False  # the op level ended before the session (``end_early``)
@@ -377,6 +378,7 @@ class TensorFlowSource:
         if self._symbolic is not None and isinstance(x, self._symbolic):
             return None  # building a functional model: nothing runs
         if not self._eager():
+            self._graph_traced(layer)
             return None  # a tf.function is being traced: its ops run later, in the graph
         stack = self._stack()
         if not stack:
@@ -397,6 +399,24 @@ class TensorFlowSource:
         self._shapes(x, attrs, "input")
         self._recorded_layers = True
         return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
+
+    def _graph_traced(self, layer: Any) -> None:
+        """A Keras model traced into a graph (a ``tf.function``, a SavedModel being saved): its layer
+        paths are kept, so that the profiler's graph ops of its calls are read as its layers even when
+        it never runs eagerly. Models nested in a known model are its layers, not models."""
+        if self._model_cls is None or not isinstance(layer, self._model_cls) or layer in self._model_seen:
+            return
+        name = str(getattr(layer, "name", type(layer).__name__))
+        with self._lock:
+            self._model_seen.add(layer)
+            if any(name in info.layers for info in self._models.values()):
+                return
+            self._models.setdefault(name, KerasModelInfo(name, keras_layer_paths(layer)))
+        if not self._profile:
+            self._note(
+                f"Keras model {name} runs inside a tf.function (or a SavedModel): its calls are read from the "
+                "TensorFlow profiler, which runs at the layer and op levels only, so they are not recorded at this level"
+            )
 
     def _model_frame(self, model: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], eager: bool) -> list[Any]:
         name = str(getattr(model, "name", type(model).__name__))
@@ -554,6 +574,12 @@ class TensorFlowSource:
                 )
                 events.extend(converted.events())
                 info["profiles"].append(converted.stats.as_dict())
+        unmatched = sum(p["function_calls_unmatched"] for p in info["profiles"])
+        if unmatched:
+            self._note(
+                f"{unmatched} graph-function call(s) (tf.function, SavedModel) ran ops under no known Keras model's "
+                "name scope: they are not model calls, their ops are left out"
+            )
         if self._live or self._logdirs:
             session.meta.setdefault("sources_info", {})[self.name] = {**info, "problems": list(self._problems)}
         for problem in self._problems:

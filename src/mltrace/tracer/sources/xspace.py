@@ -58,6 +58,7 @@ SYNTHETIC_TID_BASE = 0x40000000
 
 _OP_EVENT = re.compile(r"(?P<node>[^:]+):(?P<type>[A-Za-z_][A-Za-z0-9_]*)\Z")
 _UNIQUIFIER = re.compile(r"(.+)_\d+\Z")
+_WRAPPER_SCOPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 _M64 = (1 << 64) - 1
 _MUL = (0xC6A4A793 << 32) + 0x5BD1E995
 _SEED = 0xC70F6907
@@ -253,10 +254,13 @@ class KerasModelInfo:
     Attributes:
         name: the model's name (``"mobilenetv2_1.00_96"``).
         layers: layer path (``"Conv1"``, ``"head/fc1"``) → layer class name.
+        from_scopes: read from graph node names (``models_from_scopes``), not
+            from the Keras model itself.
     """
 
     name: str
     layers: Mapping[str, str]
+    from_scopes: bool = False
 
 
 def _unscope(component: str, known: Callable[[str], bool], strip_first: bool) -> str | None:
@@ -354,6 +358,8 @@ class XSpaceStats:
         op_spans: op spans made.
         ops_outside_layers: op spans of a model outside every layer.
         function_models: model spans made for ``tf.function`` calls.
+        function_calls_unmatched: graph-function calls outside model spans
+            whose ops led to no Keras model (not recorded as model calls).
         fragments_merged: layer spans folded into another span of the same
             layer call (one layer span per layer per call).
         skipped: events not converted, by reason.
@@ -370,6 +376,7 @@ class XSpaceStats:
     ops_outside_layers: int = 0
     function_models: int = 0
     fragments_merged: int = 0
+    function_calls_unmatched: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unknown_scopes: list[str] = field(default_factory=list)
     lines_matched: int = 0
@@ -386,6 +393,7 @@ class XSpaceStats:
             "ops_outside_layers": self.ops_outside_layers,
             "function_models": self.function_models,
             "fragments_merged": self.fragments_merged,
+            "function_calls_unmatched": self.function_calls_unmatched,
             "skipped": dict(self.skipped),
             "unknown_scopes": list(self.unknown_scopes),
             "lines_matched": self.lines_matched,
@@ -584,6 +592,101 @@ def merge_layer_fragments(layers: Sequence[Span], model_id: int, work: Mapping[i
     return merged
 
 
+def _ops_by_function_call(
+    graph: Sequence[_GraphOp], pending: Sequence[int], functions: Sequence[tuple[int, int, XEventRow]], live: _Intervals
+) -> list[tuple[tuple[int, int, XEventRow], list[int]]]:
+    """The graph ops (indices in ``pending``) inside each graph-function call outside the live model spans, in call order."""
+    outside = [(s, e, row) for s, e, row in functions if live.containing(s, e) is None]
+    calls = _Intervals([(s, e, k) for k, (s, e, _) in enumerate(outside)])
+    by_call: dict[int, list[int]] = {}
+    for i in pending:
+        k = calls.containing(graph[i][0], graph[i][1])
+        if k is not None:
+            by_call.setdefault(k, []).append(i)
+    return [(outside[k], idxs) for k, idxs in sorted(by_call.items(), key=lambda kv: (outside[kv[0]][0], outside[kv[0]][1]))]
+
+
+def function_entry(function: str) -> tuple[str, str]:
+    """A graph function's runtime name → (Keras method, entry point).
+
+    ``__inference_signature_wrapper_serving_default_401`` (a reloaded
+    SavedModel's signature) → ``("saved_model", "serving_default")``;
+    ``__inference_restored_function_body_12`` (a reloaded ``tf.function``
+    attribute, e.g. ``model.export``'s ``serve``) → ``("saved_model",
+    "restored_function")``; anything else (``__inference_serve_88``, a
+    ``tf.function`` of the program) → ``("tf.function", "serve")``.
+    """
+    base = re.sub(r"_\d+\Z", "", function.removeprefix("__inference_"))
+    if base.startswith("signature_wrapper_"):
+        return "saved_model", base.removeprefix("signature_wrapper_")
+    if base == "restored_function_body":
+        return "saved_model", "restored_function"
+    return "tf.function", base
+
+
+def models_from_scopes(nodes: Iterable[str]) -> dict[str, KerasModelInfo]:
+    """Keras models guessed from graph node names alone (a SavedModel whose Keras model this process never saw).
+
+    Wrapper scopes (``StatefulPartitionedCall``, ``PartitionedCall``) are
+    skipped; the next scope, less its ``_<n>`` suffix, is the model and the one
+    after it a top-level layer (type unknown). Nodes with fewer scopes add
+    nothing.
+    """
+    layers: dict[str, dict[str, str]] = {}
+    for node in nodes:
+        comps = [c for c in node.split("/") if c not in _WRAPPER_SCOPES]
+        if len(comps) < 3:
+            continue
+        model, layer = (_UNIQUIFIER.sub(r"\1", c) for c in comps[:2])
+        layers.setdefault(model, {})[layer] = ""
+    return {name: KerasModelInfo(name, paths, from_scopes=True) for name, paths in layers.items()}
+
+
+def _function_model(
+    call: tuple[int, int, XEventRow],
+    nodes: Sequence[str],
+    known: dict[str, KerasModelInfo],
+    new_id: Callable[[], int],
+    track_id: int,
+    pythons: Mapping[int, tuple[int, str]],
+    out: XSpaceEvents,
+) -> LiveModelSpan | None:
+    """A model span for one graph-function call whose ops ran a Keras model (None: no model found).
+
+    The model is the known one most of the call's nodes lead to, else, for a
+    SavedModel, one read from the node names (``models_from_scopes``, added to
+    ``known``). A ``tf.function`` call is
+    named by the model; a SavedModel signature by ``<model>:<signature>``.
+    """
+    start, end, row = call
+    method, entry = function_entry(str(row.stats["eager_op"]))
+    names = Counter(found[0].name for node in nodes if (found := layer_of_node(node, known)) is not None)
+    if not names and method == "saved_model":
+        for info in models_from_scopes(nodes).values():
+            known.setdefault(info.name, info)
+        names = Counter(found[0].name for node in nodes if (found := layer_of_node(node, known)) is not None)
+    if not names:
+        return None
+    model_name = names.most_common(1)[0][0]
+    guessed = known[model_name].from_scopes
+    attrs: dict[str, Any] = {
+        "ml.framework": "tensorflow",
+        "ml.layer.type": "Model",
+        "ml.keras.method": method,
+        "ml.tf.function": row.stats["eager_op"],
+        "ml.model.name": model_name,
+    }
+    if method == "saved_model":
+        attrs["ml.tf.signature"] = entry
+    if guessed:
+        attrs["ml.tf.model_from_scopes"] = True
+    name = f"{model_name}:{entry}" if method == "saved_model" else model_name
+    sid = new_id()
+    out.spans.append(Span(sid, None, Level.MODEL, name, start, end, track_id, attrs))
+    out.stats.function_models += 1
+    return LiveModelSpan(sid, start, end, pythons.get(row.line_id, (0, ""))[0], model_name, False)
+
+
 def xspace_to_events(
     profile: HostProfile,
     *,
@@ -626,7 +729,7 @@ def xspace_to_events(
     """
     stats = XSpaceStats(events=len(profile.events))
     out = XSpaceEvents(stats=stats)
-    known = models or {}
+    known = dict(models or {})
     pythons = python_threads or {}
     skipped: Counter[str] = Counter()
     used: dict[int, Track] = {}
@@ -661,31 +764,12 @@ def xspace_to_events(
     pending = [i for i, o in enumerate(owner) if o is None]
     made_ids: set[int] = set()
     if pending and functions:
-        calls = _Intervals([(s, e, (s, e, row)) for s, e, row in functions if live.containing(s, e) is None])
-        by_call: dict[tuple[int, int, int], list[int]] = {}
-        for i in pending:
-            s, e = graph[i][0], graph[i][1]
-            call = calls.containing(s, e)
-            if call is not None:
-                by_call.setdefault((call[0], call[1], call[2].line_id), []).append(i)
-        for (cs, ce, line_id), idxs in sorted(by_call.items()):
-            names = Counter(info.name for i in idxs if (found := layer_of_node(graph[i][3], known)) is not None for info in (found[0],))
-            if not names:
+        for call, idxs in _ops_by_function_call(graph, pending, functions, live):
+            made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out)
+            if made is None:
+                stats.function_calls_unmatched += 1
                 continue
-            model_name = names.most_common(1)[0][0]
-            row = next(r for s, e, r in functions if s == cs and e == ce and r.line_id == line_id)
-            t = track_of(line_id)
-            sid = new_id()
-            attrs = {
-                "ml.framework": "tensorflow",
-                "ml.layer.type": "Model",
-                "ml.keras.method": "tf.function",
-                "ml.tf.function": row.stats["eager_op"],
-            }
-            out.spans.append(Span(sid, None, Level.MODEL, model_name, cs, ce, t.id, attrs))
-            stats.function_models += 1
-            made = LiveModelSpan(sid, cs, ce, pythons.get(line_id, (0, ""))[0], model_name, False)
-            made_ids.add(sid)
+            made_ids.add(made.span_id)
             for i in idxs:
                 owner[i] = made
 
