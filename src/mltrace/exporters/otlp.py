@@ -690,12 +690,12 @@ def export_otlp(
             OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else guesses from the URL
             (port 4318 or a ``/v1/traces`` path: HTTP), else gRPC.
         trace_per: "invocation" (one trace per outermost model span) or "run".
-        timeout_s: the longest (s) a down, refusing or stalled receiver can
-            hold the caller: each request, retries included, must complete
-            within it, and the first request that does not ends the export
-            (the rest is counted as dropped). Time spent encoding and sending
-            to a healthy receiver is not limited. None: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT
-            (seconds, as the Python SDK reads it), else 5 s.
+        timeout_s: the deadline (s) of the whole export, encoding, requests and
+            retries included: each request gets what is left of it, and the first
+            one that does not complete in time ends the export (it and the rest
+            are counted as not delivered; a receiver that answered late may still
+            have that request). None: OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT (seconds,
+            as the Python SDK reads it), else 5 s.
         parent: ``(trace_id, span_id)`` of an OpenTelemetry span to hang the
             run's root spans under (same trace); None uses ``run.meta["otel_parent"]``.
         log_failure: log a failure as one warning; False leaves reporting it to the
@@ -784,6 +784,7 @@ def _send(
             end_time=m.end_ns,
         )
 
+    deadline = time.monotonic() + timeout  # one deadline for the whole export, retries included
     try:
         exporter = _make_exporter(proto, url, timeout)
     except ImportError:
@@ -797,9 +798,18 @@ def _send(
 
         for chunk in _chunks(mapper):
             spans = [readable(m) for m in chunk]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                result.errors.append(f"the {timeout:g} s deadline for the whole export passed before request {result.batches + 1}")
+                break
+            # The SDK's timeout bounds one request and its retries: each gets what is left.
+            exporter.shutdown()
+            exporter = _make_exporter(proto, url, left)
             outcome = exporter.export(spans)
             if outcome is not SpanExportResult.SUCCESS:
                 why = capture.last or "the receiver did not accept the request"
+                if time.monotonic() >= deadline:
+                    why = f"not acknowledged within the {timeout:g} s deadline for the whole export (the receiver may still have it)"
                 result.errors.append(f"request {result.batches + 1} ({len(spans)} spans): {why}")
                 break
             result.spans_sent += len(spans)
