@@ -91,8 +91,9 @@ def test_json_report_follows_the_schema(traced: Path) -> None:
     assert rc == 0, err
     data = json.loads(out)
     assert errors(data, REPORT_SCHEMA) == []
-    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate"]
+    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate", "memory"]
     assert data["generate"] == []  # no generate() call in this run
+    assert data["memory"] is None  # recorded without --memory
     (model,) = data["models"]
     assert model["name"] == "Net" and model["calls"] == 3
     layers = {x["name"]: x for x in data["layers"]}

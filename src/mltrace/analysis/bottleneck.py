@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
 from mltrace.analysis.generation import GenerateCall, generate_calls
+from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.peaks import Peaks, PeakSet, is_half, raised
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.store import Run
@@ -474,6 +475,8 @@ class Analysis:
         include_cold: whether the tables count the cold calls; when False every
             table, verdict and finding is over the steady calls only.
         generation: the run's ``generate()`` calls (``analysis.generation``).
+        memory: allocations and peaks per layer and op (``analysis.memory``), or None in a
+            run recorded without ``--memory``.
     """
 
     breakdown: Breakdown
@@ -492,6 +495,7 @@ class Analysis:
     cold: ColdStart = field(default_factory=ColdStart)
     include_cold: bool = True
     generation: list[GenerateCall] = field(default_factory=list)
+    memory: MemoryReport | None = None
 
     def cold_text(self) -> str:
         """One line on the cold calls and whether the tables count them ("" when there are none)."""
@@ -610,6 +614,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
 
     cold = find_cold_start(run)
     generation = generate_calls(run)  # a generate() call's first model call is its prefill, cold or not
+    whole = run
     if not include_cold and cold.rows is not None:
         run = without_rows(run, cold.rows)
     g = gather(run)
@@ -672,6 +677,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         cold=cold,
         include_cold=include_cold,
         generation=generation,
+        memory=memory_report(whole, run),
     )
 
 

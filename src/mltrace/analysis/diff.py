@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mltrace.analysis.bottleneck import Analysis, NameRow, analyze
+from mltrace.analysis.memory import MemoryChange, memory_diff
 from mltrace.run.store import Run
 from mltrace.tracer.levels import HIERARCHY, Level
 
@@ -70,6 +71,8 @@ class RunDiff:
         types: layer types (self time).
         ops: op names (total time).
         kernels: GPU kernel names (total time).
+        memory: memory peaks, A against B (``analysis.memory.memory_diff``; empty when
+            neither run was recorded with ``--memory``).
     """
 
     a_name: str
@@ -85,6 +88,7 @@ class RunDiff:
     types: list[DiffRow] = field(default_factory=list)
     ops: list[DiffRow] = field(default_factory=list)
     kernels: list[DiffRow] = field(default_factory=list)
+    memory: list[MemoryChange] = field(default_factory=list)
 
     def row(self, section: str, name: str) -> DiffRow | None:
         """The row named ``name`` in ``section`` ("layers", "types", "ops", "kernels"), or None."""
@@ -176,6 +180,7 @@ def diff_analyses(
     sa, sb = scales(Level.OP)
     out.ops = _section(_names(a.ops), _names(b.ops), sa, sb, threshold, min_delta_ns)
     out.kernels = _section(_names(a.kernels), _names(b.kernels), sa, sb, threshold, min_delta_ns)
+    out.memory = memory_diff(a.memory, b.memory)
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
 from mltrace.analysis.codepaths import source_line, split_location
 from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
+from mltrace.analysis.memory import MemoryReport, MemoryRow
 
 __all__ = ["build_report", "call_durations", "findings", "hot_lines", "percentile_ns"]
 from mltrace.analysis.peaks import Peaks
@@ -32,19 +33,39 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         a: its analysis (``analysis.bottleneck.analyze``).
 
     Returns:
-        ``{"run", "models", "layers", "ops", "findings", "generate"}``; times in ns.
+        ``{"run", "models", "layers", "ops", "findings", "generate", "memory"}``; times in
+        ns, memory in bytes.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
     hot = hot_lines(run, [r.stat.name for r in layer_rows])
+    mem = a.memory
+    mem_layers = {r.name: r for r in mem.layers if r.level is Level.LAYER} if mem is not None else {}
+    mem_ops = {r.name: r for r in mem.ops} if mem is not None else {}
     return {
         "run": _run_entry(run, a),
         "models": [_model_entry(run, r, a.cold.model(r.stat.name)) for r in rows if r.stat.level is Level.MODEL],
-        "layers": [_layer_entry(r, hot.get(r.stat.name, [])) for r in layer_rows],
-        "ops": [_op_entry(r) for r in a.ops],
+        "layers": [_layer_entry(r, hot.get(r.stat.name, [])) | _memory_of(mem_layers.get(r.stat.name)) for r in layer_rows],
+        "ops": [_op_entry(r) | _memory_of(mem_ops.get(r.name)) for r in a.ops],
         "findings": findings(a),
         "generate": [g.as_dict() for g in a.generation],
+        "memory": _memory_entry(mem),
     }
+
+
+def _memory_of(row: MemoryRow | None) -> dict[str, int | None]:
+    """A layer's or op's ``alloc_bytes`` and ``peak_alloc_bytes`` (null where not recorded)."""
+    if row is None:
+        return {"alloc_bytes": None, "peak_alloc_bytes": None}
+    return {"alloc_bytes": row.alloc_bytes, "peak_alloc_bytes": row.peak_bytes}
+
+
+def _memory_entry(mem: MemoryReport | None) -> dict[str, Any] | None:
+    """The run's memory peaks per device (null for a run recorded without ``--memory``)."""
+    if mem is None:
+        return None
+    keys = ("track", "device", "bytes", "ts_ns", "layer", "samples")
+    return {"peaks": [{k: getattr(p, k) for k in keys} for p in mem.peaks]}
 
 
 def hot_lines(run: Run, names: list[str]) -> dict[str, list[tuple[str, int]]]:

@@ -91,6 +91,8 @@ LAYER = _object(
         "verdict": _VERDICT,
         "why": _OPT_STR,
         "hot_lines": _array(_HOT_LINE),
+        "alloc_bytes": _OPT_INT,
+        "peak_alloc_bytes": _OPT_INT,
     }
 )
 OP = _object(
@@ -106,8 +108,12 @@ OP = _object(
         "peak_share": _OPT_NUM,
         "verdict": _VERDICT,
         "why": _OPT_STR,
+        "alloc_bytes": _OPT_INT,
+        "peak_alloc_bytes": _OPT_INT,
     }
 )
+MEMORY_PEAK = _object({"track": _STR, "device": _INT, "bytes": _INT, "ts_ns": _INT, "layer": _OPT_STR, "samples": _INT})
+MEMORY = {"type": ["object", "null"], "properties": {"peaks": _array(MEMORY_PEAK)}, "required": ["peaks"], "additionalProperties": False}
 FINDING = _object(
     {
         "kind": {
@@ -145,6 +151,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "ops": _array(OP),
             "findings": _array(FINDING),
             "generate": _array(GENERATE),
+            "memory": MEMORY,
         }
     ),
 }

@@ -11,6 +11,7 @@ from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verd
 from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import location, source_line, split_location
 from mltrace.analysis.diff import RunDiff
+from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
@@ -172,6 +173,8 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
     _gpu_groups(console, run, top)
     _name_table(console, "By CUDA API call (CPU side)", a.runtime[:top])
+    if a.memory is not None:
+        _memory(console, a.memory, top)
     missing = unrecorded_levels(meta)
     if missing:
         console.print("[dim]Not recorded — " + "; ".join(missing) + "[/dim]")  # type: ignore[attr-defined]
@@ -355,6 +358,23 @@ def _why_table(console: object, rows: list[LayerRow]) -> None:
     console.print(table)  # type: ignore[attr-defined]
 
 
+def _memory(console: object, mem: MemoryReport, top: int) -> None:
+    """The memory section: each device's peak and the layer holding it, then the layers by
+    peak and the ops by allocated bytes."""
+    for p in mem.peaks:
+        where = f" in {_esc(p.layer)}" if p.layer else ""
+        console.print(f"Memory peak {_esc(p.track)}: {fmt_si(p.bytes, 'B')}{where} [dim]({p.samples} samples)[/dim]")  # type: ignore[attr-defined]
+    for title, rows in (("Memory by layer (peak of one call)", mem.layers), ("Memory by op (allocated)", mem.ops)):
+        if not rows:
+            continue
+        cols = ("name", "calls", "peak", "allocated", "freed", "device")
+        table = _table(title, [(col, col not in ("name", "device")) for col in cols])
+        for r in rows[:top]:
+            cells = (fmt_si(r.peak_bytes, "B"), fmt_si(r.alloc_bytes, "B"), fmt_si(r.freed_bytes, "B"), r.device)
+            table.add_row(_esc(r.name), str(r.calls), *cells)
+        console.print(table)  # type: ignore[attr-defined]
+
+
 def _name_table(console: object, title: str, rows: list[NameRow], ops: bool = False, detail: str = "") -> None:
     if not rows:
         return
@@ -414,6 +434,13 @@ def render_diff(d: RunDiff, top: int = 15, file: IO[str] | None = None, width: i
             console.print(table)  # type: ignore[attr-defined]
         else:
             console.print(f"[dim]{title}: no changes over the threshold[/dim]")  # type: ignore[attr-defined]
+    if d.memory:
+        mt = _table("Memory peaks (a layer's: of one call)", [(col, col != "name") for col in ("name", "A", "B", "change")])
+        for m in d.memory[:top]:
+            a_cell, b_cell = (fmt_si(v, "B") if v is not None else "" for v in (m.a_bytes, m.b_bytes))
+            change = _change(m.a_bytes, m.b_bytes) if m.a_bytes is not None and m.b_bytes is not None else ""
+            mt.add_row(_esc(m.name), a_cell, b_cell, change)
+        console.print(mt)  # type: ignore[attr-defined]
 
 
 _STATUS_STYLE = {"slower": "red", "faster": "green", "added": "yellow", "removed": "yellow"}
