@@ -127,6 +127,17 @@ def test_tf_function_and_saved_model_of_a_model_never_called_eagerly(tmp_path: P
     report = json_report(tmp_path, "--include-cold")
     assert sum(m["calls"] for m in report["models"]) == 8
     assert {row["name"]: row["calls"] for row in report["layers"]} == dict.fromkeys(LAYERS, 8)
+    # FLOPs by hand for a batch of 2 (16x16 images, 3x3 kernels): 2 x output elements x inner dimension.
+    per_call = {
+        "stem_conv": 2 * (2 * 16 * 16 * 8) * 27,
+        "block_conv": 2 * (2 * 16 * 16 * 8) * 72,
+        "fc": 2 * 2 * 16 * 8,
+        "classifier": 2 * 2 * 4 * 16,
+    }
+    assert {row["name"]: row["flops"] for row in report["layers"]} == {
+        **dict.fromkeys(LAYERS, 0.0),
+        **{k: 8.0 * v for k, v in per_call.items()},
+    }
     # By default the cold calls (warm-up: tracing, oneDNN set-up) are left out of the layer rows.
     report = json_report(tmp_path)
     assert sorted((m["name"], m["calls"]) for m in report["models"]) == [("tiny_graph", 5), ("tiny_graph:serving_default", 3)]

@@ -44,10 +44,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mltrace.tracer.callsite import FrameworkCode, defined_attrs, frame_site
+from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.tf_flops import FlopTable, graph_work
 from mltrace.tracer.sources.xspace import (
+    FunctionCall,
     KerasModelInfo,
     LiveModelSpan,
     find_xplane_files,
@@ -141,6 +144,8 @@ class TensorFlowSource:
         self._ended_early = False  # the op level ended before the session (``end_early``)
         self._recorded_layers = False  # any eager layer span so far
         self._after_start: list[Callable[[], None]] = []
+        self._function_calls: list[FunctionCall] = []
+        self._function_graphs: dict[str, Any] = {}  # runtime function name → its FuncGraph
 
     def available(self) -> str | None:
         if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
@@ -226,6 +231,8 @@ class TensorFlowSource:
             self._orig_start, self._orig_stop = profiler_v2.start, profiler_v2.stop
             self._patch_profiler_api(profiler_v2)
             self._start_profiler()
+            if self._session is not None and Level.OP in self._session.levels:
+                self._patch_function_calls()
         except Exception as exc:
             self._warn(f"could not start the TensorFlow profiler ({exc}); only model and eager layer spans are recorded")
 
@@ -326,6 +333,56 @@ class TensorFlowSource:
                 self._patch(module, "start", start)
             if getattr(module, "stop", None) is orig_stop:
                 self._patch(module, "stop", stop)
+
+    def _patch_function_calls(self) -> None:
+        """Records each graph-function call's name, times and batch size, and its function's graph (for
+        FLOPs, ``tf_flops``): every ``tf.function`` and SavedModel call runs ``ConcreteFunction._call_flat``."""
+        try:
+            from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+        except Exception as exc:
+            self._note(f"graph-function calls cannot be followed in this TensorFlow ({exc}): no FLOPs for graph ops")
+            return
+        orig = ConcreteFunction.__dict__["_call_flat"]
+        source = self
+
+        def _call_flat(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not source._profiling:
+                return orig(fn, *args, **kwargs)
+            start = now_ns()
+            try:
+                return orig(fn, *args, **kwargs)
+            finally:
+                source._function_called(fn, args, start, now_ns())
+
+        _call_flat.__wrapped__ = orig  # type: ignore[attr-defined]
+        self._patch(ConcreteFunction, "_call_flat", _call_flat)
+
+    def _function_called(self, fn: Any, args: tuple[Any, ...], start: int, end: int) -> None:
+        """Keeps one graph-function call (never raises into the program)."""
+        try:
+            raw = fn.name
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if name not in self._function_graphs:
+                self._function_graphs[name] = fn.graph
+            batch = None
+            for t in args[0] if args and isinstance(args[0], (list, tuple)) else ():
+                shape = getattr(t, "shape", None)
+                if shape is not None and len(shape) >= 1 and shape[0] is not None:
+                    batch = int(shape[0])
+                    break
+            self._function_calls.append(FunctionCall(start, end, name, batch))
+        except Exception:
+            pass
+
+    def _function_flops(self) -> dict[str, FlopTable]:
+        """The counted ops of each graph function that ran (``tf_flops.graph_work``)."""
+        tables: dict[str, FlopTable] = {}
+        for name, graph in self._function_graphs.items():
+            try:
+                tables[name] = graph_work(graph)
+            except Exception as exc:
+                self._note(f"could not count the FLOPs of {name}: {exc}")
+        return tables
 
     def _maybe_onednn(self) -> None:
         """Turns TensorFlow's oneDNN verbose output on for the cpu.library source, when it can be."""
@@ -543,6 +600,7 @@ class TensorFlowSource:
             for logdir in self._logdirs:
                 shutil.rmtree(logdir, ignore_errors=True)
             self._logdirs.clear()
+            self._function_graphs.clear()
         return events
 
     def _collect(self, session: Session) -> list[Event]:
@@ -552,6 +610,7 @@ class TensorFlowSource:
         for t in threading.enumerate():
             if t.ident is not None and t.native_id is not None:
                 threads.setdefault(std_thread_hash(t.ident), (t.native_id, t.name))
+        flops = self._function_flops()
         for logdir in self._logdirs:
             for path in find_xplane_files(logdir):
                 try:
@@ -571,6 +630,8 @@ class TensorFlowSource:
                     live_models=self._live,
                     models=self._models,
                     python_threads=threads,
+                    function_calls=self._function_calls,
+                    function_flops=flops,
                 )
                 events.extend(converted.events())
                 info["profiles"].append(converted.stats.as_dict())

@@ -42,6 +42,7 @@ from typing import Any
 
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span, Track
+from mltrace.tracer.sources.tf_flops import FlopTable
 from mltrace.tracer.tracks import TrackRegistry
 
 HOST_PLANE = "/host:CPU"
@@ -360,6 +361,7 @@ class XSpaceStats:
         function_models: model spans made for ``tf.function`` calls.
         function_calls_unmatched: graph-function calls outside model spans
             whose ops led to no Keras model (not recorded as model calls).
+        ops_with_flops: graph op spans given ``ml.flops``.
         fragments_merged: layer spans folded into another span of the same
             layer call (one layer span per layer per call).
         skipped: events not converted, by reason.
@@ -377,6 +379,7 @@ class XSpaceStats:
     function_models: int = 0
     fragments_merged: int = 0
     function_calls_unmatched: int = 0
+    ops_with_flops: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unknown_scopes: list[str] = field(default_factory=list)
     lines_matched: int = 0
@@ -394,6 +397,7 @@ class XSpaceStats:
             "function_models": self.function_models,
             "fragments_merged": self.fragments_merged,
             "function_calls_unmatched": self.function_calls_unmatched,
+            "ops_with_flops": self.ops_with_flops,
             "skipped": dict(self.skipped),
             "unknown_scopes": list(self.unknown_scopes),
             "lines_matched": self.lines_matched,
@@ -687,6 +691,41 @@ def _function_model(
     return LiveModelSpan(sid, start, end, pythons.get(row.line_id, (0, ""))[0], model_name, False)
 
 
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A graph-function call as Python made it (``ConcreteFunction._call_flat``).
+
+    Attributes:
+        start_ns: its start (ns, session clock).
+        end_ns: its end (ns, session clock).
+        function: the function's runtime name (the profiler's ``eager_op``).
+        batch: the first dimension of its first input, None if unknown.
+    """
+
+    start_ns: int
+    end_ns: int
+    function: str
+    batch: int | None
+
+
+class _FunctionWork:
+    """FLOPs of the graph ops of one function call, from its function's ``FlopTable`` and the call's batch size."""
+
+    def __init__(self, calls: Sequence[FunctionCall], tables: Mapping[str, FlopTable]) -> None:
+        self.calls = _Intervals([(c.start_ns, c.end_ns, c) for c in calls])
+        self.tables = tables
+
+    def flops(self, graph: Sequence[_GraphOp], idxs: Sequence[int], call: tuple[int, int, str] | None) -> list[float | None]:
+        """``ml.flops`` of each op in ``idxs`` (time order) run by ``call`` (start, end, function name)."""
+        table = self.tables.get(call[2]) if call is not None else None
+        if call is None or table is None:
+            return [None] * len(idxs)
+        name = call[2]
+        mid = (call[0] + call[1]) // 2  # the two clocks agree to a few µs; the Python call holds the middle
+        py = self.calls.containing(mid, mid, lambda c: c.function == name)
+        return table.take(((graph[i][3], graph[i][4]) for i in idxs), py.batch if py is not None else None)
+
+
 def xspace_to_events(
     profile: HostProfile,
     *,
@@ -698,6 +737,8 @@ def xspace_to_events(
     models: Mapping[str, KerasModelInfo] | None = None,
     python_threads: Mapping[int, tuple[int, str]] | None = None,
     pid: int | None = None,
+    function_calls: Sequence[FunctionCall] = (),
+    function_flops: Mapping[str, FlopTable] | None = None,
 ) -> XSpaceEvents:
     """Converts a host profile into layer and op spans under the model spans.
 
@@ -723,6 +764,9 @@ def xspace_to_events(
         python_threads: ``std_thread_hash(ident)`` → (OS thread id, name) of
             Python threads; their lines go on the threads' own tracks.
         pid: the process id for thread tracks (default: the registry's).
+        function_calls: graph-function calls seen from Python (their batch sizes).
+        function_flops: counted ops of each graph function by name (``tf_flops``);
+            graph ops of a function call get ``ml.flops`` from them.
 
     Returns:
         The spans (explicit parents) and stats.
@@ -763,6 +807,7 @@ def xspace_to_events(
     owner: list[LiveModelSpan | None] = [live.containing(s, e) for s, e, *_ in graph]
     pending = [i for i, o in enumerate(owner) if o is None]
     made_ids: set[int] = set()
+    call_of: dict[Any, tuple[int, int, str]] = {}  # model span id or step → (start, end, function name)
     if pending and functions:
         for call, idxs in _ops_by_function_call(graph, pending, functions, live):
             made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out)
@@ -770,12 +815,15 @@ def xspace_to_events(
                 stats.function_calls_unmatched += 1
                 continue
             made_ids.add(made.span_id)
+            call_of[made.span_id] = (call[0], call[1], str(call[2].stats["eager_op"]))
             for i in idxs:
                 owner[i] = made
 
     # Layer spans from name scopes, per (model span, step): a graph model call (predict,
     # evaluate) runs one graph function per batch; each is one call of each layer.
     steps = _Intervals([(s, e, (s, e, row.line_id)) for s, e, row in functions if live.containing(s, e) is not None])
+    call_of.update({(s, e, row.line_id): (s, e, str(row.stats["eager_op"])) for s, e, row in functions})
+    work = _FunctionWork(function_calls, function_flops or {})
     groups: dict[tuple[int, tuple[int, int, int] | None], list[int]] = {}
     for i, o in enumerate(owner):
         if o is None:
@@ -810,10 +858,15 @@ def xspace_to_events(
             out.spans.append(span)
         stats.layer_spans += len(moved.kept)
         if want_op:
-            for i in idxs:
+            idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
+            flops = work.flops(graph, idxs, call_of.get(key[1] if key[1] is not None else model_id))
+            for i, f in zip(idxs, flops):
                 s, e, row, node, op_type = graph[i]
                 parent = moved.resolve(parent_of[i])
-                attrs = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
+                attrs: dict[str, Any] = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
+                if f is not None:
+                    attrs["ml.flops"] = f
+                    stats.ops_with_flops += 1
                 out.spans.append(Span(new_id(), parent, Level.OP, op_type, s, e, track_of(row.line_id).id, attrs))
                 stats.op_spans += 1
                 stats.ops_outside_layers += parent == model_id

@@ -1,0 +1,185 @@
+"""FLOP counts of TensorFlow graph ops, from the graph's static shapes (pure functions).
+
+TensorFlow's profiler records no shapes for CPU graph ops, and its runtime ops
+are rewritten (``Conv2D`` + ``BiasAdd`` + ``Relu`` run as one
+``_MklNativeFusedConv2D`` named after the ``Relu``). So the work is counted on
+the Python graph of the function that ran (``graph_work``: every ``Conv2D``,
+``Conv3D``, ``DepthwiseConv2dNative``, ``MatMul`` and ``BatchMatMul*`` by its
+name scope, nested function calls included, as a SavedModel signature calls
+its model's function), and handed to the runtime ops of the same scope and
+kind in order (``FlopTable.take``). A shape whose batch dimension is unknown
+(a SavedModel signature: ``(None, 16, 16, 3)``) is counted per batch row and
+scaled by the call's batch size.
+
+Counts are multiply-adds × 2: a convolution's output elements × its kernel
+volume × input channels per group; a depthwise convolution's output elements
+× its kernel area; a matrix product's output elements × its inner dimension.
+Bias adds and activations fused into them are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+#: Graph op type → kind of work.
+GRAPH_KINDS = {
+    "Conv2D": "conv",
+    "Conv3D": "conv",
+    "DepthwiseConv2dNative": "depthwise",
+    "MatMul": "matmul",
+    "BatchMatMul": "matmul",
+    "BatchMatMulV2": "matmul",
+    "BatchMatMulV3": "matmul",
+}
+_CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+_WRAPPER_SCOPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+
+Shape = Sequence[int | None]
+
+
+def runtime_kind(op_type: str) -> str | None:
+    """The kind of work of a runtime op type (``_MklNativeFusedConv2D`` → ``"conv"``), or None."""
+    if "Depthwise" in op_type:
+        return "depthwise"
+    if "Conv2D" in op_type or "Conv3D" in op_type:
+        return "conv"
+    if "MatMul" in op_type:
+        return "matmul"
+    return None
+
+
+def op_flops(kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: bool = False) -> tuple[float, bool] | None:
+    """FLOPs of one graph op, and whether they are per batch row (the output's one unknown dimension taken as 1).
+
+    Args:
+        kind: ``conv``, ``depthwise`` or ``matmul`` (``GRAPH_KINDS``).
+        inputs: the op's input shapes (None: unknown dimension).
+        output: its output shape.
+        transpose_a: a matrix product's ``transpose_a``/``adj_x``.
+
+    Returns:
+        (FLOP, per batch row), or None when a shape is unknown beyond one output dimension.
+    """
+    unknown = sum(d is None for d in output)
+    if unknown > 1 or len(inputs) < 2 or not output:
+        return None
+    out = prod(1 if d is None else d for d in output)
+    a, w = inputs[0], inputs[1]
+    if kind == "conv" and len(w) >= 3 and all(d is not None for d in w[:-1]):
+        inner = prod(d for d in w[:-1] if d is not None)
+    elif kind == "depthwise" and len(w) == 4 and w[0] is not None and w[1] is not None:
+        inner = w[0] * w[1]
+    elif kind == "matmul" and len(a) >= 2:
+        k = a[-2] if transpose_a else a[-1]
+        if k is None:
+            return None
+        inner = k
+    else:
+        return None
+    return 2.0 * out * inner, unknown == 1
+
+
+def scope_of(node: str) -> str:
+    """A node's name scope less function-call wrapper scopes: ``StatefulPartitionedCall/m_1/fc_1/MatMul`` → ``m_1/fc_1``."""
+    comps = [c for c in node.split("/")[:-1] if c not in _WRAPPER_SCOPES]
+    return "/".join(comps)
+
+
+@dataclass(frozen=True, slots=True)
+class OpWork:
+    """The work of one graph op.
+
+    Attributes:
+        kind: ``conv``, ``depthwise`` or ``matmul``.
+        flops: FLOP (per batch row when ``per_row``).
+        per_row: whether ``flops`` scales with the call's batch size.
+    """
+
+    kind: str
+    flops: float
+    per_row: bool
+
+
+@dataclass
+class FlopTable:
+    """The counted ops of one function, by name scope (``scope_of``), in graph order."""
+
+    by_scope: dict[str, list[OpWork]] = field(default_factory=dict)
+
+    def take(self, ops: Iterable[tuple[str, str]], batch: int | None) -> list[float | None]:
+        """FLOPs of a call's runtime ops ``(node name, op type)``, in order: the n-th op of a kind in a
+        scope gets the n-th counted op of that kind there; None where nothing matches, or the count is
+        per row and the batch size is unknown."""
+        used: dict[tuple[str, str], int] = {}
+        out: list[float | None] = []
+        for node, op_type in ops:
+            kind = runtime_kind(op_type)
+            if kind is None:
+                out.append(None)
+                continue
+            scope = scope_of(node)
+            n = used.get((scope, kind), 0)
+            used[(scope, kind)] = n + 1
+            mine = [w for w in self.by_scope.get(scope, ()) if w.kind == kind]
+            if n >= len(mine) or (mine[n].per_row and batch is None):
+                out.append(None)
+                continue
+            out.append(mine[n].flops * (batch if mine[n].per_row and batch is not None else 1))
+        return out
+
+
+def _shape(tensor: Any) -> list[int | None] | None:
+    try:
+        dims = tensor.shape.as_list()
+    except (ValueError, AttributeError):  # unknown rank
+        return None
+    return list(dims)
+
+
+def graph_work(graph: Any, depth: int = 0) -> FlopTable:
+    """Counts a TensorFlow ``FuncGraph``'s convolutions and matrix products, nested function calls included.
+
+    Args:
+        graph: a ``FuncGraph`` (``ConcreteFunction.graph``).
+        depth: nesting depth (calls deeper than 8 are not followed).
+    """
+    table = FlopTable()
+    for op in graph.get_operations():
+        kind = GRAPH_KINDS.get(op.type)
+        if kind is not None:
+            _add(table, op, kind)
+        elif op.type in _CALL_OPS and depth < 8:
+            inner = _called_graph(graph, op)
+            if inner is not None:
+                for scope, works in graph_work(inner, depth + 1).by_scope.items():
+                    table.by_scope.setdefault(scope, []).extend(works)
+    return table
+
+
+def _add(table: FlopTable, op: Any, kind: str) -> None:
+    ins = [_shape(t) for t in op.inputs]
+    out = _shape(op.outputs[0]) if op.outputs else None
+    if out is None or any(s is None for s in ins):
+        return
+    transpose = False
+    for attr in ("transpose_a", "adj_x"):
+        try:
+            transpose = bool(op.get_attr(attr))
+            break
+        except ValueError:
+            continue
+    work = op_flops(kind, [s for s in ins if s is not None], out, transpose)
+    if work is not None:
+        table.by_scope.setdefault(scope_of(op.name), []).append(OpWork(kind, work[0], work[1]))
+
+
+def _called_graph(graph: Any, op: Any) -> Any:
+    """The graph of the function a call op runs, when the graph holds it."""
+    try:
+        fn = graph._get_function(op.get_attr("f").name)
+    except Exception:
+        return None
+    return getattr(fn, "graph", None)
