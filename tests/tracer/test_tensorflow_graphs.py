@@ -123,6 +123,13 @@ def test_tf_function_and_saved_model_of_a_model_never_called_eagerly(tmp_path: P
             assert by_id[s.parent_id].level == Level.MODEL and s.attrs["ml.layer.type"] == type(model.get_layer(s.name)).__name__
     sig = next(s for s in run.spans if s.level == Level.MODEL and s.attrs["ml.keras.method"] == "saved_model")
     assert sig.attrs["ml.tf.signature"] == "serving_default" and sig.attrs["ml.model.name"] == "tiny_graph"
+    # Each call's site is the line of body() that made it; the model's call() is Keras's Functional.call.
+    sites = {
+        (s.attrs["ml.keras.method"], s.attrs["code.file.path"], s.attrs["code.line.number"]) for s in run.spans if s.level == Level.MODEL
+    }
+    assert len(sites) == 2 and {f for _, f, _ in sites} == {__file__}
+    assert all(s.attrs["code.function.name"].endswith("body") for s in run.spans if s.level == Level.MODEL)
+    assert sig.attrs["ml.defined.function.name"] == f"{type(model).__name__}.call" and "keras" in sig.attrs["ml.defined.file.path"]
     assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
     report = json_report(tmp_path, "--include-cold")
     assert sum(m["calls"] for m in report["models"]) == 8

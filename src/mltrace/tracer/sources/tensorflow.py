@@ -231,8 +231,7 @@ class TensorFlowSource:
             self._orig_start, self._orig_stop = profiler_v2.start, profiler_v2.stop
             self._patch_profiler_api(profiler_v2)
             self._start_profiler()
-            if self._session is not None and Level.OP in self._session.levels:
-                self._patch_function_calls()
+            self._patch_function_calls()
         except Exception as exc:
             self._warn(f"could not start the TensorFlow profiler ({exc}); only model and eager layer spans are recorded")
 
@@ -370,13 +369,16 @@ class TensorFlowSource:
                 if shape is not None and len(shape) >= 1 and shape[0] is not None:
                     batch = int(shape[0])
                     break
-            self._function_calls.append(FunctionCall(start, end, name, batch))
+            site = frame_site(sys._getframe(3), self._framework_code())  # past this, the wrapper and its caller
+            self._function_calls.append(FunctionCall(start, end, name, batch, site or None))
         except Exception:
             pass
 
     def _function_flops(self) -> dict[str, FlopTable]:
-        """The counted ops of each graph function that ran (``tf_flops.graph_work``)."""
+        """The counted ops of each graph function that ran (``tf_flops.graph_work``); none without the op level."""
         tables: dict[str, FlopTable] = {}
+        if self._session is None or Level.OP not in self._session.levels:
+            return tables
         for name, graph in self._function_graphs.items():
             try:
                 tables[name] = graph_work(graph)
@@ -457,6 +459,12 @@ class TensorFlowSource:
         self._recorded_layers = True
         return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
 
+    def _model_info(self, model: Any, name: str) -> KerasModelInfo:
+        """A Keras model's layer paths, and where its ``call`` is defined."""
+        return KerasModelInfo(
+            name, keras_layer_paths(model), defined=defined_attrs(getattr(type(model), "call", None), f"{type(model).__name__}.call")
+        )
+
     def _graph_traced(self, layer: Any) -> None:
         """A Keras model traced into a graph (a ``tf.function``, a SavedModel being saved): its layer
         paths are kept, so that the profiler's graph ops of its calls are read as its layers even when
@@ -468,7 +476,7 @@ class TensorFlowSource:
             self._model_seen.add(layer)
             if any(name in info.layers for info in self._models.values()):
                 return
-            self._models.setdefault(name, KerasModelInfo(name, keras_layer_paths(layer)))
+            self._models.setdefault(name, self._model_info(layer, name))
         if not self._profile:
             self._note(
                 f"Keras model {name} runs inside a tf.function (or a SavedModel): its calls are read from the "
@@ -483,7 +491,7 @@ class TensorFlowSource:
             attrs["ml.model.invocation"] = next(counter)
             if model not in self._model_seen:
                 self._model_seen.add(model)
-                self._models[name] = KerasModelInfo(name, keras_layer_paths(model))
+                self._models[name] = self._model_info(model, name)
             ident = threading.get_ident()
             if ident not in self._idents:
                 self._idents.add(ident)

@@ -257,11 +257,13 @@ class KerasModelInfo:
         layers: layer path (``"Conv1"``, ``"head/fc1"``) → layer class name.
         from_scopes: read from graph node names (``models_from_scopes``), not
             from the Keras model itself.
+        defined: where the model's ``call`` is defined (``ml.defined.*``).
     """
 
     name: str
     layers: Mapping[str, str]
     from_scopes: bool = False
+    defined: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _unscope(component: str, known: Callable[[str], bool], strip_first: bool) -> str | None:
@@ -654,6 +656,7 @@ def _function_model(
     track_id: int,
     pythons: Mapping[int, tuple[int, str]],
     out: XSpaceEvents,
+    site: Mapping[str, Any],
 ) -> LiveModelSpan | None:
     """A model span for one graph-function call whose ops ran a Keras model (None: no model found).
 
@@ -661,6 +664,7 @@ def _function_model(
     SavedModel, one read from the node names (``models_from_scopes``, added to
     ``known``). A ``tf.function`` call is
     named by the model; a SavedModel signature by ``<model>:<signature>``.
+    ``site``: the ``code.*`` attributes of the Python line that made the call.
     """
     start, end, row = call
     method, entry = function_entry(str(row.stats["eager_op"]))
@@ -684,6 +688,10 @@ def _function_model(
         attrs["ml.tf.signature"] = entry
     if guessed:
         attrs["ml.tf.model_from_scopes"] = True
+    attrs.update(known[model_name].defined)
+    if site:
+        attrs.update(site)
+        attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]
     name = f"{model_name}:{entry}" if method == "saved_model" else model_name
     sid = new_id()
     out.spans.append(Span(sid, None, Level.MODEL, name, start, end, track_id, attrs))
@@ -700,12 +708,14 @@ class FunctionCall:
         end_ns: its end (ns, session clock).
         function: the function's runtime name (the profiler's ``eager_op``).
         batch: the first dimension of its first input, None if unknown.
+        site: ``code.*`` of the model-code line that made the call.
     """
 
     start_ns: int
     end_ns: int
     function: str
     batch: int | None
+    site: Mapping[str, Any] | None = None
 
 
 class _FunctionWork:
@@ -715,14 +725,18 @@ class _FunctionWork:
         self.calls = _Intervals([(c.start_ns, c.end_ns, c) for c in calls])
         self.tables = tables
 
+    def python_call(self, call: tuple[int, int, str]) -> FunctionCall | None:
+        """The Python call of a profiled function call (start, end, function name), if recorded."""
+        mid = (call[0] + call[1]) // 2  # the two clocks agree to a few µs; the Python call holds the middle
+        found: FunctionCall | None = self.calls.containing(mid, mid, lambda c: c.function == call[2])
+        return found
+
     def flops(self, graph: Sequence[_GraphOp], idxs: Sequence[int], call: tuple[int, int, str] | None) -> list[float | None]:
         """``ml.flops`` of each op in ``idxs`` (time order) run by ``call`` (start, end, function name)."""
         table = self.tables.get(call[2]) if call is not None else None
         if call is None or table is None:
             return [None] * len(idxs)
-        name = call[2]
-        mid = (call[0] + call[1]) // 2  # the two clocks agree to a few µs; the Python call holds the middle
-        py = self.calls.containing(mid, mid, lambda c: c.function == name)
+        py = self.python_call(call)
         return table.take(((graph[i][3], graph[i][4]) for i in idxs), py.batch if py is not None else None)
 
 
@@ -808,9 +822,12 @@ def xspace_to_events(
     pending = [i for i, o in enumerate(owner) if o is None]
     made_ids: set[int] = set()
     call_of: dict[Any, tuple[int, int, str]] = {}  # model span id or step → (start, end, function name)
+    work = _FunctionWork(function_calls, function_flops or {})
     if pending and functions:
         for call, idxs in _ops_by_function_call(graph, pending, functions, live):
-            made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out)
+            py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
+            site = py.site if py is not None and py.site else {}
+            made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out, site)
             if made is None:
                 stats.function_calls_unmatched += 1
                 continue
@@ -823,7 +840,6 @@ def xspace_to_events(
     # evaluate) runs one graph function per batch; each is one call of each layer.
     steps = _Intervals([(s, e, (s, e, row.line_id)) for s, e, row in functions if live.containing(s, e) is not None])
     call_of.update({(s, e, row.line_id): (s, e, str(row.stats["eager_op"])) for s, e, row in functions})
-    work = _FunctionWork(function_calls, function_flops or {})
     groups: dict[tuple[int, tuple[int, int, int] | None], list[int]] = {}
     for i, o in enumerate(owner):
         if o is None:
