@@ -171,3 +171,17 @@ def test_graph_calls_at_the_model_level_are_a_limitation(tmp_path: Path) -> None
     run = traced(tmp_path, lambda: serve(tf.constant(DATA[:2])), level=Level.MODEL)
     assert [s for s in run.spans if s.level == Level.MODEL] == []
     assert any("tiny_model_level runs inside a tf.function" in line and "not recorded" in line for line in run.meta["limitations"])
+
+
+def test_xla_compiled_calls_are_model_spans_without_layers(tmp_path: Path) -> None:
+    """jit_compile=True: XLA runs the whole function as one op; each call is still a model span, and the run says why it has no layers."""
+    model = build("tiny_xla")
+    serve = tf.function(lambda x: model(x, training=False), jit_compile=True)
+    batch = tf.constant(DATA[:2])
+    run = traced(tmp_path, lambda: [serve(batch) for _ in range(4)])
+    calls = [s for s in run.spans if s.level == Level.MODEL]
+    assert models_by_method(run) == {("tiny_xla", "tf.function"): 4}
+    assert all(s.attrs["ml.tf.xla"] and s.attrs["code.file.path"] == __file__ for s in calls)
+    assert layer_calls(run) == {}
+    assert any("4 XLA-compiled call(s)" in line and "without layers" in line for line in run.meta["limitations"])
+    assert not any("no known Keras model" in line for line in run.meta["limitations"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mltrace.tracer.sources.tf_flops import FlopTable, OpWork, graph_work, op_flops, runtime_kind, scope_of
+from mltrace.tracer.sources.tf_flops import FlopTable, OpWork, graph_work, op_flops, runtime_kind, scope_of, top_scopes
 
 # Imported here, not in a test: TensorFlow's import adds import hooks, which conftest counts as leaked.
 tf = pytest.importorskip("tensorflow")
@@ -50,5 +50,7 @@ def test_a_real_function_graph() -> None:
             with tf.name_scope("fc"):
                 return tf.matmul(tf.reshape(y, [-1, 1024]), tf.ones([1024, 10]))
 
-    table = graph_work(f.get_concrete_function().graph)
+    graph = f.get_concrete_function().graph
+    table = graph_work(graph)
+    assert top_scopes(graph).most_common(1)[0][0] == "net"
     assert table.by_scope == {"net/conv": [OpWork("conv", 2.0 * 1024 * 36, True)], "net/fc": [OpWork("matmul", 2.0 * 10 * 1024, True)]}

@@ -292,3 +292,15 @@ def test_predict_batches_are_steps() -> None:
     names = [s.name for s in out.spans if s.level == Level.LAYER]
     per_model = Counter(names)
     assert set(per_model.values()) == {2}  # once in predict, once in the user's tf.function
+
+
+def test_graph_function_names() -> None:
+    from mltrace.tracer.sources.xspace import function_entry, models_from_scopes, whole_function_op
+
+    assert function_entry("__inference_signature_wrapper_serving_default_401") == ("saved_model", "serving_default")
+    assert function_entry("__inference_restored_function_body_1302") == ("saved_model", "restored_function")
+    assert function_entry("__inference_<lambda>_102") == ("tf.function", "<lambda>")
+    assert whole_function_op("__inference_<lambda>_67:__inference_<lambda>_67") == "__inference_<lambda>_67"
+    assert whole_function_op("net_1/conv_1/Relu:_MklNativeFusedConv2D") is None
+    guessed = models_from_scopes(["StatefulPartitionedCall/tiny_1/stem_conv_1/Relu", "StatefulPartitionedCall/tiny_1/fc_1/MatMul", "range"])
+    assert list(guessed) == ["tiny"] and dict(guessed["tiny"].layers) == {"stem_conv": "", "fc": ""} and guessed["tiny"].from_scopes

@@ -11,7 +11,14 @@ Nothing in the user's code changes. When the program imports ``keras``
   being traced are not spans: nothing runs then.
 - ``predict``, ``evaluate``, ``predict_on_batch``, ``test_on_batch``: one
   model span each. They run the model as a graph function, so their layers
-  and ops come from the profiler (below).
+  and ops come from the profiler (below), one layer span per layer per batch.
+- ``ConcreteFunction._call_flat``, while the profiler runs: every graph-function
+  call (a ``tf.function``, a reloaded SavedModel's signature) is kept with its
+  call site, batch size and graph. Calls outside the wrappers' model spans
+  become model spans from the profiler (``xspace.py``), named by the model (a
+  model traced into a graph is known from then on, even if it never runs
+  eagerly) or ``<model>:<signature>``; their ops get FLOPs from the function's
+  graph (``tf_flops.py``); an XLA-compiled call is a model span without layers.
 
 When the program imports ``tensorflow`` and the layer or op level is on, the
 TensorFlow profiler runs (``tf.profiler.experimental.start`` into a private
@@ -48,7 +55,7 @@ from mltrace.tracer.clock import now_ns
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.tf_flops import FlopTable, graph_work
+from mltrace.tracer.sources.tf_flops import FlopTable, graph_work, top_scopes
 from mltrace.tracer.sources.xspace import (
     FunctionCall,
     KerasModelInfo,
@@ -386,6 +393,19 @@ class TensorFlowSource:
                 self._note(f"could not count the FLOPs of {name}: {exc}")
         return tables
 
+    def _function_model_names(self) -> dict[str, str]:
+        """The known Keras model each graph function that ran runs most ops of, by function name."""
+        names: dict[str, str] = {}
+        for name, graph in self._function_graphs.items():
+            try:
+                counts = top_scopes(graph)
+            except Exception:
+                continue
+            mine = [(n, model) for model, n in counts.items() if model in self._models]
+            if mine:
+                names[name] = max(mine)[1]
+        return names
+
     def _maybe_onednn(self) -> None:
         """Turns TensorFlow's oneDNN verbose output on for the cpu.library source, when it can be."""
         session = self._session
@@ -619,6 +639,7 @@ class TensorFlowSource:
             if t.ident is not None and t.native_id is not None:
                 threads.setdefault(std_thread_hash(t.ident), (t.native_id, t.name))
         flops = self._function_flops()
+        model_names = self._function_model_names()
         for logdir in self._logdirs:
             for path in find_xplane_files(logdir):
                 try:
@@ -640,9 +661,16 @@ class TensorFlowSource:
                     python_threads=threads,
                     function_calls=self._function_calls,
                     function_flops=flops,
+                    function_model_names=model_names,
                 )
                 events.extend(converted.events())
                 info["profiles"].append(converted.stats.as_dict())
+        xla = sum(p["xla_calls"] for p in info["profiles"])
+        if xla:
+            self._note(
+                f"{xla} XLA-compiled call(s) (jit_compile=True) are model spans without layers or ops: "
+                "XLA runs the whole function as one compiled op"
+            )
         unmatched = sum(p["function_calls_unmatched"] for p in info["profiles"])
         if unmatched:
             self._note(

@@ -19,6 +19,8 @@ Bias adds and activations fused into them are not counted.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -36,6 +38,7 @@ GRAPH_KINDS = {
 }
 _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 _WRAPPER_SCOPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
+_UNIQUIFIER = re.compile(r"(.+)_\d+\Z")
 
 Shape = Sequence[int | None]
 
@@ -183,3 +186,21 @@ def _called_graph(graph: Any, op: Any) -> Any:
     except Exception:
         return None
     return getattr(fn, "graph", None)
+
+
+def top_scopes(graph: Any, depth: int = 0) -> Counter[str]:
+    """How many ops of a ``FuncGraph`` (nested function calls included) lie under each outermost name
+    scope, less its ``_<n>`` suffix (``tiny_1/fc_1/MatMul`` → ``tiny``): which Keras model a function runs,
+    where the profiler shows none of its ops (XLA runs the whole function as one)."""
+    counts: Counter[str] = Counter()
+    for op in graph.get_operations():
+        if op.type in _CALL_OPS and depth < 8:
+            inner = _called_graph(graph, op)
+            if inner is not None:
+                counts.update(top_scopes(inner, depth + 1))
+            continue
+        comps = [c for c in op.name.split("/") if c not in _WRAPPER_SCOPES]
+        if len(comps) >= 2:
+            m = _UNIQUIFIER.match(comps[0])
+            counts[m.group(1) if m is not None else comps[0]] += 1
+    return counts

@@ -364,6 +364,7 @@ class XSpaceStats:
         function_calls_unmatched: graph-function calls outside model spans
             whose ops led to no Keras model (not recorded as model calls).
         ops_with_flops: graph op spans given ``ml.flops``.
+        xla_calls: model spans made for XLA-compiled calls (no layers).
         fragments_merged: layer spans folded into another span of the same
             layer call (one layer span per layer per call).
         skipped: events not converted, by reason.
@@ -382,6 +383,7 @@ class XSpaceStats:
     fragments_merged: int = 0
     function_calls_unmatched: int = 0
     ops_with_flops: int = 0
+    xla_calls: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unknown_scopes: list[str] = field(default_factory=list)
     lines_matched: int = 0
@@ -400,6 +402,7 @@ class XSpaceStats:
             "fragments_merged": self.fragments_merged,
             "function_calls_unmatched": self.function_calls_unmatched,
             "ops_with_flops": self.ops_with_flops,
+            "xla_calls": self.xla_calls,
             "skipped": dict(self.skipped),
             "unknown_scopes": list(self.unknown_scopes),
             "lines_matched": self.lines_matched,
@@ -657,6 +660,7 @@ def _function_model(
     pythons: Mapping[int, tuple[int, str]],
     out: XSpaceEvents,
     site: Mapping[str, Any],
+    xla_model: str | None = None,
 ) -> LiveModelSpan | None:
     """A model span for one graph-function call whose ops ran a Keras model (None: no model found).
 
@@ -665,6 +669,8 @@ def _function_model(
     ``known``). A ``tf.function`` call is
     named by the model; a SavedModel signature by ``<model>:<signature>``.
     ``site``: the ``code.*`` attributes of the Python line that made the call.
+    ``xla_model``: the model of an XLA-compiled call, whose ops the profiler
+    does not show (``ml.tf.xla``; no layers).
     """
     start, end, row = call
     method, entry = function_entry(str(row.stats["eager_op"]))
@@ -673,6 +679,8 @@ def _function_model(
         for info in models_from_scopes(nodes).values():
             known.setdefault(info.name, info)
         names = Counter(found[0].name for node in nodes if (found := layer_of_node(node, known)) is not None)
+    if not names and xla_model is not None and xla_model in known:
+        names = Counter({xla_model: 1})
     if not names:
         return None
     model_name = names.most_common(1)[0][0]
@@ -688,6 +696,8 @@ def _function_model(
         attrs["ml.tf.signature"] = entry
     if guessed:
         attrs["ml.tf.model_from_scopes"] = True
+    if xla_model is not None:
+        attrs["ml.tf.xla"] = True
     attrs.update(known[model_name].defined)
     if site:
         attrs.update(site)
@@ -740,6 +750,31 @@ class _FunctionWork:
         return table.take(((graph[i][3], graph[i][4]) for i in idxs), py.batch if py is not None else None)
 
 
+def whole_function_op(name: str) -> str | None:
+    """The function of an event that runs a whole graph function as one op
+    (``__inference_f_67:__inference_f_67``: XLA's compiled cluster), else None."""
+    head, sep, tail = name.partition(":")
+    return head if sep and head == tail and head.startswith("__inference_") else None
+
+
+def _xla_call_model(
+    call: tuple[int, int, XEventRow],
+    xla_runs: Mapping[tuple[int, str], Sequence[int]],
+    model_names: Mapping[str, str],
+    live: _Intervals,
+    made: set[tuple[int, int, int]],
+) -> str | None:
+    """The model of a graph-function call that ran as one XLA op (outside live spans, not yet a
+    model span), by its function's name; None otherwise."""
+    start, end, row = call
+    name = str(row.stats["eager_op"])
+    if (start, end, row.line_id) in made or name not in model_names or live.containing(start, end) is not None:
+        return None
+    if not any(start <= t <= end for t in xla_runs.get((row.line_id, name), ())):
+        return None
+    return model_names[name]
+
+
 def xspace_to_events(
     profile: HostProfile,
     *,
@@ -753,6 +788,7 @@ def xspace_to_events(
     pid: int | None = None,
     function_calls: Sequence[FunctionCall] = (),
     function_flops: Mapping[str, FlopTable] | None = None,
+    function_model_names: Mapping[str, str] | None = None,
 ) -> XSpaceEvents:
     """Converts a host profile into layer and op spans under the model spans.
 
@@ -781,6 +817,9 @@ def xspace_to_events(
         function_calls: graph-function calls seen from Python (their batch sizes).
         function_flops: counted ops of each graph function by name (``tf_flops``);
             graph ops of a function call get ``ml.flops`` from them.
+        function_model_names: the Keras model each graph function runs, by its
+            name (from its Python graph): an XLA-compiled call, one op to the
+            profiler, becomes a model span without layers.
 
     Returns:
         The spans (explicit parents) and stats.
@@ -808,6 +847,7 @@ def xspace_to_events(
     graph: list[tuple[int, int, XEventRow, str, str]] = []  # (start, end, row, node, type), session ns
     functions: list[tuple[int, int, XEventRow]] = []
     eager: list[tuple[int, int, XEventRow]] = []
+    xla_runs: dict[tuple[int, str], list[int]] = {}  # (line, function) → starts of its one-op runs
     for row in profile.events:
         parsed = parse_op_event(row.name)
         if parsed is not None:
@@ -815,12 +855,16 @@ def xspace_to_events(
         elif row.name == "EagerExecute" and "eager_op" in row.stats:
             item = (to_session_ns(row.start_ns), to_session_ns(row.end_ns), row)
             (functions if row.stats.get("is_func") else eager).append(item)
+        elif (whole := whole_function_op(row.name)) is not None:
+            xla_runs.setdefault((row.line_id, whole), []).append(to_session_ns(row.start_ns))
     stats.graph_ops = len(graph)
 
     # Which model span holds each graph op: a live one, else a tf.function call.
     owner: list[LiveModelSpan | None] = [live.containing(s, e) for s, e, *_ in graph]
     pending = [i for i, o in enumerate(owner) if o is None]
     made_ids: set[int] = set()
+    made_calls: set[tuple[int, int, int]] = set()
+    unmatched: set[tuple[int, int, int]] = set()  # function calls with ops under no known model
     call_of: dict[Any, tuple[int, int, str]] = {}  # model span id or step → (start, end, function name)
     work = _FunctionWork(function_calls, function_flops or {})
     if pending and functions:
@@ -829,12 +873,22 @@ def xspace_to_events(
             site = py.site if py is not None and py.site else {}
             made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out, site)
             if made is None:
-                stats.function_calls_unmatched += 1
+                unmatched.add((call[0], call[1], call[2].line_id))
                 continue
             made_ids.add(made.span_id)
             call_of[made.span_id] = (call[0], call[1], str(call[2].stats["eager_op"]))
+            made_calls.add((call[0], call[1], call[2].line_id))
             for i in idxs:
                 owner[i] = made
+    for call in functions:
+        model = _xla_call_model(call, xla_runs, function_model_names or {}, live, made_calls)
+        if model is not None:
+            py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
+            site = py.site if py is not None and py.site else {}
+            if _function_model(call, (), known, new_id, track_of(call[2].line_id).id, pythons, out, site, model) is not None:
+                stats.xla_calls += 1
+                unmatched.discard((call[0], call[1], call[2].line_id))
+    stats.function_calls_unmatched = len(unmatched)
 
     # Layer spans from name scopes, per (model span, step): a graph model call (predict,
     # evaluate) runs one graph function per batch; each is one call of each layer.
