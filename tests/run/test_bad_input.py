@@ -171,3 +171,12 @@ def test_load_run_raises_run_error_not_internal_errors(run_copy: Path) -> None:
     (run_copy / TABLE_FILE).unlink()
     with pytest.raises(RunError, match=r"events.jsonl:2: corrupt event line \('spans' is 5, not a list\)"):
         load_run(run_copy)
+
+
+def test_a_span_table_with_a_huge_header_length_is_rebuilt(clean_run: Path, run_copy: Path) -> None:
+    """A flipped high byte in the header's length: reading it would ask for exabytes."""
+    data = bytearray((run_copy / TABLE_FILE).read_bytes())
+    data[21] ^= 0x40  # the length's top byte (little-endian, bytes 14..21)
+    (run_copy / TABLE_FILE).write_bytes(bytes(data))
+    assert _cli("report", str(run_copy))[0] == 0
+    assert load_run(run_copy).span_count == load_run(clean_run).span_count

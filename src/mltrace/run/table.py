@@ -311,7 +311,10 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
             head = f.read(len(_MAGIC) + 8)
             if head[: len(_MAGIC)] != _MAGIC:
                 return None
-            header = json.loads(f.read(int.from_bytes(head[len(_MAGIC) :], "little")))
+            length = int.from_bytes(head[len(_MAGIC) :], "little")
+            if length > os.fstat(f.fileno()).st_size:  # a damaged length: reading it would allocate it all
+                return None
+            header = json.loads(f.read(length))
         if header.get("format") != "mltrace-spans" or header.get("version") != TABLE_VERSION:
             return None
         if header.get("events") != _stamp(events):
