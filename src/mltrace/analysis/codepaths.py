@@ -4,32 +4,31 @@ path shown whole but short.
 Model code is every Python file outside the frameworks' own packages (torch, keras and
 tensorflow, onnxruntime), outside mltrace itself and outside the Python standard
 library; third-party model libraries (transformers, torchvision, timm) count as model
-code. ``short_path`` never cuts a path: it drops what every reader already knows (the
+code. The rule is the recorder's (``tracer/callsite.py``: call sites and hot lines use
+the same one). ``short_path`` never cuts a path: it drops what every reader already knows (the
 working directory, the ``site-packages/`` prefix).
 """
 
 from __future__ import annotations
 
-import functools
 import linecache
 import os
 import re
-import sysconfig
-from pathlib import Path
 
-#: Top-level packages whose files are a framework's own code, not the model's.
-FRAMEWORK_PACKAGES = frozenset({"torch", "functorch", "tensorflow", "keras", "tf_keras", "onnxruntime", "mltrace"})
+from mltrace.tracer.callsite import FRAMEWORK_PACKAGES, is_model_code, package_path
 
-_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+__all__ = [
+    "FRAMEWORK_PACKAGES",
+    "context_lines",
+    "is_model_code",
+    "location",
+    "package_path",
+    "short_path",
+    "source_line",
+    "split_location",
+]
+
 _HOT_LINE = re.compile(r"^(?P<path>.*):(?P<line>\d+)(?: (?P<function>.*))?$", re.DOTALL)
-
-
-def package_path(path: str) -> str | None:
-    """The path inside an installed package (``torch/nn/modules/conv.py``), or None when
-    ``path`` is not under a ``site-packages/`` or ``dist-packages/`` directory."""
-    norm = path.replace(os.sep, "/")
-    cut = max(norm.rfind(d) + len(d) if d in norm else -1 for d in _PACKAGE_DIRS)
-    return norm[cut:] if cut > 0 else None
 
 
 def short_path(path: str, cwd: str | None = None) -> str:
@@ -62,44 +61,6 @@ def split_location(text: str) -> tuple[str, int | None, str]:
     if m is None:
         return text, None, ""
     return m["path"], int(m["line"]), m["function"] or ""
-
-
-@functools.lru_cache(maxsize=1)
-def _excluded_roots() -> tuple[str, ...]:
-    """Directories holding framework or standard-library code outside ``site-packages/``
-    (the standard library, mltrace's own source, frameworks installed from a checkout)."""
-    import importlib.util
-
-    roots: set[str] = set()
-    for key in ("stdlib", "platstdlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            roots.add(os.path.realpath(p))
-    roots.add(str(Path(__file__).resolve().parent.parent))  # mltrace itself
-    for name in sorted(FRAMEWORK_PACKAGES - {"mltrace"}):
-        try:
-            spec = importlib.util.find_spec(name)  # locates; imports nothing
-        except (ImportError, ValueError):
-            continue
-        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
-            roots.add(os.path.realpath(loc))
-    return tuple(sorted(r.rstrip("/") + "/" for r in roots))
-
-
-@functools.lru_cache(maxsize=4096)
-def is_model_code(path: str) -> bool:
-    """Whether a Python frame's file is model code (see the module docstring).
-
-    Pseudo-files (``<string>``, ``<frozen importlib._bootstrap>``) and empty paths are not.
-    """
-    if not path or path.startswith("<"):
-        return False
-    inside = package_path(path)
-    if inside is not None:
-        return inside.split("/", 1)[0] not in FRAMEWORK_PACKAGES
-    real = os.path.realpath(path) if os.path.isabs(path) else path
-    # A stdlib root may hold the site-packages roots handled above, never model code itself.
-    return not any(real.startswith(root) for root in _excluded_roots())
 
 
 def source_line(path: object, line: object) -> str:

@@ -1,6 +1,6 @@
 """Call sites: the line of model code that called a layer, a model or a user span.
 
-The rule (docs/CONVENTIONS.md, "Source locations"): a span's call site is the
+The rule (docs/CONVENTIONS.md, "Call sites" and "Model code and hot lines"): a span's call site is the
 innermost Python frame outside the frameworks (torch, TensorFlow/Keras, ONNX
 Runtime, the standard library, mltrace); packages installed beside them, such
 as transformers and torchvision, are model code. It goes to OpenTelemetry's
@@ -12,44 +12,73 @@ to ``ml.defined.file.path``, ``ml.defined.line.number`` and
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import sysconfig
 from types import CodeType, FrameType
 from typing import Any
 
 _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: Top-level packages whose files are a framework's own code, not the model's.
+FRAMEWORK_PACKAGES = frozenset({"torch", "functorch", "tensorflow", "keras", "tf_keras", "onnxruntime", "mltrace"})
+
+_PACKAGE_DIRS = ("site-packages/", "dist-packages/")
+
+
+def package_path(path: str) -> str | None:
+    """The path inside an installed package (``torch/nn/modules/conv.py``), or None when
+    ``path`` is not under a ``site-packages/`` or ``dist-packages/`` directory."""
+    norm = path.replace(os.sep, "/")
+    cut = max(norm.rfind(d) + len(d) if d in norm else -1 for d in _PACKAGE_DIRS)
+    return norm[cut:] if cut > 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _excluded_roots() -> tuple[str, ...]:
+    """Directories holding framework or standard-library code outside ``site-packages/``
+    (the standard library, mltrace's own source, frameworks installed from a checkout)."""
+    roots: set[str] = set()
+    for key in ("stdlib", "platstdlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            roots.add(os.path.realpath(p))
+    roots.add(os.path.realpath(_MLTRACE_DIR))
+    for name in sorted(FRAMEWORK_PACKAGES - {"mltrace"}):
+        try:
+            spec = importlib.util.find_spec(name)  # locates; imports nothing
+        except (ImportError, ValueError):
+            continue
+        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+            roots.add(os.path.realpath(loc))
+    return tuple(sorted(r.rstrip("/") + "/" for r in roots))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_model_code(path: str) -> bool:
+    """Whether a Python frame's file is model code: outside the frameworks' own packages
+    (``FRAMEWORK_PACKAGES``), mltrace and the standard library; third-party model libraries
+    (transformers, torchvision, timm) are model code. Pseudo-files (``<string>``,
+    ``<frozen importlib._bootstrap>``) and empty paths are not."""
+    if not path or path.startswith("<"):
+        return False
+    inside = package_path(path)
+    if inside is not None:
+        return inside.split("/", 1)[0] not in FRAMEWORK_PACKAGES
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    # A stdlib root may hold the site-packages roots handled above, never model code itself.
+    return not any(real.startswith(root) for root in _excluded_roots())
+
+
 class FrameworkCode:
-    """Which source files are a framework's, and so never a layer's call site: torch's,
-    mltrace's, TensorFlow's, Keras's and ONNX Runtime's (found without importing them), and
-    the standard library's (``contextlib``, ``functools``), but not the packages installed
-    beside it (``site-packages``): model libraries such as transformers and torchvision are
-    model code."""
-
-    def __init__(self, torch_dir: str = "") -> None:
-        import site
-        import sysconfig
-
-        dirs = [torch_dir, _MLTRACE_DIR]
-        for name in ("tensorflow", "keras", "tf_keras", "onnxruntime"):
-            try:
-                spec = importlib.util.find_spec(name)
-            except (ImportError, ValueError):
-                continue
-            if spec is not None and spec.submodule_search_locations:
-                dirs.extend(spec.submodule_search_locations)
-        paths = sysconfig.get_paths()
-        packages = [paths["purelib"], paths["platlib"], *site.getsitepackages()]
-        self.dirs = tuple(os.path.join(d, "") for d in dirs if d)
-        self.stdlib = os.path.join(paths["stdlib"], "")
-        self.packages = tuple(os.path.join(d, "") for d in packages if d)
+    """The call-site rule as the sources ask it: ``owns(file)`` is True for a framework's
+    file (never a call site), i.e. one that is not model code (``is_model_code``)."""
 
     def owns(self, filename: str) -> bool:
         """Whether ``filename`` is a framework's."""
-        if filename.startswith(self.dirs):
-            return True
-        return filename.startswith(self.stdlib) and not filename.startswith(self.packages)
+        return not is_model_code(filename)
 
 
 def line_of(code: CodeType, lasti: int) -> int:

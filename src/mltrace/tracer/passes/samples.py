@@ -25,7 +25,7 @@ def attribute_samples(run: Run, top: int = 5) -> Run:
     model-code frame count for nothing. Each span gets ``ml.source.hot_lines``: up to
     ``top`` ``["file:line function", ns]`` pairs, hottest first.
     """
-    from mltrace.analysis.codepaths import is_model_code
+    from mltrace.tracer.callsite import is_model_code
 
     samples = [s for s in run.spans if s.level == Level.SOURCE]
     if not samples:

@@ -291,7 +291,7 @@ class TorchModuleSource:
 
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
-        self._frameworks = FrameworkCode(self._torch_dir)
+        self._frameworks = FrameworkCode()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
         if os.environ.get("MLTRACE_TORCH_HOOKS") == "global":  # the older mechanism, kept for comparison
             if not self._record_layers:
@@ -862,7 +862,7 @@ class TorchModuleSource:
         if len(internal) >= _CODE_CACHE_MAX:
             internal.clear()
         if self._frameworks is None:
-            self._frameworks = FrameworkCode(self._torch_dir)
+            self._frameworks = FrameworkCode()
         inside = internal[code] = self._frameworks.owns(code.co_filename)
         return inside
 
