@@ -22,12 +22,12 @@ from mltrace.analysis.bricks import (
     critical_path_ns,
     extract,
     infer_config,
-    layer_config,
     run_bricks,
 )
 from mltrace.run.store import Run
 from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Span, Track, TrackKind
+from mltrace.tracer.sources.torch_layer_config import layer_config
 
 
 class Zoo(nn.Module):

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
-from mltrace.analysis.bricks import layer_config
 from mltrace.run import store
 from mltrace.tracer.callsite import FrameworkCode, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
@@ -40,6 +39,7 @@ from mltrace.tracer.levels import Level
 from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.hf_generate import GenerateSpans
+from mltrace.tracer.sources.torch_layer_config import layer_config
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session
