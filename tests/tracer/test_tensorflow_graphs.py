@@ -185,3 +185,27 @@ def test_xla_compiled_calls_are_model_spans_without_layers(tmp_path: Path) -> No
     assert layer_calls(run) == {}
     assert any("4 XLA-compiled call(s)" in line and "without layers" in line for line in run.meta["limitations"])
     assert not any("no known Keras model" in line for line in run.meta["limitations"])
+
+
+def test_an_exported_models_signatures_are_named_by_their_keys(tmp_path: Path) -> None:
+    """model.export(): both signatures run a `signature_wrapper___call__` function; the loaded keys name them."""
+    from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+
+    before = (tf.saved_model.load, ConcreteFunction.__dict__["_call_flat"])
+    model = build("tiny_export")
+    model.export(str(tmp_path / "exported"), verbose=False)
+    batch = tf.constant(DATA[:2])
+
+    def body() -> None:
+        loaded = tf.saved_model.load(str(tmp_path / "exported"))
+        loaded.signatures["serve"](batch)
+        loaded.signatures["serving_default"](batch)
+        loaded.serve(batch)  # a restored tf.function: its signature key is not known
+
+    run = traced(tmp_path, body)
+    assert models_by_method(run) == {
+        ("tiny_export:serve", "saved_model"): 1,
+        ("tiny_export:serving_default", "saved_model"): 1,
+        ("tiny_export:restored_function", "saved_model"): 1,
+    }
+    assert (tf.saved_model.load, ConcreteFunction.__dict__["_call_flat"]) == before  # put back at stop

@@ -153,6 +153,7 @@ class TensorFlowSource:
         self._after_start: list[Callable[[], None]] = []
         self._function_calls: list[FunctionCall] = []
         self._function_graphs: dict[str, Any] = {}  # runtime function name → its FuncGraph
+        self._signatures: dict[str, str] = {}  # a loaded SavedModel's signature function name → its key
 
     def available(self) -> str | None:
         if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
@@ -239,6 +240,7 @@ class TensorFlowSource:
             self._patch_profiler_api(profiler_v2)
             self._start_profiler()
             self._patch_function_calls()
+            self._patch_saved_model_load()
         except Exception as exc:
             self._warn(f"could not start the TensorFlow profiler ({exc}); only model and eager layer spans are recorded")
 
@@ -362,6 +364,36 @@ class TensorFlowSource:
 
         _call_flat.__wrapped__ = orig  # type: ignore[attr-defined]
         self._patch(ConcreteFunction, "_call_flat", _call_flat)
+
+    def _patch_saved_model_load(self) -> None:
+        """Wraps ``tf.saved_model.load`` to keep the signature key of each loaded signature function
+        (``model.export``'s ``serve`` and ``serving_default`` both run ``signature_wrapper___call___…``)."""
+        try:
+            from tensorflow.python.saved_model import load as load_module
+        except Exception:
+            return
+        orig = load_module.load
+        source = self
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            loaded = orig(*args, **kwargs)
+            source._loaded(loaded)
+            return loaded
+
+        load.__wrapped__ = orig  # type: ignore[attr-defined]
+        load.__doc__ = orig.__doc__
+        for module in list(sys.modules.values()):
+            if module is not None and getattr(module, "__name__", "").startswith("tensorflow") and getattr(module, "load", None) is orig:
+                self._patch(module, "load", load)
+
+    def _loaded(self, loaded: Any) -> None:
+        """Keeps the signature keys of a loaded SavedModel by function name (never raises)."""
+        try:
+            for key, fn in loaded.signatures.items():
+                raw = fn.name
+                self._signatures[raw.decode() if isinstance(raw, bytes) else str(raw)] = str(key)
+        except Exception:
+            pass
 
     def _function_called(self, fn: Any, args: tuple[Any, ...], start: int, end: int) -> None:
         """Keeps one graph-function call (never raises into the program)."""
@@ -662,6 +694,7 @@ class TensorFlowSource:
                     function_calls=self._function_calls,
                     function_flops=flops,
                     function_model_names=model_names,
+                    signatures=self._signatures,
                 )
                 events.extend(converted.events())
                 info["profiles"].append(converted.stats.as_dict())

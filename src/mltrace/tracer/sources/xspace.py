@@ -661,6 +661,7 @@ def _function_model(
     out: XSpaceEvents,
     site: Mapping[str, Any],
     xla_model: str | None = None,
+    signatures: Mapping[str, str] | None = None,
 ) -> LiveModelSpan | None:
     """A model span for one graph-function call whose ops ran a Keras model (None: no model found).
 
@@ -670,10 +671,12 @@ def _function_model(
     named by the model; a SavedModel signature by ``<model>:<signature>``.
     ``site``: the ``code.*`` attributes of the Python line that made the call.
     ``xla_model``: the model of an XLA-compiled call, whose ops the profiler
-    does not show (``ml.tf.xla``; no layers).
+    does not show (``ml.tf.xla``; no layers). ``signatures``: signature keys by
+    function name, where ``tf.saved_model.load`` gave them.
     """
     start, end, row = call
     method, entry = function_entry(str(row.stats["eager_op"]))
+    entry = (signatures or {}).get(str(row.stats["eager_op"]), entry)
     names = Counter(found[0].name for node in nodes if (found := layer_of_node(node, known)) is not None)
     if not names and method == "saved_model":
         for info in models_from_scopes(nodes).values():
@@ -789,6 +792,7 @@ def xspace_to_events(
     function_calls: Sequence[FunctionCall] = (),
     function_flops: Mapping[str, FlopTable] | None = None,
     function_model_names: Mapping[str, str] | None = None,
+    signatures: Mapping[str, str] | None = None,
 ) -> XSpaceEvents:
     """Converts a host profile into layer and op spans under the model spans.
 
@@ -820,6 +824,9 @@ def xspace_to_events(
         function_model_names: the Keras model each graph function runs, by its
             name (from its Python graph): an XLA-compiled call, one op to the
             profiler, becomes a model span without layers.
+        signatures: a loaded SavedModel's signature keys by function name
+            (``tf.saved_model.load``); other signatures are named from the
+            function's name (``function_entry``).
 
     Returns:
         The spans (explicit parents) and stats.
@@ -871,7 +878,8 @@ def xspace_to_events(
         for call, idxs in _ops_by_function_call(graph, pending, functions, live):
             py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
             site = py.site if py is not None and py.site else {}
-            made = _function_model(call, [graph[i][3] for i in idxs], known, new_id, track_of(call[2].line_id).id, pythons, out, site)
+            nodes = [graph[i][3] for i in idxs]
+            made = _function_model(call, nodes, known, new_id, track_of(call[2].line_id).id, pythons, out, site, signatures=signatures)
             if made is None:
                 unmatched.add((call[0], call[1], call[2].line_id))
                 continue
@@ -885,7 +893,8 @@ def xspace_to_events(
         if model is not None:
             py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
             site = py.site if py is not None and py.site else {}
-            if _function_model(call, (), known, new_id, track_of(call[2].line_id).id, pythons, out, site, model) is not None:
+            track = track_of(call[2].line_id).id
+            if _function_model(call, (), known, new_id, track, pythons, out, site, model, signatures=signatures) is not None:
                 stats.xla_calls += 1
                 unmatched.discard((call[0], call[1], call[2].line_id))
     stats.function_calls_unmatched = len(unmatched)
