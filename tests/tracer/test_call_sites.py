@@ -145,16 +145,10 @@ def _compiled_calls(backend: str, calls: int) -> tuple[list[torch.Tensor], int, 
 
 
 @pytest.mark.parametrize("level", ["layer", "op"])
-def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(
-    tmp_path: Path, hot_path: str, level: str, request: pytest.FixtureRequest
-) -> None:
+def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(tmp_path: Path, hot_path: str, level: str) -> None:
     """Tracing adds no graph break and no graph (TorchDynamo compiles what it would plain); the
     compiled region is one model span per call, at the line that called it."""
     pytest.importorskip("torch._dynamo")
-    if hot_path == "python":
-        # TorchDynamo inlines the Python wrapper (a plain function on the class) and fails in it
-        # ("already tracked for mutation"), as before call sites: only the C hot path steps aside.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="TorchDynamo fails tracing the Python layer wrapper"))
     plain, plain_breaks, plain_graphs = _compiled_calls("eager", 3)
     with mltrace.profile(output=tmp_path / "run", summary=False, level=level):
         traced, traced_breaks, traced_graphs = _compiled_calls("eager", 3)

@@ -344,6 +344,8 @@ class TorchModuleSource:
         compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
+            if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
+                return original(module, *args, **kwargs)
             try:
                 stack = tls.stack
             except AttributeError:
@@ -373,10 +375,7 @@ class TorchModuleSource:
                     shapes_in = None
             else:
                 shapes_in = None
-            # TorchDynamo traces this wrapper when it compiles a model and cannot trace frame
-            # objects; a compiled call has no call site to read anyway.
-            site = None if compiling() else site_of(_getframe(1))
-            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site]
+            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site_of(_getframe(1))]
             stack.append(frame)
             output = None
             try:
