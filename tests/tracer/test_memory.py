@@ -236,3 +236,15 @@ def test_without_the_option_nothing_is_recorded(tmp_path: Path) -> None:
     assert not any(k.startswith("ml.memory.") for s in run.spans for k in s.attrs)
     assert not any(t.name.endswith(".memory.allocated") for t in run.tracks.values())
     assert "attribute_memory" not in run.meta.get("correlation", {})
+
+
+def test_profile_api_takes_the_memory_option(tmp_path: Path) -> None:
+    import mltrace
+
+    torch.manual_seed(0)
+    model = ConvEncoder().eval()
+    with mltrace.profile(memory=True, output=tmp_path / "api", summary=False), torch.no_grad():
+        model(torch.randn(2, 3, SIDE, SIDE))
+    run = load_run(tmp_path / "api")
+    (layer,) = layer_calls(run, "encoder.layers.0")
+    assert layer.attrs["ml.memory.peak_bytes"] >= 2 * (SIDE // 4) ** 2 * D_MODEL * 4
