@@ -248,3 +248,22 @@ def test_profile_api_takes_the_memory_option(tmp_path: Path) -> None:
     run = load_run(tmp_path / "api")
     (layer,) = layer_calls(run, "encoder.layers.0")
     assert layer.attrs["ml.memory.peak_bytes"] >= 2 * (SIDE // 4) ** 2 * D_MODEL * 4
+
+
+def test_an_imported_profile_memory_trace_keeps_its_memory(tmp_path: Path) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from mltrace.importers import import_kineto
+
+    torch.manual_seed(0)
+    model = ConvEncoder().eval()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model(torch.randn(2, 3, SIDE, SIDE))
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    run = load_run(import_kineto(tmp_path / "trace.json", tmp_path / "imported"))
+    events = run.meta["correlation"]["attribute_memory"]["memory_events"]
+    assert events > 10
+    (track,) = [t for t in run.tracks.values() if t.name == "cpu.memory.allocated"]
+    assert len([c for c in run.counters if c.track_id == track.id]) == events
+    ops = [s for s in run.spans if s.level is Level.OP and s.name == "aten::_transformer_encoder_layer_fwd"]
+    assert len(ops) == 2 and all(s.attrs["ml.memory.peak_bytes"] >= 2 * (SIDE // 4) ** 2 * D_MODEL * 4 for s in ops)

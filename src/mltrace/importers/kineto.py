@@ -228,6 +228,7 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
         tracks={t.id: t for t in result.tracks},
         spans=result.spans,
         instants=result.instants,
+        counters=result.counters,
         flows=result.flows,
     )
     try:
