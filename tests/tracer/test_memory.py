@@ -21,6 +21,7 @@ from mltrace.tracer.sources.kineto import MEMORY_EVENT, kineto_to_events, memory
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
 from mltrace.tracer.sources.torch_ops import TorchOpSource
 from mltrace.tracer.tracks import TrackRegistry
+from support.pftrace import parse_pftrace
 
 D_MODEL, HEADS, FF, SIDE = 64, 4, 256, 64  # tokens: (SIDE / 4)² = 256
 
@@ -223,6 +224,11 @@ def test_memory_counter_track_follows_every_layer(tmp_path: Path) -> None:
     for layer in layer_calls(run, "encoder.layers.0"):
         inside = [c.value for c in samples if layer.start_ns <= c.ts_ns <= layer.end_ns]
         assert len(inside) >= 10 and max(inside) - min(inside) >= layer.attrs["ml.memory.peak_bytes"] // 2
+    # The Perfetto trace draws it as a counter track with every sample.
+    parsed = parse_pftrace(run.path / "trace.pftrace")
+    (uuid,) = [u for u, t in parsed.tracks.items() if t.name == "cpu.memory.allocated (bytes)"]
+    assert parsed.tracks[uuid].HasField("counter")
+    assert sorted(v for _, v in parsed.counters[uuid]) == sorted(c.value for c in samples)
 
 
 def test_peak_grows_with_the_batch(tmp_path: Path) -> None:
