@@ -67,7 +67,10 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "library-mkl-timer": {"level": "library"},  # the same with oneMKL's own verbose timer (MLTRACE_MKL_TIMER=mkl)
     "kernel": {"level": "kernel"},  # GPU: every level, kernels through Kineto (the default path with torch)
     "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
-    "kernel-no-counters": {"level": "kernel"},  # GPU: "kernel" without the CPU/NVML counter sampler (attribution)
+    # Attribution of the kernel level's cost: "kernel" with one part taken out.
+    "kernel-no-counters": {"level": "kernel"},  # without the CPU/NVML counter sampler
+    "kernel-no-library": {"level": "kernel"},  # without the library level's fd tap and verbose output
+    "kernel-one-thread": {"level": "kernel"},  # torch.profiler on the starting thread only (no profile_all_threads)
     "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
 }
 #: Environment each condition runs under (read when its session starts).
@@ -116,26 +119,35 @@ def _condition(name: str, out: Path, cuda: bool = False) -> Any:
         return
     with (
         _environ(CONDITION_ENV.get(name, {})),
-        _counters_off(name == "kernel-no-counters"),
+        _part_off(name),
         mltrace.profile(output=out, summary=False, **CONDITIONS[name]),
     ):
         yield
 
 
 @contextlib.contextmanager
-def _counters_off(off: bool) -> Any:
-    """The counter sampler reports itself unavailable while ``off``, so the session does not start it."""
+def _part_off(name: str) -> Any:
+    """For the attribution conditions: the part the condition names is not started (its source
+    reports itself unavailable, or torch.profiler gets no all-threads configuration)."""
+    from mltrace.tracer.sources import torch_ops
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
     from mltrace.tracer.sources.nvml import NvmlSampler
 
-    if not off:
+    target: tuple[Any, str, Any] | None = {
+        "kernel-no-counters": (NvmlSampler, "available", lambda self: "off for this benchmark condition"),
+        "kernel-no-library": (CpuLibrarySource, "available", lambda self: "off for this benchmark condition"),
+        "kernel-one-thread": (torch_ops, "_all_threads_config", lambda: None),
+    }.get(name)
+    if target is None:
         yield
         return
-    saved = NvmlSampler.available
-    NvmlSampler.available = lambda self: "off for this benchmark condition"  # type: ignore[method-assign]
+    owner, attr, replacement = target
+    saved = getattr(owner, attr)
+    setattr(owner, attr, replacement)
     try:
         yield
     finally:
-        NvmlSampler.available = saved  # type: ignore[method-assign]
+        setattr(owner, attr, saved)
 
 
 def measure_model(
@@ -170,7 +182,7 @@ def measure_model(
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
         # The same, round by round against that round's plain block (drift cancels).
         res[f"{c}_overhead_paired_pct"] = 100.0 * (statistics.median(a / b for a, b in zip(blocks[c], blocks["plain"])) - 1)
-    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters"):
+    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters", "kernel-no-library", "kernel-one-thread"):
         if c in conditions and "torch.profiler" in conditions:
             res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
                 a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
@@ -308,7 +320,7 @@ def main() -> int:
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
                 f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
             )
-        for c in ("library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters"):
+        for c in ("library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters", "kernel-no-library", "kernel-one-thread"):
             if f"{c}_vs_torch_profiler_paired" in r:
                 print(
                     f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x "
