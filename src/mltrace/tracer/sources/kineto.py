@@ -458,9 +458,13 @@ def kineto_to_events(
         pids = Counter(_as_int(e.get("pid")) for e in complete if e.get("cat") == "cpu_op")
         pids.pop(None, None)
         cpu_pid = pids.most_common(1)[0][0] if pids else None
+    memory_events: list[dict[str, Any]] = []
     for e in events:
-        if e.get("ph") not in ("X", "M") and not _is_memory_event(e):
-            skipped[f"ph={e.get('ph')}"] += 1
+        if e.get("ph") not in ("X", "M"):
+            if _is_memory_event(e):
+                memory_events.append(e)
+            else:
+                skipped[f"ph={e.get('ph')}"] += 1
     if len(events) < len(given):
         skipped["malformed (a name, category, phase or args of another type)"] += len(given) - len(events)
 
@@ -608,10 +612,9 @@ def kineto_to_events(
         elif cat in GPU_ACTIVITY_CATEGORIES:
             gpu_spans.append((span, corr))
 
-    for e in events:
-        if _is_memory_event(e):
-            if not _memory_event(e, out, thread_track, tracks, lambda ts: to_session_ns(_us_to_ns(ts) + offset_ns), used_tracks):
-                skipped["[memory] (bad ts, bytes or pid/tid)"] += 1
+    for e in memory_events:
+        if not _memory_event(e, out, thread_track, tracks, lambda ts: to_session_ns(_us_to_ns(ts) + offset_ns), used_tracks):
+            skipped["[memory] (bad ts, bytes or pid/tid)"] += 1
     stats.memory_events = len(out.counters)
     flows, missing, unmatched = link_launches(gpu_spans, launch_by_corr, new_id)
     out.flows.extend(flows)
