@@ -90,7 +90,7 @@ def test_values_json_cannot_hold_are_written_as_text(tmp_path: Path) -> None:
     with mltrace.profile(output=run_dir, summary=False):
         with mltrace.span("before"):
             pass
-        with mltrace.span("odd", big=2**70, small=-(2**70), by_number={1: "a"}, items={3}, blob=b"xy") as s:  # no secret-looking name (redaction)
+        with mltrace.span("odd", big=2**70, small=-(2**70), by_number={1: "a"}, items={3}, blob=b"xy") as s:  # names redaction leaves
             s.set("pair", (1, 2))
             s.set(2, "two")  # type: ignore[arg-type]  # not text: made text
         with mltrace.span("after"):
