@@ -103,3 +103,42 @@ def test_text_report_shows_the_cold_call_apart(traced: Path) -> None:
     assert res.returncode == 0
     assert "Cold start: " in out and "--include-cold" in out
     assert "median" in out and "p90" in out
+
+
+COMPILED = """
+import json, sys, time
+import torch
+from torch import nn
+import torch._dynamo.utils as dynamo_utils
+
+torch.manual_seed(0)
+model = torch.compile(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval(), backend="eager")
+x = torch.randn(16, 64)
+times = []
+with torch.no_grad():
+    for _ in range(10):
+        t0 = time.perf_counter_ns()
+        model(x)
+        times.append(time.perf_counter_ns() - t0)
+json.dump({"times": times, "graph_breaks": sum(dynamo_utils.counters["graph_break"].values())}, open(sys.argv[1], "w"))
+"""
+
+
+def test_torch_compile_is_cold_start_and_the_steady_median_is_the_programs_own(tmp_path: Path) -> None:
+    """The Done-when of the execution-modes issue for torch.compile: no graph break traced,
+    compile reported as cold start, and the steady median the program's own."""
+    pytest.importorskip("torch._dynamo")
+    (tmp_path / "compiled.py").write_text(COMPILED)
+    script, own_file = str(tmp_path / "compiled.py"), str(tmp_path / "own.json")
+    res = run_cli("python", "-q", "--level", "op", "-o", str(tmp_path / "run"), script, own_file, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr.decode()
+    own = json.loads((tmp_path / "own.json").read_text())
+    assert own["graph_breaks"] == 0
+    data = _report(tmp_path)
+    (model,) = data["models"]
+    assert model["name"] == "OptimizedModule" and model["calls"] == 10
+    cold = model["cold_indices"]
+    assert cold and cold[0] == 0 and cold == list(range(len(cold)))
+    assert any(x["category"] == "compile" for x in data["run"]["cold_spent"]), data["run"]["cold_spent"]
+    mine = statistics.median(own["times"][len(cold) :])
+    assert abs(model["steady_median_ns"] - mine) <= max(0.10 * mine, 200_000), (model["steady_median_ns"], mine)
