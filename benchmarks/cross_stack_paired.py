@@ -52,7 +52,7 @@ from models import encoder, resnet_small  # noqa: E402
 from overhead_parts import bootstrap_median, loadavg, timed_block  # noqa: E402
 
 from mltrace.config import ProfileOptions  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 from mltrace.tracer.sources.cpu_library import CpuLibrarySource  # noqa: E402
 from mltrace.tracer.sources.torch_modules import TorchModuleSource  # noqa: E402

@@ -55,7 +55,7 @@ def workloads(quick: bool, calls: int) -> list[tuple[str, str, list[str]]]:
 
 
 def _min_view(m: Any, res: Any) -> dict[str, Any]:
-    from mltrace.tracer.levels import Level
+    from mltrace.run.levels import Level
 
     if m.plain is None:
         return {}
@@ -92,7 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from mltrace.bench import run_leveled
-    from mltrace.tracer.levels import Level
+    from mltrace.run.levels import Level
 
     n, rounds = (6, 1) if args.quick else (args.n, args.rounds)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from mltrace.config import ProfileOptions
+from mltrace.run.levels import Level
 from mltrace.run.store import read_meta
-from mltrace.tracer.levels import Level
 from mltrace.tracer.session import Session
 
 CONDITIONS = ("plain", "torch.profiler", "torch.profiler all threads", "torch.profiler memory", "mltrace op", "mltrace op --memory")

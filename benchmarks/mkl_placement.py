@@ -18,9 +18,9 @@ import argparse
 import random
 import sys
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, RunError, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 from mltrace.tracer.passes.library import attach_library_calls
 
 

@@ -33,9 +33,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from mltrace.exporters.jaeger_json import export_jaeger_json
 from mltrace.exporters.otlp import export_otlp
 from mltrace.run import store
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 
 
 class GrpcCounter(trace_service_pb2_grpc.TraceServiceServicer):

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import numpy as np  # noqa: E402
 
 from mltrace.config import ProfileOptions  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 
 CONDITIONS = {"model": Level.MODEL, "op": Level.OP}

@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from models import resnet_small  # noqa: E402
 
 from mltrace.config import ProfileOptions  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 from mltrace.tracer.sources.nvml import NvmlSampler  # noqa: E402
 from mltrace.tracer.sources.torch_modules import TorchModuleSource  # noqa: E402

@@ -40,10 +40,10 @@ from typing import Any
 
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.peaks import CACHE_DIR_ENV, cpu_peaks, peaks_for_run
+from mltrace.run.events import Span, Track
+from mltrace.run.levels import Level
 from mltrace.run.metadata import base_metadata
 from mltrace.run.store import EVENTS_FILE, TABLE_FILE, EventWriter, Run, load_run, write_meta, write_table
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track
 from mltrace.viewers.terminal import render_report
 
 BUDGET_S = 3.0

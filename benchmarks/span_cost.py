@@ -32,7 +32,7 @@ from torch.nn.modules import module as module_mod
 
 import mltrace
 from mltrace.config import ProfileOptions
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
 

@@ -133,7 +133,7 @@ import json, sys
 from collections import Counter
 from mltrace import load_run
 from mltrace.analysis.gpu import gpu_tables, is_gpu_activity
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 run_dir, kind, expected_path = sys.argv[1], sys.argv[2], sys.argv[3]
 run = load_run(run_dir)

@@ -74,7 +74,9 @@ def imports_of(path: Path, module: str) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            if base.startswith("mltrace"):
+            if base == "mltrace":  # `from mltrace import _mkltimer`: the modules named
+                out.update(f"mltrace.{a.name}" for a in node.names)
+            elif base.startswith("mltrace"):
                 out.add(base)
     return out
 

@@ -14,7 +14,7 @@ import pytest
 
 import mltrace
 from conftest import SCRIPTS, mltrace_cmd, run_cli, run_plain
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 from support.pftrace import parse_pftrace
 
 ECHO = SCRIPTS / "echo_env.py"

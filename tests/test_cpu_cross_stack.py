@@ -6,7 +6,7 @@ from pathlib import Path
 
 import mltrace
 from conftest import SCRIPTS, run_cli, run_plain
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 
 def test_library_level_end_to_end(tmp_path: Path) -> None:

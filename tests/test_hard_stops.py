@@ -15,7 +15,7 @@ import pytest
 
 import mltrace
 from conftest import SCRIPTS, mltrace_cmd
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 FORK_EXIT = SCRIPTS / "fork_exit.py"
 #: A hang is a failure: no test here needs more than this, even on a loaded machine.

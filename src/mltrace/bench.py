@@ -382,7 +382,7 @@ def available_levels() -> list[Any]:
     A level listed here may still record nothing at run time (no GPU for
     kernels); ``run_leveled`` checks each run's metadata and says so.
     """
-    from mltrace.tracer.levels import HIERARCHY
+    from mltrace.run.levels import HIERARCHY
     from mltrace.tracer.sources import default_sources
 
     found: set[Any] = set()
@@ -464,7 +464,7 @@ def run_leveled(
     from mltrace.analysis.leveled import analyze, build_leveled_run, load_plain_timings
     from mltrace.errors import UsageError
     from mltrace.run import store
-    from mltrace.tracer.levels import HIERARCHY, Level
+    from mltrace.run.levels import HIERARCHY, Level
 
     if n < 1 or warmup < 0 or rounds < 1:
         raise UsageError("need -n >= 1, --warmup >= 0 and --rounds >= 1")
@@ -623,8 +623,8 @@ def run_sweep(
     from mltrace.analysis.sweep import ScenarioSpec, build_manifest, scenario_result, sweep_csv
     from mltrace.errors import UsageError
     from mltrace.run import store
+    from mltrace.run.levels import Level
     from mltrace.run.store import RunError
-    from mltrace.tracer.levels import Level
 
     if n < 1 or warmup < 0:
         raise UsageError("need -n >= 1 and --warmup >= 0")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mltrace.errors import UsageError
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 
 @dataclass

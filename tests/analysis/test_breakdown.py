@@ -9,9 +9,9 @@ from torch import nn
 
 import mltrace
 from mltrace.analysis.breakdown import breakdown, cross_stack_chains
+from mltrace.run.events import Span, Track
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track
 
 
 def _run(spans: list[Span]) -> Run:

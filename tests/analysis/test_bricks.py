@@ -24,9 +24,9 @@ from mltrace.analysis.bricks import (
     infer_config,
     run_bricks,
 )
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.tracer.sources.torch_layer_config import layer_config
 
 
@@ -106,7 +106,7 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
 
 def _without_recorded_configs(runs: list[Run]) -> list[Run]:
 
-    from mltrace.tracer.model import Span
+    from mltrace.run.events import Span
 
     def strip(s: Span) -> Span:
         attrs = {k: v for k, v in s.attrs.items() if k != "ml.layer.config"}

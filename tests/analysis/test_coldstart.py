@@ -13,8 +13,8 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.coldstart import category_of, cold_indices, find_cold_start
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "runs" / "h100_resnet50_bert"
 MS = 1_000_000

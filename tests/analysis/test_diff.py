@@ -8,9 +8,9 @@ import pytest
 
 import mltrace
 from mltrace.analysis.diff import ADDED, FASTER, REMOVED, SAME, SLOWER, diff_runs, status_of
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.frames import load_frames
 from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.importers.kineto import import_kineto
+from mltrace.run.events import TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import TrackKind
 
 pd = pytest.importorskip("pandas")
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"

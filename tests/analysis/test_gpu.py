@@ -11,9 +11,9 @@ import pytest
 
 from mltrace.analysis.gpu import attribute_gpu_activities, gpu_tables, is_gpu_activity
 from mltrace.importers import import_kineto
+from mltrace.run.events import Flow, Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Flow, Span
 
 ALEXNET = Path(__file__).resolve().parents[1] / "data" / "kineto" / "a100_alexnet_train.json.gz"
 

@@ -11,8 +11,8 @@ import pytest
 
 import mltrace
 from mltrace.analysis.gpu import gpu_tables, is_gpu_activity
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 
 FIXTURE = Path(__file__).resolve().parent.parent / "data" / "runs" / "h100_resnet50_bert"
 

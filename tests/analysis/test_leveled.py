@@ -22,9 +22,9 @@ from mltrace.analysis.leveled import (
     trimmed_mean,
 )
 from mltrace.bench import run_leveled
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from support.pftrace import parse_pftrace
 
 M, L, OP, U = Level.MODEL, Level.LAYER, Level.OP, Level.USER

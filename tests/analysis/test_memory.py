@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mltrace.analysis.memory import MemoryChange, MemoryReport, MemoryRow, memory_diff, memory_report
+from mltrace.run.events import CounterSample, Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import CounterSample, Span, Track, TrackKind
 
 
 def mem_attrs(alloc: int, freed: int, peak: int, device: str = "cpu") -> dict[str, object]:

@@ -10,7 +10,7 @@ import pytest
 import mltrace
 from mltrace.analysis.metrics import MetricLogError, parse_thresholds, read_metric_log, time_to_threshold, tta_table
 from mltrace.bench import MetricLogger
-from mltrace.tracer.model import TrackKind
+from mltrace.run.events import TrackKind
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "metrics"
 

@@ -14,9 +14,9 @@ from mltrace.analysis.codepaths import context_lines, is_model_code, location, p
 from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.analysis.report_data import build_report, percentile_ns
 from mltrace.analysis.report_schema import REPORT_SCHEMA
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 
 PEAKS = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
 SITE = "/opt/venv/lib/python3.11/site-packages"

@@ -15,9 +15,9 @@ from mltrace.analysis.breakdown import breakdown
 from mltrace.analysis.summary import summarize
 from mltrace.config import ProfileOptions
 from mltrace.importers import import_kineto
+from mltrace.run.events import Span, Track
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track
 from mltrace.tracer.session import Session
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"

@@ -14,9 +14,9 @@ import pytest
 
 from mltrace.analysis.sweep import ScenarioResult, ScenarioSpec, SweepResult, build_manifest, percentile, scenario_result, sweep_csv
 from mltrace.bench import Scenario, render_sweep_svg, scenario
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 SVG = "{http://www.w3.org/2000/svg}"
 

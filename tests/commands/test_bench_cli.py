@@ -12,7 +12,7 @@ import pytest
 
 import mltrace
 from conftest import run_cli
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "metrics"
 

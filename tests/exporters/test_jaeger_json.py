@@ -15,9 +15,9 @@ import pytest
 from mltrace.exporters.jaeger_json import export_jaeger_json, jaeger_tag
 from mltrace.exporters.otlp import SpanMapper
 from mltrace.run import store
+from mltrace.run.events import Flow, Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Flow, Span, Track, TrackKind
 
 ANCHOR_MONO = 5_000_000_000
 ANCHOR_EPOCH = 1_700_000_000_987_654_321

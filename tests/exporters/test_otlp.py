@@ -29,17 +29,15 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue  # noqa: E402
 
 from mltrace.exporters.otlp import (  # noqa: E402
-    OTEL_PARENT_ATTR,
-    capture_otel_parent,
     export_otlp,
-    otel_parent_meta,
     resolve_endpoint,
     resolve_protocol,
 )
 from mltrace.run import store  # noqa: E402
+from mltrace.run.events import Flow, Span, Track, TrackKind  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run, load_run  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
-from mltrace.tracer.model import Flow, Span, Track, TrackKind  # noqa: E402
+from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent, otel_parent_meta  # noqa: E402
 
 ANCHOR_MONO = 1_000_000_000
 ANCHOR_EPOCH = 1_700_000_000_123_456_789
@@ -504,8 +502,8 @@ def test_importing_or_capturing_loads_no_grpc_or_opentelemetry() -> None:
     import sys
 
     code = (
-        "import sys, mltrace.exporters.otlp, mltrace.exporters.jaeger_json, mltrace.commands.export\n"
-        "assert mltrace.exporters.otlp.capture_otel_parent() is None\n"
+        "import sys, mltrace.exporters.otlp, mltrace.exporters.jaeger_json, mltrace.commands.export, mltrace.tracer.otel_context\n"
+        "assert mltrace.tracer.otel_context.capture_otel_parent() is None\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'opentelemetry'}))"
     )
     src = str(Path(__file__).resolve().parents[2] / "src")

@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from mltrace.exporters.otlp import export_otlp  # noqa: E402
 from mltrace.run import store  # noqa: E402
+from mltrace.run.events import Span, Track, TrackKind  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run, load_run  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
-from mltrace.tracer.model import Span, Track, TrackKind  # noqa: E402
 
 
 class SlowReceiver(trace_service_pb2_grpc.TraceServiceServicer):

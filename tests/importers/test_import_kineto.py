@@ -12,8 +12,8 @@ import pytest
 from conftest import run_cli
 from mltrace.errors import UsageError
 from mltrace.importers import import_kineto
+from mltrace.run.levels import Level
 from mltrace.run.store import EVENTS_FILE, META_FILE, RunError, load_run
-from mltrace.tracer.levels import Level
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"
 ALEXNET = DATA / "a100_alexnet_train.json.gz"

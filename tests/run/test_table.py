@@ -13,10 +13,10 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.breakdown import cross_stack_chains
 from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.importers.kineto import import_kineto
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.metadata import base_metadata
 from mltrace.run.store import EVENTS_FILE, TABLE_FILE, EventWriter, Run, load_run, write_meta, write_table
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 CPU = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))

@@ -10,7 +10,7 @@ import pytest
 
 import mltrace
 from mltrace.errors import UsageError
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 
 def test_outside_a_session_everything_is_a_no_op() -> None:

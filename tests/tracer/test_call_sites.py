@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.run.levels import Level
 from mltrace.tracer.callsite import FrameworkCode
-from mltrace.tracer.levels import Level
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
 
 HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from mltrace.run.levels import Level
 from mltrace.tracer.fdtap import TappedLine
-from mltrace.tracer.levels import Level
 from mltrace.tracer.sources.cpu_library import CpuLibrarySource, library_spans
 
 REPO = Path(__file__).resolve().parents[2]

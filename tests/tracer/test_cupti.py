@@ -28,9 +28,9 @@ import pytest
 
 from conftest import mltrace_cmd, run_cli
 from mltrace.config import ProfileOptions
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, TrackKind
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources import cupti as cs
 from mltrace.tracer.sources.cupti import (

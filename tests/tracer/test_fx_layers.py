@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 
 pytest.importorskip("torch.export")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 from mltrace.tracer.passes.gpu_library import attribute_gpu_library, gpu_library_of
 
 CUTLASS_GEMM = (

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mltrace
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 transformers = pytest.importorskip("transformers")
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
+from mltrace.run.events import Instant, Span, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Instant, Span, TrackKind
 from mltrace.tracer.passes.memory import SpanMemory, attribute_memory, span_memory
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.kineto import MEMORY_EVENT, kineto_to_events, memory_counter_name

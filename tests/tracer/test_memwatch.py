@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from mltrace.config import ProfileOptions
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
 from mltrace.tracer import memwatch
-from mltrace.tracer.levels import Level
 from mltrace.tracer.memwatch import GROWTH_BYTES, MemoryWatch, read_meminfo
-from mltrace.tracer.model import Event
 from mltrace.tracer.session import Session
 
 GIB = 1 << 30

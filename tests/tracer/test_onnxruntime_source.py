@@ -25,8 +25,8 @@ import torch
 import mltrace
 from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.onnxruntime import OrtSource
 from mltrace.tracer.sources.ort_profile import line_up_by_module_path

@@ -18,8 +18,8 @@ from typing import Any
 import onnx
 import pytest
 
-from mltrace.tracer.levels import HIERARCHY, Level
-from mltrace.tracer.model import Span, TrackKind
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.tracer.sources.ort_profile import (
     LiveRun,
     OnnxGraph,

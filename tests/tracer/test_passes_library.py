@@ -6,9 +6,9 @@ import random
 from pathlib import Path
 from typing import Any
 
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.tracer.passes.library import _Containing, attach_library_calls
 
 OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
@@ -259,9 +259,9 @@ def test_run_without_library_calls_is_returned_as_is() -> None:
 def test_attached_call_takes_the_framework_of_its_op() -> None:
     from pathlib import Path
 
+    from mltrace.run.events import Span, Track
+    from mltrace.run.levels import Level
     from mltrace.run.store import Run
-    from mltrace.tracer.levels import Level
-    from mltrace.tracer.model import Span, Track
     from mltrace.tracer.passes.library import attach_library_calls
 
     op = Span(1, None, Level.OP, "Conv2D", 0, 1000, 1, {"ml.framework": "tensorflow", "ml.op.name": "Conv2D"})

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mltrace.run.events import Flow, Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Flow, Span
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, innermost_containers, nest_by_containment
 
 M, LY, OP, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.KERNEL, Level.USER

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import mltrace
 from conftest import run_cli
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.tracer.passes.samples import attribute_samples
 from mltrace.tracer.sources.pyspy import MARKER, marker_offset_ns
 

@@ -23,8 +23,8 @@ tf = pytest.importorskip("tensorflow")
 
 import mltrace  # noqa: E402
 from mltrace.config import ProfileOptions  # noqa: E402
+from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run  # noqa: E402
-from mltrace.tracer.levels import Level  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
 

@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from mltrace.config import ProfileOptions
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
 from mltrace.tracer import api
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, TrackKind
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
 from mltrace.tracer.sources.torch_ops import TorchOpSource

@@ -17,10 +17,10 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 from mltrace.tracer.memwatch import SPAN_LIMIT_MAX, SPAN_LIMIT_MIN, default_span_limit
-from mltrace.tracer.model import Event
 from mltrace.tracer.session import Session, active_session
 
 

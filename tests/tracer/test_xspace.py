@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.tracer.sources.xspace import (
     SYNTHETIC_TID_BASE,
     HostProfile,
@@ -257,7 +257,7 @@ def test_rejects_foreign_data(tmp_path: Path) -> None:
 
 
 def _layer(sid: int, parent: int, path: str, start: int, end: int) -> Any:
-    from mltrace.tracer.model import Span
+    from mltrace.run.events import Span
 
     return Span(sid, parent, Level.LAYER, path, start, end, 7, {"ml.layer.path": path})
 

@@ -20,9 +20,9 @@ import mltrace
 from conftest import run_cli
 from mltrace.analysis.bottleneck import Bound, analyze, timeline
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.viewers.html import BOUND_COLORS, LEVEL_COLORS, render_html
 from support.perfetto_tp import CHROMIUM_FLAGS, chromium_path
 from viewers.pngdecode import read_png

@@ -18,8 +18,8 @@ import pytest
 
 import mltrace
 from mltrace.importers.kineto import import_kineto
+from mltrace.run.events import TrackKind
 from mltrace.run.store import TRACE_FILE, Run
-from mltrace.tracer.model import TrackKind
 from support.perfetto_tp import query_trace, require_trace_processor
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
@@ -234,7 +234,7 @@ def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
     import copy
 
     from mltrace.exporters import perfetto
-    from mltrace.tracer.model import Span
+    from mltrace.run.events import Span
 
     def encode(spans: list[Span]) -> bytes:
         enc = perfetto.PerfettoEncoder(torch_run.meta)
@@ -268,8 +268,8 @@ def test_packets_nest_at_equal_timestamps_in_the_written_order() -> None:
     """Outer begins first and inner ends first at one timestamp; a zero-length span's end follows
     its own begin; an end comes before a begin at the same time; instants follow the begins."""
     from mltrace.exporters.perfetto import _depths, _packet_order
-    from mltrace.tracer.levels import Level
-    from mltrace.tracer.model import CounterSample, Instant, Span
+    from mltrace.run.events import CounterSample, Instant, Span
+    from mltrace.run.levels import Level
 
     spans = [
         Span(3, 2, Level.OP, "inner", 100, 200, 1),  # listed before its parents on purpose
@@ -302,8 +302,8 @@ def test_packets_nest_at_equal_timestamps_in_the_written_order() -> None:
 
 def test_a_cyclic_parent_chain_does_not_hang_the_exporter() -> None:
     from mltrace.exporters.perfetto import _depths
-    from mltrace.tracer.levels import Level
-    from mltrace.tracer.model import Span
+    from mltrace.run.events import Span
+    from mltrace.run.levels import Level
 
     spans = [Span(1, 2, Level.LAYER, "a", 0, 10, 1), Span(2, 1, Level.LAYER, "b", 0, 10, 1), Span(3, 99, Level.OP, "c", 1, 2, 1)]
     depth = _depths(spans).tolist()

@@ -13,9 +13,9 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.codepaths import location
 from mltrace.analysis.diff import diff_runs
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
+from mltrace.run.events import Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, Track, TrackKind
 from mltrace.viewers.terminal import fmt_si, render_diff, render_report
 
 PEAKS = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))

@@ -28,9 +28,9 @@ from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.peaks import Peaks, PeakSet, is_half, raised
 from mltrace.analysis.roofline import IO, roofline_time_ns
+from mltrace.run.events import TrackKind
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import HIERARCHY, Level
-from mltrace.tracer.model import TrackKind
 
 if TYPE_CHECKING:
     from mltrace.analysis.span_pass import Gathered, NameAcc

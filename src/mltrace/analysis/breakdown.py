@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mltrace.run.events import Span
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import HIERARCHY, Level
-from mltrace.tracer.model import Span
 
 _STRUCTURAL = (Level.MODEL, Level.LAYER, Level.USER)
 _OP_LEVELS = (Level.OP, Level.LIBRARY, Level.KERNEL)  # they end together, with the op level

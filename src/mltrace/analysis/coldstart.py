@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import TrackKind
+from mltrace.run.events import TrackKind
+from mltrace.run.levels import Level
 
 if TYPE_CHECKING:
     import numpy as np

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from mltrace.analysis.bottleneck import Analysis, NameRow, analyze
 from mltrace.analysis.memory import MemoryChange, memory_diff
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import HIERARCHY, Level
 
 ADDED, REMOVED, SLOWER, FASTER, SAME = "added", "removed", "slower", "faster", "same"
 

@@ -46,9 +46,9 @@ from typing import Any
 
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.peaks import PeakSet
+from mltrace.run.events import TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import TrackKind
 
 _STRUCTURAL = (Level.MODEL, Level.LAYER)
 _SELF_CHILDREN = (Level.MODEL, Level.LAYER, Level.USER)

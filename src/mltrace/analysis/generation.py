@@ -17,8 +17,8 @@ from typing import Any
 
 from mltrace.analysis.coldstart import percentile_ns
 from mltrace.analysis.units import fmt_ns
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 #: Values of ``gpu.activity`` that are GPU work.
 GPU_ACTIVITIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

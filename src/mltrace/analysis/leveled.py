@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mltrace.run.events import Span, Track
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import HIERARCHY, Level
-from mltrace.tracer.model import Span, Track
 
 #: Fraction cut from each end of the sorted samples before averaging.
 TRIM = 0.2

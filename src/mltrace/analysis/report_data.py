@@ -18,8 +18,8 @@ from mltrace.analysis.memory import MemoryReport, MemoryRow
 __all__ = ["build_report", "call_durations", "findings", "hot_lines", "percentile_ns"]
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.units import fmt_ns
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
 
 #: Bumped when a key changes meaning or goes away (new keys do not bump it).
 SCHEMA_VERSION = 1

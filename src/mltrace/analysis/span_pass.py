@@ -28,8 +28,8 @@ import numpy as np
 from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
 from mltrace.analysis.breakdown import OpEnds, op_ends, window_end
 from mltrace.analysis.roofline import CHILDREN, EXPLICIT, IO, OPS, explicit_work, io_bytes, layer_formula_work, op_bytes
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import TrackKind
+from mltrace.run.events import TrackKind
+from mltrace.run.levels import Level
 
 if TYPE_CHECKING:
     from mltrace.run.store import Run

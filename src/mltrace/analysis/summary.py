@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import window_end
-from mltrace.tracer.levels import HIERARCHY, Level
+from mltrace.run.levels import HIERARCHY, Level
 
 if TYPE_CHECKING:
     from mltrace.run.store import Run

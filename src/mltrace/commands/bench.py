@@ -142,7 +142,7 @@ def _pct(v: float | None) -> str:
 
 def print_leveled(result: LeveledResult, file: IO[str] | None = None) -> None:
     """Prints the leveled figures: per model, per level, with inflations and mismatches."""
-    from mltrace.tracer.levels import Level
+    from mltrace.run.levels import Level
 
     out = file or sys.stdout
     levels = result.levels

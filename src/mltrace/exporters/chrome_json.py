@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mltrace.run.events import TrackKind
 from mltrace.run.store import Run
-from mltrace.tracer.model import TrackKind
 
 
 def chrome_events(run: Run) -> list[dict[str, Any]]:

@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 import urllib.parse
@@ -38,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mltrace._version import __version__
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run, dumps
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, TrackKind
+from mltrace.tracer.otel_context import OTEL_PARENT_ATTR
 
 log = logging.getLogger("mltrace")
 
@@ -61,10 +61,6 @@ DEFAULT_TIMEOUT_S = 5.0
 
 DEFAULT_SERVICE_NAME = "mltrace"
 """``service.name`` when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES sets one."""
-
-OTEL_PARENT_ATTR = "mltrace.otel.parent"
-"""Span attribute a source may set on a model span: the OpenTelemetry span that
-was current when the invocation began, as ``"<32 hex trace id>-<16 hex span id>"``."""
 
 #: Most spans per request. Receivers cap request size (Jaeger and the Collector
 #: accept 4 MiB per gRPC message by default), so chunks are also cut by size.
@@ -244,32 +240,6 @@ def parse_otel_parent(value: Any) -> tuple[int, int] | None:
     if 0 < tid <= _M128 and 0 < sid <= _M64:
         return tid, sid
     return None
-
-
-def otel_parent_meta(parent: tuple[int, int]) -> dict[str, str]:
-    """The run.json form of ``(trace_id, span_id)``: ``{"trace_id": 32 hex, "span_id": 16 hex}``."""
-    return {"trace_id": f"{parent[0]:032x}", "span_id": f"{parent[1]:016x}"}
-
-
-def capture_otel_parent() -> tuple[int, int] | None:
-    """The OpenTelemetry span current in the calling context, if the program uses OpenTelemetry.
-
-    Looks only at an ``opentelemetry.trace`` the program has already imported
-    (never imports it). Never raises.
-
-    Returns:
-        ``(trace_id, span_id)`` of a valid current span, else None.
-    """
-    mod = sys.modules.get("opentelemetry.trace")
-    if mod is None:
-        return None
-    try:
-        ctx = mod.get_current_span().get_span_context()
-        if not ctx.is_valid:
-            return None
-        return int(ctx.trace_id), int(ctx.span_id)
-    except Exception:  # a foreign or half-initialised OpenTelemetry: no parent
-        return None
 
 
 def otlp_value(value: Any) -> Any:

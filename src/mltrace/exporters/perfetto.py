@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from mltrace.run.events import CounterSample, Flow, Instant, Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import dumps
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track, TrackKind
 
 _SEQ_ID = 1
 _PROCESS_BASE = 1 << 48

@@ -43,11 +43,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from mltrace.run.events import CounterSample, Flow, Instant, Span, Track
 from mltrace.run.gcpause import gc_paused
+from mltrace.run.levels import Level
 from mltrace.run.metadata import meta_problem
 from mltrace.run.table import TABLE_FILE
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import CounterSample, Flow, Instant, Span, Track
 
 if TYPE_CHECKING:
     from mltrace.run.table import SpanTable

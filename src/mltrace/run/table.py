@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 
 if TYPE_CHECKING:
     import numpy as np

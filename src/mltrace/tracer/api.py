@@ -17,10 +17,10 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar, overload
 
 from mltrace.config import ProfileOptions
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.tracer import session as _session_mod
 from mltrace.tracer.callsite import code_attrs, defined_attrs
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from mltrace.run.events import Attrs, CounterSample, Event, Flow, Instant, Span, Track
+from mltrace.run.levels import Level
 from mltrace.run.redact import needs_redaction, redact_values
 from mltrace.tracer.clock import now_ns
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Attrs, CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.tracer.tracks import TrackRegistry
 
 log = logging.getLogger("mltrace")

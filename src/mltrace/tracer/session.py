@@ -26,11 +26,12 @@ from typing import Any, NoReturn
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
 from mltrace.run import store
+from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
+from mltrace.run.levels import HIERARCHY, Level, levels_down_to
 from mltrace.run.metadata import base_metadata
 from mltrace.tracer.clock import ClockAnchor, now_ns
 from mltrace.tracer.finishguard import FinishGuard, FinishInterrupted
-from mltrace.tracer.levels import HIERARCHY, Level, levels_down_to
 from mltrace.tracer.memwatch import (
     FINALIZE_BYTES_PER_SPAN,
     MemoryWatch,
@@ -39,7 +40,6 @@ from mltrace.tracer.memwatch import (
     read_meminfo,
     release_free_memory,
 )
-from mltrace.tracer.model import Event
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.tracks import TrackRegistry
@@ -288,7 +288,7 @@ class Session:
         self.meta = base_metadata(opts.command, name, redact=opts.redact)
         self.recorder.redact = opts.redact
         self.meta["run_id"] = uuid.uuid4().hex
-        from mltrace.exporters.otlp import capture_otel_parent, otel_parent_meta
+        from mltrace.tracer.otel_context import capture_otel_parent, otel_parent_meta
 
         otel_parent = capture_otel_parent()
         if otel_parent is not None:

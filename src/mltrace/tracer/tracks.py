@@ -6,7 +6,7 @@ import os
 import threading
 from collections import deque
 
-from mltrace.tracer.model import Track, TrackKind
+from mltrace.run.events import Track, TrackKind
 
 
 class TrackRegistry:

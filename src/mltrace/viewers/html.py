@@ -21,9 +21,9 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
+from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
-from mltrace.tracer.levels import Level
 from mltrace.viewers.perfetto_ui import PERFETTO_PORT, TRACE_PATH, perfetto_url
 from mltrace.viewers.terminal import fmt_ns, fmt_si
 

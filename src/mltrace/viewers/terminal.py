@@ -15,9 +15,9 @@ from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
+from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import Run, load_run, read_meta
-from mltrace.tracer.levels import Level
 
 __all__ = ["fmt_ns", "fmt_si", "output_width", "print_run_summary", "render_diff", "render_report"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.store import Run
-from mltrace.tracer.model import Span, Track, TrackKind
 
 
 def note(run: Run, name: str, facts: dict[str, Any]) -> None:

@@ -20,9 +20,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 #: Op nodes looked ahead for an op's name before the op is left unmatched (the profiler
 #: records a few ops that are no node, and a node may run no op of its own name).

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import re
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 CUDNN = "cuDNN"
 CUBLAS = "cuBLAS"

@@ -65,9 +65,9 @@ import bisect
 import re
 from typing import Any
 
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span, TrackKind
 
 CPU_LIBRARIES = frozenset({"oneDNN", "MKL"})
 """``ml.library.name`` values this pass handles."""

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.events import Instant, Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Instant, Span
 from mltrace.tracer.passes.checks import note
 from mltrace.tracer.sources.kineto import MEMORY_EVENT
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 
 #: Sort rank of each level for spans with identical intervals: the coarser
 #: span is the container. User spans (``record_function``, ``mltrace.span``)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Span
 from mltrace.tracer.passes.checks import note as _note
 
 _STRUCTURAL = (Level.MODEL, Level.LAYER, Level.USER)

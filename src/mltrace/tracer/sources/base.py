@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session

@@ -41,9 +41,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.events import Event, Span
+from mltrace.run.levels import Level
 from mltrace.tracer.fdtap import FdTap, TappedLine
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.verbose_logs import (
     MklCall,

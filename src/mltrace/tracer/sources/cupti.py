@@ -104,9 +104,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from mltrace.run.events import Event, Flow, Instant, Span, Track
+from mltrace.run.levels import Level
 from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Flow, Instant, Span, Track
 from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
 

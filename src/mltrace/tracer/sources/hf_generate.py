@@ -25,8 +25,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.levels import Level
 from mltrace.tracer.callsite import code_attrs
-from mltrace.tracer.levels import Level
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mltrace.run.events import CounterSample, Event, Flow, Instant, Span, Track
+from mltrace.run.levels import Level
 from mltrace.run.store import RunError
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.tracer.sources.aten_flops import aten_flops
 from mltrace.tracer.tracks import TrackRegistry
 

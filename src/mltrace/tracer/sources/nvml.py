@@ -51,9 +51,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.events import Event, Track
+from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Track
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session

@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
 from mltrace.tracer.callsite import FrameworkCode, frame_site
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.ort_profile import (
     LiveRun,

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mltrace.run.events import Event, Span, Track, TrackKind
+from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Span, Track, TrackKind
 
 if TYPE_CHECKING:
     from mltrace.tracer.session import Session

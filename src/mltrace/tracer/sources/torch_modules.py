@@ -33,10 +33,10 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 from mltrace.run import store
+from mltrace.run.events import Event, Span
+from mltrace.run.levels import Level
 from mltrace.tracer.callsite import FrameworkCode, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Span
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.hf_generate import GenerateSpans
 from mltrace.tracer.sources.torch_layer_config import layer_config
@@ -940,7 +940,7 @@ class TorchModuleSource:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs["code.line.number"]
         attrs["_in"] = self._raw_shapes(args)
         if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
-            from mltrace.exporters.otlp import OTEL_PARENT_ATTR, capture_otel_parent
+            from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent
 
             otel = capture_otel_parent()
             if otel is not None:

@@ -67,8 +67,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.kineto import KinetoStats, kineto_to_events, load_kineto_json
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mltrace.tracer.levels import Level
-from mltrace.tracer.model import Event, Span, Track
+from mltrace.run.events import Event, Span, Track
+from mltrace.run.levels import Level
 from mltrace.tracer.sources.tf_flops import FlopTable
 from mltrace.tracer.tracks import TrackRegistry
 

@@ -1,6 +1,6 @@
 """The trace model: spans, instants, counter samples, flows and tracks.
 
-All times are integer nanoseconds on the session clock (see ``clock.py``).
+All times are integer nanoseconds on the session clock (see ``tracer/clock.py``).
 Attributes are flat ``str -> JSON value`` maps whose names follow
 docs/CONVENTIONS.md. Nothing here holds tensor values.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from mltrace.tracer.levels import Level
+from mltrace.run.levels import Level
 
 AttrValue = Union[str, int, float, bool, None, list[Any]]
 Attrs = dict[str, Any]

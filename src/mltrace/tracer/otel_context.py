@@ -1,0 +1,37 @@
+"""The OpenTelemetry span current when a model call or a session begins, read from the program's own
+OpenTelemetry (never imported here): recorded so that the OTLP export puts mltrace's spans in the
+program's trace (``exporters/otlp.py``)."""
+
+from __future__ import annotations
+
+import sys
+
+OTEL_PARENT_ATTR = "mltrace.otel.parent"
+"""Span attribute a source may set on a model span: the OpenTelemetry span that
+was current when the invocation began, as ``"<32 hex trace id>-<16 hex span id>"``."""
+
+
+def otel_parent_meta(parent: tuple[int, int]) -> dict[str, str]:
+    """The run.json form of ``(trace_id, span_id)``: ``{"trace_id": 32 hex, "span_id": 16 hex}``."""
+    return {"trace_id": f"{parent[0]:032x}", "span_id": f"{parent[1]:016x}"}
+
+
+def capture_otel_parent() -> tuple[int, int] | None:
+    """The OpenTelemetry span current in the calling context, if the program uses OpenTelemetry.
+
+    Looks only at an ``opentelemetry.trace`` the program has already imported
+    (never imports it). Never raises.
+
+    Returns:
+        ``(trace_id, span_id)`` of a valid current span, else None.
+    """
+    mod = sys.modules.get("opentelemetry.trace")
+    if mod is None:
+        return None
+    try:
+        ctx = mod.get_current_span().get_span_context()
+        if not ctx.is_valid:
+            return None
+        return int(ctx.trace_id), int(ctx.span_id)
+    except Exception:  # a foreign or half-initialised OpenTelemetry: no parent
+        return None
