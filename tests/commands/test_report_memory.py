@@ -80,6 +80,14 @@ def test_text_report_has_a_memory_section(runs: tuple[Path, Path]) -> None:
     assert "Memory by layer (peak of one call)" in text and "Memory by op (allocated)" in text
 
 
+def test_markdown_report_has_a_memory_section(runs: tuple[Path, Path]) -> None:
+    md = report(runs[0], "--format", "md")
+    section = md.split("### Memory", 1)[1].split("###", 1)[0]
+    assert "| cpu.memory.allocated |" in section and "| encoder.layers." in section
+    assert "Layers by peak of live memory while they ran" in section
+    assert "### Memory" not in report(runs[1], "--format", "md")
+
+
 def test_without_memory_the_keys_are_null(runs: tuple[Path, Path]) -> None:
     data = json.loads(report(runs[1], "--format", "json"))
     assert errors(data, REPORT_SCHEMA) == []

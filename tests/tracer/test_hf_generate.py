@@ -72,6 +72,11 @@ def test_the_report_gives_time_to_first_token_and_per_output_token(tmp_path: Pat
     assert entry["tokens_per_s"] == pytest.approx(6e9 / (gen.end_ns - gen.start_ns))
     (finding,) = [f for f in report["findings"] if f["kind"] == "generate"]
     assert "time to first token" in finding["text"] and "per output token" in finding["text"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", str(tmp_path / "run"), "--format", "md"]) == 0
+    row = buf.getvalue().split("### Generation", 1)[1].splitlines()[4]
+    assert row.startswith("| GPT2LMHeadModel | 6 |")
 
 
 def test_generate_outside_a_session_is_transformers_own() -> None:

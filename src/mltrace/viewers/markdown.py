@@ -76,6 +76,8 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
         )
         out.append("")
         out += _hot_section(layers)
+    out += _memory_section(data, top)
+    out += _generate_section(data)
     if data["ops"]:
         out += ["### Top ops by self time", ""]
         out += _table(
@@ -94,6 +96,47 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
         )
         out.append("")
     return "\n".join(out)
+
+
+def _memory_section(data: dict[str, Any], top: int) -> list[str]:
+    """Each device's peak and the layer holding it, and the layers by peak (runs recorded with ``--memory``)."""
+    memory = data.get("memory")
+    if not memory:
+        return []
+    out = ["### Memory", ""]
+    out += _table(
+        ["device", "peak", "held by layer", "samples"],
+        [[_cell(p["track"]), fmt_si(p["bytes"], "B"), _cell(p["layer"] or ""), str(p["samples"])] for p in memory["peaks"]],
+    )
+    layers = sorted((x for x in data["layers"] if x.get("peak_alloc_bytes")), key=lambda x: (-x["peak_alloc_bytes"], x["name"]))[:top]
+    if layers:
+        out += ["", "Layers by peak of live memory while they ran:", ""]
+        out += _table(
+            ["layer", "peak", "allocated"],
+            [[_cell(x["name"]), fmt_si(x["peak_alloc_bytes"], "B"), fmt_si(x["alloc_bytes"] or 0, "B")] for x in layers],
+        )
+    return [*out, ""]
+
+
+def _generate_section(data: dict[str, Any]) -> list[str]:
+    """One row per Hugging Face ``generate()`` call: tokens, time to first token, per output token."""
+    calls = data.get("generate") or []
+    if not calls:
+        return []
+    rows = [
+        [
+            _cell(g["model"]),
+            str(g["new_tokens"]) if g["new_tokens"] is not None else "",
+            fmt_ns(g["total_ns"]),
+            _opt_ns(g["ttft_ns"]),
+            _opt_ns(g["tpot_median_ns"]),
+            _opt_ns(g["tpot_p90_ns"]),
+            f"{g['tokens_per_s']:.1f}" if g["tokens_per_s"] is not None else "",
+        ]
+        for g in calls
+    ]
+    headers = ["generate", "new tokens", "total", "first token", "per token (median)", "per token (p90)", "tokens/s"]
+    return ["### Generation", "", *_table(headers, rows), ""]
 
 
 def _opt_ns(ns: int | None) -> str:
