@@ -236,6 +236,22 @@ def test_known_repeats_are_counted_and_deduplicated(rep_run: Any) -> None:
     assert seqs.total_sequences == 6 and len(seqs.sequences) == 3
 
 
+def test_runs_of_one_script_are_named_apart(rep_run: Any, tmp_path: Path) -> None:
+    """Two runs whose models share a label (the same script run twice) give two rows, each
+    named with its run directory; a label no other run shares stays as it is."""
+    import shutil
+
+    run, custom = rep_run
+    again = tmp_path / "rep-again"
+    shutil.copytree(run.path, again)
+    bset = extract([run, mltrace.load_run(again), custom])
+    names = [m.model for m in bset.models]
+    rep_names = [n for n in names if n.startswith("Rep (")]
+    assert len(rep_names) == 4 and len(set(rep_names)) == 4
+    assert {n.rsplit(" [", 1)[1] for n in rep_names} == {f"{run.path.name}]", "rep-again]"}
+    assert all(" [" not in n for n in names if not n.startswith("Rep ("))
+
+
 def test_construct_sum_fallback_and_sequences(rep_run: Any) -> None:
     run, _ = rep_run
     bset = extract([run], granularity=2)

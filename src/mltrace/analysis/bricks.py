@@ -39,7 +39,8 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from mltrace.run.events import Span
@@ -442,7 +443,19 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     unattributed_ns=max(0, ref.root.duration_ns - covered),
                 )
             )
-    return BrickSet(granularity, models, list(unique), list(unique_seq))
+    return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
+
+
+def _named_apart(models: list[ModelBricks]) -> list[ModelBricks]:
+    """The models, those whose label another run's model shares named with their run
+    directory too (``ResNet (infer.py:53) [resnet-b1]``): two runs of one script are two rows."""
+    runs_of: dict[str, set[str]] = {}
+    for m in models:
+        runs_of.setdefault(m.model, set()).add(m.run)
+    return [
+        replace(m, model=f"{m.model} [{Path(m.run).name}]") if len(runs_of[m.model]) > 1 else m
+        for m in models
+    ]
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
