@@ -331,6 +331,43 @@ def explicit_work(attrs: dict[str, Any]) -> tuple[float | None, float | None]:
     return f, b
 
 
+#: Ops that return a view of their input or its metadata, or allocate without writing: they
+#: move no data. Where one must copy (a reshape of a non-contiguous tensor, ``contiguous``,
+#: ``to`` another dtype), the copy is a child op of its own (``aten::clone``, ``aten::copy_``,
+#: ``aten::_to_copy``), counted there.
+NO_DATA_OPS = frozenset(
+    {
+        "aten::view", "aten::_unsafe_view", "aten::view_as", "aten::reshape", "aten::_reshape_alias",
+        "aten::as_strided", "aten::select", "aten::slice", "aten::narrow", "aten::transpose", "aten::t",
+        "aten::permute", "aten::movedim", "aten::swapaxes", "aten::expand", "aten::expand_as",
+        "aten::squeeze", "aten::unsqueeze", "aten::flatten", "aten::unflatten", "aten::split",
+        "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::diagonal", "aten::unfold",
+        "aten::detach", "detach", "aten::alias", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+        "aten::contiguous", "aten::to", "aten::empty", "aten::empty_like", "aten::empty_strided",
+        "aten::resize_", "aten::as_strided_", "aten::set_", "aten::squeeze_", "aten::unsqueeze_",
+        "aten::transpose_", "aten::t_", "aten::detach_",
+    }
+)  # fmt: skip
+
+#: Ops that read only the rows their indices pick (their first input is the table).
+GATHER_OPS = frozenset({"aten::embedding", "aten::index_select"})
+
+
+def gather_bytes(attrs: dict[str, Any]) -> int:
+    """Bytes an embedding lookup or ``index_select`` moves: the rows it reads, written out
+    once, plus its indices; not the whole table its first input is. Where the shapes are
+    missing, ``op_bytes``."""
+    ins = _shapes(attrs, "ml.input.shapes")
+    types = _dtypes(attrs, "ml.input.dtypes", len(ins))
+    table = ins[0] if ins else None
+    at = next((i for i, s in enumerate(ins) if i > 0 and s is not None and len(s) >= 1), None)
+    if not table or at is None:
+        return op_bytes(attrs)
+    row = numel(table[1:]) if len(table) > 1 else 1
+    rows = numel(ins[at])
+    return 2 * rows * row * element_bytes(types[0]) + rows * element_bytes(types[at])
+
+
 def op_bytes(attrs: dict[str, Any]) -> int:
     """Bytes one op call moves: its tensor inputs plus its output.
 

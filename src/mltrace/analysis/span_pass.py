@@ -27,7 +27,19 @@ import numpy as np
 
 from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
 from mltrace.analysis.breakdown import OpEnds, op_ends, window_end
-from mltrace.analysis.roofline import CHILDREN, EXPLICIT, IO, OPS, explicit_work, io_bytes, layer_formula_work, op_bytes
+from mltrace.analysis.roofline import (
+    CHILDREN,
+    EXPLICIT,
+    GATHER_OPS,
+    IO,
+    NO_DATA_OPS,
+    OPS,
+    explicit_work,
+    gather_bytes,
+    io_bytes,
+    layer_formula_work,
+    op_bytes,
+)
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
 
@@ -367,10 +379,11 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     sample = _first_n_by_key(op_rows, name[op_rows], BYTES_SAMPLES)
     sampled: dict[int, list[int]] = {}
     for row in sample.tolist():
-        sampled.setdefault(int(name[row]), []).append(op_bytes(t.attrs(row)))
+        k = int(name[row])
+        sampled.setdefault(k, []).append((gather_bytes if names[k] in GATHER_OPS else op_bytes)(t.attrs(row)))
     for k, got in sampled.items():
         acc = g.ops[names[k]]
-        acc.bytes = sum(got) * (acc.calls / len(got))
+        acc.bytes = 0.0 if names[k] in NO_DATA_OPS else sum(got) * (acc.calls / len(got))
 
     top_level_op = is_op & ((mask & (1 << OP)) == 0)
     g.top_op_ns = int(dur[top_level_op & in_scope].sum())

@@ -1,0 +1,41 @@
+"""Bytes an op moves: views move none, a lookup moves the rows it reads (not the whole table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import mltrace
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.roofline import gather_bytes, op_bytes
+
+
+def test_a_lookup_moves_its_rows_not_its_table() -> None:
+    attrs = {"ml.input.shapes": [[1000, 64], [2, 8]], "ml.input.dtypes": ["float", "long int"]}
+    assert gather_bytes(attrs) == 2 * 16 * 64 * 4 + 16 * 8
+    assert op_bytes(attrs) > 1000 * 64 * 4  # the generic estimate counts the whole table
+    assert gather_bytes({"ml.input.shapes": [[1000, 64]]}) == op_bytes({"ml.input.shapes": [[1000, 64]]})
+
+
+class Lookup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(1000, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids).view(2, -1).transpose(0, 1).contiguous()
+
+
+def test_views_move_nothing_and_lookups_their_rows_in_a_traced_run(tmp_path: Path) -> None:
+    model = Lookup().eval()
+    ids = torch.randint(0, 1000, (2, 8))
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="op"), torch.no_grad():
+        for _ in range(3):
+            model(ids)
+    ops = {o.name: o for o in analyze(mltrace.load_run(tmp_path / "run")).ops}
+    assert ops["aten::view"].bytes == 0 and ops["aten::transpose"].bytes == 0
+    lookup = ops["aten::embedding"]
+    assert lookup.bytes == lookup.calls * (2 * 16 * 64 * 4 + 16 * 8)
+    assert ops["aten::clone"].bytes > 0  # contiguous() of the transposed view copies, in its clone
