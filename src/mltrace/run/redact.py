@@ -73,6 +73,29 @@ def redact_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (REDACTED if looks_secret(k) and v is not None else v) for k, v in values.items()}
 
 
+#: Attribute names mltrace itself gives user spans (their call site): never secret, skipped
+#: without a lookup.
+_OWN_NAMES = frozenset(
+    {
+        "code.file.path",
+        "code.line.number",
+        "code.function.name",
+        "ml.defined.file.path",
+        "ml.defined.line.number",
+        "ml.defined.function.name",
+    }
+)
+
+
 def needs_redaction(values: Mapping[str, Any]) -> bool:
     """Whether any name in ``values`` looks secret (a check cheap enough for every span)."""
-    return any(looks_secret(k) for k in values)
+    seen = _seen
+    for k in values:
+        if k in _OWN_NAMES:
+            continue
+        known = seen.get(k)
+        if known is None:
+            known = looks_secret(k)
+        if known:
+            return True
+    return False

@@ -13,7 +13,7 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeVar, overload
 
 from mltrace.config import ProfileOptions
@@ -90,11 +90,19 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
     return _LiveSpan(session, name, lv, _with_call_site(attrs, sys._getframe(1)))
 
 
+#: Call sites seen (code object, line) → their ``code.*`` attributes, built once each.
+_sites: dict[tuple[CodeType, int], dict[str, Any]] = {}
+
+
 def _with_call_site(attrs: dict[str, Any], caller: FrameType) -> dict[str, Any]:
     """``attrs`` with the ``code.*`` attributes of the caller's line (the call site), unless given."""
-    site = code_attrs(caller.f_code, caller.f_lineno or caller.f_code.co_firstlineno)
-    site.update(attrs)
-    return site
+    key = (caller.f_code, caller.f_lineno or caller.f_code.co_firstlineno)
+    site = _sites.get(key)
+    if site is None:
+        if len(_sites) >= 4096:
+            _sites.clear()
+        site = _sites[key] = code_attrs(*key)
+    return {**site, **attrs} if attrs else dict(site)
 
 
 @overload
