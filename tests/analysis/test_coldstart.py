@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import gzip
-import shutil
-from pathlib import Path
-
 import pytest
 
-import mltrace
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.coldstart import category_of, cold_indices, find_cold_start
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from support.runs import unpack_run
 
-FIXTURE = Path(__file__).resolve().parent.parent / "data" / "runs" / "h100_resnet50_bert"
 MS = 1_000_000
 
 
@@ -61,12 +56,7 @@ def test_one_time_names(name: str, category: str) -> None:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    dest = tmp_path_factory.mktemp("h100") / "run"
-    dest.mkdir()
-    shutil.copy(FIXTURE / "run.json", dest / "run.json")
-    with gzip.open(FIXTURE / "events.jsonl.gz", "rb") as src, open(dest / "events.jsonl", "wb") as out:
-        shutil.copyfileobj(src, out)
-    return mltrace.load_run(dest)
+    return unpack_run("h100_resnet50_bert", tmp_path_factory.mktemp("h100") / "run")
 
 
 PEAKS = PeakSet(Peaks("cpu", "test CPU", 1e11, 1e10, "assumed"), gpu_peaks("NVIDIA H100 80GB HBM3"))

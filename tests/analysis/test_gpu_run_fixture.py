@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import gzip
-import shutil
 import statistics
-from pathlib import Path
 
 import pytest
 
-import mltrace
 from mltrace.analysis.gpu import gpu_tables, is_gpu_activity
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
-
-FIXTURE = Path(__file__).resolve().parent.parent / "data" / "runs" / "h100_resnet50_bert"
+from support.runs import unpack_run
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    dest = tmp_path_factory.mktemp("h100") / "run"
-    dest.mkdir()
-    shutil.copy(FIXTURE / "run.json", dest / "run.json")
-    with gzip.open(FIXTURE / "events.jsonl.gz", "rb") as src, open(dest / "events.jsonl", "wb") as out:
-        shutil.copyfileobj(src, out)
-    return mltrace.load_run(dest)
+    return unpack_run("h100_resnet50_bert", tmp_path_factory.mktemp("h100") / "run")
 
 
 def _ancestors(run: Run, span_id: int | None) -> list[Level]:

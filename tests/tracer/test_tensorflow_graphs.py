@@ -21,12 +21,9 @@ import pytest
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-import mltrace  # noqa: E402
-from mltrace.config import ProfileOptions  # noqa: E402
 from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run  # noqa: E402
-from mltrace.tracer.session import Session  # noqa: E402
-from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
+from support.tf_session import traced  # noqa: E402
 
 LAYERS = ("stem_conv", "stem_bn", "block_conv", "pool", "fc", "classifier")
 DATA = np.random.default_rng(0).standard_normal((24, 16, 16, 3)).astype(np.float32)
@@ -45,13 +42,6 @@ def build(name: str) -> Any:
     return keras.Model(inp, out, name=name)
 
 
-def traced(tmp_path: Path, body: Any, level: Level | None = None) -> Run:
-    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, level=level), sources=[TensorFlowSource()]).start()
-    try:
-        body()
-    finally:
-        path = session.stop()
-    return mltrace.load_run(path)
 
 
 def json_report(tmp_path: Path, *flags: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
+from support.tf_session import traced  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = np.random.default_rng(0).standard_normal((2, 32, 32, 3)).astype(np.float32)
@@ -60,13 +61,6 @@ def keras_unpatched() -> Iterator[None]:
         shutil.rmtree(probe, ignore_errors=True)
 
 
-def traced(tmp_path: Path, body: Any, level: Level | None = None) -> Run:
-    session = Session(ProfileOptions(output=tmp_path / "run", summary=False, level=level), sources=[TensorFlowSource()]).start()
-    try:
-        body()
-    finally:
-        path = session.stop()
-    return mltrace.load_run(path)
 
 
 def check(run: Run) -> None:
