@@ -795,14 +795,7 @@ class Session:
             self._flusher.stop(timeout_s=0.2)
         if self._flush_lock.acquire(timeout=0.5):
             try:
-                self._flush_locked()
-                self._streams_closed = True
-                for closer in (self._writer, self._pftrace):
-                    if closer is not None:
-                        try:
-                            closer.close()
-                        except Exception:  # noqa: BLE001 - what is on disk stays
-                            pass
+                self._close_streams(quiet=True)  # what is on disk stays
             finally:
                 self._flush_lock.release()
         for leftover in self.run_dir.glob("*.tmp"):
@@ -815,6 +808,19 @@ class Session:
         self.options.summary = False
         _say(f"{name} during the finish: stopped early; {self.run_dir} keeps what was written")
         return self.run_dir
+
+    def _close_streams(self, quiet: bool) -> None:
+        """Flushes what is left and closes the streamed files (holding ``_flush_lock``); a
+        stream that fails to close is warned about, or passed over when ``quiet``."""
+        self._flush_locked()
+        self._streams_closed = True
+        for closer in (self._writer, self._pftrace):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception as exc:  # noqa: BLE001 - what is on disk stays
+                    if not quiet:
+                        warn(f"closing a stream failed: {exc}")
 
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
         stop_ns = now_ns()
@@ -848,14 +854,7 @@ class Session:
         if self._flusher is not None:
             self._flusher.stop()
         with self._flush_lock:  # a flusher still busy (join timed out) finishes first
-            self._flush_locked()
-            self._streams_closed = True
-            for closer in (self._writer, self._pftrace):
-                if closer is not None:
-                    try:
-                        closer.close()
-                    except Exception as exc:
-                        warn(f"closing a stream failed: {exc}")
+            self._close_streams(quiet=False)
         self.meta["stopped_at_epoch_ns"] = self.anchor.session_to_epoch(now_ns())
         self.meta["duration_ns"] = stop_ns - self.anchor.monotonic_ns
         self.meta["limitations"] = self.limitations
