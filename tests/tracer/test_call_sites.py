@@ -16,7 +16,7 @@ from torch import nn
 
 import mltrace
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import FrameworkCode
+from mltrace.tracer.callsite import is_model_code
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
 
 HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
@@ -163,14 +163,13 @@ def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(tmp_path:
 
 
 def test_framework_files_are_never_call_sites() -> None:
-    frameworks = FrameworkCode()
-    assert frameworks.owns(torch.nn.modules.conv.__file__)
-    assert frameworks.owns(functools.__file__)  # the standard library
-    assert frameworks.owns(mltrace.__file__)
-    assert not frameworks.owns(__file__)
+    assert not is_model_code(torch.nn.modules.conv.__file__)
+    assert not is_model_code(functools.__file__)  # the standard library
+    assert not is_model_code(mltrace.__file__)
+    assert is_model_code(__file__)
     transformers = importlib.util.find_spec("transformers")
     if transformers is not None and transformers.origin:
-        assert not frameworks.owns(transformers.origin)  # model libraries are model code
+        assert is_model_code(transformers.origin)  # model libraries are model code
 
 
 def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(tmp_path: Path, hot_path: str) -> None:

@@ -72,15 +72,6 @@ def is_model_code(path: str) -> bool:
     return not any(real.startswith(root) for root in _excluded_roots())
 
 
-class FrameworkCode:
-    """The call-site rule as the sources ask it: ``owns(file)`` is True for a framework's
-    file (never a call site), i.e. one that is not model code (``is_model_code``)."""
-
-    def owns(self, filename: str) -> bool:
-        """Whether ``filename`` is a framework's."""
-        return not is_model_code(filename)
-
-
 def line_of(code: CodeType, lasti: int) -> int:
     """The source line of the instruction at byte offset ``lasti`` (``co_lines``), else the first line."""
     for start, end, line in code.co_lines():
@@ -99,12 +90,12 @@ def unwrapped(fn: Any) -> Any:
         return fn
 
 
-def frame_site(frame: FrameType | None, frameworks: FrameworkCode) -> dict[str, Any]:
+def frame_site(frame: FrameType | None) -> dict[str, Any]:
     """The ``code.*`` attributes of the innermost frame from ``frame`` outwards that is model
     code (empty where every frame is a framework's)."""
     while frame is not None:
         code = frame.f_code
-        if not frameworks.owns(code.co_filename):
+        if is_model_code(code.co_filename):
             return code_attrs(code, frame.f_lineno or code.co_firstlineno)
         frame = frame.f_back
     return {}

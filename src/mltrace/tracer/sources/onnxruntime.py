@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Event
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import FrameworkCode, frame_site
+from mltrace.tracer.callsite import frame_site
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.ort_profile import (
     LiveRun,
@@ -140,7 +140,6 @@ class OrtSource:
         self._lock = threading.Lock()
         self._tmp: str | None = None
         self._profile = False
-        self._frameworks: FrameworkCode | None = None
         self._thread_names: dict[int, str] = {}
         self._active = False
         self._problems: list[str] = []
@@ -397,9 +396,7 @@ class OrtSource:
             if shapes:
                 attrs["ml.input.shapes"] = shapes
                 attrs["ml.input.dtypes"] = dtypes
-        if self._frameworks is None:
-            self._frameworks = FrameworkCode()
-        site = frame_site(sys._getframe(1), self._frameworks)
+        site = frame_site(sys._getframe(1))
         if site:
             attrs.update(site)
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]

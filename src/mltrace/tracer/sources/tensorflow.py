@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import FrameworkCode, defined_attrs, frame_site
+from mltrace.tracer.callsite import defined_attrs, frame_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.tf_flops import FlopTable, graph_work, top_scopes
@@ -142,7 +142,6 @@ class TensorFlowSource:
         self._idents: set[int] = set()
         self._problems: list[str] = []
         self._lock = threading.Lock()
-        self._frameworks: FrameworkCode | None = None
         self._eager: Callable[[], bool] = lambda: True
         self._symbolic: type | None = None
         self._model_cls: type | None = None
@@ -408,7 +407,7 @@ class TensorFlowSource:
                 if shape is not None and len(shape) >= 1 and shape[0] is not None:
                     batch = int(shape[0])
                     break
-            site = frame_site(sys._getframe(3), self._framework_code())  # past this, the wrapper and its caller
+            site = frame_site(sys._getframe(3))  # past this, the wrapper and its caller
             self._function_calls.append(FunctionCall(start, end, name, batch, site or None))
         except Exception:
             pass
@@ -506,7 +505,7 @@ class TensorFlowSource:
             "ml.tf.mode": "eager",
         }
         self._class_location(layer, attrs)
-        attrs.update(frame_site(sys._getframe(1), self._framework_code()))
+        attrs.update(frame_site(sys._getframe(1)))
         self._shapes(x, attrs, "input")
         self._recorded_layers = True
         return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
@@ -549,7 +548,7 @@ class TensorFlowSource:
                 self._idents.add(ident)
                 self._threads[std_thread_hash(ident)] = (threading.get_native_id(), threading.current_thread().name)
         self._class_location(model, attrs)
-        site = frame_site(sys._getframe(1), self._framework_code())
+        site = frame_site(sys._getframe(1))
         if site:
             attrs.update(site)
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]
@@ -600,12 +599,6 @@ class TensorFlowSource:
 
     def _class_location(self, layer: Any, attrs: dict[str, Any]) -> None:
         attrs.update(defined_attrs(getattr(type(layer), "call", None), f"{type(layer).__name__}.call"))
-
-    def _framework_code(self) -> FrameworkCode:
-        """Which files are the frameworks' (never a call site), found once."""
-        if self._frameworks is None:
-            self._frameworks = FrameworkCode()
-        return self._frameworks
 
     def _shapes(self, x: Any, attrs: dict[str, Any], which: str) -> None:
         shape = getattr(x, "shape", None)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run import store
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import FrameworkCode, line_of, unwrapped
+from mltrace.tracer.callsite import is_model_code, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.hf_generate import GenerateSpans
@@ -246,8 +246,6 @@ class TorchModuleSource:
         self._sites: dict[tuple[CodeType, int], tuple[str, int, str]] = {}
         #: The same → its ``code.*`` attributes as the tail of a JSON object (``_site_json``).
         self._site_texts: dict[tuple[CodeType, int], str] = {}
-        #: Which files are the frameworks' (never a call site), set when torch is imported.
-        self._frameworks: FrameworkCode | None = None
         #: Module classes ``_note_opaque`` found nothing to say about.
         self._see_through: set[type] = set()
         #: Hugging Face generate() calls as spans; the model calls inside them tagged.
@@ -291,7 +289,6 @@ class TorchModuleSource:
 
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
-        self._frameworks = FrameworkCode()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
         if os.environ.get("MLTRACE_TORCH_HOOKS") == "global":  # the older mechanism, kept for comparison
             if not self._record_layers:
@@ -860,9 +857,7 @@ class TorchModuleSource:
         internal = self._internal_code
         if len(internal) >= _CODE_CACHE_MAX:
             internal.clear()
-        if self._frameworks is None:
-            self._frameworks = FrameworkCode()
-        inside = internal[code] = self._frameworks.owns(code.co_filename)
+        inside = internal[code] = not is_model_code(code.co_filename)
         return inside
 
     def _site_of(self, frame: Any) -> tuple[CodeType, int] | None:
