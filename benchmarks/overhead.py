@@ -71,7 +71,10 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "kernel-no-counters": {"level": "kernel"},  # without the CPU/NVML counter sampler
     "kernel-no-library": {"level": "kernel"},  # without the library level's fd tap and verbose output
     "kernel-one-thread": {"level": "kernel"},  # torch.profiler on the starting thread only (no profile_all_threads)
+    "kernel-no-layers": {"level": "kernel"},  # without the layer spans (torch.modules source)
+    "kernel-bare": {"level": "kernel"},  # torch.profiler through mltrace only: no layers, library level or counters
     "torch.profiler": {},  # torch.profiler(record_shapes=True) alone, no mltrace
+    "torch.profiler-all-threads": {},  # the same with profile_all_threads, as mltrace configures it
 }
 #: Environment each condition runs under (read when its session starts).
 CONDITION_ENV: dict[str, dict[str, str]] = {
@@ -83,14 +86,18 @@ CONDITION_ENV: dict[str, dict[str, str]] = {
 class _TorchProfilerAlone:
     """torch.profiler as users run it, for the side-by-side baseline (CUDA activity too on a GPU)."""
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda: bool, all_threads: bool = False) -> None:
         self.cuda = cuda
+        self.all_threads = all_threads
 
     def __enter__(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
+        from mltrace.tracer.sources.torch_ops import _all_threads_config
+
         activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.cuda else [])]
-        self._prof = profile(activities=activities, record_shapes=True)
+        config = _all_threads_config() if self.all_threads else None
+        self._prof = profile(activities=activities, record_shapes=True, experimental_config=config)
         self._prof.__enter__()
 
     def __exit__(self, *exc: object) -> None:
@@ -113,8 +120,8 @@ def _environ(values: dict[str, str]) -> Any:
 
 @contextlib.contextmanager
 def _condition(name: str, out: Path, cuda: bool = False) -> Any:
-    if name == "torch.profiler":
-        with _TorchProfilerAlone(cuda):
+    if name.startswith("torch.profiler"):
+        with _TorchProfilerAlone(cuda, all_threads=name == "torch.profiler-all-threads"):
             yield
         return
     with (
@@ -127,27 +134,38 @@ def _condition(name: str, out: Path, cuda: bool = False) -> Any:
 
 @contextlib.contextmanager
 def _part_off(name: str) -> Any:
-    """For the attribution conditions: the part the condition names is not started (its source
-    reports itself unavailable, or torch.profiler gets no all-threads configuration)."""
+    """For the attribution conditions: the parts the condition names are not started (their
+    sources report themselves unavailable, or torch.profiler gets no all-threads configuration)."""
     from mltrace.tracer.sources import torch_ops
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
     from mltrace.tracer.sources.nvml import NvmlSampler
+    from mltrace.tracer.sources.torch_modules import TorchModuleSource
 
-    target: tuple[Any, str, Any] | None = {
-        "kernel-no-counters": (NvmlSampler, "available", lambda self: "off for this benchmark condition"),
-        "kernel-no-library": (CpuLibrarySource, "available", lambda self: "off for this benchmark condition"),
-        "kernel-one-thread": (torch_ops, "_all_threads_config", lambda: None),
-    }.get(name)
-    if target is None:
-        yield
-        return
-    owner, attr, replacement = target
-    saved = getattr(owner, attr)
-    setattr(owner, attr, replacement)
+    def off(self: object) -> str:
+        return "off for this benchmark condition"
+
+    counters = (NvmlSampler, "available", off)
+    library = (CpuLibrarySource, "available", off)
+    layers = (TorchModuleSource, "available", off)
+    parts: list[tuple[Any, str, Any]] = {
+        "kernel-no-counters": [counters],
+        "kernel-no-library": [library],
+        "kernel-no-layers": [layers],
+        "kernel-bare": [counters, library, layers],
+        "kernel-one-thread": [(torch_ops, "_all_threads_config", lambda: None)],
+    }.get(name, [])
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in parts]
+    for owner, attr, replacement in parts:
+        setattr(owner, attr, replacement)
     try:
         yield
     finally:
-        setattr(owner, attr, saved)
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
+
+
+#: Conditions compared with torch.profiler alone, round by round.
+VS_TORCH_PROFILER = [c for c in CONDITIONS if c.startswith(("library", "kernel")) or c == "torch.profiler-all-threads"]
 
 
 def measure_model(
@@ -182,7 +200,7 @@ def measure_model(
         res[f"{c}_overhead_pct"] = 100.0 * (med - plain) / plain
         # The same, round by round against that round's plain block (drift cancels).
         res[f"{c}_overhead_paired_pct"] = 100.0 * (statistics.median(a / b for a, b in zip(blocks[c], blocks["plain"])) - 1)
-    for c in ("library", "library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters", "kernel-no-library", "kernel-one-thread"):
+    for c in VS_TORCH_PROFILER:
         if c in conditions and "torch.profiler" in conditions:
             res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
                 a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
@@ -320,8 +338,8 @@ def main() -> int:
                 f"{'':52} full CPU trace / torch.profiler alone = {r['library_vs_torch_profiler_ratio']:.3f}x "
                 f"(pooled medians), {r['library_vs_torch_profiler_paired']:.3f}x (median of per-round ratios)"
             )
-        for c in ("library-mkl-timer", "kernel", "kernel-cupti", "kernel-no-counters", "kernel-no-library", "kernel-one-thread"):
-            if f"{c}_vs_torch_profiler_paired" in r:
+        for c in VS_TORCH_PROFILER:
+            if c != "library" and f"{c}_vs_torch_profiler_paired" in r:
                 print(
                     f"{'':52} {c} / torch.profiler alone = {r[f'{c}_vs_torch_profiler_paired']:.3f}x "
                     f"(median of per-round ratios), p90 {r[f'{c}_vs_torch_profiler_p90']:.3f}x"
