@@ -168,9 +168,7 @@ def _part_off(name: str) -> Any:
 VS_TORCH_PROFILER = [c for c in CONDITIONS if c.startswith(("library", "kernel")) or c == "torch.profiler-all-threads"]
 
 
-def measure_model(
-    name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str], cuda: bool = False
-) -> dict[str, Any]:
+def measure_model(name: str, fn: Callable[[], Any], rounds: int, iters: int, conditions: list[str], cuda: bool = False) -> dict[str, Any]:
     """Median ns per call, plain and per condition, from interleaved rounds."""
     for _ in range(3):
         fn()  # warm-up: allocator, oneDNN primitive cache
@@ -202,9 +200,7 @@ def measure_model(
         res[f"{c}_overhead_paired_pct"] = 100.0 * (statistics.median(a / b for a, b in zip(blocks[c], blocks["plain"])) - 1)
     for c in VS_TORCH_PROFILER:
         if c in conditions and "torch.profiler" in conditions:
-            res[f"{c}_vs_torch_profiler_paired"] = statistics.median(
-                a / b for a, b in zip(blocks[c], blocks["torch.profiler"])
-            )
+            res[f"{c}_vs_torch_profiler_paired"] = statistics.median(a / b for a, b in zip(blocks[c], blocks["torch.profiler"]))
             res[f"{c}_vs_torch_profiler_p90"] = res[f"{c}_p90_ms"] / res["torch.profiler_p90_ms"]
     if "library" in conditions and "torch.profiler" in conditions:
         # The CPU cross-stack goal: mltrace's full CPU trace vs torch.profiler's own overhead.
