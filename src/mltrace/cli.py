@@ -154,7 +154,8 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     """``mltrace python|run …``: trace the program and return its exit status."""
     from mltrace.config import ProfileOptions
     from mltrace.runner import Target, check_target, run_target
-    from mltrace.tracer.session import Session, warn
+    from mltrace.tracer.messages import warn
+    from mltrace.tracer.session import Session
 
     opt_argv, script, module, script_args = split_trace_argv(argv)
     parser = _trace_options_parser(f"mltrace {command}")

@@ -47,7 +47,7 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     try:
         table = store.write_table(run_dir, run)
     except Exception as exc:  # noqa: BLE001 - a cache: the run is complete without it
-        from mltrace.tracer.session import warn
+        from mltrace.tracer.messages import warn
 
         warn(f"could not write the span table ({exc}); reports will read events.jsonl")
     say(f"writing {store.TRACE_FILE} ({spans})")

@@ -40,6 +40,7 @@ from mltrace.tracer.memwatch import (
     read_meminfo,
     release_free_memory,
 )
+from mltrace.tracer.messages import say, warn
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.tracks import TrackRegistry
@@ -156,7 +157,7 @@ class StopProgress:
     def notice(self) -> None:
         with self._lock:
             self._loud = True
-            _say(f"writing the trace to {self._run_dir}: {self._step}…")
+            say(f"writing the trace to {self._run_dir}: {self._step}…")
 
     @property
     def step(self) -> str:
@@ -167,20 +168,7 @@ class StopProgress:
         with self._lock:
             self._step = step
             if self._loud:
-                _say(f"… {step}")
-
-
-def warn(message: str) -> None:
-    """Prints one mltrace warning line on stderr."""
-    _say(f"warning: {message}")
-
-
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(f"mltrace: {text}\n")
-        sys.stderr.flush()
-    except Exception:  # stderr closed by the program: nothing else to do
-        pass
+                say(f"… {step}")
 
 
 def default_run_dir(name: str, base: Path | None = None) -> Path:
@@ -506,7 +494,7 @@ class Session:
         notice = None
         if self.options.summary:
             text = f"ending {_op_level_of(framework)} ({window.reason}): the profilers are writing their events…"
-            notice = threading.Timer(FINISHING_NOTICE_S, _say, (text,))
+            notice = threading.Timer(FINISHING_NOTICE_S, say, (text,))
             notice.daemon = True
             notice.start()
 
@@ -563,7 +551,7 @@ class Session:
             )
         self.note_limitation(f"{levels} ended after {calls} ({window.reason}); later model calls have {later}")
         if self.options.summary:
-            _say(f"{levels} ended after {calls} ({window.reason}; the program waited {took:.1f} s); model and layer spans go on")
+            say(f"{levels} ended after {calls} ({window.reason}; the program waited {took:.1f} s); model and layer spans go on")
 
     def end_layer_level(self, window: LevelWindow) -> None:
         """Ends the layer level (``LevelWindow``); model spans go on. Runs on the thread whose
@@ -588,7 +576,7 @@ class Session:
             f"model spans only{tail}"
         )
         if self.options.summary:
-            _say(
+            say(
                 f"the layer level ended after {_calls(window.calls)} ({window.reason}); model spans go on "
                 "(--max-spans sets the limit)"
             )
@@ -780,7 +768,7 @@ class Session:
             return
         if self.options.otlp is not None:
             self.options.otlp = None
-            _say(f"{guard.signal_name} during the finish: the run is not sent over OTLP (mltrace export --otlp sends it)")
+            say(f"{guard.signal_name} during the finish: the run is not sent over OTLP (mltrace export --otlp sends it)")
 
     def _cut_short(self, guard: FinishGuard, step: str) -> Path:
         """Ends a finish that a signal cut short (``tracer/finishguard.py``): writes what the
@@ -806,7 +794,7 @@ class Session:
         except OSError as exc:
             warn(f"could not write {store.META_FILE}: {exc}")
         self.options.summary = False
-        _say(f"{name} during the finish: stopped early; {self.run_dir} keeps what was written")
+        say(f"{name} during the finish: stopped early; {self.run_dir} keeps what was written")
         return self.run_dir
 
     def _close_streams(self, quiet: bool) -> None:

@@ -293,7 +293,7 @@ class NvmlSampler:
         else:
             info["gpu"] = f"unavailable: {self.gpu_reason}"
             if self.gpu_reason not in _EXPECTED_ABSENCE:  # a GPU seems present but cannot be read: say so
-                from mltrace.tracer.session import warn
+                from mltrace.tracer.messages import warn
 
                 warn(f"no GPU counters: {self.gpu_reason}")
         info["cpu"] = "sampling /proc/stat" if self._cpu_prev is not None else f"unavailable: {self._proc_stat} unreadable"

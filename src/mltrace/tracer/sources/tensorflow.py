@@ -617,7 +617,7 @@ class TensorFlowSource:
             self._problems.append(message)
 
     def _warn(self, message: str) -> None:
-        from mltrace.tracer.session import warn
+        from mltrace.tracer.messages import warn
 
         if message not in self._problems:
             self._problems.append(message)
