@@ -1,4 +1,4 @@
-/* The Perfetto exporter's span packets in C (exporters/perfetto.py, PerfettoEncoder.encode).
+/* The Perfetto exporter's span packets in C (run/perfetto.py, PerfettoEncoder.encode).
  *
  * encode_spans(ks, spans, n_ends, end_tails, begin_heads, blocks, dict_blocks, layer, flowing, fallback)
  * encodes the packets at indices ks (2i: span i's SLICE_BEGIN, 2i + 1: its SLICE_END, from

@@ -551,8 +551,8 @@ def run_leveled(
 
 def _write_run(out: Path, run: Any) -> None:
     from mltrace.analysis.summary import summarize
-    from mltrace.exporters.perfetto import export_perfetto
     from mltrace.run import store
+    from mltrace.run.perfetto import export_perfetto
 
     store.write_events_atomically(out / store.EVENTS_FILE, run)
     export_perfetto(run, out / store.TRACE_FILE)

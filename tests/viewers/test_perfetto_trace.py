@@ -159,7 +159,7 @@ def test_imported_gpu_trace_with_flows(tmp_path: Path) -> None:
 def test_the_exporter_writes_the_same_packets_in_chunks(torch_run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """export_perfetto hands packets to the file as they are made; chunked or joined at the end,
     the bytes are the same."""
-    from mltrace.exporters import perfetto
+    from mltrace.run import perfetto
 
     monkeypatch.setattr(perfetto, "_WRITE_CHUNK", 7)
     events = {
@@ -185,7 +185,7 @@ def test_the_c_encoder_writes_what_the_python_one_writes(
     block are cached) are byte for byte the Python encoder's, written whole or in chunks; a
     run with flows, instants, counters and GPU tracks sends the rest to the Python one."""
     pytest.importorskip("mltrace._pftrace", reason="the C encoder was not built")
-    from mltrace.exporters import perfetto
+    from mltrace.run import perfetto
 
     run = torch_run if which == "torch" else mltrace.load_run(import_kineto(KINETO / "a100_alexnet_train.json.gz", tmp_path / "r"))
     events = {"tracks": run.tracks.values(), "spans": run.spans, "instants": run.instants, "counters": run.counters, "flows": run.flows}
@@ -233,7 +233,7 @@ def test_reused_annotation_blocks_encode_as_fresh_ones(torch_run: Run) -> None:
     every span afresh (nothing shared) gives."""
     import copy
 
-    from mltrace.exporters import perfetto
+    from mltrace.run import perfetto
     from mltrace.run.events import Span
 
     def encode(spans: list[Span]) -> bytes:
@@ -255,7 +255,7 @@ def test_varints_match_protobufs_own_encoding() -> None:
     """The hand encoder's varints, timestamps' cached high groups included (``_varint``)."""
     from google.protobuf.internal.encoder import _VarintBytes
 
-    from mltrace.exporters.perfetto import _varint
+    from mltrace.run.perfetto import _varint
 
     edges = [0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, (1 << 28) - 1, 1 << 28, (1 << 28) + 1, (1 << 35) - 1, 1 << 35]
     stamps = [1_720_000_000_123_456_789 + k * 104_729 for k in range(200)]  # epoch-sized ns, one high group
@@ -267,9 +267,9 @@ def test_varints_match_protobufs_own_encoding() -> None:
 def test_packets_nest_at_equal_timestamps_in_the_written_order() -> None:
     """Outer begins first and inner ends first at one timestamp; a zero-length span's end follows
     its own begin; an end comes before a begin at the same time; instants follow the begins."""
-    from mltrace.exporters.perfetto import _depths, _packet_order
     from mltrace.run.events import CounterSample, Instant, Span
     from mltrace.run.levels import Level
+    from mltrace.run.perfetto import _depths, _packet_order
 
     spans = [
         Span(3, 2, Level.OP, "inner", 100, 200, 1),  # listed before its parents on purpose
@@ -301,9 +301,9 @@ def test_packets_nest_at_equal_timestamps_in_the_written_order() -> None:
 
 
 def test_a_cyclic_parent_chain_does_not_hang_the_exporter() -> None:
-    from mltrace.exporters.perfetto import _depths
     from mltrace.run.events import Span
     from mltrace.run.levels import Level
+    from mltrace.run.perfetto import _depths
 
     spans = [Span(1, 2, Level.LAYER, "a", 0, 10, 1), Span(2, 1, Level.LAYER, "b", 0, 10, 1), Span(3, 99, Level.OP, "c", 1, 2, 1)]
     depth = _depths(spans).tolist()

@@ -86,7 +86,7 @@ def _write(run_obj: Any, fmt: str, dest: Path, trace_per: str) -> Path:
         from mltrace.exporters.chrome_json import export_chrome_json
 
         return export_chrome_json(run_obj, dest)
-    from mltrace.exporters.perfetto import export_perfetto
+    from mltrace.run.perfetto import export_perfetto
 
     return export_perfetto(run_obj, dest)
 

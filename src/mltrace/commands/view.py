@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     trace = run_dir / TRACE_FILE
     with tempfile.TemporaryDirectory(prefix="mltrace-view-") as tmp:
         if not trace.is_file():  # e.g. a run written before Perfetto export existed: make one
-            from mltrace.exporters.perfetto import export_perfetto
+            from mltrace.run.perfetto import export_perfetto
 
             trace = export_perfetto(load_run(run_dir), Path(tmp) / TRACE_FILE)
         server = TraceServer(trace, port=args.port, ui_dir=ui_dir)

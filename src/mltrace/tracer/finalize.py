@@ -27,7 +27,7 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
         The correlated run.
     """
     from mltrace.analysis.summary import summarize
-    from mltrace.exporters.perfetto import export_perfetto
+    from mltrace.run.perfetto import export_perfetto
 
     say = phase or (lambda step: None)
     say("loading the recorded events")

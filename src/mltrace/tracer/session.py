@@ -659,7 +659,7 @@ class Session:
         if not self.options.stream_perfetto:
             return
         try:
-            from mltrace.exporters.perfetto import PerfettoStreamWriter
+            from mltrace.run.perfetto import PerfettoStreamWriter
 
             self._pftrace = PerfettoStreamWriter.open(self.run_dir / store.TRACE_FILE, self.meta)
         except Exception as exc:

@@ -1,4 +1,4 @@
-"""Perfetto export: native TrackEvent protobuf, streamed.
+"""The run's Perfetto trace (trace.pftrace): native TrackEvent protobuf, streamed or written whole.
 
 Tracks map to Perfetto tracks (process → thread tracks; one track per GPU
 stream under a "GPU n" group; counter tracks), spans to SLICE_BEGIN/SLICE_END
