@@ -339,7 +339,7 @@ def test_trace_per_run_and_reexport_is_idempotent(tmp_path: Path, two_invocation
     assert len({t for t, _s, _p in a}) == 1
 
 
-def test_model_inside_a_user_span_keeps_the_edge(tmp_path: Path) -> None:
+def test_model_inside_a_user_span_is_its_child(tmp_path: Path) -> None:
     spans, flows = invocation(2, ANCHOR_MONO + 100, 4)
     model = spans[-1]
     model.parent_id = 1
@@ -354,13 +354,12 @@ def test_model_inside_a_user_span_keeps_the_edge(tmp_path: Path) -> None:
         per_run = {attrs_of(sp.attributes)["mltrace.span.id"]: sp for _res, sp in received(r.requests)}
     finally:
         r.close()
-    # per invocation: the model span starts its own trace and links to the user span
+    # per invocation: the user span (a request) parents the model span, one hop, in its trace
     m, u = per_invocation[2], per_invocation[1]
-    assert m.parent_span_id == b"" and m.trace_id != u.trace_id
-    assert [(ln.trace_id, ln.span_id) for ln in m.links] == [(u.trace_id, u.span_id)]
-    assert attrs_of(m.links[0].attributes) == {"mltrace.link.kind": "parent"}
-    assert attrs_of(m.attributes)["mltrace.parent.id"] == 1
-    # per run: a plain parent
+    assert m.parent_span_id == u.span_id and m.trace_id == u.trace_id and u.parent_span_id == b""
+    assert not m.links and "mltrace.parent.id" not in attrs_of(m.attributes)
+    assert len({sp.trace_id for sp in per_invocation.values()}) == 1
+    # per run: a plain parent too
     assert per_run[2].parent_span_id == per_run[1].span_id and not per_run[2].links
 
 
@@ -616,7 +615,10 @@ def test_live_run_sends_every_span_identical_to_local_trace(protocol: str, tmp_p
         out = subprocess.run(
             [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", f"--otlp={r.url}"]
             + ["-o", str(tmp_path / "run"), str(script), "1"],
-            capture_output=True, text=True, env=env, timeout=300,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
         )
     finally:
         r.close()
@@ -719,7 +721,11 @@ def test_bare_otlp_leaves_the_next_word_to_be_the_script(tmp_path: Path) -> None
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
         out = subprocess.run(
             [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(tmp_path / "run"), "--otlp", str(script), "a"],
-            capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
         )
     finally:
         r.close()

@@ -32,17 +32,18 @@ import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from mltrace._version import __version__
-from mltrace.run.events import Span, TrackKind
+from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run, dumps
-from mltrace.tracer.otel_context import OTEL_PARENT_ATTR
+from mltrace.tracer.otel_context import EXTERNAL_ATTR, OTEL_PARENT_ATTR
 
 log = logging.getLogger("mltrace")
+
 
 def _json(value: Any) -> str:
     """A non-scalar attribute value as JSON text (``store.dumps``: orjson where installed, and
@@ -353,12 +354,94 @@ def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
     return attrs
 
 
+#: Length of one "program" trace's time window (ns): spans outside every model call and
+#: request are grouped per thread and window.
+PROGRAM_WINDOW_NS = 60_000_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one span goes: its trace, its parent's OpenTelemetry span id (0: a root), and the
+    span id its children take as parent (for an external span, the program's own)."""
+
+    trace_id: int
+    parent_span_id: int
+    span_id: int
+    external: bool = False
+
+
+class TraceRule:
+    """Decides each span's trace and OpenTelemetry parent; shared by the export at the end
+    (``SpanMapper``) and the live export (``exporters/otlp_live.py``), so both give a span the
+    same ids. Rules (docs/CONVENTIONS.md):
+
+    - an external span (the program's own OpenTelemetry span, recorded by the ``otel`` source)
+      is not sent; its children take its trace and span id as parent;
+    - a span whose parent is in the run joins its parent's trace under it (a model call inside
+      an ``mltrace.span`` is its child, as it would be of an OpenTelemetry span);
+    - a span without one (or under an external span) goes under the OpenTelemetry span current
+      when it began (``mltrace.otel.parent``), else the external parent, else the session's
+      OpenTelemetry parent, else: one trace per run (``trace_per="run"``); its own trace for a
+      model or user span (an invocation, a request); the "program" trace of its thread and
+      minute for anything else (start-up ops, work between requests).
+
+    Args:
+        key: the run key ids are derived from (``run_key``).
+        trace_per: "invocation" or "run".
+        parent: the session's OpenTelemetry parent ``(trace_id, span_id)``, or None.
+        tracks: the run's tracks (for the program trace's thread).
+    """
+
+    def __init__(self, key: str, trace_per: str, parent: tuple[int, int] | None, tracks: dict[int, Track]) -> None:
+        if trace_per not in TRACE_PER:
+            raise ValueError(f"trace_per must be one of {', '.join(TRACE_PER)}, not {trace_per!r}")
+        self.key = key
+        self.trace_per = trace_per
+        self.parent = parent
+        self.tracks = tracks
+        self._salt = _hash_id(key + "|span", 8)
+
+    def span_id(self, mltrace_id: int) -> int:
+        """The 64-bit OpenTelemetry span id of mltrace span ``mltrace_id``."""
+        sid = ((mltrace_id * _GOLDEN) & _M64) ^ self._salt
+        return sid or _hash_id(f"{self.key}|span0|{mltrace_id}", 8)
+
+    def place(self, s: Span, up: Placement | None) -> Placement:
+        """The placement of ``s``, given its parent's (None: no parent in the run)."""
+        if EXTERNAL_ATTR in s.attrs:
+            ext = parse_otel_parent(s.attrs[EXTERNAL_ATTR])
+            if ext is not None:
+                return Placement(ext[0], 0, ext[1], external=True)
+        sid = self.span_id(s.id)
+        if up is not None and not up.external:
+            return Placement(up.trace_id, up.span_id, sid)
+        otel = parse_otel_parent(s.attrs[OTEL_PARENT_ATTR]) if OTEL_PARENT_ATTR in s.attrs else None
+        if otel is None and up is not None:
+            otel = (up.trace_id, up.span_id)
+        if otel is None:
+            otel = self.parent
+        if otel is not None:
+            return Placement(otel[0], otel[1], sid)
+        if self.trace_per == "run":
+            return Placement(_hash_id(self.key + "|run", 16), 0, sid)
+        if s.level is Level.MODEL or s.level is Level.USER:
+            return Placement(_hash_id(f"{self.key}|invocation|{s.id}", 16), 0, sid)
+        return Placement(self._program_trace(s), 0, sid)
+
+    def _program_trace(self, s: Span) -> int:
+        track = self.tracks.get(s.track_id)
+        lane = s.track_id
+        if track is not None and track.kind == TrackKind.ASYNC and track.parent_track >= 0:
+            lane = track.parent_track
+        return _hash_id(f"{self.key}|program|{lane}|{s.start_ns // PROGRAM_WINDOW_NS}", 16)
+
+
 class SpanMapper:
-    """Maps the spans of one run to OpenTelemetry ids, traces, parents and links.
+    """Maps the spans of one run to OpenTelemetry ids, traces, parents and links (``TraceRule``).
 
     Args:
         run: the loaded run.
-        trace_per: "invocation" (one trace per model invocation) or "run".
+        trace_per: "invocation" (one trace per model invocation or request) or "run".
         parent: ``(trace_id, span_id)`` of an enclosing OpenTelemetry span;
             None uses ``run.meta["otel_parent"]`` when recorded.
 
@@ -367,19 +450,16 @@ class SpanMapper:
     """
 
     def __init__(self, run: Run, trace_per: str = "invocation", parent: tuple[int, int] | None = None) -> None:
-        if trace_per not in TRACE_PER:
-            raise ValueError(f"trace_per must be one of {', '.join(TRACE_PER)}, not {trace_per!r}")
         self.run = run
         self.trace_per = trace_per
         self.parent = parent if parent is not None else parse_otel_parent(run.meta.get("otel_parent"))
         self.key = run_key(run)
-        self._salt = _hash_id(self.key + "|span", 8)
+        self.rule = TraceRule(self.key, trace_per, self.parent, run.tracks)
         self.offset_ns = epoch_offset_ns(run)
         self.by_id: dict[int, Span] = run.span_by_id()
         meta_pid = run.meta.get("pid")
         self.default_pid: int = meta_pid if isinstance(meta_pid, int) else 0
-        self._roots = self._assign_roots()
-        self._trace_ids: dict[int, int] = {}
+        self._places = self._place_all()
         self._tracks: dict[int, tuple[int, tuple[tuple[str, Any], ...]]] = {}
         self.flow_links: dict[int, list[tuple[int, str, int]]] = {}
         self.flows_skipped = 0
@@ -391,129 +471,110 @@ class SpanMapper:
 
     def span_id(self, mltrace_id: int) -> int:
         """The 64-bit OpenTelemetry span id of mltrace span ``mltrace_id``."""
-        sid = ((mltrace_id * _GOLDEN) & _M64) ^ self._salt
-        return sid or _hash_id(f"{self.key}|span0|{mltrace_id}", 8)
+        return self.rule.span_id(mltrace_id)
 
-    def _assign_roots(self) -> dict[int, int]:
-        """Span id → id of the span that starts its trace."""
+    def _place_all(self) -> dict[int, Placement]:
+        """Span id → its placement, parents before children (a parent cycle is cut)."""
         by_id = self.by_id
-        per_run = self.trace_per == "run"
-        root: dict[int, int] = {}
-        in_model: dict[int, bool] = {}  # the span or one of its ancestors is a model span
+        places: dict[int, Placement] = {}
         for s in self.run.spans:
-            if s.id in root:
+            if s.id in places:
                 continue
             chain: list[Span] = []
             cur: Span | None = s
             seen: set[int] = set()
-            while cur is not None and cur.id not in root and cur.id not in seen:
+            while cur is not None and cur.id not in places and cur.id not in seen:
                 seen.add(cur.id)
                 chain.append(cur)
                 cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
-            # chain runs child → ancestor; assign from the top down
-            for sp in reversed(chain):
-                up = by_id.get(sp.parent_id) if sp.parent_id is not None else None
-                if up is None or up.id not in root:  # a root of the run (or a cycle: cut it)
-                    root[sp.id] = sp.id
-                    in_model[sp.id] = sp.level is Level.MODEL
-                    continue
-                up_in_model = in_model[up.id]
-                if not per_run and sp.level is Level.MODEL and not up_in_model:
-                    root[sp.id] = sp.id  # an outermost model span: one invocation
-                else:
-                    root[sp.id] = root[up.id]
-                in_model[sp.id] = up_in_model or sp.level is Level.MODEL
-        return root
+            for sp in reversed(chain):  # ancestors first
+                up = places.get(sp.parent_id) if sp.parent_id is not None else None
+                places[sp.id] = self.rule.place(sp, up)
+        return places
 
-    def _root_parent(self, root: Span) -> tuple[int, int] | None:
-        own = parse_otel_parent(root.attrs.get(OTEL_PARENT_ATTR)) if OTEL_PARENT_ATTR in root.attrs else None
-        return own if own is not None else self.parent
+    def exported(self, s: Span) -> bool:
+        """Whether ``s`` is sent (the program's own OpenTelemetry spans are not)."""
+        return not self._places[s.id].external
 
     def trace_id(self, mltrace_id: int) -> int:
         """The 128-bit trace id of the span ``mltrace_id``."""
-        rid = self._roots[mltrace_id]
-        tid = self._trace_ids.get(rid)
-        if tid is None:
-            otel = self._root_parent(self.by_id[rid])
-            if otel is not None:
-                tid = otel[0]
-            elif self.trace_per == "run":
-                tid = _hash_id(self.key + "|run", 16)
-            else:
-                tid = _hash_id(f"{self.key}|invocation|{rid}", 16)
-            self._trace_ids[rid] = tid
-        return tid
+        return self._places[mltrace_id].trace_id
 
     def _track_info(self, track_id: int) -> tuple[int, tuple[tuple[str, Any], ...]]:
         """The process id and the attributes a span inherits from its track."""
         info = self._tracks.get(track_id)
         if info is None:
             track = self.run.tracks.get(track_id)
-            extra: tuple[tuple[str, Any], ...] = ()
-            pid = self.default_pid
-            if track is not None:
-                pid = track.pid
-                if track.kind in (TrackKind.THREAD, TrackKind.ASYNC) and track.tid:
-                    extra = (("thread.id", track.tid), ("thread.name", track.name))
-                elif track.kind == TrackKind.GPU_STREAM:
-                    extra = (("gpu.device", track.device), ("gpu.stream", track.stream))
-            info = self._tracks[track_id] = (pid, extra)
+            info = self._tracks[track_id] = track_info(track, self.default_pid)
         return info
 
     def map(self, s: Span) -> MappedSpan:
         """Maps one span (which must belong to the run)."""
-        tid = self.trace_id(s.id)
-        attrs: dict[str, Any] = {}
-        for k, v in s.attrs.items():
-            ov = otlp_value(v)
-            if ov is not None:
-                attrs[k] = ov
-        attrs["mltrace.level"] = _LABELS[s.level]
-        attrs["mltrace.span.id"] = s.id
-        pid, track_attrs = self._track_info(s.track_id)
-        for k, v in track_attrs:
-            if k not in attrs:
-                attrs[k] = v
-        if s.level is Level.MODEL:
-            attrs.setdefault("ml.model.name", s.name)
-            batch = _batch_size(s.attrs)
-            if batch is not None:
-                attrs.setdefault("ml.batch_size", batch)
+        place = self._places[s.id]
         links: list[tuple[int, int, dict[str, Any]]] = []
-        parent_sid = 0
-        up = self.by_id.get(s.parent_id) if s.parent_id is not None else None
-        if up is not None and self.trace_id(up.id) == tid:
-            parent_sid = self.span_id(up.id)
-        else:
-            if self._roots[s.id] == s.id:
-                otel = self._root_parent(s)
-                if otel is not None:
-                    parent_sid = otel[1]
-            if up is not None:  # the parent is in another trace: keep the edge as a link
-                attrs["mltrace.parent.id"] = up.id
-                links.append((self.trace_id(up.id), self.span_id(up.id), {"mltrace.link.kind": "parent"}))
         for from_id, kind, flow_id in self.flow_links.get(s.id, ()):
             link_attrs = {"mltrace.link.kind": "flow", "mltrace.flow.kind": kind, "mltrace.flow.id": flow_id}
             links.append((self.trace_id(from_id), self.span_id(from_id), link_attrs))
-        end = s.end_ns
-        if end < s.start_ns:  # still open when the run was cut short
-            end = s.start_ns
-            attrs["mltrace.truncated"] = True
-        return MappedSpan(
-            name=s.name,
-            trace_id=tid,
-            span_id=self.span_id(s.id),
-            parent_span_id=parent_sid,
-            start_ns=s.start_ns + self.offset_ns,
-            end_ns=end + self.offset_ns,
-            attributes=attrs,
-            links=links,
-            pid=pid,
-        )
+        return map_span(s, place, self._track_info(s.track_id), self.offset_ns, links)
 
     def __iter__(self) -> Iterator[MappedSpan]:
         for s in self.run.spans:
-            yield self.map(s)
+            if self.exported(s):
+                yield self.map(s)
+
+
+def track_info(track: Track | None, default_pid: int) -> tuple[int, tuple[tuple[str, Any], ...]]:
+    """The process id and the attributes a span on ``track`` inherits from it."""
+    extra: tuple[tuple[str, Any], ...] = ()
+    pid = default_pid
+    if track is not None:
+        pid = track.pid
+        if track.kind in (TrackKind.THREAD, TrackKind.ASYNC) and track.tid:
+            extra = (("thread.id", track.tid), ("thread.name", track.name))
+        elif track.kind == TrackKind.GPU_STREAM:
+            extra = (("gpu.device", track.device), ("gpu.stream", track.stream))
+    return pid, extra
+
+
+def map_span(
+    s: Span,
+    place: Placement,
+    track: tuple[int, tuple[tuple[str, Any], ...]],
+    offset_ns: int,
+    links: list[tuple[int, int, dict[str, Any]]],
+) -> MappedSpan:
+    """One span in OpenTelemetry terms, at ``place``, with its track's attributes and ``links``."""
+    attrs: dict[str, Any] = {}
+    for k, v in s.attrs.items():
+        ov = otlp_value(v)
+        if ov is not None:
+            attrs[k] = ov
+    attrs["mltrace.level"] = _LABELS[s.level]
+    attrs["mltrace.span.id"] = s.id
+    pid, track_attrs = track
+    for k, v in track_attrs:
+        if k not in attrs:
+            attrs[k] = v
+    if s.level is Level.MODEL:
+        attrs.setdefault("ml.model.name", s.name)
+        batch = _batch_size(s.attrs)
+        if batch is not None:
+            attrs.setdefault("ml.batch_size", batch)
+    end = s.end_ns
+    if end < s.start_ns:  # still open when the run was cut short
+        end = s.start_ns
+        attrs["mltrace.truncated"] = True
+    return MappedSpan(
+        name=s.name,
+        trace_id=place.trace_id,
+        span_id=place.span_id,
+        parent_span_id=place.parent_span_id,
+        start_ns=s.start_ns + offset_ns,
+        end_ns=end + offset_ns,
+        attributes=attrs,
+        links=links,
+        pid=pid,
+    )
 
 
 # -- configuration ------------------------------------------------------------
@@ -615,8 +676,8 @@ def _make_exporter(protocol: str, endpoint: str, timeout_s: float) -> Any:
     return HttpExporter(endpoint=endpoint, timeout=timeout_s)
 
 
-def _chunks(mapper: SpanMapper) -> Iterator[list[MappedSpan]]:
-    """Mapped spans in chunks bounded by count and estimated serialized size."""
+def _chunks(mapper: SpanMapper, skip: Container[int]) -> Iterator[list[MappedSpan]]:
+    """The spans to send, mapped, in chunks bounded by count and estimated serialized size."""
     try:
         import orjson
 
@@ -626,6 +687,8 @@ def _chunks(mapper: SpanMapper) -> Iterator[list[MappedSpan]]:
     chunk: list[MappedSpan] = []
     size = 0
     for s in mapper.run.spans:
+        if s.id in skip or not mapper.exported(s):
+            continue
         # protobuf is about as compact as JSON for these attributes; the fixed part covers
         # ids, times, level and thread attributes
         est = 160 + len(s.name) + len(dumps(s.attrs)) + 96 * len(mapper.flow_links.get(s.id, ()))
@@ -647,6 +710,8 @@ def export_otlp(
     timeout_s: float | None = None,
     parent: tuple[int, int] | None = None,
     log_failure: bool = True,
+    skip: Container[int] = (),
+    progress: Callable[[int, int], None] | None = None,
 ) -> OtlpExportResult:
     """Sends every span of ``run`` to an OTLP receiver. Never raises.
 
@@ -659,7 +724,7 @@ def export_otlp(
         protocol: "grpc" or "http/protobuf" ("http" accepted); None uses
             OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, else guesses from the URL
             (port 4318 or a ``/v1/traces`` path: HTTP), else gRPC.
-        trace_per: "invocation" (one trace per outermost model span) or "run".
+        trace_per: "invocation" (one trace per outermost model span or request) or "run".
         timeout_s: the deadline (s) of the whole export, encoding, requests and
             retries included: each request gets what is left of it, and the first
             one that does not complete in time ends the export (it and the rest
@@ -670,18 +735,23 @@ def export_otlp(
             run's root spans under (same trace); None uses ``run.meta["otel_parent"]``.
         log_failure: log a failure as one warning; False leaves reporting it to the
             caller (``OtlpExportResult.status_line``).
+        skip: mltrace ids of spans not to send (those the live export delivered).
+        progress: called with (spans sent, spans to send) after each request of a
+            send of more than one request.
 
     Returns:
-        What was sent, dropped and why.
+        What was sent, dropped and why. ``spans_total`` counts the spans to send: the
+        program's own OpenTelemetry spans and ``skip`` are not among them.
     """
     t0 = time.monotonic_ns()
-    result = OtlpExportResult(endpoint=endpoint or "", protocol=protocol or "", spans_total=len(run.spans))
+    result = OtlpExportResult(endpoint=endpoint or "", protocol=protocol or "")
+    result.spans_total = sum(1 for s in run.spans if s.id not in skip and EXTERNAL_ATTR not in s.attrs)
     if run.instants:
         result.not_sent["instants"] = len(run.instants)
     if run.counters:
         result.not_sent["counters"] = len(run.counters)
     try:
-        _send(run, endpoint or None, protocol, trace_per, timeout_s, parent, result)
+        _send(run, endpoint or None, protocol, trace_per, timeout_s, parent, result, skip, progress)
     except Exception as exc:  # never into the user's program
         result.errors.append(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (ValueError, ImportError)) else str(exc))
     result.dropped = result.spans_total - result.spans_sent
@@ -698,6 +768,123 @@ def export_otlp(
     return result
 
 
+class SdkSpans:
+    """Turns ``MappedSpan``s into the SDK's ``ReadableSpan``s, one resource per process.
+
+    Args:
+        run: the run whose metadata makes the resources (``resource_attributes``).
+
+    Raises:
+        ImportError: with the install hint, where the otlp extra is missing.
+    """
+
+    def __init__(self, run: Run) -> None:
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import ReadableSpan
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+            from opentelemetry.trace import Link, SpanContext, TraceFlags
+        except ImportError:
+            raise ImportError(_INSTALL_HINT) from None
+
+        class _Resource(Resource):
+            # The SDK hashes a resource by dumping its attributes to JSON, once per span
+            # while encoding; ours never change, so hash once.
+            def __init__(self, attributes: dict[str, Any]) -> None:
+                super().__init__(attributes)
+                self._mltrace_hash = super().__hash__()
+
+            def __hash__(self) -> int:
+                return self._mltrace_hash
+
+        self._run = run
+        self._resource_type = _Resource
+        self._readable, self._link, self._context = ReadableSpan, Link, SpanContext
+        self._resources: dict[int, Any] = {}
+        self._scope = InstrumentationScope("mltrace", __version__)
+        self._sampled = TraceFlags(TraceFlags.SAMPLED)
+        self.links = 0
+
+    def __call__(self, m: MappedSpan) -> Any:
+        """The ``ReadableSpan`` of ``m``."""
+        res = self._resources.get(m.pid)
+        if res is None:
+            res = self._resources[m.pid] = self._resource_type(resource_attributes(self._run, m.pid))
+        ctx, sampled = self._context, self._sampled
+        links = [self._link(ctx(t, sp, False, sampled), a) for t, sp, a in m.links]
+        self.links += len(links)
+        return self._readable(
+            name=m.name,
+            context=ctx(m.trace_id, m.span_id, False, sampled),
+            parent=ctx(m.trace_id, m.parent_span_id, False, sampled) if m.parent_span_id else None,
+            resource=res,
+            attributes=m.attributes,
+            links=links,
+            instrumentation_scope=self._scope,
+            start_time=m.start_ns,
+            end_time=m.end_ns,
+        )
+
+
+class Requests:
+    """Sends lists of SDK spans, one request each, within one deadline, on the calling thread;
+    the SDK's per-retry log records are folded into the error they end with.
+
+    Args:
+        protocol: "grpc" or "http/protobuf".
+        url: the resolved endpoint.
+        timeout_s: the deadline (s) of everything sent through this object (None: none;
+            each request then gets ``request_timeout_s``).
+        request_timeout_s: the most one request and its retries may take.
+    """
+
+    def __init__(self, protocol: str, url: str, timeout_s: float | None, request_timeout_s: float) -> None:
+        self.protocol, self.url = protocol, url
+        self.timeout_s = timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._exporter: Any = None
+
+    def send(self, spans: list[Any]) -> str | None:
+        """Sends one request; returns None when acknowledged, else why not."""
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        left = self.request_timeout_s
+        if self.deadline is not None:
+            left = min(left, self.deadline - time.monotonic())
+            if left <= 0:
+                return f"the {self.timeout_s:g} s deadline for the whole export passed"
+        # The SDK's timeout bounds one request and its retries: each gets what is left.
+        self.close()
+        try:
+            self._exporter = _make_exporter(self.protocol, self.url, left)
+        except ImportError:
+            raise ImportError(_INSTALL_HINT) from None
+        capture = _Capture(threading.get_ident())
+        loggers = [logging.getLogger(name) for name in _SDK_LOGGERS]
+        for lg in loggers:
+            lg.addFilter(capture)
+        try:
+            outcome = self._exporter.export(spans)
+        finally:
+            for lg in loggers:
+                lg.removeFilter(capture)
+        if outcome is SpanExportResult.SUCCESS:
+            return None
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return f"not acknowledged within the {self.timeout_s:g} s deadline for the whole export (the receiver may still have it)"
+        return capture.last or "the receiver did not accept the request"
+
+    def close(self) -> None:
+        """Closes the current channel."""
+        exporter, self._exporter = self._exporter, None
+        if exporter is not None:
+            try:
+                exporter.shutdown()
+            except Exception:  # closing a broken channel: nothing left to do
+                pass
+
+
 def _send(
     run: Run,
     endpoint: str | None,
@@ -706,88 +893,29 @@ def _send(
     timeout_s: float | None,
     parent: tuple[int, int] | None,
     result: OtlpExportResult,
+    skip: Container[int],
+    progress: Callable[[int, int], None] | None,
 ) -> None:
     result.protocol = proto = resolve_protocol(protocol, endpoint)
     result.endpoint = url = resolve_endpoint(endpoint, proto)
     timeout = resolve_timeout(timeout_s)
     mapper = SpanMapper(run, trace_per, parent)
-    result.traces = len({mapper.trace_id(s.id) for s in run.spans})
-    if not run.spans:
+    todo = [s for s in run.spans if s.id not in skip and mapper.exported(s)]
+    result.traces = len({mapper.trace_id(s.id) for s in todo})
+    if not todo:
         return
+    readable = SdkSpans(run)
+    requests = Requests(proto, url, timeout, timeout)
     try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import Link, SpanContext, TraceFlags
-    except ImportError:
-        raise ImportError(_INSTALL_HINT) from None
-
-    class _Resource(Resource):
-        # The SDK hashes a resource by dumping its attributes to JSON, once per span
-        # while encoding; ours never change, so hash once.
-        def __init__(self, attributes: dict[str, Any]) -> None:
-            super().__init__(attributes)
-            self._mltrace_hash = super().__hash__()
-
-        def __hash__(self) -> int:
-            return self._mltrace_hash
-
-    resources: dict[int, Any] = {}
-    scope = InstrumentationScope("mltrace", __version__)
-    sampled = TraceFlags(TraceFlags.SAMPLED)
-
-    def readable(m: MappedSpan) -> Any:
-        res = resources.get(m.pid)
-        if res is None:
-            res = resources[m.pid] = _Resource(resource_attributes(run, m.pid))
-        links = [Link(SpanContext(t, sp, False, sampled), a) for t, sp, a in m.links]
-        result.links += len(links)
-        return ReadableSpan(
-            name=m.name,
-            context=SpanContext(m.trace_id, m.span_id, False, sampled),
-            parent=SpanContext(m.trace_id, m.parent_span_id, False, sampled) if m.parent_span_id else None,
-            resource=res,
-            attributes=m.attributes,
-            links=links,
-            instrumentation_scope=scope,
-            start_time=m.start_ns,
-            end_time=m.end_ns,
-        )
-
-    deadline = time.monotonic() + timeout  # one deadline for the whole export, retries included
-    try:
-        exporter = _make_exporter(proto, url, timeout)
-    except ImportError:
-        raise ImportError(_INSTALL_HINT) from None
-    capture = _Capture(threading.get_ident())
-    loggers = [logging.getLogger(name) for name in _SDK_LOGGERS]
-    for lg in loggers:
-        lg.addFilter(capture)
-    try:
-        from opentelemetry.sdk.trace.export import SpanExportResult
-
-        for chunk in _chunks(mapper):
-            spans = [readable(m) for m in chunk]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                result.errors.append(f"the {timeout:g} s deadline for the whole export passed before request {result.batches + 1}")
+        for chunk in _chunks(mapper, skip):
+            why = requests.send([readable(m) for m in chunk])
+            if why is not None:
+                result.errors.append(f"request {result.batches + 1} ({len(chunk)} spans): {why}")
                 break
-            # The SDK's timeout bounds one request and its retries: each gets what is left.
-            exporter.shutdown()
-            exporter = _make_exporter(proto, url, left)
-            outcome = exporter.export(spans)
-            if outcome is not SpanExportResult.SUCCESS:
-                why = capture.last or "the receiver did not accept the request"
-                if time.monotonic() >= deadline:
-                    why = f"not acknowledged within the {timeout:g} s deadline for the whole export (the receiver may still have it)"
-                result.errors.append(f"request {result.batches + 1} ({len(spans)} spans): {why}")
-                break
-            result.spans_sent += len(spans)
+            result.spans_sent += len(chunk)
             result.batches += 1
+            if progress is not None and result.spans_sent < result.spans_total:
+                progress(result.spans_sent, result.spans_total)
     finally:
-        try:
-            exporter.shutdown()
-        except Exception:  # closing a broken channel: nothing left to do
-            pass
-        for lg in loggers:
-            lg.removeFilter(capture)
+        requests.close()
+        result.links = readable.links

@@ -10,6 +10,12 @@ OTEL_PARENT_ATTR = "mltrace.otel.parent"
 """Span attribute a source may set on a model span: the OpenTelemetry span that
 was current when the invocation began, as ``"<32 hex trace id>-<16 hex span id>"``."""
 
+EXTERNAL_ATTR = "mltrace.otel.span"
+"""Span attribute of a span the program made itself with OpenTelemetry (recorded by the
+``otel`` source, ``tracer/sources/otel_spans.py``): its own ids, ``"<trace hex>-<span hex>"``.
+The OTLP export does not send such a span (the program's exporter does) but puts the spans
+inside it under it."""
+
 
 def otel_parent_meta(parent: tuple[int, int]) -> dict[str, str]:
     """The run.json form of ``(trace_id, span_id)``: ``{"trace_id": 32 hex, "span_id": 16 hex}``."""
