@@ -37,6 +37,7 @@ RANKS = {
     "exporters": 2,
     "analysis": 3,
     "viewers": 4,
+    "follow": 4,
     "bench": 5,
     "runner": 5,
     "commands": 5,

@@ -14,6 +14,11 @@ from typing import Any
 from mltrace.errors import UsageError
 from mltrace.run.levels import Level
 
+#: Set by ``mltrace python`` for the traced program's children (``mltrace/follow/``): a JSON
+#: object naming the run directory, the options and the parent's trace context. A Python
+#: child that sees it starts its own session into the run.
+FOLLOW_ENV = "MLTRACE_FOLLOW"
+
 
 @dataclass
 class ProfileOptions:

@@ -139,6 +139,9 @@ class PerfettoEncoder:
         if pid == self.meta.get("pid"):
             name = self.meta.get("name") or "mltrace"
             return f"{name} (pid {pid})"
+        for process in self.meta.get("processes") or ():  # followed children (mltrace/follow/)
+            if isinstance(process, dict) and process.get("pid") == pid and process.get("role"):
+                return f"{process['role']} (pid {pid})"
         return f"pid {pid}"
 
     def _describe(self, track: Track, out: list[bytes]) -> None:

@@ -51,3 +51,13 @@ class ClockAnchor:
     def session_to_epoch(self, session_ns: int) -> int:
         """Converts a session timestamp (ns) to Unix-epoch ns."""
         return session_ns - self.monotonic_ns + self.epoch_ns
+
+
+def boot_id() -> str | None:
+    """This boot's id (Linux ``/proc/sys/kernel/random/boot_id``): two runs with the same one read
+    the same CLOCK_MONOTONIC, so their session times compare as they are (``run/merge.py``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None

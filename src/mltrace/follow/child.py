@@ -1,0 +1,189 @@
+"""A followed child's own session: started at the child's start-up (``start_from_env``, from
+``bootstrap/sitecustomize.py``) or right after a fork (``os.register_at_fork``), streaming into
+``procs/<pid>/`` of the parent's run, and finished without correlating (the parent merges and
+correlates every process's events at its own finish)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from mltrace.follow import PROCS_DIR, UNFOLLOWED_PREFIX
+
+#: The follow spec of this process (the run, the level, the trace context): set in the parent
+#: by ``parent.enable`` and in every followed child; None where nothing is followed.
+_spec: dict[str, Any] | None = None
+#: The process the spec was set in: a fork handler running in another pid is in a child.
+_spec_pid = 0
+_fork_handler_registered = False
+
+#: Python children that are multiprocessing's own helpers, not the program's: their forks are
+#: followed, they themselves are not traced (they live as long as the parent).
+_HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+
+
+def set_spec(spec: dict[str, Any]) -> None:
+    """Makes ``spec`` this process's follow spec and follows its forks from now on."""
+    global _spec, _spec_pid, _fork_handler_registered
+    _spec, _spec_pid = spec, os.getpid()
+    if not _fork_handler_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork)
+        _fork_handler_registered = True
+
+
+def clear_spec() -> None:
+    """Stops following this process's forks (the parent's session has stopped)."""
+    global _spec
+    _spec = None
+
+
+def start_from_env(text: str) -> None:
+    """In a child started from an interpreter, at its first import of a framework
+    (``bootstrap/sitecustomize.py``): starts its session from the ``MLTRACE_FOLLOW`` spec.
+    Never raises."""
+    try:
+        spec = json.loads(text)
+        if not isinstance(spec, dict) or not isinstance(spec.get("run"), str):
+            return
+    except ValueError:
+        return
+    set_spec(spec)
+    argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+    if any(f"from {helper} import" in argv for helper in _HELPERS):
+        return
+    start_child(spec, "exec")
+
+
+def _after_fork() -> None:
+    """In a forked child of a followed process: starts the child's own session."""
+    spec = _spec
+    if spec is None or os.getpid() == _spec_pid:
+        return
+    from mltrace.follow.ranks import forget
+
+    forget()
+    start_child(spec, "fork")
+
+
+def _proc_dir(run: Path) -> Path:
+    """``procs/<pid>`` of the run (``<pid>-2``… where a process of that pid already wrote one)."""
+    base = run / PROCS_DIR / str(os.getpid())
+    candidate, n = base, 2
+    while candidate.exists():
+        candidate = base.with_name(f"{base.name}-{n}")
+        n += 1
+    return candidate
+
+
+def start_child(spec: dict[str, Any], how: str) -> Any:
+    """Starts this child's session (``how``: ``exec`` or ``fork``) and returns it; where it
+    cannot start, writes an ``unfollowed`` note with the reason and returns None. Never raises."""
+    global _spec_pid
+    _spec_pid = os.getpid()
+    try:
+        session = _start_session(spec, how)
+    except BaseException as exc:  # noqa: BLE001 - nothing may fail the program's child
+        note_unfollowed(Path(spec["run"]), f"{type(exc).__name__}: {exc}")
+        return None
+    atexit.register(_stop, session)
+    _stop_on_sigterm(session)
+    return session
+
+
+def _start_session(spec: dict[str, Any], how: str) -> Any:
+    from mltrace.config import ProfileOptions
+    from mltrace.follow.ranks import watch_ranks
+    from mltrace.tracer.session import Session
+
+    run = Path(spec["run"])
+    kwargs: dict[str, Any] = {
+        k: spec[k] for k in ("level", "flush_interval_s", "op_inferences", "max_spans", "memory") if spec.get(k) is not None
+    }
+    options = ProfileOptions.build(
+        output=_proc_dir(run), name=spec.get("name") or "child", summary=False, command=list(getattr(sys, "orig_argv", sys.argv)), **kwargs
+    )
+    session = Session(options)
+    session.finish = finish_child
+    session.start()
+    session.meta["process"] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
+    session.tracks.current_thread()  # the process has a track even where it records nothing
+    watch_ranks(session)
+    return session
+
+
+def _stop(session: Any) -> None:
+    try:
+        session.stop()
+    except BaseException:  # noqa: BLE001 - the child's exit must go on
+        pass
+
+
+def _stop_on_sigterm(session: Any) -> None:
+    """Where SIGTERM would end the child at once (the default: a pool's ``terminate()``,
+    torchrun stopping its ranks), finishes the child's trace first, then ends the process by
+    the same signal, so its exit status is what it would have been."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            session.meta["exit_status"] = 128 + signum
+            _stop(session)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
+def finish_child(run_dir: Path, meta: dict[str, Any], phase: Any = None) -> None:
+    """A child session's finish (``Session.finish``): names the process (``describe``) and
+    writes run.json, marked finished; the events stay as streamed, for the parent to merge."""
+    from mltrace.run import store
+
+    process = meta.setdefault("process", {"pid": os.getpid()})
+    process.update(describe())
+    meta["follow"] = {"finished": True}
+    store.write_meta(run_dir, meta)
+
+
+def describe() -> dict[str, Any]:
+    """What this process is to the program: its role (``rank 1``, ``DataLoader worker 0``, the
+    multiprocessing name), its rank facts where torch.distributed ran. Imports nothing."""
+    from mltrace.follow.ranks import captured
+
+    out: dict[str, Any] = {}
+    dist = captured()
+    if dist:
+        out["distributed"] = dist
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    info = getattr(worker, "_worker_info", None) if worker is not None else None
+    mp = sys.modules.get("multiprocessing.process")
+    name = mp.current_process().name if mp is not None else "MainProcess"
+    if name != "MainProcess":
+        out["mp_name"] = name
+    if dist and "rank" in dist:
+        out["role"] = f"rank {dist['rank']}"
+    elif info is not None and isinstance(getattr(info, "id", None), int):
+        out["role"] = f"DataLoader worker {info.id}"
+    elif name != "MainProcess":
+        out["role"] = name
+    return out
+
+
+def note_unfollowed(run: Path, reason: str) -> None:
+    """Writes ``procs/unfollowed-<pid>.json``: this process, its command line and why it is not traced."""
+    note = {"pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "orig_argv", sys.argv)), "reason": reason}
+    try:
+        (run / PROCS_DIR / f"{UNFOLLOWED_PREFIX}{os.getpid()}.json").write_text(json.dumps(note), encoding="utf-8")
+    except OSError:
+        pass

@@ -1,0 +1,154 @@
+"""The parent's finish: waits briefly for followed children still writing, then merges every
+child's events into the run before the correlator passes, and names every process (and every
+child that could not be followed) in run.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mltrace.follow import IDLE_PREFIX, PROCS_DIR, UNFOLLOWED_PREFIX
+
+#: How long the finish waits, in all, for children that are still running (s).
+WAIT_S = 3.0
+
+
+def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None) -> None:
+    """The parent session's finish (``Session.finish``): ``finalize_run`` with the children's
+    events merged in; their folders are removed once the merged run is written."""
+    from mltrace.finish import finalize_run
+    from mltrace.follow.child import describe
+
+    meta.setdefault("process", {"pid": os.getpid()}).update(describe())
+    procs = run_dir / PROCS_DIR
+    (phase or (lambda step: None))("waiting for the followed processes")
+    children = wait_for_children(procs)
+    merged: list[Path] = []
+
+    def extend(run: Any) -> Any:
+        merged_run = merge_children(run, children, meta)
+        merged.extend(children)
+        return merged_run
+
+    finalize_run(run_dir, meta, phase, extend=extend)
+    for child in merged:
+        shutil.rmtree(child, ignore_errors=True)
+
+
+def wait_for_children(procs: Path, wait_s: float = WAIT_S) -> list[Path]:
+    """The children's folders, once each has finished its trace or ended, or ``wait_s`` passed."""
+    if not procs.is_dir():
+        return []
+    deadline = time.monotonic() + wait_s
+    while True:
+        children = sorted((p for p in procs.iterdir() if p.is_dir()), key=_pid_of)
+        running = [c for c in children if not _finished(c) and _alive(_pid_of(c))]
+        if not running or time.monotonic() >= deadline:
+            return children
+        time.sleep(0.02)
+
+
+def merge_children(run: Any, children: list[Path], meta: dict[str, Any]) -> Any:
+    """``run`` with each child's events appended (``run/merge.py``); run.json's ``processes``
+    lists every process, ``unfollowed`` every child that could not be followed."""
+    from mltrace.run.merge import RunMerger
+    from mltrace.run.store import RunError, load_run
+
+    merger = RunMerger(run)
+    processes = [_entry(meta, run.span_count, finished=True)]
+    limitations = meta.setdefault("limitations", [])
+    for child in children:
+        try:
+            loaded = load_run(child)
+        except RunError as exc:
+            limitations.append(f"the followed process {child.name} left no readable trace ({exc})")
+            continue
+        finished = bool(loaded.meta.get("follow", {}).get("finished"))
+        merger.add(loaded, 0, pid=_pid_of(child))
+        entry = _entry(loaded.meta, loaded.span_count, finished)
+        processes.append(entry)
+        if not finished:
+            limitations.append(
+                f"process {entry['pid']} ({entry['role']}) had not finished its trace when the run ended (still running, "
+                "or killed): it has what it streamed"
+            )
+    for note in read_notes(run.path / PROCS_DIR, IDLE_PREFIX):
+        pid = merger.add_process(int(note.get("pid") or 0), "MainThread")
+        processes.append(
+            {
+                "pid": pid,
+                "ppid": note.get("ppid"),
+                "role": f"pid {pid}",
+                "command": note.get("argv"),
+                "spans": 0,
+                "finished": True,
+                "note": note.get("reason"),
+            }
+        )
+    meta["processes"] = processes
+    unfollowed = read_notes(run.path / PROCS_DIR, UNFOLLOWED_PREFIX)
+    if unfollowed:
+        meta["unfollowed"] = unfollowed
+        for note in unfollowed:
+            limitations.append(
+                f"process {note.get('pid')} ({' '.join(map(str, note.get('argv', [])))}) was not followed: {note.get('reason')}"
+            )
+    return merger.run()
+
+
+def _entry(meta: dict[str, Any], spans: int, finished: bool) -> dict[str, Any]:
+    process = dict(meta.get("process") or {})
+    pid = process.get("pid")
+    process.setdefault("role", f"pid {pid}")
+    process["command"] = meta.get("command")
+    process["spans"] = spans
+    process["finished"] = finished
+    return process
+
+
+def read_notes(procs: Path, prefix: str) -> list[dict[str, Any]]:
+    """The notes of the children that could not be followed (``procs/unfollowed-<pid>.json``) or
+    recorded nothing (``procs/process-<pid>.json``)."""
+    notes = []
+    for path in sorted(procs.glob(f"{prefix}*.json")) if procs.is_dir() else []:
+        try:
+            note = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(note, dict):
+            notes.append(note)
+    return notes
+
+
+def _pid_of(child: Path) -> int:
+    head = child.name.split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _finished(child: Path) -> bool:
+    try:
+        meta = json.loads((child / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and bool((meta.get("follow") or {}).get("finished"))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True

@@ -1,0 +1,78 @@
+"""The traced program's side of following: hands its children the run and the level through the
+environment, follows its forks, and at its finish merges the children's events into the run."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from mltrace.config import FOLLOW_ENV
+from mltrace.follow import BOOTSTRAP_DIR, PROCS_DIR
+from mltrace.follow.child import clear_spec, set_spec
+
+
+class Following:
+    """Children followed into ``session``'s run: ``enable`` sets it up, ``disable`` (before the
+    session stops) puts the environment back."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self._saved: dict[str, str | None] = {}
+
+    def enable(self) -> Following:
+        """Puts the bootstrap on ``PYTHONPATH`` and the spec in ``MLTRACE_FOLLOW`` for every
+        child, follows forks, and makes the session's finish merge the children."""
+        from mltrace.follow.collect import finish_parent
+        from mltrace.follow.ranks import watch_ranks
+
+        session = self.session
+        run: Path = session.run_dir
+        (run / PROCS_DIR).mkdir(exist_ok=True)
+        spec = self.spec()
+        import json
+
+        for name, value in ((FOLLOW_ENV, json.dumps(spec)), ("PYTHONPATH", _with_bootstrap(os.environ.get("PYTHONPATH")))):
+            self._saved[name] = os.environ.get(name)
+            os.environ[name] = value
+        set_spec(spec)
+        session.finish = finish_parent
+        session.meta["process"] = {"pid": os.getpid(), "role": "main"}
+        session.tracks.current_thread()  # the process has a track even where it records nothing
+        watch_ranks(session)
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """What a child needs to record as the parent does: the run, the options, the trace
+        context (W3C ``traceparent``: the run's trace, the session's root as parent)."""
+        opts = self.session.options
+        parent = self.session.meta.get("otel_parent") or {}
+        trace = parent.get("trace_id") or secrets.token_hex(16)
+        span = parent.get("span_id") or secrets.token_hex(8)
+        return {
+            "run": str(Path(self.session.run_dir).resolve()),
+            "name": opts.name,
+            "level": opts.level.label if opts.level is not None else None,
+            "flush_interval_s": opts.flush_interval_s,
+            "op_inferences": opts.op_inferences,
+            "max_spans": opts.max_spans,
+            "memory": opts.memory or None,
+            "traceparent": f"00-{trace}-{span}-01",
+            "parent_pid": os.getpid(),
+        }
+
+    def disable(self) -> None:
+        """Puts ``PYTHONPATH`` and ``MLTRACE_FOLLOW`` back and stops following forks."""
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved.clear()
+        clear_spec()
+
+
+def _with_bootstrap(pythonpath: str | None) -> str:
+    entries = [p for p in pythonpath.split(os.pathsep) if p != str(BOOTSTRAP_DIR)] if pythonpath else []
+    return os.pathsep.join([str(BOOTSTRAP_DIR), *entries])
