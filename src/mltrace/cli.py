@@ -153,6 +153,7 @@ def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | 
 def trace_main(command: str, argv: Sequence[str]) -> int:
     """``mltrace python|run …``: trace the program and return its exit status."""
     from mltrace.config import ProfileOptions
+    from mltrace.finish import print_summary, send_otlp
     from mltrace.runner import Target, check_target, run_target
     from mltrace.tracer.messages import warn
     from mltrace.tracer.session import Session
@@ -193,32 +194,13 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         run_dir = session.stop()
         parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
         if options.otlp is not None and parent:
-            _send_otlp(run_dir, options.otlp or None)
+            send_otlp(run_dir, options.otlp or None)
         if options.summary and parent:
-            from mltrace.viewers.terminal import print_run_summary
-
             try:
-                print_run_summary(run_dir)
+                print_summary(run_dir)
             except Exception as exc:
                 warn(f"summary failed: {exc}")
     return status
-
-
-def _send_otlp(run_dir: Any, endpoint: str | None) -> None:
-    """Sends the finished run over OTLP and prints one stderr line: how many spans reached
-    which endpoint, or why none did. Never raises, so the script's exit status stands."""
-    try:
-        from mltrace.exporters.otlp import export_otlp
-        from mltrace.run.store import load_run
-
-        line = export_otlp(load_run(run_dir), endpoint, log_failure=False).status_line()
-    except Exception as exc:
-        line = f"OTLP: not sent to {endpoint or 'the default endpoint'}: {type(exc).__name__}: {exc}"
-    try:
-        sys.stderr.write(f"mltrace: {line}\n")
-        sys.stderr.flush()
-    except Exception:  # stderr closed by the program: nothing else to do
-        pass
 
 
 def build_parser() -> _Parser:

@@ -144,16 +144,17 @@ def test_a_slow_stop_says_the_trace_is_being_written(
     once, and then each step as it begins; a quiet session (summary=False) prints nothing."""
     import time
 
-    from mltrace.tracer import finalize, session
+    from mltrace import finish
+    from mltrace.tracer import session
 
-    original = finalize.finalize_run
+    original = finish.finalize_run
 
     def slow_finalize(*args, **kwargs):  # type: ignore[no-untyped-def]
         time.sleep(0.5)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(session, "FINISHING_NOTICE_S", 0.05)
-    monkeypatch.setattr(finalize, "finalize_run", slow_finalize)
+    monkeypatch.setattr(finish, "finalize_run", slow_finalize)
     with mltrace.profile(output=tmp_path / "run", summary=summary, level="model"), mltrace.span("work"):
         pass
     err = capsys.readouterr().err

@@ -192,7 +192,7 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
     """Creates a run directory from a Kineto trace (``.json`` or ``.json.gz``).
 
     Writes run.json and events.jsonl, then finalizes the run with
-    ``mltrace.tracer.finalize.finalize_run`` (correlation passes, Perfetto
+    ``mltrace.finish.finalize_run`` (correlation passes, Perfetto
     trace, summary, ``complete: true``). If finalizing fails, the
     uncorrelated events stay, run.json records the error with
     ``complete: false``, and a warning is printed.
@@ -240,7 +240,7 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
             raise UsageError(f"cannot write {dest}: {exc.strerror or exc}") from None
         raise
     try:
-        from mltrace.tracer.finalize import finalize_run
+        from mltrace.finish import finalize_run
 
         finalize_run(dest, meta)
     except Exception as exc:  # the raw events stay readable; say why the run is not complete

@@ -1,14 +1,20 @@
-"""The end of a run: correlate every event and rewrite the run's files."""
+"""The end of a run, above the tracer, the exporters, the analysis and the viewers.
+
+Once a session's sources stop, ``finalize_run`` correlates every event and rewrites the run's
+files (events.jsonl, trace.pftrace, spans.bin, run.json with its summary); the CLI then sends
+the run over OTLP (``send_otlp``) and prints its summary (``print_summary``). ``import mltrace``
+makes ``RunFinish`` the finish of every session (``tracer.session.use_finish``).
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mltrace.run import store
 from mltrace.run.store import Run
-from mltrace.tracer.passes import correlate
 
 
 def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None) -> Run:
@@ -28,6 +34,7 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     """
     from mltrace.analysis.summary import summarize
     from mltrace.run.perfetto import export_perfetto
+    from mltrace.tracer.passes import correlate
 
     say = phase or (lambda step: None)
     say("loading the recorded events")
@@ -57,3 +64,39 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     meta["complete"] = True
     store.write_meta(run_dir, meta)
     return run
+
+
+def send_otlp(run_dir: Path, endpoint: str | None) -> None:
+    """Sends the finished run over OTLP and prints one stderr line: how many spans reached
+    which endpoint, or why none did. Never raises, so the script's exit status stands."""
+    try:
+        from mltrace.exporters.otlp import export_otlp
+
+        line = export_otlp(store.load_run(run_dir), endpoint, log_failure=False).status_line()
+    except Exception as exc:
+        line = f"OTLP: not sent to {endpoint or 'the default endpoint'}: {type(exc).__name__}: {exc}"
+    try:
+        sys.stderr.write(f"mltrace: {line}\n")
+        sys.stderr.flush()
+    except Exception:  # stderr closed by the program: nothing else to do
+        pass
+
+
+def print_summary(run_dir: Path) -> None:
+    """Prints the finished run's short summary on stderr (``viewers/terminal.py``)."""
+    from mltrace.viewers.terminal import print_run_summary
+
+    print_run_summary(run_dir)
+
+
+class RunFinish:
+    """The finish the tracer's sessions are given (``tracer.session.Finish``): this module's
+    ``finalize_run`` and ``print_summary``."""
+
+    def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
+        """Correlates the run's events and rewrites its files (``finalize_run``)."""
+        return finalize_run(run_dir, meta, phase)
+
+    def print_summary(self, run_dir: Path) -> None:
+        """Prints the finished run's summary (``print_summary``)."""
+        print_summary(run_dir)
