@@ -266,9 +266,11 @@ def test_imported_gpu_trace(imported: Run) -> None:
     gpu_spans = [s for s in imported.spans if imported.tracks[s.track_id].kind == TrackKind.GPU_STREAM and s.level is K]
     assert sum(k.calls for k in a.kernels) == len(gpu_spans)
     assert sum(k.total_ns for k in a.kernels) == sum(s.duration_ns for s in gpu_spans)
-    # every kernel reached through its launch belongs to an op: the ops' GPU time is the kernels' time
+    # every kernel reached through its launch belongs to each op above it (aten::linear and the
+    # aten::addmm in it both launched it): no op has more GPU time than the launched kernels
     launched = {f.to_span for f in imported.flows if f.kind == "launch"}
-    assert sum(r.device_ns for r in a.ops) == sum(s.duration_ns for s in gpu_spans if s.id in launched)
+    launched_ns = sum(s.duration_ns for s in gpu_spans if s.id in launched)
+    assert max(r.device_ns for r in a.ops) <= launched_ns <= sum(r.device_ns for r in a.ops)
     assert any(i.where.startswith("GPU") for i in a.findings.idle)
     assert a.findings.basis == "ops (self time)" and a.findings.bound_ns
     assert all(r.verdict is not None for r in a.ops)

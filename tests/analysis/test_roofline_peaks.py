@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mltrace.analysis.peaks import Peaks, cpu_for_run, half_factor, run_threads
+from mltrace.analysis.peaks import Peaks, cpu_for_run, cpu_frequency_hz, half_factor, isa_flops_per_core, run_threads
 
 CPU = Peaks("cpu", "test CPU", 100e9, 10e9, "measured")
 
@@ -23,3 +23,16 @@ def test_cpu_peak_scaled_to_the_threads_used() -> None:
     one = cpu_for_run(CPU, {"environment": {"OMP_NUM_THREADS": "1"}}, 4, {"amx_bf16"})
     assert one.flops_per_s == 25e9 and one.flops_for("bfloat16") == 400e9 and one.bytes_per_s == 10e9
     assert "1 of 4 threads" in one.note
+
+
+def test_the_cpu_flop_roof_is_at_least_the_isas_bound() -> None:
+    hz = cpu_frequency_hz("Intel(R) Xeon(R) Processor @ 2.50GHz", this_host=False)
+    assert hz == 2.5e9 and cpu_frequency_hz("some CPU", this_host=False) is None
+    assert isa_flops_per_core({"avx512f", "fma", "avx"}, hz) == 160e9
+    assert isa_flops_per_core({"fma", "avx2", "avx"}, hz) == 80e9
+    assert isa_flops_per_core(set(), hz) is None and isa_flops_per_core({"avx512f"}, None) is None
+    # measured 100 GFLOP/s on 4 cores (25 a core) is beaten by the ISA's 160 a core; 2 threads used
+    two = cpu_for_run(CPU, {"threads": {"torch": 2}}, 4, {"avx512f"}, hz)
+    assert two.flops_per_s == 320e9 and "ISA's bound" in two.note and two.bytes_per_s == 10e9
+    # a measured roof above the ISA's (an unknown wider unit) stays
+    assert cpu_for_run(Peaks("cpu", "x", 1e12, 1e10, "measured"), {}, 2, {"sse2"}, hz).flops_per_s == 1e12

@@ -1,7 +1,7 @@
 """Verdicts on real runs of workloads whose character is known.
 
 Each workload is traced in-process with ``mltrace.profile``, loaded back, and
-judged against this machine's measured peaks. The workloads are chosen with a
+judged against this machine's measured peaks (the FLOP roof at least the ISA's bound). The workloads are chosen with a
 wide margin (more than 10× on the deciding number) so that a busy machine
 cannot flip a verdict:
 
@@ -15,13 +15,15 @@ cannot flip a verdict:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import mltrace
 from mltrace.analysis.bottleneck import Analysis, Bound, analyze
-from mltrace.analysis.peaks import PeakSet, measure_cpu_peaks
+from mltrace.analysis.peaks import PeakSet, cpu_flags, cpu_for_run, cpu_frequency_hz, measure_cpu_peaks
+from mltrace.run.metadata import cpu_model
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -29,8 +31,9 @@ nn = torch.nn
 
 @pytest.fixture(scope="module")
 def peaks() -> PeakSet:
-    """This machine's peaks, measured now (no cache involved)."""
-    return PeakSet(measure_cpu_peaks())
+    """This machine's peaks, measured now (no cache involved), its FLOP roof at least the ISA's bound."""
+    hz = cpu_frequency_hz(cpu_model())
+    return PeakSet(cpu_for_run(measure_cpu_peaks(), {}, os.cpu_count(), cpu_flags(), hz))
 
 
 class AddInPlace(nn.Module):  # type: ignore[misc]

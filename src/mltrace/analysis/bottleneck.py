@@ -26,7 +26,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
-from mltrace.analysis.peaks import Peaks, PeakSet, is_half, raised
+from mltrace.analysis.peaks import Peaks, PeakSet, raised
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import HIERARCHY, Level
@@ -168,6 +168,8 @@ def classify(
     eff = t_roof / t
     intensity = flops / moved_bytes if moved_bytes > 0 else float("inf")
     achieved = flops / (t * 1e-9) if flops > 0 else None
+    if eff > 1.0:  # faster than the roofline allows: the work estimate (or a roof) is wrong
+        return Verdict(Bound.UNKNOWN, f"the work estimate needs {_us(t_roof)} at the roofline, more than its {_us(t)}", basis=basis)
     if many_tiny and eff < th.tiny_efficiency:
         return Verdict(Bound.OVERHEAD, f"many tiny ops: {tiny_text}; {100 * eff:.2g}% of the roofline", intensity, eff, achieved, basis)
     if eff < th.min_efficiency:
@@ -687,30 +689,24 @@ def _work_time_ns(kernels: int, device_ns: int, total_ns: int) -> int:
 
 
 def fit_peaks(peaks: PeakSet, rows: list[LayerRow], ops: list[NameRow]) -> PeakSet:
-    """The peaks, each roof raised to the highest FLOP/s and bytes/s a layer or op reached on
-    its device (layers by their dtype; ops, whose dtype is unknown, against the top roof), so
-    that no share of a roof exceeds 100 %; a raised roof carries a note."""
-    reached: dict[str, list[float]] = {"cpu": [0.0, 0.0, 0.0], "gpu": [0.0, 0.0, 0.0]}  # fp32, half, bytes/s
-    for r in rows:
-        t = _work_time_ns(r.kernel_count, r.kernel_ns, r.stat.total_ns)
+    """The peaks, a measured bandwidth roof raised to the highest bytes/s a layer or op reached
+    on its device (a raised roof carries a note); FLOP roofs are never raised."""
+    reached = {"cpu": 0.0, "gpu": 0.0}  # bytes/s
+    work = [(r.kernel_count, r.kernel_ns, r.stat.total_ns, r.bytes) for r in rows]
+    work += [(o.kernels, o.device_ns, o.total_ns, o.bytes) for o in ops]
+    for kernels, device_ns, total_ns, moved in work:
+        t = _work_time_ns(kernels, device_ns, total_ns)
         if t > 0:
-            got = reached["gpu" if r.kernel_count else "cpu"]
-            k = 1 if is_half(r.dtype) or not r.dtype else 0  # unknown dtype: against the top roof
-            got[k] = max(got[k], r.flops / (t * 1e-9))
-            got[2] = max(got[2], r.bytes / (t * 1e-9))
-    for o in ops:
-        t = _work_time_ns(o.kernels, o.device_ns, o.total_ns)
-        if t > 0:
-            got = reached["gpu" if o.kernels else "cpu"]
-            got[1] = max(got[1], o.flops / (t * 1e-9))  # against the top roof: half where there is one
-            got[2] = max(got[2], o.bytes / (t * 1e-9))
+            where = "gpu" if kernels else "cpu"
+            reached[where] = max(reached[where], moved / (t * 1e-9))
 
-    def fit(p: Peaks | None, got: list[float]) -> Peaks | None:
-        if p is None or p.source == "table":  # datasheet roofs are not raised: a point above one is an estimate's error
+    def fit(p: Peaks | None, got: float) -> Peaks | None:
+        # Datasheet roofs and FLOP roofs (the CPU's is the ISA's bound) are not raised: a point
+        # above one is an estimate's error. A measured copy bandwidth is DRAM's, which work whose
+        # data stays in cache beats; it alone is raised.
+        if p is None or p.source == "table":
             return p
-        half = got[1] if p.half_flops_per_s else 0.0
-        fp32 = max(got[0], got[1] if not p.half_flops_per_s else 0.0)
-        return raised(p, fp32, half, got[2], "this run's layers and ops")
+        return raised(p, 0.0, 0.0, got, "this run's layers and ops")
 
     cpu = fit(peaks.cpu, reached["cpu"])
     assert cpu is not None

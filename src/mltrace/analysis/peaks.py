@@ -127,6 +127,32 @@ def half_factor(flags: set[str]) -> float:
     return max((f for name, f in CPU_HALF_FACTORS if name in flags), default=1.0)
 
 
+#: fp32 FLOP per cycle and core by the widest FMA the flags show, with two FMA units per
+#: core (the most an x86 core has): AVX-512 16 lanes x 2 (multiply-add) x 2 units, AVX2+FMA
+#: 8 lanes, AVX without FMA 8 lanes x (add + multiply), SSE2 4 lanes x 2. First match wins.
+ISA_FLOPS_PER_CYCLE: tuple[tuple[str, float], ...] = (("avx512f", 64.0), ("fma", 32.0), ("avx", 16.0), ("sse2", 8.0))
+
+
+def cpu_frequency_hz(model: str | None, this_host: bool = True) -> float | None:
+    """The highest clock a core runs at (Hz): this machine's cpufreq ``cpuinfo_max_freq`` when
+    ``this_host``, else the ``@ 2.50GHz`` of the CPU's model name, else None."""
+    try:
+        if this_host:
+            with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", encoding="utf-8") as f:
+                return float(f.read().strip()) * 1e3
+    except (OSError, ValueError):
+        pass
+    found = re.search(r"@\s*([0-9.]+)\s*GHz", model or "")
+    return float(found.group(1)) * 1e9 if found else None
+
+
+def isa_flops_per_core(flags: set[str], hz: float | None) -> float | None:
+    """The fp32 FLOP/s one core cannot exceed (``ISA_FLOPS_PER_CYCLE`` × ``hz``), or None
+    when the flags or the clock are unknown."""
+    per_cycle = next((f for name, f in ISA_FLOPS_PER_CYCLE if name in flags), None)
+    return per_cycle * hz if per_cycle is not None and hz else None
+
+
 def run_threads(meta: dict[str, Any]) -> int | None:
     """The compute threads the program used: run.json ``threads.torch`` (torch.get_num_threads()
     at the end of the run), else ``OMP_NUM_THREADS`` from its environment; None when unknown."""
@@ -142,28 +168,27 @@ def run_threads(meta: dict[str, Any]) -> int | None:
     return n if n > 0 else None
 
 
-def cpu_for_run(cpu: Peaks, meta: dict[str, Any], cores: int | None, flags: set[str]) -> Peaks:
-    """CPU peaks for a run: a bf16/fp16 roof from the CPU's flags, and both FLOP roofs scaled
-    to the threads the program used (``run_threads``) out of the ``cores`` measured with.
+def cpu_for_run(cpu: Peaks, meta: dict[str, Any], cores: int | None, flags: set[str], hz: float | None = None) -> Peaks:
+    """CPU peaks for a run: the fp32 FLOP roof per core is the higher of the measured one and
+    the ISA's bound (``isa_flops_per_core``: no code can exceed it, whereas a matmul measured
+    on a busy machine or by another library can be beaten), times the threads the program
+    used (``run_threads``; all ``cores`` when unknown); a bf16/fp16 roof from the CPU's flags.
 
     The copy bandwidth is not scaled: a few threads already reach most of it."""
     factor = half_factor(flags)
     threads = run_threads(meta)
-    share = min(threads, cores) / cores if threads and cores else 1.0
+    used = min(threads, cores) if threads and cores else (cores or 1)
+    measured = cpu.flops_per_s / cores if cores else cpu.flops_per_s
+    isa = isa_flops_per_core(flags, hz)
     notes = [cpu.note] if cpu.note else []
-    if share < 1.0:
-        notes.append(f"FLOP/s scaled to the {threads} of {cores} threads the program used")
+    if isa is not None and isa > measured:
+        notes.append(f"FLOP/s roof: the ISA's bound, {isa / 1e9:.0f} GFLOP/s a core (the measured matmul reached {measured / 1e9:.0f})")
+    if cores and used < cores:
+        notes.append(f"FLOP/s scaled to the {used} of {cores} threads the program used")
     if factor > 1.0:
         notes.append(f"bf16/fp16 peak {factor:g}× fp32 ({', '.join(n for n, _ in CPU_HALF_FACTORS if n in flags)})")
-    return Peaks(
-        cpu.device,
-        cpu.name,
-        cpu.flops_per_s * share,
-        cpu.bytes_per_s,
-        cpu.source,
-        cpu.flops_per_s * share * factor if factor > 1.0 else 0.0,
-        "; ".join(notes),
-    )
+    flops = max(measured, isa or 0.0) * (used if cores else 1)
+    return Peaks(cpu.device, cpu.name, flops, cpu.bytes_per_s, cpu.source, flops * factor if factor > 1.0 else 0.0, "; ".join(notes))
 
 
 @dataclass(frozen=True)
@@ -394,8 +419,10 @@ def peaks_for_run(meta: dict[str, Any], has_gpu_kernels: bool, remeasure: bool =
             )
     found = meta.get("host")
     host: dict[str, Any] = found if isinstance(found, dict) else {}
-    flags = cpu_flags() if key in (None, here) else set(host.get("cpu_flags") or ())
-    cpu = cpu_for_run(cpu, meta, host.get("cpu_count") or os.cpu_count(), flags)
+    on_this_host = key in (None, here)
+    flags = cpu_flags() if on_this_host else set(host.get("cpu_flags") or ())
+    hz = cpu_frequency_hz(cpu_model() if on_this_host else str(host.get("cpu") or ""), on_this_host)
+    cpu = cpu_for_run(cpu, meta, host.get("cpu_count") or os.cpu_count(), flags, hz)
     gpu: Peaks | None = None
     if has_gpu_kernels:
         for name in gpu_names(meta):

@@ -21,7 +21,7 @@ All numbers are per call: FLOP and bytes. See docs/ANALYSIS.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -335,6 +335,7 @@ def explicit_work(attrs: dict[str, Any]) -> tuple[float | None, float | None]:
 #: move no data. Where one must copy (a reshape of a non-contiguous tensor, ``contiguous``,
 #: ``to`` another dtype), the copy is a child op of its own (``aten::clone``, ``aten::copy_``,
 #: ``aten::_to_copy``), counted there.
+#: Dropout in inference returns its input; in training its work is its child ops.
 NO_DATA_OPS = frozenset(
     {
         "aten::view", "aten::_unsafe_view", "aten::view_as", "aten::reshape", "aten::_reshape_alias",
@@ -346,11 +347,9 @@ NO_DATA_OPS = frozenset(
         "aten::contiguous", "aten::to", "aten::empty", "aten::empty_like", "aten::empty_strided",
         "aten::resize_", "aten::as_strided_", "aten::set_", "aten::squeeze_", "aten::unsqueeze_",
         "aten::transpose_", "aten::t_", "aten::detach_",
+        "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
     }
 )  # fmt: skip
-
-#: Ops that read only the rows their indices pick (their first input is the table).
-GATHER_OPS = frozenset({"aten::embedding", "aten::index_select"})
 
 
 def gather_bytes(attrs: dict[str, Any]) -> int:
@@ -366,6 +365,18 @@ def gather_bytes(attrs: dict[str, Any]) -> int:
     row = numel(table[1:]) if len(table) > 1 else 1
     rows = numel(ins[at])
     return 2 * rows * row * element_bytes(types[0]) + rows * element_bytes(types[at])
+
+
+def element_gather_bytes(attrs: dict[str, Any]) -> int:
+    """Bytes ``aten::gather(input, dim, index)`` moves: one input element read per index
+    and written out, plus the indices; not the whole input. Where the shapes are missing,
+    ``op_bytes``."""
+    ins = _shapes(attrs, "ml.input.shapes")
+    types = _dtypes(attrs, "ml.input.dtypes", len(ins))
+    if len(ins) < 3 or not ins[0] or not ins[2]:
+        return op_bytes(attrs)
+    picked = numel(ins[2])
+    return 2 * picked * element_bytes(types[0]) + picked * element_bytes(types[2])
 
 
 def op_bytes(attrs: dict[str, Any]) -> int:
@@ -392,6 +403,14 @@ def op_bytes(attrs: dict[str, Any]) -> int:
     if outs:
         return total + _tensor_bytes(outs, _dtypes(attrs, "ml.output.dtypes", len(outs)))
     return total + largest
+
+
+#: Ops whose bytes follow their own rule (by op name); every other op's are ``op_bytes``.
+OP_BYTES_RULES: dict[str, Callable[[dict[str, Any]], int]] = {
+    "aten::embedding": gather_bytes,  # the rows its indices pick (its first input is the table)
+    "aten::index_select": gather_bytes,
+    "aten::gather": element_gather_bytes,  # the elements its index picks
+}
 
 
 def roofline_time_ns(flops: float, moved: float, flops_per_s: float, bytes_per_s: float) -> float:

@@ -30,12 +30,11 @@ from mltrace.analysis.breakdown import OpEnds, op_ends, window_end
 from mltrace.analysis.roofline import (
     CHILDREN,
     EXPLICIT,
-    GATHER_OPS,
     IO,
     NO_DATA_OPS,
+    OP_BYTES_RULES,
     OPS,
     explicit_work,
-    gather_bytes,
     io_bytes,
     layer_formula_work,
     op_bytes,
@@ -205,6 +204,25 @@ class Tree:
             p = parent[rows]
             out[rows] = out[p] | flags[p]
         return out
+
+
+def _ops_above(rows: np.ndarray, parent: np.ndarray, is_op: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, op name) for every op ancestor of each of ``rows``, each name once per row."""
+    import numpy as np
+
+    got_rows, got_names = [], []
+    cur = parent[rows]
+    while len(rows):
+        live = cur >= 0
+        rows, cur = rows[live], cur[live]
+        op = is_op[cur]
+        got_rows.append(rows[op])
+        got_names.append(name[cur[op]])
+        cur = parent[cur]
+    if not got_rows:
+        return rows, rows
+    pairs = np.unique(np.stack([np.concatenate(got_rows), np.concatenate(got_names).astype(np.int64)]), axis=1)
+    return pairs[0], pairs[1]
 
 
 def tree_of(table: SpanTable) -> Tree:
@@ -380,7 +398,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     sampled: dict[int, list[int]] = {}
     for row in sample.tolist():
         k = int(name[row])
-        sampled.setdefault(k, []).append((gather_bytes if names[k] in GATHER_OPS else op_bytes)(t.attrs(row)))
+        sampled.setdefault(k, []).append(OP_BYTES_RULES.get(names[k], op_bytes)(t.attrs(row)))
     for k, got in sampled.items():
         acc = g.ops[names[k]]
         acc.bytes = 0.0 if names[k] in NO_DATA_OPS else sum(got) * (acc.calls / len(got))
@@ -446,10 +464,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         kc = _count_by(k_key[gk_rows], len(k_names))
         kt = _sum_by(k_key[gk_rows], durf[gk_rows], len(k_names))
         g.kernels = {k_names[k]: NameAcc(int(kc[k]), int(kt[k]), int(kt[k]), detail=details[k_names[k]]) for k in range(len(k_names))}
-        # Device time of the outermost op above each kernel.
-        with_top = gk_rows[top_above[gk_rows] >= 0]
-        tops = name[top_above[with_top]]
-        dn = _sum_by(tops, durf[with_top], nn)
+        # Device time of every op above each kernel (an op name once per kernel): a nested
+        # op with FLOPs (aten::addmm under aten::linear) is judged by the kernels it launched.
+        krows, tops = _ops_above(gk_rows[top_above[gk_rows] >= 0], parent, lv == OP, name)
+        dn = _sum_by(tops, durf[krows], nn)
         dc = _count_by(tops, nn)
         for k in np.unique(tops).tolist():
             top = g.ops.get(names[k])
