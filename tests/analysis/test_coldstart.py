@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import mltrace
 from mltrace.analysis.bottleneck import Bound, analyze
-from mltrace.analysis.coldstart import category_of, cold_indices, find_cold_start
+from mltrace.analysis.coldstart import category_of, cold_by_kind, cold_indices, find_cold_start
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
 from mltrace.run.levels import Level
@@ -31,6 +34,40 @@ MS = 1_000_000
 )
 def test_cold_rule(durations: list[int], one_time: list[bool | None], cold: list[int]) -> None:
     assert cold_indices([int(d) for d in durations], one_time) == cold
+
+
+def test_a_prefill_is_another_kind_of_call_not_a_cold_one() -> None:
+    kinds = ["prefill", *["decode"] * 6] * 2
+    durations = [40 * MS, *[5 * MS] * 6] * 2
+    assert cold_indices(durations, [None] * 14) == [0]  # one sequence: the first prefill looks cold
+    assert cold_by_kind(durations, [None] * 14, kinds) == []
+    slow_start = [400 * MS, *durations[1:]]  # a first call slow even for a prefill is still cold
+    assert cold_by_kind(slow_start, [None] * 14, kinds) == [0]
+
+
+def test_prefills_of_a_warm_generate_loop_are_steady(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=500, n_positions=320)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    prompt = torch.randint(0, 500, (1, 256))
+
+    def generate() -> None:
+        model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+
+    with torch.no_grad():
+        generate()  # warm: nothing one-time is left for the traced calls
+        with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+            generate()
+            generate()
+    run = mltrace.load_run(tmp_path / "run")
+    (calls,) = find_cold_start(run).models
+    phases = [s.attrs["ml.generate.phase"] for s in sorted((s for s in run.spans if s.level is Level.MODEL), key=lambda s: s.start_ns)]
+    assert phases == (["prefill"] + ["decode"] * 7) * 2
+    decode_median = sorted(d for d, p in zip(calls.durations, phases) if p == "decode")[7]
+    assert calls.durations[0] > 1.5 * decode_median  # the prefill stands out among the loop's calls ...
+    assert calls.cold == []  # ... but is no cold call
 
 
 def test_the_median_of_steady_calls_is_robust_to_a_slow_one() -> None:

@@ -15,6 +15,8 @@ durations of every call but the first:
   from most of the model's calls. A later call whose contents were not recorded
   (no ops, library or API calls under it) is never cold: a GC pause is not warm-up.
 
+A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds of call:
+the rule runs on each kind apart, so a prefill is never cold for being a prefill.
 A model called once has no steady state to compare with: its call is steady.
 What the cold calls spent time on is the excess of their ops', library calls' and
 CUDA API calls' self time over as many steady calls (``Spent``).
@@ -106,6 +108,27 @@ def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule
         if warming or one_time[i]:
             cold.append(i)
     return cold
+
+
+def cold_by_kind(durations: Sequence[int], one_time: Sequence[bool | None], kinds: Sequence[str], rule: ColdRule = COLD_RULE) -> list[int]:
+    """``cold_indices`` within each kind of call apart: a generate loop's prefill (the whole
+    prompt) is another kind of call than its decode steps (one token), not a cold one.
+
+    Args:
+        durations, one_time: as for ``cold_indices``, every call of one model in start order.
+        kinds: per call, its kind ("prefill", "decode"; "" for a plain call).
+        rule: the constants.
+
+    Returns:
+        Indices of the cold calls, ascending.
+    """
+    positions: dict[str, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        positions.setdefault(kind, []).append(i)
+    cold: list[int] = []
+    for at in positions.values():
+        cold += [at[j] for j in cold_indices([durations[i] for i in at], [one_time[i] for i in at], rule)]
+    return sorted(cold)
 
 
 def percentile_ns(values: Sequence[int], q: float) -> int | None:
@@ -350,13 +373,19 @@ def _model_calls(
             counts[k] = counts.get(k, 0) + 1
     rare = {k for k, c in counts.items() if 2 * c < len(rows)}  # one-time: in fewer than half the calls
     one_time = [None if s is None else bool(s & rare) for s in seen]
-    model = ModelCalls(name, durations, cold_indices(durations, one_time, rule))
+    model = ModelCalls(name, durations, cold_by_kind(durations, one_time, [_call_kind(t, r) for r in rows], rule))
     for i in model.cold:
         for k in sorted(seen[i] or ()):
             found = model.one_time.setdefault(category_of(names[k]), [])
             if names[k] not in found:
                 found.append(names[k])
     return model
+
+
+def _call_kind(t: SpanTable, row: int) -> str:
+    """A model call's kind: its ``ml.generate.phase`` (prefill, decode), else ""."""
+    phase = t.attr_set(int(t.attr[row])).get("ml.generate.phase")
+    return phase if isinstance(phase, str) else ""
 
 
 def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], owner: np.ndarray, weight: np.ndarray) -> list[Spent]:
