@@ -8,13 +8,55 @@ post-hoc sources (profilers, log parsers) return a batch of events from
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from mltrace.config import ProfileOptions
 from mltrace.run.events import Event
 from mltrace.run.levels import Level
+from mltrace.tracer.clock import ClockAnchor
+from mltrace.tracer.recorder import Recorder
+from mltrace.tracer.tracks import TrackRegistry
 
-if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+
+class SessionView(Protocol):
+    """What a source may use of the session that starts it (``tracer/session.py``'s ``Session``).
+
+    Attributes:
+        options: the session's options.
+        run_dir: the run directory.
+        levels: the levels enabled in this session.
+        anchor: the clock anchor (monotonic ↔ epoch), for foreign clocks.
+        tracks: the track registry.
+        recorder: the live recorder (spans begun and ended while the program runs).
+        meta: run metadata being built (a source's own entry under ``sources``).
+        errors: failures of mltrace's own parts, written to run.json.
+        started: the sources started so far, in start order.
+        full: the trace is full: nothing more is recorded.
+    """
+
+    options: ProfileOptions
+    run_dir: Path | None
+    levels: frozenset[Level]
+    anchor: ClockAnchor
+    tracks: TrackRegistry
+    recorder: Recorder
+    meta: dict[str, Any]
+    errors: list[str]
+    started: list[Source]
+    full: bool
+
+    def new_id(self) -> int:
+        """A fresh event id for post-hoc events."""
+        ...
+
+    def note_limitation(self, text: str) -> None:
+        """Records something the run could not see (run.json ``limitations``)."""
+        ...
+
+    def model_call_ended(self, framework: str | None = None) -> None:
+        """Tells the session an outermost model call of ``framework`` returned (``tracer/windows.py``)."""
+        ...
 
 
 @runtime_checkable
@@ -33,7 +75,7 @@ class Source(Protocol):
         """Returns None when the source can run here, else the reason it cannot."""
         ...
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         """Starts recording; ``session.levels`` says which levels are enabled."""
         ...
 

@@ -57,7 +57,7 @@ from mltrace.tracer.sources.verbose_logs import (
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
 _READ_BATCH_S = 0.1
@@ -198,7 +198,7 @@ class CpuLibrarySource:
 
     def __init__(self, use_env: bool = False) -> None:
         self.use_env = use_env
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._tap: FdTap | None = None
         self._warmup_lines = 0
         self._hook: PostImportHook | None = None
@@ -223,7 +223,7 @@ class CpuLibrarySource:
             return "torch is not installed (its runtime switches turn oneDNN/MKL verbose output on)"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         self._session = session
         self._problems = []
         self._mkl_timer_used = "none"

@@ -111,7 +111,7 @@ from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 NOT_INSTALLED = "cupti-python not installed (pip install cupti-python, or mltrace[gpu])"
 NO_DRIVER = "CUDA driver not found (libcuda.so.1 could not be loaded)"
@@ -794,7 +794,7 @@ def _import_cupti() -> ModuleType:
     return cupti
 
 
-def _torch_kernel_source(session: Session) -> Any:
+def _torch_kernel_source(session: SessionView) -> Any:
     """The session's started torch.profiler source if it records kernels (Kineto holds CUPTI), else None."""
     if Level.KERNEL not in session.levels:
         return None
@@ -804,7 +804,7 @@ def _torch_kernel_source(session: Session) -> Any:
     return None
 
 
-def _torch_ops_source(session: Session) -> Any:
+def _torch_ops_source(session: SessionView) -> Any:
     """The session's started torch.profiler source (kernels or not), else None."""
     for s in session.started:
         if getattr(s, "name", "") == "torch.profiler":
@@ -969,7 +969,7 @@ class CuptiSource:
         dump = dump_records if dump_records is not None else os.environ.get(DUMP_ENV) or None
         self.dump_records = Path(dump) if dump else None
         self._load = load
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._cupti: ModuleType | None = None
         self._enabled: list[Any] = []
         self._collector: _Collector | None = None
@@ -986,7 +986,7 @@ class CuptiSource:
             return NOT_INSTALLED
         return cuda_driver_reason()
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         """Subscribes to CUPTI, unless torch.profiler records kernels through Kineto.
 
         Raises:
@@ -1196,7 +1196,7 @@ def _on_session_clock(records: list[dict[str, Any]], clock: CuptiClock) -> list[
     return out
 
 
-def _dump(path: Path, segments: list[tuple[CuptiClock, list[dict[str, Any]]]], session: Session) -> None:
+def _dump(path: Path, segments: list[tuple[CuptiClock, list[dict[str, Any]]]], session: SessionView) -> None:
     """Writes the raw records (CUPTI clock) and each stretch's clock to ``path`` as JSON;
     failures are recorded, not raised. ``clock`` is the last stretch's, ``segments`` says
     which records each clock converts (by count, in order)."""

@@ -30,7 +30,7 @@ from mltrace.tracer.callsite import code_attrs
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 MODULE = "transformers.generation.utils"
 
@@ -40,11 +40,11 @@ class GenerateSpans:
 
     def __init__(self) -> None:
         self._tls = threading.local()
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._hook: PostImportHook | None = None
         self._patched: tuple[Any, Any, Any] | None = None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         """Wraps ``generate`` now if transformers' generation module is imported, else at its import."""
         self._session = session
         self._hook = PostImportHook(MODULE, self._install)

@@ -56,7 +56,7 @@ from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 PROC_STAT = Path("/proc/stat")
 
@@ -254,7 +254,7 @@ class NvmlSampler:
         """
         self.interval_s = max(0.001, float(interval_s))
         self._proc_stat = proc_stat
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._nv: ModuleType | None = None
         self._gpus: list[_Gpu] = []
         self._readers: tuple[tuple[str, str, Callable[[Any], float]], ...] = ()
@@ -278,7 +278,7 @@ class NvmlSampler:
             return f"no counters: {self._proc_stat} unreadable and {NOT_INSTALLED}"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         """Opens NVML (when it can), takes a first sample and starts the thread."""
         self._session = session
         self._cpu_prev = read_cpu_times(self._proc_stat)

@@ -59,7 +59,7 @@ from mltrace.tracer.sources.ort_profile import (
 )
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 _RUN_METHODS = ("run", "run_with_iobinding", "run_with_ort_values")
 
@@ -131,7 +131,7 @@ class OrtSource:
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._hook: PostImportHook | None = None
         self._patched: list[tuple[type, str, Any]] = []
         self._infos: weakref.WeakKeyDictionary[Any, _OrtSession] = weakref.WeakKeyDictionary()
@@ -151,7 +151,7 @@ class OrtSource:
             return "onnxruntime is not installed"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         self._session = session
         self._profile = Level.LAYER in session.levels or Level.OP in session.levels
         self._begin = session.recorder.begin
@@ -446,7 +446,7 @@ class OrtSource:
                 self._tmp = None
         return events
 
-    def _collect(self, session: Session) -> list[Event]:
+    def _collect(self, session: SessionView) -> list[Event]:
         events: list[Event] = []
         infos: list[dict[str, Any]] = []
         for info in self._all:

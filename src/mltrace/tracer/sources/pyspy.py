@@ -31,7 +31,7 @@ from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 MARKER = "_mltrace_pyspy_clock_marker"
 _MARKER_NS = 60_000_000  # long enough for several samples at 100 Hz
@@ -69,7 +69,7 @@ class PySpySource:
         self.native = native
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._marker: tuple[int, int] | None = None
         self._stderr: list[bytes] = []
 
@@ -78,7 +78,7 @@ class PySpySource:
             return "py-spy is not installed (pip install 'mltrace[source]')"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         exe = find_py_spy()
         assert exe is not None
         self._session = session
@@ -194,7 +194,7 @@ class PySpySource:
         return out
 
 
-def _sample_track(session: Session, parent: Track | None, base: str, tid: int) -> Track:
+def _sample_track(session: SessionView, parent: Track | None, base: str, tid: int) -> Track:
     return session.tracks._get(  # noqa: SLF001 - the registry's keyed constructor
         ("pyspy", parent.id if parent else tid),
         Track,

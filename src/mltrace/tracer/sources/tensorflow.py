@@ -68,7 +68,7 @@ from mltrace.tracer.sources.xspace import (
 )
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 _GRAPH_METHODS = ("predict", "evaluate", "predict_on_batch", "test_on_batch")
 _ONEDNN_ENV = "ONEDNN_VERBOSE"
@@ -121,7 +121,7 @@ class TensorFlowSource:
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._hooks: list[PostImportHook] = []
         self._patched: list[tuple[Any, str, Any]] = []
         self._tls = threading.local()
@@ -159,7 +159,7 @@ class TensorFlowSource:
             return "neither keras nor tensorflow is installed"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         self._session = session
         self._active = True
         self._profile = Level.LAYER in session.levels or Level.OP in session.levels
@@ -656,7 +656,7 @@ class TensorFlowSource:
             self._function_graphs.clear()
         return events
 
-    def _collect(self, session: Session) -> list[Event]:
+    def _collect(self, session: SessionView) -> list[Event]:
         events: list[Event] = []
         info: dict[str, Any] = {"model_spans": len(self._live), "models": sorted(self._models), "profiles": []}
         threads = dict(self._threads)

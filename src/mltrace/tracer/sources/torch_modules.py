@@ -42,7 +42,7 @@ from mltrace.tracer.sources.hf_generate import GenerateSpans
 from mltrace.tracer.sources.torch_layer_config import layer_config
 
 if TYPE_CHECKING:
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 
 def calls_impl_directly(module_cls: Any, original: Any) -> bool:
@@ -224,7 +224,7 @@ class TorchModuleSource:
         #: The layer level's Python wrapper (installed itself where the C helper is not).
         self.python_call: Any = None
         self._import_hook: PostImportHook | None = None
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._static: dict[int, _Static] = {}
         self._children: dict[int, tuple[weakref.ref[Any], dict[int, str | None]]] = {}
         self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
@@ -272,7 +272,7 @@ class TorchModuleSource:
             return "torch is not installed"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         self._session = session
         self._record_layers = Level.LAYER in session.levels
         self._begin = session.recorder.begin

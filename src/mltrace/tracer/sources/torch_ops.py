@@ -75,7 +75,7 @@ from mltrace.tracer.sources.kineto import KinetoStats, kineto_to_events, load_ki
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.base import SessionView
 
 #: torch.profiler's Chrome trace in the run directory, between its export and its conversion.
 EXPORT_FILE = "torch-profiler.json"
@@ -117,7 +117,7 @@ class TorchOpSource:
 
     def __init__(self) -> None:
         self.levels: tuple[Level, ...] = (Level.OP, Level.KERNEL) if _cuda_possible() else (Level.OP,)
-        self._session: Session | None = None
+        self._session: SessionView | None = None
         self._hook: PostImportHook | None = None
         self._prof: Any = None
         self.record_kernels = False
@@ -151,7 +151,7 @@ class TorchOpSource:
             return "torch is not installed"
         return None
 
-    def start(self, session: Session) -> None:
+    def start(self, session: SessionView) -> None:
         self._session = session
         from mltrace.tracer.sources.cupti import requested_kernel_path
 
