@@ -153,7 +153,6 @@ def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | 
 def trace_main(command: str, argv: Sequence[str]) -> int:
     """``mltrace python|run …``: trace the program and return its exit status."""
     from mltrace.config import ProfileOptions
-    from mltrace.finish import print_summary, send_otlp
     from mltrace.runner import Target, check_target, run_target
     from mltrace.tracer.messages import warn
     from mltrace.tracer.session import Session
@@ -186,21 +185,38 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         kwargs["memory"] = True
     options = ProfileOptions.build(**kwargs)
     session = Session(options).start()
+    live = _live_otlp(session)
     status = 0
     try:
         status = run_target(target)
     finally:
         session.meta["exit_status"] = status
+        if live is not None:
+            live.stop(session)
         run_dir = session.stop()
         parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
         if options.otlp is not None and parent:
-            send_otlp(run_dir, options.otlp or None)
+            from mltrace.exporters.otlp_live import send_rest
+
+            send_rest(run_dir, options.otlp or None, live)
         if options.summary and parent:
+            from mltrace.viewers.terminal import print_run_summary
+
             try:
-                print_summary(run_dir)
+                print_run_summary(run_dir)
             except Exception as exc:
                 warn(f"summary failed: {exc}")
     return status
+
+
+def _live_otlp(session: Any) -> Any:
+    """The OTLP export while the program runs (``exporters/otlp_live.py``), where ``--otlp`` or
+    the OTEL_* variables ask for one; None otherwise (opentelemetry is then never imported)."""
+    if session.options.otlp is None and not any(name.startswith("OTEL_") for name in os.environ):
+        return None
+    from mltrace.exporters.otlp_live import start_live
+
+    return start_live(session)
 
 
 def build_parser() -> _Parser:

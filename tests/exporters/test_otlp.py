@@ -15,7 +15,6 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue  # noqa: E402
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
 
 from mltrace.exporters.otlp import (  # noqa: E402
     export_otlp,
@@ -38,6 +36,7 @@ from mltrace.run.events import Flow, Span, Track, TrackKind  # noqa: E402
 from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run, load_run  # noqa: E402
 from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent, otel_parent_meta  # noqa: E402
+from support.otlp_receiver import GrpcReceiver, attrs_of  # noqa: E402
 
 ANCHOR_MONO = 1_000_000_000
 ANCHOR_EPOCH = 1_700_000_000_123_456_789
@@ -64,29 +63,6 @@ RICH_ATTRS: dict[str, Any] = {
 
 
 # -- receivers -----------------------------------------------------------------
-
-
-class GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """An OTLP/gRPC TraceService on 127.0.0.1 that keeps every request and its metadata."""
-
-    def __init__(self) -> None:
-        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-        self.metadata: list[dict[str, str]] = []
-        self._lock = threading.Lock()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
-        self.server.start()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method name
-        with self._lock:
-            self.requests.append(request)
-            self.metadata.append({k: v for k, v in context.invocation_metadata()})
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-    def close(self) -> None:
-        self.server.stop(grace=None)
 
 
 class HttpReceiver:
@@ -154,21 +130,6 @@ def _clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- decoding what arrived ---------------------------------------------------------
-
-
-def py_value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind is None:
-        return None
-    if kind == "array_value":
-        return [py_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: py_value(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, kind)
-
-
-def attrs_of(kvs: Any) -> dict[str, Any]:
-    return {kv.key: py_value(kv.value) for kv in kvs}
 
 
 def received(requests: list[Any]) -> list[tuple[dict[str, Any], Any]]:

@@ -54,7 +54,9 @@ class _LiveSpan:
         self.span: Span | None = None
 
     def __enter__(self) -> _LiveSpan:
-        self.span = self._session.recorder.begin(self._name, self._level, self._attrs)
+        self.span = span = self._session.recorder.begin(self._name, self._level, self._attrs)
+        if span.parent_id is None and "opentelemetry.trace" in sys.modules:
+            _under_otel_span(span)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -67,6 +69,16 @@ class _LiveSpan:
         """Sets an attribute on the open span (a key that is not text is made text)."""
         if self.span is not None:
             self.span.attrs[key if isinstance(key, str) else str(key)] = value
+
+
+def _under_otel_span(span: Span) -> None:
+    """Makes the program's current OpenTelemetry span the parent of ``span`` (a span with no
+    mltrace parent), so the export puts it, and what runs inside it, in that span's trace."""
+    from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent
+
+    otel = capture_otel_parent()
+    if otel is not None:
+        span.attrs = {**span.attrs, OTEL_PARENT_ATTR: f"{otel[0]:032x}-{otel[1]:016x}"}
 
 
 def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSpan | _NoSpan:
@@ -203,7 +215,9 @@ class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
         session, self._session = self._session, None
         run_dir = session.stop()
         if session.options.summary and not session.forked_copy:
-            _session_mod.finish_in_use().print_summary(run_dir)
+            from mltrace.viewers.terminal import print_run_summary
+
+            print_run_summary(run_dir)
         return run_dir
 
     def __enter__(self) -> profile:

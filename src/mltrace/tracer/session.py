@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
@@ -54,39 +54,6 @@ _active: Session | None = None
 def active_session() -> Session | None:
     """The running session, if any."""
     return _active
-
-
-class Finish(Protocol):
-    """The end of a run, which the layer above the tracer gives (``mltrace/finish.py``:
-    ``import mltrace`` sets it with ``use_finish``)."""
-
-    def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
-        """Correlates the streamed events and rewrites the run's files (``phase`` is told each step)."""
-        ...
-
-    def print_summary(self, run_dir: Path) -> None:
-        """Prints a finished run's summary."""
-        ...
-
-
-_finish: Finish | None = None
-
-
-def use_finish(finish: Finish) -> None:
-    """Makes ``finish`` end every session from now on."""
-    global _finish
-    _finish = finish
-
-
-def finish_in_use() -> Finish:
-    """The finish that ``use_finish`` set.
-
-    Raises:
-        RuntimeError: if none was set.
-    """
-    if _finish is None:
-        raise RuntimeError("no finish was set (mltrace.tracer.session.use_finish)")
-    return _finish
 
 
 def _forget_in_forked_child() -> None:
@@ -275,6 +242,10 @@ class Session:
         self._stream_failed = False
         self._streams_closed = False
         self._flush_lock = threading.Lock()
+        #: Called by the flusher with each events.jsonl line it wrote (bytes), on its thread;
+        #: a sink must return at once (the live OTLP export queues the line and sends it from
+        #: its own thread). A sink that raises is removed, with one warning.
+        self.batch_sinks: list[Callable[[bytes], None]] = []
         self._stopped = False
         self.limitations: list[str] = []
         self.errors: list[str] = []
@@ -725,7 +696,7 @@ class Session:
             return
         try:
             assert self._writer is not None
-            self._writer.write(**batch)
+            line = self._writer.write(**batch)
             self._writer.flush()
             if self._pftrace is not None:
                 self._pftrace.write(**batch)
@@ -733,6 +704,13 @@ class Session:
         except Exception as exc:
             self._stream_failed = True
             warn(f"could not stream events to {self.run_dir}: {exc}")
+            return
+        for sink in list(self.batch_sinks):
+            try:
+                sink(line)
+            except Exception as exc:  # a sink's failure must not stop the stream
+                self.batch_sinks.remove(sink)
+                warn(f"a batch sink failed and was removed: {exc}")
 
     def add_events(self, events: list[Event]) -> None:
         """Queues post-hoc events (from a source's ``stop``) for the next flush."""
@@ -884,7 +862,9 @@ class Session:
             self.meta["truncated_spans"] = truncated
         assert self.run_dir is not None
         try:
-            finish_in_use().finalize(self.run_dir, self.meta, progress.phase)
+            from mltrace.tracer.finalize import finalize_run
+
+            finalize_run(self.run_dir, self.meta, progress.phase)
         except Exception as exc:  # the streamed files stay as they are
             self.meta["errors"].append(f"finalize failed: {exc}")
             warn(f"could not finalize the run ({exc}); the streamed trace in {self.run_dir} is kept")

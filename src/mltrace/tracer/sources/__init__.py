@@ -22,6 +22,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     from mltrace.tracer.sources.cupti import CuptiSource
     from mltrace.tracer.sources.nvml import NvmlSampler
     from mltrace.tracer.sources.onnxruntime import OrtSource
+    from mltrace.tracer.sources.otel_spans import OtelSpanSource
     from mltrace.tracer.sources.tensorflow import TensorFlowSource
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
     from mltrace.tracer.sources.torch_ops import TorchOpSource
@@ -37,6 +38,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
         OrtSource(),
         TensorFlowSource(),
         NvmlSampler(),
+        OtelSpanSource(),
     ]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
