@@ -153,6 +153,7 @@ def split_trace_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | 
 def trace_main(command: str, argv: Sequence[str]) -> int:
     """``mltrace python|run …``: trace the program and return its exit status."""
     from mltrace.config import ProfileOptions
+    from mltrace.finish import print_summary
     from mltrace.runner import Target, check_target, run_target
     from mltrace.tracer.messages import warn
     from mltrace.tracer.session import Session
@@ -200,10 +201,8 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
 
             send_rest(run_dir, options.otlp or None, live)
         if options.summary and parent:
-            from mltrace.viewers.terminal import print_run_summary
-
             try:
-                print_run_summary(run_dir)
+                print_summary(run_dir)
             except Exception as exc:
                 warn(f"summary failed: {exc}")
     return status

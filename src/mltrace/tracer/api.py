@@ -215,9 +215,7 @@ class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
         session, self._session = self._session, None
         run_dir = session.stop()
         if session.options.summary and not session.forked_copy:
-            from mltrace.viewers.terminal import print_run_summary
-
-            print_run_summary(run_dir)
+            _session_mod.finish_in_use().print_summary(run_dir)
         return run_dir
 
     def __enter__(self) -> profile:

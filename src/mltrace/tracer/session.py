@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
@@ -54,6 +54,39 @@ _active: Session | None = None
 def active_session() -> Session | None:
     """The running session, if any."""
     return _active
+
+
+class Finish(Protocol):
+    """The end of a run, which the layer above the tracer gives (``mltrace/finish.py``:
+    ``import mltrace`` sets it with ``use_finish``)."""
+
+    def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
+        """Correlates the streamed events and rewrites the run's files (``phase`` is told each step)."""
+        ...
+
+    def print_summary(self, run_dir: Path) -> None:
+        """Prints a finished run's summary."""
+        ...
+
+
+_finish: Finish | None = None
+
+
+def use_finish(finish: Finish) -> None:
+    """Makes ``finish`` end every session from now on."""
+    global _finish
+    _finish = finish
+
+
+def finish_in_use() -> Finish:
+    """The finish that ``use_finish`` set.
+
+    Raises:
+        RuntimeError: if none was set.
+    """
+    if _finish is None:
+        raise RuntimeError("no finish was set (mltrace.tracer.session.use_finish)")
+    return _finish
 
 
 def _forget_in_forked_child() -> None:
@@ -862,9 +895,7 @@ class Session:
             self.meta["truncated_spans"] = truncated
         assert self.run_dir is not None
         try:
-            from mltrace.tracer.finalize import finalize_run
-
-            finalize_run(self.run_dir, self.meta, progress.phase)
+            finish_in_use().finalize(self.run_dir, self.meta, progress.phase)
         except Exception as exc:  # the streamed files stay as they are
             self.meta["errors"].append(f"finalize failed: {exc}")
             warn(f"could not finalize the run ({exc}); the streamed trace in {self.run_dir} is kept")
