@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from mltrace.run.events import Flow, Instant, Span, Track, TrackKind
+from mltrace.run.jsoncodec import dumps
 from mltrace.run.levels import Level
 from mltrace.run.metadata import base_metadata
-from mltrace.run.store import EVENTS_FILE, Run, dumps, encode_batch, load_run, span_row, write_meta
+from mltrace.run.store import EVENTS_FILE, Run, encode_batch, load_run, span_row, write_meta
 
 TRACK = Track(1, TrackKind.THREAD, "MainThread", 10, 10)
 SPANS = [

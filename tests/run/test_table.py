@@ -163,7 +163,7 @@ def test_writing_a_table_holds_about_what_its_attribute_sets_take(tmp_path: Path
     only trimmed copies (an op-level run, every attribute map its own, held 4 KB a span)."""
     import tracemalloc
 
-    from mltrace.run.store import dumps, trimmed
+    from mltrace.run.jsoncodec import dumps, trimmed
 
     attrs = [{"ml.seq": i, "ml.input.shapes": [[1, i]]} for i in range(3000)]
     spans = [Span(i + 1, None, Level.OP, "aten::add", i * 10, i * 10 + 5, 1, a) for i, a in enumerate(attrs)]

@@ -24,8 +24,8 @@ from typing import Any
 
 from mltrace._version import __version__
 from mltrace.exporters.otlp import MappedSpan, SpanMapper, resource_attributes
+from mltrace.run.jsoncodec import dumps as _dumps  # orjson where installed; what JSON cannot hold as text
 from mltrace.run.store import Run
-from mltrace.run.store import dumps as _dumps  # orjson where installed; what JSON cannot hold as text
 
 
 def jaeger_tag(key: str, value: Any) -> dict[str, Any]:

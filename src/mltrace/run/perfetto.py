@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from mltrace.run.events import CounterSample, Flow, Instant, Span, Track, TrackKind
+from mltrace.run.jsoncodec import dumps
 from mltrace.run.levels import Level
-from mltrace.run.store import dumps
 
 _SEQ_ID = 1
 _PROCESS_BASE = 1 << 48
@@ -37,7 +37,7 @@ def _pb() -> Any:
 
 
 def _json_bytes(value: Any) -> bytes:
-    """A non-scalar attribute value as JSON (``store.dumps``: what JSON cannot hold as text)."""
+    """A non-scalar attribute value as JSON (``jsoncodec.dumps``: what JSON cannot hold as text)."""
     return dumps(value)
 
 

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Span
+from mltrace.run.jsoncodec import dumps, trimmed
+from mltrace.run.jsoncodec import loads as _loads
 from mltrace.run.levels import Level
 
 if TYPE_CHECKING:
@@ -119,8 +121,6 @@ class SpanTable:
         """Attribute set ``k``, decoded on first use (shared: do not modify)."""
         got = self._sets[k]
         if got is None:
-            from mltrace.run.store import _loads
-
             assert self._offsets is not None and self._blob is not None
             got = self._sets[k] = _loads(bytes(self._blob[int(self._offsets[k]) : int(self._offsets[k + 1])]))
         return got
@@ -227,8 +227,6 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
     the cost).
     """
     import numpy as np
-
-    from mltrace.run.store import dumps, trimmed
 
     table = SpanTable.from_spans(spans)
     index: dict[bytes, int] = {}
