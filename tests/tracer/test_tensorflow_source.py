@@ -221,27 +221,32 @@ def test_the_op_level_ends_after_op_inferences(tmp_path: Path, mobilenet: Any) -
     check(run)
 
 
-def test_the_layer_level_ends_at_the_span_limit(tmp_path: Path, mobilenet: Any) -> None:
-    """--max-spans: the layer level (and the op level) ends when the model call after the flush
-    that found the limit returns; later calls are model spans only."""
-    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=100, flush_interval_s=60)
+def test_the_span_limit_ends_the_op_level_then_the_layer_level(tmp_path: Path, mobilenet: Any) -> None:
+    """--max-spans N counts the spans as they are recorded (no flush here): one call's eager layer
+    spans pass 1.5 N, so its return ends the op level, then the layer level; later calls are
+    model spans only (short of 2 N, where the trace would be full)."""
+    layers = len(mobilenet.layers) - 1
+    limit = (layers + 1) * 2 // 3  # one call records its layers and its model span: at least 1.5 N
+    opts = ProfileOptions.build(output=tmp_path / "run", summary=False, max_spans=limit, flush_interval_s=60)
     session = Session(opts, sources=[TensorFlowSource()]).start()
     try:
         assert session.layer_window is not None
+        mobilenet(IMAGES, training=False)  # its return ends the op level, then the layer level
+        assert session.layer_window.ended_ns is not None
         mobilenet(IMAGES, training=False)
-        session.flush()  # over 100 layer spans (under 200, when the trace would be full): the limit is reached
-        mobilenet(IMAGES, training=False)  # its return ends the layer and op levels
         mobilenet(IMAGES, training=False)
         mobilenet.predict(IMAGES, verbose=0)
+        assert not session.full
     finally:
         session.stop()
     run = mltrace.load_run(tmp_path / "run")
-    assert run.meta["layer_window"]["ended_after_model_calls"] == 2 and run.meta["layer_window"]["sources"] == ["tensorflow"]
-    assert run.meta["op_window"]["ended_after_model_calls"] == 2
-    layers = len(mobilenet.layers) - 1
+    layer_window, op_window = run.meta["layer_window"], run.meta["op_window"]
+    assert layer_window["ended_after_model_calls"] == 1 and layer_window["sources"] == ["tensorflow"]
+    assert op_window["ended_after_model_calls"] == 1 and op_window["ended_ns"] < layer_window["ended_ns"]
+    assert op_window["reason"].endswith(f"spans recorded, --max-spans {limit}")
+    assert "frameworks" not in op_window or list(op_window["frameworks"]) == ["tensorflow"]
     per_model = _spans_per_model(run)
-    assert [n for _, n, _ in per_model] == [layers, layers, 0, 0]
-    assert [o > 0 for _, _, o in per_model] == [True, True, False, False]
+    assert [(n, o > 0) for _, n, o in per_model] == [(layers, True), (0, False), (0, False), (0, False)]
     check(run)
 
 

@@ -5,6 +5,7 @@ the layer level once --max-spans spans were streamed (the model level goes on)."
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -413,38 +414,38 @@ def test_the_layer_level_ends_at_the_model_call_after_the_span_limit(
             session = active_session()
             assert session is not None and session.layer_window is not None and session.span_limit == 60
             assert session.meta["sources"]["torch.modules"]["layer_hot_path"].startswith(hot_path)
-            cnn(x)
-            session.flush()  # one call's layer spans (more than 60) reach the limit
-            assert session.layer_window.reason is not None and session.layer_window.ended_ns is None
+            cnn(x)  # one call's layer spans (more than 60) reach the limit: the level ends at its return
+            assert session.layer_window.reason is not None and session.layer_window.ended_ns is not None
             assert torch.nn.Module.__call__ is not original
-            cnn(x)  # the end comes when this call returns, with its layer spans
-            assert session.layer_window.ended_ns is not None
-            for _ in range(3):
+            for _ in range(4):
                 cnn(x)
             session.flush()
     assert torch.nn.Module.__call__ is original
-    assert "the layer level ended after 2 model calls (60 spans streamed, --max-spans); model spans go on" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    said = re.search(r"the layer level ended after 1 model call \(([\d,]+) spans recorded, --max-spans 60\); model spans go on", err)
+    assert said is not None, err
     run = mltrace.load_run(tmp_path / "run")
     window = run.meta["layer_window"]
-    assert run.meta["max_spans"] == 60 and window["ended_after_model_calls"] == 2
-    assert window["sources"] == ["torch.modules"]
-    assert any("the layer level ended after 2 model calls" in x for x in run.meta["limitations"])
+    assert run.meta["max_spans"] == 60 and window["ended_after_model_calls"] == 1
+    assert window["sources"] == ["torch.modules"] and window["reason"] == f"{said[1]} spans recorded, --max-spans 60"
+    assert any("the layer level ended after 1 model call" in x for x in run.meta["limitations"])
     models, layers = _models_and_layers(run)
     assert len(models) == 5
-    assert layers[0] > 60 and layers == [layers[0], layers[0], 0, 0, 0]
-    # Layer shares are of the two calls that have layers, in both analyses.
+    assert layers[0] > 60 and layers == [layers[0], 0, 0, 0, 0]
+    assert int(said[1].replace(",", "")) == layers[0] + 1  # before any flush: the call's layer frames and its model span
+    # Layer shares are of the call that has layers, in both analyses.
     by_id = run.span_by_id()
-    two = sum(by_id[m].duration_ns for m in models[:2])
+    two = by_id[models[0]].duration_ns
     analysis = analyze(run)
-    # The model row's self time is its time outside layers in those two calls only.
+    # The model row's self time is its time outside layers in that call only.
     top_layers = [s for s in run.spans if s.level == Level.LAYER and by_id[s.parent_id].level == Level.MODEL]
     model_self = two - sum(s.duration_ns for s in top_layers)
     for b in (analysis.breakdown, breakdown(run)):
-        assert b.model_calls == 5 and b.layer_model_calls == 2 and b.layer_model_ns == two
+        assert b.model_calls == 5 and b.layer_model_calls == 1 and b.layer_model_ns == two
         assert b.base_ns(Level.LAYER) == two and b.base_ns(Level.MODEL) == b.model_ns > two
         (model_row,) = [x for x in b.layers if x.level == Level.MODEL]
         assert model_row.calls == 5 and model_row.total_ns == b.model_ns and model_row.self_ns == model_self
-    assert any("layers were recorded in 2 of 5 model calls" in n for n in analysis.findings.notes)
+    assert any("layers were recorded in 1 of 5 model calls" in n for n in analysis.findings.notes)
     assert run.meta["summary"]["layer_model_time_ns"] == two
 
 
@@ -513,12 +514,12 @@ def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(
             pass
     finally:
         run_dir = session.stop()
-    err = [line for line in capsys.readouterr().err.splitlines() if "spans streamed" in line]
+    err = [line for line in capsys.readouterr().err.splitlines() if "spans recorded" in line]
     assert err == [
-        "mltrace: warning: 5 spans streamed (--max-spans 4) and the layer level of plain.layers cannot end early: the "
+        "mltrace: warning: 5 spans recorded (--max-spans 4) and the layer level of plain.layers cannot end early: the "
         "end of the run loads every span (≈ 0.0 GiB so far); the trace is full at 8",
-        "mltrace: warning: the trace is full (8 spans streamed, twice --max-spans): mltrace records nothing more, the "
-        "program goes on",
+        "mltrace: warning: the trace is full (8 spans recorded, twice --max-spans 4): mltrace records nothing more, "
+        "the program goes on",
     ]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["max_spans"] == 4 and "layer_window" not in meta and meta["trace_full"]["spans"] == 8
@@ -561,7 +562,7 @@ def test_model_spans_alone_fill_the_trace_at_twice_the_limit(tmp_path: Path, cap
         assert session.full and torch.nn.Module.__call__ is original
         with mltrace.span("after the trace filled"):
             assert torch.equal(model(x), expected)
-    assert "the trace is full (6 spans streamed, twice --max-spans)" in capsys.readouterr().err
+    assert "the trace is full (6 spans recorded, twice --max-spans 3)" in capsys.readouterr().err
     run = mltrace.load_run(tmp_path / "run")
     assert [s.level for s in run.spans] == [Level.MODEL] * 6
     assert run.meta["trace_full"]["spans"] == 6 and not run.meta["limitations"][1:]
@@ -702,6 +703,54 @@ def test_a_framework_imported_after_the_trace_is_full_is_not_traced(tmp_path: Pa
     traced = run_cli("python", *args)
     assert traced.returncode == 0, traced.stderr.decode()
     assert traced.stdout == b"(1, 3)\n"
-    assert b"the trace is full (3 spans streamed" in traced.stderr
+    assert b"the trace is full (3 spans recorded" in traced.stderr
     run = mltrace.load_run(tmp_path / "run")
     assert [s.name for s in run.spans] == ["s0", "s1", "s2"] and run.meta["trace_full"]["spans"] == 3
+
+
+def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_framework_that_ran(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torch-only program at the library level, with every default source (TensorFlow's and
+    ONNX Runtime's op windows among them, never used): at --max-spans N the op and library
+    levels end, at 1.5 N the layer level, at 2 N the trace is full, each at a model call's
+    return, and each said once, with the calls that really had them, under pytorch alone."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 8)
+    with torch.inference_mode():
+        with mltrace.profile(level="library", output=tmp_path / "run", max_spans=400, flush_interval_s=60, summary=True):
+            session = active_session()
+            assert session is not None and {"pytorch", "tensorflow", "onnxruntime"} <= set(session.op_windows)
+            for _ in range(400):
+                model(x)
+            assert session.full
+    err = capsys.readouterr().err
+    run = mltrace.load_run(tmp_path / "run")
+    op_window, layer_window = run.meta["op_window"], run.meta["layer_window"]
+    assert list(op_window.get("frameworks", {})) == ["pytorch"]
+    ops_calls = op_window["ended_after_model_calls"]
+    assert op_window["frameworks"]["pytorch"]["ended_after_model_calls"] == ops_calls
+    assert set(op_window["sources"]) >= {"torch.profiler"}
+    assert 0 < ops_calls < layer_window["ended_after_model_calls"]
+    assert op_window["ended_ns"] < layer_window["ended_ns"] < run.meta["trace_full"]["at_ns"]
+    ended = [line for line in err.splitlines() if " ended after " in line]
+    assert len(ended) == 2, err
+    assert ended[0].startswith(f"mltrace: the op and library levels ended after {ops_calls} model calls (")
+    assert "spans recorded, --max-spans 400; the program waited" in ended[0]
+    assert ended[1].startswith(f"mltrace: the layer level ended after {layer_window['ended_after_model_calls']} model calls (")
+    assert re.search(r"\b0 model calls", err) is None
+    # Each model call has ops exactly when it ended before the op level did.
+    by_id = run.span_by_id()
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    with_ops = set()
+    for s in run.spans:
+        if s.level == Level.OP:
+            p = s.parent_id
+            while p is not None and by_id[p].level != Level.MODEL:
+                p = by_id[p].parent_id
+            if p is not None:
+                with_ops.add(p)
+    assert [m.id in with_ops for m in models] == [i < ops_calls for i in range(len(models))]

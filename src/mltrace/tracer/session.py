@@ -253,8 +253,8 @@ class Session:
             window keyed None, counting every model call, where no op source names its
             framework); empty where no source of the op level can end early.
         layer_window: when the layer level ends (None where it cannot end early).
-        span_limit: spans streamed before the layer level ends; at twice as many the
-            trace is full (0: no limit).
+        span_limit: ``--max-spans``: spans recorded (every level) at which the deepest levels
+            start to end; at twice as many the trace is full (0: no limit).
         full: the trace is full: nothing more is recorded (``fill``).
     """
 
@@ -289,7 +289,11 @@ class Session:
         self._op_sources_ended: list[EndsEarly] = []
         self.layer_window: LevelWindow | None = None
         self.span_limit = 0
-        self._span_limit_reached = False
+        #: What the span limit does at which count of recorded spans, in order (``_watch_span_count``).
+        self._span_stages: list[tuple[int, str]] = []
+        self._span_next = 0  # the count of the next stage (0: none left, or no limit)
+        self._span_lock = threading.Lock()
+        self._pending_counts: list[Callable[[], int]] = []  # sources' ``pending_spans``
         self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
         #: True in a child forked from the process running this session: it writes nothing.
@@ -465,9 +469,12 @@ class Session:
             window.request(reason)
 
     def _watch_span_count(self, layers: bool) -> None:
-        """Sets up the span limit (``flush`` checks it): at ``--max-spans`` spans streamed the
-        layer level ends, where its source can end early (elsewhere mltrace warns); at twice
-        that the trace is full (``fill``)."""
+        """Sets up the span limit (``_check_span_count``). Every span counts, whatever its level,
+        as soon as it is recorded: what was streamed, what waits for the next flush, and what the
+        sources hold (``pending_spans()``: layer frames, ops of the profiler's current cycle).
+        The deepest levels end first: at ``--max-spans`` N the op level (with the library and
+        kernel levels that end with it), then the layer level at 1.5 N (at N where no op level
+        can end), each at the next model call's return; at 2 N the trace is full (``fill``)."""
         given = self.options.max_spans
         if given is None:
             info = read_meminfo()
@@ -475,19 +482,30 @@ class Session:
         else:
             self.span_limit = given
         self.meta["max_spans"] = self.span_limit
-        if not self.span_limit or not layers:
+        limit = self.span_limit
+        if not limit:
             return
-        recording = [s for s in self.started if Level.LAYER in s.levels]
-        live = [s for s in recording if callable(getattr(s, "end_layer_level", None))]
-        if live:
-            self.layer_window = LevelWindow(self.end_layer_level)
-        # Layers from a profiler (ONNX Runtime's nodes) end with the op level's window.
-        self._endless_layers = [s.name for s in recording if s not in live and not can_end_early(s)]
-        if given and self._endless_layers:
-            self.note_limitation(
-                f"--max-spans {given:,}: the layer level of {', '.join(self._endless_layers)} cannot end before the run "
-                f"does; it goes on until the trace is full ({2 * given:,} spans)"
-            )
+        self._pending_counts = [f for f in (getattr(s, "pending_spans", None) for s in self.started) if callable(f)]
+        stages: list[tuple[int, str]] = []
+        if self.op_windows:
+            stages.append((limit, "op"))
+        if layers:
+            recording = [s for s in self.started if Level.LAYER in s.levels]
+            live = [s for s in recording if callable(getattr(s, "end_layer_level", None))]
+            if live:
+                self.layer_window = LevelWindow(self.end_layer_level)
+            # Layers from a profiler (ONNX Runtime's nodes) end with the op level's window.
+            self._endless_layers = [s.name for s in recording if s not in live and not can_end_early(s)]
+            if live or self._endless_layers:
+                stages.append((limit + limit // 2 if stages else limit, "layer"))
+            if given and self._endless_layers:
+                self.note_limitation(
+                    f"--max-spans {given:,}: the layer level of {', '.join(self._endless_layers)} cannot end before the "
+                    f"run does; it goes on until the trace is full ({2 * given:,} spans)"
+                )
+        stages.append((2 * limit, "full"))
+        self._span_stages = stages
+        self._span_next = stages[0][0]
 
     def _no_effect(self, text: str) -> None:
         warn(text)
@@ -497,6 +515,11 @@ class Session:
         """Called by the framework sources after every outermost model call, on its thread,
         with their ``ml.framework``: where the op and layer levels may end
         (``tracer/windows.py``). Never raises."""
+        if self._span_next:
+            try:
+                self._check_span_count()
+            except Exception as exc:  # never into the user's program
+                self.errors.append(f"checking the span limit failed: {exc}")
         windows, layer = self.op_windows, self.layer_window
         op = windows.get(framework) or windows.get(None) if windows else None
         try:
@@ -547,7 +570,10 @@ class Session:
                     other.end_now(self._op_end_all)  # ends its own sources (this method, for it)
         done_with_models = all(w.ended_ns is not None or w.calls == 0 for w in windows)
         ending = list(self._op_sources.get(framework, []))
-        if framework is not None and (done_with_models or self._op_end_all is not None):
+        # The shared sources (the library level) end with the last framework that made model
+        # calls (or with any, where none made one), never with one that made none.
+        shares = window.calls > 0 or not any(w.calls for w in windows)
+        if framework is not None and shares and (done_with_models or self._op_end_all is not None):
             ending += self._op_sources.get(None, [])
         started = {id(s): i for i, s in enumerate(self.started)}  # ended in the reverse of their start
         ending = sorted((s for s in ending if s not in self._op_sources_ended), key=lambda s: -started.get(id(s), -1))
@@ -565,6 +591,8 @@ class Session:
         took = time.perf_counter() - t0
         if all(s in self._op_sources_ended for group in self._op_sources.values() for s in group):
             self._memory_watch = None
+        if not ended and window.calls == 0:
+            return  # a framework that never ran a model: nothing to file under its name
         top = self.meta.setdefault("op_window", {})
         entry = top if framework is None else top.setdefault("frameworks", {}).setdefault(framework, {})
         entry["reason"] = window.reason
@@ -633,39 +661,73 @@ class Session:
                 ended.append(source.name)
         return ended
 
+    def spans_recorded(self) -> int:
+        """Spans recorded so far, at every level: streamed, waiting for the next flush, and held
+        by the sources that say so (``pending_spans()``). A source that fails to say counts 0."""
+        recorder = self.recorder
+        count = recorder.spans_drained + len(recorder.done)
+        for pending in self._pending_counts:
+            try:
+                count += pending()
+            except Exception:  # noqa: BLE001 - a count, never an error of the run
+                pass
+        return count
+
     def _check_span_count(self) -> None:
-        """At the span limit: asks the layer and op levels to end (where the layer level cannot,
-        says what the end of the run will need); at twice the limit, fills the trace."""
+        """Takes the span limit's stages that the count of recorded spans has reached
+        (``_watch_span_count``): called after every model call and at every flush."""
+        if not self._span_next or self.full:
+            return
+        count = self.spans_recorded()
+        if count < self._span_next:
+            return
+        with self._span_lock:  # the flusher and the program's threads
+            stages = self._span_stages
+            while stages and count >= stages[0][0] and not self.full:
+                what = stages.pop(0)[1]
+                if what == "op" and not self._op_level_running() and stages and stages[0][1] == "layer":
+                    what = stages.pop(0)[1]  # nothing of the op level left to end: the layer level is the deepest
+                self._span_stage(what, count)
+            self._span_next = stages[0][0] if stages and not self.full else 0
+
+    def _op_level_running(self) -> bool:
+        """Whether some framework's op level still records (a window not ended whose sources
+        profile; a source that does not say is taken as profiling)."""
+        return any(
+            w.ended_ns is None and any(getattr(s, "profiling", True) for s in self._op_sources.get(w.framework, []))
+            for w in self.op_windows.values()
+        )
+
+    def _span_stage(self, what: str, count: int) -> None:
+        """One stage of the span limit at ``count`` recorded spans: the op level, or the layer
+        level, ends at the next model call's return (where the layer level cannot, says what the
+        end of the run will need); ``full``: nothing more is recorded."""
         limit = self.span_limit
-        streamed = self.recorder.spans_drained
-        if not limit or self.full or streamed < limit:
+        if what == "full":
+            self.fill(count)
             return
-        if streamed >= 2 * limit:
-            self.fill(streamed)
+        reason = f"{count:,} spans recorded, --max-spans {limit:,}"
+        if what == "op":
+            self._end_whole_op_level(reason)
             return
-        if self._span_limit_reached:
-            return
-        self._span_limit_reached = True
-        reason = f"{limit:,} spans streamed, --max-spans"
-        self._end_whole_op_level(reason)
         if self.layer_window is not None:
             self.layer_window.request(reason)
         if not self._endless_layers:
-            return  # every layer level ends (or none is recorded: the trace fills at twice the limit)
-        need = streamed * FINALIZE_BYTES_PER_SPAN / (1 << 30)
+            return
+        need = count * FINALIZE_BYTES_PER_SPAN / (1 << 30)
         message = (
-            f"{streamed:,} spans streamed (--max-spans {limit:,}) and the layer level of "
+            f"{count:,} spans recorded (--max-spans {limit:,}) and the layer level of "
             f"{', '.join(self._endless_layers)} cannot end early: "
             f"the end of the run loads every span (≈ {need:.1f} GiB so far); the trace is full at {2 * limit:,}"
         )
         warn(message)
         self.note_limitation(message)
 
-    def fill(self, streamed: int) -> None:
+    def fill(self, recorded: int) -> None:
         """The trace is full: mltrace records nothing more (the model level's wrappers come out,
         user spans are no-ops, the profilers that can end early end) and the program goes on.
         This bounds what the end of the run loads when model or user spans alone keep coming,
-        past twice ``--max-spans``."""
+        past twice ``--max-spans`` (``recorded``: the spans recorded by then, every level)."""
         self.full = True
         if self.op_windows:
             # Without a model call returning (they may run on threads whose wrappers come out
@@ -682,10 +744,10 @@ class Session:
 
         recorders = [s for s in self.started if callable(getattr(s, "end_recording", None))]
         self._end_each(recorders, end_recording, "ending the recording", "stop recording")
-        self.meta["trace_full"] = {"spans": streamed, "at_ns": now_ns()}
+        self.meta["trace_full"] = {"spans": recorded, "at_ns": now_ns()}
         message = (
-            f"the trace is full ({streamed:,} spans streamed, twice --max-spans): mltrace records nothing more, "
-            "the program goes on"
+            f"the trace is full ({recorded:,} spans recorded, twice --max-spans {self.span_limit:,}): mltrace records "
+            "nothing more, the program goes on"
         )
         warn(message)
         self.note_limitation(message)

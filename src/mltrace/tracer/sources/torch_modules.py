@@ -558,6 +558,10 @@ class TorchModuleSource:
         stack = getattr(self._tls, "stack", None)
         return stack[-1][ID] if stack else None
 
+    def pending_spans(self) -> int:
+        """Layer frames completed and not drained yet (the session's span limit counts them)."""
+        return len(self._frames)
+
     def _drain_frames(self) -> list[Span]:
         """Spans for the layer frames completed since the last drain (``Recorder.add_producer``)."""
         frames = self._frames
