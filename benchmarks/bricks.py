@@ -7,7 +7,7 @@ bricks are extracted from the three runs together (deduplicated across them).
 
 Then, in ``--rounds`` interleaved rounds: every model is timed end to end
 (plain, no tracing: warm-up then median of ``--calls``), and every unique brick
-is benchmarked in isolation (``mltrace.analysis.bricks.benchmark_bricks``,
+is benchmarked in isolation (``mltrace.brickbench.benchmark_bricks``,
 cold cache by default) and each model's latency constructed from them. The
 figures are medians over rounds, so drift on a busy machine hits both alike.
 Both wall-clock latency and the calling thread's CPU time are reported: with
@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 import torch  # noqa: E402
 
 import mltrace  # noqa: E402
-from mltrace.analysis.bricks import benchmark_bricks, construct, extract  # noqa: E402
+from mltrace.analysis.bricks import construct, extract  # noqa: E402
+from mltrace.brickbench import benchmark_bricks  # noqa: E402
 
 
 def _plain(fn: Callable[[], Any], warmup: int, calls: int) -> tuple[list[int], list[int]]:

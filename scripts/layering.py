@@ -39,6 +39,7 @@ RANKS = {
     "viewers": 4,
     "follow": 4,
     "bench": 5,
+    "brickbench": 5,
     "runner": 5,
     "commands": 5,
     "cli": 5,

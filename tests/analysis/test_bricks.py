@@ -15,15 +15,13 @@ from mltrace.analysis.bricks import (
     Brick,
     LayerCall,
     ModelBricks,
-    benchmark_bricks,
     brick_of,
-    build_brick,
     construct,
     critical_path_ns,
     extract,
     infer_config,
-    run_bricks,
 )
+from mltrace.brickbench import benchmark_bricks, build_brick, run_bricks
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
@@ -257,14 +255,15 @@ def test_construct_sum_fallback_and_sequences(rep_run: Any) -> None:
     bset = extract([run], granularity=2)
     rep = bset.models[0]
     lin16, relu, lin4 = rep.layers[0].brick, rep.layers[1].brick, rep.layers[6].brick
+    glue = rep.glue_ns  # the model's time between its leaf layers, a term of its own
     c = construct(rep, {lin16: 10.0, relu: 1.0, lin4: 5.0})
-    assert (c.constructed_ns, c.method, c.from_trace) == (38.0, "sum", 0)
+    assert (c.bricks_ns, c.glue_ns, c.constructed_ns, c.method, c.from_trace) == (38.0, glue, 38.0 + glue, "sum", 0)
     c = construct(rep, {lin16: 10.0, relu: 1.0})
-    assert c.from_trace == 1 and c.constructed_ns == 33.0 + rep.layers[6].traced_ns
+    assert c.from_trace == 1 and c.bricks_ns == 33.0 + rep.layers[6].traced_ns
     pair, last = rep.sequences[0], rep.sequences[3]
     c = construct(rep, {lin16: 10.0, relu: 1.0, lin4: 5.0}, {pair: 12.0, last: 4.0})
-    assert (c.constructed_ns, c.method) == (40.0, "sequence sum (H=2)")
-    assert c.ratio == pytest.approx(40.0 / rep.measured_ns)
+    assert (c.bricks_ns, c.method) == (40.0, "sequence sum (H=2)")
+    assert c.ratio == pytest.approx((40.0 + glue) / rep.measured_ns)
 
 
 def _call(start: int, end: int, name: str) -> LayerCall:
@@ -293,9 +292,9 @@ def test_overlapping_layers_on_two_tracks_are_parallel() -> None:
     bset = extract([Run(Path("."), {"format": "mltrace-run"}, tracks, spans)], warmup=0)
     (m,) = bset.models
     assert m.parallel and [lc.path for lc in m.layers] == ["left", "right", "join"]
-    assert m.unattributed_ns == 100 - 60 - 10 and len(bset.bricks) == 1
+    assert m.unattributed_ns == m.glue_ns == 100 - 60 - 10 and len(bset.bricks) == 1
     c = construct(m, {})
-    assert c.method == "critical path" and c.constructed_ns == 50 + 10
+    assert c.method == "critical path" and c.bricks_ns == 50 + 10 and c.constructed_ns == 50 + 10 + 30
 
 
 def test_run_without_layers_is_refused(tmp_path: Path) -> None:
@@ -332,3 +331,84 @@ def test_warm_cold_and_onnxruntime_runtimes() -> None:
         assert t.median_ns is not None and t.median_ns > 0 and t.error == "", kwargs
     with pytest.raises(ValueError, match="cache"):
         benchmark_bricks([brick], cache="lukewarm")
+
+
+class Residual(nn.Module):
+    """The examples' basic block: its residual add and the head's flatten run in no leaf layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, 1, 1, bias=False)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu(self.conv(x) + x)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+@pytest.fixture(scope="module")
+def residual_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Run]:
+    """The residual model traced with one thread and with two."""
+    tmp = tmp_path_factory.mktemp("residual")
+    model, x = Residual().eval(), torch.randn(1, 8, 32, 32)
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(_trace(tmp, f"t{threads}", lambda: model(x), calls=4))
+    finally:
+        torch.set_num_threads(before)
+    return runs
+
+
+def test_glue_is_each_calls_time_outside_its_leaf_layers(residual_runs: list[Run]) -> None:
+    from mltrace.analysis.leveled import invocations
+
+    run = residual_runs[0]
+    (m,) = extract([run]).models
+    (calls,) = invocations(run).values()
+    outside = []
+    for call in calls[1:]:
+        leaves = sorted((s.start_ns, s.end_ns) for s in call.spans.values() if s.level == Level.LAYER)
+        assert all(a[1] <= b[0] for a, b in zip(leaves, leaves[1:]))  # sequential leaves: their sum is their union
+        outside.append(call.root.duration_ns - sum(e - s for s, e in leaves))
+    assert m.glue_ns == sorted(outside)[1] and m.glue_ns > 0  # the median of three
+    c = construct(m, {lc.brick: 1000.0 for lc in m.layers})
+    assert c.bricks_ns == 4000.0 and c.constructed_ns == 4000.0 + m.glue_ns
+
+
+def test_bricks_run_with_the_threads_the_model_ran_with(residual_runs: list[Run]) -> None:
+    from mltrace.brickbench import bench_threads
+
+    one, two = residual_runs
+    assert [m.threads for m in extract(residual_runs).models] == [1, 2]
+    assert bench_threads(extract([one]), None) == 1 and bench_threads(extract([two]), None) == 2
+    assert bench_threads(extract([one]), 3) == 3
+    with pytest.raises(ValueError, match=r"different thread counts \(1, 2\): give --threads"):
+        bench_threads(extract(residual_runs), None)
+    before = torch.get_num_threads()
+    report = run_bricks([one], warmup=1, n=2)
+    assert report.extra["threads"] == 1 and torch.get_num_threads() == before
+    assert report.machine is not None and report.machine.threads == 1 and report.machine.others_cores >= 0
+
+
+def test_the_report_says_when_the_machine_was_not_idle(residual_runs: list[Run]) -> None:
+    import io
+    from dataclasses import replace
+
+    from mltrace.analysis.bricks import MachineState
+    from mltrace.viewers.bricks import print_report
+
+    report = run_bricks(residual_runs[:1], warmup=1, n=2)
+    busy, idle = MachineState(2, 1, 1.4, (3.0, 3.5)), MachineState(2, 1, 0.05, (0.1, 0.1))
+    assert idle.idle and idle.why_not_idle() == "" and not busy.idle
+    assert "1.4 of 2 cores busy" in busy.why_not_idle()
+    for state, said in ((busy, "not measured on an idle machine"), (idle, "(idle)")):
+        out = io.StringIO()
+        print_report(replace(report, machine=state), out)
+        assert said in out.getvalue() and "glue" in out.getvalue()
+    doc = replace(report, machine=busy).to_json()
+    assert doc["machine"]["idle"] is False and doc["models"][0]["glue_ns"] == round(report.constructions[0].glue_ns)

@@ -9,20 +9,16 @@
    With granularity H > 1, each model's leaf sequence is also cut into
    consecutive runs of H layers (the last may be shorter): sequence bricks.
 2. **Deduplicate** bricks and sequences across all models (total vs unique).
-3. **Benchmark** each unique brick in isolation: a fresh ``torch.nn`` layer of
-   that type and configuration, random weights and inputs of the recorded
-   shapes, warm-up then the median of timed calls under
-   ``torch.inference_mode()``, cycling through copies of the layer so that no
-   call finds the previous call's data in cache (as inside a model); a
-   sequence runs its layers back to back (each on its own recorded input
-   shapes). Optionally in ONNX Runtime: the layer is
-   exported to ONNX and timed in an ``InferenceSession``.
+3. **Benchmark** each unique brick in isolation (``mltrace.brickbench``, which
+   imports torch; this module only holds the results, ``BrickTiming``).
 4. **Construct** each model's latency: the sum of its bricks' medians; when
    the trace shows leaf layers overlapping in time (parallel branches), the
    critical path through them instead (a layer follows every layer that ended
    before it started). A brick that cannot be built in isolation (a custom
    layer type, unknown arguments) keeps its traced latency and is counted as
-   such.
+   such. Plus the model's *glue*: its time in no leaf layer (residual adds,
+   ``flatten``, indexing between layers), the median over the traced calls,
+   a term of its own taken from the trace (``ModelBricks.glue_ns``).
 5. **Report** constructed / measured per model, where *measured* is the
    median model-span latency in the run given (use a leveled run for an
    overhead-free figure), and the benchmarking-time speedup:
@@ -37,9 +33,8 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +45,10 @@ from mltrace.run.store import Run
 Shape = tuple[int, ...]
 
 #: Layer types that take no constructor argument that changes their cost.
-_NO_ARGS = {
+NO_ARG_TYPES = {
     "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "Mish", "ELU", "LeakyReLU",
     "Identity", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Softplus", "Hardtanh",
 }  # fmt: skip
-
-#: Extra keyword arguments a layer is called with in isolation (as its usual caller does).
-_CALL_KWARGS: dict[str, dict[str, Any]] = {"MultiheadAttention": {"need_weights": False}}
-
-
-class UnsupportedBrick(Exception):
-    """A brick that cannot be instantiated or run in isolation (message says why)."""
-
 
 # -- bricks ------------------------------------------------------------------------
 
@@ -135,6 +122,9 @@ class ModelBricks:
         sequences: its consecutive runs of H bricks (H = granularity).
         parallel: whether leaf layers overlap in time (parallel branches).
         unattributed_ns: time of the reference invocation in no leaf layer (ns).
+        glue_ns: median over the calls of the time in no leaf layer (ns): the code
+            between layers, which no brick runs.
+        threads: the compute threads the run used (run.json), None when unknown.
     """
 
     model: str
@@ -145,6 +135,8 @@ class ModelBricks:
     sequences: list[tuple[Brick, ...]]
     parallel: bool
     unattributed_ns: int
+    glue_ns: float = 0.0
+    threads: int | None = None
 
 
 @dataclass
@@ -294,7 +286,7 @@ def infer_config(
     Returns:
         Keyword arguments for the class, or None when they cannot be inferred.
     """
-    if ltype in _NO_ARGS:
+    if ltype in NO_ARG_TYPES:
         return {}
     if ltype in ("Conv1d", "Conv2d", "Conv3d"):
         return _infer_conv(int(ltype[4]), ins, outs, params)
@@ -395,6 +387,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
         ValueError: for H < 1 or a run without layer spans.
     """
     from mltrace.analysis.leveled import invocations, model_label, path_label
+    from mltrace.analysis.peaks import run_threads
 
     if granularity < 1:
         raise ValueError("granularity H must be at least 1")
@@ -431,6 +424,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
             parallel = any(b.start_ns < a.end_ns for a, b in zip(layers, layers[1:]))
             covered = _union_ns([(lc.start_ns, lc.end_ns) for lc in layers])
             measured = [c.root.duration_ns for c in calls[skip:]]
+            glue = [max(0, c.root.duration_ns - _union_ns([(x.start_ns, x.end_ns) for x in _leaf_layers(c.spans)])) for c in calls[skip:]]
             models.append(
                 ModelBricks(
                     model=model_label(key),
@@ -441,6 +435,8 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     sequences=seqs,
                     parallel=parallel,
                     unattributed_ns=max(0, ref.root.duration_ns - covered),
+                    glue_ns=float(statistics.median(glue)),
+                    threads=run_threads(run.meta),
                 )
             )
     return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
@@ -502,9 +498,11 @@ class Construction:
         model: the model's label.
         measured_ns: median traced model latency (ns).
         constructed_ns: from the bricks (ns).
+        constructed_ns: from the bricks, glue included (ns).
         method: "sum", "sequence sum (H=…)" or "critical path".
         from_trace: leaf layers whose brick could not run alone (their traced latency was used).
         from_trace_ns: the time those contributed (ns).
+        glue_ns: the model's time in no leaf layer, from the trace (ns; in ``constructed_ns``).
     """
 
     model: str
@@ -513,6 +511,12 @@ class Construction:
     method: str
     from_trace: int = 0
     from_trace_ns: float = 0.0
+    glue_ns: float = 0.0
+
+    @property
+    def bricks_ns(self) -> float:
+        """The bricks' part of the constructed latency (ns)."""
+        return self.constructed_ns - self.glue_ns
 
     @property
     def ratio(self) -> float:
@@ -525,7 +529,7 @@ def construct(
     brick_ns: dict[Brick, float],
     sequence_ns: dict[tuple[Brick, ...], float] | None = None,
 ) -> Construction:
-    """Constructs a model's latency from brick medians.
+    """Constructs a model's latency from brick medians, plus the model's glue (``glue_ns``).
 
     Args:
         model: the model's decomposition.
@@ -549,10 +553,11 @@ def construct(
     else:
         total = sum(weight(lc) for lc in model.layers)
         method = "sum"
-    return Construction(model.model, model.measured_ns, total, method, len(fallback), sum(lc.traced_ns for lc in fallback))
+    fallback_ns = sum(lc.traced_ns for lc in fallback)
+    return Construction(model.model, model.measured_ns, total + model.glue_ns, method, len(fallback), fallback_ns, model.glue_ns)
 
 
-# -- benchmarking (imports torch) --------------------------------------------------------------
+# -- benchmark results ------------------------------------------------------------------------
 
 
 @dataclass
@@ -578,264 +583,41 @@ class BrickTiming:
     cpu_median_ns: float | None = None
 
 
-_TORCH_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64"}
+#: Others' CPU use (cores, on average) while bricks ran above which the machine is not idle.
+BUSY_CORES = 0.25
 
 
-def build_brick(brick: Brick) -> tuple[Any, list[Any], dict[str, Any]]:
-    """A fresh ``torch.nn`` layer for the brick, random inputs, and call keyword arguments.
+@dataclass(frozen=True)
+class MachineState:
+    """How busy the machine was while the bricks ran.
 
-    Raises:
-        UnsupportedBrick: unknown type, unknown arguments, or inputs it cannot make.
+    Attributes:
+        cores: the machine's cores.
+        threads: the compute threads the bricks ran with.
+        others_cores: CPU time that other processes used while the bricks ran, per
+            second of wall time (cores kept busy by others, on average).
+        loadavg: the 1-minute load average before and after.
     """
-    import torch
 
-    cls = getattr(torch.nn, brick.type, None)
-    if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.nn.Module):
-        raise UnsupportedBrick(f"{brick.type} is not a torch.nn layer")
-    if brick.config_source == "none" and brick.type not in _NO_ARGS:
-        raise UnsupportedBrick(f"{brick.type}: constructor arguments neither recorded nor inferable")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in brick.config}
-    try:
-        module = cls(**kwargs).eval()
-    except Exception as exc:
-        raise UnsupportedBrick(f"{brick.type}({kwargs}): {exc}") from None
-    if module_params(module) != brick.params:
-        raise UnsupportedBrick(f"{brick.type}: rebuilt with {module_params(module)} parameters, traced with {brick.params}")
-    float_dtypes = [d for d in brick.input_dtypes if d in _TORCH_DTYPES]
-    if float_dtypes and float_dtypes[0] != "float32":
-        module = module.to(getattr(torch, float_dtypes[0]))
-    inputs = []
-    for shape, dtype in zip(brick.input_shapes, brick.input_dtypes or ("float32",) * len(brick.input_shapes)):
-        if dtype in _TORCH_DTYPES:
-            inputs.append(torch.randn(shape, dtype=getattr(torch, dtype)))
-        elif dtype in ("int64", "int32", "int16", "int8", "uint8"):
-            high = int(getattr(module, "num_embeddings", 2))
-            inputs.append(torch.randint(0, high, shape, dtype=getattr(torch, dtype)))
-        elif dtype == "bool":
-            inputs.append(torch.zeros(shape, dtype=torch.bool))
-        else:
-            raise UnsupportedBrick(f"{brick.type}: input dtype {dtype} not supported")
-    if not inputs:
-        raise UnsupportedBrick(f"{brick.type}: no recorded tensor input")
-    return module, inputs, dict(_CALL_KWARGS.get(brick.type, {}))
+    cores: int
+    threads: int
+    others_cores: float
+    loadavg: tuple[float, float]
 
+    @property
+    def idle(self) -> bool:
+        """Whether others used less than ``BUSY_CORES`` cores."""
+        return self.others_cores < BUSY_CORES
 
-def module_params(module: Any) -> int:
-    """Parameter count of a module."""
-    return sum(int(p.numel()) for p in module.parameters())
-
-
-def private_cache_bytes() -> int:
-    """Size of the largest per-core CPU cache (L2 on most CPUs) from sysfs; 2 MiB if unknown (bytes)."""
-    best = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        import os
-
-        for entry in os.listdir(base):
-            try:
-                with open(f"{base}/{entry}/level") as f:
-                    level = int(f.read())
-                with open(f"{base}/{entry}/size") as f:
-                    text = f.read().strip().upper()
-                with open(f"{base}/{entry}/shared_cpu_list") as f:
-                    shared = f.read().strip()
-            except (OSError, ValueError):
-                continue
-            if level > 2 or "," in shared or "-" in shared:
-                continue  # shared caches hold the whole model's data anyway
-            mult = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
-            best = max(best, int(text.rstrip("KM")) * mult)
-    except OSError:
-        pass
-    return best or 2 * 1024 * 1024
-
-
-def _time_calls(
-    fn: Callable[[], Any], warmup: int, n: int, min_time_s: float, evict: Callable[[], Any] | None = None
-) -> tuple[list[int], list[int]]:
-    """Wall-clock and calling-thread CPU durations (ns) of timed calls."""
-    for _ in range(warmup):
-        fn()
-    wall: list[int] = []
-    cpu: list[int] = []
-    deadline = time.perf_counter() + min_time_s
-    while len(wall) < n or (time.perf_counter() < deadline and len(wall) < 50 * n):
-        if evict is not None:
-            evict()  # outside the timed region
-        c0 = time.thread_time_ns()
-        t0 = time.perf_counter_ns()
-        fn()
-        t1 = time.perf_counter_ns()
-        cpu.append(time.thread_time_ns() - c0)
-        wall.append(t1 - t0)
-    return wall, cpu
-
-
-#: Default working set (bytes) that cold benchmarking spreads a brick's calls over.
-COLD_WORKING_SET = 64 * 1024 * 1024
-
-#: Most copies of one brick cold benchmarking makes.
-MAX_COPIES = 32
-
-
-def benchmark_bricks(
-    bricks: Sequence[Brick] | Sequence[tuple[Brick, ...]],
-    *,
-    warmup: int = 3,
-    n: int = 10,
-    min_time_s: float = 0.0,
-    runtime: str = "pytorch",
-    cache: str = "cold",
-    working_set: int = COLD_WORKING_SET,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[BrickTiming]:
-    """Benchmarks each brick (or sequence of bricks) in isolation.
-
-    Inside a model a layer's weights and input were last touched a whole
-    model ago (weights) or written by other layers in between, so they are not
-    in the core's caches; a layer called back to back on the same data is
-    (warm). Cold benchmarking (the default) therefore builds K independent
-    copies of the brick — layer and inputs — with K x its footprint >=
-    ``working_set`` (K <= 32), and cycles through them so no timed call finds
-    the previous call's data. ONNX Runtime bricks use one copy and evict the
-    private caches before each timed call instead.
-
-    Args:
-        bricks: unique bricks, or unique sequences (each run back to back).
-        warmup: untimed calls first (at least one per copy).
-        n: timed calls at least (more while ``min_time_s`` has not passed).
-        min_time_s: keep timing small bricks at least this long (s).
-        runtime: "pytorch", or "onnxruntime" (layer exported to ONNX).
-        cache: "cold" or "warm" (back-to-back calls on the same data).
-        working_set: cold benchmarking's working set (bytes).
-        progress: called with (done, total) after each brick.
-
-    Returns:
-        One timing per brick, in order.
-    """
-    import torch
-
-    if cache not in ("cold", "warm"):
-        raise ValueError(f"cache must be 'cold' or 'warm', not {cache!r}")
-    evict: Callable[[], Any] | None = None
-    if cache == "cold" and runtime != "pytorch":
-        scratch = torch.zeros(2 * private_cache_bytes() // 4)
-
-        def evict() -> Any:
-            return scratch.add_(1.0)
-
-    out: list[BrickTiming] = []
-    for i, item in enumerate(bricks):
-        seq: tuple[Brick, ...] = item if isinstance(item, tuple) else (item,)
-        t0 = time.perf_counter()
-        try:
-            first = [_make_call(b, runtime) for b in seq]
-            copies = [[c for c, _, _ in first]]
-            if cache == "cold" and runtime == "pytorch":
-                footprint = max(1, sum(nbytes for _, nbytes, _ in first))
-                k = max(1, min(MAX_COPIES, -(-working_set // footprint)))
-                copies += [[clone() for _, _, clone in first] for _ in range(k - 1)]
-            turn = [0]
-
-            def run_next(copies: list[list[Callable[[], Any]]] = copies, turn: list[int] = turn) -> None:
-                calls = copies[turn[0] % len(copies)]
-                turn[0] += 1
-                for c in calls:
-                    c()
-
-            with torch.inference_mode():
-                samples, cpu = _time_calls(run_next, max(warmup, len(copies)), n, min_time_s, evict)
-            out.append(
-                BrickTiming(
-                    float(statistics.median(samples)),
-                    len(samples),
-                    runtime,
-                    wall_s=time.perf_counter() - t0,
-                    cpu_median_ns=float(statistics.median(cpu)),
-                )
-            )
-        except UnsupportedBrick as exc:
-            out.append(BrickTiming(None, 0, runtime, str(exc), time.perf_counter() - t0))
-        except Exception as exc:  # a layer that fails on its recorded inputs
-            out.append(BrickTiming(None, 0, runtime, f"{seq[0].type}: {type(exc).__name__}: {exc}", time.perf_counter() - t0))
-        if progress is not None:
-            progress(i + 1, len(bricks))
-    return out
-
-
-def _nbytes(value: Any) -> int:
-    if hasattr(value, "element_size") and hasattr(value, "numel"):
-        return int(value.element_size() * value.numel())
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _make_call(brick: Brick, runtime: str) -> tuple[Callable[[], Any], int, Callable[[], Callable[[], Any]]]:
-    """A callable running the brick once, its footprint (weights, inputs, outputs; bytes),
-    and a factory of independent copies (own weights and inputs, same values)."""
-    import copy
-
-    import torch
-
-    module, inputs, kwargs = build_brick(brick)
-    if runtime == "pytorch":
-        with torch.inference_mode():
-            result = module(*inputs, **kwargs)  # fails here, not in the timed loop, on unusable inputs
-        footprint = _nbytes(list(module.parameters())) + _nbytes(list(module.buffers())) + _nbytes(inputs) + _nbytes(result)
-
-        def clone() -> Callable[[], Any]:
-            # Copying is much cheaper than building (no weight initialisation) and gives new memory.
-            m2 = copy.deepcopy(module)
-            xs = [x.clone() for x in inputs]
-            return lambda: m2(*xs, **kwargs)
-
-        return (lambda: module(*inputs, **kwargs)), footprint, clone
-    if runtime == "onnxruntime":
-        call = _ort_call(brick, module, inputs, kwargs)
-        return call, 0, lambda: call
-    raise ValueError(f"unknown runtime {runtime!r}")
-
-
-def _ort_call(brick: Brick, module: Any, inputs: list[Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
-    import contextlib
-    import io
-    import os
-    import tempfile
-    import warnings
-
-    import torch
-
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise UnsupportedBrick("onnxruntime is not installed (pip install 'mltrace[onnxruntime]')") from None
-
-    class _Wrapped(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = module
-
-        def forward(self, *xs: Any) -> Any:
-            return self.inner(*xs, **kwargs)
-
-    with tempfile.TemporaryDirectory(prefix="mltrace-brick-") as tmp:
-        path = os.path.join(tmp, "brick.onnx")
-        try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-                warnings.simplefilter("ignore")
-                torch.onnx.export(_Wrapped().eval(), tuple(inputs), path, dynamo=False, opset_version=17)
-        except Exception as exc:
-            raise UnsupportedBrick(f"{brick.type}: ONNX export failed: {type(exc).__name__}: {str(exc)[:200]}") from None
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.intra_op_num_threads = torch.get_num_threads()  # the same threads PyTorch bricks get
-        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feed = {name: x.numpy() for name, x in zip(names, inputs)}
-    sess.run(None, feed)
-    return lambda: sess.run(None, feed)
+    def why_not_idle(self) -> str:
+        """One sentence on why the ratios are unreliable ("" on an idle machine)."""
+        if self.idle:
+            return ""
+        return (
+            f"not measured on an idle machine: other processes kept {self.others_cores:.1f} of {self.cores} cores busy "
+            f"while the bricks ran (load {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f}); short brick calls dodge "
+            "preemption that a whole model call does not, so constructed/measured is not a figure to trust"
+        )
 
 
 # -- the whole pipeline --------------------------------------------------------------------------
@@ -843,7 +625,7 @@ def _ort_call(brick: Brick, module: Any, inputs: list[Any], kwargs: dict[str, An
 
 @dataclass
 class BricksReport:
-    """Result of ``run_bricks``.
+    """Bricks, their timings and every model's construction.
 
     Attributes:
         set: the extracted bricks.
@@ -853,6 +635,7 @@ class BricksReport:
         warmup, n: the benchmarking protocol (calls).
         runtime: where bricks ran.
         bench_wall_s: wall time spent benchmarking bricks (s).
+        machine: how busy the machine was while they ran (None: not measured).
     """
 
     set: BrickSet
@@ -864,6 +647,7 @@ class BricksReport:
     runtime: str
     bench_wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    machine: MachineState | None = None
 
     @property
     def end_to_end_cost_ns(self) -> float:
@@ -912,8 +696,11 @@ class BricksReport:
                     "unique_layers": len({lc.brick for lc in m.layers}),
                     "parallel_branches": m.parallel,
                     "unattributed_ns": m.unattributed_ns,
+                    "threads": m.threads,
                     "measured_ns": round(c.measured_ns),
                     "constructed_ns": round(c.constructed_ns),
+                    "bricks_ns": round(c.bricks_ns),
+                    "glue_ns": round(c.glue_ns),
                     "ratio": round(c.ratio, 4) if not math.isnan(c.ratio) else None,
                     "method": c.method,
                     "layers_from_trace": c.from_trace,
@@ -940,43 +727,26 @@ class BricksReport:
                 }
                 for sq, t in zip(s.sequences, self.sequence_timings)
             ],
+            "machine": None if self.machine is None else {**asdict(self.machine), "idle": self.machine.idle},
             **self.extra,
         }
 
 
-def run_bricks(
-    runs: Sequence[Run],
+def assemble(
+    bset: BrickSet,
+    timings: list[BrickTiming],
+    sequence_timings: list[BrickTiming],
     *,
-    granularity: int = 1,
-    warmup: int = 3,
-    n: int = 10,
-    min_time_s: float = 0.0,
-    runtime: str = "pytorch",
-    cache: str = "cold",
-    trace_warmup: int = 1,
-    progress: Callable[[int, int], None] | None = None,
+    warmup: int,
+    n: int,
+    runtime: str,
+    bench_wall_s: float,
+    extra: dict[str, Any] | None = None,
+    machine: MachineState | None = None,
 ) -> BricksReport:
-    """Extracts, deduplicates and benchmarks bricks, and constructs every model's latency.
-
-    Args:
-        runs: traced runs (layer level or deeper).
-        granularity: H (1: layers only).
-        warmup, n, min_time_s: the brick benchmarking protocol.
-        runtime: "pytorch" or "onnxruntime".
-        cache: "cold" or "warm" (see ``benchmark_bricks``).
-        trace_warmup: model calls of each run skipped (see ``extract``).
-        progress: called with (done, total) as bricks are benchmarked.
-    """
-    bset = extract(runs, granularity, trace_warmup)
-    t0 = time.perf_counter()
-    timings = benchmark_bricks(bset.bricks, warmup=warmup, n=n, min_time_s=min_time_s, runtime=runtime, cache=cache, progress=progress)
-    seq_timings = (
-        benchmark_bricks(bset.sequences, warmup=warmup, n=n, min_time_s=min_time_s, runtime=runtime, cache=cache, progress=progress)
-        if granularity > 1
-        else []
-    )
-    wall = time.perf_counter() - t0
+    """The report of benchmarked bricks: every model constructed from their medians
+    (sequences' where H > 1 and all of a model's were benchmarked)."""
     brick_ns = {b: t.median_ns for b, t in zip(bset.bricks, timings) if t.median_ns is not None}
-    seq_ns = {sq: t.median_ns for sq, t in zip(bset.sequences, seq_timings) if t.median_ns is not None} if granularity > 1 else None
-    constructions = [construct(m, brick_ns, seq_ns) for m in bset.models]
-    return BricksReport(bset, timings, seq_timings, constructions, warmup, n, runtime, wall, {"cache": cache})
+    seq_ns = {sq: t.median_ns for sq, t in zip(bset.sequences, sequence_timings) if t.median_ns is not None}
+    constructions = [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None) for m in bset.models]
+    return BricksReport(bset, timings, sequence_timings, constructions, warmup, n, runtime, bench_wall_s, extra or {}, machine)

@@ -1,0 +1,76 @@
+"""Draws a DLBricks report (``mltrace.analysis.bricks``) as plain-text tables."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import IO
+
+from mltrace.analysis.bricks import BrickSet, BricksReport
+
+
+def brick_counts(bset: BrickSet) -> dict[str, int]:
+    """Total and unique layer and sequence counts over every model."""
+    return {
+        "models": len(bset.models),
+        "layers_total": bset.total_layers,
+        "layers_unique": len(bset.bricks),
+        "sequences_total": bset.total_sequences,
+        "sequences_unique": len(bset.sequences),
+    }
+
+
+def print_counts(bset: BrickSet, file: IO[str] | None = None) -> None:
+    """Prints total and unique layer (and sequence) counts per model and overall."""
+    out = file or sys.stdout
+    c = brick_counts(bset)
+    out.write(f"{c['models']} model(s): {c['layers_total']} leaf-layer calls, {c['layers_unique']} unique layer bricks")
+    if bset.granularity > 1:
+        out.write(f"; {c['sequences_total']} sequences of up to {bset.granularity} layers, {c['sequences_unique']} unique")
+    out.write("\n")
+    for m in bset.models:
+        out.write(f"  {m.model}: {len(m.layers)} layers, {len({lc.brick for lc in m.layers})} unique")
+        if m.parallel:
+            out.write(" (parallel branches)")
+        out.write("\n")
+    inferred = sum(1 for b in bset.bricks if b.config_source == "inferred")
+    none = [b.type for b in bset.bricks if b.config_source == "none"]
+    out.write(f"constructor arguments: {inferred} inferred from shapes and parameters, {len(bset.bricks) - inferred - len(none)} recorded")
+    out.write(f", {len(none)} unknown ({', '.join(sorted(set(none)))})\n" if none else "\n")
+
+
+def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
+    """Prints counts, constructed (bricks + glue) vs measured per model, the machine's state
+    while the bricks ran, and the benchmarking-time speedup."""
+    out = file or sys.stdout
+    print_counts(report.set, out)
+    threads = report.extra.get("threads")
+    out.write(
+        f"\nbricks on {report.runtime}, {report.extra.get('cache', 'cold')} cache"
+        + (f", {threads} thread(s)" if threads else "")
+        + f", median of {report.n} calls after {report.warmup}\n"
+    )
+    out.write(f"{'model':<40} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}  method\n")
+    for c in report.constructions:
+        ratio = "-" if math.isnan(c.ratio) else f"{c.ratio:.3f}"
+        note = f" ({c.from_trace} layer(s) from the trace)" if c.from_trace else ""
+        out.write(
+            f"{c.model[:40]:<40} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms {c.glue_ns / 1e6:>7.3f} ms "
+            f"{c.constructed_ns / 1e6:>9.3f} ms {ratio:>7}  {c.method}{note}\n"
+        )
+    out.write("glue: a model's time in no leaf layer (code between layers), from the trace\n")
+    if report.machine is not None:
+        m = report.machine
+        out.write(f"machine while the bricks ran: others kept {m.others_cores:.2f} of {m.cores} cores busy")
+        out.write(f"; {m.why_not_idle()}\n" if not m.idle else " (idle)\n")
+    sp = report.speedup
+    out.write(
+        f"\nbenchmarking-time speedup: {'-' if math.isnan(sp) else f'{sp:.2f}x'} "
+        f"(every model end to end: {report.end_to_end_cost_ns / 1e9:.3f} s; unique bricks: {report.bricks_cost_ns / 1e9:.3f} s; "
+        f"{report.warmup + report.n} calls each); wall time spent on bricks, with construction: {report.bench_wall_s:.2f} s\n"
+    )
+    failed = [(b, t) for b, t in zip(report.set.bricks, report.timings) if t.median_ns is None]
+    if failed:
+        out.write(f"{len(failed)} brick(s) could not run alone (their traced latency was used):\n")
+        for b, t in failed[:8]:
+            out.write(f"  {b.type}: {t.error}\n")
