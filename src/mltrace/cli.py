@@ -20,7 +20,7 @@ from mltrace._version import __version__
 from mltrace.errors import UsageError
 
 #: Subcommand modules under mltrace.commands (each has add_parser and run).
-COMMANDS = ("report", "export", "import_", "view", "diff", "bench", "bricks", "metrics")
+COMMANDS = ("report", "export", "import_", "view", "diff", "bench", "bricks", "metrics", "merge")
 
 TRACE_COMMANDS = ("python", "run")
 #: Set to 1 to see the traceback of an internal error instead of its one-line summary.
@@ -74,6 +74,12 @@ def _trace_options_parser(prog: str) -> _Parser:
         metavar="URL",
         help="send spans over OTLP at the end, to URL (--otlp URL or --otlp=URL; a bare --otlp uses "
         "OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else localhost:4317)",
+    )
+    p.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="trace this process only, not the Python processes it starts (multiprocessing, DataLoader workers, "
+        "subprocesses, torchrun ranks)",
     )
     return p
 
@@ -187,11 +193,14 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     options = ProfileOptions.build(**kwargs)
     session = Session(options).start()
     live = _live_otlp(session)
+    following = None if ns.no_follow else _follow(session)
     status = 0
     try:
         status = run_target(target)
     finally:
         session.meta["exit_status"] = status
+        if following is not None:
+            following.disable()
         if live is not None:
             live.stop(session)
         run_dir = session.stop()
@@ -216,6 +225,20 @@ def _live_otlp(session: Any) -> Any:
     from mltrace.exporters.otlp_live import start_live
 
     return start_live(session)
+
+
+def _follow(session: Any) -> Any:
+    """Follows the program's Python children into the run (``mltrace/follow/``); None, with a
+    warning, where that cannot be set up."""
+    from mltrace.tracer.messages import warn
+
+    try:
+        from mltrace.follow.parent import Following
+
+        return Following(session).enable()
+    except Exception as exc:  # the program runs traced in this process alone
+        warn(f"child processes will not be traced: {exc}")
+        return None
 
 
 def build_parser() -> _Parser:

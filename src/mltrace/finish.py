@@ -17,7 +17,9 @@ from mltrace.run import store
 from mltrace.run.store import Run
 
 
-def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None) -> Run:
+def finalize_run(
+    run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None, extend: Callable[[Run], Run] | None = None
+) -> Run:
     """Loads the streamed events, runs the correlator passes, writes the final files.
 
     events.jsonl and trace.pftrace are replaced atomically; run.json gets the
@@ -28,6 +30,8 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
         run_dir: the run directory.
         meta: the metadata to write (updated in place).
         phase: told each step as it begins (``StopProgress.phase``).
+        extend: given the loaded run, returns it with more events (the followed children's,
+            ``mltrace/follow/collect.py``), before the correlator passes.
 
     Returns:
         The correlated run.
@@ -40,6 +44,8 @@ def finalize_run(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], Non
     say("loading the recorded events")
     run = store.load_run(run_dir)
     run.meta = meta
+    if extend is not None:
+        run = extend(run)
     n = len(run.spans)
     spans = f"{n:,} span" if n == 1 else f"{n:,} spans"
     say(f"correlating {spans}")

@@ -43,9 +43,10 @@ def clear_spec() -> None:
     _spec = None
 
 
-def start_from_env(text: str) -> None:
+def start_from_env(text: str, forked: bool = False) -> None:
     """In a child started from an interpreter, at its first import of a framework
     (``bootstrap/sitecustomize.py``): starts its session from the ``MLTRACE_FOLLOW`` spec.
+    ``forked``: the import is in a process forked from that child (a forkserver's child).
     Never raises."""
     try:
         spec = json.loads(text)
@@ -55,9 +56,9 @@ def start_from_env(text: str) -> None:
         return
     set_spec(spec)
     argv = " ".join(getattr(sys, "orig_argv", sys.argv))
-    if any(f"from {helper} import" in argv for helper in _HELPERS):
+    if not forked and any(f"from {helper} import" in argv for helper in _HELPERS):
         return
-    start_child(spec, "exec")
+    start_child(spec, "fork" if forked else "exec")
 
 
 def _after_fork() -> None:

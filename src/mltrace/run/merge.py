@@ -93,3 +93,40 @@ class RunMerger:
     def run(self) -> Run:
         """The merged run (the base run's path and metadata)."""
         return self.base.replace(tracks=self.tracks, spans=self.spans, instants=self.instants, counters=self.counters, flows=self.flows)
+
+
+#: run.json keys of a finished run that a merged run computes again.
+_RECOMPUTED = ("complete", "summary", "events_bytes", "correlation", "processes", "merged_from")
+
+
+def merge_runs(runs: list[Run]) -> Run:
+    """One run holding every event of ``runs`` (each a whole run directory: one process, or a
+    program and its followed children), on the first run's clock (``clock_shift_ns``). Its
+    metadata is the first run's, with ``processes`` listing every process of every run and
+    ``merged_from`` each run's directory, id and clock shift."""
+    base = runs[0]
+    merger = RunMerger(base)
+    processes = list(_processes(base.meta))
+    sources = [_source(base, 0)]
+    for other in runs[1:]:
+        shift = clock_shift_ns(base.meta, other.meta)
+        renamed = merger.add(other, shift)
+        for process in _processes(other.meta):
+            processes.append({**process, "pid": renamed.get(process.get("pid"), process.get("pid"))})  # type: ignore[arg-type]
+        sources.append(_source(other, shift))
+    meta = {k: v for k, v in base.meta.items() if k not in _RECOMPUTED}
+    meta.update(processes=processes, merged_from=sources)
+    return merger.run().replace(meta=meta)
+
+
+def _processes(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processes of a run: its ``processes`` (a run with followed children), else one."""
+    listed = meta.get("processes")
+    if isinstance(listed, list) and listed:
+        return [p for p in listed if isinstance(p, dict)]
+    host = (meta.get("host") or {}).get("hostname") if isinstance(meta.get("host"), dict) else None
+    return [{"pid": meta.get("pid"), "role": meta.get("name") or "run", "host": host}]
+
+
+def _source(run: Run, shift_ns: int) -> dict[str, Any]:
+    return {"path": str(run.path), "run_id": run.meta.get("run_id"), "name": run.meta.get("name"), "clock_shift_ns": shift_ns}

@@ -30,7 +30,7 @@ from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.levels import HIERARCHY, Level, levels_down_to
 from mltrace.run.metadata import base_metadata
-from mltrace.tracer.clock import ClockAnchor, now_ns
+from mltrace.tracer.clock import ClockAnchor, boot_id, now_ns
 from mltrace.tracer.finishguard import FinishGuard, FinishInterrupted
 from mltrace.tracer.memwatch import (
     FINALIZE_BYTES_PER_SPAN,
@@ -298,6 +298,9 @@ class Session:
         self.full = False
         #: True in a child forked from the process running this session: it writes nothing.
         self.forked_copy = False
+        #: Writes the run at the end in place of ``finalize_run`` (same arguments): a followed
+        #: child's session leaves its events to the parent's finish (``mltrace/follow/``).
+        self.finish: Callable[[Path, dict[str, Any], Callable[[str], None]], object] | None = None
         self._os_exit: tuple[Callable[[int], NoReturn], Callable[[int], NoReturn]] | None = None
 
     # -- lifecycle -------------------------------------------------------
@@ -328,6 +331,7 @@ class Session:
             "anchor_monotonic_ns": self.anchor.monotonic_ns,
             "anchor_epoch_ns": self.anchor.epoch_ns,
             "anchor_uncertainty_ns": self.anchor.uncertainty_ns,
+            "boot_id": boot_id(),
         }
         wanted = set(levels_down_to(opts.level)) if opts.level is not None else set(HIERARCHY)
         self.levels = frozenset(wanted | {Level.USER})
@@ -957,7 +961,7 @@ class Session:
             self.meta["truncated_spans"] = truncated
         assert self.run_dir is not None
         try:
-            finish_in_use().finalize(self.run_dir, self.meta, progress.phase)
+            (self.finish or finish_in_use().finalize)(self.run_dir, self.meta, progress.phase)
         except Exception as exc:  # the streamed files stay as they are
             self.meta["errors"].append(f"finalize failed: {exc}")
             warn(f"could not finalize the run ({exc}); the streamed trace in {self.run_dir} is kept")

@@ -26,6 +26,7 @@ class _Gate:
 
     def __init__(self, spec):
         self.spec = spec
+        self.pid = os.getpid()  # a child forked before the gate opens inherits it
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _FRAMEWORKS or self.spec is None:
@@ -35,19 +36,19 @@ class _Gate:
             sys.meta_path.remove(self)
         except ValueError:
             pass
-        _start(spec)
+        _start(spec, os.getpid() != self.pid)
         import importlib.util
 
         return importlib.util.find_spec(fullname)
 
 
-def _start(spec):
+def _start(spec, forked):
     try:
         from mltrace.follow.child import start_from_env
     except Exception as exc:  # noqa: BLE001 - another interpreter, without mltrace
         _note(spec, "unfollowed", f"cannot import mltrace: {type(exc).__name__}: {exc}")
     else:
-        start_from_env(spec)
+        start_from_env(spec, forked)
 
 
 def _at_exit(gate):

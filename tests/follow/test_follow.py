@@ -1,0 +1,146 @@
+"""Following children end to end: a real program's fork, spawn, forkserver, subprocess,
+DataLoader and pool children, torchrun's ranks, ``--no-follow``, and ``mltrace merge``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_cli, run_plain
+from mltrace.run.levels import Level
+from mltrace.run.store import Run, load_run
+
+HERE = Path(__file__).resolve().parent
+CHILDREN = HERE / "children.py"
+
+
+def _model_calls_by_role(run: Run) -> Counter[str]:
+    roles = {p["pid"]: p["role"] for p in run.meta["processes"]}
+    return Counter(roles[run.tracks[s.track_id].pid] for s in run.spans if s.level is Level.MODEL)
+
+
+@pytest.fixture(scope="module")
+def followed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("follow")
+    plain = run_plain(CHILDREN, cwd=tmp, timeout=240)
+    traced = run_cli("python", "-q", "-o", str(tmp / "run"), "--level", "layer", str(CHILDREN), cwd=tmp, timeout=240)
+    return {"plain": plain, "traced": traced, "run": load_run(tmp / "run"), "dir": tmp / "run"}
+
+
+def test_output_and_status_unchanged(followed: dict[str, Any]) -> None:
+    plain, traced = followed["plain"], followed["traced"]
+    assert plain.returncode == traced.returncode == 3, traced.stderr.decode()
+    assert sorted(traced.stdout.splitlines()) == sorted(plain.stdout.splitlines())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_multiprocessing_child_model_calls(followed: dict[str, Any], method: str) -> None:
+    run = followed["run"]
+    roles = _model_calls_by_role(run)
+    starts = {p["role"]: p.get("start") for p in run.meta["processes"]}
+    # The three multiprocessing children, in start order; each made one model call.
+    name = {"fork": "ForkProcess-1", "spawn": "SpawnProcess-2", "forkserver": "ForkServerProcess-3"}[method]
+    assert roles[name] == 1, roles
+    assert starts[name] == ("fork" if method in ("fork", "forkserver") else "exec")
+
+
+def test_subprocess_python_child(followed: dict[str, Any]) -> None:
+    run = followed["run"]
+    subprocess_children = [p for p in run.meta["processes"] if p.get("role", "").startswith("pid ") and p.get("spans")]
+    assert len(subprocess_children) == 1
+    assert _model_calls_by_role(run)[subprocess_children[0]["role"]] == 1
+
+
+def test_dataloader_workers_and_pool(followed: dict[str, Any]) -> None:
+    run = followed["run"]
+    roles = Counter(p["role"] for p in run.meta["processes"])
+    assert roles["DataLoader worker 0"] == roles["DataLoader worker 1"] == 1
+    pool = [p for p in run.meta["processes"] if p.get("mp_name", "").startswith("SpawnPoolWorker")]
+    assert len(pool) == 2
+    calls = _model_calls_by_role(run)
+    assert all(calls[p["role"]] == 1 for p in pool)
+    assert calls["main"] == 1
+
+
+def test_one_trace_a_track_per_process(followed: dict[str, Any]) -> None:
+    run = followed["run"]
+    pids = {p["pid"] for p in run.meta["processes"]}
+    assert len(pids) == len(run.meta["processes"]) == 9  # main, 3 mp, subprocess, 2 DataLoader, 2 pool
+    assert {t.pid for t in run.tracks.values()} == pids
+    assert run.complete and not run.meta.get("unfollowed")
+    assert not (followed["dir"] / "procs").exists() or not any(p.is_dir() for p in (followed["dir"] / "procs").iterdir())
+    ids = [s.id for s in run.spans]
+    assert len(ids) == len(set(ids))
+    by_id = {s.id: s for s in run.spans}
+    for s in run.spans:  # a parent is on the child's own process
+        if s.parent_id is not None:
+            assert run.tracks[by_id[s.parent_id].track_id].pid == run.tracks[s.track_id].pid
+
+
+def test_no_follow(tmp_path: Path) -> None:
+    res = run_cli("python", "-q", "--no-follow", "-o", str(tmp_path / "run"), "--level", "model", str(CHILDREN), cwd=tmp_path, timeout=240)
+    assert res.returncode == 3, res.stderr.decode()
+    run = load_run(tmp_path / "run")
+    assert "processes" not in run.meta
+    assert {t.pid for t in run.tracks.values()} == {run.meta["pid"]}
+    assert sum(1 for s in run.spans if s.level is Level.MODEL) == 1
+
+
+def test_unfollowable_child_is_named(tmp_path: Path) -> None:
+    """A child whose interpreter cannot import mltrace (here a broken ``mltrace`` package ahead
+    of the real one) runs as it would, and the run names it with the reason."""
+    broken = tmp_path / "broken" / "mltrace"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('not this one')\n")
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, subprocess, sys\n"
+        f"env = dict(os.environ, PYTHONPATH=os.environ['PYTHONPATH'] + os.pathsep + {str(broken.parent)!r})\n"
+        "sys.exit(subprocess.run([sys.executable, '-c', 'import torch; print(\"child ran\")'], env=env).returncode)\n"
+    )
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), "--level", "model", str(script), cwd=tmp_path, timeout=120)
+    assert res.returncode == 0 and res.stdout == b"child ran\n", res.stderr.decode()
+    run = load_run(tmp_path / "run")
+    (note,) = run.meta["unfollowed"]
+    assert "not this one" in note["reason"] and note["argv"][-1] == 'import torch; print("child ran")'
+    assert any(f"process {note['pid']}" in line for line in run.meta["limitations"])
+
+
+def test_torchrun_ranks(tmp_path: Path) -> None:
+    args = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HERE / "ddp.py"))
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), "--level", "op", *args, cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stderr.decode()
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith(b"rank "))
+    assert [line[:7] for line in lines] == [b"rank 0:", b"rank 1:"] and lines[0][7:] == lines[1][7:]  # all_reduce ran
+    run = load_run(tmp_path / "run")
+    ranks = {p["distributed"]["rank"]: p for p in run.meta["processes"] if "distributed" in p}
+    assert sorted(ranks) == [0, 1]
+    assert all(p["role"] == f"rank {r}" and p["distributed"]["backend"] == "gloo" for r, p in ranks.items())
+    pid_rank = {p["pid"]: r for r, p in ranks.items()}
+    calls = Counter(pid_rank.get(run.tracks[s.track_id].pid) for s in run.spans if s.level is Level.MODEL)
+    reduces = Counter(pid_rank.get(run.tracks[s.track_id].pid) for s in run.spans if s.level is Level.OP and "allreduce" in s.name)
+    assert calls == {0: 1, 1: 1} and reduces == {0: 1, 1: 1}
+
+
+def test_merge_two_runs(tmp_path: Path, followed: dict[str, Any]) -> None:
+    other = tmp_path / "other"
+    res = run_cli("python", "-q", "--no-follow", "-o", str(other), "--level", "model", str(CHILDREN), cwd=tmp_path, timeout=240)
+    assert res.returncode == 3, res.stderr.decode()
+    out = tmp_path / "merged"
+    res = run_cli("merge", str(followed["dir"]), str(other), "-o", str(out))
+    assert res.returncode == 0, res.stderr.decode()
+    merged, first, second = load_run(out), followed["run"], load_run(other)
+    assert merged.complete and merged.span_count == first.span_count + second.span_count
+    assert len(merged.meta["processes"]) == len(first.meta["processes"]) + 1
+    assert [m["clock_shift_ns"] for m in merged.meta["merged_from"]] == [0, 0]  # one host, one boot
+    assert {(s.name, s.start_ns) for s in merged.spans} == {(s.name, s.start_ns) for s in [*first.spans, *second.spans]}
+    assert json.loads((out / "run.json").read_text())["complete"] is True
+
+
+def test_merge_refuses_one_run(tmp_path: Path) -> None:
+    res = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "out"))
+    assert res.returncode == 2 and res.stderr.count(b"\n") == 1 and b"two run directories" in res.stderr
