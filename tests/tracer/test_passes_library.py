@@ -72,7 +72,11 @@ def test_timed_calls_go_to_the_innermost_containing_op_on_its_thread() -> None:
     assert got[11] == (3, 12_000, 12_500, MAIN)  # clipped to its op: nests in it
     assert got[14] == (4, 21_000, 39_000, WORKER)
     assert got[12] == (1, 80_000, 90_000, MAIN)
-    assert got[13] == (None, 200_000, 210_000, SOURCE)
+    # in nothing: set apart, a root on a lane of its own beside the track it was read on
+    lane = got[13][3]
+    assert got[13] == (None, 200_000, 210_000, lane) and lane not in (MAIN, WORKER, SOURCE)
+    assert out.tracks[lane].kind == TrackKind.ASYNC and out.tracks[lane].parent_track == SOURCE
+    assert next(s for s in out.spans if s.id == 13).attrs["ml.library.placement"] == "unplaced"
     assert out.meta["correlation"]["attach_library_calls"] == {"timed": 4, "untimed": 0, "unattached": 1}
 
 
@@ -162,11 +166,14 @@ def test_untimed_calls_never_go_back_in_issue_order_nor_to_long_finished_ops() -
         mkl(12, 2, receive=500_000_000, exec_ns=10_000),  # 499.6 ms after every op ended (max lag: 250 ms)
         mkl(13, 3, receive=50_000, exec_ns=10_000, name="MKL"),  # before any op
     ]
-    got = placed(attach_library_calls(run_of(spans)))
+    out = attach_library_calls(run_of(spans))
+    got = placed(out)
     assert got[10] == (1, 140_000, 200_000, MAIN)
     assert got[11] == (2, 312_000, 352_000, MAIN)  # never back to op 1
-    assert got[12] == (None, 499_990_000, 500_000_000, SOURCE)
-    assert got[13] == (None, 40_000, 50_000, SOURCE)
+    lane = got[12][3]  # unplaced: one lane beside the source's track
+    assert out.tracks[lane].parent_track == SOURCE
+    assert got[12] == (None, 499_990_000, 500_000_000, lane)
+    assert got[13] == (None, 40_000, 50_000, lane)
 
 
 def test_calls_go_to_the_first_op_with_room_so_late_receipts_do_not_matter() -> None:

@@ -56,7 +56,10 @@ A call is then laid out inside its op: it ends at ``min(r, op end)``, lasts
 ``d`` where room allows, does not start before the previous call in the same
 op ends (it is shortened instead), and gets ``ml.library.placement =
 "estimated"``. Calls with no
-candidate keep their parent and track and are counted.
+candidate (and timed calls inside no span) are counted and set apart: roots on a lane
+of their own beside the track they were read on (``ml.library.placement =
+"unplaced"``), never under a span they merely overlap, such as another thread's
+request.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ import bisect
 import re
 from typing import Any
 
-from mltrace.run.events import Span, TrackKind
+from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 
@@ -400,6 +403,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
 
     replaced: dict[int, Span] = {}
     counts = {"timed": 0, "untimed": 0, "unattached": 0}
+    unplaced: list[Span] = []
     issuing_tracks: set[int] = set()  # tracks of the ops that issued timed calls
 
     op_index, context_index = _Containing(ops), _Containing(context)
@@ -410,7 +414,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         if parent is None:
             parent = context_index.innermost(s.start_ns, s.end_ns, slack_ns, s.track_id)
         if parent is None:
-            counts["unattached"] += 1
+            unplaced.append(s)
             continue
         counts["timed"] += 1
         issuing_tracks.add(parent.track_id)
@@ -450,7 +454,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
             else:
                 chosen = _last_started(s, callers, cur, used[lib], d, r, max_lag_ns, slack_ns)
             if chosen < 0:
-                counts["unattached"] += 1
+                unplaced.append(s)
                 continue
             cursors[lib] = chosen
             used[lib] = True
@@ -476,5 +480,27 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         parent = by_id.get(span.parent_id) if span.parent_id is not None else None
         if parent is not None and "ml.framework" in parent.attrs:
             span.attrs = {**span.attrs, "ml.framework": parent.attrs["ml.framework"]}  # may be shared
+    counts["unattached"] = len(unplaced)
+    tracks = dict(run.tracks)
+    replaced.update(_set_apart(unplaced, tracks))
     spans = [replaced.get(s.id, s) for s in run.spans]
-    return run.replace(spans=spans, meta=_with_note(run, counts))
+    return run.replace(spans=spans, tracks=tracks, meta=_with_note(run, counts))
+
+
+def _set_apart(unplaced: list[Span], tracks: dict[int, Track]) -> dict[int, Span]:
+    """Calls that no op of the run can be shown to have issued, as roots on a lane of their own
+    beside the track they were read on (``ml.library.placement = "unplaced"``). The verbose
+    lines name no thread, so such a call is never left under a span it merely overlaps in
+    time: on a server, another thread's request."""
+    lanes: dict[int, int] = {}
+    out: dict[int, Span] = {}
+    for s in unplaced:
+        lane = lanes.get(s.track_id)
+        if lane is None:
+            lane = lanes[s.track_id] = max(tracks, default=0) + 1
+            home = tracks.get(s.track_id)
+            pid, tid = (home.pid, home.tid) if home is not None else (0, 0)
+            name = f"{home.name if home is not None else 'CPU'} (library calls not placed)"
+            tracks[lane] = Track(lane, TrackKind.ASYNC, name, pid, tid, parent_track=s.track_id)
+        out[s.id] = Span(s.id, None, s.level, s.name, s.start_ns, s.end_ns, lane, {**s.attrs, "ml.library.placement": "unplaced"})
+    return out
