@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 import mltrace  # noqa: E402
 from mltrace.analysis.bricks import construct, extract  # noqa: E402
-from mltrace.brickbench import benchmark_bricks  # noqa: E402
+from mltrace.brickbench import MachineWatch, benchmark_bricks  # noqa: E402
 
 
 def _plain(fn: Callable[[], Any], warmup: int, calls: int) -> tuple[list[int], list[int]]:
@@ -73,6 +73,7 @@ def main() -> int:
     parser.add_argument("--cache", choices=("cold", "warm"), default="cold")
     parser.add_argument("-H", "--granularity", type=int, default=1, help="also construct from sequences of up to H layers")
     parser.add_argument("--onnxruntime", action="store_true", help="also benchmark the bricks in ONNX Runtime (one round)")
+    parser.add_argument("--models", default="cnn,mobilenet,encoder", help="comma-separated subset of cnn, mobilenet, encoder")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
     from mobilenet import mobilenet_v2
@@ -82,11 +83,14 @@ def main() -> int:
     torch.manual_seed(0)
     rounds = 2 if args.quick else args.rounds
     size, seq = (96, 32) if args.quick else (224, 128)
-    cases: list[tuple[str, torch.nn.Module, torch.Tensor]] = [
-        (f"ResNet-18-style CNN {size}x{size}", resnet_small(), torch.randn(1, 3, size, size)),
-        (f"MobileNetV2-style CNN {size}x{size}", mobilenet_v2(), torch.randn(1, 3, size, size)),
-        (f"Transformer encoder 4x768, seq {seq}", encoder(layers=4), torch.randint(0, 30522, (1, seq))),
-    ]
+    known: dict[str, Callable[[], tuple[str, torch.nn.Module, torch.Tensor]]] = {
+        "cnn": lambda: (f"ResNet-18-style CNN {size}x{size}", resnet_small(), torch.randn(1, 3, size, size)),
+        "mobilenet": lambda: (f"MobileNetV2-style CNN {size}x{size}", mobilenet_v2(), torch.randn(1, 3, size, size)),
+        "encoder": lambda: (f"Transformer encoder 4x768, seq {seq}", encoder(layers=4), torch.randint(0, 30522, (1, seq))),
+    }
+    cases = [known[name.strip()]() for name in args.models.split(",")]
+    watch = MachineWatch(args.threads)
+    watch.__enter__()
     tmp = Path(tempfile.mkdtemp(prefix="mltrace-bricks-"))
     runs = []
     with torch.inference_mode():
@@ -144,6 +148,7 @@ def main() -> int:
         ort_ns = {b: t.median_ns for b, t in zip(bset.bricks, ot) if t.median_ns is not None}
         ort_failures = [f"{b.type}: {t.error}" for b, t in zip(bset.bricks, ot) if t.median_ns is None]
         ort = {i: construct(mb, ort_ns).constructed_ns for i, mb in enumerate(bset.models)}
+    watch.__exit__(None, None, None)
     rows = []
     for i, (name, _, _) in enumerate(cases):
         mb = bset.models[i]
@@ -157,10 +162,12 @@ def main() -> int:
             "traced_layer_level_ms": mb.measured_ns / 1e6,
             "constructed_ms": c / 1e6,
             "constructed_over_plain": c / p,
+            "bricks_only_over_plain": (c - mb.glue_ns) / p,
             "plain_cpu_ms": statistics.median(plain_cpu[i]) / 1e6,
             "constructed_cpu_ms": statistics.median(constructed_cpu[i]) / 1e6,
             "constructed_over_plain_cpu": statistics.median(constructed_cpu[i]) / statistics.median(plain_cpu[i]),
             "unattributed_in_trace_ms": mb.unattributed_ns / 1e6,
+            "glue_in_trace_ms": mb.glue_ns / 1e6,
         }
         if seq_constructed[i]:
             row["constructed_sequences_over_plain"] = statistics.median(seq_constructed[i]) / p
@@ -182,19 +189,24 @@ def main() -> int:
         "wall_models_s": wall_models,
         "wall_bricks_s": wall_bricks,
         "brick_failures": failures,
+        "machine": None if watch.state is None else {"others_cores": watch.state.others_cores, "loadavg": watch.state.loadavg},
         "onnxruntime_failures": ort_failures,
         "models": rows,
     }
     print(f"\ntorch {torch.__version__}, {args.threads} thread(s), {args.cache} cache, medians over {rounds} rounds")
+    if watch.state is not None:
+        m = watch.state
+        print(f"machine: others kept {m.others_cores:.2f} of {m.cores} cores busy (load {m.loadavg[0]:.1f} -> {m.loadavg[1]:.1f})")
     print(
         f"{'model':<38} {'layers':>6} {'unique':>6} {'plain ms':>9} {'constructed':>11} {'ratio':>6} "
-        f"{'cpu: plain':>10} {'constructed':>11} {'ratio':>6}" + ("  ORT ms" if ort else "")
+        f"{'cpu: plain':>10} {'constructed':>11} {'ratio':>6} {'glue ms':>8}" + ("  ORT ms" if ort else "")
     )
     for row in rows:
         line = (
             f"{row['model']:<38} {row['layers']:>6} {row['unique_layers']:>6} {row['plain_ms']:>9.2f} "
             f"{row['constructed_ms']:>11.2f} {row['constructed_over_plain']:>6.3f} "
-            f"{row['plain_cpu_ms']:>10.2f} {row['constructed_cpu_ms']:>11.2f} {row['constructed_over_plain_cpu']:>6.3f}"
+            f"{row['plain_cpu_ms']:>10.2f} {row['constructed_cpu_ms']:>11.2f} {row['constructed_over_plain_cpu']:>6.3f} "
+            f"{row['glue_in_trace_ms']:>8.2f}"
         )
         if "onnxruntime_constructed_ms" in row:
             line += f"  {row['onnxruntime_constructed_ms']:.2f}"

@@ -215,6 +215,7 @@ def benchmark_bricks(
                     runtime,
                     wall_s=time.perf_counter() - t0,
                     cpu_median_ns=float(statistics.median(cpu)),
+                    mean_ns=float(statistics.fmean(samples)),
                 )
             )
         except UnsupportedBrick as exc:

@@ -310,7 +310,7 @@ def test_run_bricks_end_to_end(rep_run: Any) -> None:
     assert report.set.total_layers == 12 and len(report.set.bricks) == 5
     ok = [t for t in report.timings if t.median_ns is not None]
     failed = [(b.type, t.error) for b, t in zip(report.set.bricks, report.timings) if t.median_ns is None]
-    assert len(ok) == 4 and all(t.median_ns > 0 and t.samples >= 3 for t in ok)
+    assert len(ok) == 4 and all(t.median_ns > 0 and t.samples >= 3 and t.mean_ns and t.mean_ns > 0 for t in ok)
     assert failed == [("Custom", "Custom is not a torch.nn layer")]
     rep, rep2, seq = report.constructions
     assert rep.from_trace == 0 and rep.constructed_ns > 0 and math.isfinite(rep.ratio)
@@ -322,6 +322,7 @@ def test_run_bricks_end_to_end(rep_run: Any) -> None:
     doc = report.to_json()
     assert doc["counts"] == {"models": 3, "layers_total": 12, "layers_unique": 5, "sequences_total": 0, "sequences_unique": 0}
     assert "weight" not in str(doc).lower()  # shapes and counts only
+    assert all(b["mean_ns"] is None or b["mean_ns"] > 0 for b in doc["bricks"])
 
 
 def test_warm_cold_and_onnxruntime_runtimes() -> None:

@@ -573,6 +573,9 @@ class BrickTiming:
         cpu_median_ns: median CPU time of the calling thread (ns): unlike wall
             time, not stretched when a busy machine preempts the benchmark; the
             latency itself for single-threaded work.
+        mean_ns: mean latency (wall clock, ns): on a busy machine, unlike the median of
+            short calls, stretched by preemption in proportion to the call's length, as a
+            whole model call is.
     """
 
     median_ns: float | None
@@ -581,6 +584,7 @@ class BrickTiming:
     error: str = ""
     wall_s: float = 0.0
     cpu_median_ns: float | None = None
+    mean_ns: float | None = None
 
 
 #: Others' CPU use (cores, on average) while bricks ran above which the machine is not idle.
@@ -714,6 +718,7 @@ class BricksReport:
                 {
                     **b.to_json(),
                     "median_ns": round(t.median_ns) if t.median_ns is not None else None,
+                    "mean_ns": round(t.mean_ns) if t.mean_ns is not None else None,
                     "samples": t.samples,
                     "error": t.error or None,
                 }
