@@ -407,7 +407,7 @@ def test_the_report_says_when_the_machine_was_not_idle(residual_runs: list[Run])
     busy, idle = MachineState(2, 1, 1.4, (3.0, 3.5)), MachineState(2, 1, 0.05, (0.1, 0.1))
     assert idle.idle and idle.why_not_idle() == "" and not busy.idle
     assert "1.4 of 2 cores busy" in busy.why_not_idle()
-    for state, said in ((busy, "not measured on an idle machine"), (idle, "(idle)")):
+    for state, said in ((busy, "machine: not measured on an idle machine"), (idle, "machine: idle (other processes used 0.05")):
         out = io.StringIO()
         print_report(replace(report, machine=state), out)
         assert said in out.getvalue() and "glue" in out.getvalue()

@@ -619,8 +619,9 @@ class MachineState:
             return ""
         return (
             f"not measured on an idle machine: other processes kept {self.others_cores:.1f} of {self.cores} cores busy "
-            f"while the bricks ran (load {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f}); short brick calls dodge "
-            "preemption that a whole model call does not, so constructed/measured is not a figure to trust"
+            f"while the bricks ran (load {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f}): timings stretch with a load that "
+            "was not the same while the model was traced, and short brick calls escape preemption more often than a "
+            "whole model call, so constructed/measured is not a figure to trust"
         )
 
 

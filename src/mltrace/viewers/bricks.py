@@ -61,8 +61,8 @@ def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
     out.write("glue: a model's time in no leaf layer (code between layers), from the trace\n")
     if report.machine is not None:
         m = report.machine
-        out.write(f"machine while the bricks ran: others kept {m.others_cores:.2f} of {m.cores} cores busy")
-        out.write(f"; {m.why_not_idle()}\n" if not m.idle else " (idle)\n")
+        idle = f"idle (other processes used {m.others_cores:.2f} of {m.cores} cores while the bricks ran)"
+        out.write(f"machine: {m.why_not_idle() or idle}\n")
     sp = report.speedup
     out.write(
         f"\nbenchmarking-time speedup: {'-' if math.isnan(sp) else f'{sp:.2f}x'} "
