@@ -526,37 +526,6 @@ class Analysis:
 
 # -- the analysis -------------------------------------------------------------------
 
-#: Ops that only move or re-lay data (PyTorch, ONNX Runtime, TensorFlow names).
-DATA_MOVEMENT_OPS = frozenset(
-    {
-        "aten::copy_",
-        "aten::to",
-        "aten::_to_copy",
-        "aten::contiguous",
-        "aten::clone",
-        "aten::cat",
-        "aten::stack",
-        "aten::constant_pad_nd",
-        "aten::pad",
-        "aten::repeat",
-        "aten::index_select",
-        "aten::gather",
-        "aten::narrow_copy",
-        "aten::_copy_from",
-        "aten::_copy_from_and_resize",
-        "Transpose",
-        "Concat",
-        "Cast",
-        "Pad",
-        "Gather",
-        "Tile",
-        "MemcpyToHost",
-        "MemcpyFromHost",
-        "ConcatV2",
-        "Pack",
-        "TensorListStack",
-    }
-)
 _ROOFLINE_LAYERS = 40
 
 

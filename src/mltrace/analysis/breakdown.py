@@ -380,7 +380,7 @@ def cross_stack_chains(run: Run, top: int = 10, layers: list[LayerStat] | None =
     """
     import numpy as np
 
-    from mltrace.analysis.span_pass import pair_sums, tree_of
+    from mltrace.analysis.tree import pair_sums, tree_of
 
     if layers is None:
         b = breakdown(run)

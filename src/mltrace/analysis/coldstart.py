@@ -309,7 +309,7 @@ def find_cold_start(run: Run, rule: ColdRule = COLD_RULE) -> ColdStart:
     """
     import numpy as np
 
-    from mltrace.analysis.span_pass import tree_of
+    from mltrace.analysis.tree import tree_of
 
     t = run.table
     out = ColdStart()

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mltrace.analysis.bottleneck import DATA_MOVEMENT_OPS
 from mltrace.analysis.breakdown import OpEnds, op_ends, window_end
 from mltrace.analysis.roofline import (
     CHILDREN,
@@ -39,6 +38,7 @@ from mltrace.analysis.roofline import (
     layer_formula_work,
     op_bytes,
 )
+from mltrace.analysis.tree import pair_sums, tree_of
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
 
@@ -49,9 +49,40 @@ if TYPE_CHECKING:
 MODEL, LAYER, OP, LIB, KERNEL, USER = (int(x) for x in (Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER))
 _FLOPS_BIT = 1 << 20  # in an ancestor mask: an enclosing op already carries ml.flops
 BYTES_SAMPLES = 256  # op calls per name whose bytes are estimated (the rest are scaled)
-_MAX_DEPTH = 100_000  # deeper than this only through a cyclic parent chain
 
 _GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+
+#: Ops that only move or re-lay data (PyTorch, ONNX Runtime, TensorFlow names).
+DATA_MOVEMENT_OPS = frozenset(
+    {
+        "aten::copy_",
+        "aten::to",
+        "aten::_to_copy",
+        "aten::contiguous",
+        "aten::clone",
+        "aten::cat",
+        "aten::stack",
+        "aten::constant_pad_nd",
+        "aten::pad",
+        "aten::repeat",
+        "aten::index_select",
+        "aten::gather",
+        "aten::narrow_copy",
+        "aten::_copy_from",
+        "aten::_copy_from_and_resize",
+        "Transpose",
+        "Concat",
+        "Cast",
+        "Pad",
+        "Gather",
+        "Tile",
+        "MemcpyToHost",
+        "MemcpyFromHost",
+        "ConcatV2",
+        "Pack",
+        "TensorListStack",
+    }
+)
 
 
 @dataclass
@@ -170,42 +201,6 @@ def _op_end_per_call(ends: OpEnds, t: SpanTable, call_rows: np.ndarray, cowner: 
 # -- structure ---------------------------------------------------------------------
 
 
-class Tree:
-    """Parent rows, depths and the rows of each depth (roots first) of a table."""
-
-    def __init__(self, table: SpanTable) -> None:
-        parent = table.parent_row().copy()
-        depth = _depths(parent)
-        self.detached = np.zeros(len(parent), dtype=bool)  # rows cut off a cyclic parent chain
-        if depth is None:  # a cyclic parent chain: cut it where the walk gave up
-            self.detached = parent != table.parent_row()
-            depth = _depths(parent)
-            assert depth is not None
-        self.parent = parent
-        self.depth = depth
-        order = np.argsort(depth, kind="stable")
-        bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if len(depth) else 1))
-        self.by_depth = [order[bounds[d] : bounds[d + 1]] for d in range(len(bounds) - 1)]
-
-    def nearest(self, cond: np.ndarray) -> np.ndarray:
-        """For each row, its nearest strict ancestor where ``cond`` holds (-1: none)."""
-        parent = self.parent
-        near = np.full(len(parent), -1, dtype=np.int64)
-        for rows in self.by_depth[1:]:
-            p = parent[rows]
-            near[rows] = np.where(cond[p], p, near[p])
-        return near
-
-    def ancestor_or(self, flags: np.ndarray) -> np.ndarray:
-        """For each row, the OR of ``flags`` over its strict ancestors."""
-        parent = self.parent
-        out = np.zeros(len(parent), dtype=flags.dtype)
-        for rows in self.by_depth[1:]:
-            p = parent[rows]
-            out[rows] = out[p] | flags[p]
-        return out
-
-
 def _ops_above(rows: np.ndarray, parent: np.ndarray, is_op: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(row, op name) for every op ancestor of each of ``rows``, each name once per row."""
     import numpy as np
@@ -225,33 +220,6 @@ def _ops_above(rows: np.ndarray, parent: np.ndarray, is_op: np.ndarray, name: np
     return pairs[0], pairs[1]
 
 
-def tree_of(table: SpanTable) -> Tree:
-    """The table's tree, built once per table."""
-    got = table.cache.get("tree")
-    if got is None:
-        got = table.cache["tree"] = Tree(table)
-    return got
-
-
-def _depths(parent: np.ndarray) -> np.ndarray | None:
-    """Number of ancestors of each row; on a cycle, detaches the rows caught in it and returns None."""
-    n = len(parent)
-    depth = np.zeros(n, dtype=np.int64)
-    active = np.nonzero(parent >= 0)[0]
-    anc = parent[active]
-    steps = 0
-    while active.size:
-        depth[active] += 1
-        anc = parent[anc]
-        keep = anc >= 0
-        active, anc = active[keep], anc[keep]
-        steps += 1
-        if steps > min(n, _MAX_DEPTH):
-            parent[active] = -1  # every row still walking is in or under a cycle: make it a root
-            return None
-    return depth
-
-
 # -- the pass --------------------------------------------------------------------------
 
 
@@ -264,22 +232,6 @@ def _sum_by(keys: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
 
 def _count_by(keys: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(keys, minlength=size).astype(np.int64) if len(keys) else np.zeros(size, dtype=np.int64)
-
-
-def pair_sums(left: np.ndarray, right: np.ndarray, dur: np.ndarray) -> dict[int, dict[int, list[int]]]:
-    """``left → {right: [calls, summed dur]}`` from parallel integer arrays (largest dur first per left)."""
-    out: dict[int, dict[int, list[int]]] = {}
-    if not len(left):
-        return out
-    width = int(right.max()) + 1
-    key = left.astype(np.int64) * width + right
-    uniq, inv = np.unique(key, return_inverse=True)
-    calls = np.bincount(inv)
-    ns = np.rint(np.bincount(inv, weights=dur)).astype(np.int64)
-    order = np.lexsort((-ns, uniq // width))
-    for k in order.tolist():
-        out.setdefault(int(uniq[k] // width), {})[int(uniq[k] % width)] = [int(calls[k]), int(ns[k])]
-    return out
 
 
 def _pair_table(left: np.ndarray, right: np.ndarray, dur: np.ndarray, right_names: list[str]) -> dict[int, dict[str, list[int]]]:

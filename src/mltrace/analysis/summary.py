@@ -30,7 +30,7 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None) -> dict[st
     """
     import numpy as np
 
-    from mltrace.analysis.span_pass import tree_of
+    from mltrace.analysis.tree import tree_of
 
     t = table if table is not None else run.table
     n = len(t)
