@@ -1,13 +1,14 @@
 """Lists mltrace's imports that point up the layers, and its import cycles (lazy imports included).
 
     python scripts/layering.py            # a summary and every violation
-    python scripts/layering.py --counts   # the two counts only
+    python scripts/layering.py --counts   # the counts only
 
 Every ``import``/``from … import`` of an ``mltrace`` module anywhere in a module's source
-(top level or inside a function) is an edge. A module's layer is its package's rank below;
-an edge to a higher rank is an upward import. Cycles are the strongly connected components
-of more than one module. Exit status: 0 when there is neither, 1 otherwise (so the layering
-issue's "Done when" can become a test once it holds).
+(top level, inside a function, under ``TYPE_CHECKING``) is an edge. A module's layer is its
+package's rank below; an edge to a higher rank is an upward import, and a package missing from
+the ranks is unranked. Cycles are the strongly connected components of more than one module.
+Exit status: 0 when there is none of these, 1 otherwise. ``tests/test_layering.py`` checks the
+same.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 #: Rank of each package (or top-level module) of mltrace: imports may only point to a lower or
-#: equal rank. The ground (the data model and the run directory) is 0; commands and the CLI the top.
+#: equal rank. The ground (the data model and the run directory) is 0; the tracer records; the
+#: exporters, the analysis and the viewers read finished runs; the finish (and what makes or
+#: merges runs through it) ends a run; the CLI and its commands are the top.
 RANKS = {
     "_version": 0,
     "_layercall": 0,
@@ -33,33 +36,35 @@ RANKS = {
     "config": 0,
     "run": 0,
     "tracer": 1,
-    "importers": 2,
     "exporters": 2,
     "analysis": 3,
     "viewers": 4,
-    "follow": 4,
-    "bench": 5,
-    "brickbench": 5,
-    "runner": 5,
-    "commands": 5,
-    "cli": 5,
-    "__main__": 6,
-    "__init__": 6,
+    "finish": 5,
+    "importers": 5,
+    "follow": 5,
+    "bench": 6,
+    "brickbench": 6,
+    "runner": 6,
+    "commands": 6,
+    "cli": 6,
+    "__main__": 7,
+    "__init__": 7,
 }
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(SRC).with_suffix("")
+def module_name(path: Path, src: Path = SRC) -> str:
+    rel = path.relative_to(src).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def rank(module: str) -> int:
+def rank(module: str) -> int | None:
+    """The layer of ``module`` (None: its package has no rank)."""
     parts = module.split(".")
     key = parts[1] if len(parts) > 1 else "__init__"
-    return RANKS.get(key, 3)
+    return RANKS.get(key)
 
 
 def imports_of(path: Path, module: str) -> set[str]:
@@ -76,17 +81,16 @@ def imports_of(path: Path, module: str) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            if base == "mltrace":  # `from mltrace import _mkltimer`: the modules named
-                out.update(f"mltrace.{a.name}" for a in node.names)
-            elif base.startswith("mltrace"):
-                out.add(base)
+            if base.startswith("mltrace"):  # `from mltrace.tracer import session`: the module named
+                out.update(f"{base}.{a.name}" for a in node.names)  # (a name that is no module: ``graph`` strips it)
     return out
 
 
-def graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in SRC.joinpath("mltrace").rglob("*.py")}
-    for stub in SRC.joinpath("mltrace").rglob("*.pyi"):  # the C helpers: leaves, known by their stubs
-        modules.setdefault(module_name(stub), stub)
+def graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Each module of the ``mltrace`` package under ``src`` → the mltrace modules it imports."""
+    modules = {module_name(p, src): p for p in src.joinpath("mltrace").rglob("*.py")}
+    for stub in src.joinpath("mltrace").rglob("*.pyi"):  # the C helpers: leaves, known by their stubs
+        modules.setdefault(module_name(stub, src), stub)
     edges: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
@@ -97,6 +101,22 @@ def graph() -> dict[str, set[str]]:
                 targets.add(target)
         edges[name] = targets
     return edges
+
+
+def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of a module from a higher layer than its own."""
+    out = []
+    for a, targets in edges.items():
+        for b in targets:
+            ra, rb = rank(a), rank(b)
+            if ra is not None and rb is not None and rb > ra:
+                out.append((a, b))
+    return sorted(out)
+
+
+def unranked(edges: dict[str, set[str]]) -> list[str]:
+    """The modules whose package has no rank in ``RANKS``."""
+    return sorted(m for m in edges if rank(m) is None)
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -142,15 +162,17 @@ def main() -> int:
     parser.add_argument("--counts", action="store_true", help="print the two counts only")
     args = parser.parse_args()
     edges = graph()
-    upward = sorted((a, b) for a, targets in edges.items() for b in targets if rank(b) > rank(a))
-    loops = cycles(edges)
-    print(f"{len(edges)} modules, {sum(len(t) for t in edges.values())} imports: {len(upward)} upward, {len(loops)} cycles")
+    up, loops, loose = upward(edges), cycles(edges), unranked(edges)
+    imports = sum(len(t) for t in edges.values())
+    print(f"{len(edges)} modules, {imports} imports: {len(up)} upward, {len(loops)} cycles, {len(loose)} unranked")
     if not args.counts:
-        for a, b in upward:
+        for a, b in up:
             print(f"  up    {a} -> {b}")
         for loop in loops:
             print(f"  cycle ({len(loop)}) " + ", ".join(loop))
-    return 1 if upward or loops else 0
+        for module in loose:
+            print(f"  unranked {module}")
+    return 1 if up or loops or loose else 0
 
 
 if __name__ == "__main__":
