@@ -1,14 +1,13 @@
 """The end of a run, above the tracer, the exporters, the analysis and the viewers.
 
 Once a session's sources stop, ``finalize_run`` correlates every event and rewrites the run's
-files (events.jsonl, trace.pftrace, spans.bin, run.json with its summary); the CLI then sends
-the run over OTLP (``send_otlp``) and prints its summary (``print_summary``). ``import mltrace``
-makes ``RunFinish`` the finish of every session (``tracer.session.use_finish``).
+files (events.jsonl, trace.pftrace, spans.bin, run.json with its summary); ``print_summary``
+then prints the summary. ``import mltrace`` makes ``RunFinish`` the finish of every session
+(``tracer.session.use_finish``).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,22 +69,6 @@ def finalize_run(
     meta["complete"] = True
     store.write_meta(run_dir, meta)
     return run
-
-
-def send_otlp(run_dir: Path, endpoint: str | None) -> None:
-    """Sends the finished run over OTLP and prints one stderr line: how many spans reached
-    which endpoint, or why none did. Never raises, so the script's exit status stands."""
-    try:
-        from mltrace.exporters.otlp import export_otlp
-
-        line = export_otlp(store.load_run(run_dir), endpoint, log_failure=False).status_line()
-    except Exception as exc:
-        line = f"OTLP: not sent to {endpoint or 'the default endpoint'}: {type(exc).__name__}: {exc}"
-    try:
-        sys.stderr.write(f"mltrace: {line}\n")
-        sys.stderr.flush()
-    except Exception:  # stderr closed by the program: nothing else to do
-        pass
 
 
 def print_summary(run_dir: Path) -> None:
