@@ -370,6 +370,7 @@ def run_bricks(
     cache: str = "cold",
     trace_warmup: int = 1,
     threads: int | None = None,
+    statistic: str = "median",
     progress: Callable[[int, int], None] | None = None,
 ) -> BricksReport:
     """Extracts, deduplicates and benchmarks bricks, and constructs every model's latency.
@@ -385,6 +386,7 @@ def run_bricks(
         cache: "cold" or "warm" (see ``benchmark_bricks``).
         trace_warmup: model calls of each run skipped (see ``extract``).
         threads: torch threads while benchmarking (None: the runs').
+        statistic: "median" or "mean" of the bricks' and the model's calls (``construct``).
         progress: called with (done, total) as bricks are benchmarked.
     """
     import torch
@@ -403,4 +405,5 @@ def run_bricks(
     finally:
         torch.set_num_threads(before)
     extra = {"cache": cache, "threads": used}
-    return assemble(bset, timings, seq_timings, warmup=warmup, n=n, runtime=runtime, bench_wall_s=wall, extra=extra, machine=watch.state)
+    kw = {"warmup": warmup, "n": n, "runtime": runtime, "bench_wall_s": wall, "extra": extra, "machine": watch.state}
+    return assemble(bset, timings, seq_timings, statistic=statistic, **kw)

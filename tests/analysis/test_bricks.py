@@ -413,3 +413,27 @@ def test_the_report_says_when_the_machine_was_not_idle(residual_runs: list[Run])
         assert said in out.getvalue() and "glue" in out.getvalue()
     doc = replace(report, machine=busy).to_json()
     assert doc["machine"]["idle"] is False and doc["models"][0]["glue_ns"] == round(report.constructions[0].glue_ns)
+
+
+def test_a_construction_from_means_compares_with_the_models_mean(residual_runs: list[Run]) -> None:
+    import statistics
+
+    from mltrace.analysis.bricks import BrickTiming, assemble
+    from mltrace.analysis.leveled import invocations
+
+    run = residual_runs[0]
+    bset = extract([run])
+    (m,) = bset.models
+    (calls,) = invocations(run).values()
+    assert m.measured_mean_ns == statistics.fmean(c.root.duration_ns for c in calls[1:])
+    assert m.measured_ns == statistics.median(c.root.duration_ns for c in calls[1:])
+    timings = [BrickTiming(100.0, 3, "pytorch", mean_ns=300.0) for _ in bset.bricks]
+    kw: dict[str, Any] = {"warmup": 1, "n": 3, "runtime": "pytorch", "bench_wall_s": 0.0}
+    (by_median,) = assemble(bset, timings, [], **kw).constructions
+    mean_report = assemble(bset, timings, [], statistic="mean", **kw)
+    (by_mean,) = mean_report.constructions
+    assert (by_median.bricks_ns, by_median.glue_ns, by_median.measured_ns) == (400.0, m.glue_ns, m.measured_ns)
+    assert (by_mean.bricks_ns, by_mean.glue_ns, by_mean.measured_ns) == (1200.0, m.glue_mean_ns, m.measured_mean_ns)
+    assert mean_report.to_json()["protocol"]["statistic"] == "mean"
+    with pytest.raises(ValueError, match="statistic"):
+        assemble(bset, timings, [], statistic="mode", **kw)

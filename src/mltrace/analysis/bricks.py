@@ -125,6 +125,7 @@ class ModelBricks:
         glue_ns: median over the calls of the time in no leaf layer (ns): the code
             between layers, which no brick runs.
         threads: the compute threads the run used (run.json), None when unknown.
+        measured_mean_ns, glue_mean_ns: the means of the same (ns).
     """
 
     model: str
@@ -137,6 +138,8 @@ class ModelBricks:
     unattributed_ns: int
     glue_ns: float = 0.0
     threads: int | None = None
+    measured_mean_ns: float = 0.0
+    glue_mean_ns: float = 0.0
 
 
 @dataclass
@@ -437,6 +440,8 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     unattributed_ns=max(0, ref.root.duration_ns - covered),
                     glue_ns=float(statistics.median(glue)),
                     threads=run_threads(run.meta),
+                    measured_mean_ns=statistics.fmean(measured),
+                    glue_mean_ns=statistics.fmean(glue),
                 )
             )
     return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
@@ -496,7 +501,7 @@ class Construction:
 
     Attributes:
         model: the model's label.
-        measured_ns: median traced model latency (ns).
+        measured_ns: traced model latency, median or mean as the construction (ns).
         constructed_ns: from the bricks (ns).
         constructed_ns: from the bricks, glue included (ns).
         method: "sum", "sequence sum (H=…)" or "critical path".
@@ -524,10 +529,15 @@ class Construction:
         return self.constructed_ns / self.measured_ns if self.measured_ns else math.nan
 
 
+#: The statistics a construction can use: of the bricks' calls, and of the traced model calls.
+STATISTICS = ("median", "mean")
+
+
 def construct(
     model: ModelBricks,
     brick_ns: dict[Brick, float],
     sequence_ns: dict[tuple[Brick, ...], float] | None = None,
+    statistic: str = "median",
 ) -> Construction:
     """Constructs a model's latency from brick medians, plus the model's glue (``glue_ns``).
 
@@ -537,6 +547,11 @@ def construct(
             here fall back to their traced latency.
         sequence_ns: median latency (ns) per sequence brick (H > 1); a model
             whose sequences were all benchmarked is constructed from them.
+        statistic: "median" or "mean": which of the model's measured latency and glue
+            go with the bricks' figures. A mean is stretched by preemption in proportion
+            to a call's length, so on a busy machine a sum of bricks' means compares
+            with the model's mean, where the median of a short brick is a call that was
+            not preempted at all.
     """
     fallback = [lc for lc in model.layers if lc.brick not in brick_ns]
 
@@ -554,7 +569,8 @@ def construct(
         total = sum(weight(lc) for lc in model.layers)
         method = "sum"
     fallback_ns = sum(lc.traced_ns for lc in fallback)
-    return Construction(model.model, model.measured_ns, total + model.glue_ns, method, len(fallback), fallback_ns, model.glue_ns)
+    measured, glue = (model.measured_mean_ns, model.glue_mean_ns) if statistic == "mean" else (model.measured_ns, model.glue_ns)
+    return Construction(model.model, measured, total + glue, method, len(fallback), fallback_ns, glue)
 
 
 # -- benchmark results ------------------------------------------------------------------------
@@ -621,7 +637,7 @@ class MachineState:
             f"not measured on an idle machine: other processes kept {self.others_cores:.1f} of {self.cores} cores busy "
             f"while the bricks ran (load {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f}): timings stretch with a load that "
             "was not the same while the model was traced, and short brick calls escape preemption more often than a "
-            "whole model call, so constructed/measured is not a figure to trust"
+            "whole model call, so constructed/measured is not a figure to trust (--statistic mean is less biased)"
         )
 
 
@@ -641,6 +657,7 @@ class BricksReport:
         runtime: where bricks ran.
         bench_wall_s: wall time spent benchmarking bricks (s).
         machine: how busy the machine was while they ran (None: not measured).
+        statistic: "median" or "mean" (``construct``).
     """
 
     set: BrickSet
@@ -653,6 +670,7 @@ class BricksReport:
     bench_wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
     machine: MachineState | None = None
+    statistic: str = "median"
 
     @property
     def end_to_end_cost_ns(self) -> float:
@@ -678,7 +696,7 @@ class BricksReport:
             "version": 1,
             "granularity": s.granularity,
             "runtime": self.runtime,
-            "protocol": {"warmup": self.warmup, "n": self.n, "statistic": "median"},
+            "protocol": {"warmup": self.warmup, "n": self.n, "statistic": self.statistic},
             "counts": {
                 "models": len(s.models),
                 "layers_total": s.total_layers,
@@ -749,10 +767,17 @@ def assemble(
     bench_wall_s: float,
     extra: dict[str, Any] | None = None,
     machine: MachineState | None = None,
+    statistic: str = "median",
 ) -> BricksReport:
-    """The report of benchmarked bricks: every model constructed from their medians
+    """The report of benchmarked bricks: every model constructed from their medians or means
     (sequences' where H > 1 and all of a model's were benchmarked)."""
-    brick_ns = {b: t.median_ns for b, t in zip(bset.bricks, timings) if t.median_ns is not None}
-    seq_ns = {sq: t.median_ns for sq, t in zip(bset.sequences, sequence_timings) if t.median_ns is not None}
-    constructions = [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None) for m in bset.models]
-    return BricksReport(bset, timings, sequence_timings, constructions, warmup, n, runtime, bench_wall_s, extra or {}, machine)
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+
+    def figures(items: Sequence[Any], got: list[BrickTiming]) -> dict[Any, float]:
+        values = ((item, t.mean_ns if statistic == "mean" else t.median_ns) for item, t in zip(items, got))
+        return {item: v for item, v in values if v is not None}
+
+    brick_ns, seq_ns = figures(bset.bricks, timings), figures(bset.sequences, sequence_timings)
+    constructions = [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None, statistic) for m in bset.models]
+    return BricksReport(bset, timings, sequence_timings, constructions, warmup, n, runtime, bench_wall_s, extra or {}, machine, statistic)

@@ -41,6 +41,13 @@ def add_parser(subparsers: Any) -> None:
         help="cold (default): cycle through copies so no call finds the last call's data cached, as inside a model; "
         "warm: back-to-back calls on the same data",
     )
+    p.add_argument(
+        "--statistic",
+        choices=("median", "mean"),
+        default="median",
+        help="of the bricks' calls and the traced model calls (default median; mean is stretched by preemption in "
+        "proportion to a call's length, the model's and the bricks' alike, so it is less biased on a busy machine)",
+    )
     p.add_argument("--runtime", choices=("pytorch", "onnxruntime"), default="pytorch", help="where bricks run (default pytorch)")
     p.add_argument("--threads", type=int, metavar="T", help="torch intra-op threads while benchmarking (default: those the runs used)")
     p.add_argument("--trace-warmup", type=int, default=1, metavar="W", help="model calls of each run skipped (default 1)")
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             cache=args.cache,
             trace_warmup=args.trace_warmup,
             threads=args.threads,
+            statistic=args.statistic,
             progress=progress,
         )
     except ValueError as exc:

@@ -48,7 +48,7 @@ def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
     out.write(
         f"\nbricks on {report.runtime}, {report.extra.get('cache', 'cold')} cache"
         + (f", {threads} thread(s)" if threads else "")
-        + f", median of {report.n} calls after {report.warmup}\n"
+        + f", {report.statistic} of {report.n} calls after {report.warmup}\n"
     )
     out.write(f"{'model':<40} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}  method\n")
     for c in report.constructions:
