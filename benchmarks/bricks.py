@@ -106,6 +106,7 @@ def main() -> int:
     constructed: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     constructed_cpu: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     seq_constructed: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+    by_means: dict[int, list[float]] = {i: [] for i in range(len(cases))}  # constructed from means / plain mean, per round
     failures: list[str] = []
     wall_models = wall_bricks = 0.0
     brick_medians: list[float] = []
@@ -134,6 +135,8 @@ def main() -> int:
             brick_ns = {b: t.median_ns for b, t in zip(own, timings) if t.median_ns is not None}
             brick_cpu = {b: t.cpu_median_ns for b, t in zip(own, timings) if t.cpu_median_ns is not None}
             constructed[i].append(construct(mb, brick_ns).constructed_ns)
+            brick_mean = {b: t.mean_ns for b, t in zip(own, timings) if t.mean_ns is not None}
+            by_means[i].append(construct(mb, brick_mean, statistic="mean").constructed_ns / statistics.fmean(wall))
             constructed_cpu[i].append(construct(mb, brick_cpu).constructed_ns)
             if seq_ns is not None:
                 seq_constructed[i].append(construct(mb, brick_ns, seq_ns).constructed_ns)
@@ -162,6 +165,7 @@ def main() -> int:
             "traced_layer_level_ms": mb.measured_ns / 1e6,
             "constructed_ms": c / 1e6,
             "constructed_over_plain": c / p,
+            "means_constructed_over_plain": statistics.median(by_means[i]),
             "bricks_only_over_plain": (c - mb.glue_ns) / p,
             "plain_cpu_ms": statistics.median(plain_cpu[i]) / 1e6,
             "constructed_cpu_ms": statistics.median(constructed_cpu[i]) / 1e6,
@@ -199,14 +203,14 @@ def main() -> int:
         print(f"machine: others kept {m.others_cores:.2f} of {m.cores} cores busy (load {m.loadavg[0]:.1f} -> {m.loadavg[1]:.1f})")
     print(
         f"{'model':<38} {'layers':>6} {'unique':>6} {'plain ms':>9} {'constructed':>11} {'ratio':>6} "
-        f"{'cpu: plain':>10} {'constructed':>11} {'ratio':>6} {'glue ms':>8}" + ("  ORT ms" if ort else "")
+        f"{'cpu: plain':>10} {'constructed':>11} {'ratio':>6} {'glue ms':>8} {'means':>6}" + ("  ORT ms" if ort else "")
     )
     for row in rows:
         line = (
             f"{row['model']:<38} {row['layers']:>6} {row['unique_layers']:>6} {row['plain_ms']:>9.2f} "
             f"{row['constructed_ms']:>11.2f} {row['constructed_over_plain']:>6.3f} "
             f"{row['plain_cpu_ms']:>10.2f} {row['constructed_cpu_ms']:>11.2f} {row['constructed_over_plain_cpu']:>6.3f} "
-            f"{row['glue_in_trace_ms']:>8.2f}"
+            f"{row['glue_in_trace_ms']:>8.2f} {row['means_constructed_over_plain']:>6.3f}"
         )
         if "onnxruntime_constructed_ms" in row:
             line += f"  {row['onnxruntime_constructed_ms']:.2f}"
