@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mltrace.config import FOLLOW_ENV
 from mltrace.follow import BOOTSTRAP_DIR, PROCS_DIR
+from mltrace.settings import FOLLOW
 
 CHILD = "import time, sys; sys.stdout.write(str(time.monotonic_ns()))"
 
@@ -44,7 +44,7 @@ def main() -> None:
         spec = {"run": tmp, "name": "bench", "level": args.level, "traceparent": None, "parent_pid": os.getpid()}
         followed = {
             **plain,
-            FOLLOW_ENV: json.dumps(spec),
+            FOLLOW.name: json.dumps(spec),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(BOOTSTRAP_DIR), plain.get("PYTHONPATH")])),
         }
         bare: list[int] = []

@@ -34,6 +34,7 @@ RANKS = {
     "errors": 0,
     "native": 0,
     "config": 0,
+    "settings": 0,
     "run": 0,
     "tracer": 1,
     "exporters": 2,

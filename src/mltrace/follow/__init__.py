@@ -5,7 +5,7 @@ off): multiprocessing's fork, spawn and forkserver children (DataLoader workers,
 ``torch.multiprocessing.spawn``), ``subprocess`` running Python, torchrun's ranks.
 
 - The parent (``parent.py``) puts ``bootstrap/`` on ``PYTHONPATH`` and the run's directory,
-  level and trace context in ``MLTRACE_FOLLOW`` (``config.FOLLOW_ENV``). Python runs
+  level and trace context in ``MLTRACE_FOLLOW`` (``settings.FOLLOW``). Python runs
   ``bootstrap/sitecustomize.py`` in every child that starts from an interpreter (spawn,
   forkserver, subprocess, torchrun): it runs the ``sitecustomize`` it hides, if any, and
   starts the child's own session (``child.py``) right before the child's first import of

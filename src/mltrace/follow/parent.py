@@ -8,9 +8,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from mltrace.config import FOLLOW_ENV
 from mltrace.follow import BOOTSTRAP_DIR, PROCS_DIR
 from mltrace.follow.child import clear_spec, set_spec
+from mltrace.settings import FOLLOW
 
 
 class Following:
@@ -33,7 +33,7 @@ class Following:
         spec = self.spec()
         import json
 
-        for name, value in ((FOLLOW_ENV, json.dumps(spec)), ("PYTHONPATH", _with_bootstrap(os.environ.get("PYTHONPATH")))):
+        for name, value in ((FOLLOW.name, json.dumps(spec)), ("PYTHONPATH", _with_bootstrap(os.environ.get("PYTHONPATH")))):
             self._saved[name] = os.environ.get(name)
             os.environ[name] = value
         set_spec(spec)

@@ -87,7 +87,7 @@ def _mltrace_follow():
     try:
         _chain()
     finally:  # a failing sitecustomize is reported by site as it would be, the child still followed
-        spec = os.environ.get("MLTRACE_FOLLOW")  # mltrace.config.FOLLOW_ENV
+        spec = os.environ.get("MLTRACE_FOLLOW")  # mltrace.settings.FOLLOW
         if spec:
             gate = _Gate(spec)
             sys.meta_path.insert(0, gate)
