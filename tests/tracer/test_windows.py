@@ -518,8 +518,7 @@ def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(
     assert err == [
         "mltrace: warning: 5 spans recorded (--max-spans 4) and the layer level of plain.layers cannot end early: the "
         "end of the run loads every span (≈ 0.0 GiB so far); the trace is full at 8",
-        "mltrace: warning: the trace is full (8 spans recorded, twice --max-spans 4): mltrace records nothing more, "
-        "the program goes on",
+        "mltrace: warning: the trace is full (8 spans recorded, twice --max-spans 4): mltrace records nothing more, the program goes on",
     ]
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["max_spans"] == 4 and "layer_window" not in meta and meta["trace_full"]["spans"] == 8
@@ -589,13 +588,15 @@ def test_live_layer_spans_end_and_model_spans_go_on(tmp_path: Path) -> None:
     assert run.meta["complete"] is True
 
 
-def test_the_ended_op_level_waits_in_the_run_directory_until_the_stop(tmp_path: Path) -> None:
-    """torch.profiler's exported trace sits in the run directory between the op level's end and
-    the session's (so a killed process leaves it where ``mltrace import`` finds it), then goes."""
+def test_the_ended_op_level_waits_in_the_run_directory_until_the_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without cycles (MLTRACE_OP_CYCLE_S=0), torch.profiler's exported trace sits in the run
+    directory between the op level's end and the session's (so a killed process leaves it where
+    ``mltrace import`` finds it), then goes."""
     import torch
 
     from mltrace.tracer.sources.torch_ops import EXPORT_FILE
 
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(2, 8)
     run_dir = tmp_path / "run"
@@ -607,7 +608,104 @@ def test_the_ended_op_level_waits_in_the_run_directory_until_the_stop(tmp_path: 
     assert not (run_dir / EXPORT_FILE).exists()
     run = mltrace.load_run(run_dir)
     assert run.meta["op_window"]["ended_after_model_calls"] == 1
+    assert run.meta["torch_profiler"]["cycles"] == 1
     assert any(s.level == Level.OP and s.name == "aten::linear" for s in run.spans)
+
+
+def _streamed_ops(run_dir: Path) -> list[Any]:
+    """The op spans events.jsonl holds now (the run still going, or killed)."""
+    from mltrace.run import store
+
+    return [s for s in store.load_run(run_dir).spans if s.level == Level.OP]
+
+
+def test_the_op_level_streams_in_cycles_while_the_program_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In cycles, each stopped cycle is converted on mltrace's thread and streamed while the
+    program runs: the first model call's ops are in events.jsonl before the session stops, and
+    no cycle's trace file is left behind; the finish nests every op under its layer."""
+    import time
+
+    import torch
+
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    run_dir = tmp_path / "run"
+    with torch.inference_mode(), mltrace.profile(level="op", output=run_dir, summary=False, flush_interval_s=0.05):
+        model(x)  # the first cycle ends at the first model call's return
+        deadline = time.monotonic() + 60
+        while not any(s.name == "aten::linear" for s in _streamed_ops(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(s.name == "aten::linear" for s in _streamed_ops(run_dir))
+        for _ in range(10):
+            model(x)
+            time.sleep(0.02)
+    assert not list(run_dir.glob("torch-profiler*.json"))
+    run = mltrace.load_run(run_dir)
+    assert run.meta["torch_profiler"]["cycles"] > 2 and "op_window" not in run.meta or "ended_ns" not in run.meta["op_window"]
+    by_id = run.span_by_id()
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    assert len(linear) == 11
+    assert all(by_id[s.parent_id].level == Level.LAYER and by_id[s.parent_id].name == "0" for s in linear)
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+
+
+KILLED = """
+import sys, time
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+x = torch.randn(2, 8)
+calls = 0
+with torch.inference_mode():
+    t0 = time.monotonic()
+    while True:
+        model(x)
+        calls += 1
+        time.sleep(0.005)
+        if calls == 60:
+            print("ready", flush=True)
+"""
+
+
+def test_a_killed_run_keeps_the_ops_of_its_converted_cycles(tmp_path: Path) -> None:
+    """SIGKILL while the op level records: the run loads with the ops of every cycle converted
+    and flushed before the kill, nested under their layers once correlated."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mltrace.run import store
+    from mltrace.tracer.passes import correlate
+
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.1"}
+    env.pop("MLTRACE_OUTPUT", None)
+    cmd = [sys.executable, "-m", "mltrace", "python", "--level", "op", "--flush-interval", "0.05", "-q", "-o", str(run_dir), str(script)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 60
+        while len(_streamed_ops(run_dir)) < 40 * 4 and time.monotonic() < deadline:  # 40 calls' ops, at least
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    run = store.load_run(run_dir)
+    assert run.meta.get("complete") is not True
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert len(linear) >= 40 and len(models) >= len(linear)
+    run = correlate(run)
+    by_id = run.span_by_id()
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    assert all(s.parent_id is not None and by_id[s.parent_id].level == Level.LAYER for s in linear)
+    assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
 
 
 @pytest.mark.parametrize("hot_path", ["c", "python"])
@@ -715,6 +813,8 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
     ONNX Runtime's op windows among them, never used): at --max-spans N the op and library
     levels end, at 1.5 N the layer level, at 2 N the trace is full, each at a model call's
     return, and each said once, with the calls that really had them, under pytorch alone."""
+    import time
+
     import torch
 
     torch.manual_seed(0)
@@ -726,6 +826,7 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
             assert session is not None and {"pytorch", "tensorflow", "onnxruntime"} <= set(session.op_windows)
             for _ in range(400):
                 model(x)
+                time.sleep(0.001)  # the first cycle (one call) is converted while the loop runs
             assert session.full
     err = capsys.readouterr().err
     run = mltrace.load_run(tmp_path / "run")
@@ -754,3 +855,6 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
             if p is not None:
                 with_ops.add(p)
     assert [m.id in with_ops for m in models] == [i < ops_calls for i in range(len(models))]
+    # Ops count as they are recorded (the running cycle's by the ops per call of the last one
+    # converted), so the run stops near 2 N spans, not 2 N model and layer spans plus every op.
+    assert 800 <= run.meta["trace_full"]["spans"] and len(run.spans) <= 1.25 * 800

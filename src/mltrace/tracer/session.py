@@ -294,6 +294,7 @@ class Session:
         self._span_next = 0  # the count of the next stage (0: none left, or no limit)
         self._span_lock = threading.Lock()
         self._pending_counts: list[Callable[[], int]] = []  # sources' ``pending_spans``
+        self._model_call_listeners: list[Callable[[str | None], None]] = []
         self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
         #: True in a child forked from the process running this session: it writes nothing.
@@ -540,6 +541,16 @@ class Session:
                 layer.model_ended()
             except Exception as exc:
                 self.errors.append(f"ending the layer level failed: {exc}")
+        for listener in self._model_call_listeners:
+            try:
+                listener(framework)
+            except Exception as exc:
+                self.errors.append(f"a model call's listener failed: {exc}")
+
+    def add_model_call_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Calls ``listener(framework)`` after every outermost model call, on its thread, once the
+        level windows have had it (torch.profiler's cycles end there). It must not raise."""
+        self._model_call_listeners.append(listener)
 
     def end_op_level(self, window: LevelWindow) -> None:
         """Ends the op level of ``window``'s framework (``LevelWindow``): its sources that can

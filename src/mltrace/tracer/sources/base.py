@@ -8,6 +8,7 @@ post-hoc sources (profilers, log parsers) return a batch of events from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +57,14 @@ class SessionView(Protocol):
 
     def model_call_ended(self, framework: str | None = None) -> None:
         """Tells the session an outermost model call of ``framework`` returned (``tracer/windows.py``)."""
+        ...
+
+    def add_model_call_listener(self, listener: Callable[[str | None], None]) -> None:
+        """Calls ``listener(framework)`` after every outermost model call, on its thread."""
+        ...
+
+    def add_events(self, events: list[Event]) -> None:
+        """Queues post-hoc events for the next flush (any thread)."""
         ...
 
 

@@ -159,6 +159,24 @@ class KinetoStats:
     clock: str = "relative"
     base_time_ns: int = 0
 
+    def merge(self, other: KinetoStats) -> None:
+        """Adds the counts of another conversion (the next cycle of a streamed profiler); the
+        clock and base time become the later one's."""
+        for mine, theirs in (
+            (self.events_by_category, other.events_by_category),
+            (self.spans_by_category, other.spans_by_category),
+            (self.skipped, other.skipped),
+        ):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        self.instants += other.instants
+        self.memory_events += other.memory_events
+        self.gpu_activities += other.gpu_activities
+        self.gpu_activities_launched += other.gpu_activities_launched
+        self.unmatched_correlation_ids += other.unmatched_correlation_ids
+        self.unmatched_examples = (self.unmatched_examples + other.unmatched_examples)[:20]
+        self.clock, self.base_time_ns = other.clock, other.base_time_ns
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
         return {

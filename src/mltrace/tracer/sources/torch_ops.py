@@ -3,10 +3,27 @@
 The source runs ``torch.profiler.profile`` (Kineto) for the whole session:
 CPU activity with ``record_shapes`` (FLOPs are counted from the shapes
 afterwards, ``aten_flops``), plus CUDA activity (runtime calls, kernels,
-memcpys, memsets) when the kernel level is enabled and torch sees a GPU. At
-``stop()`` it exports Kineto's Chrome trace to the run directory
-(``EXPORT_FILE``, removed once converted) and converts it with ``kineto_to_events``; it is a post-hoc source: ops reach the run
-directory only when the session stops.
+memcpys, memsets) when the kernel level is enabled and torch sees a GPU.
+
+Cycles. Kineto keeps every event in memory until the profiler stops, so without
+CUDA activity the profiler runs in cycles: at the return of a PyTorch model call
+(``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
+first cycle ends at the first model call's return), on a thread allowed to stop
+it, the running profiler stops and a new one starts at once. The program's
+thread pays only for that stop and start (Kineto's ``_disable_profiler``, which
+builds its result from what it held); a converter thread writes the stopped
+cycle's Chrome trace to the run directory (``torch-profiler-<n>.json``), converts
+it with ``kineto_to_events``, hands the events to the session (streamed at the
+next flush) and removes the file. So the memory held is one cycle's, the op
+level needs no early end on a long run, and a killed run keeps the ops of every
+cycle converted before it died (a file left in the run directory is a cycle
+that was being converted: ``mltrace import`` reads it). Ops reach the run as
+plain spans on their threads' tracks; the finish nests them under the layer
+spans (``nest_by_containment``), as before. A cycle ends between two model calls
+of the thread that ends it; an op running on another thread at that moment (an
+all-threads profiler) is lost. With CUDA activity the profiler runs whole, as
+one cycle converted at ``stop()`` (``EXPORT_FILE``): the hand-over of CUPTI
+between Kineto and cupti-python is done only at the session's end.
 
 Placement. Kineto's thread ids are OS thread ids, so ops land on the same
 thread tracks as the live model and layer spans of the ``torch.modules``
@@ -48,8 +65,7 @@ profiler records the thread that started it only (ops on other threads are not
 recorded, and run.json says so); the allocations of the program's main thread,
 where the model runs, are what the memory numbers need.
 
-Limits. Kineto keeps every event in memory until ``stop()`` and allows one
-profiler per process: a program that runs its own ``torch.profiler`` while
+Limits. Kineto allows one profiler per process: a program that runs its own ``torch.profiler`` while
 this source is on gets an error from torch, so use ``--level layer`` there.
 """
 
@@ -58,6 +74,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import queue
 import shutil
 import sys
 import tempfile
@@ -68,17 +85,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Event
+from mltrace.run.gcpause import gc_paused
 from mltrace.run.levels import Level
 from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.kineto import KinetoStats, kineto_to_events, load_kineto_json
+from mltrace.tracer.sources.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     from mltrace.tracer.sources.base import SessionView
 
-#: torch.profiler's Chrome trace in the run directory, between its export and its conversion.
+#: torch.profiler's Chrome trace in the run directory, between its export and its conversion
+#: (a cycle's: ``torch-profiler-<n>.json``).
 EXPORT_FILE = "torch-profiler.json"
+#: How long a cycle of the profiler records before it is converted (s; ``MLTRACE_OP_CYCLE_S``,
+#: 0: one cycle, converted at the end).
+CYCLE_S = 2.0
+
+
+def cycle_seconds() -> float:
+    """The cycle length: ``MLTRACE_OP_CYCLE_S`` where it is a number of seconds ≥ 0, else ``CYCLE_S``."""
+    text = os.environ.get("MLTRACE_OP_CYCLE_S", "")
+    try:
+        value = float(text)
+    except ValueError:
+        return CYCLE_S
+    return value if value >= 0 else CYCLE_S
 
 
 def _cuda_possible() -> bool:
@@ -129,6 +161,11 @@ class TorchOpSource:
         self._cuda_activity = False  # may record CUDA activity (before start), or does
         self._around_start: list[tuple[Callable[[], None], Callable[[], None]]] = []
         self._ended = False  # the op level ended early: a later ``import torch`` starts nothing
+        self.cycle_s = cycle_seconds()
+        self._kwargs: dict[str, Any] = {}  # the profiler's arguments, for the next cycle's
+        self._cycle_began = 0.0  # time.monotonic() at the running cycle's start
+        self._cycle_calls = 0  # model calls that returned in the running cycle
+        self._cycles: _Converter | None = None
 
     @property
     def profiling(self) -> bool:
@@ -195,6 +232,7 @@ class TorchOpSource:
             else:
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
             prof = profile(**kwargs)
+            self._kwargs = kwargs
             self._call_around(0)
             from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
             from mltrace.tracer.sources.cupti import hand_back_buffers
@@ -204,10 +242,14 @@ class TorchOpSource:
             try:
                 prof.start()
                 self._prof = prof
+                self._cycle_began, self._cycle_calls = time.monotonic(), 0
                 if config is None:  # torch stops a one-thread profiler only where it started
                     self.thread_ident = threading.get_ident()
             finally:
                 self._call_around(1)
+            if self.cycle_s and not self._cuda_activity:
+                self._cycles = _Converter(self, session)
+                session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
             session.note_limitation(f"op level: torch.profiler did not start ({exc})")
@@ -220,12 +262,64 @@ class TorchOpSource:
                 if self._session is not None:
                     self._session.errors.append(f"{self.name}: {'before' if which == 0 else 'after'}-start hook failed: {exc}")
 
+    def pending_spans(self) -> int:
+        """Ops recorded and not yet handed to the session (the session's span limit counts them):
+        the model calls of the cycles not yet converted, times the ops per call of the last
+        cycle converted (none before the first)."""
+        cycles = self._cycles
+        if cycles is None:
+            return 0
+        return int((cycles.queued_calls + self._cycle_calls) * cycles.spans_per_call)
+
+    def _model_call_ended(self, framework: str | None) -> None:
+        """After every outermost model call (``Session.add_model_call_listener``): ends the
+        running cycle where it is due and this thread may stop the profiler."""
+        if framework != self.framework or self._prof is None:
+            return
+        self._cycle_calls += 1
+        first = self._cycles is not None and self._cycles.handed == 0
+        if not first and time.monotonic() - self._cycle_began < self.cycle_s:
+            return
+        if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
+            return
+        self._next_cycle(restart=True)
+
+    def _next_cycle(self, restart: bool) -> None:
+        """Stops the running profiler and hands it to the converter; with ``restart``, starts
+        the next cycle's at once. A profiler that fails to restart ends the op level here."""
+        prof, self._prof = self._prof, None
+        cycles = self._cycles
+        if prof is None or cycles is None:
+            return
+        prof.stop()
+        cycles.hand(prof, self._cycle_calls)
+        self._cycle_calls = 0
+        if not restart:
+            return
+        try:
+            from torch.profiler import profile
+
+            prof = profile(**self._kwargs)
+            prof.start()
+        except Exception as exc:  # never into the user's program
+            self._ended = True
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: could not start the next cycle: {exc}")
+                self._session.note_limitation(f"op level: torch.profiler did not restart ({exc}); later ops are not recorded")
+            return
+        self._prof = prof
+        self._cycle_began = time.monotonic()
+
     def end_early(self) -> None:
-        """Stops the profiler now and keeps its trace on disk for ``stop()`` to convert
-        (``tracer/windows.py``): what torch held is freed, and the program is paused only
-        for torch's own stop and export."""
+        """Stops the profiler now (``tracer/windows.py``): in cycles, its last cycle goes to the
+        converter; otherwise its trace is kept on disk for ``stop()`` to convert. Either way
+        what torch held is freed, and the program is paused only for torch's own stop (and,
+        without cycles, its export)."""
         self._ended = True
-        self._export()
+        if self._cycles is not None:
+            self._next_cycle(restart=False)
+        else:
+            self._export()
 
     def _export(self) -> None:
         """Stops the profiler (if running) and writes its Chrome trace to the run directory
@@ -236,31 +330,50 @@ class TorchOpSource:
             return
         prof.stop()
         t0 = time.perf_counter_ns()
-        run_dir = self._session.run_dir if self._session is not None else None
-        if run_dir is None:
-            self._tmp = tempfile.mkdtemp(prefix="mltrace-kineto-")
-            run_dir = Path(self._tmp)
-        path = run_dir / EXPORT_FILE
+        path = self._export_dir() / EXPORT_FILE
         prof.export_chrome_trace(str(path))
         self._exported = path
         self.export_ns += time.perf_counter_ns() - t0
 
+    def _export_dir(self) -> Path:
+        """The run directory, or a temporary directory where the session has none."""
+        run_dir = self._session.run_dir if self._session is not None else None
+        if run_dir is not None:
+            return run_dir
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="mltrace-kineto-")
+        return Path(self._tmp)
+
+    def convert(self, path: Path) -> KinetoEvents:
+        """Converts the Chrome trace at ``path`` into the session's events, adding its stats."""
+        session = self._session
+        assert session is not None
+        trace = load_kineto_json(path)
+        result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session, external_ids=False)
+        if self.stats is None:
+            self.stats = result.stats
+        else:
+            self.stats.merge(result.stats)
+        return result
+
     def stop(self) -> list[Event]:
-        """Stops the profiler (unless it ended early) and returns its ops, API calls, kernels and flows."""
+        """Stops the profiler (unless it ended early) and returns its ops, API calls, kernels and
+        flows; in cycles, the last cycle is converted and every cycle's events were handed to
+        the session already."""
         try:
+            cycles = self._cycles
+            if cycles is not None:
+                self._next_cycle(restart=False)
+                cycles.finish()
+                self._note_stats(cycles.cycles)
+                return []
             self._export()
             if self._exported is None:
                 return []
             t0 = time.perf_counter_ns()
-            trace = load_kineto_json(self._exported)
-            session = self._session
-            assert session is not None
-            result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session, external_ids=False)
-            self.stats = result.stats
+            result = self.convert(self._exported)
             self.export_ns += time.perf_counter_ns() - t0
-            stats = result.stats.as_dict()
-            stats["export_ns"] = self.export_ns
-            session.meta["torch_profiler"] = stats
+            self._note_stats(1)
             # Tracks are left out: the session's registry already queued them.
             return result.events(with_tracks=False)
         finally:
@@ -274,6 +387,99 @@ class TorchOpSource:
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
+
+    def _note_stats(self, cycles: int) -> None:
+        """run.json's ``torch_profiler``: the conversion stats, the export's time and the cycles."""
+        if self.stats is None or self._session is None:
+            return
+        stats = self.stats.as_dict()
+        stats["export_ns"] = self.export_ns
+        stats["cycles"] = cycles
+        if self._cycles is not None:
+            stats["cycle_s"] = self.cycle_s
+        self._session.meta["torch_profiler"] = stats
+
+
+class _Converter:
+    """Converts the stopped cycles of a ``TorchOpSource``'s profiler on a thread of its own, in
+    order, and hands their events to the session.
+
+    Attributes:
+        handed: cycles handed so far.
+        cycles: cycles converted (or failed) so far.
+        queued_calls: model calls of the cycles handed and not yet converted.
+        spans_per_call: spans per model call of the last cycle converted that had calls.
+    """
+
+    def __init__(self, source: TorchOpSource, session: SessionView) -> None:
+        self._source = source
+        self._session = session
+        self._queue: queue.SimpleQueue[tuple[Any, int] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.handed = 0
+        self.cycles = 0
+        self.queued_calls = 0
+        self.spans_per_call = 0.0
+
+    def hand(self, prof: Any, calls: int) -> None:
+        """Queues a stopped profiler (of ``calls`` model calls) for conversion."""
+        self.handed += 1
+        self.queued_calls += calls
+        self._queue.put((prof, calls))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
+            self._thread.start()
+
+    def finish(self) -> None:
+        """Waits until every cycle handed is converted."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            prof, calls = item
+            try:
+                self._convert(prof, calls)
+            except Exception as exc:  # a cycle lost, never the program
+                self._session.errors.append(f"torch.profiler: converting cycle {self.cycles + 1} failed: {exc}")
+            finally:
+                self.queued_calls -= calls
+                self.cycles += 1
+
+    def _convert(self, prof: Any, calls: int) -> None:
+        source = self._source
+        t0 = time.perf_counter_ns()
+        path = source._export_dir() / f"torch-profiler-{self.cycles + 1}.json"
+        try:
+            # The cyclic collector is paused meanwhile, process-wide (for about a second a cycle):
+            # the load and the conversion build many objects and no cycles, and full collections
+            # of a process with torch loaded, again and again, made them several times slower.
+            with gc_paused():
+                prof.export_chrome_trace(str(path))
+                _release(prof)
+                del prof
+                result = source.convert(path)
+        finally:
+            path.unlink(missing_ok=True)
+        source.export_ns += time.perf_counter_ns() - t0
+        if calls:
+            self.spans_per_call = len(result.spans) / calls
+        self._session.add_events(result.events(with_tracks=False))
+
+
+def _release(prof: Any) -> None:
+    """Drops what a stopped profiler holds (Kineto's result), which otherwise lives until the
+    cyclic garbage collector finds the profiler object's reference cycle."""
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for name in ("kineto_results", "_function_events", "_old_function_events"):
+            if hasattr(inner, name):
+                setattr(inner, name, None)
 
 
 def _all_threads_config() -> Any:
