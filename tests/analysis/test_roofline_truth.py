@@ -3,7 +3,8 @@
 Over the stored H100 run (datasheet roofs, never raised) and the CPU example models traced
 at the op level here (the CPU's FLOP roof is the ISA's bound, never raised), every layer and
 op moves and computes no faster than its roofs allow, every verdict's efficiency and every
-FLOP share is at most 1, and no percentage the report prints or writes exceeds 100.
+FLOP share is at most 1, and no percentage the terminal, HTML or Markdown report shows exceeds
+100.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import pytest
 import torch
 
 import mltrace
-from mltrace.analysis.bottleneck import Analysis, analyze
+from mltrace.analysis.bottleneck import Analysis, analyze, timeline
 from mltrace.analysis.peaks import PeakSet, peaks_for_run
 from mltrace.analysis.report_data import build_report
 from mltrace.run.store import Run
+from mltrace.viewers.html import render_html
+from mltrace.viewers.markdown import render_markdown
 from mltrace.viewers.terminal import render_report
 from support.runs import unpack_run
 
@@ -71,9 +74,12 @@ def _raw_shares(a: Analysis, peaks: PeakSet) -> list[tuple[str, float, float]]:
 
 
 def _printed_percentages(run: Run, a: Analysis) -> list[float]:
+    """Every percentage of the terminal, HTML (text, not markup) and Markdown reports."""
     text = io.StringIO()
     render_report(run, a, top=200, file=text, width=400)
-    return [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)\s?%", text.getvalue())]
+    html = re.sub(r"<[^>]*>", " ", render_html(run, a, timeline(run), top=200))
+    markdown = render_markdown(build_report(run, a), top=200)
+    return [float(x) for page in (text.getvalue(), html, markdown) for x in re.findall(r"(\d+(?:\.\d+)?)\s?%", page)]
 
 
 def _check_report(run: Run, a: Analysis) -> None:
