@@ -27,6 +27,8 @@ from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_star
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.peaks import Peaks, PeakSet, raised
+from mltrace.analysis.ranks import RankTimes, rank_times
+from mltrace.analysis.requests import Requests, find_requests
 from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import HIERARCHY, Level
@@ -479,6 +481,11 @@ class Analysis:
         generation: the run's ``generate()`` calls (``analysis.generation``).
         memory: allocations and peaks per layer and op (``analysis.memory``), or None in a
             run recorded without ``--memory``.
+        requests: the service's requests, their latency and where the slowest spent their
+            time (``analysis.requests``, over every call, cold or steady), or None in a run
+            with no request span.
+        ranks: each torch.distributed rank's model and collective time and the straggler
+            (``analysis.ranks``), or None in a run with no rank.
     """
 
     breakdown: Breakdown
@@ -498,6 +505,8 @@ class Analysis:
     include_cold: bool = True
     generation: list[GenerateCall] = field(default_factory=list)
     memory: MemoryReport | None = None
+    requests: Requests | None = None
+    ranks: RankTimes | None = None
 
     def cold_text(self) -> str:
         """One line on the cold calls and whether the tables count them ("" when there are none)."""
@@ -649,6 +658,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         include_cold=include_cold,
         generation=generation,
         memory=memory_report(whole, run),
+        requests=find_requests(run=whole),
+        ranks=rank_times(run=whole),
     )
 
 

@@ -33,8 +33,8 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         a: its analysis (``analysis.bottleneck.analyze``).
 
     Returns:
-        ``{"run", "models", "layers", "ops", "findings", "generate", "memory"}``; times in
-        ns, memory in bytes.
+        ``{"run", "models", "layers", "ops", "findings", "generate", "memory", "requests",
+        "ranks"}``; times in ns, memory in bytes.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
@@ -50,6 +50,8 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         "findings": findings(a),
         "generate": [g.as_dict() for g in a.generation],
         "memory": _memory_entry(mem),
+        "requests": a.requests.as_dict() if a.requests is not None else None,
+        "ranks": a.ranks.as_dict() if a.ranks is not None else None,
     }
 
 
@@ -138,7 +140,24 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "cold_calls": a.cold.cold_calls,
         "cold_ns": a.cold.cold_ns,
         "cold_spent": [{"name": x.name, "category": x.category or None, "ns": x.ns} for x in a.cold.spent],
+        "unfollowed": unfollowed(meta),
     }
+
+
+def unfollowed(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """run.json's children that could not be followed: ``{"pid", "argv", "reason"}`` each."""
+    out = []
+    for note in meta.get("unfollowed") or []:
+        if isinstance(note, dict):
+            pid, argv = note.get("pid"), note.get("argv")
+            out.append(
+                {
+                    "pid": pid if isinstance(pid, int) else None,
+                    "argv": [str(x) for x in argv] if isinstance(argv, list) else [],
+                    "reason": str(note.get("reason") or ""),
+                }
+            )
+    return out
 
 
 def _model_entry(run: Run, r: LayerRow, calls: ModelCalls | None) -> dict[str, Any]:

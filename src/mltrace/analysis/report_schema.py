@@ -55,6 +55,7 @@ RUN = _object(
         "cold_calls": _INT,
         "cold_ns": _INT,
         "cold_spent": _array(_object({"name": _STR, "category": _OPT_STR, "ns": _INT})),
+        "unfollowed": _array(_object({"pid": _OPT_INT, "argv": _array(_STR), "reason": _STR})),
     }
 )
 MODEL = _object(
@@ -138,6 +139,49 @@ GENERATE = _object(
         "tokens_per_s": _OPT_NUM,
     }
 )
+_NAME_NS = _object({"name": _STR, "ns": _INT})
+REQUEST = _object(
+    {
+        "name": _STR,
+        "label": _OPT_STR,
+        "pid": _INT,
+        "start_ns": _INT,
+        "total_ns": _INT,
+        "model_calls": _INT,
+        "model_ns": _INT,
+        "outside_ns": _INT,
+        "before_model_ns": _INT,
+        "between_models_ns": _INT,
+        "after_model_ns": _INT,
+        "outside_ops_ns": _INT,
+        "layers": _array(_object({"name": _STR, "type": _OPT_STR, "ns": _INT})),
+        "ops": _array(_NAME_NS),
+    }
+)
+_REQUESTS_PROPS = {
+    "source": {"type": "string", "enum": ["otel-server", "user"]},
+    "names": _array(_STR),
+    "count": _INT,
+    "p50_ns": _INT,
+    "p90_ns": _INT,
+    "p99_ns": _INT,
+    "total_ns": _INT,
+    "model_ns": _INT,
+    "slowest": _array(REQUEST),
+}
+REQUESTS = {**_object(_REQUESTS_PROPS), "type": ["object", "null"]}
+RANK = _object(
+    {
+        "rank": _INT,
+        "pid": _INT,
+        "role": _STR,
+        "model_calls": _INT,
+        "model_ns": _INT,
+        "collective_ns": _INT,
+        "collectives": _array(_object({"name": _STR, "spans": _INT, "ns": _INT})),
+    }
+)
+RANKS = {**_object({"world_size": _OPT_INT, "backend": _OPT_STR, "straggler": _OPT_INT, "ranks": _array(RANK)}), "type": ["object", "null"]}
 
 #: The whole document.
 REPORT_SCHEMA: dict[str, Any] = {
@@ -152,6 +196,8 @@ REPORT_SCHEMA: dict[str, Any] = {
             "findings": _array(FINDING),
             "generate": _array(GENERATE),
             "memory": MEMORY,
+            "requests": REQUESTS,
+            "ranks": RANKS,
         }
     ),
 }

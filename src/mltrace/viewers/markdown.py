@@ -10,6 +10,16 @@ from typing import Any
 
 from mltrace.analysis.codepaths import short_path, split_location
 from mltrace.analysis.units import fmt_ns, fmt_si
+from mltrace.viewers.services import (
+    RANK_COLUMNS,
+    REQUEST_COLUMNS,
+    rank_cells,
+    ranks_headline,
+    request_cells,
+    requests_headline,
+    straggler_line,
+    unfollowed_line,
+)
 
 
 def _cell(text: object) -> str:
@@ -48,9 +58,11 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     )
     if not run["complete"]:
         out.append("The run did not finish normally: events up to the last flush.")
+    out += [_cell(unfollowed_line(note)) for note in run.get("unfollowed") or []]
     out.append("")
     if data["findings"]:
         out += ["### Findings", ""] + [f"- {_cell(f['text'])}" for f in data["findings"]] + [""]
+    out += _requests_section(data, top) + _ranks_section(data)
     if data["models"]:
         out += ["### Models", ""]
         out += _table(
@@ -96,6 +108,26 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
         )
         out.append("")
     return "\n".join(out)
+
+
+def _requests_section(data: dict[str, Any], top: int) -> list[str]:
+    """The requests' latency and the slowest requests' time: model, outside it, top layers and ops."""
+    req = data.get("requests")
+    if not req:
+        return []
+    rows = [[_cell(c) for c in request_cells(r)] for r in req["slowest"][:top]]
+    return ["### Requests", "", _cell(requests_headline(req)) + ".", "", *_table(list(REQUEST_COLUMNS), rows), ""]
+
+
+def _ranks_section(data: dict[str, Any]) -> list[str]:
+    """Each rank's model and collective time, and the straggler."""
+    ranks = data.get("ranks")
+    if not ranks:
+        return []
+    out = ["### Ranks", "", _cell(ranks_headline(ranks)) + ".", ""]
+    out += _table(list(RANK_COLUMNS), [[_cell(c) for c in rank_cells(r)] for r in ranks["ranks"]])
+    line = straggler_line(ranks)
+    return [*out, *(["", _cell(line) + "."] if line else []), ""]
 
 
 def _memory_section(data: dict[str, Any], top: int) -> list[str]:

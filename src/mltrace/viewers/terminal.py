@@ -128,6 +128,8 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         if a.peaks.gpu is not None:
             console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.gpu) + "[/dim]")  # type: ignore[attr-defined]
     _findings(console, a)
+    _requests(console, a, top)
+    _ranks(console, a)
     scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
     cols = ("level", "spans", "time", *(("in model & user spans",) if scoped else ()), "% of model")
     lt = _table("Time per level", [(col, col != "level") for col in cols])
@@ -178,8 +180,38 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     missing = unrecorded_levels(meta)
     if missing:
         console.print("[dim]Not recorded — " + "; ".join(missing) + "[/dim]")  # type: ignore[attr-defined]
-    for lim in limitations(meta):
-        console.print(f"[dim]Limitation: {lim}[/dim]")  # type: ignore[attr-defined]
+    for lim in limitations(meta):  # one line each: a child's command line may hold newlines
+        console.print(f"[dim]Limitation: {_esc(lim.replace(chr(10), ' '))}[/dim]")  # type: ignore[attr-defined]
+
+
+def _requests(console: Any, a: Analysis, top: int) -> None:
+    """The requests' latency and, for the slowest, where their time went (``analysis.requests``)."""
+    from mltrace.viewers.services import REQUEST_COLUMNS, request_cells, requests_headline
+
+    if a.requests is None:
+        return
+    data = a.requests.as_dict()
+    console.print(f"[bold]Requests[/bold]: {_esc(requests_headline(data))}")
+    table = _table(f"Slowest {len(data['slowest'])} requests: where the time went", [(c, 0 < i < 4) for i, c in enumerate(REQUEST_COLUMNS)])
+    for r in data["slowest"][:top]:
+        table.add_row(*(_esc(cell) for cell in request_cells(r)))
+    console.print(table)
+
+
+def _ranks(console: Any, a: Analysis) -> None:
+    """Each torch.distributed rank's model and collective time, and the straggler (``analysis.ranks``)."""
+    from mltrace.viewers.services import RANK_COLUMNS, rank_cells, ranks_headline, straggler_line
+
+    if a.ranks is None:
+        return
+    data = a.ranks.as_dict()
+    table = _table(f"Ranks: {ranks_headline(data)}", [(c, 0 < i < 5) for i, c in enumerate(RANK_COLUMNS)])
+    for r in data["ranks"]:
+        table.add_row(*(_esc(cell) for cell in rank_cells(r)))
+    console.print(table)
+    line = straggler_line(data)
+    if line:
+        console.print(f"  • {_esc(line)}")
 
 
 def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> None:

@@ -1,0 +1,296 @@
+"""Requests of a service: their latency and, for the slowest, where the time went.
+
+A *request* is a span that stands for one piece of work the program was asked to do:
+
+- the program's own OpenTelemetry server spans (user spans with ``mltrace.otel.kind`` =
+  ``server``), where the run has any;
+- else each outermost user span (``mltrace.span(...)``, an OpenTelemetry span that is not a
+  server span) that has a model call inside it.
+
+A request nested in another request counts once, as the outer one. A request's time is
+split into the model calls inside it (``model_ns``: their union, so calls overlapping on
+two threads count once) and the rest: before the first model call, between model calls,
+after the last one; ``outside_ops_ns`` is the part of the rest that ops ran in (the
+program's own tensor code: pre- and post-processing). The slowest requests also get their
+top layers and ops by self time (the span's time less that of its children of the same
+level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mltrace.analysis.coldstart import percentile_ns
+from mltrace.analysis.tree import Tree, tree_of
+from mltrace.run.levels import Level
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mltrace.run.store import Run
+    from mltrace.run.table import SpanTable
+
+__all__ = ["NameTime", "Request", "Requests", "find_requests", "union_ns"]
+
+#: Attribute keys whose value names a request, first found wins (``Request.label``).
+_LABEL_KEYS = ("app.request.id", "request_id", "request.id", "http.request.id", "http.route", "url.path", "http.target")
+
+
+@dataclass(frozen=True)
+class NameTime:
+    """A layer or op name, its self time (ns) within one request, and (layers) its type."""
+
+    name: str
+    ns: int
+    type: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request and where its time went.
+
+    Attributes:
+        name: the request span's name.
+        label: the value of its first attribute that names it (``_LABEL_KEYS``), or None.
+        pid: the process it ran in.
+        start_ns, total_ns: its start (session clock) and duration.
+        model_calls: model calls inside it (outermost model spans).
+        model_ns: the union of their time, clipped to the request.
+        before_model_ns, between_models_ns, after_model_ns: the rest of its time, before the
+            first model call, in the gaps between model calls, after the last one (all of it
+            is ``before_model_ns`` in a request with no model call).
+        outside_ops_ns: the union of the time of ops inside the request but in no model call.
+        layers, ops: its top layers and ops by self time, largest first.
+    """
+
+    name: str
+    label: str | None
+    pid: int
+    start_ns: int
+    total_ns: int
+    model_calls: int
+    model_ns: int
+    before_model_ns: int
+    between_models_ns: int
+    after_model_ns: int
+    outside_ops_ns: int
+    layers: list[NameTime] = field(default_factory=list)
+    ops: list[NameTime] = field(default_factory=list)
+
+    @property
+    def outside_ns(self) -> int:
+        """The request's time outside every model call."""
+        return self.total_ns - self.model_ns
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report JSON's ``requests.slowest[]`` entry."""
+        keys: tuple[str, ...] = ("name", "label", "pid", "start_ns", "total_ns", "model_calls", "model_ns", "outside_ns", "before_model_ns")
+        keys += ("between_models_ns", "after_model_ns", "outside_ops_ns")
+        out: dict[str, Any] = {k: getattr(self, k) for k in keys}
+        out["layers"] = [{"name": x.name, "type": x.type, "ns": x.ns} for x in self.layers]
+        out["ops"] = [{"name": x.name, "ns": x.ns} for x in self.ops]
+        return out
+
+
+@dataclass(frozen=True)
+class Requests:
+    """The requests of a run.
+
+    Attributes:
+        source: ``otel-server`` (the program's OpenTelemetry server spans) or ``user``
+            (outermost user spans with a model call inside).
+        names: the request spans' names, most frequent first.
+        count: how many requests.
+        p50_ns, p90_ns, p99_ns: percentiles of their durations.
+        total_ns: their durations summed.
+        model_ns: their model time summed.
+        slowest: the slowest requests, slowest first, each with where its time went.
+    """
+
+    source: str
+    names: list[str]
+    count: int
+    p50_ns: int
+    p90_ns: int
+    p99_ns: int
+    total_ns: int
+    model_ns: int
+    slowest: list[Request]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report JSON's ``requests`` section."""
+        keys = ("source", "names", "count", "p50_ns", "p90_ns", "p99_ns", "total_ns", "model_ns")
+        return {**{k: getattr(self, k) for k in keys}, "slowest": [r.as_dict() for r in self.slowest]}
+
+
+def union_ns(intervals: Sequence[tuple[int, int]]) -> int:
+    """The time covered by ``(start, end)`` intervals, overlaps counted once."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | None:
+    """The run's requests (see the module docstring), or None when it has none.
+
+    Args:
+        run: a loaded run.
+        slowest: how many of the slowest requests to explain.
+        top: layers and ops listed per explained request.
+    """
+    import numpy as np
+
+    t = run.table
+    if not len(t):
+        return None
+    level = t.level.astype(np.int64)
+    tree = tree_of(t)
+    is_model = level == int(Level.MODEL)
+    outer_model = is_model & ~tree.ancestor_or(is_model)
+    source, candidates = _candidates(t, level, tree, outer_model)
+    if not len(candidates):
+        return None
+    is_req = np.zeros(len(t), dtype=bool)
+    is_req[candidates] = True
+    rows = candidates[~tree.ancestor_or(is_req)[candidates]]
+    is_req[:] = False
+    is_req[rows] = True
+    near = tree.nearest(is_req)
+    models = _group(near, outer_model)
+    dur = (t.end - t.start).astype(np.int64)
+    model_ns = {int(r): _clipped_union(t, models.get(int(r), []), int(r)) for r in rows.tolist()}
+    order = sorted(rows.tolist(), key=lambda r: (-int(dur[r]), int(t.start[r])))
+    durations = [int(dur[r]) for r in rows.tolist()]
+    explained = [_explain(run, t, r, models.get(r, []), near, level, tree, top) for r in order[:slowest]]
+    names = _names(t, rows)
+    return Requests(
+        source=source,
+        names=names,
+        count=len(rows),
+        p50_ns=percentile_ns(durations, 50) or 0,
+        p90_ns=percentile_ns(durations, 90) or 0,
+        p99_ns=percentile_ns(durations, 99) or 0,
+        total_ns=sum(durations),
+        model_ns=sum(model_ns.values()),
+        slowest=explained,
+    )
+
+
+def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.ndarray) -> tuple[str, np.ndarray]:
+    """``("otel-server", rows)`` where the run has OpenTelemetry server spans, else ``("user", rows)``:
+    the user spans that have a model call inside them."""
+    import numpy as np
+
+    user = np.nonzero(level == int(Level.USER))[0]
+    server_sets = {k for k in np.unique(t.attr[user]).tolist() if t.attr_set(k).get("mltrace.otel.kind") == "server"}
+    if server_sets:
+        return "otel-server", user[np.isin(t.attr[user], list(server_sets))]
+    parent = t.parent_row()
+    has_model = np.zeros(len(t), dtype=bool)
+    rows = np.nonzero(outer_model)[0]
+    while len(rows):  # mark every ancestor of an outermost model call
+        rows = parent[rows]
+        rows = rows[(rows >= 0) & ~has_model[np.maximum(rows, 0)]]
+        has_model[rows] = True
+    return "user", user[has_model[user]]
+
+
+def _group(near: np.ndarray, mask: np.ndarray) -> dict[int, list[int]]:
+    """Rows where ``mask`` holds, by their nearest request (rows in no request left out)."""
+    import numpy as np
+
+    out: dict[int, list[int]] = {}
+    rows = np.nonzero(mask & (near >= 0))[0]
+    for row, req in zip(rows.tolist(), near[rows].tolist()):
+        out.setdefault(req, []).append(row)
+    return out
+
+
+def _clipped_union(t: SpanTable, rows: list[int], req: int) -> int:
+    lo, hi = int(t.start[req]), int(t.end[req])
+    return union_ns([(max(lo, int(t.start[r])), min(hi, int(t.end[r]))) for r in rows if int(t.end[r]) > lo and int(t.start[r]) < hi])
+
+
+def _explain(run: Run, t: SpanTable, req: int, models: list[int], near: np.ndarray, level: np.ndarray, tree: Tree, top: int) -> Request:
+    """Where the time of request ``req`` went."""
+    import numpy as np
+
+    lo, hi = int(t.start[req]), int(t.end[req])
+    spans = sorted((max(lo, int(t.start[r])), min(hi, int(t.end[r]))) for r in models)
+    spans = [(s, e) for s, e in spans if e > s]
+    model_ns = union_ns(spans)
+    before = spans[0][0] - lo if spans else hi - lo
+    after = hi - max(e for _, e in spans) if spans else 0
+    inside = near == req
+    in_model = np.zeros(len(t), dtype=bool)
+    in_model[models] = True
+    in_model = in_model | tree.ancestor_or(in_model)
+    is_op = level == int(Level.OP)
+    loose_ops = np.nonzero(inside & is_op & ~in_model & ~tree.ancestor_or(is_op))[0]
+    track = run.tracks.get(int(t.track[req]))
+    return Request(
+        name=t.names[int(t.name[req])],
+        label=_label(t.attrs(req)),
+        pid=track.pid if track is not None else 0,
+        start_ns=lo,
+        total_ns=hi - lo,
+        model_calls=len(models),
+        model_ns=model_ns,
+        before_model_ns=before,
+        between_models_ns=max(0, hi - lo - model_ns - before - after),
+        after_model_ns=after,
+        outside_ops_ns=union_ns([(int(t.start[r]), int(t.end[r])) for r in loose_ops.tolist()]),
+        layers=_top_self(t, np.nonzero(inside & (level == int(Level.LAYER)))[0], top),
+        ops=_top_self(t, np.nonzero(inside & is_op)[0], top),
+    )
+
+
+def _top_self(t: SpanTable, rows: np.ndarray, top: int) -> list[NameTime]:
+    """Names of ``rows`` by self time (less their children of the same level), largest first."""
+    import numpy as np
+
+    if not len(rows):
+        return []
+    dur = (t.end[rows] - t.start[rows]).astype(np.int64)
+    parent = t.parent_row()[rows]
+    index = {int(r): i for i, r in enumerate(rows.tolist())}
+    own = dur.copy()
+    for i, p in enumerate(parent.tolist()):
+        j = index.get(p)
+        if j is not None:
+            own[j] -= dur[i]
+    per: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for row, name, ns in zip(rows.tolist(), t.name[rows].tolist(), own.tolist()):
+        per[t.names[name]] = per.get(t.names[name], 0) + max(0, ns)
+        first.setdefault(t.names[name], row)
+    ranked = sorted(per.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return [NameTime(name, ns, _type(t.attrs(first[name]))) for name, ns in ranked]
+
+
+def _type(attrs: dict[str, object]) -> str | None:
+    value = attrs.get("ml.layer.type")
+    return value if isinstance(value, str) else None
+
+
+def _label(attrs: dict[str, object]) -> str | None:
+    for key in _LABEL_KEYS:
+        value = attrs.get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            return str(value)
+    return None
+
+
+def _names(t: SpanTable, rows: np.ndarray) -> list[str]:
+    import numpy as np
+
+    uniq, counts = np.unique(t.name[rows], return_counts=True)
+    return [t.names[int(u)] for u, _ in sorted(zip(uniq.tolist(), counts.tolist()), key=lambda x: (-x[1], t.names[x[0]]))]
