@@ -453,10 +453,7 @@ def _named_apart(models: list[ModelBricks]) -> list[ModelBricks]:
     runs_of: dict[str, set[str]] = {}
     for m in models:
         runs_of.setdefault(m.model, set()).add(m.run)
-    return [
-        replace(m, model=f"{m.model} [{Path(m.run).name}]") if len(runs_of[m.model]) > 1 else m
-        for m in models
-    ]
+    return [replace(m, model=f"{m.model} [{Path(m.run).name}]") if len(runs_of[m.model]) > 1 else m for m in models]
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
