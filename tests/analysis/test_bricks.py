@@ -119,6 +119,7 @@ def test_recorded_configs_match_the_inferred_ones(zoo_runs: list[Run]) -> None:
     rec = {lc.path: lc.brick for m in recorded.models for lc in m.layers}
     inf = {lc.path: lc.brick for m in inferred.models for lc in m.layers}
     assert {p for p, b in rec.items() if b.config_source == "recorded"} >= {"conv", "dw", "embed"}
+
     def norm(v: object) -> object:
         if isinstance(v, (tuple, list)) and len(set(v)) == 1:
             return norm(v[0])  # (7, 7) and 7 are the same kernel

@@ -60,9 +60,7 @@ DTYPE_BYTES: dict[str, int] = {
     "tensor(float16)": 2,
     "tensor(int64)": 8,
 }
-_FLOATING = frozenset(
-    "float32 float float64 double float16 half c10::Half bfloat16 c10::BFloat16 tensor(float) tensor(float16)".split()
-)
+_FLOATING = frozenset("float32 float float64 double float16 half c10::Half bfloat16 c10::BFloat16 tensor(float) tensor(float16)".split())
 _DEFAULT_ELEMENT = 4
 
 #: Work source names, weakest last.
