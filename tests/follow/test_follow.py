@@ -108,6 +108,11 @@ def test_unfollowable_child_is_named(tmp_path: Path) -> None:
     (note,) = run.meta["unfollowed"]
     assert "not this one" in note["reason"] and note["argv"][-1] == 'import torch; print("child ran")'
     assert any(f"process {note['pid']}" in line for line in run.meta["limitations"])
+    for fmt in ("text", "md"):  # the report names it, on one line
+        report = run_cli("report", str(tmp_path / "run"), "--format", fmt)
+        assert report.returncode == 0, report.stderr.decode()
+        lines = [ln for ln in report.stdout.decode().splitlines() if f"process {note['pid']} " in ln]
+        assert len(lines) == 1 and "was not followed" in lines[0] and "not this one" in lines[0]
 
 
 def test_torchrun_ranks(tmp_path: Path) -> None:
@@ -124,6 +129,15 @@ def test_torchrun_ranks(tmp_path: Path) -> None:
     calls = Counter(pid_rank.get(run.tracks[s.track_id].pid) for s in run.spans if s.level is Level.MODEL)
     reduces = Counter(pid_rank.get(run.tracks[s.track_id].pid) for s in run.spans if s.level is Level.OP and "allreduce" in s.name)
     assert calls == {0: 1, 1: 1} and reduces == {0: 1, 1: 1}
+    report = run_cli("report", str(tmp_path / "run"), "--format", "json")
+    assert report.returncode == 0, report.stderr.decode()
+    got = json.loads(report.stdout)["ranks"]
+    assert (got["world_size"], got["backend"]) == (2, "gloo") and [r["rank"] for r in got["ranks"]] == [0, 1]
+    waits = {r["rank"]: r["collective_ns"] for r in got["ranks"]}
+    assert all(r["model_calls"] == 1 and r["model_ns"] > 0 for r in got["ranks"]) and all(waits.values())
+    assert got["straggler"] == min(waits, key=lambda k: waits[k])  # the rank that waits least
+    text = run_cli("report", str(tmp_path / "run")).stdout.decode()
+    assert f"Straggler: rank {got['straggler']} waits least in collectives" in text
 
 
 def test_merge_two_runs(tmp_path: Path, followed: dict[str, Any]) -> None:
