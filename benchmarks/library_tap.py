@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import torch  # noqa: E402
 from models import encoder, resnet_small  # noqa: E402
 
-from mltrace.tracer.fdtap import READER_ENV, FdTap  # noqa: E402
+from mltrace.settings import FDTAP_READER  # noqa: E402
+from mltrace.tracer.fdtap import FdTap  # noqa: E402
 
 try:
     from mltrace import _mkltimer
@@ -132,7 +133,7 @@ def main() -> int:
                             os.dup2(saved, 1)
                         continue
                     batch_s, reader, loop = tap_args
-                    os.environ[READER_ENV] = loop  # read when the tap is made
+                    os.environ[FDTAP_READER.name] = loop  # read when the tap is made
                     tap = FdTap(batch_s=batch_s, reader=reader).start()
                     try:
                         with mkldnn.verbose(mkldnn.VERBOSE_ON), mkl.verbose(mkl.VERBOSE_ON):
@@ -159,7 +160,7 @@ def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
     redirected = _mkltimer is not None and _mkltimer.install() > 0
     kinds = ("off", "tap", "/dev/null")
     medians: dict[str, list[float]] = {k: [] for k in kinds}
-    os.environ[READER_ENV] = "c"
+    os.environ[FDTAP_READER.name] = "c"
     tap = FdTap(batch_s=batch_s).start()
     pipe = os.dup(1)
     null = os.open(os.devnull, os.O_WRONLY)

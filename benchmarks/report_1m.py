@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from mltrace.analysis.bottleneck import analyze
-from mltrace.analysis.peaks import CACHE_DIR_ENV, cpu_peaks, peaks_for_run
+from mltrace.analysis.peaks import cpu_peaks, peaks_for_run
 from mltrace.run.events import Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.metadata import base_metadata
 from mltrace.run.store import EVENTS_FILE, TABLE_FILE, EventWriter, Run, load_run, write_meta, write_table
+from mltrace.settings import CACHE_DIR
 from mltrace.viewers.terminal import render_report
 
 BUDGET_S = 3.0
@@ -218,8 +219,8 @@ def main() -> int:
         table_size = (run_dir / TABLE_FILE).stat().st_size
         print(f"built {count:,} spans ({size / 1e6:.0f} MB of events) in {time.perf_counter() - t0:.1f} s: {run_dir}")
         print(f"span table: written in {table_s:.1f} s ({table_size / 1e6:.0f} MB)")
-        env = dict(os.environ, **{CACHE_DIR_ENV: str(Path(tmp) / "cache")})
-        os.environ[CACHE_DIR_ENV] = env[CACHE_DIR_ENV]
+        env = dict(os.environ, **{CACHE_DIR.name: str(Path(tmp) / "cache")})
+        os.environ[CACHE_DIR.name] = env[CACHE_DIR.name]
         cpu_peaks()  # measured once, as on any machine after its first report
         phases = in_process_phases(run_dir)
         print("in-process: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in phases.items()))

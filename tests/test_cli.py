@@ -291,7 +291,8 @@ def test_an_internal_error_is_one_line_unless_debugging(
     """A bug of mltrace's own in a command (here: the analysis failing) is one line on stderr
     and status 1; MLTRACE_DEBUG=1 shows the traceback instead."""
     import mltrace.analysis.bottleneck as bottleneck
-    from mltrace.cli import DEBUG_ENV, main
+    from mltrace.cli import main
+    from mltrace.settings import DEBUG
 
     run_dir = tmp_path / "run"
     with mltrace.profile(output=run_dir, summary=False, level="model"):
@@ -302,12 +303,12 @@ def test_an_internal_error_is_one_line_unless_debugging(
         raise ValueError("a bug")
 
     monkeypatch.setattr(bottleneck, "analyze", broken)
-    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.delenv(DEBUG.name, raising=False)
     assert main(["report", str(run_dir)]) == 1
     err = capsys.readouterr().err
     last = err.splitlines()[-1]  # after the peaks measurement's notice, where this machine had none cached
     assert last.startswith("mltrace: internal error in 'report': ValueError: a bug") and "Traceback" not in err
-    monkeypatch.setenv(DEBUG_ENV, "1")
+    monkeypatch.setenv(DEBUG.name, "1")
     with pytest.raises(ValueError, match="a bug"):
         main(["report", str(run_dir)])
 

@@ -18,13 +18,12 @@ from typing import Any, NoReturn
 
 from mltrace._version import __version__
 from mltrace.errors import UsageError
+from mltrace.settings import DEBUG
 
 #: Subcommand modules under mltrace.commands (each has add_parser and run).
 COMMANDS = ("report", "export", "import_", "view", "diff", "bench", "bricks", "metrics", "merge")
 
 TRACE_COMMANDS = ("python", "run")
-#: Set to 1 to see the traceback of an internal error instead of its one-line summary.
-DEBUG_ENV = "MLTRACE_DEBUG"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -284,12 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug of mltrace's own (the tracing commands handle theirs): one line
-        if os.environ.get(DEBUG_ENV) or (args and args[0] in TRACE_COMMANDS):
+        if DEBUG.get() or (args and args[0] in TRACE_COMMANDS):
             raise
         command = args[0] if args else "mltrace"
         sys.stderr.write(
             f"mltrace: internal error in '{command}': {type(exc).__name__}: {exc} "
-            f"(a bug in mltrace; {DEBUG_ENV}=1 shows the traceback)\n"
+            f"(a bug in mltrace; {DEBUG.name}=1 shows the traceback)\n"
         )
         return 1
 

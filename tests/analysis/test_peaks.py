@@ -9,7 +9,6 @@ import pytest
 
 from mltrace.analysis import peaks as peaks_mod
 from mltrace.analysis.peaks import (
-    CACHE_DIR_ENV,
     Peaks,
     cache_dir,
     cpu_peaks,
@@ -22,11 +21,12 @@ from mltrace.analysis.peaks import (
     write_cache,
 )
 from mltrace.run.metadata import host_metadata
+from mltrace.settings import CACHE_DIR
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_DIR.name, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -71,7 +71,7 @@ def test_corrupt_or_stale_cache_is_remeasured(cache: Path, monkeypatch: pytest.M
 def test_unwritable_cache_still_gives_peaks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv(CACHE_DIR_ENV, str(blocker / "cache"))
+    monkeypatch.setenv(CACHE_DIR.name, str(blocker / "cache"))
     monkeypatch.setattr(peaks_mod, "measure_cpu_peaks", lambda: Peaks("cpu", "x", 5e10, 5e9, "measured"))
     assert cpu_peaks().source == "measured"
 

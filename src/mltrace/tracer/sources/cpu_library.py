@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
+from mltrace.settings import MKL_TIMER
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.verbose_logs import (
@@ -63,8 +64,6 @@ _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
 _READ_BATCH_S = 0.1
 _ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
 _POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
-#: ``MLTRACE_MKL_TIMER=mkl`` keeps oneMKL's own verbose timer instead of redirecting it.
-MKL_TIMER_ENV = "MLTRACE_MKL_TIMER"
 
 
 def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
@@ -269,8 +268,8 @@ class CpuLibrarySource:
 
     def _redirect_mkl_timer(self) -> None:
         """Points MKL's verbose timer at the vDSO clock (see the module's docstring)."""
-        if os.environ.get(MKL_TIMER_ENV) == "mkl":
-            self._mkl_timer_used = f"mkl ({MKL_TIMER_ENV}=mkl)"
+        if MKL_TIMER.is_set_to("mkl"):
+            self._mkl_timer_used = f"mkl ({MKL_TIMER.name}=mkl)"
             return
         try:
             from mltrace import _mkltimer

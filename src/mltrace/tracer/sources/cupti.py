@@ -106,6 +106,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from mltrace.run.events import Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
+from mltrace.settings import CUPTI_DUMP, KERNEL_PATH
 from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
 from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
@@ -122,10 +123,6 @@ IN_USE = (
     "kernels come from Kineto instead when torch.profiler records them, else stop the other profiler"
 )
 
-#: Environment variable naming a JSON file to dump the raw records into (fixtures, debugging).
-DUMP_ENV = "MLTRACE_CUPTI_DUMP"
-#: Environment variable choosing the kernel path: "auto", "kineto" or "cupti-python".
-PATH_ENV = "MLTRACE_KERNEL_PATH"
 PATHS = ("auto", "kineto", "cupti-python")
 
 
@@ -135,7 +132,7 @@ def requested_kernel_path() -> str:
     torch.profiler's source reads it before its profiler starts: with
     "cupti-python" it must leave CUDA activity out from the start.
     """
-    return (os.environ.get(PATH_ENV) or "auto").strip().lower()
+    return (KERNEL_PATH.get() or "auto").strip().lower()
 
 # -- CUPTI enums (values checked against cupti-python 13.4's cupti.cupti enums) -------------
 
@@ -966,7 +963,7 @@ class CuptiSource:
         """
         self.buffer_bytes = int(buffer_bytes)
         self.prefer = prefer.strip().lower() if prefer is not None else requested_kernel_path()
-        dump = dump_records if dump_records is not None else os.environ.get(DUMP_ENV) or None
+        dump = dump_records if dump_records is not None else CUPTI_DUMP.get()
         self.dump_records = Path(dump) if dump else None
         self._load = load
         self._session: SessionView | None = None
@@ -997,7 +994,7 @@ class CuptiSource:
         keep_primary_contexts_at_exit()  # no CUPTI callback may run while C++ statics are destroyed
         info = session.meta.setdefault("sources", {}).setdefault(self.name, {})
         if self.prefer not in PATHS:
-            self._fail(info, f"{PATH_ENV}={self.prefer!r}: choose auto, kineto or cupti-python")
+            self._fail(info, f"{KERNEL_PATH.name}={self.prefer!r}: choose auto, kineto or cupti-python")
         torch_source = _torch_kernel_source(session)
         if torch_source is not None and getattr(torch_source, "profiling", False) and getattr(torch_source, "record_kernels", True):
             # torch.profiler already records CUDA activity (CuptiSource(prefer="cupti-python")
@@ -1012,7 +1009,7 @@ class CuptiSource:
             session.meta["kernel_path"] = "kineto"
             info["path"] = "kineto: torch.profiler records kernels through Kineto, which holds CUPTI; cupti-python not subscribed"
             if torch_source is None:
-                info["path"] = f"kineto ({PATH_ENV}=kineto): cupti-python not subscribed"
+                info["path"] = f"kineto ({KERNEL_PATH.name}=kineto): cupti-python not subscribed"
             return
         try:
             cupti = self._load()
@@ -1032,7 +1029,7 @@ class CuptiSource:
             # Keep Kineto's CUDA activity off CUPTI: torch.profiler records ops only (its
             # profiler starts after the program's `import torch`, and reads this flag then).
             torch_source.record_kernels = False
-            info["path"] = f"cupti-python ({PATH_ENV}=cupti-python): torch.profiler records ops only"
+            info["path"] = f"cupti-python ({KERNEL_PATH.name}=cupti-python): torch.profiler records ops only"
         if ops_source is not None and not getattr(ops_source, "profiling", True):
             # Even a CPU-only torch.profiler takes CUPTI's activity callbacks when it starts
             # (Kineto registers its own, enables external correlation records and its
