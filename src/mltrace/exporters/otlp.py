@@ -76,6 +76,7 @@ _M128 = (1 << 128) - 1
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # odd, so multiplying by it is a bijection mod 2**64
+_GOLDEN_INVERSE = pow(_GOLDEN, -1, 1 << 64)
 _LABELS = {lv: lv.label for lv in Level}
 
 #: Loggers of the SDK exporters whose retry chatter is folded into one warning.
@@ -243,6 +244,29 @@ def parse_otel_parent(value: Any) -> tuple[int, int] | None:
     return None
 
 
+def parse_traceparent(value: Any) -> tuple[int, int] | None:
+    """Parses a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``) into ``(trace_id, span_id)``;
+    None for anything else or invalid ids."""
+    if not isinstance(value, str):
+        return None
+    parts = value.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    return parse_otel_parent(parts[1:3])
+
+
+def process_parents(meta: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """Process id → ``(trace_id, span_id)`` of the span current in its parent when it started,
+    for the followed children of run.json's ``processes`` that recorded one (``parent_span``)."""
+    out: dict[int, tuple[int, int]] = {}
+    processes = meta.get("processes")
+    for p in processes if isinstance(processes, list) else ():
+        parent = parse_traceparent(p.get("parent_span")) if isinstance(p, dict) else None
+        if parent is not None and isinstance(p.get("pid"), int):
+            out[p["pid"]] = parent
+    return out
+
+
 def otlp_value(value: Any) -> Any:
     """Converts a JSON attribute value to an OTLP-typed one (None: leave it out).
 
@@ -361,13 +385,15 @@ PROGRAM_WINDOW_NS = 60_000_000_000
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where one span goes: its trace, its parent's OpenTelemetry span id (0: a root), and the
-    span id its children take as parent (for an external span, the program's own)."""
+    """Where one span goes: its trace, its parent's OpenTelemetry span id (0: a root), the
+    span id its children take as parent (for an external span, the program's own), and the
+    span id of the innermost OpenTelemetry span known to hold it (``context``; 0: none)."""
 
     trace_id: int
     parent_span_id: int
     span_id: int
     external: bool = False
+    context: int = 0
 
 
 class TraceRule:
@@ -378,27 +404,41 @@ class TraceRule:
     - an external span (the program's own OpenTelemetry span, recorded by the ``otel`` source)
       is not sent; its children take its trace and span id as parent;
     - a span whose parent is in the run joins its parent's trace under it (a model call inside
-      an ``mltrace.span`` is its child, as it would be of an OpenTelemetry span);
+      an ``mltrace.span`` is its child, as it would be of an OpenTelemetry span), unless the
+      OpenTelemetry span current when it began (``mltrace.otel.parent``) is not the one its
+      parent runs in: that span was opened inside the parent, and holds it (an
+      ``mltrace.span`` around a request's OpenTelemetry span around the model);
     - a span without one (or under an external span) goes under the OpenTelemetry span current
-      when it began (``mltrace.otel.parent``), else the external parent, else the session's
-      OpenTelemetry parent, else: one trace per run (``trace_per="run"``); its own trace for a
-      model or user span (an invocation, a request); the "program" trace of its thread and
-      minute for anything else (start-up ops, work between requests).
+      when it began, else the external parent, else its process's parent (a followed child's
+      ``traceparent``, ``processes``), else the session's OpenTelemetry parent, else: one trace
+      per run (``trace_per="run"``); its own trace for a model or user span (an invocation, a
+      request); the "program" trace of its thread and minute for anything else (start-up ops,
+      work between requests).
 
     Args:
         key: the run key ids are derived from (``run_key``).
         trace_per: "invocation" or "run".
         parent: the session's OpenTelemetry parent ``(trace_id, span_id)``, or None.
-        tracks: the run's tracks (for the program trace's thread).
+        tracks: the run's tracks (for the program trace's thread and a span's process).
+        processes: process id → the OpenTelemetry parent ``(trace_id, span_id)`` of the spans of
+            that process that have no other (a followed child's ``traceparent``).
     """
 
-    def __init__(self, key: str, trace_per: str, parent: tuple[int, int] | None, tracks: dict[int, Track]) -> None:
+    def __init__(
+        self,
+        key: str,
+        trace_per: str,
+        parent: tuple[int, int] | None,
+        tracks: dict[int, Track],
+        processes: dict[int, tuple[int, int]] | None = None,
+    ) -> None:
         if trace_per not in TRACE_PER:
             raise ValueError(f"trace_per must be one of {', '.join(TRACE_PER)}, not {trace_per!r}")
         self.key = key
         self.trace_per = trace_per
         self.parent = parent
         self.tracks = tracks
+        self.processes = processes or {}
         self._salt = _hash_id(key + "|span", 8)
 
     def span_id(self, mltrace_id: int) -> int:
@@ -411,22 +451,36 @@ class TraceRule:
         if EXTERNAL_ATTR in s.attrs:
             ext = parse_otel_parent(s.attrs[EXTERNAL_ATTR])
             if ext is not None:
-                return Placement(ext[0], 0, ext[1], external=True)
+                return Placement(ext[0], 0, ext[1], external=True, context=ext[1])
         sid = self.span_id(s.id)
-        if up is not None and not up.external:
-            return Placement(up.trace_id, up.span_id, sid)
         otel = parse_otel_parent(s.attrs[OTEL_PARENT_ATTR]) if OTEL_PARENT_ATTR in s.attrs else None
+        if up is not None and not up.external:
+            if otel is None or otel[1] == up.context:
+                return Placement(up.trace_id, up.span_id, sid, context=up.context)
+            return Placement(otel[0], otel[1], sid, context=otel[1])  # opened inside the parent
         if otel is None and up is not None:
             otel = (up.trace_id, up.span_id)
         if otel is None:
-            otel = self.parent
+            otel = self._process_parent(s)
         if otel is not None:
-            return Placement(otel[0], otel[1], sid)
+            return Placement(otel[0], otel[1], sid, context=otel[1])
         if self.trace_per == "run":
             return Placement(_hash_id(self.key + "|run", 16), 0, sid)
         if s.level is Level.MODEL or s.level is Level.USER:
             return Placement(_hash_id(f"{self.key}|invocation|{s.id}", 16), 0, sid)
         return Placement(self._program_trace(s), 0, sid)
+
+    def _process_parent(self, s: Span) -> tuple[int, int] | None:
+        """The OpenTelemetry parent of a span with no other: its process's, else the session's."""
+        if self.processes:
+            track = self.tracks.get(s.track_id)
+            if track is not None and track.pid in self.processes:
+                return self.processes[track.pid]
+        return self.parent
+
+    def mltrace_id(self, span_id: int) -> int:
+        """The mltrace id whose OpenTelemetry span id is ``span_id`` (``span_id``'s inverse)."""
+        return (((span_id ^ self._salt) & _M64) * _GOLDEN_INVERSE) & _M64
 
     def _program_trace(self, s: Span) -> int:
         track = self.tracks.get(s.track_id)
@@ -454,9 +508,11 @@ class SpanMapper:
         self.trace_per = trace_per
         self.parent = parent if parent is not None else parse_otel_parent(run.meta.get("otel_parent"))
         self.key = run_key(run)
-        self.rule = TraceRule(self.key, trace_per, self.parent, run.tracks)
+        processes = process_parents(run.meta)
+        self.rule = TraceRule(self.key, trace_per, self.parent, run.tracks, processes)
         self.offset_ns = epoch_offset_ns(run)
         self.by_id: dict[int, Span] = run.span_by_id()
+        self._process_up = self._process_spans(processes)
         meta_pid = run.meta.get("pid")
         self.default_pid: int = meta_pid if isinstance(meta_pid, int) else 0
         self._places = self._place_all()
@@ -473,6 +529,25 @@ class SpanMapper:
         """The 64-bit OpenTelemetry span id of mltrace span ``mltrace_id``."""
         return self.rule.span_id(mltrace_id)
 
+    def _process_spans(self, processes: dict[int, tuple[int, int]]) -> dict[int, int]:
+        """Process id → the mltrace id of the span its ``traceparent`` names, where that span is
+        another process's span of this run: the process's spans without a parent go under it."""
+        out: dict[int, int] = {}
+        for pid, (_trace, span_id) in processes.items():
+            up = self.by_id.get(self.rule.mltrace_id(span_id))
+            track = self.run.tracks.get(up.track_id) if up is not None else None
+            if up is not None and track is not None and track.pid != pid:
+                out[pid] = up.id
+        return out
+
+    def _up_id(self, s: Span) -> int | None:
+        """The id of ``s``'s parent: its own, else, in a followed child, the span current in the
+        parent process when the child started (``_process_spans``)."""
+        if s.parent_id is not None or not self._process_up:
+            return s.parent_id
+        track = self.run.tracks.get(s.track_id)
+        return self._process_up.get(track.pid) if track is not None else None
+
     def _place_all(self) -> dict[int, Placement]:
         """Span id → its placement, parents before children (a parent cycle is cut)."""
         by_id = self.by_id
@@ -486,10 +561,11 @@ class SpanMapper:
             while cur is not None and cur.id not in places and cur.id not in seen:
                 seen.add(cur.id)
                 chain.append(cur)
-                cur = by_id.get(cur.parent_id) if cur.parent_id is not None else None
+                up_id = self._up_id(cur)
+                cur = by_id.get(up_id) if up_id is not None else None
             for sp in reversed(chain):  # ancestors first
-                up = places.get(sp.parent_id) if sp.parent_id is not None else None
-                places[sp.id] = self.rule.place(sp, up)
+                up_id = self._up_id(sp)
+                places[sp.id] = self.rule.place(sp, places.get(up_id) if up_id is not None else None)
         return places
 
     def exported(self, s: Span) -> bool:

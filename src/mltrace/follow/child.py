@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ _spec: dict[str, Any] | None = None
 #: The process the spec was set in: a fork handler running in another pid is in a child.
 _spec_pid = 0
 _fork_handler_registered = False
+#: The parent's trace context for its forks (``context.ChildContext.traceparent``), set by
+#: ``parent.enable``; a forked child takes it once and forgets it (its own forks inherit its spec).
+_context: Callable[[], str | None] | None = None
 
 #: Python children that are multiprocessing's own helpers, not the program's: their forks are
 #: followed, they themselves are not traced (they live as long as the parent).
@@ -39,8 +43,15 @@ def set_spec(spec: dict[str, Any]) -> None:
 
 def clear_spec() -> None:
     """Stops following this process's forks (the parent's session has stopped)."""
-    global _spec
-    _spec = None
+    global _spec, _context
+    _spec = _context = None
+
+
+def set_context(context: Callable[[], str | None] | None) -> None:
+    """Gives this process's forks their parent span: ``context()``, called in the forked child
+    (on its copy of the forking thread's state), returns the ``traceparent`` it starts in."""
+    global _context
+    _context = context
 
 
 def start_from_env(text: str, forked: bool = False) -> None:
@@ -63,13 +74,24 @@ def start_from_env(text: str, forked: bool = False) -> None:
 
 def _after_fork() -> None:
     """In a forked child of a followed process: starts the child's own session."""
+    global _context
     spec = _spec
     if spec is None or os.getpid() == _spec_pid:
         return
     from mltrace.follow.ranks import forget
 
+    context, _context = _context, None
     forget()
-    start_child(spec, "fork")
+    start_child(_in_context(spec, context), "fork")
+
+
+def _in_context(spec: dict[str, Any], context: Callable[[], str | None] | None) -> dict[str, Any]:
+    """``spec`` with the ``traceparent`` that ``context`` gives (the span current at the fork)."""
+    try:
+        traceparent = context() if context is not None else spec.get("traceparent")
+    except Exception:  # noqa: BLE001 - the child is followed without it
+        traceparent = spec.get("traceparent")
+    return {**spec, "traceparent": traceparent}
 
 
 def _proc_dir(run: Path) -> Path:

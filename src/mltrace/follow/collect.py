@@ -69,8 +69,10 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any]) -> Any:
             limitations.append(f"the followed process {child.name} left no readable trace ({exc})")
             continue
         finished = bool(loaded.meta.get("follow", {}).get("finished"))
-        merger.add(loaded, 0, pid=_pid_of(child))
+        renamed = merger.add(loaded, 0, pid=_pid_of(child))
         entry = _entry(loaded.meta, loaded.span_count, finished)
+        if entry.get("pid") in renamed:  # the pid its spans carry (the OTLP export finds its parent span by it)
+            entry["pid"] = renamed[entry["pid"]]
         processes.append(entry)
         if not finished:
             limitations.append(

@@ -4,12 +4,12 @@ environment, follows its forks, and at its finish merges the children's events i
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 from mltrace.follow import BOOTSTRAP_DIR, PROCS_DIR
-from mltrace.follow.child import clear_spec, set_spec
+from mltrace.follow.child import clear_spec, set_context, set_spec
+from mltrace.follow.context import ChildContext
 from mltrace.settings import FOLLOW
 
 
@@ -20,6 +20,7 @@ class Following:
     def __init__(self, session: Any) -> None:
         self.session = session
         self._saved: dict[str, str | None] = {}
+        self._context: ChildContext | None = None
 
     def enable(self) -> Following:
         """Puts the bootstrap on ``PYTHONPATH`` and the spec in ``MLTRACE_FOLLOW`` for every
@@ -30,6 +31,7 @@ class Following:
         session = self.session
         run: Path = session.run_dir
         (run / PROCS_DIR).mkdir(exist_ok=True)
+        self._context = ChildContext(session, FOLLOW.name)
         spec = self.spec()
         import json
 
@@ -37,6 +39,8 @@ class Following:
             self._saved[name] = os.environ.get(name)
             os.environ[name] = value
         set_spec(spec)
+        set_context(self._context.traceparent)
+        self._context.install()
         session.finish = finish_parent
         session.meta["process"] = {"pid": os.getpid(), "role": "main"}
         session.tracks.current_thread()  # the process has a track even where it records nothing
@@ -45,11 +49,9 @@ class Following:
 
     def spec(self) -> dict[str, Any]:
         """What a child needs to record as the parent does: the run, the options, the trace
-        context (W3C ``traceparent``: the run's trace, the session's root as parent)."""
+        context (W3C ``traceparent``: the span current in the parent, ``context.ChildContext``;
+        a child started later gets the one current then)."""
         opts = self.session.options
-        parent = self.session.meta.get("otel_parent") or {}
-        trace = parent.get("trace_id") or secrets.token_hex(16)
-        span = parent.get("span_id") or secrets.token_hex(8)
         return {
             "run": str(Path(self.session.run_dir).resolve()),
             "name": opts.name,
@@ -58,7 +60,7 @@ class Following:
             "op_inferences": opts.op_inferences,
             "max_spans": opts.max_spans,
             "memory": opts.memory or None,
-            "traceparent": f"00-{trace}-{span}-01",
+            "traceparent": self._context.traceparent() if self._context is not None else None,
             "parent_pid": os.getpid(),
         }
 
@@ -71,6 +73,8 @@ class Following:
                 os.environ[name] = value
         self._saved.clear()
         clear_spec()
+        if self._context is not None:
+            self._context.uninstall()
 
 
 def _with_bootstrap(pythonpath: str | None) -> str:

@@ -1,0 +1,121 @@
+"""The trace context a followed child starts in: the span current in the parent when it starts.
+
+When the traced program starts a child, the span current in the starting thread or task (an
+``mltrace.span``, a model call) or, where the program opened one inside it, the program's own
+current OpenTelemetry span is handed to the child as a W3C ``traceparent`` in its follow spec;
+the child records it as ``process.parent_span`` and the OTLP export puts the child's spans that
+have no other parent under that span, in its trace (``exporters/otlp.TraceRule``). The ids are
+the ones the export gives the parent's span (``TraceRule.place`` over the chain of open spans),
+so the parent's live export and the export at the end agree. With nothing current it is the
+session's OpenTelemetry parent, else there is none (the child's spans then go where the parent's
+would: a model call in a trace of its own, other work in its process's program trace).
+
+- A forked child takes it from its copy of the forking thread's state (``child._after_fork``).
+- A child started from an interpreter (spawn, ``subprocess``, torchrun) gets it through its
+  environment: ``install`` wraps ``_posixsubprocess.fork_exec`` (which multiprocessing's spawn
+  and ``subprocess`` call) so that the follow variable of the child's environment carries the
+  context of the calling thread. Children started otherwise (``os.posix_spawn``, ``os.exec*``,
+  a forkserver's children) keep the context of the follow spec they inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class ChildContext:
+    """The trace context of ``session``'s children (see the module docstring).
+
+    Args:
+        session: the parent's started session (its run id and OpenTelemetry parent give the ids).
+        variable: the environment variable holding the follow spec (``MLTRACE_FOLLOW``).
+    """
+
+    def __init__(self, session: Any, variable: str) -> None:
+        from mltrace.exporters.otlp import TraceRule, parse_otel_parent, run_key
+        from mltrace.run.store import Run
+
+        meta = session.meta
+        self._parent = parse_otel_parent(meta.get("otel_parent"))
+        self._rule = TraceRule(run_key(Run(Path("."), dict(meta))), "invocation", self._parent, {})
+        self._prefix = variable.encode() + b"="
+        self._patched: list[tuple[Any, str, Any, Any]] = []
+
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` of the span current in the calling thread or task, else of
+        the session's OpenTelemetry parent; None where there is neither."""
+        from mltrace.tracer.otel_context import capture_otel_parent
+        from mltrace.tracer.recorder import current_span
+
+        chain = []
+        span = current_span.get()
+        while span is not None:
+            chain.append(span)
+            span = span._up
+        place = None
+        for open_span in reversed(chain):  # the outermost first, as the export places them
+            place = self._rule.place(open_span, place)
+        otel = capture_otel_parent()
+        if otel is not None and (place is None or otel[1] != place.context):
+            ids = otel  # the program's own span, opened inside the innermost open span
+        elif place is not None:
+            ids = (place.trace_id, place.span_id)
+        elif self._parent is not None:
+            ids = self._parent
+        else:
+            return None
+        return f"00-{ids[0]:032x}-{ids[1]:016x}-01"
+
+    def environment(self, env: Any) -> list[bytes] | None:
+        """``env`` (a ``fork_exec`` environment list; None: this process's) with the follow
+        spec's ``traceparent`` that of the calling thread (``traceparent``); None where it holds
+        no follow spec or needs no change. Never raises."""
+        try:
+            items = list(env) if env is not None else [k + b"=" + v for k, v in os.environb.items()]
+            prefix = self._prefix
+            for i, item in enumerate(items):
+                if bytes(item).startswith(prefix):
+                    spec = json.loads(bytes(item)[len(prefix) :])
+                    traceparent = self.traceparent()
+                    if not isinstance(spec, dict) or spec.get("traceparent") == traceparent:
+                        return None
+                    spec["traceparent"] = traceparent
+                    items[i] = prefix + json.dumps(spec).encode()
+                    return items
+        except Exception:  # noqa: BLE001 - the program's child starts as it would
+            return None
+        return None
+
+    def install(self) -> None:
+        """Wraps ``_posixsubprocess.fork_exec`` (and ``subprocess``'s copy of it) so that every
+        child started through it gets the calling thread's context (``environment``)."""
+        import _posixsubprocess
+        import subprocess
+
+        for owner, name in ((_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec")):
+            original = getattr(owner, name, None)
+            if callable(original):
+                wrapper = self._wrap(original)
+                setattr(owner, name, wrapper)
+                self._patched.append((owner, name, original, wrapper))
+
+    def _wrap(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def fork_exec(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > 5:  # (args, executable_list, close_fds, pass_fds, cwd, env, …)
+                env = self.environment(args[5])
+                if env is not None:
+                    args = (*args[:5], env, *args[6:])
+            return original(*args, **kwargs)
+
+        return fork_exec
+
+    def uninstall(self) -> None:
+        """Puts back what ``install`` wrapped (where nothing wrapped it again since)."""
+        for owner, name, original, wrapper in reversed(self._patched):
+            if getattr(owner, name, None) is wrapper:
+                setattr(owner, name, original)
+        self._patched.clear()
