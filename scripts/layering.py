@@ -41,6 +41,7 @@ RANKS = {
     "analysis": 3,
     "viewers": 4,
     "finish": 5,
+    "profiling": 5,
     "importers": 5,
     "follow": 5,
     "bench": 6,

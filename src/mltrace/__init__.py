@@ -16,8 +16,9 @@ Public API::
 
 from mltrace._version import __version__
 from mltrace.finish import RunFinish
+from mltrace.profiling import profile
 from mltrace.run.store import load_run
-from mltrace.tracer.api import profile, span, trace
+from mltrace.tracer.api import span, trace
 from mltrace.tracer.session import use_finish
 
 use_finish(RunFinish())  # every session ends with mltrace/finish.py

@@ -227,7 +227,7 @@ class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with profile(**self._options):
+            with type(self)(**self._options):  # a subclass's own start and stop (mltrace/profiling.py)
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
