@@ -746,25 +746,63 @@ static PyObject *frame_site_text(PyObject *f, PyObject *site_json) {
     return text;
 }
 
+/* Template ids by the addresses of (entry, call-site text, input text, output text), direct-mapped:
+ * the common frame's template without building and hashing template_of's key of five strings.
+ * The texts and entries come from the caches above, so a frame like the last one brings the same
+ * objects. A slot holds them (an address it compares cannot be reused meanwhile) and the
+ * `templates` dict it was found in: a session's own dict, whose ids only that session wrote.
+ * clear_caches() empties it when a session stops, and a failed drain (whose new ids never
+ * reached the file) empties it too. */
+#define TEMPLATE_SLOTS 1024
+typedef struct { PyObject *kid, *site, *in, *out, *templates, *tid; } TemplateSlot;
+static TemplateSlot template_slots[TEMPLATE_SLOTS];
+
+static TemplateSlot *template_slot(PyObject *kid, PyObject *site, PyObject *in, PyObject *out) {
+    uintptr_t h = ((uintptr_t)kid >> 4);
+    h = h * 31 + ((uintptr_t)site >> 4);
+    h = h * 31 + ((uintptr_t)in >> 4);
+    h = h * 31 + ((uintptr_t)out >> 4);
+    return &template_slots[(h ^ (h >> 13)) % TEMPLATE_SLOTS];
+}
+
+static void clear_template_slots(void) {
+    for (int i = 0; i < TEMPLATE_SLOTS; i++) {
+        TemplateSlot *t = &template_slots[i];
+        Py_CLEAR(t->kid); Py_CLEAR(t->site); Py_CLEAR(t->in); Py_CLEAR(t->out); Py_CLEAR(t->templates); Py_CLEAR(t->tid);
+    }
+}
+
 /* The template id for (path, attributes, call site, input and output shapes): from `templates`,
  * or a new one, whose template row is appended to `defs` and whose key to `added`. New reference. */
 static PyObject *template_of(PyObject *kid, PyObject *site_text, PyObject *in_text, PyObject *out_text, PyObject *templates,
                              PyObject *next_template, PyObject *added, Buf *defs) {
+    TemplateSlot *slot = template_slot(kid, site_text, in_text, out_text);
+    if (slot->tid && slot->kid == kid && slot->site == site_text && slot->in == in_text && slot->out == out_text
+        && slot->templates == templates)
+        return Py_NewRef(slot->tid);
     PyObject *key = PyTuple_Pack(5, PyTuple_GET_ITEM(kid, 3), PyTuple_GET_ITEM(kid, 4), site_text, in_text, out_text);
     if (!key) return NULL;
     PyObject *tid = PyDict_GetItemWithError(templates, key);
-    if (tid) { Py_DECREF(key); return Py_NewRef(tid); }
-    if (PyErr_Occurred()) { Py_DECREF(key); return NULL; }
-    tid = PyObject_CallNoArgs(next_template);
-    int ok = tid && PyDict_SetItem(templates, key, tid) == 0;
-    ok = ok && PyList_Append(added, key) == 0;
-    ok = ok && (defs->len == 0 || buf_put(defs, ",", 1) == 0) && buf_put(defs, "[", 1) == 0
-        && buf_int(defs, tid, ',') == 0 && buf_str(defs, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(defs, ",", 1) == 0
-        && buf_str(defs, PyTuple_GET_ITEM(kid, 4)) == 0 && buf_str(defs, site_text) == 0 && buf_str(defs, in_text) == 0
-        && buf_str(defs, out_text) == 0
-        && buf_put(defs, "}]", 2) == 0;
+    if (tid) {
+        Py_INCREF(tid);
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
+    } else {
+        tid = PyObject_CallNoArgs(next_template);
+        int ok = tid && PyDict_SetItem(templates, key, tid) == 0;
+        ok = ok && PyList_Append(added, key) == 0;
+        ok = ok && (defs->len == 0 || buf_put(defs, ",", 1) == 0) && buf_put(defs, "[", 1) == 0
+            && buf_int(defs, tid, ',') == 0 && buf_str(defs, PyTuple_GET_ITEM(kid, 3)) == 0 && buf_put(defs, ",", 1) == 0
+            && buf_str(defs, PyTuple_GET_ITEM(kid, 4)) == 0 && buf_str(defs, site_text) == 0 && buf_str(defs, in_text) == 0
+            && buf_str(defs, out_text) == 0
+            && buf_put(defs, "}]", 2) == 0;
+        if (!ok) { Py_DECREF(key); Py_XDECREF(tid); return NULL; }
+    }
     Py_DECREF(key);
-    if (!ok) { Py_XDECREF(tid); return NULL; }
+    Py_XSETREF(slot->kid, Py_NewRef(kid)); Py_XSETREF(slot->site, Py_NewRef(site_text));
+    Py_XSETREF(slot->in, Py_NewRef(in_text)); Py_XSETREF(slot->out, Py_NewRef(out_text));
+    Py_XSETREF(slot->templates, Py_NewRef(templates)); Py_XSETREF(slot->tid, Py_NewRef(tid));
     return tid;
 }
 
@@ -871,6 +909,7 @@ static PyObject *clear_caches(PyObject *mod, PyObject *unused) {
         Py_CLEAR(site_slots[i].text);
     }
     for (int i = 0; i < CODE_SLOTS; i++) Py_CLEAR(code_slots[i].code);
+    clear_template_slots();
     Py_RETURN_NONE;
 }
 
@@ -930,13 +969,30 @@ fail:
         PyErr_Fetch(&et, &ev, &tb);
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(added); i++)
             if (PyDict_DelItem(templates, PyList_GET_ITEM(added, i)) < 0) PyErr_Clear();
+        if (PyList_GET_SIZE(added)) clear_template_slots();  /* they may hold ids that were never written */
         PyErr_Restore(et, ev, tb);
     }
     Py_DECREF(added);
     return NULL;
 }
 
+static PyObject *s_clear;
+
+/* Every item of `queue` (a collections.deque the hot paths append to), removed and returned as a
+ * list, in one step: no other thread runs between the copy and the clear, since neither runs
+ * Python code (the items stay referenced by the list, so clearing frees nothing). */
+static PyObject *take_frames(PyObject *mod, PyObject *queue) {
+    PyObject *items = PySequence_List(queue);
+    if (!items) return NULL;
+    PyObject *r = PyObject_CallMethodNoArgs(queue, s_clear);
+    if (!r) { Py_DECREF(items); return NULL; }
+    Py_DECREF(r);
+    return items;
+}
+
 static PyMethodDef module_methods[] = {
+    {"take_frames", take_frames, METH_O,
+     "take_frames(queue) -> list: every item of the deque, removed at once (no append from another thread falls between)."},
     {"encode_rows", encode_rows, METH_VARARGS,
      "encode_rows(frames, place, shapes_json, in_cache, out_cache, templates, next_template, level, site_json) -> (bytes, bytes): "
      "completed layer frames as events.jsonl template and span rows (see TorchModuleSource._encode_frames)."},
@@ -966,6 +1022,7 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_empty = PyUnicode_InternFromString("");
     s_kids = PyUnicode_InternFromString("kids");
     s_ref = PyUnicode_InternFromString("ref");
+    s_clear = PyUnicode_InternFromString("clear");
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "LayerCall", (PyObject *)&LayerCallType) < 0

@@ -46,5 +46,8 @@ def encode_rows(
 ) -> tuple[bytes, bytes]:
     """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""
 
+def take_frames(queue: Any) -> list[Any]:
+    """Every item of the deque, removed at once (no append from another thread falls between)."""
+
 def clear_caches() -> None:
     """Empties the drain's process-wide caches of shape encodings and placed entries."""

@@ -7,7 +7,9 @@ import itertools
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -148,6 +150,7 @@ def test_every_model_call_gets_its_own_call_site_invocation_and_notes(tmp_path: 
 
     net = nn.Linear(3, 3)
     other = nn.ReLU()
+
     class First(nn.Sequential):
         pass
 
@@ -536,6 +539,65 @@ def test_encoded_drain_writes_the_spans_the_span_drain_writes(tmp_path: Path) ->
     assert _span_table(encoded) == _span_table(objects)
     spans = [s for s in encoded.spans if s.level == Level.LAYER]
     assert all(s.track_id == spans[0].track_id and s.end_ns >= s.start_ns > 0 for s in spans)
+
+
+def _wide_work(calls: int) -> Callable[[], None]:
+    """``calls`` model calls of a net of 100 distinct children in one flush interval: more frames
+    than one chunk of the C encoder (``_ENCODE_CHUNK``), with new shapes half-way."""
+    net = nn.Sequential(*(nn.Identity() for _ in range(100)))
+
+    def work() -> None:
+        for i in range(calls):
+            net(torch.zeros(1 + (i >= calls // 2), 2))
+
+    return work
+
+
+def test_a_flush_of_many_chunks_writes_the_spans_the_span_drain_writes(tmp_path: Path) -> None:
+    """The C encoder takes a flush's frames a chunk at a time, giving up the GIL between chunks:
+    chunk boundaries change nothing in what is written."""
+    from mltrace.tracer.sources import torch_modules
+
+    work = _wide_work(8)
+    assert 8 * 100 > 2 * torch_modules._ENCODE_CHUNK
+    encoded = _trace(tmp_path / "encoded", work, flush_interval_s=60)
+    objects = _trace(tmp_path / "objects", work, flush_interval_s=60, stream_perfetto=True)
+    assert len(_names(encoded)) == 800
+    assert _span_table(encoded) == _span_table(objects)
+
+
+def test_a_chunk_that_fails_keeps_the_chunks_before_it_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hot_path: str) -> None:
+    """A failure in the middle of a drain writes what the chunks before it encoded, templates
+    included (later rows refer to them), drops the rest, and the program goes on."""
+    from mltrace.tracer.sources import torch_modules
+
+    if hot_path != "c":
+        pytest.skip("the chunked encoder is the C helper's")
+    calls = {"n": 0}
+    original = torch_modules.TorchModuleSource._encode_chunks
+
+    def failing_second_chunk(self: Any, batch: list[Any], level: int) -> tuple[bytes, bytes, int]:
+        encode = self._encode_rows
+
+        def encode_or_fail(*args: Any) -> tuple[bytes, bytes]:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("encoder failed")
+            return encode(*args)  # type: ignore[no-any-return]
+
+        self._encode_rows = encode_or_fail
+        try:
+            return original(self, batch, level)
+        finally:
+            self._encode_rows = encode
+
+    monkeypatch.setattr(torch_modules.TorchModuleSource, "_encode_chunks", failing_second_chunk)
+    run = _trace(tmp_path, _wide_work(8), flush_interval_s=60)
+    assert calls["n"] == 2
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    assert len(layers) == torch_modules._ENCODE_CHUNK  # the first chunk, whole
+    assert all(s.name.isdigit() and s.attrs["ml.layer.path"] == s.name for s in layers)
+    assert len(_names(run, Level.MODEL)) == 8
 
 
 def test_a_new_module_at_a_dead_ones_address_gets_its_own_path_and_type(tmp_path: Path) -> None:

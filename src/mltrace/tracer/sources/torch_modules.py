@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -187,7 +189,17 @@ _SHAPE_CACHE_MAX = 4096
 #: Code objects whose owner (the program, or a framework) ``_site_of`` remembers, and call sites, at most.
 _CODE_CACHE_MAX = 4096
 #: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
+log = logging.getLogger("mltrace")
+
 _TEMPLATE_CACHE_MAX = 4096
+#: Frames the C encoder takes in one call: the flusher gives up the GIL between two such chunks
+#: (``_encode_frames``), so the program's thread never waits on a whole flush at once.
+_ENCODE_CHUNK = 256
+
+
+def _take_all(queue: deque[Any]) -> list[Any]:
+    """Every item of ``queue``, popped from the left (the C helper's ``take_frames`` where built)."""
+    return [queue.popleft() for _ in range(len(queue))]
 
 
 class _Static:
@@ -237,6 +249,7 @@ class TorchModuleSource:
         self._templates: dict[tuple[str | None, str | None, str, str, str], int] = {}
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
+        self._take_frames: Callable[[deque[Any]], list[Any]] = _take_all
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         #: id(model) → its invocation counter (a model call takes the next number).
         self._invocations: dict[int, Iterator[int]] = {}
@@ -428,12 +441,13 @@ class TorchModuleSource:
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall, clear_caches, encode_rows
+            from mltrace._layercall import LayerCall, clear_caches, encode_rows, take_frames
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
         self._encode_rows = encode_rows
+        self._take_frames = take_frames
         self._clear_caches = clear_caches
         clear_caches()  # the encoder's process-wide caches start empty for each session
         return LayerCall
@@ -564,11 +578,9 @@ class TorchModuleSource:
 
     def _drain_frames(self) -> list[Span]:
         """Spans for the layer frames completed since the last drain (``Recorder.add_producer``)."""
-        frames = self._frames
         truncated = self._truncated
         spans = []
-        for _ in range(len(frames)):
-            frame = frames.popleft()
+        for frame in self._take_frames(self._frames):
             if truncated and frame[ID] in truncated:
                 continue
             spans.append(self._layer_span(frame))
@@ -584,34 +596,58 @@ class TorchModuleSource:
         bytes, against 540 with the attributes written out). Building Span
         objects, attribute dicts and shape lists for a whole flush interval made
         the cyclic garbage collector promote thousands of objects per flush, and
-        the full collections that followed (≈ 70 ms with torch loaded) landed in
-        the program's thread; writing every row out in full cost as much again
-        as encoding it. The C helper's ``encode_rows`` does this where it is
-        built (the drain runs under the GIL, so its cost is the program's too);
-        ``_encode_rows_python`` is the same in Python.
+        the full collections that followed landed in the program's thread. The C
+        helper's ``encode_rows`` does this where it is built, in chunks
+        (``_encode_chunks``: the drain runs under the GIL, so its cost is the
+        program's too); ``_encode_rows_python`` is the same in Python.
         """
-        frames = self._frames
-        batch = [frames.popleft() for _ in range(len(frames))]
+        batch = self._take_frames(self._frames)
         if self._truncated:
             batch = [f for f in batch if f[ID] not in self._truncated]
         level = int(Level.LAYER)
         if len(self._templates) >= _TEMPLATE_CACHE_MAX:
             self._templates.clear()  # templates already written stay valid; new ones get new ids
-        if self._encode_rows is not None:
-            templates, rows = self._encode_rows(
-                batch,
-                self._place,
-                self._shapes_json,
-                self._in_json,
-                self._out_json,
-                self._templates,
-                self._template_ids.__next__,
-                level,
-                self._site_json,
-            )
-        else:
+        if self._encode_rows is None:
             templates, rows = self._encode_rows_python(batch, level)
-        return templates, rows, len(batch)
+            return templates, rows, len(batch)
+        return self._encode_chunks(batch, level)
+
+    def _encode_chunks(self, batch: list[Any], level: int) -> tuple[bytes, bytes, int]:
+        """``batch`` through the C encoder, ``_ENCODE_CHUNK`` frames a call, the GIL given up
+        between calls (``time.sleep(0)``: a thread waiting for it takes it at once).
+
+        A chunk that fails ends the drain there: what the chunks before it encoded is returned
+        (their templates are in ``_templates``, so their rows must reach the file), the rest
+        of the batch is dropped, and the failure is logged.
+        """
+        assert self._encode_rows is not None
+        template_parts: list[bytes] = []
+        row_parts: list[bytes] = []
+        count = 0
+        for i in range(0, len(batch), _ENCODE_CHUNK):
+            if i:
+                time.sleep(0)
+            chunk = batch[i : i + _ENCODE_CHUNK]
+            try:
+                templates, rows = self._encode_rows(
+                    chunk,
+                    self._place,
+                    self._shapes_json,
+                    self._in_json,
+                    self._out_json,
+                    self._templates,
+                    self._template_ids.__next__,
+                    level,
+                    self._site_json,
+                )
+            except Exception as exc:
+                log.warning("mltrace: encoding layer spans failed (%d dropped): %s", len(batch) - count, exc)
+                break
+            if templates:
+                template_parts.append(templates)
+            row_parts.append(rows)
+            count += len(chunk)
+        return b",".join(template_parts), b",".join(row_parts), count
 
     def _encode_rows_python(self, frames: list[list[Any]], level: int) -> tuple[bytes, bytes]:
         rows = []
