@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from mltrace.exporters.otlp import TraceRule
+from mltrace.exporters.otlp import SpanMapper, TraceRule
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
+from mltrace.run.store import load_run
 from mltrace.tracer.otel_context import OTEL_PARENT_ATTR
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "nested_otel.py"
@@ -71,6 +72,7 @@ def test_live_model_in_the_trace_of_its_ops(tmp_path: Path) -> None:
         while time.monotonic() < deadline and len(models()) < 3:
             time.sleep(0.1)
         live = models()  # sent while the program runs: it waits for stdin
+        sent_live = {attrs_of(sp.attributes)["mltrace.span.id"]: attrs_of(sp.attributes) for _s, _r, sp in spans_of(r.snapshot())}
         _out, err = proc.communicate("\n", timeout=120)
         spans = [sp for _s, _r, sp in spans_of(r.snapshot())]
     finally:
@@ -86,3 +88,8 @@ def test_live_model_in_the_trace_of_its_ops(tmp_path: Path) -> None:
             assert up.trace_id == op.trace_id
             up = by_id[up.parent_span_id]
         assert (up.trace_id, up.parent_span_id) in otel and op.trace_id == up.trace_id
+    mapper = SpanMapper(load_run(tmp_path / "run"))
+    final = {s.id: mapper.map(s).attributes for s in mapper.run.spans if s.id in sent_live}
+    assert len(final) == len(sent_live) >= 3 + 9
+    for span_id, attrs in final.items():  # without --memory or --py-spy a live span is complete
+        assert sent_live[span_id] == {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.items()}
