@@ -12,12 +12,14 @@
  *                  that is not part of a captured line to saved_fd; closes neither fd.
  *   take()         [(receive ns, block of captured lines, each ended by a newline), ...]
  *                  captured since the last take (and while collecting is true).
- *   restore(fd)    with the GIL held (so no other Python thread writes meanwhile): points fd
- *                  at saved_fd again, then reads what is left in the pipe and handles it as
+ *   restore(fd[, merged_fd, merged_saved])
+ *                  with the GIL held (so no other Python thread writes meanwhile): points fd
+ *                  at saved_fd again (and merged_fd, tapped through the same pipe, at
+ *                  merged_saved), then reads what is left in the pipe and handles it as
  *                  run() would, the held-back tail included. False where dup2 failed.
  *   draining       when true, run() does not sleep between reads; setting it ends a sleep.
  *   collecting     when false, captured lines are dropped (a detached reader).
- *   forwarded_bytes, forward_errors   as FdTap's.
+ *   forwarded_bytes, forward_errors, captured_lines   as FdTap's.
  *
  * After a read that emptied the pipe, run() sleeps batch_s (less where a quarter of the pipe
  * would fill sooner at the rate just read: batch_sleep_s); after a read that filled its
@@ -66,6 +68,7 @@ typedef struct {
     volatile int draining, collecting, running;
     volatile int idle;      /* waiting for the pipe with nothing held back: all it read is out */
     long long forwarded_bytes, forward_errors;
+    long long captured_lines;  /* lines captured while collecting, since the start */
     char *chunk;            /* run()'s read buffer */
 } Reader;
 
@@ -140,6 +143,7 @@ static void capture(Reader *r, const char *s, size_t n, int64_t ns, int *opened)
         return;
     }
     r->blocks[r->n_blocks - 1].len += r->captured.len - before;
+    r->captured_lines++;
 }
 
 /* Length of the longest tail of data[pos:len] that is a proper start of a prefix. */
@@ -322,10 +326,13 @@ static PyObject *reader_run(Reader *r, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *reader_restore(Reader *r, PyObject *arg) {
-    long fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred()) return NULL;
-    if (fd < 0 || fd > INT32_MAX) { PyErr_SetString(PyExc_ValueError, "not a file descriptor"); return NULL; }
+static PyObject *reader_restore(Reader *r, PyObject *args) {
+    long fd, merged_fd = -1, merged_saved = -1;
+    if (!PyArg_ParseTuple(args, "l|ll", &fd, &merged_fd, &merged_saved)) return NULL;
+    if (fd < 0 || fd > INT32_MAX || merged_fd > INT32_MAX || merged_saved > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+        return NULL;
+    }
     /* First, without the GIL, wait until the reader waits on an empty pipe (at most a second):
      * forwarding a pipe's worth here, with the GIL, could block on a full stdout pipe that a
      * Python thread of this process drains. Then the mutex, also waited for without the GIL.
@@ -341,6 +348,7 @@ static PyObject *reader_restore(Reader *r, PyObject *arg) {
     Py_END_ALLOW_THREADS
     lock_without_gil(r);
     int ok = dup2(r->saved_fd, (int)fd) >= 0;
+    if (ok && merged_fd >= 0 && merged_saved >= 0) (void)dup2((int)merged_saved, (int)merged_fd);  /* fd 2, tapped with fd */
     if (ok) {
         /* At most 256 reads (16 MiB): a child that goes on writing to the pipe must not keep
          * the GIL here; what it writes later, run() forwards. */
@@ -465,7 +473,7 @@ static int set_flag(Reader *r, PyObject *value, void *which) {
 
 static PyObject *get_count(Reader *r, void *which) {
     lock_without_gil(r);
-    long long v = which == (void *)0 ? r->forwarded_bytes : r->forward_errors;
+    long long v = which == (void *)0 ? r->forwarded_bytes : which == (void *)1 ? r->forward_errors : r->captured_lines;
     pthread_mutex_unlock(&r->mu);
     return PyLong_FromLongLong(v);
 }
@@ -475,13 +483,15 @@ static PyGetSetDef reader_getset[] = {
     {"collecting", (getter)get_flag, (setter)set_flag, "Captured lines are kept.", (void *)1},
     {"forwarded_bytes", (getter)get_count, NULL, "Bytes written to the saved descriptor.", (void *)0},
     {"forward_errors", (getter)get_count, NULL, "Writes to the saved descriptor that failed.", (void *)1},
+    {"captured_lines", (getter)get_count, NULL, "Lines captured so far (while collecting).", (void *)2},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMethodDef reader_methods[] = {
     {"run", (PyCFunction)reader_run, METH_NOARGS, "Reads the pipe to its end without the GIL."},
     {"take", (PyCFunction)reader_take, METH_NOARGS, "The captured blocks since the last take: [(ns, bytes)]."},
-    {"restore", (PyCFunction)reader_restore, METH_O, "Restores fd, then handles what is left in the pipe (GIL held)."},
+    {"restore", (PyCFunction)reader_restore, METH_VARARGS,
+     "restore(fd[, merged_fd, merged_saved]): restores fd (and merged_fd from merged_saved), then handles what is left in the pipe (GIL held)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -594,3 +594,86 @@ def test_a_stop_while_another_thread_writes_keeps_its_lines_in_order(tmp_path: P
     numbers = [int(x) for x in proc.stdout.split()]
     assert len(numbers) > 1000
     assert numbers == list(range(len(numbers)))
+
+
+INTERLEAVED = r"""
+import os, sys
+from mltrace.tracer.fdtap import FdTap
+
+tap = FdTap().start()
+for i in range(300):
+    print(f"out {i}", flush=True)
+    os.write(1, b"MKL_VERBOSE SGEMM(N,N,1,1,1,0x1,0x2,1,0x3,1,0x4,0x5,1) 1.00us TID:0 NThr:1\n")
+    sys.stderr.write(f"err {i}\n")
+    sys.stderr.flush()
+lines = tap.stop()
+print("out after", flush=True)
+sys.stderr.write(f"err after {len(lines)} {tap.captured_count}\n")
+"""
+
+
+def _interleaved_lines(count: int) -> list[str]:
+    return [line for i in range(count) for line in (f"out {i}", f"err {i}")]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_stdout_and_stderr_on_one_file_keep_their_order(tmp_path: Path, reader: str) -> None:
+    """With ``> f 2>&1`` fd 2 goes through the tap's pipe too: the lines come out in the order
+    they were written, not stderr's first; verbose lines written between them are captured
+    and counted; after stop() both descriptors write straight to the file again."""
+    script = tmp_path / "interleaved.py"
+    script.write_text(with_reader(INTERLEAVED, reader))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), MLTRACE_FDTAP_READER="python" if reader == "thread-python" else "c")
+    out = tmp_path / "out.txt"
+    with out.open("wb") as f:
+        proc = subprocess.run([sys.executable, str(script)], stdout=f, stderr=subprocess.STDOUT, timeout=120, env=env)
+    assert proc.returncode == 0, out.read_text()
+    counted = 0 if reader == "process" else 300  # the reader process's lines are not counted
+    assert out.read_text().splitlines() == [*_interleaved_lines(300), "out after", f"err after 300 {counted}"]
+
+
+def test_stdout_and_stderr_on_different_files_stay_apart(tmp_path: Path) -> None:
+    """Where fd 2 goes elsewhere it is left alone: its lines never reach stdout."""
+    script = tmp_path / "interleaved.py"
+    script.write_text(INTERLEAVED)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines() == [*(f"out {i}" for i in range(300)), "out after"]
+    assert proc.stderr.decode().splitlines() == [*(f"err {i}" for i in range(300)), "err after 300 300"]
+
+
+TRACED_INTERLEAVED = r"""
+import sys
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+with torch.no_grad():
+    for i in range(40):
+        model(torch.randn(2, 8))
+        print(f"out {i}", flush=True)
+        sys.stderr.write(f"err {i}\n")
+        sys.stderr.flush()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_traced_at_the_library_level_stdout_and_stderr_keep_their_order(tmp_path: Path) -> None:
+    """``mltrace python --level library prog.py > f 2>&1``: the program's lines in its own
+    order, as without mltrace, while the library level records oneDNN's calls."""
+    script = tmp_path / "prog.py"
+    script.write_text(TRACED_INTERLEAVED)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("PYTHONUNBUFFERED", None)
+    out = tmp_path / "out.txt"
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "library", "-o", str(run_dir), str(script)]
+    with out.open("wb") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=300, env=env, cwd=tmp_path)
+    lines = [line for line in out.read_text().splitlines() if not line.startswith("mltrace")]
+    assert proc.returncode == 0, out.read_text()
+    assert lines == _interleaved_lines(40)
+    from mltrace.run.levels import Level
+    from mltrace.run.store import load_run
+
+    assert any(s.level == Level.LIBRARY for s in load_run(run_dir).spans)

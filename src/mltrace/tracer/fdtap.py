@@ -28,6 +28,11 @@ The user's output must come out as in a plain run:
   still in the pipe came out after later ones: the test's program (20 stops
   while a thread writes numbered lines) printed them out of order in 40 of 40
   runs before, 0 of 80 after (40 of them with both cores busy).
+- Where fd 2 goes where fd 1 goes (``> f 2>&1``, one terminal: the same open
+  file, ``_same_destination``), fd 2 is pointed at the same pipe (``merge_fd``),
+  so the reader forwards the program's stderr and stdout bytes in the order
+  they were written, as a plain run shows them; otherwise stdout's bytes,
+  passing through the reader, came out after stderr lines written later.
 - ``stop()`` restores fd 1 in ``finally`` and reads the pipe to its end. A
   child that outlives ``stop()`` still holds the pipe: after ``timeout_s`` the
   reader is left running in the background, forwarding the child's output
@@ -61,6 +66,7 @@ import json
 import os
 import re
 import select
+import stat
 import struct
 import subprocess
 import sys
@@ -117,8 +123,8 @@ class TappedLine(NamedTuple):
 
 
 def _flush_stdio() -> None:
-    """Flushes Python's and C's stdout buffers, ignoring closed or broken streams."""
-    for stream in (sys.stdout, sys.__stdout__):
+    """Flushes Python's and C's stdout and stderr buffers, ignoring closed or broken streams."""
+    for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
         if stream is not None:
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -189,6 +195,10 @@ class FdTap:
             sleep, since more tend to follow. The library source reads every
             line in batches (MKL placement no longer leans on receipt time);
             ``benchmarks/library_tap.py`` compares both.
+        merge_fd: a descriptor (2: standard error) tapped through the same pipe where it
+            refers to the same open file as ``fd`` (``_same_destination``), so that the
+            order of their writes is kept; its bytes are forwarded to ``fd``'s original,
+            its verbose lines captured as ``fd``'s. None: never.
         reader: ``"thread"`` (in this process) or ``"process"``: a small
             child process (``python -m mltrace.tracer.fdtap``) reads the pipe,
             so reading never takes the GIL from the program and a writer that
@@ -212,8 +222,11 @@ class FdTap:
         batch_s: float = 0.0,
         urgent: tuple[bytes, ...] = (),
         reader: str = "thread",
+        merge_fd: int | None = 2,
     ) -> None:
         self.fd = fd
+        self.merge_fd = merge_fd if merge_fd != fd else None
+        self._merge_saved = -1  # the original of merge_fd while it points at the pipe
         self.prefixes = prefixes
         # Whole captured lines one after the other (a library's output, the common case):
         # matched in one pass instead of a Python step per line.
@@ -232,6 +245,7 @@ class FdTap:
         self.forward_errors = 0
         self.detached = False
         self._lines: list[TappedLine] = []
+        self._captured_lines = 0  # the thread reader's in Python: lines captured since the start
         self._raw: list[tuple[int, list[bytes]]] = []  # captured, not decoded yet (``_lines_of``)
         self._lock = threading.Lock()
         self._saved_fd = -1
@@ -298,6 +312,7 @@ class FdTap:
         self._idle = False
         self._draining.clear()
         if self.reader == "process" and self._start_process():
+            self._merge()
             self._active = True
             atexit.register(self.stop)
             return self
@@ -317,6 +332,7 @@ class FdTap:
             os.close(read_fd)
             self._thread = None
             raise
+        self._merge()
         self._active = True
         atexit.register(self.stop)  # a program that exits without stop() still gets its output
         return self
@@ -344,6 +360,7 @@ class FdTap:
         finally:
             if not restored and self._saved_is_ours():
                 os.dup2(self._saved_fd, self.fd)  # closes this process's write end of the pipe
+            self._unmerge()
         if self._process is not None:
             return self._stop_process(timeout_s)
         if self._thread is not None:
@@ -373,6 +390,35 @@ class FdTap:
         atexit.unregister(self.stop)
         _flush_stdio()
         os.dup2(self._saved_fd, self.fd)
+        self._unmerge()
+
+    def _merge(self) -> None:
+        """Points ``merge_fd`` at the pipe where it goes where ``fd`` went (``_same_destination``)."""
+        other = self.merge_fd
+        if other is None or not _same_destination(self._saved_fd, other):
+            return
+        _flush_stdio()
+        try:
+            saved = os.dup(other)
+        except OSError:
+            return
+        try:
+            os.dup2(self.fd, other)
+        except OSError:
+            os.close(saved)
+            return
+        self._merge_saved = saved
+
+    def _unmerge(self) -> None:
+        """Points ``merge_fd`` back at its original (where ``_restore_in_order`` has not) and closes the copy."""
+        with self._lock:  # stop() and a failing reader thread
+            saved, self._merge_saved = self._merge_saved, -1
+        if saved < 0 or self.merge_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            if _fd_ident(self.merge_fd) == self._read_ident:
+                os.dup2(saved, self.merge_fd)
+            os.close(saved)
 
     def _restore_in_order(self, timeout_s: float = 1.0) -> bool:
         """Restores the descriptor so that another thread's output stays in order; False where
@@ -392,6 +438,8 @@ class FdTap:
             # The C reader handles each read under a mutex, which restore() takes: it sees all
             # of a read or none, and keeps the GIL while it forwards what is left.
             native.draining = True
+            if self._merge_saved >= 0 and self.merge_fd is not None:
+                return bool(native.restore(self.fd, self.merge_fd, self._merge_saved))
             return bool(native.restore(self.fd))
         libc, thread = self._libc, self._thread
         if libc is None or thread is None:
@@ -414,6 +462,8 @@ class FdTap:
             # From here on, only calls that keep the GIL.
             if libc.dup2(self._saved_fd, self.fd) < 0:
                 return False
+            if self._merge_saved >= 0 and self.merge_fd is not None:
+                libc.dup2(self._merge_saved, self.merge_fd)
             self._forward_left_over()
         finally:
             sys.setswitchinterval(interval)
@@ -454,6 +504,14 @@ class FdTap:
                 return None
             raise OSError(err, os.strerror(err))
         return ctypes.string_at(self._buf, n)
+
+    @property
+    def captured_count(self) -> int:
+        """Lines captured so far by the thread reader (the reader process's are not counted)."""
+        native = self._native
+        if native is not None:
+            return int(native.captured_lines)
+        return self._captured_lines
 
     def lines(self) -> list[TappedLine]:
         """A copy of the lines captured so far."""
@@ -595,6 +653,7 @@ class FdTap:
         with self._lock:
             if self._collecting:
                 self._raw.append((receive_ns, lines))
+                self._captured_lines += sum(max(1, item.count(b"\n")) for item in lines)
 
     def _reader_here(self) -> Any:
         """The C reader, where this process runs its thread: a child forked meanwhile has a copy
@@ -619,6 +678,7 @@ class FdTap:
         try:
             if not self._active:
                 return  # stop() restores it
+            self._unmerge()
             if self._saved_is_ours():
                 with contextlib.suppress(OSError):
                     os.dup2(self._saved_fd, self.fd)
@@ -773,6 +833,20 @@ class FdTap:
             if any(p.startswith(tail) for p in self.prefixes):
                 return k
         return 0
+
+
+def _same_destination(a: int, b: int) -> bool:
+    """Whether descriptors ``a`` and ``b`` write to the same place: the same file, pipe or
+    terminal, and for a regular file at the same offset (``2>&1`` shares one open file)."""
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+        if (sa.st_dev, sa.st_ino) != (sb.st_dev, sb.st_ino):
+            return False
+        if stat.S_ISREG(sa.st_mode):
+            return os.lseek(a, 0, os.SEEK_CUR) == os.lseek(b, 0, os.SEEK_CUR)
+    except OSError:
+        return False
+    return True
 
 
 def _fd_ident(fd: int) -> tuple[int, int] | None:
