@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from mltrace.settings import BATCH, ITERS, LEVEL, NAME, OUTPUT, PRECISION, THREADS
+
 if TYPE_CHECKING:
     from mltrace.analysis.leveled import LeveledResult
     from mltrace.analysis.sweep import SweepResult
@@ -49,11 +51,6 @@ if TYPE_CHECKING:
 #: PyTorch: fp16/bf16 cast the model and inputs; int8 usually means dynamic
 #: quantization of Linear layers); the harness only passes the name on.
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-
-ENV_BATCH = "MLTRACE_BATCH"
-ENV_PRECISION = "MLTRACE_PRECISION"
-ENV_THREADS = "MLTRACE_THREADS"
-ENV_ITERS = "MLTRACE_ITERS"
 
 #: glibc settings for ``steady_malloc``: no heap trimming, and buffers up to
 #: 32 MiB (glibc's largest mmap threshold) from the heap with a fixed threshold.
@@ -129,15 +126,14 @@ def scenario(*, batch: int = 1, precision: str = "fp32", threads: int | None = N
     Raises:
         ValueError: for a malformed variable or an unknown precision.
     """
-    env = os.environ
-    if env.get(ENV_BATCH):
-        batch = _env_int(ENV_BATCH, env[ENV_BATCH], 1)
-    if env.get(ENV_PRECISION):
-        precision = env[ENV_PRECISION].strip().lower()
-    if env.get(ENV_THREADS):
-        threads = _env_int(ENV_THREADS, env[ENV_THREADS], 1)
-    if env.get(ENV_ITERS):
-        iters = _env_int(ENV_ITERS, env[ENV_ITERS], 1)
+    if (text := BATCH.get()) is not None:
+        batch = _env_int(BATCH.name, text, 1)
+    if (text := PRECISION.get()) is not None:
+        precision = text.strip().lower()
+    if (text := THREADS.get()) is not None:
+        threads = _env_int(THREADS.name, text, 1)
+    if (text := ITERS.get()) is not None:
+        iters = _env_int(ITERS.name, text, 1)
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
     return Scenario(batch=batch, precision=precision, threads=threads, iters=iters)
@@ -334,8 +330,8 @@ class ChildRun:
 
 def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
     env = dict(os.environ)
-    for k in ("MLTRACE_OUTPUT", "MLTRACE_LEVEL", "MLTRACE_NAME", ENV_BATCH, ENV_PRECISION, ENV_THREADS, ENV_ITERS):
-        env.pop(k, None)
+    for k in (OUTPUT, LEVEL, NAME, BATCH, PRECISION, THREADS, ITERS):
+        env.pop(k.name, None)
     env.update(extra)
     return env
 
@@ -489,7 +485,7 @@ def run_leveled(
     raw = out / "runs"
     raw.mkdir()
     per_round = warmup + math.ceil(n / rounds)
-    env = _child_env({ENV_ITERS: str(per_round), **(STEADY_MALLOC_ENV if steady_malloc else {})})
+    env = _child_env({ITERS.name: str(per_round), **(STEADY_MALLOC_ENV if steady_malloc else {})})
     plan: list[tuple[str, Level | None]] = [("plain", None), *((lv.label, lv) for lv in wanted)]
     children: list[ChildRun] = []
     plain_files: list[Path] = []
@@ -647,11 +643,11 @@ def run_sweep(
     specs = [ScenarioSpec(b, p, t) for p in precision for t in threads for b in batch]
     results = []
     for i, spec in enumerate(specs, 1):
-        extra = {ENV_BATCH: str(spec.batch), ENV_PRECISION: spec.precision, ENV_ITERS: str(warmup + n)}
+        extra = {BATCH.name: str(spec.batch), PRECISION.name: spec.precision, ITERS.name: str(warmup + n)}
         if steady_malloc:
             extra.update(STEADY_MALLOC_ENV)
         if spec.threads is not None:
-            extra.update({ENV_THREADS: str(spec.threads), "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})
+            extra.update({THREADS.name: str(spec.threads), "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)})
         dest = scen_dir / spec.label
         cmd = _trace_cmd(python, level, dest, f"{name}-{spec.label}", script, args)
         child = _run_child(spec.label, cmd, _child_env(extra), scen_dir / f"{spec.label}.log", dest, timeout_s)

@@ -28,6 +28,7 @@ from typing import Any
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.settings import PREFIX
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -310,7 +311,7 @@ def build_manifest(
         dist = next((d for d in _FRAMEWORK_DISTS.get(fw, (fw,)) if d in versions), None)
         framework.append({"name": fw, "version": versions.get(dist) if dist else None})
     env = {
-        k: v for k, v in dict(meta.get("environment", {})).items() if not k.startswith(("MLTRACE_", "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+        k: v for k, v in dict(meta.get("environment", {})).items() if not k.startswith((PREFIX, "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
     }
     batches = sorted({s.spec.batch for s in sweep.scenarios})
     precisions = list(dict.fromkeys(s.spec.precision for s in sweep.scenarios))

@@ -11,6 +11,7 @@ from typing import Any
 
 from mltrace._version import __version__
 from mltrace.run.redact import REDACTED, looks_secret, redact_command
+from mltrace.settings import PREFIX
 
 #: Distributions whose versions are recorded when installed (read from package
 #: metadata: nothing is imported).
@@ -30,7 +31,7 @@ FRAMEWORK_DISTRIBUTIONS = (
 
 #: Environment variables worth recording (configuration that changes results). Nothing
 #: else is written, and the values of these whose names look secret are ``[redacted]``.
-RECORDED_ENV_PREFIXES = ("MLTRACE_", "OMP_", "MKL_", "ONEDNN_", "DNNL_", "CUDA_VISIBLE_DEVICES", "TF_NUM_", "TF_ENABLE_ONEDNN")
+RECORDED_ENV_PREFIXES = (PREFIX, "OMP_", "MKL_", "ONEDNN_", "DNNL_", "CUDA_VISIBLE_DEVICES", "TF_NUM_", "TF_ENABLE_ONEDNN")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "HEADERS")
 
 

@@ -87,6 +87,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.levels import Level
+from mltrace.settings import OP_CYCLE_S
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 
@@ -105,7 +106,7 @@ CYCLE_S = 2.0
 
 def cycle_seconds() -> float:
     """The cycle length: ``MLTRACE_OP_CYCLE_S`` where it is a number of seconds ≥ 0, else ``CYCLE_S``."""
-    text = os.environ.get("MLTRACE_OP_CYCLE_S", "")
+    text = OP_CYCLE_S.get() or ""
     try:
         value = float(text)
     except ValueError:
