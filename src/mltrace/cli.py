@@ -57,8 +57,10 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--max-spans",
         metavar="N",
         dest="max_spans",
-        help="end the layer level once N spans are streamed (model spans go on) and record nothing more "
-        "at 2N (0: no limit; default: what 10%% of available memory can finish, at most 2 million)",
+        help="count spans as they are recorded, at every level (CUDA kernels once the profiler stops): at N the "
+        "op level ends (the library and kernel levels with it), at 1.5N the layer level (model spans go on), "
+        "each at the next model call's return; at 2N nothing more is recorded (0: no limit; default: what 10%% "
+        "of available memory can finish, at most 2 million)",
     )
     p.add_argument(
         "--memory", action="store_true", help="record PyTorch allocations: bytes and peaks per layer and op, a memory counter per device"

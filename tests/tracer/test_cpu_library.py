@@ -321,3 +321,35 @@ def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
     assert gemm[0]["ml.flops"] == 2 * 4 * 32 * 64 and "ml.library.untimed" not in gemm[0]
     assert report["env"] == [None, None, None]
     assert any("stays on" in text for text in report["limitations"])
+
+
+def test_lines_waiting_for_stop_are_counted_for_the_span_limit(tmp_path: Path) -> None:
+    """``pending_spans()``: the calls whose verbose lines were read and wait for ``stop()`` (the
+    session's --max-spans counts them); what ``stop()`` made of them is no longer pending."""
+    program = SESSION_STAND_IN + r"""
+    import json, sys, time
+    from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+
+    session = Session()
+    source = CpuLibrarySource()
+    source.start(session)
+    import torch
+    counts = [source.pending_spans()]
+    lin = torch.nn.Linear(16, 4).eval()
+    with torch.no_grad():
+        for _ in range(50):
+            lin(torch.randn(2, 16))
+    deadline = time.monotonic() + 10
+    while source.pending_spans() < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reader reads in batches
+    counts.append(source.pending_spans())
+    events = source.stop()
+    counts.append(source.pending_spans())
+    with open(sys.argv[1], "w") as f:
+        json.dump({"counts": counts, "spans": len(events)}, f)
+    """
+    _, report = run_program(tmp_path, program, {"ONEDNN_VERBOSE_TIMESTAMP": None})
+    before, waiting, after = report["counts"]
+    assert before == 0  # the warm-up's lines are left out
+    assert waiting == report["spans"] == 50  # one MKL SGEMM a call
+    assert after == 0

@@ -367,6 +367,13 @@ class CpuLibrarySource:
                 self._tap = None
             self._restore_env()
 
+    def pending_spans(self) -> int:
+        """Library calls held until ``stop()`` (the session's span limit counts them): the
+        verbose lines captured so far, the warm-up's left out."""
+        tap = self._tap
+        held = len(self._early_lines) if tap is None else tap.captured_count
+        return max(0, held - self._warmup_lines)
+
     def end_early(self) -> None:
         """Switches verbose output off and restores fd 1 now; ``stop()`` turns the lines into spans."""
         self._early_lines = self._restore()
