@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run import store
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
+from mltrace.settings import LAYER_HOT_PATH, TORCH_HOOKS
 from mltrace.tracer.callsite import is_model_code, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
@@ -164,7 +165,7 @@ def fx_node_modules(module: Any) -> dict[str, Any] | None:
 
 
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
-HOT_PATH_ENV = "MLTRACE_LAYER_HOT_PATH"
+HOT_PATH_ENV = LAYER_HOT_PATH.name
 
 
 # One module call on a thread's stack: a list, indexed by these slots.
@@ -303,7 +304,7 @@ class TorchModuleSource:
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
         self._script_module = getattr(torch.jit, "ScriptModule", None)
-        if os.environ.get("MLTRACE_TORCH_HOOKS") == "global":  # the older mechanism, kept for comparison
+        if TORCH_HOOKS.is_set_to("global"):  # the older mechanism, kept for comparison
             if not self._record_layers:
                 self._wrap_call(torch.nn.Module)
                 return
@@ -437,7 +438,7 @@ class TorchModuleSource:
         ``MLTRACE_LAYER_HOT_PATH=python``. Which one runs is written to run.json; the drain
         encodes rows in C (``encode_rows``) exactly when the hot path is C."""
         info = self._session.meta.setdefault("sources", {}).setdefault(self.name, {}) if self._session else {}
-        if os.environ.get(HOT_PATH_ENV, "").strip().lower() == "python":
+        if (LAYER_HOT_PATH.get() or "").strip().lower() == "python":
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
