@@ -37,6 +37,7 @@ RANKS = {
     "settings": 0,
     "run": 0,
     "tracer": 1,
+    "formats": 1,
     "exporters": 2,
     "analysis": 3,
     "viewers": 4,
