@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mltrace.tracer.sources.onnx_flops import onnx_flops
+from mltrace.formats.onnx_flops import onnx_flops
 
 
 @pytest.mark.parametrize(

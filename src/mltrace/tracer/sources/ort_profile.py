@@ -63,9 +63,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mltrace.formats.onnx_flops import CONV_OPS, onnx_flops
 from mltrace.run.events import Event, Instant, Span, Track
 from mltrace.run.levels import Level
-from mltrace.tracer.sources.onnx_flops import CONV_OPS, onnx_flops
 from mltrace.tracer.tracks import TrackRegistry
 
 #: ORT's fixed cap on recorded events per profiling session.
