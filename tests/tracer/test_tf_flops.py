@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mltrace.tracer.sources.tf_flops import FlopTable, OpWork, graph_work, op_flops, runtime_kind, scope_of, top_scopes
+from mltrace.formats.tf_flops import FlopTable, OpWork, graph_work, op_flops, runtime_kind, scope_of, top_scopes
 
 # Imported here, not in a test: TensorFlow's import adds import hooks, which conftest counts as leaked.
 tf = pytest.importorskip("tensorflow")

@@ -50,12 +50,12 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mltrace.formats.tf_flops import FlopTable, graph_work, top_scopes
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.tracer.callsite import defined_attrs, frame_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.tf_flops import FlopTable, graph_work, top_scopes
 from mltrace.tracer.sources.xspace import (
     FunctionCall,
     KerasModelInfo,

@@ -40,9 +40,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from mltrace.formats.tf_flops import FlopTable
 from mltrace.run.events import Event, Span, Track
 from mltrace.run.levels import Level
-from mltrace.tracer.sources.tf_flops import FlopTable
 from mltrace.tracer.tracks import TrackRegistry
 
 HOST_PLANE = "/host:CPU"
