@@ -323,3 +323,26 @@ def test_mltrace_flop_counts_agree_with_the_matrix_products_inside_them(tmp_path
     counts = {s.name: s.attrs.get("ml.flops") for s in ops}
     assert counts["aten::mkldnn_convolution"] is not None and counts["aten::_slow_conv2d_forward"] is not None
     assert counts["aten::scaled_dot_product_attention"] == 2 * 8 * 5 * 7 * (8 + 6)  # B·H = 8, L = 5, S = 7
+
+
+def test_the_op_level_imports_no_torch_module_the_program_did_not(tmp_path: Path) -> None:
+    """torch.profiler.profile's start imports torch._inductor (seconds and tens of MB) to read a
+    CUDA graphs setting; the CPU profiler starts without it, and records the ops all the same."""
+    from conftest import run_cli
+
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import sys, torch\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "with torch.no_grad():\n"
+        "    for _ in range(3):\n"
+        "        m(torch.randn(2, 4))\n"
+        "print(sorted(k for k in sys.modules if k.startswith('torch._inductor')))\n"
+    )
+    out = tmp_path / "run"
+    done = run_cli("python", "-q", "--level", "op", "-o", str(out), str(script))
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == "[]"
+    ops = [s for s in load_run(out).spans if s.level == Level.OP]
+    assert sum(s.name == "aten::linear" for s in ops) == 3
+    assert all("ml.input.shapes" in s.attrs for s in ops if s.name == "aten::linear")

@@ -232,7 +232,7 @@ class TorchOpSource:
                 kwargs["experimental_config"] = config
             else:
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
-            prof = profile(**kwargs)
+            prof = _new_profiler(profile, kwargs)
             self._kwargs = kwargs
             self._call_around(0)
             from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
@@ -300,7 +300,7 @@ class TorchOpSource:
         try:
             from torch.profiler import profile
 
-            prof = profile(**self._kwargs)
+            prof = _new_profiler(profile, self._kwargs)
             prof.start()
         except Exception as exc:  # never into the user's program
             self._ended = True
@@ -471,6 +471,48 @@ class _Converter:
         if calls:
             self.spans_per_call = len(result.spans) / calls
         self._session.add_events(result.events(with_tracks=False))
+
+
+class _CpuProfile:
+    """Kineto's CPU profiler through ``torch.autograd.profiler.profile``, the object that
+    ``torch.profiler.profile`` runs underneath, with the same ``start``, ``stop`` and
+    ``export_chrome_trace``. ``torch.profiler.profile.start`` imports ``torch._inductor`` (its
+    CUDA graphs setting: ``hasattr(torch, "_inductor")`` imports the lazy module) in a program
+    that never compiled anything, which this skips; it also adds the trace's
+    ``record_shapes``/``profile_memory`` metadata, which the conversion does not read."""
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        from torch.autograd.profiler import profile
+
+        self.profiler = profile(
+            use_cpu=True,
+            use_kineto=True,
+            record_shapes=bool(kwargs.get("record_shapes")),
+            profile_memory=bool(kwargs.get("profile_memory")),
+            experimental_config=kwargs.get("experimental_config"),
+        )
+
+    def start(self) -> None:
+        """Starts recording (``_prepare_trace`` and ``_start_trace``, as ``__enter__``)."""
+        self.profiler.__enter__()
+
+    def stop(self) -> None:
+        """Stops recording: Kineto builds its result (``_disable_profiler``)."""
+        self.profiler.__exit__(None, None, None)
+
+    def export_chrome_trace(self, path: str) -> None:
+        """Writes Kineto's Chrome trace to ``path``."""
+        self.profiler.export_chrome_trace(path)
+
+
+def _new_profiler(profile: Any, kwargs: dict[str, Any]) -> Any:
+    """A profiler for ``kwargs`` (``torch.profiler.profile``'s): ``_CpuProfile`` where only CPU
+    activity is recorded, else ``profile(**kwargs)``."""
+    from torch.profiler import ProfilerActivity
+
+    if list(kwargs.get("activities", ())) == [ProfilerActivity.CPU]:
+        return _CpuProfile(kwargs)
+    return profile(**kwargs)
 
 
 def _release(prof: Any) -> None:
