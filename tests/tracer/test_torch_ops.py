@@ -235,7 +235,7 @@ def test_flops_counted_from_shapes_equal_torchs_own_count(tmp_path: Path) -> Non
     assert len(theirs) > 40
     assert {k: ours.get(k) for k in theirs} == theirs
     # Where torch counts nothing, only mltrace's own rules (aten_flops) give a count.
-    from mltrace.tracer.sources.aten_flops import _RULES
+    from mltrace.formats.aten_flops import _RULES
 
     torch_rules = {"aten::conv2d", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mul", "aten::add"}
     extra = {s.name for s in ops if "ml.flops" in s.attrs and s.attrs["kineto.external_id"] not in theirs}

@@ -66,10 +66,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mltrace.formats.aten_flops import aten_flops
 from mltrace.run.events import CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import RunError
-from mltrace.tracer.sources.aten_flops import aten_flops
 from mltrace.tracer.tracks import TrackRegistry
 
 #: Categories of GPU activities that become kernel-level spans on a stream track.
