@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates ``src/mltrace/tracer/sources/cuda_cbids.py``: CUDA API callback id → name.
+"""Generates ``src/mltrace/formats/cuda_cbids.py``: CUDA API callback id → name.
 
 CUPTI numbers every CUDA runtime and driver API function with a callback id
 (cbid); cupti-python publishes them as enums (``RuntimeApiTraceCbid`` and
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_OUTPUT = REPO / "src" / "mltrace" / "tracer" / "sources" / "cuda_cbids.py"
+DEFAULT_OUTPUT = REPO / "src" / "mltrace" / "formats" / "cuda_cbids.py"
 
 #: Run in a fresh interpreter: prints {"version", "runtime": {id: name}, "driver": {id: name}}
 #: of the cupti-python found first on sys.path (argv[1]: a directory to put first, or "";

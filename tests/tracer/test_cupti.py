@@ -237,7 +237,7 @@ def _generator() -> Any:
 def test_cbid_module_is_what_the_generator_writes_now() -> None:
     """Regenerates the installed cupti-python's major version (the other majors' tables come
     from wheels not at hand here, so they are taken from the module) and compares the text."""
-    from mltrace.tracer.sources import cuda_cbids
+    from mltrace.formats import cuda_cbids
 
     gen = _generator()
     installed = gen.read_enums()
@@ -258,7 +258,7 @@ def test_cbid_module_is_what_the_generator_writes_now() -> None:
 
 
 def test_cbid_tables_cover_cuda_12_and_13() -> None:
-    from mltrace.tracer.sources.cuda_cbids import DRIVER, RUNTIME, SOURCES, api_name
+    from mltrace.formats.cuda_cbids import DRIVER, RUNTIME, SOURCES, api_name
 
     assert set(SOURCES) == set(RUNTIME) == set(DRIVER) == {12, 13}
     assert api_name("runtime", 468, 13) == api_name("runtime", 468) == "cudaGetDriverEntryPointByVersion"
@@ -283,7 +283,7 @@ def test_recorded_api_names_are_the_tables_names() -> None:
     """Every API record of the H100 fixtures was named live by CUPTI 13.0's get_callback_name:
     the CUDA 13 table gives the same name for each cbid, and records stripped of their names
     replay without one unnamed API call."""
-    from mltrace.tracer.sources.cuda_cbids import api_name
+    from mltrace.formats.cuda_cbids import api_name
 
     for fixture in ("h100_cupy_records.json.gz", "h100_torch_records.json.gz"):
         doc = _recorded(fixture)

@@ -454,7 +454,7 @@ def api_display_name(callback_name: str) -> str:
 def unnamed_api_call(api: str, cbid: int | None, cuda_major: int | None = None) -> str:
     """The name of an API record that arrived without one: the generated cbid table's
     (``cuda_cbids``, the newest CUDA's when ``cuda_major`` is None), else ``runtime API cbid N``."""
-    from mltrace.tracer.sources.cuda_cbids import api_name
+    from mltrace.formats.cuda_cbids import api_name
 
     return (api_name(api, cbid, cuda_major) if cbid is not None else None) or f"{api} API cbid {cbid}"
 
@@ -876,7 +876,7 @@ class _Collector:
             except Exception:
                 self._api_names[key] = None
             if self._api_names[key] is None:  # CUPTI did not say: the generated table's name
-                from mltrace.tracer.sources.cuda_cbids import api_name
+                from mltrace.formats.cuda_cbids import api_name
 
                 self._api_names[key] = api_name(_API[kind], cbid, _cupti_major())
         return self._api_names[key]

@@ -603,7 +603,7 @@ def kineto_to_events(
             if name == "INVALID" and isinstance(cbid, int):
                 # Kineto's own table lacks the callback ids of newer CUDA releases (on an H100
                 # with CUDA 13, cbid 468 is cudaGetDriverEntryPointByVersion): the generated one has them.
-                from mltrace.tracer.sources.cuda_cbids import api_name
+                from mltrace.formats.cuda_cbids import api_name
 
                 name = api_name(kind, cbid, cuda_major) or f"CUDA {kind} API call (cbid {cbid})"
             attrs = {"cuda.api.name": name, "cuda.api.kind": kind}
