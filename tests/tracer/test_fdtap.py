@@ -498,7 +498,7 @@ def test_real_torch_onednn_verbose_is_captured(tmp_path: Path) -> None:
     import json, sys
     import torch
     from mltrace.tracer.fdtap import FdTap
-    from mltrace.tracer.sources.verbose_logs import parse_mkl_line, parse_onednn_line
+    from mltrace.formats.verbose_logs import parse_mkl_line, parse_onednn_line
     conv = torch.nn.Conv2d(3, 8, 7, stride=2, padding=3).eval()
     lin = torch.nn.Linear(16, 4).eval()
     print("model ready", flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mltrace.tracer.sources.verbose_logs import (
+from mltrace.formats.verbose_logs import (
     MklCall,
     OneDnnCall,
     conv_flops,

@@ -76,9 +76,9 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from mltrace.formats.verbose_logs import VERBOSE_PREFIXES
 from mltrace.native import c_helper
 from mltrace.settings import FDTAP_READER
-from mltrace.tracer.sources.verbose_logs import VERBOSE_PREFIXES
 
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _F_GETPIPE_SZ = 1032  # and F_GETPIPE_SZ

@@ -41,12 +41,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mltrace.run.events import Event, Span
-from mltrace.run.levels import Level
-from mltrace.settings import MKL_TIMER
-from mltrace.tracer.fdtap import FdTap, TappedLine
-from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.verbose_logs import (
+from mltrace.formats.verbose_logs import (
     MklCall,
     OneDnnCall,
     gemm_flops,
@@ -54,6 +49,11 @@ from mltrace.tracer.sources.verbose_logs import (
     parse_mkl_line,
     parse_onednn_line,
 )
+from mltrace.run.events import Event, Span
+from mltrace.run.levels import Level
+from mltrace.settings import MKL_TIMER
+from mltrace.tracer.fdtap import FdTap, TappedLine
+from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
     from types import ModuleType
