@@ -25,11 +25,11 @@ import torch
 import mltrace
 from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
+from mltrace.formats.ort_profile import line_up_by_module_path
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.onnxruntime import OrtSource
-from mltrace.tracer.sources.ort_profile import line_up_by_module_path
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -350,7 +350,7 @@ _REGISTERED = """
 import sys
 import mltrace.tracer.sources as sources
 from mltrace.tracer.sources.onnxruntime import OrtSource
-from mltrace.tracer.sources.ort_profile import line_up_by_module_path
+from mltrace.formats.ort_profile import line_up_by_module_path
 if not any(isinstance(s, OrtSource) for s in sources.default_sources()):
     _default = sources.default_sources
     sources.default_sources = lambda options=None: [*_default(options), OrtSource()]

@@ -18,9 +18,7 @@ from typing import Any
 import onnx
 import pytest
 
-from mltrace.run.events import Span, TrackKind
-from mltrace.run.levels import HIERARCHY, Level
-from mltrace.tracer.sources.ort_profile import (
+from mltrace.formats.ort_profile import (
     LiveRun,
     OnnxGraph,
     OnnxNode,
@@ -43,6 +41,8 @@ from mltrace.tracer.sources.ort_profile import (
     threadpool_attrs,
     type_shapes,
 )
+from mltrace.run.events import Span, TrackKind
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.tracer.tracks import TrackRegistry
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "onnxruntime"

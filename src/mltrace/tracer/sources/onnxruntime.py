@@ -45,11 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mltrace.run.events import Event
-from mltrace.run.levels import Level
-from mltrace.tracer.callsite import frame_site
-from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.ort_profile import (
+from mltrace.formats.ort_profile import (
     LiveRun,
     OnnxGraph,
     TorchModuleMapper,
@@ -57,6 +53,10 @@ from mltrace.tracer.sources.ort_profile import (
     ort_profile_to_events,
     read_onnx_graph,
 )
+from mltrace.run.events import Event
+from mltrace.run.levels import Level
+from mltrace.tracer.callsite import frame_site
+from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
