@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from mltrace.run.levels import HIERARCHY, Level
-from mltrace.tracer.sources.xspace import (
+from mltrace.formats.xspace import (
     SYNTHETIC_TID_BASE,
     HostProfile,
     KerasModelInfo,
@@ -34,6 +33,7 @@ from mltrace.tracer.sources.xspace import (
     xplane_pb2,
     xspace_to_events,
 )
+from mltrace.run.levels import HIERARCHY, Level
 from mltrace.tracer.tracks import TrackRegistry
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tensorflow"
@@ -103,7 +103,7 @@ def test_thread_line_ids_are_libstdcxx_thread_hashes() -> None:
 def test_proto_classes_load_without_tensorflow() -> None:
     code = (
         "import sys\n"
-        "from mltrace.tracer.sources.xspace import read_xspace, host_profile\n"
+        "from mltrace.formats.xspace import read_xspace, host_profile\n"
         f"p = host_profile(read_xspace({str(DATA / 'keras_nested.xplane.pb')!r}))\n"
         "print(len(p.events) > 0, 'tensorflow' in sys.modules, 'keras' in sys.modules)\n"
     )
@@ -264,7 +264,7 @@ def _layer(sid: int, parent: int, path: str, start: int, end: int) -> Any:
 
 def test_fragments_of_one_layer_call_merge_into_one_span() -> None:
     """A BatchNormalization's Rsqrt before the conv and its Mul after: two fragments, one call."""
-    from mltrace.tracer.sources.xspace import merge_layer_fragments
+    from mltrace.formats.xspace import merge_layer_fragments
 
     layers = [
         _layer(10, 1, "bn", 0, 20),  # Rsqrt of the variance: 15 ns of work
@@ -295,7 +295,7 @@ def test_predict_batches_are_steps() -> None:
 
 
 def test_graph_function_names() -> None:
-    from mltrace.tracer.sources.xspace import function_entry, models_from_scopes, whole_function_op
+    from mltrace.formats.xspace import function_entry, models_from_scopes, whole_function_op
 
     assert function_entry("__inference_signature_wrapper_serving_default_401") == ("saved_model", "serving_default")
     assert function_entry("__inference_restored_function_body_1302") == ("saved_model", "restored_function")

@@ -34,8 +34,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from mltrace.formats.xspace import std_thread_hash  # noqa: E402
 from mltrace.tracer.sources.tensorflow import keras_layer_paths  # noqa: E402
-from mltrace.tracer.sources.xspace import std_thread_hash  # noqa: E402
 
 
 def record(name: str, model: keras.Model, calls: list[tuple[str, Any]]) -> None:

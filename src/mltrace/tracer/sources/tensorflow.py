@@ -51,12 +51,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mltrace.formats.tf_flops import FlopTable, graph_work, top_scopes
-from mltrace.run.events import Event, Span
-from mltrace.run.levels import Level
-from mltrace.tracer.callsite import defined_attrs, frame_site
-from mltrace.tracer.clock import now_ns
-from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.xspace import (
+from mltrace.formats.xspace import (
     FunctionCall,
     KerasModelInfo,
     LiveModelSpan,
@@ -66,6 +61,11 @@ from mltrace.tracer.sources.xspace import (
     std_thread_hash,
     xspace_to_events,
 )
+from mltrace.run.events import Event, Span
+from mltrace.run.levels import Level
+from mltrace.tracer.callsite import defined_attrs, frame_site
+from mltrace.tracer.clock import now_ns
+from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
