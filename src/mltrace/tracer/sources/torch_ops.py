@@ -88,6 +88,7 @@ from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.levels import Level
 from mltrace.settings import OP_CYCLE_S
+from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 
@@ -274,12 +275,17 @@ class TorchOpSource:
 
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): ends the
-        running cycle where it is due and this thread may stop the profiler."""
+        running cycle where it is due, the converter has finished the cycle before it (else
+        the running one goes on: stopped cycles waiting in its queue would each hold their
+        result), and this thread may stop the profiler."""
         if framework != self.framework or self._prof is None:
             return
         self._cycle_calls += 1
-        first = self._cycles is not None and self._cycles.handed == 0
+        cycles = self._cycles
+        first = cycles is not None and cycles.handed == 0
         if not first and time.monotonic() - self._cycle_began < self.cycle_s:
+            return
+        if cycles is not None and cycles.cycles < cycles.handed:
             return
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
@@ -444,6 +450,7 @@ class _Converter:
             if item is None:
                 return
             prof, calls = item
+            del item
             try:
                 self._convert(prof, calls)
             except Exception as exc:  # a cycle lost, never the program
@@ -451,6 +458,10 @@ class _Converter:
             finally:
                 self.queued_calls -= calls
                 self.cycles += 1
+            del prof
+            # What the cycle's stop, export, load and conversion freed goes back to the system
+            # (glibc keeps it otherwise, much of it in this thread's own arena).
+            release_free_memory()
 
     def _convert(self, prof: Any, calls: int) -> None:
         source = self._source
