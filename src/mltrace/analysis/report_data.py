@@ -8,6 +8,7 @@ program ran); viewers shorten them for display.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
@@ -263,18 +264,25 @@ def findings(a: Analysis) -> list[dict[str, Any]]:
     return out + [{"kind": "note", "text": note} for note in f.notes]
 
 
-def _cold_finding(a: Analysis) -> list[dict[str, Any]]:
-    """The cold calls: how many, per model against its steady median, and what they spent time on."""
-    text = a.cold_text()
-    if not text:
-        return []
+def cold_start_text(a: Analysis, *, name: Callable[[str], str] = str, text: Callable[[str], str] = str, p90: bool = False) -> str:
+    """The cold-start finding in words: the cold calls, per model against its steady calls, and
+    where their extra time went. The viewers give ``name`` (how a model's or a span's name is
+    written) and ``text`` (how other text is escaped); ``p90`` adds each model's steady p90."""
     per_model = [
-        f"{m.name} {len(m.cold)} of {len(m.durations)} ({fmt_ns(m.cold_ns)}; steady median {fmt_ns(m.steady_median_ns or 0)})"
+        f"{name(m.name)} {len(m.cold)} of {len(m.durations)} ({text(fmt_ns(m.cold_ns))}; "
+        f"steady median {text(fmt_ns(m.steady_median_ns or 0))}" + (f", p90 {text(fmt_ns(m.steady_p90_ns or 0))})" if p90 else ")")
         for m in a.cold.models
         if m.cold
     ]
-    spent = ", ".join(f"{x.name} +{fmt_ns(x.ns)}" + (f" ({x.category})" if x.category else "") for x in a.cold.spent[:5])
-    text = f"Cold start: {text} — " + "; ".join(per_model) + (f". Extra time in: {spent}" if spent else "")
+    spent = ", ".join(f"{name(x.name)} +{text(fmt_ns(x.ns))}" + (f" ({text(x.category)})" if x.category else "") for x in a.cold.spent[:5])
+    return f"Cold start: {text(a.cold_text())} — " + "; ".join(per_model) + (f". Extra time in: {spent}" if spent else "")
+
+
+def _cold_finding(a: Analysis) -> list[dict[str, Any]]:
+    """The cold calls: how many, per model against its steady median, and what they spent time on."""
+    if not a.cold_text():
+        return []
+    text = cold_start_text(a)
     return [{"kind": "cold_start", "text": text, "calls": a.cold.cold_calls, "ns": a.cold.cold_ns, "included": a.include_cold}]
 
 

@@ -21,6 +21,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
+from mltrace.analysis.report_data import cold_start_text
 from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
@@ -577,17 +578,8 @@ def _links(run: Run, port: int) -> str:
 
 
 def _cold_item(a: Analysis) -> str:
-    """The cold calls apart, per model against its steady calls, and where their extra time went."""
-    parts = [
-        f"<code>{_e(m.name)}</code> {len(m.cold)} of {len(m.durations)} ({_e(fmt_ns(m.cold_ns))}; "
-        f"steady median {_e(fmt_ns(m.steady_median_ns or 0))})"
-        for m in a.cold.models
-        if m.cold
-    ]
-    spent = ", ".join(
-        f"<code>{_e(x.name)}</code> +{_e(fmt_ns(x.ns))}" + (f" ({_e(x.category)})" if x.category else "") for x in a.cold.spent[:5]
-    )
-    return f"Cold start: {_e(a.cold_text())} — " + "; ".join(parts) + (f". Extra time in: {spent}" if spent else "")
+    """The cold-start finding (``report_data.cold_start_text``), in HTML."""
+    return cold_start_text(a, name=lambda s: f"<code>{_e(s)}</code>", text=_e)
 
 
 def _findings(a: Analysis) -> str:

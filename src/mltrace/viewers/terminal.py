@@ -13,6 +13,7 @@ from mltrace.analysis.codepaths import location, source_line, split_location
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
+from mltrace.analysis.report_data import cold_start_text
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.run.levels import Level
@@ -311,15 +312,8 @@ def _findings(console: object, a: Analysis) -> None:
 
 
 def _cold_line(a: Analysis) -> str:
-    """The cold calls apart: per model against its steady calls, and where their extra time went."""
-    parts = [
-        f"{_esc(m.name)} {len(m.cold)} of {len(m.durations)} ({fmt_ns(m.cold_ns)}; steady median {fmt_ns(m.steady_median_ns or 0)}, "
-        f"p90 {fmt_ns(m.steady_p90_ns or 0)})"
-        for m in a.cold.models
-        if m.cold
-    ]
-    spent = ", ".join(f"{_esc(x.name)} +{fmt_ns(x.ns)}" + (f" ({x.category})" if x.category else "") for x in a.cold.spent[:5])
-    return f"Cold start: {a.cold_text()} — " + "; ".join(parts) + (f". Extra time in: {spent}" if spent else "")
+    """The cold-start finding (``report_data.cold_start_text``), names escaped for rich."""
+    return cold_start_text(a, name=_esc, p90=True)
 
 
 def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown) -> None:
