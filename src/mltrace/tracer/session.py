@@ -42,7 +42,14 @@ from mltrace.tracer.memwatch import (
 )
 from mltrace.tracer.messages import say, warn
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
-from mltrace.tracer.sources.base import Source
+from mltrace.tracer.sources.base import (
+    CountsPendingSpans,
+    EndsLayerLevel,
+    EndsRecording,
+    ReleasesInForkedChild,
+    Source,
+    StartsAProfiler,
+)
 from mltrace.tracer.tracks import TrackRegistry
 from mltrace.tracer.windows import EndsEarly, LevelWindow, can_end_early
 
@@ -103,10 +110,9 @@ def _forget_in_forked_child() -> None:
         return
     session.forked_copy = True
     for source in session.started:
-        release = getattr(source, "release_in_forked_child", None)
-        if callable(release):
+        if isinstance(source, ReleasesInForkedChild):
             try:
-                release()
+                source.release_in_forked_child()
             except Exception:  # noqa: BLE001 - nothing may fail the user's fork
                 pass
 
@@ -447,9 +453,8 @@ class Session:
         budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
         watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in endable)})")
         for source in endable:  # the budget counts from the profilers' start, not the frameworks' imports
-            around = getattr(source, "around_profiler_start", None)
-            if around is not None:
-                around(lambda: None, lambda: watch.arm(budget))
+            if isinstance(source, StartsAProfiler):
+                source.around_profiler_start(lambda: None, lambda: watch.arm(budget))
             else:
                 watch.arm(budget)
         self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
@@ -490,13 +495,13 @@ class Session:
         limit = self.span_limit
         if not limit:
             return
-        self._pending_counts = [f for f in (getattr(s, "pending_spans", None) for s in self.started) if callable(f)]
+        self._pending_counts = [s.pending_spans for s in self.started if isinstance(s, CountsPendingSpans)]
         stages: list[tuple[int, str]] = []
         if self.op_windows:
             stages.append((limit, "op"))
         if layers:
             recording = [s for s in self.started if Level.LAYER in s.levels]
-            live = [s for s in recording if callable(getattr(s, "end_layer_level", None))]
+            live = [s for s in recording if isinstance(s, EndsLayerLevel)]
             if live:
                 self.layer_window = LevelWindow(self.end_layer_level)
             # Layers from a profiler (ONNX Runtime's nodes) end with the op level's window.
@@ -638,7 +643,7 @@ class Session:
         model call just returned; swapping a wrapper takes no time worth saying."""
         if self._stopped:
             return
-        layered = [s for s in self.started if callable(getattr(s, "end_layer_level", None))]
+        layered = [s for s in self.started if isinstance(s, EndsLayerLevel)]
         ended = self._end_each(layered, lambda s: bool(s.end_layer_level()), "ending the layer level", "end the layer level")
         # After the swap: every model call that began before this time has its layer spans
         # (those in flight finish theirs), and none that began after it has any.
@@ -757,7 +762,7 @@ class Session:
             source.end_recording()
             return True
 
-        recorders = [s for s in self.started if callable(getattr(s, "end_recording", None))]
+        recorders = [s for s in self.started if isinstance(s, EndsRecording)]
         self._end_each(recorders, end_recording, "ending the recording", "stop recording")
         self.meta["trace_full"] = {"spans": recorded, "at_ns": now_ns()}
         message = (

@@ -91,3 +91,56 @@ class Source(Protocol):
     def stop(self) -> list[Event]:
         """Stops recording, removes every hook, and returns post-hoc events."""
         ...
+
+
+# -- optional capabilities ------------------------------------------------------------------
+# A source implements those it can; the session asks with ``isinstance``. Besides these, a
+# source that can end its op level early has ``can_end_early`` (true) and ``end_early()``
+# (``tracer/windows.EndsEarly``), and may name ``framework`` (its ops' framework; None or
+# absent: shared by every framework), ``thread_ident`` (the thread that must end it; None:
+# any) and ``profiling`` (whether its profiler is recording).
+
+
+@runtime_checkable
+class StartsAProfiler(Protocol):
+    """A source whose profiler may start after ``start()`` returns (at its framework's import)."""
+
+    def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
+        """Calls ``before`` and ``after`` around its profiler's start (now, or when it starts)."""
+        ...
+
+
+@runtime_checkable
+class EndsLayerLevel(Protocol):
+    """A source whose layer level can end while its model level goes on (``--max-spans``)."""
+
+    def end_layer_level(self) -> bool:
+        """Stops recording layer spans from the next model call on; returns whether it recorded any."""
+        ...
+
+
+@runtime_checkable
+class EndsRecording(Protocol):
+    """A source that can stop recording altogether when the trace is full (``Session.fill``)."""
+
+    def end_recording(self) -> None:
+        """Takes its hooks out of the program's path; ``stop()`` still returns what it has."""
+        ...
+
+
+@runtime_checkable
+class ReleasesInForkedChild(Protocol):
+    """A source that hooks the program in-process and must let go in a forked child."""
+
+    def release_in_forked_child(self) -> None:
+        """In a child forked while the session runs: takes its hooks out, writing nothing."""
+        ...
+
+
+@runtime_checkable
+class CountsPendingSpans(Protocol):
+    """A source that holds spans not yet handed to the recorder (the span limit counts them)."""
+
+    def pending_spans(self) -> int:
+        """How many spans it holds now."""
+        ...
