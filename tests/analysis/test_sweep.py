@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from mltrace.analysis.sweep import ScenarioResult, ScenarioSpec, SweepResult, build_manifest, percentile, scenario_result, sweep_csv
-from mltrace.bench import Scenario, render_sweep_svg, scenario
+from mltrace.bench import Scenario, scenario
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.viewers.bench import render_sweep_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
