@@ -7,10 +7,12 @@ plain; under ``mltrace python`` (every level, the op level streamed in cycles); 
 with ``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until the end). For each
 it prints the child's wall time, the loop's own time, the child's peak resident
 memory (from ``wait4``) and, traced, the spans and the time from the loop's end to
-the child's exit.
+the child's exit. With ``--finish``, it then runs the end of a run (``finalize_run``)
+again on a copy of the cycles' run directory and prints each of its phases' time.
 
     python benchmarks/long_run.py                 # 1000 steps
     python benchmarks/long_run.py --steps 3000
+    python benchmarks/long_run.py --finish        # and the finish's phases
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,10 +77,25 @@ def run_child(args: list[str], env: dict[str, str]) -> dict[str, float]:
     return {"wall_s": end - t0, "loop_s": loop, "after_loop_s": end - loop_end, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
+def finish_phases(run_dir: Path) -> list[tuple[str, float]]:
+    """Runs ``finalize_run`` on a copy of ``run_dir``; returns (phase, seconds) in order."""
+    from mltrace.finish import finalize_run
+
+    copy = run_dir.with_name(run_dir.name + "-finish")
+    shutil.copytree(run_dir, copy)
+    meta = json.loads((copy / "run.json").read_text())
+    marks: list[tuple[str, float]] = []
+    finalize_run(copy, meta, lambda step: marks.append((step, time.perf_counter())))
+    marks.append(("end", time.perf_counter()))
+    return [(marks[i][0], marks[i + 1][1] - marks[i][1]) for i in range(len(marks) - 1)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--finish", action="store_true", help="time the finish's phases again on the cycles' run")
     args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "decode.py"
         script.write_text(CHILD.format(steps=args.steps))
@@ -92,6 +110,9 @@ def main() -> None:
             row["spans"] = meta["summary"]["spans"]
             row["cycles"] = meta.get("torch_profiler", {}).get("cycles", 0)
             print(f"{label}: {json.dumps({k: round(v, 2) for k, v in row.items()})}")
+            if args.finish and not extra:
+                phases = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in finish_phases(out))
+                print(f"  the finish again on it: {phases}")
 
 
 if __name__ == "__main__":
