@@ -73,16 +73,8 @@ chosen per session and written to ``run.json``'s ``kernel_path``:
 
 Failures: ``available()`` names a missing package, driver or device;
 ``start()`` raises one line (the session warns and records it) for CUPTI's
-errors — see ``cupti_error_message``.
-
-Checked on an H100 (cupti-python 13.0.1, driver 580, torch 2.11+cu130, by
-``scripts/gpu_check.sh``): the record fields this module reads, the
-demangling, ``get_callback_name``'s ``_vNNNN`` suffix, system thread ids,
-launch flows by correlation id (every activity of a CuPy program and of a
-torch CNN and encoder launched, graph kernels by ``cudaGraphLaunch``), and
-kernel times against Kineto's own trace of the same models (0.1 % apart).
-Not checked on a GPU: the error paths (insufficient privileges, a second
-subscriber), MIG and multi-GPU.
+errors — see ``cupti_error_message``. What was checked on a GPU: docs/ARCHITECTURE.md,
+"Kernel path".
 """
 
 from __future__ import annotations
