@@ -1,9 +1,10 @@
-"""A profiling session: run directory, recorder, sources, and the final write.
+"""A profiling session: run directory, recorder, sources, and the hand-over to the finish.
 
 ``Session.start()`` creates the run directory, starts the streaming flusher
 and every enabled, available source. ``Session.stop()`` stops the sources (each
-in its own ``try``), closes what was left open, runs the correlator passes over
-all events and rewrites the run's files atomically. Failures of mltrace's own
+in its own ``try``), closes what was left open, and hands the run to its finish
+(``Finish``, which the layer above gives: ``mltrace/finish.py`` correlates every
+event and rewrites the run's files atomically). Failures of mltrace's own
 parts are warned about and recorded in run.json; they never raise into the
 user's program once it is running.
 """
