@@ -9,7 +9,7 @@ from typing import Any
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.passes.library import _Containing, attach_library_calls
+from mltrace.tracer.passes.library import _Containing, _with_nested, attach_library_calls
 
 OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
 MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call
@@ -343,3 +343,31 @@ def test_an_op_making_several_calls_keeps_them_when_lines_come_late() -> None:
     got = placed(attach_library_calls(run_of(spans)))
     assert [got[i][0] for i in (10, 11, 12)] == [1, 1, 2]
     assert got[10][2] <= got[11][1]  # laid out one after the other
+
+
+def _nested_by_walk(spans: list[Span]) -> set[int]:
+    """``_with_nested`` the plain way: every open span checked for each span that starts."""
+    stack: list[Span] = []
+    inner: set[int] = set()
+    for s in spans:
+        while stack and stack[-1].end_ns <= s.start_ns:
+            stack.pop()
+        inner.update(outer.id for outer in stack if s.end_ns <= outer.end_ns)
+        stack.append(s)
+    return inner
+
+
+def test_spans_with_nested_ones_match_the_walk_down_every_open_span() -> None:
+    """The shortcut (only the innermost open span while the open ones nest) finds the same
+    spans as checking every open span, on nested, touching and crossing intervals alike."""
+    rng = random.Random(7)
+    crossing_cases = 0
+    for _ in range(2000):
+        spans = []
+        for i in range(rng.randint(0, 25)):
+            start = rng.randint(0, 60)
+            spans.append(Span(i + 1, None, Level.OP, "op", start, start + rng.randint(0, 25), 1, {}))
+        spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
+        crossing_cases += any(a.start_ns < b.start_ns < a.end_ns < b.end_ns for a in spans for b in spans)
+        assert _with_nested(spans) == _nested_by_walk(spans)
+    assert crossing_cases > 500  # the case where the shortcut must not be taken was tried

@@ -223,18 +223,34 @@ def _leaf_callers(ops: list[Span], is_caller: Any) -> list[Span]:
     leaves: list[Span] = []
     for spans in by_track.values():
         spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
-        stack: list[Span] = []
-        inner: set[int] = set()
-        for s in spans:
-            while stack and stack[-1].end_ns <= s.start_ns:
-                stack.pop()
-            for outer in stack:
-                if s.end_ns <= outer.end_ns:
-                    inner.add(outer.id)
-            stack.append(s)
+        inner = _with_nested(spans)
         leaves.extend(s for s in spans if s.id not in inner)
     leaves.sort(key=lambda s: (s.start_ns, s.end_ns, s.id))
     return leaves
+
+
+def _with_nested(spans: list[Span]) -> set[int]:
+    """Ids of the spans (sorted by start, longest first) that another of them ends inside,
+    among those still open when it starts. While each open span lies inside the one below
+    it (``crossing`` counts those that do not), a span inside the innermost open one is
+    inside all of them, and each of those was taken when the one above it began: only
+    the innermost is taken, instead of a walk down the whole stack."""
+    stack: list[tuple[Span, bool]] = []  # open spans, each with whether it ends after the one below
+    crossing = 0
+    inner: set[int] = set()
+    for s in spans:
+        while stack and stack[-1][0].end_ns <= s.start_ns:
+            crossing -= stack.pop()[1]
+        if stack and not crossing and s.end_ns <= stack[-1][0].end_ns:
+            inner.add(stack[-1][0].id)
+        else:
+            for outer, _ in stack:
+                if s.end_ns <= outer.end_ns:
+                    inner.add(outer.id)
+        crosses = bool(stack) and s.end_ns > stack[-1][0].end_ns
+        crossing += crosses
+        stack.append((s, crosses))
+    return inner
 
 
 class _Containing:
