@@ -1,20 +1,24 @@
 """PyTorch op level (and, with CUDA, kernel level) from ``torch.profiler``.
 
-The source runs ``torch.profiler.profile`` (Kineto) for the whole session:
-CPU activity with ``record_shapes`` (FLOPs are counted from the shapes
-afterwards, ``aten_flops``), plus CUDA activity (runtime calls, kernels,
-memcpys, memsets) when the kernel level is enabled and torch sees a GPU.
+The source runs Kineto for the whole session: CPU activity with
+``record_shapes`` (FLOPs are counted from the shapes afterwards,
+``aten_flops``), plus CUDA activity (runtime calls, kernels, memcpys, memsets)
+when the kernel level is enabled and torch sees a GPU. With CUDA activity it
+runs ``torch.profiler.profile``; without, the ``torch.autograd.profiler.profile``
+underneath it (``_CpuProfile``), whose start does not import ``torch._inductor``.
 
 Cycles. Kineto keeps every event in memory until the profiler stops, so without
 CUDA activity the profiler runs in cycles: at the return of a PyTorch model call
 (``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
-first cycle ends at the first model call's return), on a thread allowed to stop
-it, the running profiler stops and a new one starts at once. The program's
-thread pays only for that stop and start (Kineto's ``_disable_profiler``, which
-builds its result from what it held); a converter thread writes the stopped
+first cycle ends at the first model call's return) and the converter has
+finished the cycle before, on a thread allowed to stop it, the running profiler
+stops and a new one starts at once. The program's thread pays for that stop and
+start (Kineto's ``_disable_profiler``, which builds its result from what it held,
+keeping the GIL); a converter thread writes the stopped
 cycle's Chrome trace to the run directory (``torch-profiler-<n>.json``), converts
 it with ``kineto_to_events``, hands the events to the session (streamed at the
-next flush) and removes the file. So the memory held is one cycle's, the op
+next flush), removes the file and gives the freed memory back to the system
+(``release_free_memory``). So the memory held is about one cycle's, the op
 level needs no early end on a long run, and a killed run keeps the ops of every
 cycle converted before it died (a file left in the run directory is a cycle
 that was being converted: ``mltrace import`` reads it). Ops reach the run as
