@@ -7,6 +7,7 @@ the verbose lines.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import json
@@ -677,3 +678,32 @@ def test_traced_at_the_library_level_stdout_and_stderr_keep_their_order(tmp_path
     from mltrace.run.store import load_run
 
     assert any(s.level == Level.LIBRARY for s in load_run(run_dir).spans)
+
+
+def test_a_terminal_on_both_descriptors_stays_a_terminal_for_stderr(tmp_path: Path) -> None:
+    """On a terminal fd 2 is not put through the pipe: the program still sees a terminal there
+    (colours, progress bars), while fd 1, tapped, does not."""
+    import pty
+
+    script = tmp_path / "tty.py"
+    script.write_text(
+        "import os, sys\n"
+        "from mltrace.tracer.fdtap import FdTap\n"
+        "tap = FdTap().start()\n"
+        "seen = (os.isatty(1), os.isatty(2))\n"
+        "tap.stop()\n"
+        "sys.stderr.write(f'under the tap: stdout {seen[0]}, stderr {seen[1]}\\n')\n"
+    )
+    main, sub = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    try:
+        proc = subprocess.run([sys.executable, str(script)], stdout=sub, stderr=sub, timeout=120, env=env)
+    finally:
+        os.close(sub)
+    out = b""
+    with contextlib.suppress(OSError):  # EIO once the terminal's other side is closed
+        while chunk := os.read(main, 4096):
+            out += chunk
+    os.close(main)
+    assert proc.returncode == 0, out.decode(errors="replace")
+    assert "under the tap: stdout False, stderr True" in out.decode(errors="replace")

@@ -28,11 +28,13 @@ The user's output must come out as in a plain run:
   still in the pipe came out after later ones: the test's program (20 stops
   while a thread writes numbered lines) printed them out of order in 40 of 40
   runs before, 0 of 80 after (40 of them with both cores busy).
-- Where fd 2 goes where fd 1 goes (``> f 2>&1``, one terminal: the same open
-  file, ``_same_destination``), fd 2 is pointed at the same pipe (``merge_fd``),
-  so the reader forwards the program's stderr and stdout bytes in the order
-  they were written, as a plain run shows them; otherwise stdout's bytes,
-  passing through the reader, came out after stderr lines written later.
+- Where fd 2 goes where fd 1 goes and that is no terminal (``> f 2>&1``,
+  ``2>&1 | tee``: ``_same_destination``), fd 2 is pointed at the same pipe
+  (``merge_fd``), so the reader forwards the program's stderr and stdout bytes
+  in the order they were written, as a plain run shows them; otherwise
+  stdout's bytes, passing through the reader, came out after stderr lines
+  written later. A terminal's fd 2 is left alone: through a pipe, the program
+  would no longer see a terminal there (``isatty``: colours, progress bars).
 - ``stop()`` restores fd 1 in ``finally`` and reads the pipe to its end. A
   child that outlives ``stop()`` still holds the pipe: after ``timeout_s`` the
   reader is left running in the background, forwarding the child's output
@@ -196,7 +198,7 @@ class FdTap:
             line in batches (MKL placement no longer leans on receipt time);
             ``benchmarks/library_tap.py`` compares both.
         merge_fd: a descriptor (2: standard error) tapped through the same pipe where it
-            refers to the same open file as ``fd`` (``_same_destination``), so that the
+            refers to the same open file as ``fd``, no terminal (``_same_destination``), so that the
             order of their writes is kept; its bytes are forwarded to ``fd``'s original,
             its verbose lines captured as ``fd``'s. None: never.
         reader: ``"thread"`` (in this process) or ``"process"``: a small
@@ -395,7 +397,7 @@ class FdTap:
     def _merge(self) -> None:
         """Points ``merge_fd`` at the pipe where it goes where ``fd`` went (``_same_destination``)."""
         other = self.merge_fd
-        if other is None or not _same_destination(self._saved_fd, other):
+        if other is None or os.isatty(other) or not _same_destination(self._saved_fd, other):
             return
         _flush_stdio()
         try:
