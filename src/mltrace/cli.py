@@ -57,7 +57,7 @@ def _trace_options_parser(prog: str) -> _Parser:
         "--max-spans",
         metavar="N",
         dest="max_spans",
-        help="count spans as they are recorded, at every level (CUDA kernels once the profiler stops): at N the "
+        help="count spans as they are recorded, at every level (with CUDA, torch.profiler's once it stops): at N the "
         "op level ends (the library and kernel levels with it), at 1.5N the layer level (model spans go on), "
         "each at the next model call's return; at 2N nothing more is recorded (0: no limit; default: what 10%% "
         "of available memory can finish, at most 2 million)",
