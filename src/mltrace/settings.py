@@ -159,8 +159,8 @@ KERNEL_PATH = Setting(
 OP_CYCLE_S = Setting(
     f"{PREFIX}OP_CYCLE_S",
     "seconds ≥ 0 (0: one cycle)",
-    "2",
-    "how long a cycle of torch.profiler records before it is converted",
+    "0",
+    "how long a cycle of torch.profiler records before it is converted (opt-in: see README, Long runs)",
 )
 TORCH_HOOKS = Setting(
     f"{PREFIX}TORCH_HOOKS",

@@ -650,6 +650,52 @@ def test_the_op_level_streams_in_cycles_while_the_program_runs(tmp_path: Path, m
     assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
 
 
+def test_a_cycle_waits_while_another_thread_has_a_span_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The all-threads profiler's stop drops the ops running on other threads at that moment, so
+    a cycle does not end while another thread is inside a span (a request): every op of the
+    request thread is kept, and cycles go on once it is done."""
+    import threading
+    import time
+
+    import torch
+
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    started, done = threading.Event(), threading.Event()
+    adds = 0
+
+    def request() -> None:
+        nonlocal adds
+        with torch.inference_mode(), mltrace.span("request"):
+            started.set()
+            y = torch.zeros(64)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                y = torch.add(y, 1)
+                adds += 1
+        done.set()
+
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        model(x)
+        worker = threading.Thread(target=request)
+        worker.start()
+        started.wait(10)
+        calls_during = 0
+        while not done.is_set():
+            model(x)  # each return may end a cycle: none may while the request is open
+            calls_during += 1
+            time.sleep(0.002)
+        worker.join()
+        for _ in range(5):
+            model(x)
+            time.sleep(0.02)
+    run = mltrace.load_run(tmp_path / "run")
+    assert calls_during > 5
+    assert run.meta["torch_profiler"]["cycles"] >= 2  # the first call's, and one after the request
+    assert len([s for s in run.spans if s.name == "aten::add"]) == adds
+
+
 KILLED = """
 import sys, time
 import torch
@@ -690,8 +736,8 @@ def test_a_killed_run_keeps_the_ops_of_its_converted_cycles(tmp_path: Path) -> N
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         deadline = time.monotonic() + 60
-        while len(_streamed_ops(run_dir)) < 40 * 4 and time.monotonic() < deadline:  # 40 calls' ops, at least
-            time.sleep(0.05)
+        while sum(s.name == "aten::linear" for s in _streamed_ops(run_dir)) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)  # 40 calls' ops streamed, at least
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
@@ -807,7 +853,7 @@ def test_a_framework_imported_after_the_trace_is_full_is_not_traced(tmp_path: Pa
 
 
 def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_framework_that_ran(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A torch-only program at the library level, with every default source (TensorFlow's and
     ONNX Runtime's op windows among them, never used): at --max-spans N the op and library
@@ -817,6 +863,7 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
 
     import torch
 
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "2")  # the running cycle's ops count as recorded
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(1, 8)

@@ -48,6 +48,9 @@ class Recorder:
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
         self._open: dict[int, Span] = {}
+        #: Spans a source keeps open outside ``begin``/``end`` (the program's own OpenTelemetry
+        #: spans): key → (start ns, track id), one dict per source.
+        self.external_open: list[dict[Any, tuple[int, int]]] = []
         self._producers: list[tuple[Callable[[], list[Span]], Callable[[], tuple[bytes, bytes, int]] | None]] = []
         #: Spans taken by ``drain`` so far (the session's span limit counts them).
         self.spans_drained = 0
@@ -123,6 +126,13 @@ class Recorder:
         span._up = None
         self._open.pop(span.id, None)
         self.done.append(span)
+
+    def open_on_other_threads(self) -> bool:
+        """Whether a span begun on another thread than the calling one is still open."""
+        mine = self._track_id()
+        if any(span.track_id != mine for span in list(self._open.values())):
+            return True
+        return any(track != mine for spans in self.external_open for _, track in list(spans.values()))
 
     def close_open_spans(self, at_ns: int) -> int:
         """Ends spans left open (an interrupt, an exception through a hook) at ``at_ns``.

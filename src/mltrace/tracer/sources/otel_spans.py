@@ -65,6 +65,7 @@ class OtelSpanSource:
     def start(self, session: SessionView) -> None:
         """Waits for the program's ``opentelemetry.sdk.trace`` import."""
         self._session = session
+        session.recorder.external_open.append(self._open)  # open requests hold back an op cycle's stop
         self._hook = PostImportHook(SDK_MODULE, self._attach)
 
     def stop(self) -> list[Event]:

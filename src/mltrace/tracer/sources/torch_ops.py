@@ -8,7 +8,7 @@ runs ``torch.profiler.profile``; without, the ``torch.autograd.profiler.profile`
 underneath it (``_CpuProfile``), whose start does not import ``torch._inductor``.
 
 Cycles. Kineto keeps every event in memory until the profiler stops, so without
-CUDA activity the profiler runs in cycles: at the return of a PyTorch model call
+CUDA activity the profiler can run in cycles (opt-in, ``MLTRACE_OP_CYCLE_S``): at the return of a PyTorch model call
 (``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
 first cycle ends at the first model call's return) and the converter has
 finished the cycle before, on a thread allowed to stop it, the running profiler
@@ -24,8 +24,10 @@ cycle converted before it died (a file left in the run directory is a cycle
 that was being converted: ``mltrace import`` reads it). Ops reach the run as
 plain spans on their threads' tracks; the finish nests them under the layer
 spans (``nest_by_containment``), as before. A cycle ends between two model calls
-of the thread that ends it; an op running on another thread at that moment (an
-all-threads profiler) is lost. With CUDA activity the profiler runs whole, as
+of the thread that ends it, and waits while another thread has a span open (a
+model call, a request's span): the all-threads profiler's stop drops the ops
+running elsewhere at that moment, so only an op on another thread outside every
+span can be lost. With CUDA activity the profiler runs whole, as
 one cycle converted at ``stop()`` (``EXPORT_FILE``): the hand-over of CUPTI
 between Kineto and cupti-python is done only at the session's end.
 
@@ -105,8 +107,10 @@ if TYPE_CHECKING:
 #: (a cycle's: ``torch-profiler-<n>.json``).
 EXPORT_FILE = "torch-profiler.json"
 #: How long a cycle of the profiler records before it is converted (s; ``MLTRACE_OP_CYCLE_S``,
-#: 0: one cycle, converted at the end).
-CYCLE_S = 2.0
+#: 0: one cycle, converted at the end). Cycles are opt-in: each stop pauses the program's
+#: thread for the whole cycle's ops, and a thread that starts while the profiler switches
+#: cycles can go unrecorded (seen with a thread-per-request server).
+CYCLE_S = 0.0
 
 
 def cycle_seconds() -> float:
@@ -281,7 +285,8 @@ class TorchOpSource:
         """After every outermost model call (``Session.add_model_call_listener``): ends the
         running cycle where it is due, the converter has finished the cycle before it (else
         the running one goes on: stopped cycles waiting in its queue would each hold their
-        result), and this thread may stop the profiler."""
+        result), this thread may stop the profiler, and no other thread has a span open (the
+        all-threads profiler's stop drops the ops running there)."""
         if framework != self.framework or self._prof is None:
             return
         self._cycle_calls += 1
@@ -293,6 +298,8 @@ class TorchOpSource:
             return
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
+        if self._session is not None and self._session.recorder.open_on_other_threads():
+            return  # a stop would drop the ops in flight there (a request, a model call): later
         self._next_cycle(restart=True)
 
     def _next_cycle(self, restart: bool) -> None:
