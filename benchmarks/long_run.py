@@ -3,8 +3,9 @@ cycles and whole.
 
 Runs a 2-layer LSTM word model (10,000 tokens, 200 units, as pytorch/examples'
 word_language_model) sampling ``--steps`` words one at a time in a child process:
-plain; under ``mltrace python`` (every level, the op level streamed in cycles); and
-with ``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until the end). For each
+plain; under ``mltrace python`` (every level, the op level streamed in cycles of 2 s,
+``MLTRACE_OP_CYCLE_S=2``); and with ``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until
+the end, the default). For each
 it prints the child's wall time, the loop's own time, the child's peak resident
 memory (from ``wait4``) and, traced, the spans and the time from the loop's end to
 the child's exit. With ``--finish``, it then runs the end of a run (``finalize_run``)
@@ -102,7 +103,11 @@ def main() -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith("MLTRACE_")}
         plain = run_child([sys.executable, str(script)], base)
         print(f"plain: {json.dumps({k: round(v, 2) for k, v in plain.items()})}")
-        for label, extra in (("traced, op level in cycles", {}), ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"})):
+        conditions = (
+            ("traced, op level in cycles", {"MLTRACE_OP_CYCLE_S": "2"}),
+            ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
+        )
+        for label, extra in conditions:
             out = Path(tmp) / label.replace(" ", "_").replace(",", "").replace("=", "")
             cmd = [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(out), str(script)]
             row = run_child(cmd, {**base, **extra})
