@@ -1,14 +1,14 @@
 """The nesting of a run's span table as numpy columns: each row's parent and depth, nearest
 ancestors (``Tree``, built once per table by ``tree_of``), and call/duration sums per pair of
-rows (``pair_sums``). Shared by the analysis passes."""
+rows (``pair_sums``). Shared by the analysis passes; numpy is imported when they first run."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
+
     from mltrace.run.table import SpanTable
 
 _MAX_DEPTH = 100_000  # deeper than this only through a cyclic parent chain
@@ -18,6 +18,8 @@ class Tree:
     """Parent rows, depths and the rows of each depth (roots first) of a table."""
 
     def __init__(self, table: SpanTable) -> None:
+        import numpy as np
+
         parent = table.parent_row().copy()
         depth = _depths(parent)
         self.detached = np.zeros(len(parent), dtype=bool)  # rows cut off a cyclic parent chain
@@ -33,6 +35,8 @@ class Tree:
 
     def nearest(self, cond: np.ndarray) -> np.ndarray:
         """For each row, its nearest strict ancestor where ``cond`` holds (-1: none)."""
+        import numpy as np
+
         parent = self.parent
         near = np.full(len(parent), -1, dtype=np.int64)
         for rows in self.by_depth[1:]:
@@ -42,6 +46,8 @@ class Tree:
 
     def ancestor_or(self, flags: np.ndarray) -> np.ndarray:
         """For each row, the OR of ``flags`` over its strict ancestors."""
+        import numpy as np
+
         parent = self.parent
         out = np.zeros(len(parent), dtype=flags.dtype)
         for rows in self.by_depth[1:]:
@@ -60,6 +66,8 @@ def tree_of(table: SpanTable) -> Tree:
 
 def _depths(parent: np.ndarray) -> np.ndarray | None:
     """Number of ancestors of each row; on a cycle, detaches the rows caught in it and returns None."""
+    import numpy as np
+
     n = len(parent)
     depth = np.zeros(n, dtype=np.int64)
     active = np.nonzero(parent >= 0)[0]
@@ -79,6 +87,8 @@ def _depths(parent: np.ndarray) -> np.ndarray | None:
 
 def pair_sums(left: np.ndarray, right: np.ndarray, dur: np.ndarray) -> dict[int, dict[int, list[int]]]:
     """``left → {right: [calls, summed dur]}`` from parallel integer arrays (largest dur first per left)."""
+    import numpy as np
+
     out: dict[int, dict[int, list[int]]] = {}
     if not len(left):
         return out
