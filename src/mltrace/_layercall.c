@@ -990,7 +990,14 @@ static PyObject *take_frames(PyObject *mod, PyObject *queue) {
     return items;
 }
 
+static PyObject *forget_templates(PyObject *mod, PyObject *unused) {
+    clear_template_slots();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"forget_templates", forget_templates, METH_NOARGS,
+     "forget_templates() -> None: empties the template ids cached by address (when the templates dict starts over)."},
     {"take_frames", take_frames, METH_O,
      "take_frames(queue) -> list: every item of the deque, removed at once (no append from another thread falls between)."},
     {"encode_rows", encode_rows, METH_VARARGS,

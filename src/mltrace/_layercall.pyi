@@ -46,6 +46,9 @@ def encode_rows(
 ) -> tuple[bytes, bytes]:
     """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""
 
+def forget_templates() -> None:
+    """Empties the template ids cached by address (when the templates dict starts over)."""
+
 def take_frames(queue: Any) -> list[Any]:
     """Every item of the deque, removed at once (no append from another thread falls between)."""
 

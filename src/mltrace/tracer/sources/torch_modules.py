@@ -198,6 +198,10 @@ _TEMPLATE_CACHE_MAX = 4096
 _ENCODE_CHUNK = 256
 
 
+def _nothing() -> None:
+    """Does nothing (the Python encoder caches no template ids by address)."""
+
+
 def _take_all(queue: deque[Any]) -> list[Any]:
     """Every item of ``queue``, popped from the left (the C helper's ``take_frames`` where built)."""
     return [queue.popleft() for _ in range(len(queue))]
@@ -251,6 +255,7 @@ class TorchModuleSource:
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
         self._take_frames: Callable[[deque[Any]], list[Any]] = _take_all
+        self._forget_templates: Callable[[], None] = _nothing
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         #: id(model) → its invocation counter (a model call takes the next number).
         self._invocations: dict[int, Iterator[int]] = {}
@@ -442,13 +447,14 @@ class TorchModuleSource:
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall, clear_caches, encode_rows, take_frames
+            from mltrace._layercall import LayerCall, clear_caches, encode_rows, forget_templates, take_frames
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
         self._encode_rows = encode_rows
         self._take_frames = take_frames
+        self._forget_templates = forget_templates
         self._clear_caches = clear_caches
         clear_caches()  # the encoder's process-wide caches start empty for each session
         return LayerCall
@@ -608,6 +614,7 @@ class TorchModuleSource:
         level = int(Level.LAYER)
         if len(self._templates) >= _TEMPLATE_CACHE_MAX:
             self._templates.clear()  # templates already written stay valid; new ones get new ids
+            self._forget_templates()
         if self._encode_rows is None:
             templates, rows = self._encode_rows_python(batch, level)
             return templates, rows, len(batch)
