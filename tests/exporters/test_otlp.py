@@ -638,6 +638,18 @@ def _otlp_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "OTLP" in line]
 
 
+def _assert_sent_line(stderr: str, spans: int, url: str) -> None:
+    """The CLI's one OTLP line: every span sent, split into those sent while the program ran
+    and at the end, nothing dropped or failed."""
+    lines = _otlp_lines(stderr)
+    assert len(lines) == 1, stderr
+    head = f"mltrace: OTLP: {spans} spans sent to {url} (grpc): "
+    assert lines[0].startswith(head), lines[0]
+    live, _, rest = lines[0][len(head) :].partition(" while the program ran, ")
+    end, _, tail = rest.partition(" at the end; ")
+    assert int(live) + int(end) == spans and tail == "0 dropped, 0 failed", lines[0]
+
+
 @pytest.mark.parametrize("spelling", ["--otlp URL", "--otlp=URL", "--otlp HOST:PORT"])
 def test_trace_command_sends_with_either_spelling(spelling: str, tmp_path: Path) -> None:
     r = GrpcReceiver()
@@ -654,7 +666,7 @@ def test_trace_command_sends_with_either_spelling(spelling: str, tmp_path: Path)
     got = received(r.requests)
     assert sorted(_span_id_attr(sp) for _res, sp in got) == sorted(s.id for s in run.spans)
     assert {sp.name for _res, sp in got} >= {"step0", "step1", "step2"}
-    assert _otlp_lines(out.stderr) == [f"mltrace: OTLP: {len(run.spans)} spans sent to {r.url} (grpc)"]
+    _assert_sent_line(out.stderr, len(run.spans), r.url)
     assert "warning" not in out.stderr
 
 
@@ -664,7 +676,9 @@ def test_trace_command_with_a_down_receiver_says_why_and_keeps_the_status(tmp_pa
     assert out.returncode == 5, out.stderr
     assert out.stdout.strip() == "argv ['5']"
     lines = _otlp_lines(out.stderr)
-    assert len(lines) == 1 and lines[0].startswith(f"mltrace: OTLP: not sent to {url}: "), out.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"mltrace: OTLP: 0 spans sent to {url} (grpc): "), out.stderr
+    n = len(load_run(tmp_path / "run").spans)
+    assert f"; {n} not delivered: " in lines[0] and "UNAVAILABLE" in lines[0], lines[0]  # how many, and why
     assert load_run(tmp_path / "run").complete
 
 
@@ -694,4 +708,4 @@ def test_bare_otlp_leaves_the_next_word_to_be_the_script(tmp_path: Path) -> None
     assert out.stdout.strip() == "argv ['a']"
     n = len(load_run(tmp_path / "run").spans)
     assert len(received(r.requests)) == n
-    assert _otlp_lines(out.stderr) == [f"mltrace: OTLP: {n} spans sent to {env_url} (grpc)"]
+    _assert_sent_line(out.stderr, n, env_url)
