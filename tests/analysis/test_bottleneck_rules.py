@@ -68,6 +68,19 @@ ROWS: list[tuple[str, dict[str, Any], Bound, str]] = [
         Bound.COMPUTE,
         "ridge",
     ),
+    # faster than the roofline allows (1 GFLOP needs 10 ms): the estimate is wrong, no verdict
+    (
+        "above the roofline",
+        {"time_ns": 5 * MS, "flops": 1e9, "moved_bytes": 1e6},
+        Bound.UNKNOWN,
+        "the work estimate needs 10000.0 µs at the roofline, more than its 5000.0 µs",
+    ),
+    (
+        "above the roofline on the gpu",
+        {"time_ns": 3 * MS, "flops": 1e9, "moved_bytes": 1e6, "kernels": 10, "device_ns": 2 * MS},
+        Bound.UNKNOWN,
+        "the work estimate needs 10000.0 µs at the roofline, more than its 2000.0 µs",
+    ),
 ]
 
 
@@ -76,6 +89,14 @@ def test_rules(case: str, numbers: dict[str, Any], bound: Bound, reason: str) ->
     v = classify(peak_flops=P, peak_bytes=W, **numbers)
     assert v.bound is bound, v.reason
     assert reason in v.reason
+
+
+def test_a_point_above_the_roofline_carries_no_numbers() -> None:
+    v = classify(time_ns=5 * MS, flops=1e9, moved_bytes=1e6, peak_flops=P, peak_bytes=W, basis="formula")
+    assert (v.intensity, v.efficiency, v.achieved_flops, v.basis) == (None, None, None, "formula")
+    # exactly at the roofline is still judged
+    at = classify(time_ns=10 * MS, flops=1e9, moved_bytes=1e6, peak_flops=P, peak_bytes=W)
+    assert at.bound is Bound.COMPUTE and at.efficiency == pytest.approx(1.0)
 
 
 def test_verdict_carries_its_numbers() -> None:
@@ -90,6 +111,7 @@ def test_thresholds_are_parameters() -> None:
     numbers: dict[str, Any] = {"time_ns": 1000 * MS, "flops": 1e9, "moved_bytes": 1e6, "peak_flops": P, "peak_bytes": W}
     assert classify(**numbers).bound is Bound.OVERHEAD  # 1% < 2%
     assert classify(**numbers, th=Thresholds(min_efficiency=0.005)).bound is Bound.COMPUTE
-    launch: dict[str, Any] = {**numbers, "time_ns": 3 * MS, "kernels": 10, "device_ns": 2 * MS}
-    assert classify(**launch).bound is Bound.COMPUTE  # CPU 1.5× the GPU time: under the 2× line
+    # 1 GFLOP in 20 ms of kernels (50% of the roofline), CPU 1.5× the GPU time: under the 2× line
+    launch: dict[str, Any] = {**numbers, "time_ns": 30 * MS, "kernels": 10, "device_ns": 20 * MS}
+    assert classify(**launch).bound is Bound.COMPUTE
     assert "launch-bound" in classify(**launch, th=Thresholds(launch_ratio=1.2)).reason

@@ -127,6 +127,8 @@ def classify(
        least ``launch_ratio`` × the device time → overhead-bound.
     3. no work estimate → overhead-bound if many tiny ops, else unknown; a known
        zero (a view, an identity) → overhead-bound.
+    3c. roofline efficiency (below) above 1: faster than the roofs allow, so the
+       work estimate (or a roof) is wrong → unknown, with no efficiency.
     4. roofline efficiency e = max(FLOP/peak, bytes/bandwidth) ÷ time (device
        time when kernels ran): many tiny ops and e < ``tiny_efficiency``, or
        e < ``min_efficiency`` → overhead-bound.
