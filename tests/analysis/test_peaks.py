@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,16 +12,19 @@ from mltrace.analysis import peaks as peaks_mod
 from mltrace.analysis.peaks import (
     Peaks,
     cache_dir,
+    cpu_flags,
+    cpu_frequency_hz,
     cpu_peaks,
     gpu_names,
     gpu_peaks,
+    isa_flops_per_core,
     peaks_for_run,
     read_cached,
     run_host_key,
     this_host_key,
     write_cache,
 )
-from mltrace.run.metadata import host_metadata
+from mltrace.run.metadata import cpu_model, host_metadata
 from mltrace.settings import CACHE_DIR
 
 
@@ -108,12 +112,26 @@ def test_gpu_names_from_run_metadata() -> None:
     assert gpu_names({"host": "x", "devices": "y"}) == []
 
 
-def test_peaks_for_runs_from_here_elsewhere_and_gpus(cache: Path) -> None:
+def test_peaks_for_runs_from_here_elsewhere_and_gpus(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_cache(this_host_key(), Peaks("cpu", "here", 5e10, 5e9, "measured"))
     here = {"host": host_metadata()}
     assert run_host_key(here) == this_host_key()
+    # This host's cached peaks, the FLOP roof at least the ISA's bound of this CPU's flags and clock.
+    cores = here["host"]["cpu_count"] or os.cpu_count()
+    isa = isa_flops_per_core(cpu_flags(), cpu_frequency_hz(cpu_model()))
     ps = peaks_for_run(here, has_gpu_kernels=False)
-    assert ps.cpu.name == "here" and ps.cpu.note == "" and ps.gpu is None
+    assert ps.cpu.name == "here" and ps.cpu.bytes_per_s == 5e9 and ps.gpu is None
+    if isa is not None and isa > 5e10 / cores:
+        assert ps.cpu.flops_per_s == pytest.approx(isa * cores)
+        measured = 5e10 / cores / 1e9
+        assert ps.cpu.note == f"FLOP/s roof: the ISA's bound, {isa / 1e9:.0f} GFLOP/s a core (the measured matmul reached {measured:.0f})"
+    else:
+        assert ps.cpu.flops_per_s == pytest.approx(5e10) and ps.cpu.note == ""
+    # ... and where the flags say nothing of the ISA, the cached roof as it is, with no note.
+    with monkeypatch.context() as m:
+        m.setattr(peaks_mod, "cpu_flags", set)
+        ps = peaks_for_run(here, has_gpu_kernels=False)
+    assert ps.cpu.name == "here" and ps.cpu.note == "" and ps.cpu.flops_per_s == pytest.approx(5e10)
     # A run from another host whose peaks were never cached here: this machine's, with a note.
     other = {"host": {"hostname": "elsewhere", "cpu": "Other CPU", "cpu_count": 128}}
     ps = peaks_for_run(other, has_gpu_kernels=False)
