@@ -4,22 +4,36 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import mltrace
 from conftest import mltrace_cmd
 from mltrace.run.redact import REDACTED, looks_secret, redact_command
+from mltrace.run.store import Run
 
 SCRIPT = """
+import os
+import subprocess
 import sys
 import mltrace
 print("argv", sys.argv[1:], flush=True)
 with mltrace.span("request", api_key="{key}", batch=8):
     pass
+pid = os.fork()  # a followed child with a session of its own (procs/<pid>/)
+if pid == 0:
+    with mltrace.span("child request", api_key="{key}"):
+        pass
+    sys.exit(0)
+os.waitpid(pid, 0)
+# a followed child that imports no framework: only named in the run (procs/process-<pid>.json)
+subprocess.run([sys.executable, "-c", "pass", *sys.argv[1:]], check=True)
 """
 SECRETS = ("abc123tok", "hunter2pw", "bearer-xyz", "s3cretdb", "k3yval")
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (the script forks a followed child)")
 
 
 def _trace(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -35,21 +49,39 @@ def _trace(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedPro
     return res, out
 
 
+def _children(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The forked child's and the subprocess's entries in run.json's ``processes``."""
+    main, forked, sub = run.meta["processes"]
+    assert main["role"] == "main" and forked.get("start") == "fork" and forked["spans"] > 0
+    assert sub["spans"] == 0 and sub["command"][:3] == [sys.executable, "-c", "pass"]
+    return forked, sub
+
+
+@needs_fork
 def test_no_secret_reaches_the_run_directory(tmp_path: Path) -> None:
     res, out = _trace(tmp_path, {})
     assert "abc123tok" in res.stdout and "hunter2pw" in res.stdout  # the program sees its own arguments
-    for path in out.iterdir():
+    # The followed children's folders and notes are merged, then removed: nothing else is left.
+    assert sorted(p.name for p in out.iterdir()) == ["events.jsonl", "run.json", "spans.bin", "trace.pftrace"]
+    for path in out.rglob("*"):
         data = path.read_bytes()
         for secret in SECRETS:
-            assert secret.encode() not in data, f"{secret} in {path.name}"
+            assert secret.encode() not in data, f"{secret} in {path.relative_to(out)}"
     run = mltrace.load_run(out)
-    assert run.meta["command"][-6:] == ["--token=[redacted]", "--password", REDACTED, "Authorization: [redacted]", "--batch", "8"]
+    redacted = ["--token=[redacted]", "--password", REDACTED, "Authorization: [redacted]", "--batch", "8"]
+    assert run.meta["command"][-6:] == redacted
+    forked, sub = _children(run)
+    assert forked["command"][-6:] == sub["command"][-6:] == redacted  # the children's command lines too
     assert run.meta["environment"]["MLTRACE_DB_PASS"] == REDACTED
     assert run.meta["environment"]["OMP_NUM_THREADS"] == "2"
     (span,) = [s for s in run.spans if s.name == "request"]
     assert span.attrs["api_key"] == REDACTED and span.attrs["batch"] == 8
+    (child_span,) = [s for s in run.spans if s.name == "child request"]
+    assert child_span.attrs["api_key"] == REDACTED
+    assert run.tracks[child_span.track_id].pid == forked["pid"] != run.tracks[span.track_id].pid
 
 
+@needs_fork
 def test_otlp_command_args_are_redacted(tmp_path: Path) -> None:
     pytest.importorskip("opentelemetry.proto")
     from mltrace.exporters.otlp import resource_attributes
@@ -59,12 +91,17 @@ def test_otlp_command_args_are_redacted(tmp_path: Path) -> None:
     assert "--token=[redacted]" in args and not any(s in " ".join(args) for s in SECRETS)
 
 
+@needs_fork
 def test_redaction_can_be_switched_off(tmp_path: Path) -> None:
     _, out = _trace(tmp_path, {"MLTRACE_REDACT": "0"})
     run = mltrace.load_run(out)
     assert "--token=abc123tok" in run.meta["command"] and "hunter2pw" in run.meta["command"]
+    for child in _children(run):
+        assert "--token=abc123tok" in child["command"] and "hunter2pw" in child["command"]
     (span,) = [s for s in run.spans if s.name == "request"]
     assert span.attrs["api_key"] == "k3yval"
+    (child_span,) = [s for s in run.spans if s.name == "child request"]
+    assert child_span.attrs["api_key"] == "k3yval"
     assert run.meta["environment"]["MLTRACE_DB_PASS"] == REDACTED  # variables: always
 
 

@@ -18,9 +18,11 @@ from mltrace.follow import IDLE_PREFIX, PROCS_DIR, UNFOLLOWED_PREFIX
 WAIT_S = 3.0
 
 
-def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None) -> None:
+def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None, *, redact: bool = True) -> None:
     """The parent session's finish (``Session.finish``): ``finalize_run`` with the children's
-    events merged in; their folders are removed once the merged run is written."""
+    events merged in; their folders and notes, then ``procs/`` itself, are removed once the
+    merged run is written. ``redact``: the session's ``ProfileOptions.redact``, applied to the
+    command lines of the notes (a child's own session redacts its own)."""
     from mltrace.finish import finalize_run
     from mltrace.follow.child import describe
 
@@ -31,13 +33,21 @@ def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], No
     merged: list[Path] = []
 
     def extend(run: Any) -> Any:
-        merged_run = merge_children(run, children, meta)
-        merged.extend(children)
+        notes = _notes(procs, IDLE_PREFIX) + _notes(procs, UNFOLLOWED_PREFIX)  # listed first: a later one is kept
+        merged_run = merge_children(run, children, meta, redact=redact)
+        merged.extend(children + notes)
         return merged_run
 
     finalize_run(run_dir, meta, phase, extend=extend)
-    for child in merged:
-        shutil.rmtree(child, ignore_errors=True)
+    for path in merged:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    try:
+        procs.rmdir()  # kept where a child still running wrote there since
+    except OSError:
+        pass
 
 
 def wait_for_children(procs: Path, wait_s: float = WAIT_S) -> list[Path]:
@@ -53,10 +63,12 @@ def wait_for_children(procs: Path, wait_s: float = WAIT_S) -> list[Path]:
         time.sleep(0.02)
 
 
-def merge_children(run: Any, children: list[Path], meta: dict[str, Any]) -> Any:
+def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, redact: bool = True) -> Any:
     """``run`` with each child's events appended (``run/merge.py``); run.json's ``processes``
-    lists every process, ``unfollowed`` every child that could not be followed."""
+    lists every process, ``unfollowed`` every child that could not be followed. With ``redact``
+    the notes' command lines are redacted (``run/redact.redact_command``), as the run's own is."""
     from mltrace.run.merge import RunMerger
+    from mltrace.run.redact import redact_command
     from mltrace.run.store import RunError, load_run
 
     merger = RunMerger(run)
@@ -79,7 +91,11 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any]) -> Any:
                 f"process {entry['pid']} ({entry['role']}) had not finished its trace when the run ended (still running, "
                 "or killed): it has what it streamed"
             )
-    for note in read_notes(run.path / PROCS_DIR, IDLE_PREFIX):
+    notes = {prefix: read_notes(run.path / PROCS_DIR, prefix) for prefix in (IDLE_PREFIX, UNFOLLOWED_PREFIX)}
+    for note in notes[IDLE_PREFIX] + notes[UNFOLLOWED_PREFIX]:
+        if redact and isinstance(note.get("argv"), list):
+            note["argv"] = redact_command([str(arg) for arg in note["argv"]])
+    for note in notes[IDLE_PREFIX]:
         pid = merger.add_process(int(note.get("pid") or 0), "MainThread")
         processes.append(
             {
@@ -93,7 +109,7 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any]) -> Any:
             }
         )
     meta["processes"] = processes
-    unfollowed = read_notes(run.path / PROCS_DIR, UNFOLLOWED_PREFIX)
+    unfollowed = notes[UNFOLLOWED_PREFIX]
     if unfollowed:
         meta["unfollowed"] = unfollowed
         for note in unfollowed:
@@ -117,7 +133,7 @@ def read_notes(procs: Path, prefix: str) -> list[dict[str, Any]]:
     """The notes of the children that could not be followed (``procs/unfollowed-<pid>.json``) or
     recorded nothing (``procs/process-<pid>.json``)."""
     notes = []
-    for path in sorted(procs.glob(f"{prefix}*.json")) if procs.is_dir() else []:
+    for path in _notes(procs, prefix):
         try:
             note = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -125,6 +141,11 @@ def read_notes(procs: Path, prefix: str) -> list[dict[str, Any]]:
         if isinstance(note, dict):
             notes.append(note)
     return notes
+
+
+def _notes(procs: Path, prefix: str) -> list[Path]:
+    """The note files ``read_notes`` reads."""
+    return sorted(procs.glob(f"{prefix}*.json")) if procs.is_dir() else []
 
 
 def _pid_of(child: Path) -> int:

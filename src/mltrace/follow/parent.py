@@ -3,6 +3,7 @@ environment, follows its forks, and at its finish merges the children's events i
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ class Following:
         set_spec(spec)
         set_context(self._context.traceparent)
         self._context.install()
-        session.finish = finish_parent
+        session.finish = functools.partial(finish_parent, redact=session.options.redact)
         session.meta["process"] = {"pid": os.getpid(), "role": "main"}
         session.tracks.current_thread()  # the process has a track even where it records nothing
         watch_ranks(session)
