@@ -238,19 +238,51 @@ def test_sigterm_sigint_finish_the_trace(tmp_path: Path, sig: int, status: int) 
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_leaves_the_run_to_its_parent(tmp_path: Path) -> None:
-    """A child the script forks has the session's copy but not its threads: it records nothing
-    more, takes the layer wrapper out, writes nothing and prints no summary; the parent's run
-    is whole. (At the op level a forked child that exits normally hangs in Kineto's exit
-    handlers, as it does under torch.profiler alone, so this runs at the layer level.)"""
+def test_a_forked_child_is_followed_into_the_run(tmp_path: Path) -> None:
+    """Following children (the default): a child the script forks starts its own session (the
+    layer wrapper put back in for it), streams into procs/<pid>/, prints no summary, and the
+    parent's finish merges its call into the run as a second process; procs/ is then gone.
+    (Layer level: see the --no-follow test below.)"""
     traced = run_cli("python", "-o", str(tmp_path / "run"), "--level", "layer", str(SCRIPTS / "fork_child.py"), cwd=tmp_path)
+    assert traced.returncode == 0, traced.stderr.decode()
+    out = traced.stdout.decode()
+    assert "child done, Module.__call__ is a LayerCall" in out  # the child's own session's wrapper
+    assert "parent done, child status 0" in out
+    assert traced.stderr.decode().count("model calls, model time") == 1  # one summary: the parent's
+    assert not (tmp_path / "run" / "procs").exists()
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete and run.meta["pid"] != 0
+    main, child = run.meta["processes"]
+    assert (main["pid"], main["role"]) == (run.meta["pid"], "main")
+    assert (child["ppid"], child["start"], child["finished"]) == (run.meta["pid"], "fork", True)
+    assert child["pid"] != main["pid"] and not run.meta.get("unfollowed")
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    by_pid: dict[int, list[int]] = {}
+    for m in models:
+        by_pid.setdefault(run.tracks[m.track_id].pid, []).append(m.attrs["ml.model.invocation"])
+    assert by_pid == {main["pid"]: [1, 2], child["pid"]: [1]}  # the parent's two calls, the child's one
+    main_track = {m.track_id for m in models if run.tracks[m.track_id].pid == main["pid"]}
+    child_track = {m.track_id for m in models if run.tracks[m.track_id].pid == child["pid"]}
+    assert len(main_track) == len(child_track) == 1  # one thread each
+    assert {s.track_id for s in run.spans} == main_track | child_track
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_leaves_the_run_to_its_parent_with_no_follow(tmp_path: Path) -> None:
+    """With --no-follow a child the script forks has the session's copy but not its threads: it
+    records nothing more, takes the layer wrapper out, writes nothing and prints no summary; the
+    parent's run is whole. (At the op level a forked child that exits normally hangs in Kineto's
+    exit handlers, as it does under torch.profiler alone, so this runs at the layer level.)"""
+    run_dir = tmp_path / "run"
+    traced = run_cli("python", "--no-follow", "-o", str(run_dir), "--level", "layer", str(SCRIPTS / "fork_child.py"), cwd=tmp_path)
     assert traced.returncode == 0, traced.stderr.decode()
     out = traced.stdout.decode()
     assert "child done, Module.__call__ is a function" in out  # torch's own, not the C wrapper
     assert "parent done, child status 0" in out
     assert traced.stderr.decode().count("model calls, model time") == 1  # one summary: the parent's
-    run = mltrace.load_run(tmp_path / "run")
-    assert run.complete and run.meta["pid"] != 0
+    assert not (run_dir / "procs").exists()
+    run = mltrace.load_run(run_dir)
+    assert run.complete and run.meta["pid"] != 0 and "processes" not in run.meta
     models = [s for s in run.spans if s.level == Level.MODEL]
     assert [m.attrs["ml.model.invocation"] for m in models] == [1, 2]  # the parent's two calls
     assert {s.track_id for s in run.spans} == {models[0].track_id}  # one process, one thread

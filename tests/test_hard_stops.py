@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,17 @@ needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 
 
 @needs_fork
+@pytest.mark.parametrize("follow", [True, False], ids=["follow", "no-follow"])
 @pytest.mark.parametrize("level", [None, "model"])
-def test_a_forked_child_that_exits_never_hangs(tmp_path: Path, level: str | None) -> None:
+def test_a_forked_child_that_exits_never_hangs(tmp_path: Path, level: str | None, follow: bool) -> None:
     """At the default level torch.profiler runs: its Kineto configuration thread is not in the
     child, whose C++ teardown used to wait for it forever. The children leave with their own
-    status, their C stdio output is kept, and the parent's run is whole."""
+    status, their C stdio output is kept, and the parent's run is whole. Followed (the default),
+    each child's three calls are merged into the run on its own process; with --no-follow the
+    run has the parent's calls only."""
     pytest.importorskip("torch")
-    args = ["python", "-q", "-o", str(tmp_path / "run"), *(["--level", level] if level else []), str(FORK_EXIT), "7"]
+    args = ["python", "-q", *([] if follow else ["--no-follow"]), "-o", str(tmp_path / "run")]
+    args += [*(["--level", level] if level else []), str(FORK_EXIT), "7"]
     res = _run(mltrace_cmd(*args), tmp_path)
     assert res.returncode == 0, res.stderr
     for status in (7, 0):
@@ -51,12 +56,23 @@ def test_a_forked_child_that_exits_never_hangs(tmp_path: Path, level: str | None
         assert f"child {status} wrote through C stdio" in res.stdout
         assert f"parent: child status {status}" in res.stdout
     assert res.stdout.rstrip().endswith("parent done")
+    assert not (tmp_path / "run" / "procs").exists()
     run = mltrace.load_run(tmp_path / "run")
     assert run.complete and run.meta["exit_status"] == 0
-    models = [s for s in run.spans if s.level == Level.MODEL]
-    assert len(models) == 2  # the parent's calls only
+    models = Counter(run.tracks[s.track_id].pid for s in run.spans if s.level == Level.MODEL)
+    if follow:
+        main, *children = run.meta["processes"]
+        assert main["pid"] == run.meta["pid"] and len(children) == 2
+        assert all(c["start"] == "fork" and c["finished"] and c["ppid"] == main["pid"] for c in children)
+        assert models == {main["pid"]: 2, children[0]["pid"]: 3, children[1]["pid"]: 3}
+    else:
+        assert "processes" not in run.meta
+        assert models == {run.meta["pid"]: 2}  # the parent's calls only
     if level is None:
-        assert any(s.level == Level.OP for s in run.spans)
+        ops = {run.tracks[s.track_id].pid for s in run.spans if s.level == Level.OP}
+        assert run.meta["pid"] in ops
+        if follow:  # each child ran torch.profiler in its own session
+            assert ops == set(models)
 
 
 @needs_fork
