@@ -612,8 +612,8 @@ class Session:
         took = time.perf_counter() - t0
         if all(s in self._op_sources_ended for group in self._op_sources.values() for s in group):
             self._memory_watch = None
-        if not ended and window.calls == 0:
-            return  # a framework that never ran a model: nothing to file under its name
+        if window.calls == 0 and (not ended or any(w.calls for w in windows)):
+            return  # a framework that never ran a model (while another did): nothing to file under its name
         top = self.meta.setdefault("op_window", {})
         entry = top if framework is None else top.setdefault("frameworks", {}).setdefault(framework, {})
         entry["reason"] = window.reason
