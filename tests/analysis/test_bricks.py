@@ -433,8 +433,9 @@ def test_a_construction_from_means_compares_with_the_models_mean(residual_runs: 
     (by_median,) = assemble(bset, timings, [], **kw).constructions
     mean_report = assemble(bset, timings, [], statistic="mean", **kw)
     (by_mean,) = mean_report.constructions
-    assert (by_median.bricks_ns, by_median.glue_ns, by_median.measured_ns) == (400.0, m.glue_ns, m.measured_ns)
-    assert (by_mean.bricks_ns, by_mean.glue_ns, by_mean.measured_ns) == (1200.0, m.glue_mean_ns, m.measured_mean_ns)
+    assert (by_median.bricks_ns, by_median.glue_ns, by_median.measured_ns) == pytest.approx((400.0, m.glue_ns, m.measured_ns), rel=1e-12)
+    expected = (1200.0, m.glue_mean_ns, m.measured_mean_ns)  # sums of floats: equal to rounding
+    assert (by_mean.bricks_ns, by_mean.glue_ns, by_mean.measured_ns) == pytest.approx(expected, rel=1e-12)
     assert mean_report.to_json()["protocol"]["statistic"] == "mean"
     with pytest.raises(ValueError, match="statistic"):
         assemble(bset, timings, [], statistic="mode", **kw)
