@@ -29,6 +29,11 @@ log = logging.getLogger("mltrace")
 current_span: ContextVar[Span | None] = ContextVar("mltrace_current_span", default=None)
 
 
+def take_all(queue: deque[Any]) -> list[Any]:
+    """Every item of ``queue`` now, popped from the left (items appended meanwhile stay)."""
+    return [queue.popleft() for _ in range(len(queue))]
+
+
 class Recorder:
     """Records live events of one session.
 
@@ -170,11 +175,7 @@ class Recorder:
         rather than ``spans``.
         """
 
-        def take(dq: deque[Any]) -> list[Any]:
-            n = len(dq)
-            return [dq.popleft() for _ in range(n)]
-
-        spans = take(self.done)
+        spans = take_all(self.done)
         span_rows: list[bytes] = []
         span_templates: list[bytes] = []
         for produce, encode in self._producers:
@@ -198,11 +199,11 @@ class Recorder:
                 except Exception as exc:  # a source's bug must not lose the span
                     span.attrs["mltrace.error"] = f"attribute finalizer failed: {exc}"
         batch = {
-            "tracks": take(self.tracks.pending),
+            "tracks": take_all(self.tracks.pending),
             "spans": spans,
-            "instants": take(self.instants),
-            "counters": take(self.counters),
-            "flows": take(self.flows),
+            "instants": take_all(self.instants),
+            "counters": take_all(self.counters),
+            "flows": take_all(self.flows),
         }
         if encoded:
             batch["span_rows"] = [r for r in span_rows if r]

@@ -40,6 +40,7 @@ from mltrace.run.levels import Level
 from mltrace.settings import LAYER_HOT_PATH, TORCH_HOOKS
 from mltrace.tracer.callsite import is_model_code, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
+from mltrace.tracer.recorder import take_all
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.hf_generate import GenerateSpans
 from mltrace.tracer.sources.torch_layer_config import layer_config
@@ -202,11 +203,6 @@ def _nothing() -> None:
     """Does nothing (the Python encoder caches no template ids by address)."""
 
 
-def _take_all(queue: deque[Any]) -> list[Any]:
-    """Every item of ``queue``, popped from the left (the C helper's ``take_frames`` where built)."""
-    return [queue.popleft() for _ in range(len(queue))]
-
-
 class _Static:
     """Per-module facts computed once: type, parameters, class source location."""
 
@@ -254,7 +250,7 @@ class TorchModuleSource:
         self._templates: dict[tuple[str | None, str | None, str, str, str], int] = {}
         self._template_ids = itertools.count(1)
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
-        self._take_frames: Callable[[deque[Any]], list[Any]] = _take_all
+        self._take_frames: Callable[[deque[Any]], list[Any]] = take_all  # the C helper's take_frames where built
         self._forget_templates: Callable[[], None] = _nothing
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         #: id(model) → its invocation counter (a model call takes the next number).
