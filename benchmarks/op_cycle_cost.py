@@ -30,9 +30,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity  # noqa: E402
 
+from mltrace.formats.kineto import kineto_to_events, load_kineto_json  # noqa: E402
 from mltrace.run.gcpause import gc_paused  # noqa: E402
 from mltrace.tracer.memwatch import release_free_memory  # noqa: E402
-from mltrace.tracer.sources.kineto import kineto_to_events, load_kineto_json  # noqa: E402
 from mltrace.tracer.sources.torch_ops import _all_threads_config, _CpuProfile, _release  # noqa: E402
 from mltrace.tracer.tracks import TrackRegistry  # noqa: E402
 

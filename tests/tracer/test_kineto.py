@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from mltrace.formats.kineto import KinetoEvents, kineto_to_events, load_kineto_json, trace_cuda_major
 from mltrace.run.events import Span, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run, RunError
 from mltrace.tracer.passes.gpu_library import attribute_gpu_library
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, nest_by_containment
-from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json, trace_cuda_major
 from mltrace.tracer.tracks import TrackRegistry
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kineto"

@@ -21,12 +21,12 @@ from typing import Any
 
 from mltrace._version import __version__
 from mltrace.errors import UsageError
+from mltrace.formats.kineto import KinetoEvents, kineto_to_events, load_kineto_json
 from mltrace.run import store
 from mltrace.run.events import Track
 from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
 from mltrace.settings import DEBUG
-from mltrace.tracer.sources.kineto import KinetoEvents, kineto_to_events, load_kineto_json
 from mltrace.tracer.tracks import TrackRegistry
 
 SOURCE_NAME = "kineto-import"

@@ -90,13 +90,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mltrace.formats.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.levels import Level
 from mltrace.settings import OP_CYCLE_S
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
-from mltrace.tracer.sources.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
+from mltrace.tracer.sources.base import Source
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -140,7 +141,7 @@ def _cuda_possible() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd"))
 
 
-class TorchOpSource:
+class TorchOpSource(Source):
     """Op spans (and CUDA kernels) for PyTorch, recorded by ``torch.profiler``.
 
     Attributes:
@@ -180,6 +181,11 @@ class TorchOpSource:
     @property
     def profiling(self) -> bool:
         """Whether torch.profiler is running (it waits for the program's ``import torch``)."""
+        return self._prof is not None
+
+    @property
+    def recording_ops(self) -> bool:
+        """Its ops are recorded while torch.profiler runs."""
         return self._prof is not None
 
     @property

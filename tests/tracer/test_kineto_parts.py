@@ -1,0 +1,160 @@
+"""The parts of the Kineto conversion (``mltrace.formats.kineto``), one table each: what a
+single complete event becomes, why one is skipped, which times and ids are read, and that the
+module imports nothing of the tracer (the op level's converter process runs it)."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mltrace.formats import kineto
+from mltrace.formats.kineto import kineto_to_events
+from mltrace.run.levels import Level
+from mltrace.tracer.tracks import TrackRegistry
+
+SRC = Path(kineto.__file__).resolve().parents[2]
+
+
+def convert_one(event: dict[str, Any], **top: Any) -> kineto.KinetoEvents:
+    """Converts a trace of one event (pid 1, tid 2 unless given), ``baseTimeNanoseconds`` 0."""
+    base = {"ph": "X", "pid": 1, "tid": 2, "ts": 10, "dur": 5}
+    trace = {"traceEvents": [{**base, **event}], "baseTimeNanoseconds": 0, **top}
+    ids = itertools.count(1)
+    return kineto_to_events(trace, TrackRegistry(pid=1), ids.__next__, lambda ns: ns, external_ids=True)
+
+
+@pytest.mark.parametrize(
+    ("event", "level", "name", "attrs"),
+    [
+        (
+            {
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "args": {"Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"], "External id": 7},
+            },
+            Level.OP,
+            "aten::mm",
+            {
+                "ml.framework": "pytorch",
+                "ml.op.name": "aten::mm",
+                "ml.input.shapes": [[2, 3], [3, 4]],
+                "ml.input.dtypes": ["float", "float"],
+                "ml.flops": 48,
+                "kineto.external_id": 7,
+            },
+        ),
+        (
+            {"cat": "cpu_op", "name": "aten::relu", "args": {"flops": 9}},
+            Level.OP,
+            "aten::relu",
+            {"ml.framework": "pytorch", "ml.op.name": "aten::relu", "ml.flops": 9},
+        ),
+        ({"cat": "user_annotation", "name": "step", "args": {"correlation": 3}}, Level.USER, "step", {}),
+        (
+            {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"cbid": 211, "correlation": 5}},
+            Level.KERNEL,
+            "cudaLaunchKernel",
+            {"cuda.api.name": "cudaLaunchKernel", "cuda.api.kind": "runtime", "cuda.api.cbid": 211, "gpu.correlation_id": 5},
+        ),
+        (
+            {"cat": "gpu_memset", "name": "Memset (Device)", "args": {"device": 0, "stream": 7, "bytes": 64, "correlation": 5}},
+            Level.KERNEL,
+            "Memset (Device)",
+            {"gpu.device": 0, "gpu.stream": 7, "gpu.activity": "gpu_memset", "gpu.bytes": 64, "gpu.correlation_id": 5},
+        ),
+    ],
+)
+def test_one_complete_event_becomes_one_span(event: dict[str, Any], level: Level, name: str, attrs: dict[str, Any]) -> None:
+    out = convert_one(event)
+    assert [(s.level, s.name, s.attrs, s.start_ns, s.end_ns) for s in out.spans] == [(level, name, attrs, 10_000, 15_000)]
+    assert out.stats.spans_by_category == {event["cat"]: 1}
+    assert out.stats.skipped == {}
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"cat": "python_function", "name": "torch/nn/functional.py(1): relu"}, "python_function (not a module)"),
+        ({"cat": "python_function", "name": "nn.Module: Linear_0", "args": {}}, "python_function (no Python id)"),
+        ({"cat": "fwdbwd", "name": "x"}, "fwdbwd"),
+        ({"cat": "", "name": "x"}, "(no category)"),
+        ({"cat": "cpu_op", "name": "x", "ts": "10"}, "bad ts/dur"),
+        ({"cat": "cpu_op", "name": "x", "dur": -1}, "bad ts/dur"),
+        ({"cat": "cpu_op", "name": "x", "ts": float("nan")}, "bad ts/dur"),
+        ({"cat": "cuda_sync", "name": "Context Sync", "args": {"stream": -1}}, "cuda_sync (context-wide)"),
+        ({"cat": "cpu_op", "name": "x", "tid": "main"}, "no pid/tid"),
+        ({"cat": 3, "name": "x"}, "malformed (a name, category, phase or args of another type)"),
+        ({"ph": "i", "name": "[memory]", "args": {"Bytes": "many"}}, "[memory] (bad ts, bytes or pid/tid)"),
+        ({"ph": "f", "name": "ac2g"}, "ph=f"),
+    ],
+)
+def test_an_event_not_converted_is_counted_with_its_reason(event: dict[str, Any], reason: str) -> None:
+    out = convert_one(event)
+    assert out.spans == [] and out.instants == []
+    assert out.stats.skipped == {reason: 1}
+
+
+@pytest.mark.parametrize(
+    ("ts", "dur", "expected"),
+    [(1, 2, (1, 2)), (1.5, 0, (1.5, 0)), (True, 1, None), (1, None, None), (-1, 1, None), (1 << 53, 1, None), (float("inf"), 1, None)],
+)
+def test_checked_times(ts: Any, dur: Any, expected: tuple[float, float] | None) -> None:
+    assert kineto._checked_times(ts, dur) == expected
+
+
+@pytest.mark.parametrize(
+    ("cat", "name", "reason"),
+    [
+        ("cpu_op", "aten::add", None),
+        ("python_function", "nn.Module: Net_0", None),
+        ("python_function", "f.py(3): g", "python_function (not a module)"),
+        ("Trace", "x", "Trace"),
+        ("", "x", "(no category)"),
+    ],
+)
+def test_rejected_by_category(cat: str, name: str, reason: str | None) -> None:
+    assert kineto._rejected(cat, name) == reason
+
+
+def test_gpu_side_waits_and_memory_events() -> None:
+    sync = convert_one({"cat": "cuda_sync", "name": "Stream Sync", "args": {"stream": 7, "device": 0, "correlation": 4}})
+    assert [(i.name, i.level, i.attrs) for i in sync.instants] == [
+        ("Stream Sync", Level.KERNEL, {"cuda.sync.kind": "Stream Sync", "cuda.sync.duration_ns": 5000, "gpu.correlation_id": 4})
+    ]
+    memory = convert_one({"ph": "i", "name": "[memory]", "args": {"Bytes": 64, "Total Allocated": 128, "Device Type": 1, "Device Id": 0}})
+    assert [(i.ts_ns, i.attrs) for i in memory.instants] == [
+        (10_000, {"ml.memory.bytes": 64, "ml.memory.device": "cuda:0", "ml.memory.total_allocated": 128})
+    ]
+    assert [c.value for c in memory.counters] == [128.0]
+    assert {t.name for t in memory.tracks} == {"thread 2", "gpu0.memory.allocated"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mltrace"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("mltrace"))
+    return found
+
+
+def test_the_conversion_imports_only_formats_and_run() -> None:
+    """Everything ``formats/kineto.py`` reaches (lazily too) lies in ``formats/`` or ``run/``."""
+    seen: set[str] = set()
+    todo = ["mltrace.formats.kineto"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = SRC / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = SRC / module.replace(".", "/") / "__init__.py"
+        todo.extend(_imports(path))
+    assert {m.split(".")[1] for m in seen} <= {"formats", "run", "settings", "errors", "_version", "config", "native"}, sorted(seen)
