@@ -27,21 +27,18 @@ tap costs beyond the libraries' own printing.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import harness
+import torch
+from harness import bootstrap_median, rotation, time_calls
 
-import torch  # noqa: E402
-from models import encoder, resnet_small  # noqa: E402
-
-from mltrace.settings import FDTAP_READER  # noqa: E402
-from mltrace.tracer.fdtap import FdTap  # noqa: E402
+from mltrace.settings import FDTAP_READER
+from mltrace.tracer.fdtap import FdTap
 
 try:
     from mltrace import _mkltimer
@@ -65,7 +62,7 @@ CONDITIONS: dict[str, tuple[float, str, str] | str | None] = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--model", choices=("cnn", "encoder"), default="cnn")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--iters", type=int, default=4)
@@ -73,13 +70,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.paired is not None and args.paired < 0:
         parser.error("--paired takes a batch length in seconds (0 or more)")
-    torch.manual_seed(0)
-    if args.model == "cnn":
-        model: Any = resnet_small().eval()
-        x = torch.randn(1, 3, 224, 224)
-    else:
-        model = encoder().eval()
-        x = torch.randint(0, 30522, (1, 128))
+    work = harness.example_model(args.model, layers=4)  # the 4-layer encoder: MKL-heavy
+    model, x = work.model, work.x
     mkldnn, mkl = torch.backends.mkldnn, torch.backends.mkl
     os.environ["ONEDNN_VERBOSE_TIMESTAMP"] = "1"
     if args.paired is not None:
@@ -110,8 +102,7 @@ def main() -> int:
         for r in range(args.rounds):
             # Every condition takes every position in turn: a block's place in the round
             # (what ran just before it) must not decide its figure.
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in rotation(names, r):
                 if name == "plain":
                     times["plain"] += block()
                     continue
@@ -154,8 +145,6 @@ def main() -> int:
 
 def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
     """Verbose output off / into one tap's pipe / to /dev/null, in alternating blocks (``--paired``)."""
-    from overhead_parts import bootstrap_median, timed_block
-
     verbose = torch._C._verbose
     redirected = _mkltimer is not None and _mkltimer.install() > 0
     kinds = ("off", "tap", "/dev/null")
@@ -168,13 +157,12 @@ def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
         for _ in range(3):
             fn()
         for r in range(rounds):
-            order = list(kinds[r % 3 :] + kinds[: r % 3])
-            for kind in order if r % 2 == 0 else order[::-1]:
+            for kind in rotation(kinds, r, mirror=True):
                 os.dup2(null if kind == "/dev/null" else pipe, 1)
                 verbose.mkldnn_set_verbose(0 if kind == "off" else 1)
                 verbose.mkl_set_verbose(0 if kind == "off" else 1)
                 try:
-                    medians[kind].append(statistics.median(timed_block(fn, iters)))
+                    medians[kind].append(statistics.median(time_calls(fn, iters, warm=1)))
                 finally:
                     verbose.mkldnn_set_verbose(0)
                     verbose.mkl_set_verbose(0)
@@ -200,7 +188,7 @@ def paired(fn: Any, rounds: int, iters: int, batch_s: float) -> None:
 def split_cost(repeats: int = 2000) -> None:
     """The reader's work on one read: ``FdTap._split`` of a chunk of real verbose lines (the
     oneDNN and MKL logs in tests/data), nothing forwarded."""
-    data = Path(__file__).resolve().parent.parent / "tests" / "data"
+    data = harness.ROOT / "tests" / "data"
     lines = [
         line
         for log in sorted([*data.glob("onednn/*.log"), *data.glob("mkl/*.log")])
