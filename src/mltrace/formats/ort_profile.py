@@ -276,20 +276,26 @@ def _read_node(buf: Any, start: int, end: int, graph: OnnxGraph, depth: int) -> 
         elif number == 9:  # metadata_props
             k, v = _string_map(buf, a, b)
             meta[k] = v
-        elif number == 5 and depth < 8:  # AttributeProto: look for subgraphs (g = 6, graphs = 11)
-            for n2, w2, x, y in _fields(buf, a, b):
-                if w2 == 2 and n2 in (6, 11):
-                    subgraphs.append((x, y))
-    node = OnnxNode(name, op_type, tuple(inputs), tuple(outputs), meta)
-    if any(k.startswith("pkg.torch.onnx.") for k in meta):
-        graph.torch_metadata = True
-    if name:
-        graph.nodes.setdefault(name, node)
-    for out in outputs:
-        if out and name:
-            graph.producer_of.setdefault(out, name)
+        elif number == 5 and depth < 8:  # AttributeProto
+            subgraphs.extend(_attribute_subgraphs(buf, a, b))
+    _add_node(graph, OnnxNode(name, op_type, tuple(inputs), tuple(outputs), meta))
     for a, b in subgraphs:
         _read_graph(buf, a, b, graph, depth + 1)
+
+
+def _attribute_subgraphs(buf: Any, start: int, end: int) -> list[tuple[int, int]]:
+    """The byte ranges of the graphs an ``AttributeProto`` holds (``g`` = 6, ``graphs`` = 11: If, Loop, Scan)."""
+    return [(a, b) for number, wire, a, b in _fields(buf, start, end) if wire == 2 and number in (6, 11)]
+
+
+def _add_node(graph: OnnxGraph, node: OnnxNode) -> None:
+    if any(k.startswith("pkg.torch.onnx.") for k in node.metadata):
+        graph.torch_metadata = True
+    if node.name:
+        graph.nodes.setdefault(node.name, node)
+        for out in node.outputs:
+            if out:
+                graph.producer_of.setdefault(out, node.name)
 
 
 def parse_onnx_graph(data: bytes | memoryview) -> OnnxGraph:
@@ -1072,36 +1078,370 @@ def align_shift(pairs: list[tuple[tuple[int, int], tuple[int, int]]]) -> tuple[i
     return (lo + hi) // 2, slack
 
 
+_Timed = tuple[int, int, dict[str, Any]]  # (start, end, event): session ns, before the clock shift
+
+
+def event_times(e: Mapping[str, Any], start_ns: int, to_session_ns: Callable[[int], int]) -> tuple[int, int] | None:
+    """An event's start and end on the session clock (ns): ``ts`` and ``dur`` are µs after the
+    profiler's start ``start_ns``; None when either is missing or ``dur`` is negative."""
+    ts, dur = _int(e.get("ts")), _int(e.get("dur"))
+    if ts is None or dur is None or dur < 0:
+        return None
+    start = to_session_ns(start_ns + ts * 1000)
+    return start, start + dur * 1000
+
+
+def event_kind(cat: str, name: str) -> tuple[str | None, str]:
+    """What a complete profile event is: ``"kernel"`` (a GPU kernel or copy), ``"node"`` (a
+    node's ``_kernel_time``), ``"run"`` (``model_run``) or ``"session"`` (``SESSION_EVENTS``);
+    or None and the reason it is not converted (counted in ``OrtProfileStats.skipped``)."""
+    if cat == "Kernel":
+        return "kernel", ""
+    if cat == "Node":
+        if name.endswith(_KERNEL_TIME):
+            return "node", ""
+        return None, "fence" if name.endswith(_FENCES) else f"node event {name.rsplit('_', 1)[-1]}"
+    if cat == "Session":
+        if name == "model_run":
+            return "run", ""
+        return ("session", "") if name in SESSION_EVENTS else (None, name)
+    return None, f"category {cat}"
+
+
+@dataclass
+class ProfileParts:
+    """A profile's events sorted by what they become.
+
+    Attributes:
+        runs: ``model_run`` events, in file order.
+        nodes: node kernel-time events, in file order.
+        session: model-load and initialisation events.
+        gpu: GPU events as ``(index in nodes of the node event before it, -1 if none, start, end, event)``.
+        categories: event counts by ``cat`` (every event).
+        skipped: events not converted, by reason.
+    """
+
+    runs: list[_Timed] = field(default_factory=list)
+    nodes: list[_Timed] = field(default_factory=list)
+    session: list[_Timed] = field(default_factory=list)
+    gpu: list[tuple[int, int, int, dict[str, Any]]] = field(default_factory=list)
+    categories: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def split_profile(events: Iterable[dict[str, Any]], times: Callable[[dict[str, Any]], tuple[int, int] | None]) -> ProfileParts:
+    """Sorts a profile's events (``times``: ``event_times`` on the session clock) into ``ProfileParts``."""
+    parts = ProfileParts()
+    timed = {"node": parts.nodes, "run": parts.runs, "session": parts.session}
+    for e in events:
+        cat = str(e.get("cat", ""))
+        parts.categories[cat] += 1
+        if e.get("ph", "X") != "X":
+            parts.skipped["not a complete event"] += 1
+            continue
+        t = times(e)
+        if t is None:
+            parts.skipped["no time"] += 1
+            continue
+        kind, why = event_kind(cat, str(e.get("name", "")))
+        if kind == "kernel":
+            parts.gpu.append((len(parts.nodes) - 1, t[0], t[1], e))
+        elif kind is not None:
+            timed[kind].append((t[0], t[1], e))
+        else:
+            parts.skipped[why] += 1
+    return parts
+
+
+def _best_live_run(start: int, end: int, candidates: Sequence[LiveRun], starts: Sequence[int], taken: set[int]) -> LiveRun | None:
+    """The live run not yet taken that overlaps ``[start, end]`` most, among the 4 latest to start before ``end``."""
+    i = bisect.bisect_right(starts, end)
+    best: LiveRun | None = None
+    best_overlap = 0
+    for cand in reversed(candidates[max(0, i - 4) : i]):
+        overlap = min(end, cand.end_ns) - max(start, cand.start_ns)
+        if cand.span_id not in taken and overlap > best_overlap:
+            best, best_overlap = cand, overlap
+    return best
+
+
+def match_live_runs(runs: Sequence[_Timed], live_runs: Sequence[LiveRun]) -> list[LiveRun | None]:
+    """Each ``model_run``'s live model span: the one on its thread that it overlaps most, each taken once."""
+    by_tid: dict[int, list[LiveRun]] = {}
+    for lr in sorted(live_runs, key=lambda r: r.start_ns):
+        by_tid.setdefault(lr.tid, []).append(lr)
+    starts = {tid: [r.start_ns for r in rs] for tid, rs in by_tid.items()}
+    matched: list[LiveRun | None] = []
+    taken: set[int] = set()
+    for start, end, e in runs:
+        tid = _int(e.get("tid"))
+        key = tid if tid is not None else -1
+        best = _best_live_run(start, end, by_tid.get(key, []), starts.get(key, []), taken)
+        if best is not None:
+            taken.add(best.span_id)
+        matched.append(best)
+    return matched
+
+
+def run_index(runs: Sequence[_Timed], run_starts: Sequence[int], start: int, end: int, tid: int | None) -> int | None:
+    """The run (index in ``runs``, ``run_starts`` their starts) that holds ``[start, end]``: of the 8
+    latest to start by ``start``, the latest on thread ``tid``, else the latest on any thread."""
+    i = bisect.bisect_right(run_starts, start)
+    fallback: int | None = None
+    for j in range(i - 1, max(-1, i - 9), -1):
+        rs, re_, e = runs[j]
+        if rs <= start and end <= re_:
+            if _int(e.get("tid")) == tid:
+                return j
+            if fallback is None:
+                fallback = j
+    return fallback
+
+
+def torch_origins(nodes: Sequence[_Timed], node_run: Sequence[int | None], mapper: TorchModuleMapper | None) -> list[TorchOrigin | None]:
+    """Each node's torch origin, nodes without one filled per run from their neighbours (``fill_from_neighbours``)."""
+    origins: list[TorchOrigin | None] = [None] * len(nodes)
+    if mapper is None:
+        return origins
+    per_run: dict[int | None, list[int]] = {}
+    for idx, r in enumerate(node_run):
+        per_run.setdefault(r, []).append(idx)
+    for idxs in per_run.values():
+        found = [mapper.resolve(*_node_and_op(nodes[i][2])) for i in idxs]
+        for i, o in zip(idxs, fill_from_neighbours(found)):
+            origins[i] = o
+    return origins
+
+
+def origin_attrs(origin: TorchOrigin, node_name: str) -> dict[str, Any]:
+    """A node span's ``ml.torch.*`` (and ``ml.onnx.node``, ``code.*``) attributes from its origin."""
+    attrs: dict[str, Any] = {"ml.torch.module_path": origin.module_path, "ml.torch.mapping": origin.how}
+    if origin.module_class:
+        attrs["ml.torch.module_class"] = origin.module_class
+    if origin.onnx_node and origin.onnx_node != node_name:
+        attrs["ml.onnx.node"] = origin.onnx_node
+    if origin.file is not None:
+        attrs["code.file.path"] = origin.file
+        attrs["code.line.number"] = origin.line
+    return attrs
+
+
+def copy_activity(name: str) -> str:
+    """``gpu.activity`` of a GPU event without a launch grid, from its name (``Memcpy HtoD``)."""
+    lower = name.lower()
+    return "gpu_memcpy" if "memcpy" in lower else "gpu_memset" if "memset" in lower else "kernel"
+
+
+def gpu_kernel_attrs(name: str, args: Mapping[str, Any], device: int) -> dict[str, Any]:
+    """The attributes of a CUDA EP ``Kernel`` event's span (``args`` as ORT writes them, numbers as strings)."""
+    attrs: dict[str, Any] = {"ml.framework": "onnxruntime", "gpu.kernel.name": name, "gpu.device": device}
+    stream = _int(args.get("stream"))
+    if stream is not None:
+        attrs["gpu.stream"] = stream
+    grid = [_int(args.get(f"grid_{a}")) for a in "xyz"]
+    if all(g is not None and g >= 0 for g in grid):
+        attrs["gpu.grid"] = grid
+        attrs["gpu.block"] = [_int(args.get(f"block_{a}")) for a in "xyz"]
+        attrs["gpu.activity"] = "kernel"
+    else:  # memcpy and memset events have a grid of -1
+        attrs["gpu.activity"] = copy_activity(name)
+    if isinstance(args.get("op_name"), str):
+        attrs["ml.op.name"] = args["op_name"]
+    return attrs
+
+
+def kernel_parent(
+    parent_name: Any, start_ns: int, prev_node: int, op_by_name: Mapping[str, Sequence[tuple[int, int]]], span_of_node: Sequence[int | None]
+) -> int | None:
+    """The span a GPU event goes under: the latest op span started by ``start_ns`` of the node ORT
+    names its parent (``parent_name``, the node event's name), else the span of the node event
+    written before it (index ``prev_node``; -1: none)."""
+    if isinstance(parent_name, str) and parent_name in op_by_name:
+        spans = op_by_name[parent_name]
+        before = [sid for st, sid in spans if st <= start_ns]
+        return before[-1] if before else spans[0][1]
+    if prev_node >= 0:
+        return span_of_node[prev_node]
+    return None
+
+
+def add_threadpool_totals(totals: Counter[str], attrs: Mapping[str, Any]) -> None:
+    """Adds one node's thread-pool attributes (``threadpool_attrs``) to the run's totals."""
+    for k in ("run_ns", "wait_ns", "distribution_ns"):
+        totals[k] += int(attrs.get(f"ml.ort.threadpool.{k}", 0))
+    totals["sub_thread_runs"] += int(attrs.get("ml.ort.threadpool.sub_thread_runs", 0))
+
+
+@dataclass
+class _Emitter:
+    """What the span-making steps of one conversion share: track and id allocation, the clock
+    shift and the output."""
+
+    tracks: TrackRegistry
+    thread_names: Mapping[int, str]
+    new_id: Callable[[], int]
+    shift: int
+    out: OrtEvents
+    skipped: Counter[str]
+    used_tracks: dict[int, Track] = field(default_factory=dict)
+
+    def track_of(self, e: Mapping[str, Any]) -> Track | None:
+        """The thread track of a CPU event (by its pid and tid); None without a thread."""
+        pid, tid = _int(e.get("pid")), _int(e.get("tid"))
+        if pid is None or tid is None or tid < 0:
+            return None
+        t = self.tracks.thread(tid, self.thread_names.get(tid, f"onnxruntime {tid}"), pid=pid if pid >= 0 else None)
+        self.used_tracks[t.id] = t
+        return t
+
+    def span(
+        self, span_id: int, parent: int | None, level: Level, name: str, start: int, end: int, track_id: int, attrs: dict[str, Any]
+    ) -> None:
+        """Adds a span, its times (ORT's clock) shifted."""
+        self.out.spans.append(Span(span_id, parent, level, name, start + self.shift, end + self.shift, track_id, attrs))
+
+
+def _session_spans(em: _Emitter, session: Sequence[_Timed]) -> None:
+    """Model load and initialisation, as USER spans."""
+    for s, t_end, e in session:
+        tr = em.track_of(e)
+        if tr is None:
+            em.skipped["no thread"] += 1
+            continue
+        name = str(e["name"])
+        em.span(
+            em.new_id(), None, Level.USER, f"onnxruntime {name}", s, t_end, tr.id, {"ml.framework": "onnxruntime", "ml.ort.event": name}
+        )
+        em.out.stats.session_spans += 1
+
+
+def _run_spans(
+    em: _Emitter, runs: Sequence[_Timed], matched: Sequence[LiveRun | None], model_name: str, model_attrs: Mapping[str, Any]
+) -> list[int]:
+    """One model span id per ORT run: its live span's, or that of a model span made here."""
+    run_ids: list[int] = []
+    for (s, t_end, e), live in zip(runs, matched):
+        if live is not None:
+            run_ids.append(live.span_id)
+            continue
+        tr = em.track_of(e)
+        sid = em.new_id()
+        run_ids.append(sid)
+        if tr is not None:
+            attrs = {"ml.framework": "onnxruntime", **model_attrs, "ml.ort.live_span": False}
+            em.span(sid, None, Level.MODEL, model_name, s, t_end, tr.id, attrs)
+    return run_ids
+
+
 def _module_parents(
-    nodes: Sequence[tuple[int, int, dict[str, Any]]],
+    em: _Emitter,
+    nodes: Sequence[_Timed],
     node_run: Sequence[int | None],
     run_ids: Sequence[int],
     origins: Sequence[TorchOrigin | None],
-    shift: int,
-    track_of: Callable[[dict[str, Any]], Track | None],
-    new_id: Callable[[], int],
     mapper: TorchModuleMapper | None,
-    out: OrtEvents,
 ) -> dict[int, int]:
-    """Makes the module spans of every run and thread (``module_spans``) into ``out``;
+    """Makes the module spans of every run and thread (``module_spans``);
     returns node index → the id of the module span that parents it."""
     groups: dict[tuple[int | None, int], list[int]] = {}
-    tracks: dict[int, int] = {}
     for idx, (_, _, e) in enumerate(nodes):
-        tr = track_of(e)
+        tr = em.track_of(e)
         if tr is not None:
-            tracks[idx] = tr.id
             groups.setdefault((node_run[idx], tr.id), []).append(idx)
     classes = mapper.module_classes if mapper is not None else {}
     parent_of: dict[int, int] = {}
     for (r, track_id), idxs in groups.items():
         parent = run_ids[r] if r is not None else None
-        rows = [(nodes[i][0] + shift, nodes[i][1] + shift, track_id, parent, origins[i]) for i in idxs]
-        made, parents = module_spans(rows, new_id, classes)
-        out.spans.extend(made)
-        out.stats.module_spans += len(made)
+        rows = [(nodes[i][0] + em.shift, nodes[i][1] + em.shift, track_id, parent, origins[i]) for i in idxs]
+        made, parents = module_spans(rows, em.new_id, classes)
+        em.out.spans.extend(made)
+        em.out.stats.module_spans += len(made)
         parent_of.update((i, p) for i, p in zip(idxs, parents) if p is not None)
     return parent_of
+
+
+class _NodeSpans:
+    """Makes the node (LAYER) and kernel (OP) spans of a profile's node events."""
+
+    def __init__(self, em: _Emitter, mapper: TorchModuleMapper | None, levels: frozenset[Level] | set[Level], n_nodes: int) -> None:
+        self.em = em
+        self.mapper = mapper
+        self.want_layer = Level.LAYER in levels
+        self.want_op = Level.OP in levels
+        self.mapped: Counter[str] = Counter()
+        self.pool: Counter[str] = Counter()
+        self.span_of_node: list[int | None] = [None] * n_nodes  # its op span, else its layer span
+        self.op_by_name: dict[str, list[tuple[int, int]]] = {}  # node event name → [(start, op span id)]
+        self._static: dict[str, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
+
+    def static_attrs(self, node_name: str, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The node's layer and op attributes that repeat run after run: built once per node and shapes."""
+        raw_in, raw_out = args.get("input_type_shape"), args.get("output_type_shape")
+        cached = self._static.get(node_name)
+        if cached is None or cached[0] != raw_in or cached[1] != raw_out:
+            weight = self.mapper.weight_dims(node_name, op) if self.mapper is not None and op in CONV_OPS else None
+            cached = (raw_in, raw_out, *_static_attrs(args, node_name, op, weight))
+            self._static[node_name] = cached
+        return cached[2], cached[3]
+
+    def note_origin(self, origin: TorchOrigin | None, node_name: str) -> None:
+        """Counts how the node was mapped to torch, or that a PyTorch model's node was not."""
+        stats = self.em.out.stats
+        if origin is not None:
+            self.mapped[origin.how] += 1
+        elif self.mapper is not None and self.mapper.graph.from_pytorch:
+            stats.torch_unmapped += 1
+            if len(stats.unmapped_examples) < 10 and node_name not in stats.unmapped_examples:
+                stats.unmapped_examples.append(node_name)
+
+    def add(self, idx: int, node: _Timed, parent: int | None, module_id: int | None, origin: TorchOrigin | None) -> None:
+        """The spans of node event ``idx``: its layer span under its module span (else ``parent``,
+        the run's model span), its op span under that."""
+        s, t_end, e = node
+        tr = self.em.track_of(e)
+        if tr is None:
+            self.em.skipped["no thread"] += 1
+            return
+        args = e.get("args") or {}
+        node_name = str(e["name"])[: -len(_KERNEL_TIME)]
+        op = str(args.get("op_name", "")) or "unknown"
+        layer_static, op_static = self.static_attrs(node_name, op, args)
+        layer_id: int | None = None
+        if self.want_layer:
+            self.note_origin(origin, node_name)
+            attrs = {**layer_static, **(origin_attrs(origin, node_name) if origin is not None else {})}
+            layer_id = self.em.new_id()
+            self.em.span(layer_id, module_id if module_id is not None else parent, Level.LAYER, node_name, s, t_end, tr.id, attrs)
+            self.em.out.stats.node_spans += 1
+            self.span_of_node[idx] = layer_id
+        if self.want_op:
+            tp = threadpool_attrs(args.get("thread_scheduling_stats"))
+            add_threadpool_totals(self.pool, tp)
+            op_id = self.em.new_id()
+            self.em.span(op_id, layer_id if layer_id is not None else parent, Level.OP, op, s, t_end, tr.id, {**op_static, **tp})
+            self.span_of_node[idx] = op_id
+            self.op_by_name.setdefault(str(e["name"]), []).append((s + self.em.shift, op_id))
+            self.em.out.stats.op_spans += 1
+
+
+def _gpu_spans(em: _Emitter, gpu: Sequence[tuple[int, int, int, dict[str, Any]]], nodes: _NodeSpans, device: int) -> None:
+    """GPU kernels (CUDA EP): on their stream's track, under the node kernel that launched them."""
+    for prev_node, start, end, e in gpu:
+        args = e.get("args") or {}
+        stream = _int(args.get("stream"))
+        tr = em.tracks.gpu_stream(device, stream if stream is not None else 0)
+        em.used_tracks[tr.id] = tr
+        parent = kernel_parent(args.get("parent_name"), start + em.shift, prev_node, nodes.op_by_name, nodes.span_of_node)
+        name = str(e.get("name", "")) or "kernel"
+        em.span(em.new_id(), parent, Level.KERNEL, name, start, end, tr.id, gpu_kernel_attrs(name, args, device))
+        em.out.stats.gpu_spans += 1
+
+
+def _count_events(stats: OrtProfileStats, parts: ProfileParts, max_events: int) -> None:
+    stats.events_by_category = dict(parts.categories)
+    stats.cpu_events = sum(n for c, n in parts.categories.items() if c != "Kernel")
+    stats.truncated = stats.cpu_events >= max_events
+    stats.model_runs = len(parts.runs)
 
 
 def ort_profile_to_events(
@@ -1150,251 +1490,34 @@ def ort_profile_to_events(
     """
     stats = OrtProfileStats(clock=clock)
     out = OrtEvents(stats=stats)
-    names = thread_names or {}
-    cats: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()
-    used_tracks: dict[int, Track] = {}
-
-    def track_of(e: dict[str, Any]) -> Track | None:
-        pid, tid = _int(e.get("pid")), _int(e.get("tid"))
-        if pid is None or tid is None or tid < 0:
-            return None
-        t = tracks.thread(tid, names.get(tid, f"onnxruntime {tid}"), pid=pid if pid >= 0 else None)
-        used_tracks[t.id] = t
-        return t
-
-    def times(e: dict[str, Any]) -> tuple[int, int] | None:
-        ts, dur = _int(e.get("ts")), _int(e.get("dur"))
-        if ts is None or dur is None or dur < 0:
-            return None
-        start = to_session_ns(start_ns + ts * 1000)
-        return start, start + dur * 1000
-
-    runs: list[tuple[int, int, dict[str, Any]]] = []  # (start, end, event), session ns before the shift
-    nodes: list[tuple[int, int, dict[str, Any]]] = []
-    gpu: list[tuple[int, dict[str, Any], int]] = []  # (index of the preceding node event, event, file position)
-    session_events: list[tuple[int, int, dict[str, Any]]] = []
-    for e in events:
-        cat = str(e.get("cat", ""))
-        cats[cat] += 1
-        if e.get("ph", "X") != "X":
-            skipped["not a complete event"] += 1
-            continue
-        t = times(e)
-        if t is None:
-            skipped["no time"] += 1
-            continue
-        name = str(e.get("name", ""))
-        if cat == "Kernel":
-            gpu.append((len(nodes) - 1, e, len(gpu)))
-        elif cat == "Node":
-            if name.endswith(_KERNEL_TIME):
-                nodes.append((t[0], t[1], e))
-            elif name.endswith(_FENCES):
-                skipped["fence"] += 1
-            else:
-                skipped[f"node event {name.rsplit('_', 1)[-1]}"] += 1
-        elif cat == "Session":
-            if name == "model_run":
-                runs.append((t[0], t[1], e))
-            elif name in SESSION_EVENTS:
-                session_events.append((t[0], t[1], e))
-            else:
-                skipped[name] += 1
-        else:
-            skipped[f"category {cat}"] += 1
-    stats.events_by_category = dict(cats)
-    stats.cpu_events = sum(n for c, n in cats.items() if c != "Kernel")
-    stats.truncated = stats.cpu_events >= max_events
-    stats.model_runs = len(runs)
-
-    # Match each model_run to the live span it lies in (same thread, most overlap).
-    live_by_tid: dict[int, list[LiveRun]] = {}
-    for lr in sorted(live_runs, key=lambda r: r.start_ns):
-        live_by_tid.setdefault(lr.tid, []).append(lr)
-    starts_by_tid = {tid: [r.start_ns for r in rs] for tid, rs in live_by_tid.items()}
-    matched: list[LiveRun | None] = []
-    taken: set[int] = set()
-    for rs, re_, e in runs:
-        tid = _int(e.get("tid"))
-        cands = live_by_tid.get(tid if tid is not None else -1, [])
-        best: LiveRun | None = None
-        best_overlap = 0
-        if cands:
-            i = bisect.bisect_right(starts_by_tid[tid if tid is not None else -1], re_)
-            for cand in reversed(cands[max(0, i - 4) : i]):
-                overlap = min(re_, cand.end_ns) - max(rs, cand.start_ns)
-                if cand.span_id not in taken and overlap > best_overlap:
-                    best, best_overlap = cand, overlap
-        if best is not None:
-            taken.add(best.span_id)
-        matched.append(best)
-    pairs = [((lr.start_ns, lr.end_ns), (r[0], r[1])) for r, lr in zip(runs, matched) if lr is not None]
-    shift, slack = align_shift(pairs)
-    stats.shift_ns, stats.alignment_slack_ns = shift, slack
+    parts = split_profile(events, lambda e: event_times(e, start_ns, to_session_ns))
+    _count_events(stats, parts, max_events)
+    matched = match_live_runs(parts.runs, live_runs)
+    pairs = [((lr.start_ns, lr.end_ns), (r[0], r[1])) for r, lr in zip(parts.runs, matched) if lr is not None]
+    stats.shift_ns, stats.alignment_slack_ns = align_shift(pairs)
     stats.runs_matched = len(pairs)
-
-    base_attrs: dict[str, Any] = {"ml.framework": "onnxruntime"}
-
-    # Session events: model load and initialisation, as USER spans.
-    for s, t_end, e in session_events:
-        tr = track_of(e)
-        if tr is None:
-            skipped["no thread"] += 1
-            continue
-        name = str(e["name"])
-        attrs = {**base_attrs, "ml.ort.event": name}
-        out.spans.append(Span(new_id(), None, Level.USER, f"onnxruntime {name}", s + shift, t_end + shift, tr.id, attrs))
-        stats.session_spans += 1
-
-    # One model span id per ORT run: the live span's, or a new one.
-    run_ids: list[int] = []
-    for (s, t_end, e), live in zip(runs, matched):
-        if live is not None:
-            run_ids.append(live.span_id)
-            continue
-        tr = track_of(e)
-        sid = new_id()
-        run_ids.append(sid)
-        if tr is None:
-            continue
-        attrs = {**base_attrs, **(model_attrs or {}), "ml.ort.live_span": False}
-        out.spans.append(Span(sid, None, Level.MODEL, model_name, s + shift, t_end + shift, tr.id, attrs))
-    run_starts = [r[0] for r in runs]
-
-    def run_of(s: int, t_end: int, tid: int | None) -> int | None:
-        i = bisect.bisect_right(run_starts, s)
-        fallback: int | None = None
-        for j in range(i - 1, max(-1, i - 9), -1):
-            rs, re_, e = runs[j]
-            if rs <= s and t_end <= re_:
-                if _int(e.get("tid")) == tid:
-                    return j
-                if fallback is None:
-                    fallback = j
-        return fallback
-
-    want_layer = Level.LAYER in levels
-    want_op = Level.OP in levels
-    want_kernel = Level.KERNEL in levels
-    node_run: list[int | None] = [run_of(s, t_end, _int(e.get("tid"))) for s, t_end, e in nodes]
-    with_nodes = {r for r in node_run if r is not None}
+    em = _Emitter(tracks, thread_names or {}, new_id, stats.shift_ns, out, parts.skipped)
+    _session_spans(em, parts.session)
+    run_ids = _run_spans(em, parts.runs, matched, model_name, model_attrs or {})
+    run_starts = [r[0] for r in parts.runs]
+    node_run = [run_index(parts.runs, run_starts, s, t_end, _int(e.get("tid"))) for s, t_end, e in parts.nodes]
     # Runs the profiler missed entirely (after its cap) have a live span but no model_run.
-    stats.runs_without_nodes = sum(1 for i in range(len(runs)) if i not in with_nodes) + len(live_runs) - len(pairs)
-
-    # Torch origins, in execution order per run, with neighbours filling gaps.
-    origins: list[TorchOrigin | None] = [None] * len(nodes)
-    if mapper is not None:
-        per_run: dict[int | None, list[int]] = {}
-        for idx, r in enumerate(node_run):
-            per_run.setdefault(r, []).append(idx)
-        for idxs in per_run.values():
-            found = [mapper.resolve(*_node_and_op(nodes[i][2])) for i in idxs]
-            for i, o in zip(idxs, fill_from_neighbours(found)):
-                origins[i] = o
-
-    mapped: Counter[str] = Counter()
-    pool: Counter[str] = Counter()
-    op_span_of_node: list[int | None] = [None] * len(nodes)
-    op_by_name: dict[str, list[tuple[int, int]]] = {}  # node event name → [(start, op span id)]
-    module_of_node = _module_parents(nodes, node_run, run_ids, origins, shift, track_of, new_id, mapper, out) if want_layer else {}
-    static: dict[str, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
-    for idx, (s, t_end, e) in enumerate(nodes):
-        tr = track_of(e)
-        if tr is None:
-            skipped["no thread"] += 1
-            continue
-        args = e.get("args") or {}
-        node_name = str(e["name"])[: -len(_KERNEL_TIME)]
-        op = str(args.get("op_name", "")) or "unknown"
+    with_nodes = {r for r in node_run if r is not None}
+    stats.runs_without_nodes = sum(1 for i in range(len(parts.runs)) if i not in with_nodes) + len(live_runs) - len(pairs)
+    origins = torch_origins(parts.nodes, node_run, mapper)
+    nodes = _NodeSpans(em, mapper, levels, len(parts.nodes))
+    modules = _module_parents(em, parts.nodes, node_run, run_ids, origins, mapper) if nodes.want_layer else {}
+    for idx, node in enumerate(parts.nodes):
         r = node_run[idx]
-        parent = run_ids[r] if r is not None else None
-        s2, t2 = s + shift, t_end + shift
-        # A node's shapes and sizes repeat run after run: build its static attributes once per shape.
-        raw_in, raw_out = args.get("input_type_shape"), args.get("output_type_shape")
-        cached = static.get(node_name)
-        if cached is None or cached[0] != raw_in or cached[1] != raw_out:
-            weight = mapper.weight_dims(node_name, op) if mapper is not None and op in CONV_OPS else None
-            cached = (raw_in, raw_out, *_static_attrs(args, node_name, op, weight))
-            static[node_name] = cached
-        layer_static, op_static = cached[2], cached[3]
-        layer_id: int | None = None
-        if want_layer:
-            attrs = dict(layer_static)
-            origin = origins[idx]
-            if origin is not None:
-                attrs["ml.torch.module_path"] = origin.module_path
-                attrs["ml.torch.mapping"] = origin.how
-                if origin.module_class:
-                    attrs["ml.torch.module_class"] = origin.module_class
-                if origin.onnx_node and origin.onnx_node != node_name:
-                    attrs["ml.onnx.node"] = origin.onnx_node
-                if origin.file is not None:
-                    attrs["code.file.path"] = origin.file
-                    attrs["code.line.number"] = origin.line
-                mapped[origin.how] += 1
-            elif mapper is not None and mapper.graph.from_pytorch:
-                stats.torch_unmapped += 1
-                if len(stats.unmapped_examples) < 10 and node_name not in stats.unmapped_examples:
-                    stats.unmapped_examples.append(node_name)
-            layer_id = new_id()
-            module_id = module_of_node.get(idx)
-            up = module_id if module_id is not None else parent
-            out.spans.append(Span(layer_id, up, Level.LAYER, node_name, s2, t2, tr.id, attrs))
-            stats.node_spans += 1
-        if want_op:
-            attrs = dict(op_static)
-            tp = threadpool_attrs(args.get("thread_scheduling_stats"))
-            attrs.update(tp)
-            for k in ("run_ns", "wait_ns", "distribution_ns"):
-                pool[k] += int(tp.get(f"ml.ort.threadpool.{k}", 0))
-            pool["sub_thread_runs"] += int(tp.get("ml.ort.threadpool.sub_thread_runs", 0))
-            op_id = new_id()
-            out.spans.append(Span(op_id, layer_id if layer_id is not None else parent, Level.OP, op, s2, t2, tr.id, attrs))
-            op_span_of_node[idx] = op_id
-            op_by_name.setdefault(str(e["name"]), []).append((s2, op_id))
-            stats.op_spans += 1
-        elif layer_id is not None:
-            op_span_of_node[idx] = layer_id
-    stats.torch_mapped = dict(mapped)
-    stats.threadpool = dict(pool)
-
-    # GPU kernels (CUDA EP): on their stream's track, under the node kernel that launched them.
-    if want_kernel:
-        for prev_node, e, _ in gpu:
-            t = times(e)
-            assert t is not None
-            args = e.get("args") or {}
-            stream = _int(args.get("stream"))
-            tr = tracks.gpu_stream(gpu_device, stream if stream is not None else 0)
-            used_tracks[tr.id] = tr
-            parent = None
-            pname = args.get("parent_name")
-            if isinstance(pname, str) and pname in op_by_name:
-                before = [sid for st, sid in op_by_name[pname] if st <= t[0] + shift]
-                parent = before[-1] if before else op_by_name[pname][0][1]
-            elif prev_node >= 0:
-                parent = op_span_of_node[prev_node]
-            name = str(e.get("name", "")) or "kernel"
-            attrs = {"ml.framework": "onnxruntime", "gpu.kernel.name": name, "gpu.device": gpu_device}
-            if stream is not None:
-                attrs["gpu.stream"] = stream
-            grid = [_int(args.get(f"grid_{a}")) for a in "xyz"]
-            block = [_int(args.get(f"block_{a}")) for a in "xyz"]
-            if all(g is not None and g >= 0 for g in grid):
-                attrs["gpu.grid"] = grid
-                attrs["gpu.block"] = block
-                attrs["gpu.activity"] = "kernel"
-            else:
-                attrs["gpu.activity"] = "gpu_memcpy" if "memcpy" in name.lower() else "gpu_memset" if "memset" in name.lower() else "kernel"
-            if isinstance(args.get("op_name"), str):
-                attrs["ml.op.name"] = args["op_name"]
-            out.spans.append(Span(new_id(), parent, Level.KERNEL, name, t[0] + shift, t[1] + shift, tr.id, attrs))
-            stats.gpu_spans += 1
-    elif gpu:
-        skipped["gpu kernel (kernel level off)"] += len(gpu)
-    stats.skipped = dict(skipped)
-    out.tracks = list(used_tracks.values())
+        nodes.add(idx, node, run_ids[r] if r is not None else None, modules.get(idx), origins[idx])
+    stats.torch_mapped = dict(nodes.mapped)
+    stats.threadpool = dict(nodes.pool)
+    if Level.KERNEL in levels:
+        _gpu_spans(em, parts.gpu, nodes, gpu_device)
+    elif parts.gpu:
+        parts.skipped["gpu kernel (kernel level off)"] += len(parts.gpu)
+    stats.skipped = dict(parts.skipped)
+    out.tracks = list(em.used_tracks.values())
     return out
 
 
