@@ -28,8 +28,6 @@ the wall times the two actually took in the last round.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -39,14 +37,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
+import harness
+import torch
 
-import torch  # noqa: E402
-
-import mltrace  # noqa: E402
-from mltrace.analysis.bricks import construct, extract  # noqa: E402
-from mltrace.brickbench import MachineWatch, benchmark_bricks  # noqa: E402
+import mltrace
+from mltrace.analysis.bricks import construct, extract
+from mltrace.brickbench import MachineWatch, benchmark_bricks
 
 
 def _plain(fn: Callable[[], Any], warmup: int, calls: int) -> tuple[list[int], list[int]]:
@@ -64,7 +60,7 @@ def _plain(fn: Callable[[], Any], warmup: int, calls: int) -> tuple[list[int], l
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="small inputs, two rounds")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10, help="timed calls per model and per brick (default 10)")
@@ -76,6 +72,7 @@ def main() -> int:
     parser.add_argument("--models", default="cnn,mobilenet,encoder", help="comma-separated subset of cnn, mobilenet, encoder")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    harness.use_examples()
     from mobilenet import mobilenet_v2
     from models import encoder, resnet_small
 
@@ -225,7 +222,7 @@ def main() -> int:
     if ort_failures:
         print(f"{len(ort_failures)} brick(s) could not run in ONNX Runtime: {ort_failures[:3]}")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        harness.write_json(args.json, summary)
     return 0
 
 

@@ -21,14 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
+import harness
+import torch
 
-import torch  # noqa: E402
-
-import mltrace  # noqa: E402
-from mltrace.analysis.bricks import Brick, extract  # noqa: E402
-from mltrace.brickbench import benchmark_bricks  # noqa: E402
+import mltrace
+from mltrace.analysis.bricks import Brick, extract
+from mltrace.brickbench import benchmark_bricks
 
 
 def in_model_cpu(model: torch.nn.Module, x: torch.Tensor, names: set[str], calls: int = 15) -> tuple[dict[str, list[int]], list[int]]:
@@ -52,6 +50,7 @@ def in_model_cpu(model: torch.nn.Module, x: torch.Tensor, names: set[str], calls
 
 
 def main() -> int:
+    harness.use_examples()
     from models import resnet_small
 
     torch.set_num_threads(1)

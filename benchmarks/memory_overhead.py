@@ -25,7 +25,6 @@ mltrace's whole stop, and the memory events recorded); ``--json FILE`` writes th
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 from torch import nn
 
@@ -69,15 +69,8 @@ _clock = CLOCKS["cpu"]
 
 def _calls(model: nn.Module, x: torch.Tensor, n: int) -> list[int]:
     """Time (ns, ``_clock``) of ``n`` calls after one warm-up call."""
-    out = []
-    clock = _clock
     with torch.no_grad():
-        model(x)
-        for _ in range(n):
-            t0 = clock()
-            model(x)
-            out.append(clock() - t0)
-    return out
+        return harness.time_calls(lambda: model(x), n, warm=1, clock=_clock)
 
 
 def _torch_block(
@@ -196,7 +189,7 @@ def _print(result: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
@@ -205,7 +198,7 @@ def main() -> None:
     )
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu", help="time calls by thread CPU time or wall time")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 5 calls")
-    parser.add_argument("--json", metavar="FILE", help="write the figures here")
+    harness.add_json(parser)
     args = parser.parse_args()
     if args.quick:
         args.calls, args.rounds = 5, 2
@@ -218,8 +211,7 @@ def main() -> None:
     result["clock"] = args.clock
     result["threads"] = torch.get_num_threads()
     _print(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+import harness
 
 CHILD = textwrap.dedent(
     """
@@ -51,16 +50,9 @@ CHILD = textwrap.dedent(
 def run_child(args: list[str], script: Path, out: Path | None) -> dict[str, float]:
     """Runs one child; returns its last RSS (MB), peak RSS (MB), wall time (s) and pause (s)."""
     env = dict(os.environ, MLTRACE_OP_MEMORY_GIB="1000")  # only --op-inferences ends the op level here
-    proc = subprocess.Popen([*args, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-    assert proc.stdout is not None
-    text = proc.stdout.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"child {' '.join(args)} failed with status {proc.returncode}")
-    line = next(ln for ln in text.splitlines() if ln.startswith("RESULT"))
-    _, rss, wall = line.split()
-    result: dict[str, float] = {"rss_mb": float(rss), "peak_mb": usage.ru_maxrss / 1024, "wall_s": float(wall), "pause_s": 0.0, "spans": 0}
+    child = harness.run_child([*args, str(script)], env=env)
+    rss, wall = child.result_line()
+    result: dict[str, float] = {"rss_mb": float(rss), "peak_mb": child.peak_mb, "wall_s": float(wall), "pause_s": 0.0, "spans": 0}
     if out is not None:
         meta = json.loads((out / "run.json").read_text())
         result["pause_s"] = float(meta.get("op_window", {}).get("pause_s", 0.0))
@@ -76,7 +68,7 @@ def main() -> None:
     windows = [int(k) for k in ns.windows.split(",") if k]
     with tempfile.TemporaryDirectory(prefix="mltrace-opwindow-") as tmp:
         script = Path(tmp) / "cnn_loop.py"
-        script.write_text(CHILD.format(examples=str(EXAMPLES), n=ns.inferences))
+        script.write_text(CHILD.format(examples=str(harness.EXAMPLES), n=ns.inferences))
         rows: list[tuple[str, dict[str, float]]] = []
         conditions: list[tuple[str, list[str], Path | None]] = [("plain", [sys.executable], None)]
         full = Path(tmp) / "full"

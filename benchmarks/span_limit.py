@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
+
+import harness
 
 CHILD = textwrap.dedent(
     """
@@ -46,15 +45,9 @@ CHILD = textwrap.dedent(
 
 def run_child(args: list[str], script: Path, out: Path | None) -> dict[str, float]:
     """Runs one child; returns its peak RSS (MB), program wall (s), stop time (s) and kept spans."""
-    proc = subprocess.Popen([*args, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    text = proc.stdout.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    exited = time.time()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"child {' '.join(args)} failed with status {os.waitstatus_to_exitcode(status)}")
-    _, wall, loop_end = next(ln for ln in text.splitlines() if ln.startswith("RESULT")).split()
-    result = {"peak_mb": usage.ru_maxrss / 1024, "wall_s": float(wall), "stop_s": exited - float(loop_end), "spans": 0.0}
+    child = harness.run_child([*args, str(script)])
+    wall, loop_end = child.result_line()
+    result = {"peak_mb": child.peak_mb, "wall_s": float(wall), "stop_s": child.exited_at - float(loop_end), "spans": 0.0}
     if out is not None:
         meta = json.loads((out / "run.json").read_text())
         result["spans"] = float(meta.get("summary", {}).get("spans", 0))

@@ -21,14 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import harness
+import torch
 
-import torch  # noqa: E402
-from models import encoder, resnet_small  # noqa: E402
-
-import mltrace  # noqa: E402
-import mltrace.tracer.passes as passes  # noqa: E402
-from mltrace.run.store import Run  # noqa: E402
+import mltrace
+import mltrace.tracer.passes as passes
+from mltrace.run.store import Run
 
 
 def timed_pipeline(times: dict[str, float]) -> Callable[[], list[Callable[[Run], Run]]]:
@@ -92,20 +90,13 @@ def main() -> int:
         parser.error(f"--inferences takes whole numbers, not {args.inferences!r}")
     if not lengths or min(lengths) < 1:
         parser.error("--inferences needs at least one length of 1 or more")
-    torch.manual_seed(0)
-    if args.model == "cnn":
-        model: torch.nn.Module = resnet_small()
-        x = torch.randn(1, 3, 224, 224)
-    else:
-        model = encoder(layers=12)
-        x = torch.randint(0, 30522, (1, 128))
+    work = harness.example_model(args.model)
     with torch.inference_mode():
-        for _ in range(3):
-            model(x)
+        harness.time_calls(work, 0, warm=3)
         results = []
         for n in lengths:
             print(f"{n} inferences ...", file=sys.stderr, flush=True)
-            results.append(measure(lambda: model(x), n))
+            results.append(measure(work, n))
     print(f"{args.model}, torch {torch.__version__}, --level library")
     for r in results:
         spans = r["spans"] or 0
