@@ -778,6 +778,268 @@ def _xla_call_model(
     return model_names[name]
 
 
+_Call = tuple[int, int, XEventRow]  # a graph-function call (EagerExecute with is_func): start, end (session ns), row
+_CallKey = tuple[int, int, int]  # (start, end, line id)
+
+
+@dataclass
+class HostEvents:
+    """A host profile's events by what they become (times on the session clock, ns).
+
+    Attributes:
+        graph: graph ops (``node:Type`` events) as ``(start, end, row, node name, op type)``.
+        functions: graph-function calls (``EagerExecute`` with ``is_func``).
+        eager: eager ops (``EagerExecute`` of one op).
+        xla_runs: (line id, function) → starts of the events that ran the whole function as one op.
+    """
+
+    graph: list[_GraphOp] = field(default_factory=list)
+    functions: list[_Call] = field(default_factory=list)
+    eager: list[_Call] = field(default_factory=list)
+    xla_runs: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+
+
+def sort_host_events(rows: Iterable[XEventRow], to_session_ns: Callable[[int], int]) -> HostEvents:
+    """Sorts host events into graph ops, function calls, eager ops and XLA runs; other events are dropped."""
+    out = HostEvents()
+    for row in rows:
+        parsed = parse_op_event(row.name)
+        if parsed is not None:
+            out.graph.append((to_session_ns(row.start_ns), to_session_ns(row.end_ns), row, parsed[0], parsed[1]))
+        elif row.name == "EagerExecute" and "eager_op" in row.stats:
+            item = (to_session_ns(row.start_ns), to_session_ns(row.end_ns), row)
+            (out.functions if row.stats.get("is_func") else out.eager).append(item)
+        elif (whole := whole_function_op(row.name)) is not None:
+            out.xla_runs.setdefault((row.line_id, whole), []).append(to_session_ns(row.start_ns))
+    return out
+
+
+def line_thread(line_id: int, python_threads: Mapping[int, tuple[int, str]], line_names: Mapping[int, str]) -> tuple[int, str]:
+    """The (tid, name) of a host line's track: the Python thread it is, else a synthetic tid and the line's name."""
+    mapped = python_threads.get(line_id)
+    if mapped is not None:
+        return mapped
+    return synthetic_tid(line_id), line_names.get(line_id, f"tf thread {line_id}")
+
+
+def call_key(call: _Call) -> _CallKey:
+    """A function call's identity: (start, end, line id)."""
+    return call[0], call[1], call[2].line_id
+
+
+def call_function(call: _Call) -> tuple[int, int, str]:
+    """A function call as (start, end, function name), as ``_FunctionWork`` takes it."""
+    return call[0], call[1], str(call[2].stats["eager_op"])
+
+
+def number_steps(keys: Iterable[tuple[int, _CallKey | None]]) -> dict[tuple[int, _CallKey | None], int]:
+    """Numbers the steps (graph-function calls) of each model span from 0, in time order;
+    keys without a step get no number."""
+    numbers: dict[tuple[int, _CallKey | None], int] = {}
+    per_model: Counter[int] = Counter()
+    for key in sorted((k for k in keys if k[1] is not None), key=lambda k: (k[0], k[1] or (0, 0, 0))):
+        numbers[key] = per_model[key[0]]
+        per_model[key[0]] += 1
+    return numbers
+
+
+def graph_op_attrs(node: str, op_type: str, flops: float | None) -> dict[str, Any]:
+    """The attributes of a graph op's span."""
+    attrs: dict[str, Any] = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
+    if flops is not None:
+        attrs["ml.flops"] = flops
+    return attrs
+
+
+def eager_op_attrs(op_type: str) -> dict[str, Any]:
+    """The attributes of an eager op's span."""
+    return {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.mode": "eager"}
+
+
+class _Converter:
+    """One ``xspace_to_events`` conversion: its inputs, the tracks it used and its output."""
+
+    def __init__(
+        self,
+        profile: HostProfile,
+        tracks: TrackRegistry,
+        new_id: Callable[[], int],
+        levels: frozenset[Level] | set[Level],
+        pythons: Mapping[int, tuple[int, str]],
+        pid: int | None,
+        known: dict[str, KerasModelInfo],
+        live: _Intervals,
+        work: _FunctionWork,
+    ) -> None:
+        self.profile = profile
+        self.tracks = tracks
+        self.new_id = new_id
+        self.want_layer, self.want_op = Level.LAYER in levels, Level.OP in levels
+        self.pythons = pythons
+        self.pid = pid
+        self.known = known
+        self.live = live
+        self.work = work
+        self.out = XSpaceEvents(stats=XSpaceStats(events=len(profile.events)))
+        self.skipped: Counter[str] = Counter()
+        self.used: dict[int, Track] = {}
+
+    def track_of(self, line_id: int) -> Track:
+        """The track of a host line (``line_thread``)."""
+        tid, name = line_thread(line_id, self.pythons, self.profile.lines)
+        t = self.tracks.thread(tid, name, pid=self.pid)
+        self.used[t.id] = t
+        return t
+
+    def site_of(self, call: _Call) -> Mapping[str, Any]:
+        """The ``code.*`` of the Python line that made a function call, if recorded."""
+        py = self.work.python_call(call_function(call))
+        return py.site if py is not None and py.site else {}
+
+    def function_model(
+        self, call: _Call, nodes: Sequence[str], signatures: Mapping[str, str] | None, xla_model: str | None = None
+    ) -> LiveModelSpan | None:
+        """``_function_model`` for a call on its line's track."""
+        track = self.track_of(call[2].line_id).id
+        return _function_model(
+            call, nodes, self.known, self.new_id, track, self.pythons, self.out, self.site_of(call), xla_model, signatures
+        )
+
+
+@dataclass
+class _Owners:
+    """Which model span holds each graph op, and the model spans made for function calls.
+
+    Attributes:
+        owner: per graph op, its model span (None: outside every one).
+        made_ids: ids of the model spans made for function calls.
+        made_calls: the calls they were made for.
+        unmatched: function calls whose ops led to no known model.
+        call_of: model span id (or step key) → its function call (start, end, function name).
+    """
+
+    owner: list[LiveModelSpan | None]
+    made_ids: set[int] = field(default_factory=set)
+    made_calls: set[_CallKey] = field(default_factory=set)
+    unmatched: set[_CallKey] = field(default_factory=set)
+    call_of: dict[Any, tuple[int, int, str]] = field(default_factory=dict)
+
+
+def _function_call_models(cv: _Converter, host: HostEvents, signatures: Mapping[str, str] | None) -> _Owners:
+    """Graph ops in a live model span belong to it; those of a function call outside every live
+    span to a model span made for the call when its ops ran a known model."""
+    owners = _Owners([cv.live.containing(s, e) for s, e, *_ in host.graph])
+    pending = [i for i, o in enumerate(owners.owner) if o is None]
+    if not pending or not host.functions:
+        return owners
+    for call, idxs in _ops_by_function_call(host.graph, pending, host.functions, cv.live):
+        made = cv.function_model(call, [host.graph[i][3] for i in idxs], signatures)
+        if made is None:
+            owners.unmatched.add(call_key(call))
+            continue
+        owners.made_ids.add(made.span_id)
+        owners.call_of[made.span_id] = call_function(call)
+        owners.made_calls.add(call_key(call))
+        for i in idxs:
+            owners.owner[i] = made
+    return owners
+
+
+def _xla_models(
+    cv: _Converter, host: HostEvents, owners: _Owners, model_names: Mapping[str, str], signatures: Mapping[str, str] | None
+) -> None:
+    """A model span (without layers) for each function call that ran as one XLA op."""
+    for call in host.functions:
+        model = _xla_call_model(call, host.xla_runs, model_names, cv.live, owners.made_calls)
+        if model is not None and cv.function_model(call, (), signatures, model) is not None:
+            cv.out.stats.xla_calls += 1
+            owners.unmatched.discard(call_key(call))
+
+
+def _group_ops(cv: _Converter, host: HostEvents, owners: _Owners) -> dict[tuple[int, _CallKey | None], list[int]]:
+    """Graph ops by (model span id, step): a graph model call (predict, evaluate) runs one graph
+    function per batch; each is one call of each layer."""
+    steps = _Intervals([(s, e, call_key((s, e, row))) for s, e, row in host.functions if cv.live.containing(s, e) is not None])
+    owners.call_of.update({call_key(c): call_function(c) for c in host.functions})
+    groups: dict[tuple[int, _CallKey | None], list[int]] = {}
+    for i, o in enumerate(owners.owner):
+        if o is None:
+            cv.skipped["graph op outside model spans"] += 1
+            continue
+        step = steps.containing(host.graph[i][0], host.graph[i][1]) if not o.eager and o.span_id not in owners.made_ids else None
+        groups.setdefault((o.span_id, step), []).append(i)
+    return groups
+
+
+def _group_layers(cv: _Converter, graph: Sequence[_GraphOp], idxs: Sequence[int], model_id: int) -> tuple[list[Span], dict[int, int]]:
+    """The layer fragments of one group's ops, thread by thread, and each op's parent span id."""
+    layers: list[Span] = []
+    parent_of: dict[int, int] = {}
+    by_line: dict[int, list[int]] = {}
+    for i in idxs:
+        by_line.setdefault(graph[i][2].line_id, []).append(i)
+    for line_id, line_idxs in by_line.items():
+        t = cv.track_of(line_id)
+        line_idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
+        made, parents = _layer_fragments(graph, line_idxs, model_id, t.id, cv.known, cv.out.stats, cv.new_id if cv.want_layer else None)
+        layers.extend(made)
+        parent_of.update(zip(line_idxs, parents))
+    return layers, parent_of
+
+
+def _group_spans(
+    cv: _Converter,
+    graph: Sequence[_GraphOp],
+    key: tuple[int, _CallKey | None],
+    idxs: list[int],
+    call: tuple[int, int, str] | None,
+    step_no: int | None,
+) -> None:
+    """The layer spans (fragments merged) and op spans of one group's ops."""
+    stats = cv.out.stats
+    model_id = key[0]
+    layers, parent_of = _group_layers(cv, graph, idxs, model_id)
+    moved = merge_layer_fragments(layers, model_id, _fragment_work(graph, parent_of, layers))
+    stats.fragments_merged += len(layers) - len(moved.kept)
+    for span in moved.kept:
+        if step_no is not None:
+            span.attrs["ml.tf.step"] = step_no
+        cv.out.spans.append(span)
+    stats.layer_spans += len(moved.kept)
+    if cv.want_op:
+        idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
+        for i, f in zip(idxs, cv.work.flops(graph, idxs, call)):
+            s, e, row, node, op_type = graph[i]
+            parent = moved.resolve(parent_of[i])
+            stats.ops_with_flops += f is not None
+            cv.out.spans.append(
+                Span(cv.new_id(), parent, Level.OP, op_type, s, e, cv.track_of(row.line_id).id, graph_op_attrs(node, op_type, f))
+            )
+            stats.op_spans += 1
+            stats.ops_outside_layers += parent == model_id
+    stats.graph_ops_in_models += len(idxs)
+
+
+def _eager_spans(cv: _Converter, eager: Sequence[_Call]) -> None:
+    """Eager ops inside eager model spans on the same thread; their parent (a layer span, or the
+    model) is set by ``nest_by_containment`` on that thread."""
+    for s, e, row in eager:
+        mapped = cv.pythons.get(row.line_id)
+        tid = mapped[0] if mapped is not None else None
+
+        def same_thread(m: LiveModelSpan, tid: int | None = tid) -> bool:
+            return m.tid == tid
+
+        if cv.live.containing(s, e, same_thread) is None:
+            cv.skipped["eager op outside model spans"] += 1
+            continue
+        t = cv.track_of(row.line_id)
+        op_type = str(row.stats["eager_op"])
+        cv.out.spans.append(Span(cv.new_id(), None, Level.OP, op_type, s, e, t.id, eager_op_attrs(op_type)))
+        cv.out.stats.op_spans += 1
+        cv.out.stats.eager_ops_in_models += 1
+
+
 def xspace_to_events(
     profile: HostProfile,
     *,
@@ -831,145 +1093,25 @@ def xspace_to_events(
     Returns:
         The spans (explicit parents) and stats.
     """
-    stats = XSpaceStats(events=len(profile.events))
-    out = XSpaceEvents(stats=stats)
     known = dict(models or {})
     pythons = python_threads or {}
-    skipped: Counter[str] = Counter()
-    used: dict[int, Track] = {}
-    want_layer, want_op = Level.LAYER in levels, Level.OP in levels
-
-    def track_of(line_id: int) -> Track:
-        mapped = pythons.get(line_id)
-        if mapped is not None:
-            t = tracks.thread(mapped[0], mapped[1], pid=pid)
-        else:
-            t = tracks.thread(synthetic_tid(line_id), profile.lines.get(line_id, f"tf thread {line_id}"), pid=pid)
-        used[t.id] = t
-        return t
-
-    stats.lines_matched = sum(1 for line_id in profile.lines if line_id in pythons)
-    # Model spans: the live ones, then one per tf.function call that ran a known model.
     live = _Intervals([(m.start_ns, m.end_ns, m) for m in live_models])
-    graph: list[tuple[int, int, XEventRow, str, str]] = []  # (start, end, row, node, type), session ns
-    functions: list[tuple[int, int, XEventRow]] = []
-    eager: list[tuple[int, int, XEventRow]] = []
-    xla_runs: dict[tuple[int, str], list[int]] = {}  # (line, function) → starts of its one-op runs
-    for row in profile.events:
-        parsed = parse_op_event(row.name)
-        if parsed is not None:
-            graph.append((to_session_ns(row.start_ns), to_session_ns(row.end_ns), row, parsed[0], parsed[1]))
-        elif row.name == "EagerExecute" and "eager_op" in row.stats:
-            item = (to_session_ns(row.start_ns), to_session_ns(row.end_ns), row)
-            (functions if row.stats.get("is_func") else eager).append(item)
-        elif (whole := whole_function_op(row.name)) is not None:
-            xla_runs.setdefault((row.line_id, whole), []).append(to_session_ns(row.start_ns))
-    stats.graph_ops = len(graph)
-
-    # Which model span holds each graph op: a live one, else a tf.function call.
-    owner: list[LiveModelSpan | None] = [live.containing(s, e) for s, e, *_ in graph]
-    pending = [i for i, o in enumerate(owner) if o is None]
-    made_ids: set[int] = set()
-    made_calls: set[tuple[int, int, int]] = set()
-    unmatched: set[tuple[int, int, int]] = set()  # function calls with ops under no known model
-    call_of: dict[Any, tuple[int, int, str]] = {}  # model span id or step → (start, end, function name)
     work = _FunctionWork(function_calls, function_flops or {})
-    if pending and functions:
-        for call, idxs in _ops_by_function_call(graph, pending, functions, live):
-            py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
-            site = py.site if py is not None and py.site else {}
-            nodes = [graph[i][3] for i in idxs]
-            made = _function_model(call, nodes, known, new_id, track_of(call[2].line_id).id, pythons, out, site, signatures=signatures)
-            if made is None:
-                unmatched.add((call[0], call[1], call[2].line_id))
-                continue
-            made_ids.add(made.span_id)
-            call_of[made.span_id] = (call[0], call[1], str(call[2].stats["eager_op"]))
-            made_calls.add((call[0], call[1], call[2].line_id))
-            for i in idxs:
-                owner[i] = made
-    for call in functions:
-        model = _xla_call_model(call, xla_runs, function_model_names or {}, live, made_calls)
-        if model is not None:
-            py = work.python_call((call[0], call[1], str(call[2].stats["eager_op"])))
-            site = py.site if py is not None and py.site else {}
-            track = track_of(call[2].line_id).id
-            if _function_model(call, (), known, new_id, track, pythons, out, site, model, signatures=signatures) is not None:
-                stats.xla_calls += 1
-                unmatched.discard((call[0], call[1], call[2].line_id))
-    stats.function_calls_unmatched = len(unmatched)
-
-    # Layer spans from name scopes, per (model span, step): a graph model call (predict,
-    # evaluate) runs one graph function per batch; each is one call of each layer.
-    steps = _Intervals([(s, e, (s, e, row.line_id)) for s, e, row in functions if live.containing(s, e) is not None])
-    call_of.update({(s, e, row.line_id): (s, e, str(row.stats["eager_op"])) for s, e, row in functions})
-    groups: dict[tuple[int, tuple[int, int, int] | None], list[int]] = {}
-    for i, o in enumerate(owner):
-        if o is None:
-            skipped["graph op outside model spans"] += 1
-            continue
-        step = steps.containing(graph[i][0], graph[i][1]) if not o.eager and o.span_id not in made_ids else None
-        groups.setdefault((o.span_id, step), []).append(i)
-    step_numbers: dict[tuple[int, tuple[int, int, int] | None], int] = {}
-    per_model: Counter[int] = Counter()
-    for key in sorted((k for k in groups if k[1] is not None), key=lambda k: (k[0], k[1] or (0, 0, 0))):
-        step_numbers[key] = per_model[key[0]]
-        per_model[key[0]] += 1
+    cv = _Converter(profile, tracks, new_id, levels, pythons, pid, known, live, work)
+    stats = cv.out.stats
+    stats.lines_matched = sum(1 for line_id in profile.lines if line_id in pythons)
+    host = sort_host_events(profile.events, to_session_ns)
+    stats.graph_ops = len(host.graph)
+    owners = _function_call_models(cv, host, signatures)
+    _xla_models(cv, host, owners, function_model_names or {}, signatures)
+    stats.function_calls_unmatched = len(owners.unmatched)
+    groups = _group_ops(cv, host, owners)
+    step_numbers = number_steps(groups)
     for key, idxs in groups.items():
-        model_id = key[0]
-        layers: list[Span] = []
-        parent_of: dict[int, int] = {}  # op index → parent span id
-        by_line: dict[int, list[int]] = {}
-        for i in idxs:
-            by_line.setdefault(graph[i][2].line_id, []).append(i)
-        for line_id, line_idxs in by_line.items():
-            t = track_of(line_id)
-            line_idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
-            made_layers, parents = _layer_fragments(graph, line_idxs, model_id, t.id, known, stats, new_id if want_layer else None)
-            layers.extend(made_layers)
-            parent_of.update(zip(line_idxs, parents))
-        moved = merge_layer_fragments(layers, model_id, _fragment_work(graph, parent_of, layers))
-        stats.fragments_merged += len(layers) - len(moved.kept)
-        step_no = step_numbers.get(key)
-        for span in moved.kept:
-            if step_no is not None:
-                span.attrs["ml.tf.step"] = step_no
-            out.spans.append(span)
-        stats.layer_spans += len(moved.kept)
-        if want_op:
-            idxs.sort(key=lambda i: (graph[i][0], -graph[i][1]))
-            flops = work.flops(graph, idxs, call_of.get(key[1] if key[1] is not None else model_id))
-            for i, f in zip(idxs, flops):
-                s, e, row, node, op_type = graph[i]
-                parent = moved.resolve(parent_of[i])
-                attrs: dict[str, Any] = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.node": node}
-                if f is not None:
-                    attrs["ml.flops"] = f
-                    stats.ops_with_flops += 1
-                out.spans.append(Span(new_id(), parent, Level.OP, op_type, s, e, track_of(row.line_id).id, attrs))
-                stats.op_spans += 1
-                stats.ops_outside_layers += parent == model_id
-        stats.graph_ops_in_models += len(idxs)
-    # Eager ops inside eager model spans on the same thread.
-    if want_op:
-        for s, e, row in eager:
-            mapped = pythons.get(row.line_id)
-            tid = mapped[0] if mapped is not None else None
-
-            def same_thread(m: LiveModelSpan, tid: int | None = tid) -> bool:
-                return m.tid == tid
-
-            model = live.containing(s, e, same_thread)
-            if model is None:
-                skipped["eager op outside model spans"] += 1
-                continue
-            t = track_of(row.line_id)
-            op_type = str(row.stats["eager_op"])
-            attrs = {"ml.framework": "tensorflow", "ml.op.name": op_type, "ml.op.type": op_type, "ml.tf.mode": "eager"}
-            # The parent (a layer span, or the model) is set by nest_by_containment on this thread.
-            out.spans.append(Span(new_id(), None, Level.OP, op_type, s, e, t.id, attrs))
-            stats.op_spans += 1
-            stats.eager_ops_in_models += 1
-    stats.skipped = dict(skipped)
-    out.tracks = list(used.values())
-    return out
+        call = owners.call_of.get(key[1] if key[1] is not None else key[0])
+        _group_spans(cv, host.graph, key, idxs, call, step_numbers.get(key))
+    if cv.want_op:
+        _eager_spans(cv, host.eager)
+    stats.skipped = dict(cv.skipped)
+    cv.out.tracks = list(cv.used.values())
+    return cv.out
