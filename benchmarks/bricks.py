@@ -28,6 +28,7 @@ the wall times the two actually took in the last round.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -118,7 +119,7 @@ def main() -> int:
             # Each model's plain timing and its bricks back to back: both see the same machine state.
             t0 = time.perf_counter()
             with torch.inference_mode():
-                wall, cpu = _plain(lambda m=model, x=x: m(x), args.warmup, args.calls)
+                wall, cpu = _plain(functools.partial(model, x), args.warmup, args.calls)
             wall_models += time.perf_counter() - t0
             plain[i] += wall
             plain_cpu[i] += cpu

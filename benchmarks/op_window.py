@@ -80,9 +80,9 @@ def main() -> None:
             out = Path(tmp) / f"k{k}"
             cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--op-inferences", str(k), "-o", str(out)]
             conditions.append((f"mltrace --op-inferences {k}", cmd, out))
-        for label, cmd, out in conditions:
+        for label, cmd, run_dir in conditions:
             print(f"running: {label} ({ns.inferences} inferences)…", file=sys.stderr, flush=True)
-            rows.append((label, run_child(cmd, script, out)))
+            rows.append((label, run_child(cmd, script, run_dir)))
     print(f"example CNN, batch 8, 64×64, {ns.inferences} inferences a child")
     print(f"{'condition':<40} {'spans':>8} {'RSS after last call':>20} {'peak RSS':>10} {'program wall':>13} {'op-level end pause':>19}")
     for label, r in rows:

@@ -73,9 +73,9 @@ def main() -> None:
                 cmd[5:5] = ["--max-spans", limit]
             conditions.append((f"--level layer --max-spans {limit}", cmd, out))
         rows = []
-        for label, cmd, out in conditions:
+        for label, cmd, run_dir in conditions:
             print(f"running: {label} ({ns.inferences} inferences, {calls:,} module calls)…", file=sys.stderr, flush=True)
-            rows.append((label, run_child(cmd, script, out)))
+            rows.append((label, run_child(cmd, script, run_dir)))
     print(f"{2 * ns.layers}-layer MLP, {ns.inferences} inferences a child ({calls:,} module calls)")
     print(f"{'condition':<38} {'spans kept':>11} {'layers ended after':>19} {'peak RSS':>10} {'program wall':>13} {'end of run':>11}")
     for label, r in rows:
