@@ -1,57 +1,13 @@
 """FLOP counts of ATen ops from what ``record_shapes`` records, computed after the run.
 
-``torch.profiler(with_flops=True)`` counts FLOPs while the program runs: for
-every op it keeps the arguments the count needs, which cost the traced
-program ≈ 4 % on the example CNN (``benchmarks/overhead.py``'s op level,
-measured side by side with ``record_shapes`` alone; PERFORMANCE.md). The same
-counts follow from what ``record_shapes=True`` already writes to each
-``cpu_op`` event: ``Input Dims`` (tensor shapes) and ``Concrete Inputs``
-(scalar and int-list arguments as strings, e.g. ``"[2, 2]"``, ``"4"``). This
-module computes them with torch's own rules, for the ops torch counts:
-
-============================ =====================================================
-``aten::conv2d``             2 · N · C_out · H_out · W_out · (C_in / groups) · kH · kW
-                             (output size from stride, padding, dilation)
-``aten::mm``, ``aten::addmm`` 2 · M · K · N (the bias add is not counted)
-``aten::bmm``, ``aten::baddbmm`` 2 · B · M · K · N
-``aten::mul``, ``aten::add`` one per element of the first input
-============================ =====================================================
-
-and, where torch counts nothing, two multiply-add FLOPs per multiply-add of the
-op's matrix products or convolutions (mltrace's own counts; softmax, norms,
-activations, biases and scaling inside them are not counted):
-
-=========================================== ==========================================
-``aten::conv1d``, ``conv3d``, ``convolution``, 2 · N · (output positions) · numel(weight),
-``_convolution``, ``mkldnn_convolution``,   the same rule as ``aten::conv2d`` in any
-``_slow_conv2d_forward``, ``thnn_conv2d``,  rank, each with its own argument order
-``cudnn_convolution``, ``miopen_convolution``,
-``_nnpack_spatial_convolution``
-transposed convolutions (``conv_transpose*``, 2 · N · (input positions) · numel(weight)
-``convolution`` with ``transposed``,
-``cudnn_convolution_transpose``)
-``aten::linear``                            2 · numel(input) · out_features
-``aten::_addmm_activation``                 as ``aten::addmm`` (a Linear with its ReLU/GELU)
-``aten::matmul``                            2 · batch · M · K · N, broadcast as matmul does
-``aten::scaled_dot_product_attention`` and  2 · B · L · S · (E + E_v): Q·Kᵀ and the product
-its CPU kernels                             with V (B: every leading dimension of Q)
-``aten::_native_multi_head_attention``      the Q, K, V and output projections
-                                            (2 · B · (L + 2S) · E² + 2 · B · L · E²) and
-                                            attention 4 · B · L · S · E
-``aten::_transformer_encoder_layer_fwd``    that attention (S = L) and the feed-forward
-                                            block, 4 · B · L · E · F
-=========================================== ==========================================
-
-These ops wrap each other (``aten::conv2d`` → ``aten::convolution`` →
-``aten::_convolution`` → ``aten::mkldnn_convolution``; the fused encoder layer
-→ ``aten::mm``, ``aten::bmm``, …): every one gets its count, so each op's own
-roofline verdict has its work, and sums over a layer take only ops with no
-enclosing op that has a count (``analysis/span_pass``).
-
-``tests/tracer/test_torch_ops.py`` checks every count torch makes against
-torch's own ``with_flops`` on real models, and mltrace's counts against the
-ops inside them (a wrapper's count equals the one it wraps; the fused encoder
-layer's equals the sum of its matrix products).
+``aten_flops`` counts an op from its Kineto ``cpu_op`` event's ``Input Dims`` (tensor
+shapes) and ``Concrete Inputs`` (scalar and int-list arguments as strings: ``"[2, 2]"``,
+``"4"``), so the program runs without ``with_flops``. The ops torch counts get torch's
+rules; other convolutions, ``linear``, ``matmul``, attention and the fused encoder layer
+get 2 FLOP per multiply-add of their products (softmax, norms, activations and biases
+inside them are not counted). Ops that wrap each other (``aten::conv2d`` →
+``aten::convolution`` → ``aten::mkldnn_convolution``) each get the count; sums over a
+layer take only the outermost (``analysis/span_pass``).
 """
 
 from __future__ import annotations
@@ -141,6 +97,7 @@ def _convolution(dims: Dims, concrete: Sequence[Any]) -> int | None:
 
 
 def _matmul(a: Any, b: Any, batched: bool) -> int | None:
+    """2 · M · K · N (``mm``), 2 · B · M · K · N (``bmm``)."""
     rank = 3 if batched else 2
     if not (isinstance(a, list) and isinstance(b, list) and len(a) == rank and len(b) == rank):
         return None
@@ -151,7 +108,7 @@ def _matmul(a: Any, b: Any, batched: bool) -> int | None:
 
 
 def _addmm(dims: Dims, _concrete: Sequence[Any]) -> int | None:
-    """``self + mat1 @ mat2`` (``aten::addmm``, and ``aten::_addmm_activation`` with its ReLU/GELU)."""
+    """``self + mat1 @ mat2`` (``aten::addmm``, and ``aten::_addmm_activation`` with its ReLU/GELU); the add is not counted."""
     return _matmul(dims[1], dims[2], False) if len(dims) >= 3 else None
 
 
@@ -175,6 +132,7 @@ def _broadcast_matmul(a: Any, b: Any) -> int | None:
 
 
 def _linear(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """2 · numel(input) · out_features."""
     if len(dims) < 2:
         return None
     x, w = dims[0], dims[1]
@@ -185,7 +143,7 @@ def _linear(dims: Dims, _concrete: Sequence[Any]) -> int | None:
 
 
 def _attention(dims: Dims, _concrete: Sequence[Any]) -> int | None:
-    """Q·Kᵀ and (softmax)·V of scaled dot-product attention."""
+    """Q·Kᵀ and (softmax)·V of scaled dot-product attention: 2 · B · L · S · (E + E_v), B every leading dimension of Q."""
     if len(dims) < 3:
         return None
     q, k, v = dims[0], dims[1], dims[2]
@@ -197,7 +155,8 @@ def _attention(dims: Dims, _concrete: Sequence[Any]) -> int | None:
 
 
 def _mha(batch: int, length: int, source: int, e: int) -> int:
-    """Projections of Q (length rows), K and V (source rows each) and of the output, and attention."""
+    """Projections of Q (length rows), K and V (source rows each) and of the output, and attention:
+    2 · B · (L + 2S) · E² + 2 · B · L · E² + 4 · B · L · S · E."""
     return 2 * batch * (length + 2 * source) * e * e + 2 * batch * length * e * e + 4 * batch * length * source * e
 
 
@@ -217,6 +176,7 @@ def _native_mha(dims: Dims, _concrete: Sequence[Any]) -> int | None:
 
 
 def _encoder_layer(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """Self-attention (``_mha`` with S = L) and the feed-forward block, 4 · B · L · E · F."""
     if len(dims) < 15:
         return None
     src, ffn_1 = _batch_length_e(dims[0]), dims[14]
@@ -233,9 +193,9 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::addmm": _addmm,
     "aten::bmm": lambda d, _c: _matmul(d[0], d[1], True) if len(d) >= 2 else None,
     "aten::baddbmm": lambda d, _c: _matmul(d[1], d[2], True) if len(d) >= 3 else None,
-    "aten::mul": lambda d, _c: _numel(d[0]) if d else None,
+    "aten::mul": lambda d, _c: _numel(d[0]) if d else None,  # one per element of the first input
     "aten::add": lambda d, _c: _numel(d[0]) if d else None,
-    # mltrace's: the ops torch counts nothing for (module docstring)
+    # mltrace's: the ops torch counts nothing for
     "aten::conv1d": lambda d, c: _conv(d, c, 3, 4, 5),
     "aten::conv3d": lambda d, c: _conv(d, c, 3, 4, 5),
     "aten::convolution": _convolution,

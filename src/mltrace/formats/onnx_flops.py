@@ -1,30 +1,11 @@
 """FLOP counts of ONNX Runtime kernels from the shapes they ran with.
 
-ORT's profile gives every node execution its input and output shapes as they
-were at run time (``input_type_shape``, ``output_type_shape``), after graph
-optimisation: a ``Conv`` in NCHWc layout, a ``FusedConv`` with its
-activation, a ``Gemm`` made from a MatMul and an Add. Those shapes are the
-work actually done, so no ONNX shape inference is needed; what they lack is
-the weights ORT pre-packed (a ``Gemm``'s B is often missing), so every count
-below needs only the activation input and the output:
-
-=================================================== ===========================================
-``Conv``, ``FusedConv``, ``NhwcFusedConv``,          2 · N · (output positions) · numel(W):
-``ConvInteger``, ``QLinearConv``                     2 · N · C_out · H_out · W_out · (C_in/groups)
-                                                     · kH · kW (W: the weight input)
-``ConvTranspose``                                    2 · N · (input positions) · numel(W)
-``Gemm``, ``FusedGemm``                              2 · M · K · N (the bias add is not counted)
-``MatMul``, ``FusedMatMul``, ``MatMulInteger``,      2 · numel(output) · K (K: the reduced
-``QLinearMatMul``, ``DynamicQuantizeMatMul``,        dimension of A)
-``MatMulNBits``, ``MatMulIntegerToFloat``
-``Attention`` (com.microsoft)                        the QKV projection 2 · B · S · H · 3H and
-                                                     the attention 4 · B · S² · H
-``MultiHeadAttention``, ``GroupQueryAttention``      2 · B · S · L · (E + E_v)
-=================================================== ===========================================
-
-A multiply-add counts 2 FLOP, as ``aten_flops`` counts torch's ops. Other
-kernels (elementwise, normalisation, layout changes) get no count: their
-verdict rests on the bytes they move.
+``onnx_flops`` counts a convolution, matrix product or attention kernel from the
+run-time ``input_type_shape`` / ``output_type_shape`` of its profile event, taken after
+graph optimisation (NCHWc ``Conv``, ``FusedConv``, a ``Gemm`` made of MatMul and Add),
+so no shape inference is needed. ORT leaves out weights it pre-packed (a ``Gemm``'s B),
+so every formula needs only the activation input and the output. A multiply-add counts
+2 FLOP, as in ``aten_flops``; other kernels get no count.
 """
 
 from __future__ import annotations
@@ -120,7 +101,8 @@ def _qlinear_matmul(ins: Shapes, outs: Shapes) -> int | None:
 
 
 def _attention(ins: Shapes, outs: Shapes) -> int | None:
-    """com.microsoft Attention: input [B, S, H], weights [H, 3H] (packed QKV)."""
+    """com.microsoft Attention: input [B, S, H], weights [H, 3H] (packed QKV): the QKV
+    projection 2 · B · S · H · 3H and the attention 4 · B · S² · H."""
     if not ins or len(ins[0]) != 3:
         return None
     b, s, h = ins[0]
@@ -131,7 +113,8 @@ def _attention(ins: Shapes, outs: Shapes) -> int | None:
 
 
 def _mha(ins: Shapes, outs: Shapes) -> int | None:
-    """MultiHeadAttention / GroupQueryAttention: Q [B, S, E], K [B, L, E], V [B, L, E_v]."""
+    """MultiHeadAttention / GroupQueryAttention: Q [B, S, E], K [B, L, E], V [B, L, E_v]:
+    2 · B · S · L · (E + E_v)."""
     if len(ins) < 3 or len(ins[0]) != 3:
         return None
     q, k, v = ins[0], ins[1], ins[2]
@@ -173,7 +156,7 @@ CONV_OPS = frozenset({"Conv", "FusedConv", "ConvInteger", "NhwcFusedConv", "QLin
 
 def onnx_flops(op_type: str, in_shapes: Shapes, out_shapes: Shapes, weight: Sequence[int] | None = None) -> int | None:
     """FLOPs (FLOP) of one kernel execution from its run-time shapes, or None when the
-    op has no formula (see the module docstring) or the shapes do not fit it.
+    op has no formula (``FORMULAS``) or the shapes do not fit it.
 
     Args:
         op_type: the kernel's op type (``"Conv"``).

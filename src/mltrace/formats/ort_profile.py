@@ -1,53 +1,11 @@
 """ONNX Runtime profiles and ONNX graphs → mltrace events (pure functions).
 
-ONNX Runtime's profiler (``SessionOptions.enable_profiling``) writes one JSON
-array of Chrome-trace ``"X"`` events per session when profiling ends
-(``InferenceSession.end_profiling()`` or the session's destructor). What this
-module reads, as written by ORT 1.31 (see ``onnxruntime/core/common/profiler.cc``
-and tests/data/onnxruntime/):
-
-- ``ts`` and ``dur`` are integer µs; ``ts`` counts from the profiler's start,
-  which ``InferenceSession.get_profiling_start_time_ns()`` gives in ns since
-  the Unix epoch (libstdc++'s ``high_resolution_clock`` is the system clock).
-- ``pid`` and ``tid`` are the OS process and thread ids (``gettid``): the
-  thread that called ``run`` for the sequential executor, pool threads for
-  the parallel one.
-- ``cat: "Session"``: ``model_loading_uri`` / ``model_loading_array``,
-  ``session_initialization`` (inside the ``InferenceSession`` constructor),
-  ``model_run`` (one per ``run``) and ``SequentialExecutor::Execute`` inside it.
-- ``cat: "Node"``: ``<node name>_kernel_time`` per node execution, with
-  ``args`` ``op_name``, ``provider``, ``node_index``, ``input_type_shape`` /
-  ``output_type_shape`` (``[{"float": [1, 3, 64, 64]}, …]``), sizes in bytes
-  (``activation_size``, ``parameter_size``, ``output_size``) and
-  ``thread_scheduling_stats`` (the intra-op pool's work for the node, µs).
-  ``<node>_fence_before`` / ``_fence_after`` appear with some providers.
-- ``cat: "Kernel"`` (CUDA EP builds with CUPTI profiling): one event per GPU
-  kernel or memcpy, ``pid``/``tid`` -1, ``args`` ``stream``, ``grid_*``,
-  ``block_*`` and, after ORT merged it behind its node, ``op_name`` and
-  ``parent_name`` (the node event's name).
-- The profiler keeps at most 1,000,000 events per session
-  (``Profiler::global_max_num_events_``) and drops every later one with only
-  a log line; a profile holding that many CPU events was cut short.
-
-Node names are ORT's: the graph's own names before optimisation, and names
-derived from them after fusion (``node_Conv_292`` kept by a Conv+Relu
-``FusedConv``, ``<value>_nchwc`` for NCHWc layout nodes, where ``<value>`` is
-the original output name, ``<node>/MatMulAddFusion`` for rewrites,
-``…_token_<n>`` for generated nodes). ``TorchModuleMapper`` maps them back to
-the PyTorch module they came from, when the model was exported from PyTorch:
-
-- ``torch.onnx.export(dynamo=True)`` (the default since torch 2.9) writes
-  per-node ``metadata_props``: ``pkg.torch.onnx.name_scopes`` (module paths
-  from the root, then the FX node: ``['', 'layer1', 'layer1.0',
-  'layer1.0.conv1', 'conv2d_1']``), ``pkg.torch.onnx.class_hierarchy`` and
-  ``namespace``. The module path is the last scope before the FX node.
-- The TorchScript exporter (``dynamo=False``) writes no metadata but scoped
-  node names, ``/layer1/layer1.0/conv1/Conv``; a module called twice gets a
-  ``_1`` suffix (``relu_1``) which is folded into the module when the plain
-  scope exists too.
-
-The ONNX file is read with a small protobuf wire-format reader, so neither
-``onnx`` nor the weights (initializers are skipped) are needed.
+``ort_profile_to_events`` turns the Chrome-trace JSON that ORT's profiler
+(``SessionOptions.enable_profiling``) writes per session into model, node, kernel
+and GPU spans; ``read_onnx_graph`` reads an ONNX model's nodes with a small
+protobuf reader (no ``onnx`` package; weights skipped) so that ``TorchModuleMapper``
+can map ORT's node names back to the PyTorch modules they were exported from.
+tests/data/onnxruntime/ holds real profiles (ORT 1.31) of the shapes read here.
 """
 
 from __future__ import annotations
@@ -68,12 +26,15 @@ from mltrace.run.events import Event, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.tracer.tracks import TrackRegistry
 
-#: ORT's fixed cap on recorded events per profiling session.
+#: ORT's fixed cap on recorded events per profiling session (``Profiler::global_max_num_events_``):
+#: later events are dropped with only a log line, so a profile holding that many was cut short.
 ORT_MAX_EVENTS = 1_000_000
 
-#: Profile event names of the session category that become USER spans.
+#: Profile event names of the session category that become USER spans (the category also holds
+#: ``model_run``, one per ``run``, and ``SequentialExecutor::Execute`` inside it).
 SESSION_EVENTS = frozenset({"model_loading_uri", "model_loading_array", "model_loading_from_saved_proto", "session_initialization"})
 
+# Node events are named ``<node name>_kernel_time``; some providers add ``_fence_before`` / ``_fence_after``.
 _KERNEL_TIME = "_kernel_time"
 _FENCES = ("_fence_before", "_fence_after")
 
@@ -396,6 +357,11 @@ def _literal_list(text: str | None) -> list[str] | None:
 def origin_from_metadata(metadata: Mapping[str, str]) -> tuple[str, str | None] | None:
     """The module path and class from a node's ``torch.onnx`` (dynamo) metadata.
 
+    ``torch.onnx.export(dynamo=True)`` (the default since torch 2.9) writes per node
+    ``pkg.torch.onnx.name_scopes``: module paths from the root, then the FX node
+    (``['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d_1']``); the module is the
+    last scope before the FX node. ``class_hierarchy`` gives the classes alike.
+
     Returns:
         ``(module_path, module_class)`` or None when the node has no such metadata.
     """
@@ -468,7 +434,7 @@ def scope_prefixes(node_names: list[str]) -> frozenset[str]:
 
 
 def origin_from_scope_name(name: str, known_scopes: frozenset[str] = frozenset()) -> str | None:
-    """The module path encoded in a TorchScript-exporter node name.
+    """The module path encoded in a TorchScript-exporter node name (``dynamo=False``: no node metadata).
 
     ``/layer1/layer1.0/conv1/Conv`` → ``layer1.0.conv1``;
     ``/layer2/layer2.0/downsample/downsample.0/Conv`` → ``layer2.0.downsample.0``;
@@ -529,6 +495,10 @@ _NAME_SUFFIXES = (
 def name_candidates(name: str) -> list[str]:
     """Original node or value names an ORT node name may be derived from, best first.
 
+    After optimisation ORT keeps a fused node's name (a Conv+Relu ``FusedConv`` is
+    ``node_Conv_292``) or derives one: ``<value>_nchwc`` for NCHWc layout nodes (the
+    original output's name), ``<node>/MatMulAddFusion`` for rewrites, ``…_token_<n>``
+    for generated nodes.
     ``node_MatMul_73/MatMulScaleFusion//MatmulTransposeFusion/`` → ``node_MatMul_73``;
     ``relu_nchwc`` → ``relu``; ``/stem/stem.2/Relu_output_0_nchwc`` →
     ``/stem/stem.2/Relu_output_0``, ``/stem/stem.2/Relu``.
@@ -718,6 +688,8 @@ def fill_from_neighbours(origins: list[TorchOrigin | None]) -> list[TorchOrigin 
 
 
 #: The event ``args`` conversion uses; ORT's memory statistics (``mem_*``) are dropped on reading.
+#: A node event has ``op_name``, ``provider``, ``node_index``, ``input_type_shape`` /
+#: ``output_type_shape`` (``type_shapes``), sizes in bytes and ``thread_scheduling_stats`` (µs).
 _KEEP_ARGS = frozenset(
     {
         "op_name",
@@ -1083,7 +1055,11 @@ _Timed = tuple[int, int, dict[str, Any]]  # (start, end, event): session ns, bef
 
 def event_times(e: Mapping[str, Any], start_ns: int, to_session_ns: Callable[[int], int]) -> tuple[int, int] | None:
     """An event's start and end on the session clock (ns): ``ts`` and ``dur`` are µs after the
-    profiler's start ``start_ns``; None when either is missing or ``dur`` is negative."""
+    profiler's start ``start_ns``; None when either is missing or ``dur`` is negative.
+
+    ``start_ns`` is ``InferenceSession.get_profiling_start_time_ns()``, ns since the Unix epoch
+    (libstdc++'s ``high_resolution_clock`` is the system clock).
+    """
     ts, dur = _int(e.get("ts")), _int(e.get("dur"))
     if ts is None or dur is None or dur < 0:
         return None
@@ -1233,7 +1209,12 @@ def copy_activity(name: str) -> str:
 
 
 def gpu_kernel_attrs(name: str, args: Mapping[str, Any], device: int) -> dict[str, Any]:
-    """The attributes of a CUDA EP ``Kernel`` event's span (``args`` as ORT writes them, numbers as strings)."""
+    """The attributes of a CUDA EP ``Kernel`` event's span (``args`` as ORT writes them, numbers as strings).
+
+    CUDA EP builds with CUPTI profiling write one ``Kernel`` event per GPU kernel or copy, with
+    ``stream``, ``grid_*``, ``block_*`` and, once ORT has merged it behind its node, ``op_name``
+    and ``parent_name`` (the node event's name); the device is not written.
+    """
     attrs: dict[str, Any] = {"ml.framework": "onnxruntime", "gpu.kernel.name": name, "gpu.device": device}
     stream = _int(args.get("stream"))
     if stream is not None:
@@ -1286,7 +1267,11 @@ class _Emitter:
     used_tracks: dict[int, Track] = field(default_factory=dict)
 
     def track_of(self, e: Mapping[str, Any]) -> Track | None:
-        """The thread track of a CPU event (by its pid and tid); None without a thread."""
+        """The thread track of a CPU event (by its pid and tid); None without a thread.
+
+        ``pid`` and ``tid`` are OS ids (``gettid``): the thread that called ``run`` for the
+        sequential executor, pool threads for the parallel one; GPU events have -1.
+        """
         pid, tid = _int(e.get("pid")), _int(e.get("tid"))
         if pid is None or tid is None or tid < 0:
             return None

@@ -1,20 +1,10 @@
 """FLOP counts of TensorFlow graph ops, from the graph's static shapes (pure functions).
 
-TensorFlow's profiler records no shapes for CPU graph ops, and its runtime ops
-are rewritten (``Conv2D`` + ``BiasAdd`` + ``Relu`` run as one
-``_MklNativeFusedConv2D`` named after the ``Relu``). So the work is counted on
-the Python graph of the function that ran (``graph_work``: every ``Conv2D``,
-``Conv3D``, ``DepthwiseConv2dNative``, ``MatMul`` and ``BatchMatMul*`` by its
-name scope, nested function calls included, as a SavedModel signature calls
-its model's function), and handed to the runtime ops of the same scope and
-kind in order (``FlopTable.take``). A shape whose batch dimension is unknown
-(a SavedModel signature: ``(None, 16, 16, 3)``) is counted per batch row and
-scaled by the call's batch size.
-
-Counts are multiply-adds × 2: a convolution's output elements × its kernel
-volume × input channels per group; a depthwise convolution's output elements
-× its kernel area; a matrix product's output elements × its inner dimension.
-Bias adds and activations fused into them are not counted.
+TensorFlow's profiler records no shapes for CPU graph ops and runs rewritten ops
+(``Conv2D`` + ``BiasAdd`` + ``Relu`` as one ``_MklNativeFusedConv2D`` named after the
+``Relu``), so ``graph_work`` counts the convolutions and matrix products of the Python
+graph of the function that ran, by name scope (nested function calls included), and
+``FlopTable.take`` hands them to the runtime ops of the same scope and kind in order.
 """
 
 from __future__ import annotations
@@ -56,6 +46,12 @@ def runtime_kind(op_type: str) -> str | None:
 
 def op_flops(kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: bool = False) -> tuple[float, bool] | None:
     """FLOPs of one graph op, and whether they are per batch row (the output's one unknown dimension taken as 1).
+
+    Multiply-adds × 2: a convolution's output elements × its kernel volume × input channels
+    per group; a depthwise convolution's output elements × its kernel area; a matrix
+    product's output elements × its inner dimension. Fused bias adds and activations are
+    not counted. A shape whose batch dimension is unknown (a SavedModel signature's
+    ``(None, 16, 16, 3)``) is counted per row, to be scaled by the call's batch size.
 
     Args:
         kind: ``conv``, ``depthwise`` or ``matmul`` (``GRAPH_KINDS``).

@@ -1,38 +1,10 @@
 """Parsers for the verbose logs of oneDNN and oneMKL (pure functions).
 
-Both libraries print one line per call on the process's standard output
-(file descriptor 1) when their verbose mode is on:
-
-oneDNN (``ONEDNN_VERBOSE=profile_exec`` or the runtime call
-``dnnl_set_verbose(1)``; ``ONEDNN_VERBOSE_TIMESTAMP=1`` adds a start stamp)::
-
-    onednn_verbose,v1,1795322145360.506104,primitive,exec,cpu,convolution,jit:avx512_core,
-      forward_training,src:f32:a:blocked:abcd::f0 wei:... dst:...,attr-scratchpad:user,
-      alg:convolution_direct,mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3,3.48
-
-    i.e. prefix, [format version], [start timestamp (ms since the Unix epoch)],
-    [component], operation, engine, primitive kind, implementation, propagation
-    kind, memory descriptors, attributes, auxiliary, problem description,
-    time (ms). The bracketed fields depend on the oneDNN version and
-    settings: 2.x prints neither version nor component (``dnnl_verbose,exec,…``),
-    earlier 3.x releases add the component, recent ones (3.7 in TensorFlow
-    2.21, 3.12 in torch 2.13) also ``v1``. All are accepted.
-
-oneMKL (``MKL_VERBOSE=1`` or the runtime call ``mkl_verbose(1)``)::
-
-    MKL_VERBOSE SGEMM(T,N,128,4,256,0x7ffc…,0x5639…,256,0x5639…,256,0x7ffc…,0x5639…,128) 30.36us
-      CNR:OFF Dyn:0 FastMM:1 TID:0  NThr:2
-
-    i.e. the function, its arguments as passed (pointers print as addresses,
-    so batched calls show no sizes), the call's duration with a unit, and
-    ``key:value`` settings. ``TID`` is the OpenMP thread number of the
-    calling thread, not an OS thread id. There is no timestamp.
-
-Times: oneDNN stamps the start with ``gettimeofday`` (µs resolution) and prints
-it as a double with 6 decimals, whose spacing at today's epoch is 0.24 µs;
-durations are differences of two such stamps. The printed decimals are
-converted to integer ns exactly (no binary floating point on the way), so the
-only error is the libraries' own.
+Both libraries print one line per call on the process's standard output (file
+descriptor 1) when their verbose mode is on (``ONEDNN_VERBOSE=profile_exec``,
+``MKL_VERBOSE=1``, or the runtime calls ``dnnl_set_verbose(1)`` and
+``mkl_verbose(1)``). ``parse_onednn_line`` and ``parse_mkl_line`` read one such
+line each; ``onednn_flops`` and ``gemm_flops`` count the work of a call from it.
 """
 
 from __future__ import annotations
@@ -133,7 +105,11 @@ def is_verbose_line(line: bytes) -> bool:
 
 
 def _ms_to_ns(text: str) -> int | None:
-    """Converts a decimal number of milliseconds to integer ns (exactly, rounded half even)."""
+    """Converts a decimal number of milliseconds to integer ns (exactly, rounded half even).
+
+    oneDNN stamps times with ``gettimeofday`` (µs resolution) and prints ms with 6 decimals;
+    reading the decimals exactly, with no binary floating point on the way, adds no error.
+    """
     try:
         value = Decimal(text)
     except InvalidOperation:
@@ -145,6 +121,18 @@ def _ms_to_ns(text: str) -> int | None:
 
 def parse_onednn_line(line: str) -> OneDnnCall | None:
     """Parses one oneDNN verbose line about a primitive.
+
+    The layout (``ONEDNN_VERBOSE_TIMESTAMP=1`` adds the start stamp, ms since the epoch)::
+
+        onednn_verbose,v1,1795322145360.506104,primitive,exec,cpu,convolution,jit:avx512_core,
+          forward_training,src:f32:a:blocked:abcd::f0 wei:... dst:...,attr-scratchpad:user,
+          alg:convolution_direct,mb1_ic3oc64_ih224oh112kh7sh2dh0ph3_iw224ow112kw7sw2dw0pw3,3.48
+
+    i.e. prefix, [version], [start], [component], operation, engine, primitive kind,
+    implementation, propagation kind, memory descriptors, attributes, auxiliary, problem
+    description, time (ms). oneDNN 2.x prints neither version nor component
+    (``dnnl_verbose,exec,…``), earlier 3.x releases the component, recent ones (3.7 in
+    TensorFlow 2.21, 3.12 in torch 2.13) both.
 
     Args:
         line: one line of output, with or without its trailing newline.
@@ -199,6 +187,15 @@ def parse_onednn_line(line: str) -> OneDnnCall | None:
 
 def parse_mkl_line(line: str) -> MklCall | None:
     """Parses one oneMKL verbose line.
+
+    The layout::
+
+        MKL_VERBOSE SGEMM(T,N,128,4,256,0x7ffc…,0x5639…,256,0x5639…,256,0x7ffc…,0x5639…,128) 30.36us
+          CNR:OFF Dyn:0 FastMM:1 TID:0  NThr:2
+
+    i.e. the function, its arguments as passed (pointers print as addresses, so batched
+    calls show no sizes), the duration with a unit, and ``key:value`` settings. ``TID`` is
+    the OpenMP thread number, not an OS thread id. There is no timestamp.
 
     Args:
         line: one line of output, with or without its trailing newline.

@@ -1,30 +1,12 @@
 """TensorFlow profiler XSpace (``*.xplane.pb``) → mltrace events (pure functions).
 
-``tf.profiler.experimental.start/stop`` writes
-``<logdir>/plugins/profile/<run>/<host>.xplane.pb``, one serialized
-``tensorflow.profiler.XSpace``. What this module reads, as written by
-TensorFlow 2.21 (see tests/data/tensorflow/):
-
-- Plane ``/host:CPU``: one ``XLine`` per thread. ``line.id`` is TSL's thread
-  id, ``std::hash<std::thread::id>`` of the thread's ``pthread_t`` (libstdc++:
-  a 64-bit Murmur hash, see ``std_thread_hash``), so the line of a Python
-  thread is found from ``threading.get_ident()``; ``line.name`` is the
-  thread's name (``python``, ``tf_Compute/…``, ``tf_data_…``).
-- Times: ``line.timestamp_ns`` is ns after ``profile_start_time`` (a stat
-  of the ``Task Environment`` plane, ns since the Unix epoch), each event's
-  ``offset_ps`` is ps after its line's timestamp and ``duration_ps`` its
-  length. Older profiles with absolute line timestamps are accepted.
-- Graph execution (``predict``, ``tf.function``): the executor's TraceMe per
-  op, named ``<node name>:<op type>`` (``net_1/head_1/fc1_1/Relu:_MklNativeFusedMatMul``)
-  on the inter-op pool's threads (``tf_Compute``). The node name carries the
-  Keras name scopes: the model's, then each layer's, each uniquified with a
-  ``_<n>`` suffix when the function graph was built (``net_1``, ``head_1``).
-- Eager execution (``model(x)``, layers called outside ``tf.function``):
-  ``EagerExecute`` on the calling thread, with stats ``eager_op`` (the op
-  type, or the function's name) and ``is_func``.
-
-Loading uses the ``xplane_pb2`` module shipped inside TensorFlow, read from
-its file so that analysing a profile does not import TensorFlow itself.
+``host_profile`` flattens the host plane of the ``XSpace`` that
+``tf.profiler.experimental.start/stop`` writes to
+``<logdir>/plugins/profile/<run>/<host>.xplane.pb``; ``xspace_to_events`` turns its
+graph ops, graph-function calls and eager ops into model, layer (from Keras name
+scopes) and op spans. The protobuf classes come from TensorFlow's ``xplane_pb2``
+file, so reading a profile does not import TensorFlow. tests/data/tensorflow/ holds
+real profiles (TensorFlow 2.21) of the shapes read here.
 """
 
 from __future__ import annotations
@@ -216,6 +198,9 @@ def host_profile(space: Any, wanted_stats: Iterable[str] = _WANTED_STATS) -> Hos
     absolute = any(line.timestamp_ns > 10**17 for line in host.lines)
     out.clock = "absolute" if absolute else "relative"
     base = 0 if absolute else out.start_ns
+    # One line per thread: its id is TSL's thread id (``std_thread_hash``), its name the thread's
+    # (``python``, ``tf_Compute/…``). ``line.timestamp_ns`` is ns after ``profile_start_time``,
+    # an event's ``offset_ps`` ps after its line's timestamp.
     for line in host.lines:
         out.lines[line.id] = line.display_name or line.name
         line_ns = base + line.timestamp_ns
@@ -800,7 +785,13 @@ class HostEvents:
 
 
 def sort_host_events(rows: Iterable[XEventRow], to_session_ns: Callable[[int], int]) -> HostEvents:
-    """Sorts host events into graph ops, function calls, eager ops and XLA runs; other events are dropped."""
+    """Sorts host events into graph ops, function calls, eager ops and XLA runs; other events are dropped.
+
+    Graph execution (``predict``, ``tf.function``) shows one executor TraceMe per op,
+    ``<node name>:<op type>``, on the inter-op pool's threads (``tf_Compute``); eager execution
+    an ``EagerExecute`` on the calling thread, with stats ``eager_op`` (the op type, or the
+    function's name) and ``is_func``.
+    """
     out = HostEvents()
     for row in rows:
         parsed = parse_op_event(row.name)
