@@ -280,3 +280,25 @@ def test_threadpool_totals_add_up() -> None:
     add_threadpool_totals(totals, attrs)
     add_threadpool_totals(totals, {})
     assert totals == {"run_ns": 30_000, "wait_ns": 4_000, "distribution_ns": 2_000, "sub_thread_runs": 2}
+
+
+def test_graph_reader_reads_subgraphs_and_skips_unnamed_nodes() -> None:
+    """An ``If`` holds its branches as graph attributes; their nodes are the model's too."""
+    from onnx import TensorProto, helper
+
+    from mltrace.formats.ort_profile import parse_onnx_graph
+
+    def branch(name: str, op: str, out: str) -> Any:
+        return helper.make_graph(
+            [helper.make_node(op, ["x"], [out], name=name)], name, [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, [2])]
+        )
+
+    choose = helper.make_node(
+        "If", ["c"], ["y"], name="node_if", then_branch=branch("then", "Relu", "y1"), else_branch=branch("else", "Neg", "y2")
+    )
+    unnamed = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph([choose, unnamed], "main_graph", [], [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    parsed = parse_onnx_graph(helper.make_model(graph, producer_name="pytorch").SerializeToString())
+    assert list(parsed.nodes) == ["node_if", "else", "then"]  # helper.make_node writes attributes sorted by name
+    assert parsed.producer_of == {"y": "node_if", "y1": "then", "y2": "else"}
+    assert parsed.from_pytorch and not parsed.torch_metadata
