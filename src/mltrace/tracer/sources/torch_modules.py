@@ -351,6 +351,7 @@ class TorchModuleSource:
         next_id = self._session.recorder._ids.__next__
         append_frame = self._frames.append
         clock = now_ns
+        thread_time = time.thread_time_ns
         site_of = self._site_of
         _getframe = sys._getframe
         compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
@@ -370,6 +371,7 @@ class TorchModuleSource:
                     output = original(module, *args, **kwargs)
                     return output
                 finally:
+                    span.attrs["_cpu1"] = thread_time()
                     while stack and stack.pop() is not frame:
                         pass
                     if output is not None:
@@ -822,9 +824,13 @@ class TorchModuleSource:
         return out
 
     def _finish(self, span: Span) -> None:
-        """Completes a model span's attributes when the recorder drains it (flusher thread)."""
+        """Completes a model span's attributes when the recorder drains it (flusher thread): shapes,
+        and the calling thread's CPU time over the call (``ml.thread.cpu_ns``)."""
         attrs = span.attrs
         self._add_shapes(attrs, attrs.pop("_in", None), attrs.pop("_out", None))
+        cpu0, cpu1 = attrs.pop("_cpu0", None), attrs.pop("_cpu1", None)
+        if cpu0 is not None and cpu1 is not None:  # none for a call the end of the run truncated
+            attrs["ml.thread.cpu_ns"] = cpu1 - cpu0
 
     def _add_shapes(self, attrs: dict[str, Any], raw_in: Any, raw_out: Any) -> None:
         """Input and output shapes and dtypes from what the hot path kept (torch objects).
@@ -987,6 +993,7 @@ class TorchModuleSource:
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
+        span.attrs["_cpu0"] = time.thread_time_ns()  # ml.thread.cpu_ns, with "_cpu1" at the end (_finish)
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
         stack.append(frame)
         return frame
@@ -1095,6 +1102,7 @@ class TorchModuleSource:
                 return
         if frame[PARENT] is None:  # the model frame
             span: Span = frame[SPAN]
+            span.attrs["_cpu1"] = time.thread_time_ns()
             if output is not None:
                 span.attrs["_out"] = self._raw_shapes(output)
             self._end(span)
