@@ -216,6 +216,7 @@ def benchmark_bricks(
                     wall_s=time.perf_counter() - t0,
                     cpu_median_ns=float(statistics.median(cpu)),
                     mean_ns=float(statistics.fmean(samples)),
+                    cpu_mean_ns=float(statistics.fmean(cpu)),
                 )
             )
         except UnsupportedBrick as exc:
@@ -359,6 +360,15 @@ def bench_threads(bset: BrickSet, threads: int | None) -> int:
     return used[0] if used else int(torch.get_num_threads())
 
 
+def basis_threads(bset: BrickSet, bench: int) -> int | None:
+    """The intra-op threads that decide the comparison's basis: the most that a model was
+    traced with or the bricks ran with; None when a run's count is unknown."""
+    traced = [m.threads for m in bset.models]
+    if any(t is None for t in traced):
+        return None
+    return max([bench, *(t for t in traced if t is not None)])
+
+
 def run_bricks(
     runs: Sequence[Run],
     *,
@@ -371,6 +381,7 @@ def run_bricks(
     trace_warmup: int = 1,
     threads: int | None = None,
     statistic: str = "median",
+    basis: str = "auto",
     progress: Callable[[int, int], None] | None = None,
 ) -> BricksReport:
     """Extracts, deduplicates and benchmarks bricks, and constructs every model's latency.
@@ -387,12 +398,20 @@ def run_bricks(
         trace_warmup: model calls of each run skipped (see ``extract``).
         threads: torch threads while benchmarking (None: the runs').
         statistic: "median" or "mean" of the bricks' and the model's calls (``construct``).
+        basis: "auto", "wall" or "cpu" (``choose_basis``).
         progress: called with (done, total) as bricks are benchmarked.
+
+    Raises:
+        ValueError: runs that cannot be compared as asked (the message says why), before
+            any brick is benchmarked.
     """
     import torch
 
+    from mltrace.analysis.bricks import choose_basis
+
     bset = extract(runs, granularity, trace_warmup)
     used = bench_threads(bset, threads)
+    choose_basis(bset.models, basis_threads(bset, used), None, basis)  # refuses "cpu" before benchmarking
     before = torch.get_num_threads()
     torch.set_num_threads(used)
     try:
@@ -406,4 +425,4 @@ def run_bricks(
         torch.set_num_threads(before)
     extra = {"cache": cache, "threads": used}
     kw = {"warmup": warmup, "n": n, "runtime": runtime, "bench_wall_s": wall, "extra": extra, "machine": watch.state}
-    return assemble(bset, timings, seq_timings, statistic=statistic, **kw)
+    return assemble(bset, timings, seq_timings, statistic=statistic, threads=basis_threads(bset, used), basis=basis, **kw)

@@ -12,6 +12,7 @@ from torch import nn
 
 import mltrace
 from mltrace.analysis.bricks import (
+    BasisChoice,
     Brick,
     LayerCall,
     ModelBricks,
@@ -397,23 +398,150 @@ def test_bricks_run_with_the_threads_the_model_ran_with(residual_runs: list[Run]
     assert report.machine is not None and report.machine.threads == 1 and report.machine.others_cores >= 0
 
 
-def test_the_report_says_when_the_machine_was_not_idle(residual_runs: list[Run]) -> None:
+def test_the_report_says_which_basis_and_why_not_the_wall_clock(residual_runs: list[Run]) -> None:
+    """The same benchmarked bricks assembled for an idle, a busy and an oversubscribed machine:
+    the report names its basis, gives the other basis's ratio beside it, and one line saying
+    why the wall clock was not used or why neither figure is to be trusted."""
     import io
-    from dataclasses import replace
 
-    from mltrace.analysis.bricks import MachineState
+    from mltrace.analysis.bricks import MachineState, assemble
     from mltrace.viewers.bricks import print_report
 
-    report = run_bricks(residual_runs[:1], warmup=1, n=2)
-    busy, idle = MachineState(2, 1, 1.4, (3.0, 3.5)), MachineState(2, 1, 0.05, (0.1, 0.1))
-    assert idle.idle and idle.why_not_idle() == "" and not busy.idle
-    assert "1.4 of 2 cores busy" in busy.why_not_idle()
-    for state, said in ((busy, "machine: not measured on an idle machine"), (idle, "machine: idle (other processes used 0.05")):
+    report = run_bricks(residual_runs[:1], warmup=1, n=2)  # traced and benchmarked with one thread
+    assert report.extra["threads"] == 1 and report.choice.cpu_possible and report.other is not None
+    kw: dict[str, Any] = {"warmup": 1, "n": 2, "runtime": "pytorch", "bench_wall_s": 0.0, "threads": 1}
+    cases = {
+        "idle": MachineState(2, 1, 0.05, (0.1, 0.2)),
+        "busy": MachineState(2, 1, 0.9, (3.0, 3.1)),  # others fit on the other core
+        "oversubscribed": MachineState(2, 1, 1.6, (7.0, 7.1)),  # they shared the bricks' core
+    }
+    texts, docs = {}, {}
+    for name, state in cases.items():
+        got = assemble(report.set, report.timings, [], machine=state, **kw)
         out = io.StringIO()
-        print_report(replace(report, machine=state), out)
-        assert said in out.getvalue() and "glue" in out.getvalue()
-    doc = replace(report, machine=busy).to_json()
-    assert doc["machine"]["idle"] is False and doc["models"][0]["glue_ns"] == round(report.constructions[0].glue_ns)
+        print_report(got, out)
+        texts[name], docs[name] = out.getvalue(), got.to_json()
+        assert got.choice.basis == "cpu" and [c.basis for c in got.constructions] == ["cpu"]
+        assert got.other is not None and [c.basis for c in got.other] == ["wall"]
+        assert "basis: thread CPU time" in texts[name] and "wall ratio" in texts[name]
+    assert "machine: idle: other processes kept 0.05 of 2 cores busy" in texts["idle"]
+    assert "note:" not in texts["idle"] and "warning:" not in texts["idle"]
+    if report.set.models[0].cpu_share is not None and report.set.models[0].cpu_share >= 0.9:  # the trace was not preempted
+        assert "note: load average 3.1 on 2 CPUs (other processes kept 0.9 cores busy while the bricks ran): wall-clock " in texts["busy"]
+        assert "wall-clock bricks not comparable; CPU-time basis used" in texts["busy"] and docs["busy"]["basis"]["trusted"]
+    assert "warning: load average 7.1 on 2 CPUs" in texts["oversubscribed"]
+    assert "neither basis is comparable: rerun on an idle machine" in texts["oversubscribed"]
+    doc = docs["oversubscribed"]
+    assert doc["basis"]["used"] == "cpu" and doc["basis"]["trusted"] is False and doc["machine"]["idle"] is False
+    (model,) = doc["models"]
+    assert model["basis"] == "cpu" and model["measured_ns"] == round(report.set.models[0].measured_cpu_ns or 0)
+    assert set(model["wall_basis"]) == {"measured_ns", "constructed_ns", "glue_ns", "ratio"}
+    assert model["wall_basis"]["measured_ns"] == round(report.set.models[0].measured_ns)
+
+
+def _model(threads: int | None = 1, cpu: float | None = 90.0, share: float | None = 0.95) -> ModelBricks:
+    """A decomposition with known figures (no layers): what the basis choice reads."""
+    return ModelBricks("Net (x.py:1)", "run", 100.0, 3, [], [], False, 0, threads=threads, measured_cpu_ns=cpu, cpu_share=share)
+
+
+def test_the_basis_follows_threads_recorded_cpu_time_and_the_machine() -> None:
+    from mltrace.analysis.bricks import MachineState, choose_basis
+
+    idle, busy, over = MachineState(2, 1, 0.05, (0.2, 0.2)), MachineState(2, 1, 0.9, (3.1, 3.1)), MachineState(2, 2, 1.6, (7.0, 7.2))
+    # One thread, CPU time recorded: CPU time, trusted; the wall clock's trouble said in a note.
+    assert choose_basis([_model()], 1, idle) == BasisChoice("cpu", True, "", True)
+    c = choose_basis([_model()], 1, busy)
+    assert (c.basis, c.trusted) == ("cpu", True)
+    busy_why = "load average 3.1 on 2 CPUs (other processes kept 0.9 cores busy while the bricks ran)"
+    assert c.why == f"{busy_why}: wall-clock bricks not comparable; CPU-time basis used"
+    # Oversubscribed (others on the bricks' core) or a preempted trace: neither basis is trusted.
+    c = choose_basis([_model()], 1, MachineState(2, 1, 1.6, (7.0, 7.2)))
+    assert (c.basis, c.trusted) == ("cpu", False) and c.why.startswith("load average 7.2 on 2 CPUs") and "rerun on an idle machine" in c.why
+    c = choose_basis([_model(share=0.6)], 1, idle)
+    assert not c.trusted and c.why.startswith("traced model calls ran on a CPU for 60% of their wall time (Net (x.py:1))")
+    # Two intra-op threads: thread CPU time is not the latency; the wall clock, trusted only when idle.
+    assert choose_basis([_model(threads=2)], 2, MachineState(2, 2, 0.05, (0.2, 0.2))) == BasisChoice("wall", True, "", False)
+    c = choose_basis([_model(threads=2, share=0.6)], 2, over)
+    assert (c.basis, c.trusted) == ("wall", False)
+    assert c.why == (
+        "intra-op threads = 2: CPU time is not the latency, and load average 7.2 on 2 CPUs (other processes kept 1.6 cores "
+        "busy while the bricks ran): wall-clock constructed/measured not comparable; rerun with OMP_NUM_THREADS=1 or on an idle machine"
+    )  # a multi-threaded call's CPU share says nothing of preemption: not a reason
+    with pytest.raises(ValueError, match=r"no CPU-time basis: intra-op threads = 2: CPU time is not the latency"):
+        choose_basis([_model(threads=2)], 2, idle, "cpu")
+    # No thread CPU time in the runs (an older trace), or unknown threads: the wall clock.
+    assert choose_basis([_model(cpu=None, share=None)], 1, idle).basis == "wall"
+    with pytest.raises(ValueError, match="carry no thread CPU time"):
+        choose_basis([_model(cpu=None, share=None)], 1, idle, "cpu")
+    assert choose_basis([_model(threads=None)], None, idle).basis == "wall"
+    # The wall clock asked for where CPU time could be had: untrusted on a busy machine, and says what is.
+    c = choose_basis([_model()], 1, busy, "wall")
+    assert (c.basis, c.trusted, c.cpu_possible) == ("wall", False, True) and c.why.endswith("the CPU-time basis (--basis auto) is")
+    with pytest.raises(ValueError, match="basis must be"):
+        choose_basis([_model()], 1, idle, "gpu")
+
+
+def _cpu_run(tmp_path: Path, cpu: bool = True) -> Run:
+    """Three calls of a model with one leaf layer: wall 100, 200, 400 ns, glue a fifth of
+    each, thread CPU time 100 ns each (CPU / wall shares 1, 0.5, 0.25)."""
+    relu = {"ml.layer.type": "ReLU", "ml.input.shapes": [[1, 4]], "ml.input.dtypes": ["float32"], "ml.layer.params": 0}
+    spans, start = [], 0
+    for i, wall in enumerate((100, 200, 400)):
+        attrs: dict[str, Any] = {"ml.thread.cpu_ns": 100} if cpu else {}
+        spans.append(Span(2 * i + 1, None, Level.MODEL, "Net", start, start + wall, 1, attrs))
+        spans.append(Span(2 * i + 2, 2 * i + 1, Level.LAYER, "relu", start + wall // 10, start + wall // 10 + wall * 4 // 5, 1, dict(relu)))
+        start += 1000
+    return Run(tmp_path, {"format": "mltrace-run", "threads": {"torch": 1}}, {1: Track(1, TrackKind.THREAD, "main", 1, 1)}, spans)
+
+
+def test_a_cpu_construction_scales_the_glue_by_each_calls_cpu_share(tmp_path: Path) -> None:
+    (m,) = extract([_cpu_run(tmp_path)], warmup=0).models
+    assert (m.measured_ns, m.glue_ns, m.threads) == (200.0, 40.0, 1)
+    assert (m.measured_cpu_ns, m.cpu_share, m.glue_cpu_ns) == (100.0, 0.5, 20.0)  # each call's glue x its share: 20, 20, 20
+    relu = m.layers[0].brick
+    c = construct(m, {relu: 70.0}, basis="cpu")
+    assert (c.basis, c.measured_ns, c.bricks_ns, c.glue_ns, c.constructed_ns) == ("cpu", 100.0, 70.0, 20.0, 90.0)
+    assert c.ratio == pytest.approx(0.9)
+    c = construct(m, {}, basis="cpu")  # a layer that could not run alone: its traced latency (160) x the share
+    assert (c.from_trace, c.bricks_ns, c.constructed_ns) == (1, 80.0, 100.0)
+    assert construct(m, {relu: 70.0}).constructed_ns == 110.0  # the wall basis: the wall-clock glue
+    (old,) = extract([_cpu_run(tmp_path, cpu=False)], warmup=0).models
+    assert old.measured_cpu_ns is None and old.cpu_share is None
+    with pytest.raises(ValueError, match="carry no thread CPU time"):
+        construct(old, {relu: 70.0}, basis="cpu")
+
+
+def test_model_spans_carry_the_calling_threads_cpu_time(residual_runs: list[Run]) -> None:
+    """Every model call of a traced torch model has ``ml.thread.cpu_ns``: the calling thread's
+    CPU time over the call, within its wall time; nothing else of the measurement is left behind."""
+    for run in residual_runs:
+        models = [s for s in run.spans if s.level == Level.MODEL]
+        assert len(models) == 4
+        for s in models:
+            cpu = s.attrs["ml.thread.cpu_ns"]
+            assert isinstance(cpu, int) and 0 < cpu <= s.duration_ns + 100_000  # read inside the span's clock reads
+            assert not any(k.startswith("_") for k in s.attrs)
+        assert all("ml.thread.cpu_ns" not in s.attrs for s in run.spans if s.level == Level.LAYER)  # model spans only
+    (m,) = extract(residual_runs[:1]).models
+    assert m.measured_cpu_ns is not None and m.cpu_share is not None and 0 < m.cpu_share <= 1.01
+
+
+def test_run_directories_with_one_name_are_told_apart_by_their_parents(rep_run: Any, tmp_path: Path) -> None:
+    """Two runs of one script in directories of one name (``x/run``, ``y/run``): each row is
+    named with as much of its path as tells them apart."""
+    import shutil
+
+    from mltrace.analysis.bricks import run_names
+
+    a, b, c = tmp_path / "x" / "run", tmp_path / "y" / "run", tmp_path / "y" / "other"
+    assert run_names([str(a), str(b), str(c)]) == {str(a): "x/run", str(b): "y/run", str(c): "other"}
+    assert run_names([str(a)]) == {str(a): "run"}
+    run, _ = rep_run
+    shutil.copytree(run.path, a)
+    shutil.copytree(run.path, b)
+    names = [m.model for m in extract([mltrace.load_run(a), mltrace.load_run(b)]).models]
+    assert len(names) == 4 and len(set(names)) == 4
+    assert sorted(n.rsplit(" [", 1)[1] for n in names) == ["x/run]", "x/run]", "y/run]", "y/run]"]
 
 
 def test_a_construction_from_means_compares_with_the_models_mean(residual_runs: list[Run]) -> None:
@@ -439,3 +567,17 @@ def test_a_construction_from_means_compares_with_the_models_mean(residual_runs: 
     assert mean_report.to_json()["protocol"]["statistic"] == "mean"
     with pytest.raises(ValueError, match="statistic"):
         assemble(bset, timings, [], statistic="mode", **kw)
+
+
+def test_the_command_refuses_a_cpu_basis_it_cannot_have(residual_runs: list[Run]) -> None:
+    """``mltrace bricks --basis cpu`` on a run traced with two threads: one stderr line saying
+    why, exit status 2, before any brick is benchmarked; the default (auto) runs on the wall clock."""
+    from conftest import run_cli
+
+    two = str(residual_runs[1].path)
+    res = run_cli("bricks", "--basis", "cpu", "-n", "1", "--warmup", "0", two)
+    err = res.stderr.decode()
+    assert res.returncode == 2 and "no CPU-time basis: intra-op threads = 2: CPU time is not the latency" in err
+    assert "Traceback" not in err and "benchmarked" not in err
+    res = run_cli("bricks", "-n", "1", "--warmup", "0", two)
+    assert res.returncode == 0 and "basis: wall clock" in res.stdout.decode()

@@ -21,7 +21,11 @@
    a term of its own taken from the trace (``ModelBricks.glue_ns``).
 5. **Report** constructed / measured per model, where *measured* is the
    median model-span latency in the run given (use a leveled run for an
-   overhead-free figure), and the benchmarking-time speedup:
+   overhead-free figure), on one basis (``choose_basis``): the calling
+   thread's CPU time where the model and its bricks ran on one intra-op thread
+   (model spans carry ``ml.thread.cpu_ns``; the glue is scaled by each call's
+   CPU / wall share), else the wall clock, with one line saying why that
+   figure cannot be trusted when the machine was busy; and the benchmarking-time speedup:
    ``Σ_models (warmup + n) · measured`` over ``Σ_unique bricks (warmup + n) ·
    brick median`` — the time benchmarking every model end to end would take,
    over the time benchmarking each unique brick once takes, under the same
@@ -126,6 +130,13 @@ class ModelBricks:
             between layers, which no brick runs.
         threads: the compute threads the run used (run.json), None when unknown.
         measured_mean_ns, glue_mean_ns: the means of the same (ns).
+        measured_cpu_ns, measured_cpu_mean_ns: median and mean of the model calls' thread
+            CPU time (span attribute ``ml.thread.cpu_ns``; ns); None when a call lacks it.
+        glue_cpu_ns, glue_cpu_mean_ns: the glue on that basis: each call's glue times its
+            CPU / wall share, median and mean (ns).
+        cpu_share: median over the calls of thread CPU time / wall time: below 1 where the
+            calling thread was preempted or waited (or, with several intra-op threads,
+            where it waited for the others).
     """
 
     model: str
@@ -140,6 +151,11 @@ class ModelBricks:
     threads: int | None = None
     measured_mean_ns: float = 0.0
     glue_mean_ns: float = 0.0
+    measured_cpu_ns: float | None = None
+    measured_cpu_mean_ns: float | None = None
+    glue_cpu_ns: float | None = None
+    glue_cpu_mean_ns: float | None = None
+    cpu_share: float | None = None
 
 
 @dataclass
@@ -428,6 +444,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
             covered = _union_ns([(lc.start_ns, lc.end_ns) for lc in layers])
             measured = [c.root.duration_ns for c in calls[skip:]]
             glue = [max(0, c.root.duration_ns - _union_ns([(x.start_ns, x.end_ns) for x in _leaf_layers(c.spans)])) for c in calls[skip:]]
+            cpu = [c.root.attrs.get("ml.thread.cpu_ns") for c in calls[skip:]]
             models.append(
                 ModelBricks(
                     model=model_label(key),
@@ -442,18 +459,52 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     threads=run_threads(run.meta),
                     measured_mean_ns=statistics.fmean(measured),
                     glue_mean_ns=statistics.fmean(glue),
+                    **_cpu_figures(measured, glue, cpu),
                 )
             )
     return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
 
 
+def _cpu_figures(wall: list[int], glue: list[int], cpu: list[Any]) -> dict[str, float]:
+    """``ModelBricks``' CPU-time fields from the calls' wall times, glue and thread CPU times
+    (empty where a call has no CPU time or a zero wall time)."""
+    if not cpu or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpu) or not all(wall):
+        return {}
+    shares = [c / w for c, w in zip(cpu, wall)]
+    glue_cpu = [g * sh for g, sh in zip(glue, shares)]
+    return {
+        "measured_cpu_ns": float(statistics.median(cpu)),
+        "measured_cpu_mean_ns": statistics.fmean(cpu),
+        "glue_cpu_ns": float(statistics.median(glue_cpu)),
+        "glue_cpu_mean_ns": statistics.fmean(glue_cpu),
+        "cpu_share": float(statistics.median(shares)),
+    }
+
+
 def _named_apart(models: list[ModelBricks]) -> list[ModelBricks]:
     """The models, those whose label another run's model shares named with their run
-    directory too (``ResNet (infer.py:53) [resnet-b1]``): two runs of one script are two rows."""
+    directory too (``ResNet (infer.py:53) [resnet-b1]``): two runs of one script are two rows.
+    Where two such directories share their name (``a/run``, ``b/run``), as many trailing
+    parts of their paths as tell them apart (``[a/run]``, ``[b/run]``)."""
     runs_of: dict[str, set[str]] = {}
     for m in models:
         runs_of.setdefault(m.model, set()).add(m.run)
-    return [replace(m, model=f"{m.model} [{Path(m.run).name}]") if len(runs_of[m.model]) > 1 else m for m in models]
+    short = run_names(sorted({m.run for m in models}))
+    return [replace(m, model=f"{m.model} [{short[m.run]}]") if len(runs_of[m.model]) > 1 else m for m in models]
+
+
+def run_names(paths: Sequence[str]) -> dict[str, str]:
+    """Each run directory's shortest trailing part of its (absolute) path that no other of
+    ``paths`` ends with: its name where the names differ."""
+    parts = {p: Path(p).resolve().parts for p in paths}
+    names: dict[str, str] = {}
+    for p, mine in parts.items():
+        for k in range(1, len(mine) + 1):
+            tail = mine[-k:]
+            if all(other[-k:] != tail for q, other in parts.items() if q != p and other != mine):
+                break
+        names[p] = "/".join(tail) if tail[0] != "/" else str(Path(*tail))
+    return names
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
@@ -498,13 +549,13 @@ class Construction:
 
     Attributes:
         model: the model's label.
-        measured_ns: traced model latency, median or mean as the construction (ns).
-        constructed_ns: from the bricks (ns).
+        measured_ns: traced model latency, median or mean as the construction, on its basis (ns).
         constructed_ns: from the bricks, glue included (ns).
         method: "sum", "sequence sum (H=…)" or "critical path".
         from_trace: leaf layers whose brick could not run alone (their traced latency was used).
         from_trace_ns: the time those contributed (ns).
         glue_ns: the model's time in no leaf layer, from the trace (ns; in ``constructed_ns``).
+        basis: "wall" (wall-clock latency) or "cpu" (the calling thread's CPU time).
     """
 
     model: str
@@ -514,6 +565,7 @@ class Construction:
     from_trace: int = 0
     from_trace_ns: float = 0.0
     glue_ns: float = 0.0
+    basis: str = "wall"
 
     @property
     def bricks_ns(self) -> float:
@@ -529,12 +581,16 @@ class Construction:
 #: The statistics a construction can use: of the bricks' calls, and of the traced model calls.
 STATISTICS = ("median", "mean")
 
+#: What a construction compares: wall-clock latency, or the calling thread's CPU time.
+BASES = ("wall", "cpu")
+
 
 def construct(
     model: ModelBricks,
     brick_ns: dict[Brick, float],
     sequence_ns: dict[tuple[Brick, ...], float] | None = None,
     statistic: str = "median",
+    basis: str = "wall",
 ) -> Construction:
     """Constructs a model's latency from brick medians, plus the model's glue (``glue_ns``).
 
@@ -549,11 +605,22 @@ def construct(
             to a call's length, so on a busy machine a sum of bricks' means compares
             with the model's mean, where the median of a short brick is a call that was
             not preempted at all.
+        basis: "wall", or "cpu": ``brick_ns`` and ``sequence_ns`` are the bricks' thread CPU
+            times, compared with the model calls' thread CPU time and glue on that basis; a
+            layer from the trace counts its traced latency times the calls' CPU / wall share.
+
+    Raises:
+        ValueError: basis "cpu" for a model whose calls carry no thread CPU time.
     """
     fallback = [lc for lc in model.layers if lc.brick not in brick_ns]
+    share = 1.0
+    if basis == "cpu":
+        if model.measured_cpu_ns is None or model.cpu_share is None:
+            raise ValueError(f"{model.model}: its model calls carry no thread CPU time (ml.thread.cpu_ns)")
+        share = model.cpu_share
 
     def weight(lc: LayerCall) -> float:
-        return brick_ns.get(lc.brick, lc.traced_ns)
+        return brick_ns.get(lc.brick, lc.traced_ns * share)
 
     if model.parallel:
         total = critical_path_ns(model.layers, weight)
@@ -565,9 +632,17 @@ def construct(
     else:
         total = sum(weight(lc) for lc in model.layers)
         method = "sum"
-    fallback_ns = sum(lc.traced_ns for lc in fallback)
-    measured, glue = (model.measured_mean_ns, model.glue_mean_ns) if statistic == "mean" else (model.measured_ns, model.glue_ns)
-    return Construction(model.model, measured, total + glue, method, len(fallback), fallback_ns, glue)
+    fallback_ns = sum(lc.traced_ns * share for lc in fallback)
+    measured, glue = _measured_and_glue(model, statistic, basis)
+    return Construction(model.model, measured, total + glue, method, len(fallback), fallback_ns, glue, basis)
+
+
+def _measured_and_glue(model: ModelBricks, statistic: str, basis: str) -> tuple[float, float]:
+    """The model's measured latency and glue for a statistic and a basis (ns)."""
+    if basis == "cpu":
+        pair = (model.measured_cpu_mean_ns, model.glue_cpu_mean_ns) if statistic == "mean" else (model.measured_cpu_ns, model.glue_cpu_ns)
+        return float(pair[0] or 0.0), float(pair[1] or 0.0)
+    return (model.measured_mean_ns, model.glue_mean_ns) if statistic == "mean" else (model.measured_ns, model.glue_ns)
 
 
 # -- benchmark results ------------------------------------------------------------------------
@@ -589,6 +664,7 @@ class BrickTiming:
         mean_ns: mean latency (wall clock, ns): on a busy machine, unlike the median of
             short calls, stretched by preemption in proportion to the call's length, as a
             whole model call is.
+        cpu_mean_ns: mean CPU time of the calling thread (ns).
     """
 
     median_ns: float | None
@@ -598,6 +674,13 @@ class BrickTiming:
     wall_s: float = 0.0
     cpu_median_ns: float | None = None
     mean_ns: float | None = None
+    cpu_mean_ns: float | None = None
+
+    def figure(self, statistic: str, basis: str) -> float | None:
+        """The timing a construction uses: median or mean, wall clock or thread CPU time (ns)."""
+        if basis == "cpu":
+            return self.cpu_mean_ns if statistic == "mean" else self.cpu_median_ns
+        return self.mean_ns if statistic == "mean" else self.median_ns
 
 
 #: Others' CPU use (cores, on average) while bricks ran above which the machine is not idle.
@@ -626,16 +709,138 @@ class MachineState:
         """Whether others used less than ``BUSY_CORES`` cores."""
         return self.others_cores < BUSY_CORES
 
-    def why_not_idle(self) -> str:
-        """One sentence on why the ratios are unreliable ("" on an idle machine)."""
-        if self.idle:
-            return ""
+    def summary(self) -> str:
+        """``idle``/``busy`` and the figures: others' cores while the bricks ran, the load average."""
+        state = "idle" if self.idle else "busy"
         return (
-            f"not measured on an idle machine: other processes kept {self.others_cores:.1f} of {self.cores} cores busy "
-            f"while the bricks ran (load {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f}): timings stretch with a load that "
-            "was not the same while the model was traced, and short brick calls escape preemption more often than a "
-            "whole model call, so constructed/measured is not a figure to trust (--statistic mean is less biased)"
+            f"{state}: other processes kept {self.others_cores:.2f} of {self.cores} cores busy while the bricks ran "
+            f"(load average {self.loadavg[0]:.1f} → {self.loadavg[1]:.1f})"
         )
+
+
+#: A single-threaded model call whose thread ran on a CPU for less than this share of its
+#: wall time was preempted (or waited): its wall-clock latency is not its work.
+MIN_CPU_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class BasisChoice:
+    """What constructed/measured compares, and whether to trust it.
+
+    Attributes:
+        basis: "cpu" (the calling thread's CPU time) or "wall" (wall-clock latency).
+        trusted: whether the ratios on that basis can be taken as they are.
+        why: one line: why the wall clock was not used, or why the ratio on it is not to
+            be trusted ("" when the wall clock was used on an idle machine).
+        cpu_possible: whether the CPU-time basis was available (one intra-op thread,
+            thread CPU time recorded on every model call).
+    """
+
+    basis: str
+    trusted: bool
+    why: str
+    cpu_possible: bool
+
+
+@dataclass(frozen=True)
+class Busy:
+    """What made the machine unfit for a comparison (each "" when it did not happen).
+
+    Attributes:
+        bricks: others used cores while the bricks ran (not idle).
+        bricks_over: others used more cores than the bricks left free: the bricks' thread
+            shared its core, so even its CPU time stretches (caches refilled after each preemption).
+        trace: single-threaded model calls ran on a CPU for less than ``MIN_CPU_SHARE`` of
+            their wall time while traced: preempted, so their wall time is not their work and
+            their CPU time is stretched too.
+    """
+
+    bricks: str = ""
+    bricks_over: str = ""
+    trace: str = ""
+
+    def wall(self) -> str:
+        """Why wall clocks are not comparable ("" when they are)."""
+        return "; ".join(r for r in (self.bricks, self.trace) if r)
+
+    def cpu(self) -> str:
+        """Why thread CPU times are not comparable either ("" when they are)."""
+        return "; ".join(r for r in (self.bricks_over, self.trace) if r)
+
+
+def busy_machine(models: Sequence[ModelBricks], threads: int | None, machine: MachineState | None) -> Busy:
+    """How busy the machine was while the bricks ran (``machine``) and while the models were
+    traced (single-threaded calls' CPU / wall share, ``ModelBricks.cpu_share``)."""
+    bricks = bricks_over = trace = ""
+    if machine is not None and not machine.idle:
+        bricks = (
+            f"load average {machine.loadavg[1]:.1f} on {machine.cores} CPUs (other processes kept "
+            f"{machine.others_cores:.1f} cores busy while the bricks ran)"
+        )
+        if machine.others_cores + machine.threads > machine.cores + BUSY_CORES:
+            bricks_over = bricks
+    if threads == 1:
+        shares = [(m.cpu_share, m.model) for m in models if m.cpu_share is not None and m.cpu_share < MIN_CPU_SHARE]
+        if shares:
+            share, name = min(shares)
+            trace = f"traced model calls ran on a CPU for {share:.0%} of their wall time ({name})"
+    return Busy(bricks, bricks_over, trace)
+
+
+def choose_basis(models: Sequence[ModelBricks], threads: int | None, machine: MachineState | None, requested: str = "auto") -> BasisChoice:
+    """The basis constructed/measured is compared on, and whether it can be trusted.
+
+    With one intra-op thread (model and bricks) and thread CPU time on every model call,
+    the calling thread's CPU time is the work the latency is made of, not stretched by
+    preemption: "auto" compares CPU time with CPU time. It is trusted unless the machine was
+    oversubscribed (``Busy.cpu``): then the thread shared its core, and its CPU time
+    stretches too. With several intra-op threads the calling thread's CPU time misses the
+    others' work and is not the latency: "auto" compares wall clocks, which are trusted
+    only on an idle machine (``Busy.wall``).
+
+    Args:
+        models: the decompositions.
+        threads: intra-op threads of the models and the bricks (the most of them; None
+            when a run's is unknown).
+        machine: how busy the machine was while the bricks ran (None: not measured).
+        requested: "auto", "cpu" or "wall".
+
+    Raises:
+        ValueError: "cpu" requested where it is not available (the message says why), or
+            an unknown basis.
+    """
+    if requested not in ("auto", *BASES):
+        raise ValueError(f"basis must be auto, wall or cpu, not {requested!r}")
+    if threads is None:
+        no_cpu = "intra-op threads unknown: thread CPU time may not be the latency"
+    elif threads > 1:
+        no_cpu = f"intra-op threads = {threads}: CPU time is not the latency"
+    elif not models or any(m.measured_cpu_ns is None for m in models):
+        no_cpu = "the model calls carry no thread CPU time (traced by an older mltrace)"
+    else:
+        no_cpu = ""
+    if requested == "cpu" and no_cpu:
+        raise ValueError(f"no CPU-time basis: {no_cpu}")
+    busy = busy_machine(models, threads, machine)
+    if requested == "cpu" or (requested == "auto" and not no_cpu):
+        if busy.cpu():
+            why = (
+                f"{busy.cpu()}: the machine was oversubscribed, so thread CPU time stretches too; "
+                "neither basis is comparable: rerun on an idle machine"
+            )
+            return BasisChoice("cpu", False, why, True)
+        why = f"{busy.wall()}: wall-clock bricks not comparable; CPU-time basis used" if busy.wall() else ""
+        return BasisChoice("cpu", True, why, True)
+    if not busy.wall():
+        return BasisChoice("wall", True, "", not no_cpu)
+    if no_cpu:
+        why = (
+            f"{no_cpu}, and {busy.wall()}: wall-clock constructed/measured not comparable; "
+            "rerun with OMP_NUM_THREADS=1 or on an idle machine"
+        )
+    else:
+        why = f"{busy.wall()}: wall-clock constructed/measured not comparable; the CPU-time basis (--basis auto) is"
+    return BasisChoice("wall", False, why, not no_cpu)
 
 
 # -- the whole pipeline --------------------------------------------------------------------------
@@ -649,12 +854,14 @@ class BricksReport:
         set: the extracted bricks.
         timings: timing per unique brick (same order as ``set.bricks``).
         sequence_timings: timing per unique sequence (H > 1).
-        constructions: per model.
+        constructions: per model, on the chosen basis (``choice``).
         warmup, n: the benchmarking protocol (calls).
         runtime: where bricks ran.
         bench_wall_s: wall time spent benchmarking bricks (s).
         machine: how busy the machine was while they ran (None: not measured).
         statistic: "median" or "mean" (``construct``).
+        choice: the basis of ``constructions`` and whether to trust it (``choose_basis``).
+        other: per model, on the other basis where it could be had (for comparison), else None.
     """
 
     set: BrickSet
@@ -668,6 +875,8 @@ class BricksReport:
     extra: dict[str, Any] = field(default_factory=dict)
     machine: MachineState | None = None
     statistic: str = "median"
+    choice: BasisChoice = BasisChoice("wall", True, "", False)
+    other: list[Construction] | None = None
 
     @property
     def end_to_end_cost_ns(self) -> float:
@@ -694,6 +903,7 @@ class BricksReport:
             "granularity": s.granularity,
             "runtime": self.runtime,
             "protocol": {"warmup": self.warmup, "n": self.n, "statistic": self.statistic},
+            "basis": {"used": self.choice.basis, "trusted": self.choice.trusted, "why": self.choice.why or None},
             "counts": {
                 "models": len(s.models),
                 "layers_total": s.total_layers,
@@ -724,17 +934,21 @@ class BricksReport:
                     "ratio": round(c.ratio, 4) if not math.isnan(c.ratio) else None,
                     "method": c.method,
                     "layers_from_trace": c.from_trace,
+                    "basis": c.basis,
+                    **({} if o is None else {f"{o.basis}_basis": _basis_json(o)}),
+                    "cpu_share": None if m.cpu_share is None else round(m.cpu_share, 4),
                     "layer_sequence": [
                         {"path": lc.path, "brick": s.bricks.index(lc.brick), "traced_ns": round(lc.traced_ns)} for lc in m.layers
                     ],
                 }
-                for m, c in zip(s.models, self.constructions)
+                for m, c, o in zip(s.models, self.constructions, self.other or _nones(len(s.models)))
             ],
             "bricks": [
                 {
                     **b.to_json(),
                     "median_ns": round(t.median_ns) if t.median_ns is not None else None,
                     "mean_ns": round(t.mean_ns) if t.mean_ns is not None else None,
+                    "cpu_median_ns": round(t.cpu_median_ns) if t.cpu_median_ns is not None else None,
                     "samples": t.samples,
                     "error": t.error or None,
                 }
@@ -753,6 +967,20 @@ class BricksReport:
         }
 
 
+def _nones(count: int) -> list[Construction | None]:
+    return [None] * count
+
+
+def _basis_json(c: Construction) -> dict[str, Any]:
+    """A construction's figures on its basis, for the JSON beside the chosen one."""
+    return {
+        "measured_ns": round(c.measured_ns),
+        "constructed_ns": round(c.constructed_ns),
+        "glue_ns": round(c.glue_ns),
+        "ratio": round(c.ratio, 4) if not math.isnan(c.ratio) else None,
+    }
+
+
 def assemble(
     bset: BrickSet,
     timings: list[BrickTiming],
@@ -765,16 +993,32 @@ def assemble(
     extra: dict[str, Any] | None = None,
     machine: MachineState | None = None,
     statistic: str = "median",
+    threads: int | None = None,
+    basis: str = "auto",
 ) -> BricksReport:
     """The report of benchmarked bricks: every model constructed from their medians or means
-    (sequences' where H > 1 and all of a model's were benchmarked)."""
+    (sequences' where H > 1 and all of a model's were benchmarked), on the basis
+    ``choose_basis`` picks for ``threads`` (the intra-op threads of models and bricks),
+    ``machine`` and ``basis`` ("auto", "wall" or "cpu"); on the other one too where it can be had.
+
+    Raises:
+        ValueError: an unknown statistic or basis, or "cpu" where it is not available.
+    """
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
+    choice = choose_basis(bset.models, threads, machine, basis)
 
-    def figures(items: Sequence[Any], got: list[BrickTiming]) -> dict[Any, float]:
-        values = ((item, t.mean_ns if statistic == "mean" else t.median_ns) for item, t in zip(items, got))
-        return {item: v for item, v in values if v is not None}
+    def on(basis: str) -> list[Construction]:
+        def figures(items: Sequence[Any], got: list[BrickTiming]) -> dict[Any, float]:
+            values = ((item, t.figure(statistic, basis)) for item, t in zip(items, got))
+            return {item: v for item, v in values if v is not None}
 
-    brick_ns, seq_ns = figures(bset.bricks, timings), figures(bset.sequences, sequence_timings)
-    constructions = [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None, statistic) for m in bset.models]
-    return BricksReport(bset, timings, sequence_timings, constructions, warmup, n, runtime, bench_wall_s, extra or {}, machine, statistic)
+        brick_ns, seq_ns = figures(bset.bricks, timings), figures(bset.sequences, sequence_timings)
+        return [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None, statistic, basis) for m in bset.models]
+
+    constructions = on(choice.basis)
+    other = None
+    if choice.cpu_possible:
+        other = on("wall" if choice.basis == "cpu" else "cpu")
+    kw: dict[str, Any] = {"extra": extra or {}, "machine": machine, "statistic": statistic, "choice": choice, "other": other}
+    return BricksReport(bset, timings, sequence_timings, constructions, warmup, n, runtime, bench_wall_s, **kw)

@@ -48,6 +48,14 @@ def add_parser(subparsers: Any) -> None:
         help="of the bricks' calls and the traced model calls (default median; mean is stretched by preemption in "
         "proportion to a call's length, the model's and the bricks' alike, so it is less biased on a busy machine)",
     )
+    p.add_argument(
+        "--basis",
+        choices=("auto", "cpu", "wall"),
+        default="auto",
+        help="what constructed/measured compares: cpu, the calling thread's CPU time (the work, not stretched when a "
+        "busy machine preempts it; the latency only with one intra-op thread); wall, the wall clock (comparable on an "
+        "idle machine); auto (default): cpu where models and bricks ran on one thread and the runs recorded it, else wall",
+    )
     p.add_argument("--runtime", choices=("pytorch", "onnxruntime"), default="pytorch", help="where bricks run (default pytorch)")
     p.add_argument("--threads", type=int, metavar="T", help="torch intra-op threads while benchmarking (default: those the runs used)")
     p.add_argument("--trace-warmup", type=int, default=1, metavar="W", help="model calls of each run skipped (default 1)")
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
             trace_warmup=args.trace_warmup,
             threads=args.threads,
             statistic=args.statistic,
+            basis=args.basis,
             progress=progress,
         )
     except ValueError as exc:

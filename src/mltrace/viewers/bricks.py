@@ -20,6 +20,10 @@ def brick_counts(bset: BrickSet) -> dict[str, int]:
     }
 
 
+def _ratio(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 def print_counts(bset: BrickSet, file: IO[str] | None = None) -> None:
     """Prints total and unique layer (and sequence) counts per model and overall."""
     out = file or sys.stdout
@@ -39,30 +43,44 @@ def print_counts(bset: BrickSet, file: IO[str] | None = None) -> None:
     out.write(f", {len(none)} unknown ({', '.join(sorted(set(none)))})\n" if none else "\n")
 
 
+#: How the report names each basis.
+BASIS_NAMES = {
+    "cpu": "thread CPU time (one intra-op thread: the calling thread's CPU time is the work, not stretched by preemption)",
+    "wall": "wall clock",
+}
+
+
 def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
-    """Prints counts, constructed (bricks + glue) vs measured per model, the machine's state
-    while the bricks ran, and the benchmarking-time speedup."""
+    """Prints counts, constructed (bricks + glue) vs measured per model on the chosen basis
+    (the other basis's ratio beside it where it could be had), the machine's state while the
+    bricks ran, one line saying why the wall clock was not used or not to be trusted, and the
+    benchmarking-time speedup."""
     out = file or sys.stdout
     print_counts(report.set, out)
     threads = report.extra.get("threads")
+    choice = report.choice
     out.write(
         f"\nbricks on {report.runtime}, {report.extra.get('cache', 'cold')} cache"
         + (f", {threads} thread(s)" if threads else "")
         + f", {report.statistic} of {report.n} calls after {report.warmup}\n"
     )
-    out.write(f"{'model':<40} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}  method\n")
-    for c in report.constructions:
-        ratio = "-" if math.isnan(c.ratio) else f"{c.ratio:.3f}"
+    out.write(f"basis: {BASIS_NAMES[choice.basis]}\n")
+    other = report.other
+    other_head = f" {other[0].basis + ' ratio':>10}" if other else ""
+    out.write(f"{'model':<40} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}{other_head}  method\n")
+    for i, c in enumerate(report.constructions):
+        ratio = "-" if math.isnan(c.ratio) else f"{c.ratio:.3f}" + ("" if choice.trusted else "?")
+        other_ratio = f" {_ratio(other[i].ratio):>10}" if other else ""
         note = f" ({c.from_trace} layer(s) from the trace)" if c.from_trace else ""
         out.write(
             f"{c.model[:40]:<40} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms {c.glue_ns / 1e6:>7.3f} ms "
-            f"{c.constructed_ns / 1e6:>9.3f} ms {ratio:>7}  {c.method}{note}\n"
+            f"{c.constructed_ns / 1e6:>9.3f} ms {ratio:>7}{other_ratio}  {c.method}{note}\n"
         )
     out.write("glue: a model's time in no leaf layer (code between layers), from the trace\n")
     if report.machine is not None:
-        m = report.machine
-        idle = f"idle (other processes used {m.others_cores:.2f} of {m.cores} cores while the bricks ran)"
-        out.write(f"machine: {m.why_not_idle() or idle}\n")
+        out.write(f"machine: {report.machine.summary()}\n")
+    if choice.why:
+        out.write(f"{'note' if choice.trusted else 'warning'}: {choice.why}\n")
     sp = report.speedup
     out.write(
         f"\nbenchmarking-time speedup: {'-' if math.isnan(sp) else f'{sp:.2f}x'} "
