@@ -539,9 +539,22 @@ def test_run_directories_with_one_name_are_told_apart_by_their_parents(rep_run: 
     run, _ = rep_run
     shutil.copytree(run.path, a)
     shutil.copytree(run.path, b)
-    names = [m.model for m in extract([mltrace.load_run(a), mltrace.load_run(b)]).models]
+    bset = extract([mltrace.load_run(a), mltrace.load_run(b)])
+    names = [m.model for m in bset.models]
     assert len(names) == 4 and len(set(names)) == 4
     assert sorted(n.rsplit(" [", 1)[1] for n in names) == ["x/run]", "x/run]", "y/run]", "y/run]"]
+    # The table keeps the run's name, however long the label: the rows stay apart there too.
+    import io
+
+    from mltrace.analysis.bricks import BrickTiming, assemble
+    from mltrace.viewers.bricks import fit_label, print_report
+
+    timings = [BrickTiming(100.0, 3, "pytorch") for _ in bset.bricks]
+    out = io.StringIO()
+    print_report(assemble(bset, timings, [], warmup=1, n=3, runtime="pytorch", bench_wall_s=0.0), out)
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("Rep (") and " ms " in line]
+    assert len(rows) == 4 and len({row.split(" ms ")[0].rsplit("]", 1)[0] for row in rows}) == 4
+    assert fit_label("MobileNetV2 (mobilenet.py:120) [helper/r1]", 30) == "MobileNetV2 (mobi… [helper/r1]"
 
 
 def test_a_construction_from_means_compares_with_the_models_mean(residual_runs: list[Run]) -> None:

@@ -24,6 +24,21 @@ def _ratio(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.3f}"
 
 
+#: Widest model column; longer labels are cut in the middle, keeping their run's name.
+MAX_LABEL = 72
+
+
+def fit_label(label: str, width: int) -> str:
+    """The label cut to ``width`` characters, keeping a trailing ``[run]`` that names its run
+    apart from another run's model of the same label."""
+    if len(label) <= width:
+        return label
+    head, sep, tail = label.rpartition(" [")
+    if not sep or len(tail) + 3 >= width:
+        return label[: width - 1] + "…"
+    return head[: width - len(tail) - 3] + "… [" + tail
+
+
 def print_counts(bset: BrickSet, file: IO[str] | None = None) -> None:
     """Prints total and unique layer (and sequence) counts per model and overall."""
     out = file or sys.stdout
@@ -67,13 +82,14 @@ def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
     out.write(f"basis: {BASIS_NAMES[choice.basis]}\n")
     other = report.other
     other_head = f" {other[0].basis + ' ratio':>10}" if other else ""
-    out.write(f"{'model':<40} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}{other_head}  method\n")
+    width = min(MAX_LABEL, max([40, *(len(c.model) for c in report.constructions)]))
+    out.write(f"{'model':<{width}} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}{other_head}  method\n")
     for i, c in enumerate(report.constructions):
         ratio = "-" if math.isnan(c.ratio) else f"{c.ratio:.3f}" + ("" if choice.trusted else "?")
         other_ratio = f" {_ratio(other[i].ratio):>10}" if other else ""
         note = f" ({c.from_trace} layer(s) from the trace)" if c.from_trace else ""
         out.write(
-            f"{c.model[:40]:<40} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms {c.glue_ns / 1e6:>7.3f} ms "
+            f"{fit_label(c.model, width):<{width}} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms {c.glue_ns / 1e6:>7.3f} ms "
             f"{c.constructed_ns / 1e6:>9.3f} ms {ratio:>7}{other_ratio}  {c.method}{note}\n"
         )
     out.write("glue: a model's time in no leaf layer (code between layers), from the trace\n")
