@@ -466,7 +466,7 @@ def _never_load() -> Any:
 
 
 def test_kineto_path_when_torch_profiler_records_kernels() -> None:
-    torch_profiler = SimpleNamespace(name="torch.profiler", levels=(Level.OP, Level.KERNEL))
+    torch_profiler = SimpleNamespace(name="torch.profiler", levels=(Level.OP, Level.KERNEL), profiling=False)
     session = _bare_session([torch_profiler])
     source = CuptiSource(load=_never_load)
     source.start(session)
@@ -477,7 +477,7 @@ def test_kineto_path_when_torch_profiler_records_kernels() -> None:
 
 @pytest.mark.skipif(not HAVE_CUPTI, reason="cupti-python not installed")
 def test_cupti_path_when_torch_profiler_records_no_kernels() -> None:
-    cpu_only = SimpleNamespace(name="torch.profiler", levels=(Level.OP,))  # torch without CUDA
+    cpu_only = SimpleNamespace(name="torch.profiler", levels=(Level.OP,), profiling=False)  # torch without CUDA
     session = _bare_session([cpu_only])
     try:
         ctypes.CDLL("libcuda.so.1")
@@ -577,7 +577,14 @@ def test_insufficient_privileges_is_one_line_and_the_run_goes_on(tmp_path: Path,
 
 def test_forced_cupti_python_path_keeps_kineto_off_cupti(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(KERNEL_PATH.name, "cupti-python")
-    torch_profiler = SimpleNamespace(name="torch.profiler", levels=(Level.OP, Level.KERNEL), record_kernels=True)
+    torch_profiler = SimpleNamespace(  # waiting for the program's `import torch`
+        name="torch.profiler",
+        levels=(Level.OP, Level.KERNEL),
+        record_kernels=True,
+        profiling=False,
+        recording_ops=False,
+        around_profiler_start=lambda before, after: None,
+    )
     session = _bare_session([torch_profiler])
     stand_in = _StandInCupti()
     source = CuptiSource(load=lambda: stand_in)
@@ -705,6 +712,7 @@ class _OpsSource:
     name = "torch.profiler"
     levels = (Level.OP,)
     profiling = False
+    recording_ops = False
 
     def __init__(self) -> None:
         self.hooks: list[tuple[Any, Any]] = []

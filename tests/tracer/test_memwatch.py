@@ -14,6 +14,7 @@ from mltrace.run.levels import Level
 from mltrace.tracer import memwatch
 from mltrace.tracer.memwatch import GROWTH_BYTES, MemoryWatch, read_meminfo
 from mltrace.tracer.session import Session
+from mltrace.tracer.sources.base import Source
 
 GIB = 1 << 30
 
@@ -74,7 +75,7 @@ def test_no_warning_when_the_machine_is_short_but_the_process_did_not_grow() -> 
     assert unknown.check() is None
 
 
-class _HoldingOpsSource:
+class _HoldingOpsSource(Source):
     """An op-level source that holds its events until the end, as torch.profiler does."""
 
     name = "held.ops"

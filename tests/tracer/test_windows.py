@@ -23,9 +23,10 @@ from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.memwatch import SPAN_LIMIT_MAX, SPAN_LIMIT_MIN, default_span_limit
 from mltrace.tracer.session import Session, active_session
+from mltrace.tracer.sources.base import Source
 
 
-class _EndableOps:
+class _EndableOps(Source):
     """An op-level source that can end early, as torch.profiler (without CUDA) can."""
 
     name = "endable.ops"
@@ -38,6 +39,10 @@ class _EndableOps:
         self.ended = 0
         self.stopped = 0
         self.after_start: list[object] = []
+
+    @property
+    def recording_ops(self) -> bool:
+        return self.profiling  # as a real profiler's: its ops are recorded while it runs
 
     def around_profiler_start(self, before: object, after: object) -> None:
         self.after_start.append(after)
@@ -471,7 +476,7 @@ def test_max_spans_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert not out.exists()
 
 
-class _Layers:
+class _Layers(Source):
     """A layer-level source that cannot end early: its spans only count."""
 
     name = "plain.layers"

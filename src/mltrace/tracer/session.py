@@ -45,6 +45,7 @@ from mltrace.tracer.messages import say, warn
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import (
     CountsPendingSpans,
+    EndsEarly,
     EndsLayerLevel,
     EndsRecording,
     ReleasesInForkedChild,
@@ -52,7 +53,7 @@ from mltrace.tracer.sources.base import (
     StartsAProfiler,
 )
 from mltrace.tracer.tracks import TrackRegistry
-from mltrace.tracer.windows import EndsEarly, LevelWindow, can_end_early
+from mltrace.tracer.windows import LevelWindow, can_end_early
 
 log = logging.getLogger("mltrace")
 
@@ -460,13 +461,13 @@ class Session:
                 watch.arm(budget)
         self.meta["op_window"] = {"limit": self.options.op_inferences, "memory_budget_bytes": budget}
         for source in endable:
-            self._op_sources.setdefault(getattr(source, "framework", None), []).append(source)
+            self._op_sources.setdefault(source.framework, []).append(source)
         frameworks: list[str | None] = [*sorted(f for f in self._op_sources if f is not None)]
         for framework in frameworks or [None]:
             # A torch.profiler that records only the thread that started it stops only there
             # (``thread_ident``); every other profiler, the all-threads torch.profiler
             # included, stops from any thread.
-            owners = [s for s in self._op_sources.get(framework, endable) if hasattr(s, "thread_ident")]
+            owners = self._op_sources.get(framework, endable)
             self.op_windows[framework] = LevelWindow(
                 self.end_op_level, self.options.op_inferences, "--op-inferences", _owner_of(owners), framework
             )
@@ -579,8 +580,8 @@ class Session:
             notice.daemon = True
             notice.start()
 
-        def end_early(source: Any) -> bool:
-            recording = bool(getattr(source, "profiling", True))  # a profiler that never started ends too,
+        def end_early(source: EndsEarly) -> bool:
+            recording = source.recording_ops  # a profiler that never started ends too,
             source.end_early()  # so that it does not start later
             return recording
 
@@ -712,10 +713,10 @@ class Session:
             self._span_next = stages[0][0] if stages and not self.full else 0
 
     def _op_level_running(self) -> bool:
-        """Whether some framework's op level still records (a window not ended whose sources
-        profile; a source that does not say is taken as profiling)."""
+        """Whether some framework's op level still records (a window not ended with a source
+        that records, ``recording_ops``)."""
         return any(
-            w.ended_ns is None and any(getattr(s, "profiling", True) for s in self._op_sources.get(w.framework, []))
+            w.ended_ns is None and any(s.recording_ops for s in self._op_sources.get(w.framework, []))
             for w in self.op_windows.values()
         )
 
@@ -796,7 +797,7 @@ class Session:
             message = watch.check()
             if message is None:
                 return
-            profiling = any(can_end_early(s) and getattr(s, "profiling", False) for s in self.started)
+            profiling = any(can_end_early(s) and s.profiling for s in self.started)
             if any(w.ended_ns is None for w in self.op_windows.values()) and profiling:
                 self._end_whole_op_level("memory budget")
                 warn(f"{message}; it ends when the current model call returns, and model and layer spans go on")
@@ -944,9 +945,9 @@ class Session:
         self._memory_watch = None
         for op_window in self.op_windows.values():
             sources = self._op_sources.get(op_window.framework, [])
-            if op_window.reason is None or op_window.ended_ns is not None or not any(getattr(s, "profiling", True) for s in sources):
+            if op_window.reason is None or op_window.ended_ns is not None or not any(s.recording_ops for s in sources):
                 continue  # ended, or nothing of it recorded (a framework the program never imported)
-            owned = any(getattr(s, "thread_ident", None) is not None for s in sources)
+            owned = any(s.thread_ident is not None for s in sources)
             where = " on the thread that started torch.profiler (only it can stop a profiler of that thread alone)"
             self.note_limitation(
                 f"{_op_level_of(op_window.framework)} was to end ({op_window.reason}) but no model call returned afterwards"
@@ -997,15 +998,14 @@ def _op_level_of(framework: str | None) -> str:
     return "the op level" if framework is None else f"the op level of {framework}"
 
 
-def _owner_of(sources: list[Any]) -> Callable[[], int | None]:
+def _owner_of(sources: list[EndsEarly]) -> Callable[[], int | None]:
     """The ident of the thread that must end these sources (``LevelWindow.owner_thread``):
     the first that names one (a one-thread torch.profiler), else None (any thread)."""
 
     def owner_thread() -> int | None:
         for source in sources:
-            ident: int | None = getattr(source, "thread_ident", None)
-            if ident is not None:
-                return ident
+            if source.thread_ident is not None:
+                return source.thread_ident
         return None
 
     return owner_thread

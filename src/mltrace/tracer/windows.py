@@ -39,30 +39,18 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeGuard
+from typing import TypeGuard
 
 from mltrace.tracer.clock import now_ns
-
-if TYPE_CHECKING:
-    from mltrace.tracer.sources.base import Source
-
-
-class EndsEarly(Protocol):
-    """A source whose recording may end before the session does; ``stop()`` still returns
-    its events at the session's end. Where it records one framework's ops it says which
-    (``framework = "pytorch"``): its op level then ends after that framework's own model
-    calls; without it, it is shared and ends with the last framework that made model calls."""
-
-    name: str
-
-    def end_early(self) -> None:
-        """Stops recording now, freeing what it can."""
-        ...
+from mltrace.tracer.sources.base import EndsEarly, Source
 
 
 def can_end_early(source: Source) -> TypeGuard[EndsEarly]:
-    """Whether ``source`` may end before the session does (its ``can_end_early``)."""
-    return bool(getattr(source, "can_end_early", False)) and callable(getattr(source, "end_early", None))
+    """Whether ``source`` may end before the session does: it says so (``can_end_early``) and
+    has ``end_early()``. Where it records one framework's ops it names it (``framework``): its
+    op level then ends after that framework's own model calls; without one, it is shared and
+    ends with the last framework that made model calls."""
+    return bool(source.can_end_early) and isinstance(source, EndsEarly)
 
 
 class LevelWindow:

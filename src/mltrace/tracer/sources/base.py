@@ -4,20 +4,29 @@ A source produces events for one or more levels. Live sources (hooks,
 decorators) record spans through ``session.recorder`` while the program runs;
 post-hoc sources (profilers, log parsers) return a batch of events from
 ``stop()``. Sources import their framework lazily, never at module import.
+
+Every source subclasses ``Source``: it defines the required members and inherits
+the declared defaults of the optional ones, which it overrides where it can do
+more. Optional methods are small protocols (``EndsEarly``, ``StartsAProfiler``,
+…) that the session checks with ``isinstance``. ``FrameworkSource`` is the base of
+the sources that wrap a framework's functions (its patches and its problems).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from mltrace.config import ProfileOptions
-from mltrace.run.events import Event
-from mltrace.run.levels import Level
-from mltrace.tracer.clock import ClockAnchor
-from mltrace.tracer.recorder import Recorder
-from mltrace.tracer.tracks import TrackRegistry
+from mltrace.tracer import messages
+
+if TYPE_CHECKING:
+    from mltrace.config import ProfileOptions
+    from mltrace.run.events import Event
+    from mltrace.run.levels import Level
+    from mltrace.tracer.clock import ClockAnchor
+    from mltrace.tracer.recorder import Recorder
+    from mltrace.tracer.tracks import TrackRegistry
 
 
 class SessionView(Protocol):
@@ -70,15 +79,45 @@ class SessionView(Protocol):
 
 @runtime_checkable
 class Source(Protocol):
-    """What every source provides.
+    """What every source provides; every source subclasses it.
 
-    Attributes:
+    Required:
         name: short identifier used in run.json and messages ("torch.modules").
         levels: the levels this source can produce.
+        available(), start(), stop(): below.
+
+    Optional, declared here with the default a source gets unless it says otherwise
+    (the op level's early end, ``tracer/windows.py``):
+        framework: the ``ml.framework`` whose model calls count toward its op level's
+            end (``--op-inferences``); None: shared by every framework (ends with the last).
+        thread_ident: the thread that must end it early; None: any thread.
+        can_end_early: it may end before the session does (``end_early()``, ``EndsEarly``).
+        profiling: a profiler of its own records now; ending the op level early frees
+            what it holds (the memory budget ends the op level only then). Default False.
+        recording_ops: its part of the op level records now; a source whose profiler
+            starts later (at its framework's import) or has ended says False. Default
+            True: it records from ``start()`` on.
     """
 
     name: str
     levels: tuple[Level, ...]
+    framework: str | None = None
+    thread_ident: int | None = None
+
+    @property
+    def can_end_early(self) -> bool:
+        """Whether it may end before the session does (it then has ``end_early()``)."""
+        return False
+
+    @property
+    def profiling(self) -> bool:
+        """Whether a profiler of its own records now."""
+        return False
+
+    @property
+    def recording_ops(self) -> bool:
+        """Whether its part of the op level records now."""
+        return True
 
     def available(self) -> str | None:
         """Returns None when the source can run here, else the reason it cannot."""
@@ -93,12 +132,18 @@ class Source(Protocol):
         ...
 
 
-# -- optional capabilities ------------------------------------------------------------------
-# A source implements those it can; the session asks with ``isinstance``. Besides these, a
-# source that can end its op level early has ``can_end_early`` (true) and ``end_early()``
-# (``tracer/windows.EndsEarly``), and may name ``framework`` (its ops' framework; None or
-# absent: shared by every framework), ``thread_ident`` (the thread that must end it; None:
-# any) and ``profiling`` (whether its profiler is recording).
+# -- optional methods ------------------------------------------------------------------------
+# A source implements those it can; the session asks with ``isinstance``.
+
+
+@runtime_checkable
+class EndsEarly(Source, Protocol):
+    """A source whose recording may end before the session does (``can_end_early``);
+    ``stop()`` still returns its events at the session's end."""
+
+    def end_early(self) -> None:
+        """Stops recording now, freeing what it can."""
+        ...
 
 
 @runtime_checkable
@@ -144,3 +189,41 @@ class CountsPendingSpans(Protocol):
     def pending_spans(self) -> int:
         """How many spans it holds now."""
         ...
+
+
+class FrameworkSource(Source):
+    """The base of a source that wraps a framework's functions (TensorFlow, ONNX Runtime):
+    the attributes it replaced, put back at ``stop()``, and its problems, each kept once for
+    run.json (``sources_info``, ``limitations``), the serious ones also said on stderr."""
+
+    def __init__(self) -> None:
+        self._patched: list[tuple[Any, str, Any]] = []
+        self._problems: list[str] = []
+
+    def _patch(self, owner: Any, name: str, fn: Any) -> None:
+        """Sets ``owner.name`` to ``fn``, keeping the original (a class's own attribute, from
+        its ``__dict__``: a staticmethod stays one when put back)."""
+        self._patched.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, fn)
+
+    def _unpatch(self) -> None:
+        """Puts back every original, the last replaced first."""
+        while self._patched:
+            owner, name, orig = self._patched.pop()
+            setattr(owner, name, orig)
+
+    def _note(self, message: str) -> None:
+        """Keeps a problem for run.json (once)."""
+        if message not in self._problems:
+            self._problems.append(message)
+
+    def _warn(self, message: str) -> None:
+        """Keeps a problem for run.json and says it on stderr (once)."""
+        if message not in self._problems:
+            self._problems.append(message)
+            messages.warn(f"{self.name}: {message}")
+
+    def _note_problems(self, session: SessionView) -> None:
+        """Files every problem kept as a limitation of the run (at ``stop()``)."""
+        for problem in self._problems:
+            session.note_limitation(f"{self.name}: {problem}")

@@ -54,6 +54,7 @@ from mltrace.run.levels import Level
 from mltrace.settings import MKL_TIMER
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.base import Source
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -179,7 +180,7 @@ def library_spans(
     return spans, counts
 
 
-class CpuLibrarySource:
+class CpuLibrarySource(Source):
     """oneDNN and oneMKL calls (LIBRARY level) from their verbose output on fd 1.
 
     Args:

@@ -100,6 +100,7 @@ from mltrace.run.events import Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.settings import CUPTI_DUMP, KERNEL_PATH
 from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
+from mltrace.tracer.sources.base import Source
 from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
 
@@ -788,7 +789,7 @@ def _torch_kernel_source(session: SessionView) -> Any:
     if Level.KERNEL not in session.levels:
         return None
     for s in session.started:
-        if getattr(s, "name", "") == "torch.profiler" and Level.KERNEL in getattr(s, "levels", ()):
+        if s.name == "torch.profiler" and Level.KERNEL in s.levels:
             return s
     return None
 
@@ -796,7 +797,7 @@ def _torch_kernel_source(session: SessionView) -> Any:
 def _torch_ops_source(session: SessionView) -> Any:
     """The session's started torch.profiler source (kernels or not), else None."""
     for s in session.started:
-        if getattr(s, "name", "") == "torch.profiler":
+        if s.name == "torch.profiler":
             return s
     return None
 
@@ -921,7 +922,7 @@ def _buffer_completed(activities: list[Any]) -> None:
         c.buffer_completed(activities)
 
 
-class CuptiSource:
+class CuptiSource(Source):
     """Kernels, memcpys, memsets and CUDA API calls of any CUDA program (cupti-python).
 
     Attributes:
@@ -988,7 +989,7 @@ class CuptiSource:
         if self.prefer not in PATHS:
             self._fail(info, f"{KERNEL_PATH.name}={self.prefer!r}: choose auto, kineto or cupti-python")
         torch_source = _torch_kernel_source(session)
-        if torch_source is not None and getattr(torch_source, "profiling", False) and getattr(torch_source, "record_kernels", True):
+        if torch_source is not None and torch_source.profiling and getattr(torch_source, "record_kernels", True):
             # torch.profiler already records CUDA activity (CuptiSource(prefer="cupti-python")
             # with torch imported and MLTRACE_KERNEL_PATH unset): CUPTI is Kineto's now. Two
             # users of its buffers crashed the process on an H100 machine.
@@ -1022,7 +1023,7 @@ class CuptiSource:
             # profiler starts after the program's `import torch`, and reads this flag then).
             torch_source.record_kernels = False
             info["path"] = f"cupti-python ({KERNEL_PATH.name}=cupti-python): torch.profiler records ops only"
-        if ops_source is not None and not getattr(ops_source, "profiling", True):
+        if ops_source is not None and not ops_source.recording_ops:
             # Even a CPU-only torch.profiler takes CUPTI's activity callbacks when it starts
             # (Kineto registers its own, enables external correlation records and its
             # timestamp callback): hand CUPTI over empty before, take it back after.

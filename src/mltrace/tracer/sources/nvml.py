@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run.events import Event, Track
 from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
+from mltrace.tracer.sources.base import Source
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
@@ -231,7 +232,7 @@ class _Gpu:
     name: str
 
 
-class NvmlSampler:
+class NvmlSampler(Source):
     """Samples GPU counters (NVML) and CPU utilisation in a daemon thread.
 
     Attributes:

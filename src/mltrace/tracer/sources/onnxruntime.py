@@ -57,6 +57,7 @@ from mltrace.run.events import Event
 from mltrace.run.levels import Level
 from mltrace.tracer.callsite import frame_site
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.base import FrameworkSource
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
@@ -122,7 +123,7 @@ def _input_shapes(feed: Any) -> tuple[list[list[int]], list[str]]:
     return shapes, dtypes
 
 
-class OrtSource:
+class OrtSource(FrameworkSource):
     """Model, node and kernel spans for ONNX Runtime, from wrappers and ORT's profiler."""
 
     name = "onnxruntime"
@@ -131,9 +132,9 @@ class OrtSource:
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
+        super().__init__()
         self._session: SessionView | None = None
         self._hook: PostImportHook | None = None
-        self._patched: list[tuple[type, str, Any]] = []
         self._infos: weakref.WeakKeyDictionary[Any, _OrtSession] = weakref.WeakKeyDictionary()
         self._all: list[_OrtSession] = []
         self._indices = itertools.count(1)
@@ -142,7 +143,6 @@ class OrtSource:
         self._profile = False
         self._thread_names: dict[int, str] = {}
         self._active = False
-        self._problems: list[str] = []
         self._ended_early = False  # profiling ended before the session (``end_early``)
         self._after_start: list[Callable[[], None]] = []
 
@@ -170,6 +170,11 @@ class OrtSource:
     def profiling(self) -> bool:
         """Whether a session is being profiled by mltrace now."""
         return not self._ended_early and any(info.prefix is not None for info in self._all)
+
+    @property
+    def recording_ops(self) -> bool:
+        """Its nodes and kernels are recorded while its profiler runs."""
+        return self.profiling
 
     def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
         """Calls ``after`` once the first session mltrace profiles exists (now, if one does): the
@@ -238,15 +243,6 @@ class OrtSource:
 
             end_profiling.__wrapped__ = orig_end  # type: ignore[attr-defined]
             self._patch(base, "end_profiling", end_profiling)
-
-    def _patch(self, cls: type, name: str, fn: Any) -> None:
-        self._patched.append((cls, name, cls.__dict__[name]))
-        setattr(cls, name, fn)
-
-    def _unpatch(self) -> None:
-        while self._patched:
-            cls, name, orig = self._patched.pop()
-            setattr(cls, name, orig)
 
     # -- wrappers (they never raise into the program on mltrace's account) -----
 
@@ -418,13 +414,6 @@ class OrtSource:
             info.profiles.append(str(path))
         return path
 
-    def _warn(self, message: str) -> None:
-        from mltrace.tracer.messages import warn
-
-        if message not in self._problems:
-            self._problems.append(message)
-            warn(f"onnxruntime: {message}")
-
     # -- stop -------------------------------------------------------------------
 
     def stop(self) -> list[Event]:
@@ -524,6 +513,5 @@ class OrtSource:
             infos.append(summary)
         if self._all:
             session.meta.setdefault("sources_info", {})[self.name] = {"sessions": infos, "problems": list(self._problems)}
-        for problem in self._problems:
-            session.note_limitation(f"{self.name}: {problem}")
+        self._note_problems(session)
         return events

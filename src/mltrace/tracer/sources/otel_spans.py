@@ -27,6 +27,7 @@ from mltrace.run.redact import needs_redaction, redact_values
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.otel_context import EXTERNAL_ATTR, OTEL_PARENT_ATTR
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.base import Source
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
@@ -43,7 +44,7 @@ def _ids(ctx: Any) -> str:
     return f"{int(ctx.trace_id):032x}-{int(ctx.span_id):016x}"
 
 
-class OtelSpanSource:
+class OtelSpanSource(Source):
     """Records the program's OpenTelemetry spans (see the module docstring)."""
 
     name = "otel.spans"

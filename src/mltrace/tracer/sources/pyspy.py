@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run.events import Event, Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
+from mltrace.tracer.sources.base import Source
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
@@ -53,7 +54,7 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
-class PySpySource:
+class PySpySource(Source):
     """Samples Python stacks with py-spy while the session runs.
 
     Args:

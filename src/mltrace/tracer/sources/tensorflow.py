@@ -66,6 +66,7 @@ from mltrace.run.levels import Level
 from mltrace.tracer.callsite import defined_attrs, frame_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.base import FrameworkSource
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
@@ -112,7 +113,7 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return x
 
 
-class TensorFlowSource:
+class TensorFlowSource(FrameworkSource):
     """Model, layer and op spans for Keras 3 / TensorFlow."""
 
     name = "tensorflow"
@@ -121,9 +122,9 @@ class TensorFlowSource:
     levels: tuple[Level, ...] = (Level.MODEL, Level.LAYER, Level.OP)
 
     def __init__(self) -> None:
+        super().__init__()
         self._session: SessionView | None = None
         self._hooks: list[PostImportHook] = []
-        self._patched: list[tuple[Any, str, Any]] = []
         self._tls = threading.local()
         self._active = False
         self._profile = False
@@ -140,7 +141,6 @@ class TensorFlowSource:
         self._invocations: dict[int, itertools.count[int]] = {}
         self._threads: dict[int, tuple[int, str]] = {}  # TSL line id → (OS thread id, name)
         self._idents: set[int] = set()
-        self._problems: list[str] = []
         self._lock = threading.Lock()
         self._eager: Callable[[], bool] = lambda: True
         self._symbolic: type | None = None
@@ -179,6 +179,11 @@ class TensorFlowSource:
     def profiling(self) -> bool:
         """Whether mltrace's TensorFlow profiler is running."""
         return self._profiling
+
+    @property
+    def recording_ops(self) -> bool:
+        """Its ops are recorded while its profiler runs."""
+        return self.profiling
 
     @property
     def can_end_early(self) -> bool:
@@ -273,15 +278,6 @@ class TensorFlowSource:
             owner = next((c for c in Model.__mro__ if method in c.__dict__), None)
             if owner is not None:
                 self._patch(owner, method, self._graph_wrapper(owner.__dict__[method], method))
-
-    def _patch(self, owner: Any, name: str, fn: Any) -> None:
-        self._patched.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
-        setattr(owner, name, fn)
-
-    def _unpatch(self) -> None:
-        while self._patched:
-            owner, name, orig = self._patched.pop()
-            setattr(owner, name, orig)
 
     def _remove_hooks(self) -> None:
         while self._hooks:
@@ -612,17 +608,6 @@ class TensorFlowSource:
         dtype = getattr(x, "dtype", None)
         attrs[f"ml.{which}.dtypes"] = [str(getattr(dtype, "name", dtype))]
 
-    def _note(self, message: str) -> None:
-        if message not in self._problems:
-            self._problems.append(message)
-
-    def _warn(self, message: str) -> None:
-        from mltrace.tracer.messages import warn
-
-        if message not in self._problems:
-            self._problems.append(message)
-            warn(f"tensorflow: {message}")
-
     # -- stop ------------------------------------------------------------------------
 
     def stop(self) -> list[Event]:
@@ -705,6 +690,5 @@ class TensorFlowSource:
             )
         if self._live or self._logdirs:
             session.meta.setdefault("sources_info", {})[self.name] = {**info, "problems": list(self._problems)}
-        for problem in self._problems:
-            session.note_limitation(f"{self.name}: {problem}")
+        self._note_problems(session)
         return events
