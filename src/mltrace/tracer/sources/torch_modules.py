@@ -42,6 +42,7 @@ from mltrace.tracer.callsite import is_model_code, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.recorder import take_all
 from mltrace.tracer.sources._imports import PostImportHook
+from mltrace.tracer.sources.base import Source
 from mltrace.tracer.sources.hf_generate import GenerateSpans
 from mltrace.tracer.sources.torch_layer_config import layer_config
 
@@ -224,7 +225,7 @@ class _Static:
             self.attrs["ml.defined.function.name"] = f"{self.type_name}.forward"
 
 
-class TorchModuleSource:
+class TorchModuleSource(Source):
     """Model and layer spans for PyTorch (``torch.nn.Module``)."""
 
     name = "torch.modules"
