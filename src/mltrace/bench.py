@@ -13,18 +13,10 @@ The workload side (what a benchmarked script calls)::
     log = MetricLogger("train_log.jsonl")  # training loops: TTA/ATTMT input + counter track
     log.log(accuracy=71.2)
 
-The harness side (what ``mltrace bench`` calls): ``run_leveled`` runs a script
-once per level in fresh subprocesses and writes the overhead-free leveled
-trace; ``run_sweep`` runs it once per scenario of a batch × precision × threads
-grid and writes a table, an SVG plot and a reproducibility manifest.
-
-"Plain" in ``run_leveled`` is documented in docs/METHODS.md: the script runs
-with no mltrace session and no hooks; ``nn.Module.__call__`` is wrapped so the
-outermost module call on each thread is timestamped. The wrapper adds one
-Python call per module call and, unlike forward hooks, keeps PyTorch's
-hook-free fast path for every submodule.
-
-Importing this module imports no framework.
+The harness side (what ``mltrace bench`` calls): ``run_leveled`` runs a script once per level
+in fresh subprocesses ("plain": docs/METHODS.md) and writes the leveled trace; ``run_sweep``
+runs it once per scenario of a batch × precision × threads grid and writes a table, an SVG plot
+and a reproducibility manifest. Importing this module imports no framework.
 """
 
 from __future__ import annotations

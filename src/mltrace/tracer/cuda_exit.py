@@ -1,28 +1,9 @@
 """Keeps every active CUDA primary context alive through process exit.
 
-Why: a CUPTI subscriber's callbacks can outlive the C++ object behind them.
-torch's Kineto (torch 2.11 bundles one) subscribes to CUPTI's resource callbacks
-and keeps its callback table in a function-static ``shared_ptr``. If that static
-was constructed after the CUDA runtime registered its exit handler, C++
-destroys it first; the runtime's exit handler then releases the primary
-context, CUPTI reports ``CONTEXT_DESTROY_STARTING`` to Kineto's callback, and
-the callback copies the destroyed ``shared_ptr``: glibc aborts with
-"double free or corruption" or "free(): invalid pointer" (exit status 134,
-after the run directory was complete). Which static comes first depends on
-whether the program touched CUDA before the profiler started, so some runs
-abort and others do not. Kineto since April 2026 leaks its singleton instead,
-which ends the problem at its source; this module is for the versions before.
-
-What: :func:`keep_primary_contexts_at_exit` registers, once per process, a
-Python ``atexit`` handler that retains the primary context of every device
-where it is active (``cuDevicePrimaryCtxRetain``). The runtime's release at
-exit then leaves the context alive, so no context-destroy callback runs while
-C++ statics are being destroyed; the operating system reclaims the context
-when the process ends, as it does for any process killed with a live context.
-The handler loads nothing: where ``libcuda.so.1`` is not already mapped, or
-the driver was never initialised, it does nothing. It changes nothing the
-program computes; its only visible effect is that the context's own teardown
-(which frees device memory the process is about to lose anyway) is skipped.
+``keep_primary_contexts_at_exit`` registers, once per process, an ``atexit`` handler that
+retains the primary context of every device where it is active (``cuDevicePrimaryCtxRetain``),
+so that no CUPTI context-destroy callback runs while C++ statics are destroyed (``_at_exit``
+says why). It loads nothing: without ``libcuda.so.1`` mapped and initialised it does nothing.
 """
 
 from __future__ import annotations
@@ -76,6 +57,15 @@ def retain_active_primary_contexts(driver: Driver) -> list[int]:
 
 
 def _at_exit() -> None:
+    """Retains the active primary contexts, so the runtime's release at exit leaves them alive.
+
+    Why: Kineto (before its April 2026 fix, which leaks the singleton) keeps its CUPTI callback
+    table in a function-static ``shared_ptr``; where C++ destroys that static before the CUDA
+    runtime's exit handler releases the context, CUPTI's ``CONTEXT_DESTROY_STARTING`` callback
+    copies the destroyed pointer and glibc aborts (exit status 134, "double free or corruption"),
+    in some runs and not others. The OS reclaims the context when the process ends; the only
+    visible effect is that the context's own teardown is skipped.
+    """
     driver = loaded_driver()
     if driver is not None:
         try:

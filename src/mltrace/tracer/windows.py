@@ -1,37 +1,17 @@
 """Ending detail levels partway through a run, between two inferences.
 
-Two things grow with the length of a run and would exhaust a long one:
+The op level's profilers hold every event in memory until they stop, and the session's end
+loads every streamed span, so a long run ends them early while the model level goes on:
 
-- the op level's profilers keep every event in memory until they stop
-  (torch.profiler: about 0.6 MB a batch-8 inference of the example CNN), and
-  converting them at the session's end needs several times that again;
-- the session's end loads every streamed span to correlate it and write the final
-  files (about 700 bytes a span at its peak; a layer-level run of a small model
-  streams over 100,000 spans a second).
+- the op level of each framework after ``--op-inferences N`` of its own model calls (one
+  ``LevelWindow`` per framework whose op source can end, ``Source.framework``; shared sources
+  end with the last framework that made model calls), or all of it once the process passes
+  the op level's memory budget (``MemoryWatch``) or the span limit;
+- the layer level at ``--max-spans`` streamed spans (at twice that the trace is full,
+  ``Session.fill``).
 
-So the op level, and the layer level with it, can end early while the model level
-goes on:
-
-- the op level of each framework after ``--op-inferences N`` of its own model calls
-  (outermost ``nn.Module``, Keras model or ``InferenceSession.run`` calls): one window
-  per framework whose op source can end (``framework`` on the source), so a program that
-  exports with torch and infers with ONNX Runtime gets N ONNX Runtime inferences with ops.
-  The sources of no one framework (the library level) end once every framework that
-  made model calls has ended its op level. All of it ends at the first model call's
-  return once the process has grown past the op level's memory budget
-  (``MemoryWatch``), or the span limit is reached;
-- the layer level (and the op level, if it still runs) once ``--max-spans`` spans
-  have been streamed; at twice that the trace is full (``Session.fill``).
-
-An end happens right after a model call returns, so no model call is cut in
-half. The framework sources (torch.modules, tensorflow, onnxruntime) call
-``Session.model_call_ended`` after every outermost call (one attribute read and
-a counter per inference). A torch.profiler that records only the thread that
-started it (torch before 2.6) can only be stopped there, so the op level's window
-may name an owner thread; the other profilers, the all-threads torch.profiler and
-the layer level end on any. Sources that can end this way
-say so with ``can_end_early`` (the op level) or have ``end_layer_level``; the
-others (the CUDA kernel paths) run to the end of the session.
+An end happens right after a model call returns (``Session.model_call_ended``), on the thread
+the window names where one must (``Source.thread_ident``), so no model call is cut in half.
 """
 
 from __future__ import annotations
