@@ -1,60 +1,20 @@
 """Capture library verbose lines from file descriptor 1, forwarding everything else.
 
-oneDNN and oneMKL print their verbose lines with C ``printf`` on fd 1, below
-Python's ``sys.stdout``. ``FdTap`` puts a pipe in place of fd 1 for a while; a
-reader thread cuts out every run of bytes from a verbose prefix to the next
-newline (stamped with the session clock when it arrives) and writes every
-other byte to the original fd 1, unchanged and in order. Child processes
-started meanwhile inherit the pipe, so their output is forwarded the same way.
+oneDNN and oneMKL print their verbose lines with C ``printf`` on fd 1, below Python's
+``sys.stdout``. ``FdTap`` puts a pipe in place of fd 1 for a while; a reader cuts out every
+run of bytes from a verbose prefix to the next newline (stamped with the session clock when it
+arrives) and writes every other byte to the original fd 1, unchanged and in order, so the
+user's output comes out as in a plain run:
 
-The user's output must come out as in a plain run:
+- stdio buffers are flushed around every switch of fd 1; a prefix is recognised mid-line too
+  (a program line that itself contains ``MKL_VERBOSE `` loses its rest to the capture);
+- a partial line is forwarded as soon as it cannot become a verbose line (``hold_s``);
+- ``stop()`` keeps another thread's output in order (``_restore_in_order``), and fd 2 goes
+  through the same pipe where it goes where fd 1 goes and is no terminal (``merge_fd``);
+- children inherit the pipe; one that outlives ``stop()`` keeps a detached reader.
 
-- Python's and C's stdio buffers are flushed before fd 1 is switched, both
-  ways, so nothing written before lands on the wrong side of the switch.
-- A prefix is recognised mid-line too: a library that prints while the
-  program's own line is unfinished (``print("running…", end="")``) leaves
-  that line's two halves joined, as a run without verbose output shows them.
-  The price: a program line that itself contains ``MKL_VERBOSE `` or
-  ``onednn_verbose,`` loses its rest to the capture.
-- A partial line (a prompt, a progress bar, binary data) is forwarded as soon
-  as it cannot become a verbose line, so interactive output is not held back.
-  Only a tail that may still grow into a prefix waits, at most ``hold_s``; a
-  started verbose line waits for its newline.
-- ``stop()`` keeps another thread's output in order: it waits until the reader
-  has forwarded what it read, then restores fd 1 and forwards what is left in
-  the pipe without letting another Python thread run in between (libc through
-  ``ctypes.PyDLL``, which keeps the GIL), so that thread's next write, now
-  straight to fd 1, comes after all of its earlier ones. Without that, bytes
-  still in the pipe came out after later ones: the test's program (20 stops
-  while a thread writes numbered lines) printed them out of order in 40 of 40
-  runs before, 0 of 80 after (40 of them with both cores busy).
-- Where fd 2 goes where fd 1 goes and that is no terminal (``> f 2>&1``,
-  ``2>&1 | tee``: ``_same_destination``), fd 2 is pointed at the same pipe
-  (``merge_fd``), so the reader forwards the program's stderr and stdout bytes
-  in the order they were written, as a plain run shows them; otherwise
-  stdout's bytes, passing through the reader, came out after stderr lines
-  written later. A terminal's fd 2 is left alone: through a pipe, the program
-  would no longer see a terminal there (``isatty``: colours, progress bars).
-- ``stop()`` restores fd 1 in ``finally`` and reads the pipe to its end. A
-  child that outlives ``stop()`` still holds the pipe: after ``timeout_s`` the
-  reader is left running in the background, forwarding the child's output
-  until it closes its end (lines it captures then are not returned).
-- If the original fd 1 breaks (``| head`` exited), the reader keeps draining
-  the pipe so that writers never block, and counts the failure.
-
-The reader thread runs its loop in C without the GIL where mltrace's C helper
-``_tapread`` is built (``_tapread.c``: the same splitting, a mutex where the
-Python reader relies on the GIL). On the example CNN the Python reader cost
-about one point of latency more than the C one (PERFORMANCE.md), since each
-batch it reads takes the GIL from the program. ``MLTRACE_FDTAP_READER=python``
-runs the Python loop instead. Limitation of the Python loop: it needs the GIL to
-run, so a writer that holds the GIL while it fills the pipe would wait for the
-reader forever; the pipe is enlarged to 1 MiB (Linux) so that this takes over a
-thousand verbose lines in one GIL-holding call. torch, TensorFlow and ONNX
-Runtime release the GIL while their operators run, and Python's own writes
-release it. ``FdTap(reader="process")`` reads the pipe in a child process
-instead, which costs a Python start-up (≈ 0.17 s of CPU) and measured no faster
-(``benchmarks/library_tap.py``), so the library source keeps the thread.
+The reader is a thread running ``_tapread``'s C loop without the GIL where the helper is built,
+else the Python loop (``MLTRACE_FDTAP_READER=python``), or a child process (``reader``).
 """
 
 from __future__ import annotations
@@ -296,6 +256,8 @@ class FdTap:
             os.close(saved)
             raise
         try:
+            # 1 MiB: the Python reader needs the GIL, so a writer that holds it while it fills the
+            # pipe would wait forever; that now takes over a thousand verbose lines in one call.
             fcntl.fcntl(write_fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), self.pipe_size)
         except OSError:
             pass  # a smaller pipe only means more, smaller reads
