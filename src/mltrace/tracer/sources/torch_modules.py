@@ -335,7 +335,7 @@ class TorchModuleSource(Source):
         and handed to a deque when it ends (the C helper's frame is a ``LayerFrame``,
         which reads as the same list, see ``_layercall.c``). No Span object, attribute dict,
         ``current_span`` switch or path lookup: ``_drain_frames`` derives all of
-        that in the flusher (benchmarks/overhead_parts.py --paired). The
+        that in the flusher (benchmarks/overhead.py --mode layer-paired). The
         outermost (model) call goes through ``_model_begin`` and
         ``Recorder.end`` as any span does.
         """
