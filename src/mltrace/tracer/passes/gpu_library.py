@@ -1,43 +1,9 @@
 """Which library a GPU kernel belongs to, from its name (and its op).
 
-CUPTI reports kernels by their (demangled) names only. The names carry the
-library in their namespace, prefix or parameter types; the patterns below
-come from real A100 traces (tests/data/kineto/, PyTorch 2.0–2.5):
-
-================ =====================================================================
-cuDNN            ``cudnn`` anywhere: ``cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1``,
-                 ``void cudnn::ops::nchwToNhwcKernel<…>``, ``cask_cudnn::computeOffsetsKernel``,
-                 ``sm80_xmma_fprop_implicit_gemm_…_execute_kernel_cudnn``,
-                 ``fft2d_r2c_32x32<…>(…, cudnn::reduced_divisor, …)``; also cuDNN's
-                 classic names ``implicit_convolve_sgemm``, ``wgrad_alg0_engine``,
-                 ``bn_fw_inf_1C11_kernel_NCHW``
-cuBLASLt         ``cublasLt``: ``void epilogue::impl::globalKernel<…>(…, cublasLtEpilogue_t, …)``
-cuBLAS           ``cublas`` in the parameter types (``gemvNSP_kernel<…cublasGemvParams…>``,
-                 ``splitKreduce_kernel<…>(cublasSplitKParams<float>, …)``,
-                 ``scal_kernel<…>(cublasTransposeParams<float>, …)``); the SASS GEMM
-                 families ``ampere_sgemm_32x128_tn``, ``ampere_gcgemm_64x64_nt``,
-                 ``sgemm_largek_lds64``, ``gemmk1_kernel``, ``sm80_xmma_gemm_…``,
-                 ``nvjet_…`` (cuBLAS 12.6+)
-CUTLASS          ``cutlass``: ``void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x5_tn_align4>``
-Triton           ``triton_`` prefix (TorchInductor: ``triton_poi_fused_add_cos_sin_0``)
-NCCL             ``nccl``: ``ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(…)``, ``ncclDevKernel_…``
-PyTorch native   ``at::native::``, ``at_cuda_detail::`` (PyTorch's copy of CUB),
-                 ``c10::``, ``pytorch_flash::``, PyTorch's persistent softmax
-                 (``(anonymous namespace)::softmax_warp_forward``)
-FBGEMM           ``fbgemm_gpu::``, ``split_embedding_…``
-CUB              ``cub::`` outside PyTorch's namespace (``cub::DeviceScanKernel<…>``)
-other            anything else; when the launching op is known, an unrecognised
-                 kernel of a cuDNN or BLAS op takes that library, of another
-                 ``aten::`` op "PyTorch native" (``compute_cuda_kernel<long>`` under
-                 ``aten::repeat_interleave``), of an ``fbgemm::`` op "FBGEMM"
-================ =====================================================================
-
-The name alone cannot tell who called a shared GEMM kernel: cuBLAS ships
-CUTLASS-generated kernels (every ``cutlass::Kernel`` in the sample trace was
-launched by ``aten::mm``/``addmm``/``bmm``, i.e. through cuBLAS) and cuDNN
-runs cuBLAS's SASS GEMMs (``ampere_gcgemm_64x64_nt`` under
-``aten::cudnn_convolution``). So when the op that launched the kernel is
-known, ``gpu_library_of`` lets it decide for those generic names.
+CUPTI reports kernels by their (demangled) names only; the names carry the library in their
+namespace, prefix or parameter types. ``gpu_library_of`` names it from a kernel's name and,
+for GEMM kernels that several libraries share, the op that launched it;
+``attribute_gpu_library`` sets ``ml.library.name`` on every kernel span of a run.
 """
 
 from __future__ import annotations
@@ -85,6 +51,43 @@ _CUDNN_OPS = re.compile(r"^aten::_?cudnn_")
 
 def gpu_library_of(kernel_name: str, op_name: str | None = None) -> str:
     """Names the library a GPU kernel comes from.
+
+    The patterns come from real A100 traces (tests/data/kineto/, PyTorch 2.0–2.5):
+
+    ================ =====================================================================
+    cuDNN            ``cudnn`` anywhere: ``cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1``,
+                     ``void cudnn::ops::nchwToNhwcKernel<…>``, ``cask_cudnn::computeOffsetsKernel``,
+                     ``sm80_xmma_fprop_implicit_gemm_…_execute_kernel_cudnn``,
+                     ``fft2d_r2c_32x32<…>(…, cudnn::reduced_divisor, …)``; also cuDNN's
+                     classic names ``implicit_convolve_sgemm``, ``wgrad_alg0_engine``,
+                     ``bn_fw_inf_1C11_kernel_NCHW``
+    cuBLASLt         ``cublasLt``: ``void epilogue::impl::globalKernel<…>(…, cublasLtEpilogue_t, …)``
+    cuBLAS           ``cublas`` in the parameter types (``gemvNSP_kernel<…cublasGemvParams…>``,
+                     ``splitKreduce_kernel<…>(cublasSplitKParams<float>, …)``,
+                     ``scal_kernel<…>(cublasTransposeParams<float>, …)``); the SASS GEMM
+                     families ``ampere_sgemm_32x128_tn``, ``ampere_gcgemm_64x64_nt``,
+                     ``sgemm_largek_lds64``, ``gemmk1_kernel``, ``sm80_xmma_gemm_…``,
+                     ``nvjet_…`` (cuBLAS 12.6+)
+    CUTLASS          ``cutlass``: ``void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x5_tn_align4>``
+    Triton           ``triton_`` prefix (TorchInductor: ``triton_poi_fused_add_cos_sin_0``)
+    NCCL             ``nccl``: ``ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(…)``, ``ncclDevKernel_…``
+    PyTorch native   ``at::native::``, ``at_cuda_detail::`` (PyTorch's copy of CUB),
+                     ``c10::``, ``pytorch_flash::``, PyTorch's persistent softmax
+                     (``(anonymous namespace)::softmax_warp_forward``)
+    FBGEMM           ``fbgemm_gpu::``, ``split_embedding_…``
+    CUB              ``cub::`` outside PyTorch's namespace (``cub::DeviceScanKernel<…>``)
+    other            anything else; when the launching op is known, an unrecognised
+                     kernel of a cuDNN or BLAS op takes that library, of another
+                     ``aten::`` op "PyTorch native" (``compute_cuda_kernel<long>`` under
+                     ``aten::repeat_interleave``), of an ``fbgemm::`` op "FBGEMM"
+    ================ =====================================================================
+
+    The name alone cannot tell who called a shared GEMM kernel: cuBLAS ships
+    CUTLASS-generated kernels (every ``cutlass::Kernel`` in the sample trace was
+    launched by ``aten::mm``/``addmm``/``bmm``, i.e. through cuBLAS) and cuDNN
+    runs cuBLAS's SASS GEMMs (``ampere_gcgemm_64x64_nt`` under
+    ``aten::cudnn_convolution``). So the launching op, when known, decides
+    for those generic names.
 
     Args:
         kernel_name: the kernel's demangled name as CUPTI reports it.

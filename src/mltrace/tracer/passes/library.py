@@ -1,65 +1,16 @@
 """Correlator pass: put CPU library calls (oneDNN, MKL) under the ops that issued them.
 
-The verbose lines these calls come from name no thread, so the source puts
-them on the track of the thread that started it; this pass moves each call
-to the track of its op and sets its parent. Rules:
+The verbose lines these calls come from name no thread, so the source puts them on the track
+of the thread that started it; ``attach_library_calls`` moves each call to the track of its
+op and sets its parent:
 
-Timed calls (oneDNN with ``ONEDNN_VERBOSE_TIMESTAMP``): the parent is the
-innermost OP span, on any thread track of the run, whose interval contains
-the call's (each end widened by ``slack_ns``: oneDNN stamps with a µs clock;
-a call that overhangs its parent by less than that is clipped to it).
-Innermost means latest start, then earliest end; a tie prefers the call's
-current track. Without a containing OP span, the innermost containing span of
-any other CPU level (layer, model, user) is used.
-
-Untimed calls (every MKL call; ``ml.library.untimed``) ended at or before the
-time ``r`` their line was received, having run ``d`` ns; ``r`` may be late by
-however long the reader took (it reads in batches, and waits for the GIL).
-When one thread issued every call (the ops that issued timed calls and every
-MKL caller op are on one track), ``r`` is first lowered to the start of the
-next timed call in issue order: calls of one thread run one after another,
-so the untimed call had ended by then, however late its line was read.
-
-MKL calls are taken in issue order (``ml.library.seq``) and given to *leaf
-caller ops*: OP spans named in ``MKL_CALLER_OPS`` with no such op nested
-inside them on their track (``aten::linear`` → its ``aten::addmm``), leaving
-out ops that issued a timed oneDNN call (they took that path). A call goes to
-the *first* caller op, from the previous call's op on, that
-
-- started by ``r − d + slack_ns`` (before the call could have started),
-- ended after ``r − max_lag_ns`` (not long before the line arrived),
-- is not ruled out by shapes (``_compatible``): a batched call never comes
-  from a single-matrix op; with recorded input shapes (``ml.input.shapes``,
-  torch.profiler's ``record_shapes``), a GEMM-like op's (``GEMM_OPS``) inputs
-  must have M, N and K among their dimensions; flash attention
-  (``BLOCKED_GEMM_OPS``), which multiplies blocks, must have its head
-  dimension among them and no block longer than the sequence; and a native
-  convolution's (``IM2COL_OPS``) weight must give N and K,
-- has room for it: a single-matrix op (``aten::addmm``, ``aten::mm``, …)
-  makes one call, and a batched one (``aten::bmm``) one batched call; other
-  ops (a native convolution makes one GEMM per image) fit the call, with 10 %
-  of ``d`` to spare, after the calls already given to them packed from their
-  start and after the previous call of their thread, since MKL is called from
-  one thread at a time — except by flash attention, whose intra-op threads
-  call it in parallel: there the call only has to fit in the op.
-
-So receipt time only bounds the search, and a late line (read in a batch,
-or while the program held the GIL) lands where a prompt one would
-(``benchmarks/mkl_placement.py`` measures this on a recorded run). What
-issue order cannot tell is a caller op that made no MKL call at all (a tiny
-matrix on torch's own path) followed by one that did, with compatible shapes:
-the call goes to the first. Untimed oneDNN calls (no
-``ONEDNN_VERBOSE_TIMESTAMP``) use leaf OP spans (no OP inside) and the
-earlier rule: the op that started last among those allowed above.
-
-A call is then laid out inside its op: it ends at ``min(r, op end)``, lasts
-``d`` where room allows, does not start before the previous call in the same
-op ends (it is shortened instead), and gets ``ml.library.placement =
-"estimated"``. Calls with no
-candidate (and timed calls inside no span) are counted and set apart: roots on a lane
-of their own beside the track they were read on (``ml.library.placement =
-"unplaced"``), never under a span they merely overlap, such as another thread's
-request.
+- a timed call (oneDNN with ``ONEDNN_VERBOSE_TIMESTAMP``) goes to the innermost span that
+  contains it (``_Containing``);
+- an untimed call (every MKL call) goes, in issue order, to the first leaf caller op that can
+  have made it (``_first_fit``, ``_compatible``), an untimed oneDNN call to the op that
+  started last (``_last_started``), and is laid out inside that op;
+- a call that no op can be shown to have issued is set apart on a lane of its own
+  (``_set_apart``).
 """
 
 from __future__ import annotations
@@ -388,7 +339,27 @@ def _last_started(call: Span, callers: list[Span], cur: int, used: bool, d: int,
 def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_000_000) -> Run:
     """Sets the parent (and track) of each CPU library span to the op that issued it.
 
-    See the module docstring for the rules.
+    Timed calls: the parent is the innermost OP span, on any thread track of the run, whose
+    interval contains the call's, each end widened by ``slack_ns`` (oneDNN stamps with a µs
+    clock; a call that overhangs its parent by less is clipped to it); without one, the
+    innermost containing span of another CPU level (layer, model, user).
+
+    Untimed calls ended at or before the time ``r`` their line was received, having run ``d``
+    ns; ``r`` may be late by however long the reader took. When one thread issued every call,
+    ``r`` is first lowered to the start of the next timed call in issue order
+    (``_end_bounds``). MKL calls are taken in issue order (``ml.library.seq``) and given to
+    leaf caller ops (``MKL_CALLER_OPS`` with no such op nested in them on their track,
+    leaving out ops that issued a timed oneDNN call): the first, from the previous call's op
+    on, that can have made the call (``_first_fit``). So receipt time only bounds the search,
+    and a late line lands where a prompt one would (``benchmarks/mkl_placement.py`` measures
+    this on a recorded run). Issue order cannot tell a caller op that made no MKL call (a
+    tiny matrix on torch's own path) from a later one with compatible shapes that did: the
+    call goes to the first. Untimed oneDNN calls go to leaf OP spans by ``_last_started``.
+
+    An untimed call is laid out inside its op: it ends at ``min(r, op end)``, lasts ``d``
+    where room allows, does not start before the previous call in the op ends (it is
+    shortened instead), and gets ``ml.library.placement = "estimated"``. Calls with no
+    candidate, and timed calls inside no span, are counted and set apart (``_set_apart``).
 
     Args:
         run: the run; not modified.
