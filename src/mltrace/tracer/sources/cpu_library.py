@@ -1,35 +1,12 @@
 """The library level on CPU: oneDNN primitives and oneMKL calls from their verbose logs.
 
-How verbosity is switched on (checked with torch 2.13, oneDNN 3.12, oneMKL
-2024, build 20240605): torch exposes the libraries' runtime switches,
-``torch._C._verbose.mkldnn_set_verbose(level)`` and
-``torch._C._verbose.mkl_set_verbose(level)`` (behind the context managers
-``torch.backends.mkldnn.verbose`` and ``torch.backends.mkl.verbose``). They work
-at any time, before or after oneDNN and MKL were first used, and switch off
-again, so no environment variable has to be set before torch loads. oneDNN
-reads ``ONEDNN_VERBOSE_TIMESTAMP`` once, when it first prints verbose output;
-``start()`` sets it in ``os.environ`` before switching verbosity on so lines
-carry their start time. (If the program printed oneDNN verbose output earlier
-without it, lines come without timestamps and are handled like MKL's.)
-
-The switches are flipped when torch is imported (now, if it already is);
-this source never imports torch itself. TensorFlow (2.21, its own oneDNN
-3.7) has no runtime switch but reads ``ONEDNN_VERBOSE`` at its first oneDNN
-call, even after ``import tensorflow``: ``CpuLibrarySource(use_env=True)``
-sets it (see the class).
-
-While MKL's verbose mode is on, its timer is redirected (``mltrace._mkltimer``):
-MKL reads its clock around every call through a routine that executes CPUID, which a
-hypervisor traps (≈ 6 µs each on the development VM, ≈ 65 µs of MKL verbose cost a
-call). The redirect points the routine's dynamic-linker slots at the vDSO's
-``clock_gettime`` while verbosity is on and restores them when it goes off.
-``MLTRACE_MKL_TIMER=mkl`` keeps MKL's own timer; run.json's
-``sources_info["cpu.library"]["mkl_timer"]`` says which one ran.
-
-Lines are read from fd 1 by ``FdTap``. They carry no thread id, so spans are
-put on the track of the thread that started the source; the
-``attach_library_calls`` pass (``tracer.passes.library``) moves each to the thread of
-the op that issued it and sets its parent.
+``CpuLibrarySource`` switches the libraries' verbose output on (through torch's runtime
+switches once the program imports torch, or through the environment for TensorFlow:
+``use_env``), reads the lines from fd 1 with ``FdTap`` and turns them into LIBRARY spans
+(``library_spans``). While MKL's verbose mode is on, its timer reads the vDSO clock
+(``_redirect_mkl_timer``). The lines carry no thread id, so spans are put on the track of the
+thread that started the source; the ``attach_library_calls`` pass (``tracer.passes.library``)
+moves each to the thread of the op that issued it and sets its parent.
 """
 
 from __future__ import annotations
@@ -224,6 +201,13 @@ class CpuLibrarySource(Source):
         return None
 
     def start(self, session: SessionView) -> None:
+        """Sets ``ONEDNN_VERBOSE_TIMESTAMP``, starts the fd tap, and switches verbosity on once
+        torch is imported (now, if it already is; this source never imports torch itself).
+
+        oneDNN reads ``ONEDNN_VERBOSE_TIMESTAMP`` once, when it first prints verbose output,
+        so lines carry their start time; if the program printed oneDNN verbose output earlier
+        without it, lines come without timestamps and are handled like MKL's.
+        """
         self._session = session
         self._problems = []
         self._mkl_timer_used = "none"
@@ -251,7 +235,13 @@ class CpuLibrarySource(Source):
             raise
 
     def _switch_on(self, torch: ModuleType) -> None:
-        """Turns oneDNN and MKL verbose output on through torch (called once torch is imported)."""
+        """Turns oneDNN and MKL verbose output on through torch (called once torch is imported).
+
+        torch exposes the libraries' runtime switches, ``torch._C._verbose.mkldnn_set_verbose``
+        and ``mkl_set_verbose`` (behind ``torch.backends.mkldnn.verbose`` and
+        ``torch.backends.mkl.verbose``). They work before or after oneDNN and MKL were first
+        used, and switch off again, so no environment variable has to be set before torch loads.
+        """
         verbose = getattr(getattr(torch, "_C", None), "_verbose", None)
         if verbose is None:
             self._problems.append("this torch has no runtime verbose switches")
@@ -268,7 +258,13 @@ class CpuLibrarySource(Source):
                 self._warm_up_mkl(torch)
 
     def _redirect_mkl_timer(self) -> None:
-        """Points MKL's verbose timer at the vDSO clock (see the module's docstring)."""
+        """Points MKL's verbose timer at the vDSO clock until ``_switch_off``.
+
+        MKL reads its clock around every call through a routine that executes CPUID, which a
+        hypervisor traps; the C helper ``_mkltimer`` points that routine's dynamic-linker slots
+        at ``clock_gettime`` (ARCHITECTURE.md). ``MLTRACE_MKL_TIMER=mkl`` keeps MKL's own timer;
+        run.json's ``sources_info["cpu.library"]["mkl_timer"]`` says which one ran.
+        """
         if MKL_TIMER.is_set_to("mkl"):
             self._mkl_timer_used = f"mkl ({MKL_TIMER.name}=mkl)"
             return

@@ -1,80 +1,15 @@
 """Kernel level for any CUDA program, through NVIDIA's ``cupti-python``.
 
-``CuptiSource`` records, with CUPTI's activity API, what every CUDA program
-does on the GPU whatever its framework (ONNX Runtime's CUDA EP, TensorFlow,
-CuPy, Numba, hand-written CUDA): kernels (``CONCURRENT_KERNEL``, which does
-not serialise kernels), memcpys, memsets, CUDA runtime and driver API calls
-and synchronisations. CUPTI fills buffers that ``cupti-python`` hands to a
-Python callback; the callback copies each record into a plain dict (the
-record objects may point into CUPTI's buffer, which CUPTI reuses) and
-``stop()`` flushes CUPTI
-(``activity_flush_all(1)``), disables the activity kinds and converts the
-records with ``cupti_records_to_events``. It is a post-hoc source: kernels
-reach the run directory when the session stops, and records wait in memory
-until then, one dict each; the copying runs on CUPTI's thread, holding the
-GIL for the time it takes to copy one buffer (8 MiB of records by default).
+``CuptiSource`` records, with CUPTI's activity API, what every CUDA program does on the GPU
+whatever its framework (ONNX Runtime's CUDA EP, TensorFlow, CuPy, Numba, hand-written CUDA):
+kernels, memcpys, memsets, CUDA runtime and driver API calls and synchronisations. It is a
+post-hoc source: ``_Collector`` copies CUPTI's completed buffers into plain dicts, and
+``stop()`` flushes CUPTI and converts the records (``cupti_records_to_events``) into the
+events ``kineto.py`` makes, on the session clock (``CuptiClock``).
 
-Representation (the same as ``kineto.py``, so every pass and analysis works
-on both paths):
-
-- kernels, memcpys, memsets: ``Level.KERNEL`` spans on
-  ``tracks.gpu_stream(device, stream)``, ``gpu.activity`` ``"kernel"``,
-  ``"gpu_memcpy"`` or ``"gpu_memset"``, with ``gpu.kernel.name`` (demangled),
-  ``gpu.grid``, ``gpu.block``, ``gpu.memcpy.kind`` (``"HtoD"``…),
-  ``gpu.bytes``, ``gpu.correlation_id``;
-- runtime and driver calls: ``Level.KERNEL`` spans on the calling thread's
-  track (``tracks.thread(thread_id)``; CUPTI is told to report system thread
-  ids, the ids mltrace's live sources use) with ``cuda.api.name`` and
-  ``cuda.api.kind`` (``"runtime"`` / ``"driver"``);
-- one ``Flow(kind="launch")`` from the API call to each GPU activity with the
-  same correlation id — every kernel of a ``cudaGraphLaunch`` shares the
-  launch's id, so each gets a flow from that one call; where a runtime call
-  and the driver call under it share an id, the runtime call is the launch;
-- synchronisations: ``Instant`` on the stream's track with
-  ``cuda.sync.duration_ns``, as Kineto's ``cuda_sync`` events.
-
-Clock. CUPTI stamps records on its own clock: ns where nothing else uses
-CUPTI, but TSC ticks once torch.profiler has started (Kineto registers its
-timestamp callback; 2.1 ticks a ns on an H100 machine). Whenever recording
-begins and ends, ``cupti.get_timestamp()`` is read between two
-``time.monotonic_ns()`` readings, 16 times, keeping the tightest bracket;
-records convert through the line through those two pairs (``CuptiClock``).
-``run.json``'s ``cupti.clock`` keeps the pairs, the rate, their uncertainty
-(ns) and the drift.
-
-Path choice. CUPTI's activity buffers and callbacks are per process, and
-Kineto (torch.profiler) uses them too, even with CPU activity only: at every
-start it registers its own buffer callbacks, and it keeps CUPTI busy with
-external-correlation records while it runs. CUPTI completes each buffer to
-whichever callbacks are registered at that moment, so two users would take
-each other's buffers — on an H100 machine that lost every record, hung a
-process whose profiler stopped while this source's buffers were in flight,
-and ended others with "free(): invalid size" or a segfault. So one path is
-chosen per session and written to ``run.json``'s ``kernel_path``:
-
-- ``"kineto"`` (rule ``auto``, the default): the session's ``torch.profiler``
-  source started with the kernel level (torch with CUDA is installed); this
-  source does not subscribe. Kineto records the whole process, so CUDA work
-  of other libraries in a torch program is recorded too — but a program that
-  never imports torch (CuPy, ONNX Runtime) then gets no kernels: set
-  ``MLTRACE_KERNEL_PATH=cupti-python`` for it.
-- ``"cupti-python"``: otherwise, or when ``MLTRACE_KERNEL_PATH=cupti-python``
-  (or ``CuptiSource(prefer="cupti-python")``). torch.profiler then leaves
-  CUDA activity out (it reads the variable itself, since it may start before
-  this source), and torch ops still nest kernels through their launch calls.
-  Buffers change hands only empty: a forced flush before every callback
-  registration (``hand_back_buffers`` right before torch.profiler starts,
-  and before this source registers), a flush before and after disabling at
-  stop, and one at exit. When torch is imported after the session started,
-  this source closes its stretch before torch.profiler starts and subscribes
-  again after it, each stretch with its own clock. If torch.profiler already
-  records kernels, CUPTI is left to Kineto.
-- ``MLTRACE_KERNEL_PATH=kineto``: never subscribe.
-
-Failures: ``available()`` names a missing package, driver or device;
-``start()`` raises one line (the session warns and records it) for CUPTI's
-errors — see ``cupti_error_message``. What was checked on a GPU: docs/ARCHITECTURE.md,
-"Kernel path".
+Kineto (torch.profiler) uses CUPTI too, so ``CuptiSource.start`` chooses one kernel path per
+session (ARCHITECTURE.md, "Kernel path"). ``available()`` names a missing package, driver or
+device; ``start()`` raises one line for CUPTI's errors (``cupti_error_message``).
 """
 
 from __future__ import annotations
@@ -467,7 +402,7 @@ def _cupti_major() -> int | None:
 # -- records → events (pure) -----------------------------------------------------------------
 
 #: The fields ``record_to_dict`` copies from each kind of cupti-python record (attribute names
-#: of cupti-python 13.4's classes, read by 13.0.1 on an H100, see the module docstring).
+#: of cupti-python 13.4's classes, read by 13.0.1 on an H100: ARCHITECTURE.md, "Kernel path").
 _TIMES = ("start", "end", "correlation_id")
 _PLACE = ("device_id", "context_id", "stream_id")
 RECORD_FIELDS: dict[str, tuple[str, ...]] = {
@@ -620,7 +555,21 @@ def cupti_records_to_events(
       ``cuda_event_id``; the device comes from other records of the same
       context.
 
-    Other kinds are counted in ``stats.skipped``.
+    Other kinds are counted in ``stats.skipped``. The events are those ``kineto.py`` makes, so
+    every pass and analysis works on both paths:
+
+    - kernels, memcpys, memsets: ``Level.KERNEL`` spans on ``tracks.gpu_stream(device,
+      stream)``, ``gpu.activity`` ``"kernel"``, ``"gpu_memcpy"`` or ``"gpu_memset"``, with
+      ``gpu.kernel.name`` (demangled), ``gpu.grid``, ``gpu.block``, ``gpu.memcpy.kind``
+      (``"HtoD"``…), ``gpu.bytes``, ``gpu.correlation_id``;
+    - runtime and driver calls: ``Level.KERNEL`` spans on the calling thread's track (system
+      thread ids, as mltrace's live sources use) with ``cuda.api.name`` and ``cuda.api.kind``
+      (``"runtime"`` / ``"driver"``);
+    - one ``Flow(kind="launch")`` from the API call to each GPU activity with the same
+      correlation id: every kernel of a ``cudaGraphLaunch`` gets one from that call, and where
+      a runtime call and the driver call under it share an id, the runtime call is the launch;
+    - synchronisations: ``Instant`` on the stream's track with ``cuda.sync.duration_ns``, as
+      Kineto's ``cuda_sync`` events.
 
     Args:
         records: the activity records, in any order.
@@ -803,7 +752,12 @@ def _torch_ops_source(session: SessionView) -> Any:
 
 
 class _Collector:
-    """Receives CUPTI's completed buffers (on CUPTI's thread) as plain dicts."""
+    """Receives CUPTI's completed buffers (on CUPTI's thread) as plain dicts.
+
+    Each record is copied, since the record objects may point into CUPTI's buffer, which
+    CUPTI reuses; the copying holds the GIL for the time one buffer takes (8 MiB of records
+    by default), and the dicts wait in memory until ``stop()``.
+    """
 
     def __init__(self, cupti: ModuleType, buffer_bytes: int) -> None:
         self.cupti = cupti
@@ -951,7 +905,7 @@ class CuptiSource(Source):
             dump_records: a JSON file to write the raw records to at stop
                 (default: ``$MLTRACE_CUPTI_DUMP`` if set).
             prefer: the kernel path rule, "auto", "kineto" or "cupti-python"
-                (default: ``$MLTRACE_KERNEL_PATH``, else "auto"); see the module docstring.
+                (default: ``$MLTRACE_KERNEL_PATH``, else "auto"); see ``start``.
             load: imports and returns the ``cupti.cupti`` module.
         """
         self.buffer_bytes = int(buffer_bytes)
@@ -978,6 +932,21 @@ class CuptiSource(Source):
 
     def start(self, session: SessionView) -> None:
         """Subscribes to CUPTI, unless torch.profiler records kernels through Kineto.
+
+        CUPTI's activity buffers and callbacks are per process, and Kineto uses them even
+        with CPU activity only, so one path is chosen per session (run.json's
+        ``kernel_path``):
+
+        - ``"kineto"`` (``prefer`` "auto" with the session's torch.profiler source recording
+          kernels, or "kineto"): this source does not subscribe. Kineto records the whole
+          process, but a program that never imports torch (CuPy, ONNX Runtime) then gets no
+          kernels: ``MLTRACE_KERNEL_PATH=cupti-python`` is for it. A torch.profiler that
+          already records kernels keeps CUPTI whatever ``prefer`` says.
+        - ``"cupti-python"`` otherwise: torch.profiler leaves CUDA activity out
+          (``record_kernels``), and torch ops still nest kernels through their launch calls.
+          Buffers change hands only empty (``hand_back_buffers``, ``_close_segment``); when
+          torch.profiler starts mid-session, this source closes its stretch before and
+          subscribes again after (``_pause``, ``_resume``), each stretch on its own clock.
 
         Raises:
             RuntimeError: one line naming the CUPTI error and its fix; the

@@ -1,44 +1,11 @@
 """Hardware counters: GPU counters from NVML, CPU utilisation from /proc/stat.
 
-``NvmlSampler`` runs a daemon thread that, every ``interval_s`` seconds,
-records one ``CounterSample`` per counter on the session's counter tracks
-(Perfetto draws them as counter tracks):
-
-=========================== ====== ==========================================================
-track                       unit   source
-=========================== ====== ==========================================================
-``cpu.utilization``         %      /proc/stat, all CPUs: busy jiffies / all jiffies between
-                                   two samples (iowait counts as idle; guest time is already
-                                   inside user time, so it is not added twice)
-``gpu<i>.utilization``      %      ``nvmlDeviceGetUtilizationRates().gpu``: share of the
-                                   driver's last sample period (1/6 s to 1 s, by GPU) in
-                                   which at least one kernel ran — not SM occupancy
-``gpu<i>.memory.utilization`` %    ``…UtilizationRates().memory``: share of that period in
-                                   which device memory was read or written
-``gpu<i>.memory.used``      bytes  ``nvmlDeviceGetMemoryInfo().used`` (every process's)
-``gpu<i>.power``            W      ``nvmlDeviceGetPowerUsage()`` (mW) / 1000
-``gpu<i>.clock.sm``         MHz    ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``
-``gpu<i>.clock.memory``     MHz    ``nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)``
-``gpu<i>.temperature``      C      ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``
-=========================== ====== ==========================================================
-
-Counters are not a hierarchy level (``levels`` is empty), so the session
-starts the sampler at every level. The CPU counter needs no GPU: where
-nvidia-ml-py is missing, the driver cannot be loaded or there is no GPU, the
-sampler still samples the CPU and records why GPU counters are absent in
-``run.json`` under ``sources.nvml.gpu`` (``"unavailable: <reason>"``),
-without a warning — a machine without a GPU is normal. Any other NVML
-failure (no permission, a driver not loaded) is recorded there too and
-printed as one warning line. A metric the board does not support (or whose
-read fails) is no longer read and is recorded, per counter, under
-``sources.nvml.unsupported``.
-
-At ``stop()`` the sampler writes ``run.json``'s ``counters_summary``: per
-counter track, its unit, sample count and min / mean / max (the mean is over
-samples, which are evenly spaced).
-
-Sample times are the session clock (``time.monotonic_ns``) read around each
-device's reads; a sample's timestamp is the midpoint.
+``NvmlSampler`` runs a daemon thread that, every ``interval_s`` seconds, records one
+``CounterSample`` per counter on the session's counter tracks (Perfetto draws them as counter
+tracks), and writes run.json's ``counters_summary`` at ``stop()``. Counters are not a
+hierarchy level (``levels`` is empty), so the session starts the sampler at every level; the
+CPU counter needs no GPU. ``parse_proc_stat`` and ``cpu_utilization`` compute the CPU
+counter, ``nvml_error_reason`` words NVML's failures.
 """
 
 from __future__ import annotations
@@ -235,6 +202,26 @@ class _Gpu:
 class NvmlSampler(Source):
     """Samples GPU counters (NVML) and CPU utilisation in a daemon thread.
 
+    =========================== ====== ========================================================
+    track                       unit   source
+    =========================== ====== ========================================================
+    ``cpu.utilization``         %      /proc/stat, all CPUs: busy jiffies / all jiffies between
+                                       two samples (``cpu_utilization``)
+    ``gpu<i>.utilization``      %      ``nvmlDeviceGetUtilizationRates().gpu``: share of the
+                                       driver's last sample period (1/6 s to 1 s, by GPU) in
+                                       which at least one kernel ran — not SM occupancy
+    ``gpu<i>.memory.utilization`` %    ``…UtilizationRates().memory``: share of that period in
+                                       which device memory was read or written
+    ``gpu<i>.memory.used``      bytes  ``nvmlDeviceGetMemoryInfo().used`` (every process's)
+    ``gpu<i>.power``            W      ``nvmlDeviceGetPowerUsage()`` (mW) / 1000
+    ``gpu<i>.clock.sm``         MHz    ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM)``
+    ``gpu<i>.clock.memory``     MHz    ``nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)``
+    ``gpu<i>.temperature``      C      ``nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)``
+    =========================== ====== ========================================================
+
+    A GPU sample's time is the midpoint of session-clock readings (``time.monotonic_ns``)
+    around that device's reads.
+
     Attributes:
         name: "nvml".
         levels: empty: counters are recorded at every level.
@@ -280,7 +267,15 @@ class NvmlSampler(Source):
         return None
 
     def start(self, session: SessionView) -> None:
-        """Opens NVML (when it can), takes a first sample and starts the thread."""
+        """Opens NVML (when it can), takes a first sample and starts the thread.
+
+        Where nvidia-ml-py is missing, the driver cannot be loaded or there is no GPU, only the
+        CPU is sampled, and run.json's ``sources.nvml.gpu`` says why (``"unavailable:
+        <reason>"``) without a warning: a machine without a GPU is normal. Any other NVML
+        failure (no permission, a driver not loaded) is recorded there too and printed as one
+        warning line. A counter the board does not support (or whose read fails) is no longer
+        read, and is recorded under ``sources.nvml.unsupported`` (``_disable``).
+        """
         self._session = session
         self._cpu_prev = read_cpu_times(self._proc_stat)
         self.gpu_reason = self._open_nvml()
@@ -313,6 +308,9 @@ class NvmlSampler(Source):
 
     def stop(self) -> list[Event]:
         """Stops the thread, takes a last sample, closes NVML, writes the summary.
+
+        run.json's ``counters_summary``: per counter track, its unit, sample count and
+        min / mean / max (the mean is over samples, which are evenly spaced).
 
         Returns:
             No events: samples were recorded live through the session's recorder.
