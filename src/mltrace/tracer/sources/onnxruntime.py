@@ -1,32 +1,12 @@
 """ONNX Runtime at the model, layer (graph node) and op (node kernel) levels.
 
-Nothing in the user's code changes. When the program imports ``onnxruntime``
-(now, if it already has), this source wraps:
-
-- ``InferenceSession.__init__``: when the layer or op level is on, it turns
-  ORT's own profiler on for the new session (``enable_profiling`` and a file
-  prefix in a private temporary directory) and restores the caller's
-  ``SessionOptions`` right after, so the object they passed is unchanged.
-  It also reads the model's graph (node names, value names and the
-  ``torch.onnx`` metadata, no weights) to map nodes to PyTorch modules.
-- ``Session.run``, ``run_with_iobinding`` and ``run_with_ort_values``: one
-  model span per call, on the calling thread, through the live recorder.
-- ``Session.end_profiling``: for sessions whose profiling mltrace turned on
-  it returns ``""`` as it would in a plain run, and keeps the file.
-
-At ``stop()`` the wrappers come off first (in ``finally``), then profiling is
-ended on sessions still alive (ORT writes the file of a session that was
-destroyed earlier itself), and each profile is converted by
-``ort_profile.ort_profile_to_events``: node spans (``Level.LAYER``) under the
-matching model span and kernel spans (``Level.OP``) under their node, on the
-threads ORT ran them on. A session whose profiling the program turned on
-itself is left alone; its profile is read only if the program calls
-``end_profiling()`` while tracing.
-
-ONNX Runtime 1.31's Python ``RunOptions`` has no per-run profiling switch
-(the C API gained one), so a session is profiled from its creation; its
-profiler stops recording after 1,000,000 events, which is detected and
-reported.
+Nothing in the user's code changes. When the program imports ``onnxruntime`` (now, if it
+already has), ``OrtSource`` wraps ``InferenceSession.__init__`` (ORT's own profiler on for each
+new session: ``_init``), ``Session.run`` and its variants (one model span per call:
+``_run_wrapper``) and ``Session.end_profiling`` (``_end_profiling``). At ``stop()`` each
+profile is converted by ``ort_profile.ort_profile_to_events``: node spans (``Level.LAYER``)
+under the matching model span and kernel spans (``Level.OP``) under their node, on the
+threads ORT ran them on.
 """
 
 from __future__ import annotations
@@ -247,6 +227,18 @@ class OrtSource(FrameworkSource):
     # -- wrappers (they never raise into the program on mltrace's account) -----
 
     def _init(self, orig: Callable[..., None], sess: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """``InferenceSession.__init__``: with the layer or op level on, turns ORT's profiler on
+        for the new session (``enable_profiling`` and a file prefix in a private temporary
+        directory) and restores the caller's ``SessionOptions`` right after, so the object they
+        passed is unchanged; ``_register`` reads the model's graph (node and value names and
+        the ``torch.onnx`` metadata, no weights) to map nodes to PyTorch modules.
+
+        ONNX Runtime 1.31's Python ``RunOptions`` has no per-run profiling switch (the C API
+        gained one), so a session is profiled from its creation; its profiler stops recording
+        after 1,000,000 events, which is detected and reported. A session whose profiling the
+        program turned on itself is left alone: its profile is read only if the program calls
+        ``end_profiling()`` while tracing.
+        """
         if not self._active:
             orig(sess, *args, **kwargs)
             return
@@ -355,6 +347,8 @@ class OrtSource(FrameworkSource):
         return info
 
     def _run_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """Wraps ``Session.run``, ``run_with_iobinding`` or ``run_with_ort_values``: one model
+        span per call, on the calling thread, through the live recorder."""
         source = self
 
         def run(sess: Any, *args: Any, **kwargs: Any) -> Any:
@@ -402,6 +396,8 @@ class OrtSource(FrameworkSource):
         return self._begin(info.model_name, Level.MODEL, attrs)
 
     def _end_profiling(self, orig: Callable[[Any], Any], sess: Any) -> Any:
+        """``Session.end_profiling``: for a session whose profiling mltrace turned on, keeps the
+        file and returns ``""`` as a plain run would."""
         path = orig(sess)
         info = self._infos.get(sess)
         if info is None:
@@ -417,6 +413,9 @@ class OrtSource(FrameworkSource):
     # -- stop -------------------------------------------------------------------
 
     def stop(self) -> list[Event]:
+        """Takes the wrappers and the import hook off, then ends profiling on sessions still
+        alive (ORT writes the file of a session destroyed earlier itself) and converts each
+        profile (``_collect``)."""
         self._active = False
         try:
             self._unpatch()

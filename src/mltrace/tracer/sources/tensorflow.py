@@ -1,40 +1,14 @@
 """TensorFlow / Keras at the model, layer and op levels.
 
-Nothing in the user's code changes. When the program imports ``keras``
-(``tf.keras`` is Keras 3 and imports it too) this source wraps:
-
-- ``Layer.__call__``: an eager call of the outermost layer (usually a
-  ``keras.Model``) is a model span; eager calls of the layers inside it are
-  layer spans named by their path (``Conv1``, ``head/fc1``: the layer names
-  joined the way Keras nests its name scopes). Symbolic calls (building a
-  functional model on ``KerasTensor``s) and calls while a ``tf.function`` is
-  being traced are not spans: nothing runs then.
-- ``predict``, ``evaluate``, ``predict_on_batch``, ``test_on_batch``: one
-  model span each. They run the model as a graph function, so their layers
-  and ops come from the profiler (below), one layer span per layer per batch.
-- ``ConcreteFunction._call_flat``, while the profiler runs: every graph-function
-  call (a ``tf.function``, a reloaded SavedModel's signature) is kept with its
-  call site, batch size and graph. Calls outside the wrappers' model spans
-  become model spans from the profiler (``xspace.py``), named by the model (a
-  model traced into a graph is known from then on, even if it never runs
-  eagerly) or ``<model>:<signature>``; their ops get FLOPs from the function's
-  graph (``tf_flops.py``); an XLA-compiled call is a model span without layers.
-
-When the program imports ``tensorflow`` and the layer or op level is on, the
-TensorFlow profiler runs (``tf.profiler.experimental.start`` into a private
-temporary directory, host tracer level 2, no Python tracer). At ``stop()``
-its ``xplane.pb`` is converted by ``xspace.xspace_to_events``: graph ops
-become op spans nested in layer spans rebuilt from their Keras name scopes,
-eager ops become op spans under the live layer spans. Only one TensorFlow
-profiler can run in a process: when the program starts its own (directly, or
-through ``tf.profiler.experimental.Profile`` or Keras's TensorBoard
-callback), mltrace's pauses until the program's stops, and says so.
-
-The library level: TensorFlow's oneDNN prints verbose lines when
-``ONEDNN_VERBOSE`` is set before its first primitive runs; the ``cpu.library``
-source captures them from stdout. TensorFlow exports no switch to turn that
-output off again, so it is turned on only for whole-program runs
-(``mltrace python …``, whose session ends with the program).
+Nothing in the user's code changes. When the program imports ``keras`` (``tf.keras`` is
+Keras 3 and imports it too), ``TensorFlowSource`` wraps ``Layer.__call__`` (eager model and
+layer spans: ``_layer_call``) and ``predict``, ``evaluate``, ``predict_on_batch``,
+``test_on_batch`` (one model span each: ``_graph_wrapper``). When it imports ``tensorflow``
+with the layer or op level on, the TensorFlow profiler runs (``_start_profiler``) and every
+graph-function call is kept (``_patch_function_calls``); at ``stop()`` the profiler's
+``xplane.pb`` is converted by ``xspace.xspace_to_events``: graph ops become op spans nested in
+layer spans rebuilt from their Keras name scopes, eager ops op spans under the live layer
+spans. For the library level it sets ``ONEDNN_VERBOSE`` (``_maybe_onednn``).
 """
 
 from __future__ import annotations
@@ -286,6 +260,8 @@ class TensorFlowSource(FrameworkSource):
     # -- the TensorFlow profiler --------------------------------------------------------
 
     def _start_profiler(self) -> None:
+        """Starts ``tf.profiler.experimental`` into a private temporary directory (host tracer
+        level 2, no Python tracer)."""
         assert self._orig_start is not None and self._tf is not None
         logdir = tempfile.mkdtemp(prefix="mltrace-tf-")
         self._logdirs.append(logdir)
@@ -302,7 +278,9 @@ class TensorFlowSource(FrameworkSource):
             self._orig_stop()
 
     def _patch_profiler_api(self, profiler_v2: Any) -> None:
-        """Lets the program's own profiler run: mltrace's pauses while it does."""
+        """Lets the program's own profiler run: only one TensorFlow profiler can run in a process,
+        so when the program starts one (directly, or through ``tf.profiler.experimental.Profile``
+        or Keras's TensorBoard callback), mltrace's pauses until the program's stops, and says so."""
         source = self
         orig_start, orig_stop = profiler_v2.start, profiler_v2.stop
 
@@ -339,7 +317,12 @@ class TensorFlowSource(FrameworkSource):
 
     def _patch_function_calls(self) -> None:
         """Records each graph-function call's name, times and batch size, and its function's graph (for
-        FLOPs, ``tf_flops``): every ``tf.function`` and SavedModel call runs ``ConcreteFunction._call_flat``."""
+        FLOPs, ``tf_flops``): every ``tf.function`` and SavedModel call runs ``ConcreteFunction._call_flat``.
+
+        Calls outside the wrappers' model spans become model spans from the profiler
+        (``xspace.py``), named by the model (a model traced into a graph is known from then on,
+        even if it never runs eagerly) or ``<model>:<signature>``; an XLA-compiled call is a
+        model span without layers."""
         try:
             from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
         except Exception as exc:
@@ -434,7 +417,11 @@ class TensorFlowSource(FrameworkSource):
         return names
 
     def _maybe_onednn(self) -> None:
-        """Turns TensorFlow's oneDNN verbose output on for the cpu.library source, when it can be."""
+        """Turns TensorFlow's oneDNN verbose output on for the cpu.library source, when it can be.
+
+        TensorFlow's oneDNN prints verbose lines when ``ONEDNN_VERBOSE`` is set before its first
+        primitive runs, and exports no switch to turn that off again: so only for whole-program
+        runs (``mltrace python …``, whose session ends with the program)."""
         session = self._session
         if session is None or Level.LIBRARY not in session.levels:
             return
@@ -462,6 +449,11 @@ class TensorFlowSource(FrameworkSource):
             return self._tls.stack  # type: ignore[no-any-return]
 
     def _layer_call(self, orig: Callable[..., Any], layer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``Layer.__call__``: an eager call of the outermost layer (usually a ``keras.Model``) is a
+        model span; eager calls of the layers inside it are layer spans named by their path
+        (``Conv1``, ``head/fc1``: the layer names joined the way Keras nests its name scopes).
+        Symbolic calls (building a functional model on ``KerasTensor``s) and calls while a
+        ``tf.function`` is being traced are not spans: nothing runs then."""
         if not self._active:
             return orig(layer, *args, **kwargs)
         try:
@@ -572,6 +564,8 @@ class TensorFlowSource(FrameworkSource):
                 self._session.model_call_ended("tensorflow")
 
     def _graph_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
+        """Wraps ``predict``, ``evaluate``…: one model span per call. They run the model as a graph
+        function, so its layers and ops come from the profiler, one layer span per layer per batch."""
         source = self
 
         def wrapper(model: Any, *args: Any, **kwargs: Any) -> Any:
