@@ -11,31 +11,8 @@
 One row per span in ``spans``; ``layers``, ``ops`` and ``kernels`` are the
 spans of those levels with the columns that matter for them; ``layer_stats``
 is one row per layer (aggregated over calls, with the report's verdicts when
-peaks are given). Times are integer ns. pandas is imported here only
-(``pip install 'mltrace[analysis]'``).
-
-Columns:
-
-``spans``
-    id, parent_id, level ("model", "layer", "op", …), name, start_ns, end_ns,
-    dur_ns, self_ns (minus direct children on the same track; layers: minus
-    child layers and user spans), track_id, track, track_kind, device, stream,
-    layer_id and layer (the nearest model/layer at or above), op_id and op (the
-    outermost op at or above), attrs (the attribute dict).
-``layers`` (model and layer spans)
-    id, parent_id, level, path, type, start_ns, end_ns, dur_ns, self_ns,
-    parent_layer, framework, file, line (the call site in model code), defined_file,
-    defined_line (where its forward is defined), params, input_shapes, output_shapes,
-    input_dtypes.
-``ops``
-    id, parent_id, name, start_ns, end_ns, dur_ns, self_ns, top_level, layer,
-    layer_type, flops, input_shapes, input_dtypes, track.
-``kernels`` (kernel-level spans on GPU streams)
-    id, parent_id, name, start_ns, end_ns, dur_ns, device, stream, library,
-    activity, op, layer.
-``layer_stats``
-    name, level, type, calls, total_ns, self_ns, flops, bytes, work_source,
-    verdict, reason, intensity, efficiency, file, line.
+peaks are given); ``Frames`` lists the columns. Times are integer ns. pandas is
+imported here only (``pip install 'mltrace[analysis]'``).
 """
 
 from __future__ import annotations
@@ -56,7 +33,29 @@ _SELF_CHILDREN = (Level.MODEL, Level.LAYER, Level.USER)
 
 @dataclass
 class Frames:
-    """The DataFrames of one run (see the module docstring for the columns)."""
+    """The DataFrames of one run. Columns:
+
+    ``spans``
+        id, parent_id, level ("model", "layer", "op", …), name, start_ns, end_ns,
+        dur_ns, self_ns (minus direct children on the same track; layers: minus
+        child layers and user spans), track_id, track, track_kind, device, stream,
+        layer_id and layer (the nearest model/layer at or above), op_id and op (the
+        outermost op at or above), attrs (the attribute dict).
+    ``layers`` (model and layer spans)
+        id, parent_id, level, path, type, start_ns, end_ns, dur_ns, self_ns,
+        parent_layer, framework, file, line (the call site in model code), defined_file,
+        defined_line (where its forward is defined), params, input_shapes, output_shapes,
+        input_dtypes.
+    ``ops``
+        id, parent_id, name, start_ns, end_ns, dur_ns, self_ns, top_level, layer,
+        layer_type, flops, input_shapes, input_dtypes, track.
+    ``kernels`` (kernel-level spans on GPU streams)
+        id, parent_id, name, start_ns, end_ns, dur_ns, device, stream, library,
+        activity, op, layer.
+    ``layer_stats``
+        name, level, type, calls, total_ns, self_ns, flops, bytes, work_source,
+        verdict, reason, intensity, efficiency, file, line.
+    """
 
     spans: Any
     layers: Any

@@ -1,36 +1,12 @@
 """GPU time per layer, per op and per kernel (XSP's layer and kernel tables).
 
-Every GPU activity (a span with ``gpu.activity``: kernel, memcpy or memset,
-from Kineto or from cupti-python) is accounted to exactly one launch call,
-one op and one layer:
-
-- its *launch* is the CUDA API call at the other end of its
-  ``Flow(kind="launch")``, or failing a flow, its parent when that is an API
-  call (``cuda.api.name``);
-- its *op* is the innermost ``Level.OP`` span above the launch in the parent
-  chain (after ``nest_by_containment`` an op contains its launch calls);
-- its *layer* is the innermost ``Level.LAYER`` or ``Level.MODEL`` span above
-  the launch.
-
-An activity with no launch, op or layer is counted under "unattributed" for
-that table, so each table's GPU time plus its unattributed GPU time is the
-run's GPU time.
-
-Definitions (times in ns, FLOP as counted by the framework):
-
-- *GPU time* of a group: the sum of the durations of the GPU activities
-  accounted to it (overlapping kernels on several streams each count, as in
-  XSP; this is device busy time, not wall time). ``gpu_inclusive_ns`` of a
-  layer also counts the activities of the layers nested in it.
-- *CPU time* of a group: the sum of the durations of its spans (a layer's
-  forward, an op's call), over all calls.
-- *launches*: distinct launch calls accounted to the group (one
-  ``cudaGraphLaunch`` launching 40 kernels is one launch).
-- *FLOP/s*: the group's FLOP over its GPU time. A layer's FLOP is its own
-  ``ml.flops`` when set, else the sum of ``ml.flops`` of the ops inside it
-  that have no enclosing op with ``ml.flops`` (so ``aten::linear`` and the
-  ``aten::addmm`` under it are not counted twice). None where no FLOP is
-  known or the GPU time is 0.
+``attribute_gpu_activities`` accounts every GPU activity (a span with ``gpu.activity``:
+kernel, memcpy or memset, from Kineto or from cupti-python) to one launch call, one op and
+one layer; ``gpu_tables`` sums them per layer and per op (``GpuGroupStat``) and per kernel
+name (``KernelStat``). An activity with no launch, op or layer is counted as unattributed in
+that table, so each table's GPU time plus its unattributed GPU time is the run's. GPU time is
+device busy time (overlapping kernels on several streams each count, as in XSP), not wall
+time; times are in ns.
 """
 
 from __future__ import annotations
@@ -95,10 +71,12 @@ class GpuGroupStat:
         gpu_ns: summed duration of the GPU activities accounted to it (ns).
         gpu_inclusive_ns: layers: ``gpu_ns`` plus that of nested layers (ns);
             ops: equal to ``gpu_ns``.
-        launches: distinct launch calls accounted to it.
+        launches: distinct launch calls accounted to it (one ``cudaGraphLaunch`` launching
+            40 kernels is one launch).
         activities: GPU activities accounted to it.
         memcpy_ns, memset_ns: the part of ``gpu_ns`` spent in memcpys and memsets (ns).
-        flops: FLOP of its calls (0 when unknown).
+        flops: FLOP of its calls, as counted by the framework (0 when unknown; layers:
+            ``_flops_of_layers``).
         kernels: kernel name → [count, total ns], for kernels accounted to it.
     """
 
@@ -117,7 +95,7 @@ class GpuGroupStat:
 
     @property
     def flops_per_s(self) -> float | None:
-        """FLOP per second of GPU time, or None when unknown."""
+        """FLOP per second of GPU time, or None where no FLOP is known or the GPU time is 0."""
         if not self.flops or self.gpu_ns <= 0:
             return None
         return self.flops / (self.gpu_ns * 1e-9)
@@ -165,6 +143,12 @@ def is_gpu_activity(span: Span) -> bool:
 
 def attribute_gpu_activities(run: Run) -> dict[int, Attribution]:
     """Finds the launch, op and layer of every GPU activity of ``run``.
+
+    Its *launch* is the CUDA API call at the other end of its ``Flow(kind="launch")``, or
+    failing a flow, its parent when that is an API call (``cuda.api.name``); its *op* is the
+    innermost ``Level.OP`` span above the launch in the parent chain (after
+    ``nest_by_containment`` an op contains its launch calls); its *layer* the innermost
+    ``Level.LAYER`` or ``Level.MODEL`` span above the launch.
 
     Args:
         run: a correlated run (as loaded from a finished run directory).
@@ -216,7 +200,9 @@ def _activity_name(s: Span) -> str:
 
 
 def _flops_of_layers(run: Run, by_id: dict[int, Span]) -> dict[int, float]:
-    """FLOP per layer/model span id (see the module docstring)."""
+    """FLOP per layer/model span id: the span's own ``ml.flops`` when set, else the sum of
+    ``ml.flops`` of the ops inside it that have no enclosing op with ``ml.flops`` (so
+    ``aten::linear`` and the ``aten::addmm`` under it are not counted twice)."""
     out: dict[int, float] = {}
     for s in run.spans:
         if s.level in (Level.LAYER, Level.MODEL):

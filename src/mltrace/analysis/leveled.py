@@ -1,34 +1,11 @@
 """Leveled experimentation: overhead-free latency per span, from one run per level.
 
-Tracing a level inflates the levels above it (a layer hook runs inside the
-model span; a profiler's op callbacks run inside layer spans). Following XSP,
-the workload runs once per level with every level down to that one enabled;
-each span's latency is taken from the run in which its level is the deepest
-one enabled, where nothing below it is instrumented.
-
-Matching. Model invocations are keyed by the model's name and call site
-(``ml.call.file.path``/``ml.call.line.number``) and counted in call order; the
-first ``warmup`` invocations of each model in each run are dropped. Inside an
-invocation a span is keyed by its path from the model span: the chain of
-(name, k) pairs where k counts earlier siblings of the same name under the
-same parent (call order). A span of the reference (deepest) run that has no
-match in its level's run, a span of a level's run missing from the reference,
-and differing invocation counts are all reported as mismatches; an unmatched
-reference span keeps its own (inflated) latency and says so.
-
-Statistics: per span, the 20 % trimmed mean over invocations (20 % cut from
-each end), the median, the standard deviation and the range (all ns).
-
-The leveled trace is one invocation per model, shaped like the reference run,
-where every span lasts its estimate. Children on their parent's track are laid
-out in call order inside the parent, with the parent's remaining time spread
-over the gaps in proportion to the reference run's gaps; if the children's
-estimates add up to more than the parent's, they are scaled down to fit and
-the scale is recorded (``mltrace.leveled.fit_scale``) and reported. A span
-with spans of its own level nested in it (a container layer such as
-``nn.Sequential``) is drawn as long as its children: its measured latency
-carries their instrumentation, which no shallower run removes (its estimate
-stays in ``mltrace.leveled.estimate_ns``, marked ``sized_by_children``).
+Tracing a level inflates the levels above it (a layer hook runs inside the model span; a
+profiler's op callbacks run inside layer spans). Following XSP, the workload runs once per
+level with every level down to that one enabled, and each span's latency is taken from the
+run in which its level is the deepest one enabled. ``analyze`` matches the runs' spans and
+summarises them (``Stats``), ``build_leveled_run`` makes the leveled trace; docs/METHODS.md,
+"Leveled experimentation", describes the method.
 """
 
 from __future__ import annotations
@@ -534,6 +511,13 @@ def _collect(runs: Sequence[Run], warmup: int) -> tuple[_RunSamples, list[dict[M
 def analyze(plain: dict[ModelKey, list[list[int]]] | None, runs: dict[Level, list[Run]], warmup: int = 0) -> LeveledResult:
     """Matches the runs and computes every span's overhead-free estimate.
 
+    Model invocations are keyed by ``model_key`` and counted in call order, after dropping
+    the first ``warmup`` of each model in each run; inside one, a span is keyed by its path
+    from the model span (``invocations``). A span of the reference (deepest) run with no
+    match in its level's run, a span of a level's run missing from the reference, and
+    differing invocation counts are reported as mismatches; an unmatched reference span
+    keeps its own (inflated) latency and says so.
+
     Args:
         plain: uninstrumented timings, model key → durations (ns) per process
             (``load_plain_timings``); None when there was no plain run.
@@ -755,6 +739,13 @@ def build_leveled_run(result: LeveledResult, runs: dict[Level, list[Run]], path:
     ``stdev_ns``, ``samples``, ``source_level``, ``full_trace_ns`` (latency in
     the naive full trace), ``matched`` and, when children had to be scaled,
     ``fit_scale``. Also fills ``result.overflows``.
+
+    Children on their parent's track are laid out in call order inside it, the parent's
+    remaining time spread over the gaps in proportion to the reference run's gaps; children
+    whose estimates add up to more than the parent's are scaled down to fit. A span with
+    spans of its own level nested in it (a container layer such as ``nn.Sequential``) is
+    drawn as long as its children (``sized_by_children``): its measured latency carries
+    their instrumentation, which no shallower run removes.
 
     Args:
         result: from ``analyze``.
