@@ -1,34 +1,17 @@
-"""Reading and writing a run directory.
+"""Reading and writing a run directory, ``mltrace-runs/<name>-<YYYYmmdd-HHMMSS>/``.
 
-Layout of ``mltrace-runs/<name>-<YYYYmmdd-HHMMSS>/``:
+``run.json`` holds the metadata (written at start with ``"complete": false``, rewritten at
+the end); ``events.jsonl`` the canonical event stream, one JSON object of row batches a line
+(``tracks``, ``spans``, ``templates``, ``instants``, ``counters``, ``flows``), appended while
+the program runs and replaced atomically by the correlated events at the end (a torn last
+line is ignored on load); ``trace.pftrace`` the Perfetto trace; ``spans.bin`` the spans as
+columns (``run/table.py``), a cache. Rows are positional, to keep the file small and fast:
 
-``run.json``
-    Run metadata (command, host, versions, levels and why, summary). Written
-    at start with ``"complete": false`` and rewritten at the end.
-``events.jsonl``
-    The canonical event stream. Each line is one JSON object holding a batch
-    of rows (``tracks``, ``spans``, ``instants``, ``counters``, ``flows``).
-    Appended while the program runs (at most one flush interval old), then
-    replaced atomically by the correlated events when the run ends. A torn
-    last line (the process was killed mid-write) is ignored on load.
-``trace.pftrace``
-    The Perfetto trace, streamed the same way and rewritten at the end.
-``spans.bin``
-    The spans as columns (``run/table.py``), written at the end of the run and
-    by ``mltrace report`` when missing: a cache that makes large runs quick to
-    analyse. Ignored when it does not match events.jsonl.
-
-Row layouts (positional, to keep the file small and fast to load):
-
-- span: ``[id, parent_id|null, level, name, start_ns, end_ns, track_id, attrs]``, or the
-  same with a ninth element, a template id: the span's name is the template's
-  where ``name`` is null, and its attributes are the template's updated with
-  ``attrs``
-- template: ``[template_id, name, attrs]`` (key ``templates``), in the line of
-  the first span that uses it or an earlier one: what many spans share (the
-  PyTorch layer level streams each layer's path, facts and shapes once, not in
-  every call's row, and the end-of-run rewrite does the same for layer spans
-  that repeat)
+- span: ``[id, parent_id|null, level, name, start_ns, end_ns, track_id, attrs]``, or with a
+  ninth element, a template id: a null ``name`` is the template's, and ``attrs`` update the
+  template's attributes
+- template: ``[template_id, name, attrs]``, in the line of the first span that uses it or an
+  earlier one: what many spans share (a layer's path, facts and shapes, written once)
 - instant: ``[name, ts_ns, track_id, level, attrs]``
 - counter: ``[track_id, ts_ns, value]``
 - flow: ``[id, from_span, to_span, kind]``

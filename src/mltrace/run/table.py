@@ -1,32 +1,25 @@
 """A run's spans as columns: what analysis reads, in arrays instead of objects.
 
-A report over a million spans cannot afford a million Python objects, nor
-decoding a million attribute maps it mostly never looks at. ``SpanTable``
-holds the structural fields of every span as numpy arrays (id, parent,
-level, name, start, end, track) and the attributes as *attribute sets*: each
-span points at one, identical maps are stored once, and a set is decoded
-only when something asks for it.
+A report over a million spans cannot afford a million Python objects, nor decoding a million
+attribute maps it mostly never looks at. ``SpanTable`` holds the structural fields of every
+span as numpy arrays and the attributes as *attribute sets*: identical maps stored once, each
+decoded only when asked for.
 
-Stored next to events.jsonl as ``spans.bin`` (a cache: events.jsonl stays the
-canonical record). The file names the size and modification time of the
-events.jsonl it was built from; a table that no longer matches is ignored and
-rebuilt, and so is one whose CRC-32 does not match (a flipped byte would otherwise
-give wrong times silently). Layout of ``spans.bin``: the line ``MLTRACE-SPANS``, the
-length of a JSON header (8 bytes, little-endian), the header (format version, the
-events.jsonl stamp, dtype, offset and count of each array, and ``checksum``: the CRC-32 of
-the header's other fields as JSON and of every byte after the header's padding), then the
-arrays, little-endian, each at a 64-byte aligned offset (memory-mapped on read):
+``spans.bin``, a cache beside events.jsonl, is ignored and rebuilt when the events.jsonl size
+and mtime it names differ or its CRC-32 does not match (a flipped byte would otherwise give
+wrong times silently). Layout: the line ``MLTRACE-SPANS``, the header's length (8 bytes,
+little-endian), a JSON header (format version, the events.jsonl stamp, dtype, offset and
+count of each array, ``checksum``: the CRC-32 of the header's other fields as JSON and of
+every byte after the header's padding), then the arrays, little-endian, each at a 64-byte
+aligned offset (memory-mapped on read):
 
-- ``id``, ``parent_id`` (-1: none), ``start``, ``end``, ``track``: int64.
-- ``level``: int16; ``name``: int32 index into ``names``; ``attr``: int32
-  index into the attribute sets.
-- ``flops``: float64, the span's ``ml.flops`` (NaN when absent or not a
-  number); ``has_flops`` (bool): whether it is set at all.
-- ``names``: JSON list of strings (uint8).
-- ``attr_offsets`` (int64, n+1) and ``attr_blob`` (uint8): the attribute
-  sets, each one JSON object.
-- ``others``: one events.jsonl batch line (uint8) with the tracks, instants,
-  counters and flows.
+- ``id``, ``parent_id`` (-1: none), ``start``, ``end``, ``track``: int64; ``level``: int16;
+  ``name``: int32 index into ``names``; ``attr``: int32 index into the attribute sets;
+- ``flops``: float64, the span's ``ml.flops`` (NaN when absent or not a number);
+  ``has_flops`` (bool): whether it is set at all;
+- uint8: ``names`` (a JSON list of strings), ``attr_blob`` (the attribute sets, each one
+  JSON object, at ``attr_offsets``: int64, n+1), ``others`` (one events.jsonl batch line
+  with the tracks, instants, counters and flows).
 """
 
 from __future__ import annotations
