@@ -113,25 +113,63 @@ def private_cache_bytes() -> int:
     return best or 2 * 1024 * 1024
 
 
+def _minor_faults() -> int:
+    """The calling thread's minor page faults so far (-1 where unknown)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    except (ImportError, AttributeError, OSError):
+        return -1
+
+
 def _time_calls(
     fn: Callable[[], Any], warmup: int, n: int, min_time_s: float, evict: Callable[[], Any] | None = None
-) -> tuple[list[int], list[int]]:
-    """Wall-clock and calling-thread CPU durations (ns) of timed calls."""
+) -> tuple[list[int], list[int], list[int]]:
+    """Wall-clock and calling-thread CPU durations (ns) and minor page faults of timed calls
+    (faults empty where unknown)."""
     for _ in range(warmup):
         fn()
     wall: list[int] = []
     cpu: list[int] = []
+    faults: list[int] = []
     deadline = time.perf_counter() + min_time_s
     while len(wall) < n or (time.perf_counter() < deadline and len(wall) < 50 * n):
         if evict is not None:
             evict()  # outside the timed region
+        f0 = _minor_faults()
         c0 = time.thread_time_ns()
         t0 = time.perf_counter_ns()
         fn()
         t1 = time.perf_counter_ns()
         cpu.append(time.thread_time_ns() - c0)
         wall.append(t1 - t0)
-    return wall, cpu
+        if f0 >= 0:
+            faults.append(_minor_faults() - f0)
+    return wall, cpu, faults
+
+
+def fault_cost_ns(megabytes: int = 64, rounds: int = 5) -> float | None:
+    """CPU time a minor page fault costs the faulting thread (ns): the median over ``rounds`` of
+    (filling fresh memory − filling it again) / the faults the first fill took; None where
+    faults cannot be counted."""
+    import torch
+
+    costs = []
+    for _ in range(rounds):
+        f0 = _minor_faults()
+        c0 = time.thread_time_ns()
+        block = torch.empty(megabytes << 20, dtype=torch.uint8)  # beyond malloc's mmap threshold: fresh pages
+        block.fill_(1)
+        c1 = time.thread_time_ns()
+        f1 = _minor_faults()
+        block.fill_(2)
+        c2 = time.thread_time_ns()
+        del block
+        if f0 < 0 or f1 - f0 <= 0:
+            return None
+        costs.append(max(0.0, ((c1 - c0) - (c2 - c1)) / (f1 - f0)))
+    return float(statistics.median(costs))
 
 
 #: Default working set (bytes) that cold benchmarking spreads a brick's calls over.
@@ -207,7 +245,7 @@ def benchmark_bricks(
                     c()
 
             with torch.inference_mode():
-                samples, cpu = _time_calls(run_next, max(warmup, len(copies)), n, min_time_s, evict)
+                samples, cpu, faults = _time_calls(run_next, max(warmup, len(copies)), n, min_time_s, evict)
             out.append(
                 BrickTiming(
                     float(statistics.median(samples)),
@@ -217,6 +255,7 @@ def benchmark_bricks(
                     cpu_median_ns=float(statistics.median(cpu)),
                     mean_ns=float(statistics.fmean(samples)),
                     cpu_mean_ns=float(statistics.fmean(cpu)),
+                    minor_faults=float(statistics.median(faults)) if faults else None,
                 )
             )
         except UnsupportedBrick as exc:
@@ -421,8 +460,10 @@ def run_bricks(
             timings = benchmark_bricks(bset.bricks, progress=progress, **kw)
             seq_timings = benchmark_bricks(bset.sequences, progress=progress, **kw) if granularity > 1 else []
             wall = time.perf_counter() - t0
+            per_fault = fault_cost_ns()
     finally:
         torch.set_num_threads(before)
-    extra = {"cache": cache, "threads": used}
+    extra = {"cache": cache, "threads": used, "fault_cost_ns": per_fault}
     kw = {"warmup": warmup, "n": n, "runtime": runtime, "bench_wall_s": wall, "extra": extra, "machine": watch.state}
+    kw["fault_cost_ns"] = per_fault
     return assemble(bset, timings, seq_timings, statistic=statistic, threads=basis_threads(bset, used), basis=basis, **kw)

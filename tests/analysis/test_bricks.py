@@ -487,7 +487,7 @@ def _cpu_run(tmp_path: Path, cpu: bool = True) -> Run:
     relu = {"ml.layer.type": "ReLU", "ml.input.shapes": [[1, 4]], "ml.input.dtypes": ["float32"], "ml.layer.params": 0}
     spans, start = [], 0
     for i, wall in enumerate((100, 200, 400)):
-        attrs: dict[str, Any] = {"ml.thread.cpu_ns": 100} if cpu else {}
+        attrs: dict[str, Any] = {"ml.thread.cpu_ns": 100, "ml.thread.minor_faults": 10 + i} if cpu else {}
         spans.append(Span(2 * i + 1, None, Level.MODEL, "Net", start, start + wall, 1, attrs))
         spans.append(Span(2 * i + 2, 2 * i + 1, Level.LAYER, "relu", start + wall // 10, start + wall // 10 + wall * 4 // 5, 1, dict(relu)))
         start += 1000
@@ -506,9 +506,33 @@ def test_a_cpu_construction_scales_the_glue_by_each_calls_cpu_share(tmp_path: Pa
     assert (c.from_trace, c.bricks_ns, c.constructed_ns) == (1, 80.0, 100.0)
     assert construct(m, {relu: 70.0}).constructed_ns == 110.0  # the wall basis: the wall-clock glue
     (old,) = extract([_cpu_run(tmp_path, cpu=False)], warmup=0).models
-    assert old.measured_cpu_ns is None and old.cpu_share is None
+    assert old.measured_cpu_ns is None and old.cpu_share is None and old.minor_faults is None
     with pytest.raises(ValueError, match="carry no thread CPU time"):
         construct(old, {relu: 70.0}, basis="cpu")
+
+
+def test_page_faults_beyond_the_bricks_add_their_cost(tmp_path: Path) -> None:
+    """The model took 11 faults a call (median of 10, 11, 12), its brick 3: 8 more, at 2 ns each."""
+    (m,) = extract([_cpu_run(tmp_path)], warmup=0).models
+    relu = m.layers[0].brick
+    assert m.minor_faults == 11.0
+    c = construct(m, {relu: 70.0}, basis="cpu", faults={relu: 3.0}, fault_cost_ns=2.0)
+    assert (c.extra_faults, c.faults_ns, c.bricks_ns, c.glue_ns, c.constructed_ns) == (8.0, 16.0, 70.0, 20.0, 106.0)
+    # Unknown: no cost of a fault, a brick whose faults were not counted, a layer from the trace.
+    for kw in ({"faults": {relu: 3.0}}, {"faults": {}, "fault_cost_ns": 2.0}):
+        c = construct(m, {relu: 70.0}, basis="cpu", **kw)  # type: ignore[arg-type]
+        assert (c.extra_faults, c.faults_ns, c.constructed_ns) == (None, 0.0, 90.0)
+    assert construct(m, {}, basis="cpu", faults={relu: 3.0}, fault_cost_ns=2.0).faults_ns == 0.0
+
+
+def test_a_fault_costs_cpu_time_and_bricks_count_theirs() -> None:
+    from mltrace.brickbench import fault_cost_ns
+
+    cost = fault_cost_ns(rounds=3)  # 64 MiB: beyond the most glibc raises its mmap threshold to
+    assert cost is not None and cost > 0  # a positive CPU time: not a timing bound
+    brick = Brick("Linear", ((2, 16),), ("float32",), 16 * 16 + 16, (("bias", True), ("in_features", 16), ("out_features", 16)), "inferred")
+    (t,) = benchmark_bricks([brick], warmup=1, n=3)
+    assert t.minor_faults is not None and t.minor_faults >= 0
 
 
 def test_model_spans_carry_the_calling_threads_cpu_time(residual_runs: list[Run]) -> None:
@@ -518,12 +542,14 @@ def test_model_spans_carry_the_calling_threads_cpu_time(residual_runs: list[Run]
         models = [s for s in run.spans if s.level == Level.MODEL]
         assert len(models) == 4
         for s in models:
-            cpu = s.attrs["ml.thread.cpu_ns"]
+            cpu, faults = s.attrs["ml.thread.cpu_ns"], s.attrs["ml.thread.minor_faults"]
             assert isinstance(cpu, int) and 0 < cpu <= s.duration_ns + 100_000  # read inside the span's clock reads
+            assert isinstance(faults, int) and faults >= 0
             assert not any(k.startswith("_") for k in s.attrs)
         assert all("ml.thread.cpu_ns" not in s.attrs for s in run.spans if s.level == Level.LAYER)  # model spans only
     (m,) = extract(residual_runs[:1]).models
     assert m.measured_cpu_ns is not None and m.cpu_share is not None and 0 < m.cpu_share <= 1.01
+    assert m.minor_faults is not None
 
 
 def test_run_directories_with_one_name_are_told_apart_by_their_parents(rep_run: Any, tmp_path: Path) -> None:

@@ -438,7 +438,7 @@ def _span_table(run: Run) -> list[tuple[object, ...]]:
     rows = []
     for s in run.spans:
         parent = by_id.get(s.parent_id) if s.parent_id is not None else None
-        keep = {k: v for k, v in s.attrs.items() if k not in ("ml.model.invocation", "ml.thread.cpu_ns")}  # cpu: a measurement
+        keep = {k: v for k, v in s.attrs.items() if k not in ("ml.model.invocation", "ml.thread.cpu_ns", "ml.thread.minor_faults")}
         rows.append((s.level.label, s.name, parent.name if parent else None, repr(sorted(keep.items()))))
     return sorted(rows)
 

@@ -137,6 +137,8 @@ class ModelBricks:
         cpu_share: median over the calls of thread CPU time / wall time: below 1 where the
             calling thread was preempted or waited (or, with several intra-op threads,
             where it waited for the others).
+        minor_faults: median minor page faults of the calling thread per call (span attribute
+            ``ml.thread.minor_faults``); None when a call lacks it.
     """
 
     model: str
@@ -156,6 +158,7 @@ class ModelBricks:
     glue_cpu_ns: float | None = None
     glue_cpu_mean_ns: float | None = None
     cpu_share: float | None = None
+    minor_faults: float | None = None
 
 
 @dataclass
@@ -445,6 +448,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
             measured = [c.root.duration_ns for c in calls[skip:]]
             glue = [max(0, c.root.duration_ns - _union_ns([(x.start_ns, x.end_ns) for x in _leaf_layers(c.spans)])) for c in calls[skip:]]
             cpu = [c.root.attrs.get("ml.thread.cpu_ns") for c in calls[skip:]]
+            faults = [c.root.attrs.get("ml.thread.minor_faults") for c in calls[skip:]]
             models.append(
                 ModelBricks(
                     model=model_label(key),
@@ -460,6 +464,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     measured_mean_ns=statistics.fmean(measured),
                     glue_mean_ns=statistics.fmean(glue),
                     **_cpu_figures(measured, glue, cpu),
+                    minor_faults=_median_count(faults),
                 )
             )
     return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
@@ -479,6 +484,12 @@ def _cpu_figures(wall: list[int], glue: list[int], cpu: list[Any]) -> dict[str, 
         "glue_cpu_mean_ns": statistics.fmean(glue_cpu),
         "cpu_share": float(statistics.median(shares)),
     }
+
+
+def _median_count(values: list[Any]) -> float | None:
+    """The median of recorded counts; None when one is missing."""
+    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    return float(statistics.median(counts)) if counts and len(counts) == len(values) else None
 
 
 def _named_apart(models: list[ModelBricks]) -> list[ModelBricks]:
@@ -556,6 +567,9 @@ class Construction:
         from_trace_ns: the time those contributed (ns).
         glue_ns: the model's time in no leaf layer, from the trace (ns; in ``constructed_ns``).
         basis: "wall" (wall-clock latency) or "cpu" (the calling thread's CPU time).
+        faults_ns: the cost of the page faults the model took beyond its bricks' (ns; in
+            ``constructed_ns``; 0 when not known).
+        extra_faults: those faults per call (None: not known).
     """
 
     model: str
@@ -566,11 +580,13 @@ class Construction:
     from_trace_ns: float = 0.0
     glue_ns: float = 0.0
     basis: str = "wall"
+    faults_ns: float = 0.0
+    extra_faults: float | None = None
 
     @property
     def bricks_ns(self) -> float:
         """The bricks' part of the constructed latency (ns)."""
-        return self.constructed_ns - self.glue_ns
+        return self.constructed_ns - self.glue_ns - self.faults_ns
 
     @property
     def ratio(self) -> float:
@@ -591,8 +607,11 @@ def construct(
     sequence_ns: dict[tuple[Brick, ...], float] | None = None,
     statistic: str = "median",
     basis: str = "wall",
+    faults: dict[Any, float] | None = None,
+    fault_cost_ns: float | None = None,
 ) -> Construction:
-    """Constructs a model's latency from brick medians, plus the model's glue (``glue_ns``).
+    """Constructs a model's latency from brick medians, plus the model's glue (``glue_ns``)
+    and its page faults beyond its bricks' (``faults_ns``).
 
     Args:
         model: the model's decomposition.
@@ -608,6 +627,12 @@ def construct(
         basis: "wall", or "cpu": ``brick_ns`` and ``sequence_ns`` are the bricks' thread CPU
             times, compared with the model calls' thread CPU time and glue on that basis; a
             layer from the trace counts its traced latency times the calls' CPU / wall share.
+        faults: minor page faults per call of each benchmarked brick (and sequence), and
+        fault_cost_ns: the CPU time one costs (ns): with both, and the model's faults per
+            call known (``ModelBricks.minor_faults``), the faults the model took beyond its
+            bricks' (memory the allocator gave back to the OS between its layers and took
+            again; bricks called alone reuse theirs) add their cost. Not for parallel
+            branches (other threads' faults are not counted) or layers from the trace.
 
     Raises:
         ValueError: basis "cpu" for a model whose calls carry no thread CPU time.
@@ -634,7 +659,15 @@ def construct(
         method = "sum"
     fallback_ns = sum(lc.traced_ns * share for lc in fallback)
     measured, glue = _measured_and_glue(model, statistic, basis)
-    return Construction(model.model, measured, total + glue, method, len(fallback), fallback_ns, glue, basis)
+    extra_faults = None
+    if faults is not None and fault_cost_ns is not None and model.minor_faults is not None and not model.parallel and not fallback:
+        units: list[Any] = list(model.sequences) if method.startswith("sequence") else [lc.brick for lc in model.layers]
+        if all(u in faults for u in units):
+            extra_faults = model.minor_faults - sum(faults[u] for u in units)
+    faults_ns = 0.0 if extra_faults is None or fault_cost_ns is None else extra_faults * fault_cost_ns
+    return Construction(
+        model.model, measured, total + glue + faults_ns, method, len(fallback), fallback_ns, glue, basis, faults_ns, extra_faults
+    )
 
 
 def _measured_and_glue(model: ModelBricks, statistic: str, basis: str) -> tuple[float, float]:
@@ -665,6 +698,7 @@ class BrickTiming:
             short calls, stretched by preemption in proportion to the call's length, as a
             whole model call is.
         cpu_mean_ns: mean CPU time of the calling thread (ns).
+        minor_faults: median minor page faults per timed call (None: not counted).
     """
 
     median_ns: float | None
@@ -675,6 +709,7 @@ class BrickTiming:
     cpu_median_ns: float | None = None
     mean_ns: float | None = None
     cpu_mean_ns: float | None = None
+    minor_faults: float | None = None
 
     def figure(self, statistic: str, basis: str) -> float | None:
         """The timing a construction uses: median or mean, wall clock or thread CPU time (ns)."""
@@ -931,6 +966,9 @@ class BricksReport:
                     "constructed_ns": round(c.constructed_ns),
                     "bricks_ns": round(c.bricks_ns),
                     "glue_ns": round(c.glue_ns),
+                    "faults_ns": round(c.faults_ns),
+                    "extra_minor_faults": c.extra_faults,
+                    "minor_faults": m.minor_faults,
                     "ratio": round(c.ratio, 4) if not math.isnan(c.ratio) else None,
                     "method": c.method,
                     "layers_from_trace": c.from_trace,
@@ -949,6 +987,7 @@ class BricksReport:
                     "median_ns": round(t.median_ns) if t.median_ns is not None else None,
                     "mean_ns": round(t.mean_ns) if t.mean_ns is not None else None,
                     "cpu_median_ns": round(t.cpu_median_ns) if t.cpu_median_ns is not None else None,
+                    "minor_faults": t.minor_faults,
                     "samples": t.samples,
                     "error": t.error or None,
                 }
@@ -995,11 +1034,14 @@ def assemble(
     statistic: str = "median",
     threads: int | None = None,
     basis: str = "auto",
+    fault_cost_ns: float | None = None,
 ) -> BricksReport:
     """The report of benchmarked bricks: every model constructed from their medians or means
     (sequences' where H > 1 and all of a model's were benchmarked), on the basis
     ``choose_basis`` picks for ``threads`` (the intra-op threads of models and bricks),
     ``machine`` and ``basis`` ("auto", "wall" or "cpu"); on the other one too where it can be had.
+    With ``fault_cost_ns`` (the CPU time of a minor page fault), the page faults each model
+    took beyond its bricks' add their cost (``construct``).
 
     Raises:
         ValueError: an unknown statistic or basis, or "cpu" where it is not available.
@@ -1014,7 +1056,11 @@ def assemble(
             return {item: v for item, v in values if v is not None}
 
         brick_ns, seq_ns = figures(bset.bricks, timings), figures(bset.sequences, sequence_timings)
-        return [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None, statistic, basis) for m in bset.models]
+        kw: dict[str, Any] = {"faults": faults, "fault_cost_ns": fault_cost_ns}
+        return [construct(m, brick_ns, seq_ns if bset.granularity > 1 else None, statistic, basis, **kw) for m in bset.models]
+
+    pairs = [*zip(bset.bricks, timings), *zip(bset.sequences, sequence_timings)]
+    faults: dict[Any, float] = {item: t.minor_faults for item, t in pairs if t.minor_faults is not None}
 
     constructions = on(choice.basis)
     other = None

@@ -83,16 +83,25 @@ def print_report(report: BricksReport, file: IO[str] | None = None) -> None:
     other = report.other
     other_head = f" {other[0].basis + ' ratio':>10}" if other else ""
     width = min(MAX_LABEL, max([40, *(len(c.model) for c in report.constructions)]))
-    out.write(f"{'model':<{width}} {'measured':>11} {'bricks':>11} {'glue':>10} {'constructed':>12} {'ratio':>7}{other_head}  method\n")
+    columns = f"{'measured':>11} {'bricks':>11} {'glue':>10} {'faults':>10} {'constructed':>12} {'ratio':>7}"
+    out.write(f"{'model':<{width}} {columns}{other_head}  method\n")
     for i, c in enumerate(report.constructions):
         ratio = "-" if math.isnan(c.ratio) else f"{c.ratio:.3f}" + ("" if choice.trusted else "?")
         other_ratio = f" {_ratio(other[i].ratio):>10}" if other else ""
         note = f" ({c.from_trace} layer(s) from the trace)" if c.from_trace else ""
         out.write(
-            f"{fit_label(c.model, width):<{width}} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms {c.glue_ns / 1e6:>7.3f} ms "
+            f"{fit_label(c.model, width):<{width}} {c.measured_ns / 1e6:>8.3f} ms {c.bricks_ns / 1e6:>8.3f} ms "
+            f"{c.glue_ns / 1e6:>7.3f} ms {c.faults_ns / 1e6:>7.3f} ms "
             f"{c.constructed_ns / 1e6:>9.3f} ms {ratio:>7}{other_ratio}  {c.method}{note}\n"
         )
     out.write("glue: a model's time in no leaf layer (code between layers), from the trace\n")
+    cost = report.extra.get("fault_cost_ns")
+    if cost is not None:
+        per_call = ", ".join(f"{c.extra_faults:.0f}" for c in report.constructions if c.extra_faults is not None)
+        out.write(
+            f"faults: minor page faults a model call took beyond its bricks' ({per_call or 'not recorded'}), "
+            f"at {cost / 1e3:.2f} µs each (measured here)\n"
+        )
     if report.machine is not None:
         out.write(f"machine: {report.machine.summary()}\n")
     if choice.why:

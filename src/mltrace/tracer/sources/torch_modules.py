@@ -49,6 +49,20 @@ from mltrace.tracer.sources.torch_layer_config import layer_config
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
 
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD
+except (ImportError, AttributeError):  # not on every platform
+    _RUSAGE_THREAD = None
+
+
+def thread_usage() -> tuple[int, int]:
+    """The calling thread's CPU time (ns) and minor page faults so far (-1 where unknown):
+    two system calls, read at the start and end of each model call."""
+    faults = resource.getrusage(_RUSAGE_THREAD).ru_minflt if _RUSAGE_THREAD is not None else -1
+    return time.thread_time_ns(), faults
+
 
 def calls_impl_directly(module_cls: Any, original: Any) -> bool:
     """Whether a wrapper may call ``module._call_impl`` itself instead of ``original``.
@@ -352,7 +366,7 @@ class TorchModuleSource(Source):
         next_id = self._session.recorder._ids.__next__
         append_frame = self._frames.append
         clock = now_ns
-        thread_time = time.thread_time_ns
+        usage = thread_usage
         site_of = self._site_of
         _getframe = sys._getframe
         compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
@@ -372,7 +386,7 @@ class TorchModuleSource(Source):
                     output = original(module, *args, **kwargs)
                     return output
                 finally:
-                    span.attrs["_cpu1"] = thread_time()
+                    span.attrs["_cpu1"] = usage()
                     while stack and stack.pop() is not frame:
                         pass
                     if output is not None:
@@ -826,12 +840,15 @@ class TorchModuleSource(Source):
 
     def _finish(self, span: Span) -> None:
         """Completes a model span's attributes when the recorder drains it (flusher thread): shapes,
-        and the calling thread's CPU time over the call (``ml.thread.cpu_ns``)."""
+        and the calling thread's CPU time and minor page faults over the call (``ml.thread.cpu_ns``,
+        ``ml.thread.minor_faults``)."""
         attrs = span.attrs
         self._add_shapes(attrs, attrs.pop("_in", None), attrs.pop("_out", None))
-        cpu0, cpu1 = attrs.pop("_cpu0", None), attrs.pop("_cpu1", None)
-        if cpu0 is not None and cpu1 is not None:  # none for a call the end of the run truncated
-            attrs["ml.thread.cpu_ns"] = cpu1 - cpu0
+        u0, u1 = attrs.pop("_cpu0", None), attrs.pop("_cpu1", None)
+        if u0 is not None and u1 is not None:  # none for a call the end of the run truncated
+            attrs["ml.thread.cpu_ns"] = u1[0] - u0[0]
+            if u0[1] >= 0:
+                attrs["ml.thread.minor_faults"] = u1[1] - u0[1]
 
     def _add_shapes(self, attrs: dict[str, Any], raw_in: Any, raw_out: Any) -> None:
         """Input and output shapes and dtypes from what the hot path kept (torch objects).
@@ -994,7 +1011,7 @@ class TorchModuleSource(Source):
         self._note_opaque(module)
         span = self._begin(name, Level.MODEL, attrs)
         span._fin = self._finish
-        span.attrs["_cpu0"] = time.thread_time_ns()  # ml.thread.cpu_ns, with "_cpu1" at the end (_finish)
+        span.attrs["_cpu0"] = thread_usage()  # ml.thread.cpu_ns and .minor_faults, with "_cpu1" at the end (_finish)
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
         stack.append(frame)
         return frame
@@ -1103,7 +1120,7 @@ class TorchModuleSource(Source):
                 return
         if frame[PARENT] is None:  # the model frame
             span: Span = frame[SPAN]
-            span.attrs["_cpu1"] = time.thread_time_ns()
+            span.attrs["_cpu1"] = thread_usage()
             if output is not None:
                 span.attrs["_out"] = self._raw_shapes(output)
             self._end(span)
