@@ -721,6 +721,12 @@ class BrickTiming:
 #: Others' CPU use (cores, on average) while bricks ran above which the machine is not idle.
 BUSY_CORES = 0.25
 
+#: Others' CPU use (cores) while bricks ran above which even thread CPU times are not
+#: comparable: others' use of the shared caches and memory bandwidth stretches them too
+#: (single runs on the 2-core VM, docs/METHODS.md: 0.86–1.39 with others at 0.85–1.0 cores,
+#: 0.91–1.02 at 0.01 or less).
+CPU_BUSY_CORES = 0.5
+
 
 @dataclass(frozen=True)
 class MachineState:
@@ -783,8 +789,9 @@ class Busy:
 
     Attributes:
         bricks: others used cores while the bricks ran (not idle).
-        bricks_over: others used more cores than the bricks left free: the bricks' thread
-            shared its core, so even its CPU time stretches (caches refilled after each preemption).
+        bricks_over: others used more than ``CPU_BUSY_CORES`` cores: even the bricks'
+            thread CPU time stretches (shared caches and memory bandwidth, caches refilled
+            after a preemption).
         trace: single-threaded model calls ran on a CPU for less than ``MIN_CPU_SHARE`` of
             their wall time while traced: preempted, so their wall time is not their work and
             their CPU time is stretched too.
@@ -812,7 +819,7 @@ def busy_machine(models: Sequence[ModelBricks], threads: int | None, machine: Ma
             f"load average {machine.loadavg[1]:.1f} on {machine.cores} CPUs (other processes kept "
             f"{machine.others_cores:.1f} cores busy while the bricks ran)"
         )
-        if machine.others_cores + machine.threads > machine.cores + BUSY_CORES:
+        if machine.others_cores > CPU_BUSY_CORES:
             bricks_over = bricks
     if threads == 1:
         shares = [(m.cpu_share, m.model) for m in models if m.cpu_share is not None and m.cpu_share < MIN_CPU_SHARE]
@@ -828,8 +835,8 @@ def choose_basis(models: Sequence[ModelBricks], threads: int | None, machine: Ma
     With one intra-op thread (model and bricks) and thread CPU time on every model call,
     the calling thread's CPU time is the work the latency is made of, not stretched by
     preemption: "auto" compares CPU time with CPU time. It is trusted unless the machine was
-    oversubscribed (``Busy.cpu``): then the thread shared its core, and its CPU time
-    stretches too. With several intra-op threads the calling thread's CPU time misses the
+    too busy for that too (``Busy.cpu``): others used more than ``CPU_BUSY_CORES`` cores, or
+    the traced calls were preempted. With several intra-op threads the calling thread's CPU time misses the
     others' work and is not the latency: "auto" compares wall clocks, which are trusted
     only on an idle machine (``Busy.wall``).
 
@@ -860,7 +867,7 @@ def choose_basis(models: Sequence[ModelBricks], threads: int | None, machine: Ma
     if requested == "cpu" or (requested == "auto" and not no_cpu):
         if busy.cpu():
             why = (
-                f"{busy.cpu()}: the machine was oversubscribed, so thread CPU time stretches too; "
+                f"{busy.cpu()}: too busy for thread CPU time too (shared caches and memory bandwidth); "
                 "neither basis is comparable: rerun on an idle machine"
             )
             return BasisChoice("cpu", False, why, True)
