@@ -4,12 +4,16 @@ cycles and whole.
 Runs a 2-layer LSTM word model (10,000 tokens, 200 units, as pytorch/examples'
 word_language_model) sampling ``--steps`` words one at a time in a child process:
 plain; under ``mltrace python`` (every level, the op level streamed in cycles of 2 s,
-``MLTRACE_OP_CYCLE_S=2``); and with ``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until
-the end, the default). For each
-it prints the child's wall time, the loop's own time, the child's peak resident
-memory (from ``wait4``) and, traced, the spans and the time from the loop's end to
+``MLTRACE_OP_CYCLE_S=2``), each cycle converted by the converter process
+(``MLTRACE_OP_CONVERTER=1``) or on a thread of the traced process (``=0``); and with
+``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until the end). For each
+it prints the child's wall time, the loop's own time and CPU time (of the traced process: on
+a loaded machine the CPU times compare better than the wall times), the CPU time of the
+child and its children (``wait4``: the converter process's too), the child's peak resident
+memory and, traced, the spans and the time from the loop's end to
 the child's exit. With ``--finish``, it then runs the end of a run (``finalize_run``)
-again on a copy of the cycles' run directory and prints each of its phases' time.
+again on a copy of the cycles' run directory (converter process) and prints each of its
+phases' time. Traced, it also prints the converter process's peak resident memory.
 
     python benchmarks/long_run.py                 # 1000 steps
     python benchmarks/long_run.py --steps 3000
@@ -53,29 +57,39 @@ CHILD = textwrap.dedent(
     model = WordModel().eval()
     h = (torch.zeros(2, 1, 200), torch.zeros(2, 1, 200))
     x = torch.randint(10000, (1, 1))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         for _ in range({steps}):
             out, h = model(x, h)
             x.fill_(torch.multinomial(out.squeeze().exp(), 1)[0])
-    print("RESULT", time.perf_counter() - t0, time.time(), flush=True)
+    print("RESULT", time.perf_counter() - t0, time.time(), time.process_time() - c0, flush=True)
     """
 )
 
 
 def run_child(args: list[str], env: dict[str, str]) -> dict[str, float]:
-    """Runs one child; returns its wall (s), loop (s), time after the loop (s) and peak RSS (MB)."""
+    """Runs one child; returns its wall (s), loop (s), the CPU time of its process in the loop
+    (s: every thread of it, not the converter process), the time after the loop (s), the CPU
+    time of it and the children it waited for (s: the converter process's included) and its
+    peak RSS (MB)."""
     t0 = time.time()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
-    loop = loop_end = 0.0
+    loop = loop_end = loop_cpu = 0.0
     for line in proc.stdout:
         if line.startswith(b"RESULT"):
-            _, a, b = line.split()
-            loop, loop_end = float(a), float(b)
+            _, a, b, c = line.split()
+            loop, loop_end, loop_cpu = float(a), float(b), float(c)
     _, _, usage = os.wait4(proc.pid, 0)
     end = time.time()
-    return {"wall_s": end - t0, "loop_s": loop, "after_loop_s": end - loop_end, "peak_rss_mb": usage.ru_maxrss / 1024}
+    return {
+        "wall_s": end - t0,
+        "loop_s": loop,
+        "loop_cpu_s": loop_cpu,
+        "after_loop_s": end - loop_end,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+    }
 
 
 def finish_phases(run_dir: Path) -> list[tuple[str, float]]:
@@ -104,7 +118,8 @@ def main() -> None:
         plain = run_child([sys.executable, str(script)], base)
         print(f"plain: {json.dumps({k: round(v, 2) for k, v in plain.items()})}")
         conditions = (
-            ("traced, op level in cycles", {"MLTRACE_OP_CYCLE_S": "2"}),
+            ("traced, op level in cycles, converter process", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_OP_CONVERTER": "1"}),
+            ("traced, op level in cycles, converter thread", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_OP_CONVERTER": "0"}),
             ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
         )
         for label, extra in conditions:
@@ -114,8 +129,11 @@ def main() -> None:
             meta = json.loads((out / "run.json").read_text())
             row["spans"] = meta["summary"]["spans"]
             row["cycles"] = meta.get("torch_profiler", {}).get("cycles", 0)
+            converter = meta.get("torch_profiler", {}).get("converter_process")
+            if converter:
+                row["converter_peak_rss_mb"] = converter["peak_rss_kb"] / 1024
             print(f"{label}: {json.dumps({k: round(v, 2) for k, v in row.items()})}")
-            if args.finish and not extra:
+            if args.finish and extra.get("MLTRACE_OP_CONVERTER") == "1":
                 phases = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in finish_phases(out))
                 print(f"  the finish again on it: {phases}")
 

@@ -6,7 +6,10 @@ Records ``--steps`` sampling steps of the 2-layer LSTM word model of ``long_run.
 the CPU profiler as the op level runs it (``_CpuProfile``: every thread, shapes recorded),
 ``--rounds`` times. While the profiler stops, a second Python thread counts in a loop; its
 count during the stop, against its count in as long a time right after, says how much of the
-stop held the GIL (a stop that released it would leave the count's rate unchanged).
+stop held the GIL (a stop that released it would leave the count's rate unchanged). The same
+trace then goes through the op level's converter process (``formats/kineto_serve.py``): its
+wall time, and the CPU time of the thread that waits for it (what that thread holds the GIL
+for), per op.
 
     python benchmarks/op_cycle_cost.py                 # 3 rounds of 160 steps
     python benchmarks/op_cycle_cost.py --steps 400 --rounds 5
@@ -18,10 +21,12 @@ import argparse
 import itertools
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -32,8 +37,9 @@ from torch.profiler import ProfilerActivity  # noqa: E402
 
 from mltrace.formats.kineto import kineto_to_events, load_kineto_json  # noqa: E402
 from mltrace.run.gcpause import gc_paused  # noqa: E402
+from mltrace.tracer.clock import ClockAnchor  # noqa: E402
 from mltrace.tracer.memwatch import release_free_memory  # noqa: E402
-from mltrace.tracer.sources.torch_ops import _all_threads_config, _CpuProfile, _release  # noqa: E402
+from mltrace.tracer.sources.torch_ops import _all_threads_config, _ConverterProcess, _CpuProfile, _release  # noqa: E402
 from mltrace.tracer.tracks import TrackRegistry  # noqa: E402
 
 
@@ -77,7 +83,7 @@ class Counter:
         self._thread.join()
 
 
-def one_round(step: Any, steps: int, path: Path, ids: Any) -> dict[str, float]:
+def one_round(step: Any, steps: int, path: Path, ids: Any, converter: _ConverterProcess) -> dict[str, float]:
     """Records ``steps`` steps, then stops, exports, loads and converts; times per op (µs),
     the counter's share during the stop, and RSS (MB) after each step."""
     kwargs = {"activities": [ProfilerActivity.CPU], "record_shapes": True, "experimental_config": _all_threads_config()}
@@ -103,6 +109,7 @@ def one_round(step: Any, steps: int, path: Path, ids: Any) -> dict[str, float]:
         _release(prof)  # Kineto's result freed, as the converter does before the load
         del prof
         t2f = time.perf_counter()
+        shutil.copyfile(path, path.with_name("cycle-for-process.json"))
         trace = load_kineto_json(path)
         t3 = time.perf_counter()
         row["rss_loaded"] = rss_mb()
@@ -113,6 +120,13 @@ def one_round(step: Any, steps: int, path: Path, ids: Any) -> dict[str, float]:
     del trace, result
     release_free_memory()
     row["rss_trimmed"] = rss_mb()
+    # The same trace through the converter process: the calling thread's wall and CPU time (its
+    # CPU time is what it holds the GIL for: answering the process's questions for ids and tracks).
+    w0, c0t = time.perf_counter(), time.thread_time()
+    written, _ = converter.convert(path.with_name("cycle-for-process.json"), path.with_name("events.jsonl"))
+    w1, c1t = time.perf_counter(), time.thread_time()
+    assert written == n, (written, n)
+    row.update(process_wall_us=1e6 * (w1 - w0) / n, process_cpu_us=1e6 * (c1t - c0t) / n, process_peak_mb=converter.peak_rss_kb / 1024)
     row.update(
         ops=n,
         stop_us=1e6 * (t1 - t0) / n,
@@ -146,16 +160,24 @@ def main() -> None:
     ids = itertools.count(1)
     print(f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "events.jsonl").touch()
+        view = SimpleNamespace(anchor=ClockAnchor.take(), tracks=TrackRegistry(), new_id=lambda: next(ids), run_dir=Path(tmp))
+        t0 = time.perf_counter()
+        converter = _ConverterProcess(view)  # type: ignore[arg-type]
+        print(f"converter process started in {1e3 * (time.perf_counter() - t0):.0f} ms (Popen only)")
         for _ in range(args.rounds):
-            row = one_round(step, args.steps, Path(tmp) / "cycle.json", ids)
+            row = one_round(step, args.steps, Path(tmp) / "cycle.json", ids, converter)
             print(
                 f"{int(row['ops'])} ops: stop {row['stop_us']:.1f} µs/op (the counting thread ran at "
                 f"{100 * row['counter_during_stop']:.0f} % of its rate meanwhile), export {row['export_us']:.1f}, "
                 f"free {row['free_us']:.1f}, load {row['load_us']:.1f}, convert {row['convert_us']:.1f} µs/op; "
                 f"RSS MB: start {row['rss_start']:.0f}, "
                 f"recorded {row['rss_recorded']:.0f}, stopped {row['rss_stopped']:.0f}, loaded {row['rss_loaded']:.0f}, "
-                f"converted {row['rss_converted']:.0f}, trimmed {row['rss_trimmed']:.0f}"
+                f"converted {row['rss_converted']:.0f}, trimmed {row['rss_trimmed']:.0f}; "
+                f"the converter process: {row['process_wall_us']:.1f} µs/op of wall, {row['process_cpu_us']:.2f} µs/op of "
+                f"this thread's CPU, its peak RSS {row['process_peak_mb']:.0f} MB"
             )
+        converter.close()
 
 
 if __name__ == "__main__":

@@ -162,6 +162,12 @@ OP_CYCLE_S = Setting(
     "0",
     "how long a cycle of torch.profiler records before it is converted (opt-in: see README, Long runs)",
 )
+OP_CONVERTER = Setting(
+    f"{PREFIX}OP_CONVERTER",
+    "`0` or `1`",
+    "1",
+    "convert torch.profiler's cycles in a process of their own (0: on a thread of the traced program)",
+)
 TORCH_HOOKS = Setting(
     f"{PREFIX}TORCH_HOOKS",
     "`global`",
@@ -231,6 +237,7 @@ SETTINGS: tuple[Setting, ...] = (
     REDACT,
     KERNEL_PATH,
     OP_CYCLE_S,
+    OP_CONVERTER,
     TORCH_HOOKS,
     LAYER_HOT_PATH,
     FDTAP_READER,

@@ -176,6 +176,11 @@ class KinetoStats:
         self.unmatched_examples = (self.unmatched_examples + other.unmatched_examples)[:20]
         self.clock, self.base_time_ns = other.clock, other.base_time_ns
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KinetoStats:
+        """The stats of ``as_dict`` (a converter process's answer)."""
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
         return {

@@ -15,13 +15,19 @@ finished the cycle before, on a thread allowed to stop it, the running profiler
 stops and a new one starts at once. The program's thread pays for that stop and
 start (Kineto's ``_disable_profiler``, which builds its result from what it held,
 keeping the GIL); a converter thread writes the stopped
-cycle's Chrome trace to the run directory (``torch-profiler-<n>.json``), converts
-it with ``kineto_to_events``, hands the events to the session (streamed at the
-next flush), removes the file and gives the freed memory back to the system
-(``release_free_memory``). So the memory held is about one cycle's, the op
-level needs no early end on a long run, and a killed run keeps the ops of every
-cycle converted before it died (a file left in the run directory is a cycle
-that was being converted: ``mltrace import`` reads it). Ops reach the run as
+cycle's Chrome trace to the run directory (``torch-profiler-<n>.json``, Kineto's
+export, which also keeps the GIL) and gives the freed memory back to the system
+(``release_free_memory``). The converter process (``formats/kineto_serve.py``, one
+child started with the cycles, without torch, not followed as one of the program's
+children) then loads and converts it (``kineto_to_events``), appends its events to
+events.jsonl and removes the file; the traced process only answers its questions for
+the session's track and event ids and learns the counts (``MLTRACE_OP_CONVERTER=0``,
+or a process that fails: the converter thread converts in this process and hands the
+events to the session, streamed at the next flush). So the memory held is about one
+cycle's, the op level needs no early end on a long run, and a killed run keeps the ops
+of every cycle converted before it died (the converter process finishes the cycle in
+hand at the end of its input; a file left in the run directory is a cycle that was
+being converted: ``mltrace import`` reads it). Ops reach the run as
 plain spans on their threads' tracks; the finish nests them under the layer
 spans (``nest_by_containment``), as before. A cycle ends between two model calls
 of the thread that ends it, and waits while another thread has a span open (a
@@ -82,6 +88,7 @@ import importlib.util
 import os
 import queue
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -93,8 +100,10 @@ from typing import TYPE_CHECKING, Any
 from mltrace.formats.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
+from mltrace.run.jsoncodec import dumps, loads
 from mltrace.run.levels import Level
-from mltrace.settings import OP_CYCLE_S
+from mltrace.run.store import EVENTS_FILE, track_row
+from mltrace.settings import FOLLOW, OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -265,6 +274,7 @@ class TorchOpSource(Source):
                 self._call_around(1)
             if self.cycle_s and not self._cuda_activity:
                 self._cycles = _Converter(self, session)
+                self._cycles.start()
                 session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
@@ -281,11 +291,11 @@ class TorchOpSource(Source):
     def pending_spans(self) -> int:
         """Ops recorded and not yet handed to the session (the session's span limit counts them):
         the model calls of the cycles not yet converted, times the ops per call of the last
-        cycle converted (none before the first)."""
+        cycle converted (none before the first), and the ops the converter process wrote."""
         cycles = self._cycles
         if cycles is None:
             return 0
-        return int((cycles.queued_calls + self._cycle_calls) * cycles.spans_per_call)
+        return cycles.spans_written + int((cycles.queued_calls + self._cycle_calls) * cycles.spans_per_call)
 
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): ends the
@@ -374,11 +384,15 @@ class TorchOpSource(Source):
         assert session is not None
         trace = load_kineto_json(path)
         result = kineto_to_events(trace, session.tracks, session.new_id, session.anchor.epoch_to_session, external_ids=False)
-        if self.stats is None:
-            self.stats = result.stats
-        else:
-            self.stats.merge(result.stats)
+        self.add_stats(result.stats)
         return result
+
+    def add_stats(self, stats: KinetoStats) -> None:
+        """Adds a cycle's conversion stats to the source's."""
+        if self.stats is None:
+            self.stats = stats
+        else:
+            self.stats.merge(stats)
 
     def stop(self) -> list[Event]:
         """Stops the profiler (unless it ended early) and returns its ops, API calls, kernels and
@@ -421,6 +435,8 @@ class TorchOpSource(Source):
         stats["cycles"] = cycles
         if self._cycles is not None:
             stats["cycle_s"] = self.cycle_s
+            if self._cycles.spans_written:
+                stats["converter_process"] = {"spans": self._cycles.spans_written, "peak_rss_kb": self._cycles.converter_peak_rss_kb}
         self._session.meta["torch_profiler"] = stats
 
 
@@ -433,6 +449,9 @@ class _Converter:
         cycles: cycles converted (or failed) so far.
         queued_calls: model calls of the cycles handed and not yet converted.
         spans_per_call: spans per model call of the last cycle converted that had calls.
+        spans_written: spans the converter process wrote to the run (the session counts them).
+        converter_peak_rss_kb: the converter process's peak resident memory, once it ended.
+        use_process: cycles go to the converter process (``MLTRACE_OP_CONVERTER``, default on).
     """
 
     def __init__(self, source: TorchOpSource, session: SessionView) -> None:
@@ -444,24 +463,39 @@ class _Converter:
         self.cycles = 0
         self.queued_calls = 0
         self.spans_per_call = 0.0
+        self.spans_written = 0
+        self.converter_peak_rss_kb = 0
+        self.use_process = converter_process_wanted()
+        self._process: _ConverterProcess | None = None
 
     def hand(self, prof: Any, calls: int) -> None:
         """Queues a stopped profiler (of ``calls`` model calls) for conversion."""
         self.handed += 1
         self.queued_calls += calls
         self._queue.put((prof, calls))
+        self.start()
+
+    def start(self) -> None:
+        """Starts the converter thread (which starts the converter process), if not started."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
 
     def finish(self) -> None:
-        """Waits until every cycle handed is converted."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        """Waits until every cycle handed is converted, then ends the converter process."""
+        try:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
+        finally:
+            if self._process is not None:
+                self.converter_peak_rss_kb = self._process.peak_rss_kb
+                self._process.close()
+                self._process = None
 
     def _run(self) -> None:
+        self._start_process()
         while True:
             item = self._queue.get()
             if item is None:
@@ -484,21 +518,164 @@ class _Converter:
         source = self._source
         t0 = time.perf_counter_ns()
         path = source._export_dir() / f"torch-profiler-{self.cycles + 1}.json"
-        try:
-            # The cyclic collector is paused meanwhile, process-wide (for about a second a cycle):
-            # the load and the conversion build many objects and no cycles, and full collections
-            # of a process with torch loaded, again and again, made them several times slower.
-            with gc_paused():
-                prof.export_chrome_trace(str(path))
-                _release(prof)
-                del prof
-                result = source.convert(path)
-        finally:
-            path.unlink(missing_ok=True)
+        # The cyclic collector is paused meanwhile, process-wide: the export and an in-process
+        # load and conversion build many objects and no cycles, and full collections of a
+        # process with torch loaded, again and again, made them several times slower.
+        with gc_paused():
+            prof.export_chrome_trace(str(path))
+            _release(prof)
+            del prof
+        # The first cycle (one model call) is converted here: its count of ops per call is
+        # known at once, while the converter process is still starting (its imports).
+        spans = self._convert_elsewhere(path) if self.cycles else None
+        if spans is None:
+            try:
+                with gc_paused():
+                    result = source.convert(path)
+            finally:
+                path.unlink(missing_ok=True)
+            spans = len(result.spans)
+            self._session.add_events(result.events(with_tracks=False))
         source.export_ns += time.perf_counter_ns() - t0
         if calls:
-            self.spans_per_call = len(result.spans) / calls
-        self._session.add_events(result.events(with_tracks=False))
+            self.spans_per_call = spans / calls
+
+    def _start_process(self) -> None:
+        """Starts the converter process where it is wanted and the session has a run directory."""
+        if not self.use_process or self._session.run_dir is None:
+            return
+        try:
+            self._process = _ConverterProcess(self._session)
+        except _ConverterGone as exc:
+            self._session.errors.append(f"torch.profiler: the converter process failed ({exc}); cycles are converted here")
+
+    def _convert_elsewhere(self, path: Path) -> int | None:
+        """Has the converter process convert the trace at ``path`` and append its events to the
+        run's events.jsonl; the number of spans written, or None where this process must
+        convert it (no run directory, no converter process, or it failed to start or died)."""
+        run_dir = self._session.run_dir
+        if run_dir is None or self._process is None:
+            return None
+        try:
+            spans, stats = self._process.convert(path, run_dir / EVENTS_FILE)
+        except _ConverterGone as exc:
+            self._process.close(timeout_s=1.0)
+            self._process = None
+            self._session.errors.append(f"torch.profiler: the converter process failed ({exc}); cycles are converted here")
+            return None
+        self.spans_written += spans
+        self._source.add_stats(stats)
+        return spans
+
+
+def converter_process_wanted() -> bool:
+    """Whether cycles are converted in a process of their own (``MLTRACE_OP_CONVERTER``: ``0``
+    converts them on a thread of the traced process)."""
+    return (OP_CONVERTER.get() or "1").strip() != "0"
+
+
+class _ConverterGone(Exception):
+    """The converter process could not start, died, or failed a cycle."""
+
+
+def _converter_env() -> dict[str, str]:
+    """The traced process's environment without what would make mltrace follow the converter
+    process as one of the program's children (``MLTRACE_FOLLOW``, the bootstrap folder on
+    ``PYTHONPATH``), with mltrace's own folder first on it."""
+    env = dict(os.environ)
+    env.pop(FOLLOW.name, None)
+    package_root = str(Path(__file__).resolve().parents[3])
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("follow/bootstrap")]
+    env["PYTHONPATH"] = os.pathsep.join([package_root, *kept])
+    return env
+
+
+class _ConverterProcess:
+    """The converter process of a session's op level (``formats/kineto_serve.py``): one child,
+    started at the first cycle, with no torch in it and in a session of its own (the terminal's
+    Ctrl-C goes to the program alone). It asks this process for tracks and ids while it
+    converts; ``close`` ends it (the end of its input) and reaps it."""
+
+    def __init__(self, session: SessionView) -> None:
+        self._session = session
+        self.peak_rss_kb = 0  # the process's peak resident memory, as it last said
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "mltrace.formats.kineto_serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=_converter_env(),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise _ConverterGone(f"could not start: {exc}") from None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def convert(self, path: Path, events: Path) -> tuple[int, KinetoStats]:
+        """Has the process convert one cycle's trace; (spans written, conversion stats)."""
+        anchor = self._session.anchor
+        self._send({"path": str(path), "events": str(events), "epoch_ns": anchor.epoch_ns, "monotonic_ns": anchor.monotonic_ns})
+        while True:
+            answer = self._read()
+            if "done" in answer:
+                done = answer["done"]
+                self.peak_rss_kb = max(self.peak_rss_kb, int(done.get("peak_rss_kb", 0)))
+                return int(done["spans"]), KinetoStats.from_dict(done["stats"])
+            if "error" in answer:
+                raise _ConverterGone(str(answer["error"]))
+            if "track" in answer:
+                self._send({"row": track_row(self._track(answer["track"]))})
+            elif "ids" in answer:
+                new_id = self._session.new_id
+                self._send({"ids": [new_id() for _ in range(int(answer["ids"]))]})
+
+    def _track(self, key: list[Any]) -> Any:
+        tracks = self._session.tracks
+        kind = key[0]
+        if kind == "thread":
+            return tracks.thread(key[1], key[2], pid=key[3])
+        if kind == "gpu_stream":
+            return tracks.gpu_stream(key[1], key[2], pid=key[3])
+        return tracks.counter(key[1], key[2], key[3])
+
+    def _send(self, obj: Any) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(dumps(obj) + b"\n")
+            stdin.flush()
+        except OSError as exc:
+            raise _ConverterGone(f"it exited ({exc})") from None
+
+    def _read(self) -> dict[str, Any]:
+        stdout = self._proc.stdout
+        assert stdout is not None
+        line = stdout.readline()
+        if not line:
+            raise _ConverterGone(f"it exited (status {self._proc.wait()})")
+        answer = loads(line)
+        if not isinstance(answer, dict):
+            raise _ConverterGone("an answer that is not an object")
+        return answer
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ends the process (its input closed: it finishes the cycle it converts, if any) and
+        reaps it; one that does not end in ``timeout_s`` is killed."""
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 class _CpuProfile:

@@ -1,0 +1,163 @@
+"""The op level's converter process (``formats/kineto_serve.py``): cycles of torch.profiler are
+converted outside the traced process and streamed to the run; the process is not followed as
+one of the program's children, holds no torch, and ends with the session, on a hard stop and
+when the traced process is killed, which keeps the ops of the cycles converted before."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import mltrace
+from conftest import SCRIPTS, mltrace_cmd
+from mltrace.run.levels import Level
+from mltrace.tracer.session import active_session
+
+torch = pytest.importorskip("torch")
+
+HANG_S = 120
+
+
+def _converter_pids(parent: int) -> list[int]:
+    """The converter processes started by process ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == parent and b"mltrace.formats.kineto_serve" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _wait_until(check: object, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The converter process writes the cycles' ops (counted in run.json), has neither torch nor
+    the follow variables, and is reaped when the session stops."""
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    monkeypatch.setenv("MLTRACE_FOLLOW", '{"run": "elsewhere"}')  # as in a followed program's child
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        session = active_session()
+        assert session is not None
+        assert _wait_until(lambda: _converter_pids(os.getpid()))
+        (pid,) = _converter_pids(os.getpid())
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not any(v.startswith(b"MLTRACE_FOLLOW=") or b"follow/bootstrap" in v for v in environ)
+        for _ in range(20):
+            model(x)
+            time.sleep(0.02)
+        assert b"libtorch" not in Path(f"/proc/{pid}/maps").read_bytes()
+    assert not _running(pid) and not Path(f"/proc/{pid}").exists()  # ended and reaped
+    run = mltrace.load_run(tmp_path / "run")
+    profiler = run.meta["torch_profiler"]
+    assert run.meta["errors"] == []
+    assert profiler["converter_process"]["spans"] > 0 and profiler["cycles"] >= 2
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    assert len(linear) == 20
+    assert profiler["spans_by_category"]["cpu_op"] == sum(1 for s in run.spans if s.level == Level.OP)
+
+
+def _start(out: Path, cycle_s: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "MLTRACE_OP_CYCLE_S": cycle_s}
+    env.pop("MLTRACE_OUTPUT", None)
+    proc = subprocess.Popen(
+        mltrace_cmd("python", "-q", "-o", str(out), str(SCRIPTS / "signal_loop.py")),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=HANG_S)
+    return proc
+
+
+def test_a_killed_run_keeps_the_ops_of_its_converted_cycles(tmp_path: Path) -> None:
+    """SIGKILL after some cycles were converted: the run (not complete) loads with their ops on
+    the layer spans' thread, and the converter process ends at the end of its input."""
+    out = tmp_path / "run"
+    proc = _start(out, "0.1")
+    try:
+        assert _wait_until(lambda: _converter_pids(proc.pid))
+        (pid,) = _converter_pids(proc.pid)
+        assert _wait_until(lambda: b'"aten::conv2d"' in (out / "events.jsonl").read_bytes())
+        time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=HANG_S)
+    assert _wait_until(lambda: not _running(pid), timeout_s=30)
+    run = mltrace.load_run(out)
+    assert not run.complete
+    convs = [s for s in run.spans if s.name == "aten::conv2d"]
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert convs and models
+    assert {s.track_id for s in convs} == {s.track_id for s in models}
+    # each op up to the last model call streamed lies inside a model call (the model spans of
+    # the calls after it, still in the killed process's recorder, are lost with it)
+    last = max(m.end_ns for m in models)
+    inside = [c for c in convs if c.end_ns <= last]
+    assert inside and all(any(m.start_ns <= c.start_ns and c.end_ns <= m.end_ns for m in models) for c in inside)
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_reaps_the_converter_process(tmp_path: Path, sig: int, status: int) -> None:
+    """SIGTERM or SIGINT: the program's status, a run with the ops, and no converter left."""
+    out = tmp_path / "run"
+    proc = _start(out, "0.1")
+    assert _wait_until(lambda: _converter_pids(proc.pid))
+    (pid,) = _converter_pids(proc.pid)
+    time.sleep(0.5)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == status, stderr
+    assert not _running(pid)
+    run = mltrace.load_run(out)
+    assert run.complete, stderr
+    assert {Level.MODEL, Level.OP} <= {s.level for s in run.spans}
+    assert run.meta["torch_profiler"]["converter_process"]["spans"] > 0
+
+
+def test_without_the_process_cycles_are_converted_on_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MLTRACE_OP_CONVERTER=0``: no converter process, the same ops."""
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    monkeypatch.setenv("MLTRACE_OP_CONVERTER", "0")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        for _ in range(10):
+            model(x)
+            time.sleep(0.02)
+        assert _converter_pids(os.getpid()) == []
+    run = mltrace.load_run(tmp_path / "run")
+    assert "converter_process" not in run.meta["torch_profiler"]
+    assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
