@@ -445,7 +445,12 @@ def _model(threads: int | None = 1, cpu: float | None = 90.0, share: float | Non
 
 
 def test_the_basis_follows_threads_recorded_cpu_time_and_the_machine() -> None:
-    from mltrace.analysis.bricks import MachineState, choose_basis
+    from dataclasses import replace
+
+    from mltrace.analysis.bricks import MachineState, choose_basis, trace_others_cores
+
+    meta = {"counters_summary": {"cpu.utilization": {"mean": 90.0}}, "host": {"cpu_count": 2}, "threads": {"torch": 1}}
+    assert trace_others_cores(meta) == pytest.approx(0.8) and trace_others_cores({}) is None
 
     idle, busy, over = MachineState(2, 1, 0.05, (0.2, 0.2)), MachineState(2, 1, 0.4, (3.1, 3.1)), MachineState(2, 2, 1.6, (7.0, 7.2))
     # One thread, CPU time recorded: CPU time, trusted; the wall clock's trouble said in a note.
@@ -460,6 +465,10 @@ def test_the_basis_follows_threads_recorded_cpu_time_and_the_machine() -> None:
     assert c.why.endswith(
         "too busy for thread CPU time too (shared caches and memory bandwidth); neither basis is comparable: rerun on an idle machine"
     )
+    c = choose_basis([replace(_model(), trace_others_cores=0.8)], 1, idle)  # busy while traced
+    assert not c.trusted and c.why.startswith("other processes kept ≈ 0.8 cores busy while Net (x.py:1) was traced: too busy")
+    c = choose_basis([replace(_model(), trace_others_cores=0.3)], 1, idle)
+    assert c.trusted and c.why.endswith("was traced: wall-clock bricks not comparable; CPU-time basis used")
     c = choose_basis([_model(share=0.6)], 1, idle)
     assert not c.trusted and c.why.startswith("traced model calls ran on a CPU for 60% of their wall time (Net (x.py:1))")
     # Two intra-op threads: thread CPU time is not the latency; the wall clock, trusted only when idle.

@@ -139,6 +139,9 @@ class ModelBricks:
             where it waited for the others).
         minor_faults: median minor page faults of the calling thread per call (span attribute
             ``ml.thread.minor_faults``); None when a call lacks it.
+        trace_others_cores: cores other processes kept busy while the run was traced, on
+            average: the machine's mean CPU utilization (run.json ``counters_summary``) times its
+            cores, less the run's compute threads; None when not recorded.
     """
 
     model: str
@@ -159,6 +162,7 @@ class ModelBricks:
     glue_cpu_mean_ns: float | None = None
     cpu_share: float | None = None
     minor_faults: float | None = None
+    trace_others_cores: float | None = None
 
 
 @dataclass
@@ -465,6 +469,7 @@ def extract(runs: Sequence[Run], granularity: int = 1, warmup: int = 1) -> Brick
                     glue_mean_ns=statistics.fmean(glue),
                     **_cpu_figures(measured, glue, cpu),
                     minor_faults=_median_count(faults),
+                    trace_others_cores=trace_others_cores(run.meta),
                 )
             )
     return BrickSet(granularity, _named_apart(models), list(unique), list(unique_seq))
@@ -484,6 +489,22 @@ def _cpu_figures(wall: list[int], glue: list[int], cpu: list[Any]) -> dict[str, 
         "glue_cpu_mean_ns": statistics.fmean(glue_cpu),
         "cpu_share": float(statistics.median(shares)),
     }
+
+
+def trace_others_cores(meta: dict[str, Any]) -> float | None:
+    """Cores others kept busy while a run was traced: its machine's mean CPU utilization
+    (``counters_summary["cpu.utilization"]``, sampled from /proc/stat) times the machine's
+    cores, less the run's compute threads (the tracer's own threads count as others' here);
+    None when the run has no such figures."""
+    from mltrace.analysis.peaks import run_threads
+
+    util = meta.get("counters_summary", {}).get("cpu.utilization") if isinstance(meta.get("counters_summary"), dict) else None
+    host = meta.get("host")
+    cores = host.get("cpu_count") if isinstance(host, dict) else None
+    threads = run_threads(meta)
+    if not isinstance(util, dict) or not isinstance(util.get("mean"), (int, float)) or not isinstance(cores, int) or threads is None:
+        return None
+    return max(0.0, float(util["mean"]) / 100.0 * cores - min(threads, cores))
 
 
 def _median_count(values: list[Any]) -> float | None:
@@ -795,19 +816,23 @@ class Busy:
         trace: single-threaded model calls ran on a CPU for less than ``MIN_CPU_SHARE`` of
             their wall time while traced: preempted, so their wall time is not their work and
             their CPU time is stretched too.
+        traced, traced_over: others used more than ``BUSY_CORES`` (``CPU_BUSY_CORES``) cores
+            while a run was traced (``ModelBricks.trace_others_cores``).
     """
 
     bricks: str = ""
     bricks_over: str = ""
     trace: str = ""
+    traced: str = ""
+    traced_over: str = ""
 
     def wall(self) -> str:
         """Why wall clocks are not comparable ("" when they are)."""
-        return "; ".join(r for r in (self.bricks, self.trace) if r)
+        return "; ".join(r for r in (self.bricks, self.traced, self.trace) if r)
 
     def cpu(self) -> str:
         """Why thread CPU times are not comparable either ("" when they are)."""
-        return "; ".join(r for r in (self.bricks_over, self.trace) if r)
+        return "; ".join(r for r in (self.bricks_over, self.traced_over, self.trace) if r)
 
 
 def busy_machine(models: Sequence[ModelBricks], threads: int | None, machine: MachineState | None) -> Busy:
@@ -826,7 +851,13 @@ def busy_machine(models: Sequence[ModelBricks], threads: int | None, machine: Ma
         if shares:
             share, name = min(shares)
             trace = f"traced model calls ran on a CPU for {share:.0%} of their wall time ({name})"
-    return Busy(bricks, bricks_over, trace)
+    traced = traced_over = ""
+    others = [(m.trace_others_cores, m.model) for m in models if m.trace_others_cores is not None]
+    if others and max(others)[0] > BUSY_CORES:
+        cores, name = max(others)
+        traced = f"other processes kept ≈ {cores:.1f} cores busy while {name} was traced"
+        traced_over = traced if cores > CPU_BUSY_CORES else ""
+    return Busy(bricks, bricks_over, trace, traced, traced_over)
 
 
 def choose_basis(models: Sequence[ModelBricks], threads: int | None, machine: MachineState | None, requested: str = "auto") -> BasisChoice:
