@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from mltrace.analysis.bottleneck import Bound, analyze, timeline
-from mltrace.analysis.breakdown import breakdown
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.importers.kineto import import_kineto
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run, load_run
+from support.reference_breakdown import breakdown
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 CPU = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))

@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 import mltrace
-from mltrace.analysis.breakdown import breakdown, cross_stack_chains
+from mltrace.analysis.breakdown import cross_stack_chains
 from mltrace.run.events import Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from support.reference_breakdown import breakdown
 
 
 def _run(spans: list[Span]) -> Run:
@@ -44,7 +45,8 @@ def test_cross_stack_chain_reaches_the_library_call(tmp_path: Path) -> None:
         with mltrace.profile(output=tmp_path / "r", summary=False, level="library"):
             for _ in range(2):
                 model(x)
-    chains = cross_stack_chains(mltrace.load_run(tmp_path / "r"), top=10)
+    run = mltrace.load_run(tmp_path / "r")
+    chains = cross_stack_chains(run, [x for x in breakdown(run).layers if x.level is Level.LAYER])
     conv = next(c for c in chains if c.type == "Conv2d")
     assert conv.calls == 2
     assert conv.links[0].level == Level.OP and "conv" in conv.links[0].name

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 import mltrace
-from mltrace.analysis.breakdown import breakdown
 from mltrace.analysis.summary import summarize
 from mltrace.config import ProfileOptions
 from mltrace.importers import import_kineto
@@ -19,6 +18,7 @@ from mltrace.run.events import Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.session import Session
+from support.reference_breakdown import breakdown
 
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 

@@ -155,7 +155,7 @@ def test_gpu_run_analysis_is_the_same_from_the_table(gpu_runs: tuple[Run, Run]) 
     assert a.kernels and a.runtime and any(r.device_ns for r in a.ops)
     assert dataclasses.asdict(a) == dataclasses.asdict(b)
     layers = [x for x in a.breakdown.layers if x.level is Level.LAYER][:10]
-    assert cross_stack_chains(from_table, layers=layers) == cross_stack_chains(from_json, layers=layers)
+    assert cross_stack_chains(from_table, layers) == cross_stack_chains(from_json, layers)
 
 
 def test_writing_a_table_holds_about_what_its_attribute_sets_take(tmp_path: Path) -> None:

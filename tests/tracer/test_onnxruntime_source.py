@@ -23,7 +23,6 @@ import pytest
 import torch
 
 import mltrace
-from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
 from mltrace.formats.ort_profile import line_up_by_module_path
 from mltrace.run.levels import Level
@@ -31,6 +30,7 @@ from mltrace.run.store import Run
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.onnxruntime import OrtSource
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
+from support.reference_breakdown import breakdown
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))

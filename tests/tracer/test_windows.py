@@ -15,7 +15,6 @@ import pytest
 import mltrace
 from conftest import SCRIPTS, run_cli, run_plain
 from mltrace.analysis.bottleneck import analyze
-from mltrace.analysis.breakdown import breakdown
 from mltrace.config import ProfileOptions
 from mltrace.errors import UsageError
 from mltrace.run.events import Event
@@ -24,6 +23,7 @@ from mltrace.run.store import Run
 from mltrace.tracer.memwatch import SPAN_LIMIT_MAX, SPAN_LIMIT_MIN, default_span_limit
 from mltrace.tracer.session import Session, active_session
 from mltrace.tracer.sources.base import Source
+from support.reference_breakdown import breakdown
 
 
 class _EndableOps(Source):

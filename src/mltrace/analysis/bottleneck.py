@@ -588,8 +588,9 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
             ``--include-cold``.
 
     Returns:
-        The analysis; ``analysis.breakdown`` equals ``breakdown(run)`` (of the run
-        without its cold calls when ``include_cold`` is False).
+        The analysis; ``analysis.breakdown`` follows the definitions of
+        ``analysis/breakdown.py`` (of the run without its cold calls when ``include_cold``
+        is False).
     """
 
     from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made

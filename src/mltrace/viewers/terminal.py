@@ -219,7 +219,7 @@ def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> Non
     """Top layers by self time, each with its heaviest op and library call or kernel."""
     from mltrace.analysis.breakdown import cross_stack_chains
 
-    chains = [c for c in cross_stack_chains(run, top=min(top, 10), layers=layers) if c.links]
+    chains = [c for c in cross_stack_chains(run, layers) if c.links]
     if not chains:
         return
     console.print("[bold]Cross-stack: where each top layer's time goes[/bold]")  # type: ignore[attr-defined]
