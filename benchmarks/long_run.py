@@ -4,7 +4,7 @@ cycles and whole.
 Runs a 2-layer LSTM word model (10,000 tokens, 200 units, as pytorch/examples'
 word_language_model) sampling ``--steps`` words one at a time in a child process:
 plain; under ``mltrace python`` (every level, the op level streamed in cycles of 2 s,
-``MLTRACE_OP_CYCLE_S=2``), each cycle converted by the converter process
+``MLTRACE_OP_CYCLE_S=2``, the default), each cycle converted by the converter process
 (``MLTRACE_OP_CONVERTER=1``) or on a thread of the traced process (``=0``); and with
 ``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until the end). For each
 it prints the child's wall time, the loop's own time and CPU time (of the traced process: on

@@ -8,7 +8,7 @@ runs ``torch.profiler.profile``; without, the ``torch.autograd.profiler.profile`
 underneath it (``_CpuProfile``), whose start does not import ``torch._inductor``.
 
 Cycles. Kineto keeps every event in memory until the profiler stops, so without
-CUDA activity the profiler can run in cycles (opt-in, ``MLTRACE_OP_CYCLE_S``): at the return of a PyTorch model call
+CUDA activity the profiler runs in cycles (``MLTRACE_OP_CYCLE_S``, 2 s; 0 holds it whole): at the return of a PyTorch model call
 (``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
 first cycle ends at the first model call's return) and the converter has
 finished the cycle before, on a thread allowed to stop it, the running profiler
@@ -117,10 +117,13 @@ if TYPE_CHECKING:
 #: (a cycle's: ``torch-profiler-<n>.json``).
 EXPORT_FILE = "torch-profiler.json"
 #: How long a cycle of the profiler records before it is converted (s; ``MLTRACE_OP_CYCLE_S``,
-#: 0: one cycle, converted at the end). Cycles are opt-in: each stop pauses the program's
-#: thread for the whole cycle's ops, and a thread that starts while the profiler switches
-#: cycles can go unrecorded (seen with a thread-per-request server).
-CYCLE_S = 0.0
+#: 0: one cycle, converted at the end). Each stop pauses the program's thread for the whole
+#: cycle's ops, and a thread that starts while the profiler switches cycles can go unrecorded
+#: (seen with a thread-per-request server); held whole, the profiler pays the same stop after
+#: the program, holds every op in memory and ends early on a long run (docs/PERFORMANCE.md,
+#: "Long runs": on the 1,000-step decode loop, cycles took the same wall time, ended 2.3 s
+#: sooner and peaked 460 MB lower).
+CYCLE_S = 2.0
 
 
 def cycle_seconds() -> float:
@@ -274,7 +277,6 @@ class TorchOpSource(Source):
                 self._call_around(1)
             if self.cycle_s and not self._cuda_activity:
                 self._cycles = _Converter(self, session)
-                self._cycles.start()
                 session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
@@ -473,10 +475,6 @@ class _Converter:
         self.handed += 1
         self.queued_calls += calls
         self._queue.put((prof, calls))
-        self.start()
-
-    def start(self) -> None:
-        """Starts the converter thread (which starts the converter process), if not started."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
@@ -495,7 +493,6 @@ class _Converter:
                 self._process = None
 
     def _run(self) -> None:
-        self._start_process()
         while True:
             item = self._queue.get()
             if item is None:
@@ -526,8 +523,13 @@ class _Converter:
             _release(prof)
             del prof
         # The first cycle (one model call) is converted here: its count of ops per call is
-        # known at once, while the converter process is still starting (its imports).
-        spans = self._convert_elsewhere(path) if self.cycles else None
+        # known at once. The converter process starts with the second (a run shorter than a
+        # cycle never starts it), whose conversion waits for its imports.
+        spans = None
+        if self.cycles:
+            if self._process is None and self.use_process:
+                self._start_process()
+            spans = self._convert_elsewhere(path)
         if spans is None:
             try:
                 with gc_paused():
@@ -547,6 +549,7 @@ class _Converter:
         try:
             self._process = _ConverterProcess(self._session)
         except _ConverterGone as exc:
+            self.use_process = False
             self._session.errors.append(f"torch.profiler: the converter process failed ({exc}); cycles are converted here")
 
     def _convert_elsewhere(self, path: Path) -> int | None:
@@ -561,6 +564,7 @@ class _Converter:
         except _ConverterGone as exc:
             self._process.close(timeout_s=1.0)
             self._process = None
+            self.use_process = False
             self._session.errors.append(f"torch.profiler: the converter process failed ({exc}); cycles are converted here")
             return None
         self.spans_written += spans
