@@ -158,3 +158,32 @@ def test_without_the_process_cycles_are_converted_on_a_thread(tmp_path: Path, mo
     run = mltrace.load_run(tmp_path / "run")
     assert "converter_process" not in run.meta["torch_profiler"]
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
+
+
+def test_a_forked_child_that_outlives_the_session_does_not_hold_the_converter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked while the converter process runs drops its copies of the pipes: the
+    session's stop sees the process end at once, not after its 5 s wait."""
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    child = 0
+    try:
+        with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+            for _ in range(10):
+                model(x)
+                time.sleep(0.02)
+            assert _wait_until(lambda: _converter_pids(os.getpid()))
+            (pid,) = _converter_pids(os.getpid())
+            child = os.fork()
+            if child == 0:
+                time.sleep(30)
+                os._exit(0)
+            t0 = time.monotonic()
+        stop_s = time.monotonic() - t0
+        assert not _running(pid)
+        assert stop_s < 4.5, stop_s
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+    assert len([s for s in mltrace.load_run(tmp_path / "run").spans if s.name == "aten::linear"]) == 10

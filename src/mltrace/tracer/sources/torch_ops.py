@@ -93,6 +93,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -614,10 +615,24 @@ class _ConverterProcess:
             )
         except OSError as exc:
             raise _ConverterGone(f"could not start: {exc}") from None
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    def forget(self) -> None:
+        """In a forked child of the traced process: closes its copies of the pipes (the process
+        then sees the end of its input when the traced process closes its own), touching
+        nothing else."""
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                try:
+                    os.close(pipe.fileno())
+                except (OSError, ValueError):
+                    pass
+        self._proc.stdin = self._proc.stdout = None
 
     def convert(self, path: Path, events: Path) -> tuple[int, KinetoStats]:
         """Has the process convert one cycle's trace; (spans written, conversion stats)."""
@@ -680,6 +695,13 @@ class _ConverterProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def _forget_in_child(ref: weakref.ref[_ConverterProcess]) -> None:
+    """After a fork: the child's copy of a converter process, if still alive, lets go of it."""
+    process = ref()
+    if process is not None:
+        process.forget()
 
 
 class _CpuProfile:
