@@ -158,3 +158,87 @@ def test_the_conversion_imports_only_formats_and_run() -> None:
             path = SRC / module.replace(".", "/") / "__init__.py"
         todo.extend(_imports(path))
     assert {m.split(".")[1] for m in seen} <= {"formats", "run", "settings", "errors", "_version", "config", "native"}, sorted(seen)
+
+
+#: sha256 (first 16 hex digits) of ``store.encode_batch`` (its line, less the newline) of each fixture's conversion (tracks,
+#: spans, instants, counters, flows; pid 4242, ids from 1, session ns = epoch ns, external ids
+#: kept) and of its stats (``json.dumps(as_dict(), sort_keys=True)``), as the single
+#: ``kineto_to_events`` of before the split (f1d74a5) gave them: the split changed no byte.
+BEFORE_SPLIT = {
+    "a100_alexnet_train.json.gz": ("7ca0443bb8f8603e", "f4942fb430b81c2e"),
+    "a100_sampled_rank0.json.gz": ("c3c2d6f133359384", "3266521c39dd293e"),
+    "a100_triton_kernel.json.gz": ("48425dabc4128320", "23b2c11577c3226b"),
+    "cpu_modules_torch.json.gz": ("998204af312eee66", "740cae3c6a0bd998"),
+    "h100_cuda_models.json.gz": ("93a169407858bbd2", "32194b0716160d0e"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEFORE_SPLIT))
+def test_conversion_is_byte_identical_to_before_the_split(name: str) -> None:
+    import hashlib
+    import json
+
+    from mltrace.run.store import encode_batch
+
+    trace = kineto.load_kineto_json(SRC.parent / "tests" / "data" / "kineto" / name)
+    ids = itertools.count(1)
+    out = kineto_to_events(trace, TrackRegistry(pid=4242), ids.__next__, lambda ns: ns, external_ids=True)
+    line = encode_batch(tracks=out.tracks, spans=out.spans, instants=out.instants, counters=out.counters, flows=out.flows)
+    stats = json.dumps(out.stats.as_dict(), sort_keys=True).encode()
+    digests = (hashlib.sha256(line.rstrip(b"\n")).hexdigest()[:16], hashlib.sha256(stats).hexdigest()[:16])
+    assert digests == BEFORE_SPLIT[name]
+
+
+class _SessionSide:
+    """The traced process's side of the converter process's questions (``kineto_serve``)."""
+
+    def __init__(self) -> None:
+        self.tracks = TrackRegistry(pid=4242)
+        self.ids = itertools.count(1)
+
+    def ask(self, question: dict[str, Any]) -> dict[str, Any]:
+        from mltrace.run.store import track_row
+
+        if "ids" in question:
+            return {"ids": [next(self.ids) for _ in range(question["ids"])]}
+        kind, a, b, c = question["track"]
+        if kind == "thread":
+            track = self.tracks.thread(a, b, pid=c)
+        elif kind == "gpu_stream":
+            track = self.tracks.gpu_stream(a, b, pid=c)
+        else:
+            track = self.tracks.counter(a, b, c)
+        return {"row": track_row(track)}
+
+
+@pytest.mark.parametrize("name", ["cpu_modules_torch.json.gz", "h100_cuda_models.json.gz"])
+def test_the_converter_process_writes_what_the_conversion_makes(tmp_path: Path, name: str) -> None:
+    """The converter process's line in events.jsonl loads as the same events as converting in
+    the traced process (ids, tracks, times, attributes); the trace file is removed."""
+    import gzip
+    import shutil
+
+    from mltrace.formats.kineto_serve import Server
+    from mltrace.run.store import Run, decode_batch
+
+    source = SRC.parent / "tests" / "data" / "kineto" / name
+    path = tmp_path / "torch-profiler-2.json"
+    with gzip.open(source) as f, open(path, "wb") as out:
+        shutil.copyfileobj(f, out)
+    events = tmp_path / "events.jsonl"
+    events.touch()
+    side = _SessionSide()
+    answer = Server(side).convert({"path": str(path), "events": str(events), "epoch_ns": 5_000, "monotonic_ns": 2_000})  # type: ignore[arg-type]
+    assert not path.exists()
+    run = Run(tmp_path, meta={})
+    decode_batch(run, events.read_bytes(), {})
+    ids = itertools.count(1)
+    direct = kineto_to_events(
+        kineto.load_kineto_json(source), TrackRegistry(pid=4242), ids.__next__, lambda ns: ns - 3_000, external_ids=False
+    )
+    assert answer["done"]["spans"] == len(direct.spans) == len(run.spans)
+    assert answer["done"]["stats"] == direct.stats.as_dict()
+    fields = ("id", "parent_id", "level", "name", "start_ns", "end_ns", "track_id", "attrs")
+    assert [[getattr(s, k) for k in fields] for s in run.spans] == [[getattr(s, k) for k in fields] for s in direct.spans]
+    assert run.instants == direct.instants and run.counters == direct.counters and run.flows == direct.flows
+    assert sorted(run.tracks.values(), key=lambda t: t.id) == direct.tracks
