@@ -8,7 +8,8 @@ runs ``torch.profiler.profile``; without, the ``torch.autograd.profiler.profile`
 underneath it (``_CpuProfile``), whose start does not import ``torch._inductor``.
 
 Cycles. Kineto keeps every event in memory until the profiler stops, so without
-CUDA activity the profiler runs in cycles (``MLTRACE_OP_CYCLE_S``, 2 s; 0 holds it whole): at the return of a PyTorch model call
+CUDA activity and ``--memory`` the profiler runs in cycles (``MLTRACE_OP_CYCLE_S``, 2 s; 0
+holds it whole): at the return of a PyTorch model call
 (``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
 first cycle ends at the first model call's return) and the converter has
 finished the cycle before, on a thread allowed to stop it, the running profiler
@@ -276,7 +277,9 @@ class TorchOpSource(Source):
                     self.thread_ident = threading.get_ident()
             finally:
                 self._call_around(1)
-            if self.cycle_s and not self._cuda_activity:
+            # With --memory the profiler runs whole: on the CPU, torch's allocation totals count
+            # from the profiler's start, so each cycle would start them again.
+            if self.cycle_s and not self._cuda_activity and not memory:
                 self._cycles = _Converter(self, session)
                 session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
