@@ -620,15 +620,16 @@ sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 0)
 """
 
 
-def _trace_cli(tmp_path: Path, otlp: list[str], *script_args: str, command: str = "python") -> Any:
-    """``mltrace COMMAND -q OTLP… -o RUN script.py ARGS…`` with 3 user spans, OTEL_* cleared, 1 s timeout."""
+def _trace_cli(tmp_path: Path, otlp: list[str], *script_args: str, command: str = "python", timeout_s: str = "1") -> Any:
+    """``mltrace COMMAND -q OTLP… -o RUN script.py ARGS…`` with 3 user spans, OTEL_* cleared, a 1 s
+    export deadline unless told otherwise."""
     import subprocess
     import sys
 
     script = tmp_path / "user_spans.py"
     script.write_text(USER_SPANS_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MLTRACE_"))}
-    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = "1"
+    env["OTEL_EXPORTER_OTLP_TIMEOUT"] = timeout_s
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
     cmd = [sys.executable, "-m", "mltrace", command, "-q", *otlp, "-o", str(tmp_path / "run"), str(script), *script_args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
@@ -672,7 +673,10 @@ def test_trace_command_sends_with_either_spelling(spelling: str, tmp_path: Path)
 
 def test_trace_command_with_a_down_receiver_says_why_and_keeps_the_status(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
-    out = _trace_cli(tmp_path, ["--otlp", url], "5", command="run")  # `mltrace run` is `mltrace python`
+    # A refused connection answers at once, but a loaded machine can take over 1 s to see it;
+    # with 3 s the answer (UNAVAILABLE) comes before the deadline, and the exporter's retries
+    # of it (1 s backoff, doubling) end at the deadline.
+    out = _trace_cli(tmp_path, ["--otlp", url], "5", command="run", timeout_s="3")  # `mltrace run` is `mltrace python`
     assert out.returncode == 5, out.stderr
     assert out.stdout.strip() == "argv ['5']"
     lines = _otlp_lines(out.stderr)
