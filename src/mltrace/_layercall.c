@@ -213,6 +213,9 @@ typedef struct {
      * between convolutions, misses the caches), or NULL where either is not a plain getter. */
     getter get_shape, get_dtype;
     void *shape_closure, *dtype_closure;
+    /* next_id's iterator (next_id.__self__, whose __next__ it is), stepped through its type's
+     * tp_iternext without the method wrapper's call; NULL: next_id is called. */
+    PyObject *id_iter;
 } LayerCall;
 
 static PyObject *s_stack, *s_shape, *s_dtype, *s_call_impl, *s_compiled, *s_forward;
@@ -222,6 +225,18 @@ static const char *const HOOK_ATTRS[] = {"_backward_hooks", "_backward_pre_hooks
 static const char *const HOOK_GLOBALS[] = {"_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
                                            "_global_forward_pre_hooks"};
 static PyObject *s_hook_attrs[4], *s_hook_globals[4];
+
+/* f(arg) for f a builtin method (deque.append, torch._C._get_tracing_state): its C function
+ * itself where its flags allow (METH_O with an argument, METH_NOARGS without), else the
+ * generic call. New reference, or NULL with an error. */
+static PyObject *call_builtin(PyObject *f, PyObject *arg) {
+    if (PyCFunction_Check(f)) {
+        int flags = PyCFunction_GET_FLAGS(f) & ~(METH_COEXIST | METH_STATIC | METH_CLASS);
+        if (arg ? flags == METH_O : flags == METH_NOARGS)
+            return PyCFunction_GET_FUNCTION(f)(PyCFunction_GET_SELF(f), arg);
+    }
+    return arg ? PyObject_CallOneArg(f, arg) : PyObject_CallNoArgs(f);
+}
 
 static inline long long clock_ns(void) {
     struct timespec ts;
@@ -286,19 +301,60 @@ static void read_value_shapes(LayerCall *self, PyObject *value, Shapes *s) {
     s->raw = raw;
 }
 
+/* object.__getattribute__ (borrowed from object's type dict): a module whose class keeps it
+ * reads its attributes as below; one that overrides it gets no instance dict (NULL). */
+static PyObject *s_getattribute, *object_getattribute;
+
+/* module.<name> (new reference, or NULL with an error), read from the instance's own `dict`
+ * where it holds the name and the type has no data descriptor of that name (what attribute
+ * lookup would find first); else the full lookup. nn.Module keeps its hook dicts and
+ * _compiled_call_impl in the instance dict; reading them there spares the generic lookup,
+ * which goes through Module.__getattr__'s slot on every read. */
+static PyObject *instance_attr(PyObject *module, PyObject *dict, PyObject *name) {
+    if (dict) {
+        PyObject *v = PyDict_GetItemWithError(dict, name);  /* borrowed */
+        if (v) {
+            PyObject *descr = _PyType_Lookup(Py_TYPE(module), name);
+            if (descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) return Py_NewRef(v);
+        } else if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    return PyObject_GetAttr(module, name);
+}
+
+/* module.forward(*args) (args[0] is the module): the class's plain Python function called
+ * with the module as its first argument, as the bound method would, where the module has an
+ * instance dict as instance_attr reads it (so no __getattribute__ of its own) that does not
+ * shadow it; else the method call. */
+static PyObject *call_forward(PyObject *module, PyObject *dict, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    PyObject *func = dict ? _PyType_Lookup(Py_TYPE(module), s_forward) : NULL;  /* borrowed */
+    if (func && PyFunction_Check(func)) {
+        int shadowed = PyDict_Contains(dict, s_forward);
+        if (shadowed == 0) {
+            Py_INCREF(func);  /* held across the call, whatever it rebinds */
+            PyObject *out = PyObject_Vectorcall(func, args, nargsf & ~PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+            Py_DECREF(func);
+            return out;
+        }
+        if (shadowed < 0) PyErr_Clear();
+    }
+    return PyObject_VectorcallMethod(s_forward, args, nargsf, kwnames);
+}
+
 /* 1 where torch's Module._call_impl, called now on `module`, would do nothing but
  * `return self.forward(*args, **kwargs)`: it is the module's _call_impl (no subclass overrides
  * it), no JIT trace is being recorded (else it calls _slow_forward), and no hook dict, the
  * module's or a global one, has an entry. Then the hot path calls forward itself and spares
  * the Python frame, which torch's own __call__ pays too. 0 otherwise (or on any error). */
-static int forward_directly(LayerCall *self, PyObject *module) {
+static int forward_directly(LayerCall *self, PyObject *module, PyObject *dict) {
     if (self->call_impl == NULL || _PyType_Lookup(Py_TYPE(module), s_call_impl) != self->call_impl) return 0;
-    PyObject *tracing = PyObject_CallNoArgs(self->tracing_state);
+    PyObject *tracing = call_builtin(self->tracing_state, NULL);
     int traced = tracing ? PyObject_IsTrue(tracing) : -1;
     Py_XDECREF(tracing);
     if (traced != 0) { PyErr_Clear(); return 0; }
     for (int i = 0; i < 4; i++) {
-        PyObject *hooks = PyObject_GetAttr(module, s_hook_attrs[i]);
+        PyObject *hooks = instance_attr(module, dict, s_hook_attrs[i]);
         int some = hooks ? PyObject_IsTrue(hooks) : -1;
         Py_XDECREF(hooks);
         if (some != 0) { PyErr_Clear(); return 0; }
@@ -409,7 +465,8 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_DECREF(t);
     }
     find_site(self, frame);
-    PyObject *id = PyObject_CallNoArgs(self->next_id);
+    PyObject *id = self->id_iter ? Py_TYPE(self->id_iter)->tp_iternext(self->id_iter) : PyObject_CallNoArgs(self->next_id);
+    if (!id && !PyErr_Occurred()) PyErr_SetNone(PyExc_StopIteration);
     if (!id || set_int(&frame->id, id) < 0) { Py_XDECREF(id); Py_DECREF(frame); Py_DECREF(stack); return NULL; }
     Py_DECREF(id);
     frame->start = clock_ns();
@@ -419,14 +476,20 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
 
     PyObject *output = NULL;
     int use_direct = 0;
+    PyObject *dict = NULL;  /* the module's instance dict, where it has one */
     if (self->direct) {
-        PyObject *compiled = PyObject_GetAttr(module, s_compiled);
+        if (_PyType_Lookup(Py_TYPE(module), s_getattribute) == object_getattribute) {
+            dict = PyObject_GenericGetDict(module, NULL);
+            if (!dict) PyErr_Clear();
+        }
+        PyObject *compiled = instance_attr(module, dict, s_compiled);
         if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
         else PyErr_Clear();
     }
-    if (use_direct && forward_directly(self, module)) output = PyObject_VectorcallMethod(s_forward, args, nargsf, kwnames);
+    if (use_direct && forward_directly(self, module, dict)) output = call_forward(module, dict, args, nargsf, kwnames);
     else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
     else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    Py_XDECREF(dict);
 
     /* finally: end the frame whatever happened, keeping the call's exception */
     frame->end = clock_ns();
@@ -440,7 +503,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         if (top == (PyObject *)frame) break;
     }
     if (output && output != Py_None) read_value_shapes(self, output, &frame->out);
-    PyObject *r = PyObject_CallOneArg(self->append_frame, (PyObject *)frame);
+    PyObject *r = call_builtin(self->append_frame, (PyObject *)frame);
     Py_XDECREF(r);
     PyErr_Clear();  /* mltrace's own failures never reach the program */
     PyErr_Restore(et, ev, tb);
@@ -481,14 +544,14 @@ static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->tls); Py_VISIT(self->new_stack); Py_VISIT(self->outer); Py_VISIT(self->raw_shapes);
     Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
     Py_VISIT(self->call_impl); Py_VISIT(self->tracing_state); Py_VISIT(self->hook_globals);
-    Py_VISIT(self->internal); Py_VISIT(self->classify); Py_VISIT(self->compiling); Py_VISIT(self->bound); Py_VISIT(self->owner);
+    Py_VISIT(self->internal); Py_VISIT(self->classify); Py_VISIT(self->compiling); Py_VISIT(self->bound); Py_VISIT(self->owner); Py_VISIT(self->id_iter);
     return 0;
 }
 static int layer_clear(LayerCall *self) {
     Py_CLEAR(self->tls); Py_CLEAR(self->new_stack); Py_CLEAR(self->outer); Py_CLEAR(self->raw_shapes);
     Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
     Py_CLEAR(self->call_impl); Py_CLEAR(self->tracing_state); Py_CLEAR(self->hook_globals);
-    Py_CLEAR(self->internal); Py_CLEAR(self->classify); Py_CLEAR(self->compiling); Py_CLEAR(self->bound); Py_CLEAR(self->owner);
+    Py_CLEAR(self->internal); Py_CLEAR(self->classify); Py_CLEAR(self->compiling); Py_CLEAR(self->bound); Py_CLEAR(self->owner); Py_CLEAR(self->id_iter);
     return 0;
 }
 static void layer_dealloc(LayerCall *self) {
@@ -553,6 +616,14 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (compiling != Py_None) self->compiling = Py_NewRef(compiling);
     if (bound != Py_None) self->bound = Py_NewRef(bound);
     if (owner != Py_None) self->owner = Py_NewRef(owner);
+    /* next_id as a bound __next__ of an iterator (itertools.count's): step it directly */
+    PyObject *it = PyObject_GetAttrString(o[5], "__self__");
+    PyObject *name = it ? PyObject_GetAttrString(o[5], "__name__") : NULL;
+    if (it && name && PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__next__") == 0
+        && Py_TYPE(it)->tp_iternext != NULL && Py_TYPE(it)->tp_iternext != &_PyObject_NextNotImplemented)
+        self->id_iter = Py_NewRef(it);
+    Py_XDECREF(it); Py_XDECREF(name);
+    PyErr_Clear();
     return (PyObject *)self;
 }
 
@@ -1018,6 +1089,10 @@ PyMODINIT_FUNC PyInit__layercall(void) {
     s_call_impl = PyUnicode_InternFromString("_call_impl");
     s_compiled = PyUnicode_InternFromString("_compiled_call_impl");
     s_forward = PyUnicode_InternFromString("forward");
+    s_getattribute = PyUnicode_InternFromString("__getattribute__");
+    if (!s_getattribute) return NULL;
+    object_getattribute = _PyType_Lookup(&PyBaseObject_Type, s_getattribute);
+    if (!object_getattribute) { PyErr_SetString(PyExc_RuntimeError, "object.__getattribute__ not found"); return NULL; }
     for (int i = 0; i < 4; i++) {
         s_hook_attrs[i] = PyUnicode_InternFromString(HOOK_ATTRS[i]);
         s_hook_globals[i] = PyUnicode_InternFromString(HOOK_GLOBALS[i]);

@@ -858,6 +858,38 @@ def test_forward_is_called_directly_only_where_call_impl_would_do_nothing_else(t
     assert info.get("layer_forward_direct", False) is (hot_path == "c")
 
 
+def test_hook_reads_go_through_a_class_that_overrides_attribute_access(tmp_path: Path) -> None:
+    """Torch's ``_call_impl`` reads a module's hook dicts and ``forward`` as attributes; the C hot
+    path reads them from the instance dict only where that is what attribute access gives: a
+    class overriding ``__getattribute__``, or a ``forward`` set on the instance, is honoured."""
+    reads: list[str] = []
+
+    class Watched(nn.Module):
+        def __getattribute__(self, name: str) -> Any:
+            if name in ("_forward_hooks", "forward"):
+                reads.append(name)
+            return super().__getattribute__(name)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    class Doubled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    net = nn.Sequential(Watched(), Doubled(), nn.ReLU())
+    net[1].forward = lambda x: x * 2  # type: ignore[method-assign]
+    x = torch.ones(2, 3)
+    plain = net(x)
+    plain_reads = list(reads)
+    reads.clear()
+    outputs: list[torch.Tensor] = []
+    run = _trace(tmp_path, lambda: outputs.append(net(x)))
+    assert torch.equal(outputs[0], plain) and torch.equal(plain, torch.full((2, 3), 4.0))
+    assert sorted(reads) == sorted(plain_reads) and "_forward_hooks" in reads and "forward" in reads
+    assert _names(run) == ["0", "1", "2"]
+
+
 def test_forward_check_needs_call_impl_to_read_as_verified() -> None:
     from mltrace.tracer.sources.torch_modules import forward_check
 
