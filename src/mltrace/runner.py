@@ -124,6 +124,13 @@ def _report(exc: BaseException) -> None:
         pass
 
 
+def _main_filename(path: str) -> str:
+    """The script's ``__file__`` and code file name as Python 3.9+ gives them: joined to the
+    working directory when relative, not normalized (``python ./x.py``: ``/cwd/./x.py``);
+    ``sys.argv[0]`` keeps the path as typed."""
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
 def _exec_script(path: str, args: list[str]) -> None:
     if os.path.isdir(path):
         sys.argv = [path, *args]
@@ -133,10 +140,11 @@ def _exec_script(path: str, args: list[str]) -> None:
     with open(path, "rb") as f:
         source = f.read()
     sys.argv = [path, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(path))
-    code = compile(source, path, "exec", dont_inherit=True)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    filename = _main_filename(path)
+    code = compile(source, filename, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__dict__.update({"__file__": path, "__builtins__": __builtins__, "__cached__": None})
+    main.__dict__.update({"__file__": filename, "__builtins__": __builtins__, "__cached__": None})
     saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = main
     sys.modules["__mp_main__"] = main

@@ -1,0 +1,40 @@
+"""The script's own paths under ``mltrace python`` are plain Python's: ``__file__``, the
+traceback's file names, ``sys.argv[0]`` and ``sys.path[0]`` for a script named by a relative
+path or through a symbolic link."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+
+PROGRAM = """\
+import os, sys
+print("file", __file__)
+print("argv0", sys.argv[0])
+print("path0", sys.path[0])
+os.chdir(os.path.dirname(os.path.abspath(__file__)) + "/..")
+print("still there", os.path.exists(__file__))
+raise ValueError("boom")
+"""
+
+
+@pytest.mark.parametrize("typed", ["prog.py", "./prog.py", "sub/../prog.py", "link/prog.py"])
+def test_script_paths_are_plain_pythons(tmp_path: Path, typed: str) -> None:
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "prog.py").symlink_to(tmp_path / "prog.py")
+    # The path exactly as typed (pathlib would drop the './').
+    plain = subprocess.run([sys.executable, typed], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), typed, cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 1
+    assert traced.stdout == plain.stdout
+    assert b"still there True" in traced.stdout  # __file__ holds after a chdir, as in Python
+    plain_tb = plain.stderr.decode().split("Traceback (most recent call last):")[1]
+    traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
+    assert traced_tb.startswith(plain_tb)  # the same file names and lines
