@@ -526,14 +526,13 @@ class _Converter:
             prof.export_chrome_trace(str(path))
             _release(prof)
             del prof
-        # The first cycle (one model call) is converted here: its count of ops per call is
-        # known at once. The converter process starts with the second (a run shorter than a
-        # cycle never starts it), whose conversion waits for its imports.
-        spans = None
-        if self.cycles:
-            if self._process is None and self.use_process:
-                self._start_process()
-            spans = self._convert_elsewhere(path)
+        if calls and not self.cycles:
+            # The first cycle (one model call): its ops per call, counted in the file, for the
+            # span limit while the converter process starts (its imports) and converts it.
+            self.spans_per_call = _complete_events(path) / calls
+        if self._process is None and self.use_process:
+            self._start_process()
+        spans = self._convert_elsewhere(path)
         if spans is None:
             try:
                 with gc_paused():
@@ -574,6 +573,15 @@ class _Converter:
         self.spans_written += spans
         self._source.add_stats(stats)
         return spans
+
+
+def _complete_events(path: Path) -> int:
+    """How many complete events (``"ph": "X"``, as Kineto writes them) a Chrome trace holds:
+    about the spans its conversion makes, counted without parsing it."""
+    try:
+        return path.read_bytes().count(b'"ph": "X"')
+    except OSError:
+        return 0
 
 
 def converter_process_wanted() -> bool:
