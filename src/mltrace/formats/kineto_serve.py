@@ -19,9 +19,10 @@ write, which the session's own appends do not interleave), removes the trace fil
 ``{"done": {"spans": n, "stats": {…}, "peak_rss_kb": its peak resident memory}}``; ``{"error": text}`` where the cycle failed (the trace
 file is then left for ``mltrace import``). Op and layer-like spans are written as templates
 (``run/store.py``) numbered from ``TEMPLATE_BASE``, apart from the session's own. At the end
-of its input (the session's stop, or the traced process's death) it exits, so a cycle being
-converted when the program is killed still reaches the run. It imports neither torch nor the
-tracer: its start costs an interpreter and mltrace's ground modules.
+of its input (the session's stop, or the traced process's death) it exits: a cycle it had its
+ids for when the program was killed still reaches the run; one it had not stays in its trace
+file. It imports neither torch nor the tracer: its start costs an interpreter and mltrace's
+ground modules.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ the session's track and event ids and learns the counts (``MLTRACE_OP_CONVERTER=
 or a process that fails: the converter thread converts in this process and hands the
 events to the session, streamed at the next flush). So the memory held is about one
 cycle's, the op level needs no early end on a long run, and a killed run keeps the ops
-of every cycle converted before it died (the converter process finishes the cycle in
-hand at the end of its input; a file left in the run directory is a cycle that was
+of every cycle converted before it died (the converter process writes the cycle in
+hand if it had its ids already; a file left in the run directory is a cycle that was
 being converted: ``mltrace import`` reads it). Ops reach the run as
 plain spans on their threads' tracks; the finish nests them under the layer
 spans (``nest_by_containment``), as before. A cycle ends between two model calls
