@@ -162,6 +162,51 @@ def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(tmp_path:
     assert not [s for s in run.spans if s.level == Level.LAYER]
 
 
+class Branching(nn.Module):
+    """A forward with a data-dependent branch: a graph break TorchDynamo handles at forward's frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h)
+
+
+def _dynamo_counts() -> dict[str, Any]:
+    """Three calls of a freshly compiled ``Branching``: its outputs and Dynamo's counters."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    compiled = torch.compile(Branching().eval(), backend="eager")
+    with torch.no_grad():
+        outputs = [compiled(torch.full((2, 8), float(i) - 1.0)) for i in range(3)]
+    return {
+        "outputs": [o.tolist() for o in outputs],
+        "graph_break": dict(counters["graph_break"]),
+        "frames": dict(counters["frames"]),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+    }
+
+
+@pytest.mark.parametrize("level", ["model", "layer", "op"])
+def test_a_graph_break_in_forward_counts_as_it_does_plain(tmp_path: Path, hot_path: str, level: str) -> None:
+    """mltrace's frames on the module-call path are never compiled: Dynamo starts at forward,
+    so a break there is handled as plain (no break counted, the same frames and graphs)."""
+    pytest.importorskip("torch._dynamo")
+    plain = _dynamo_counts()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level=level):
+        traced = _dynamo_counts()
+    assert traced == plain
+    assert plain["frames"]["total"] >= 2  # forward and the code after the break
+
+
 def test_framework_files_are_never_call_sites() -> None:
     assert not is_model_code(torch.nn.modules.conv.__file__)
     assert not is_model_code(functools.__file__)  # the standard library

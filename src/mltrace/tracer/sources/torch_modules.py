@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -130,6 +131,39 @@ def _parameter_count(module: Any) -> int:
     finally:
         if tracing is not None:
             c._set_tracing_state(tracing)  # type: ignore[union-attr]
+
+
+def _functions_of(module: types.ModuleType) -> Iterator[types.FunctionType]:
+    """The functions a module defines (unwrapped from caches and other decorators), its
+    classes' methods and properties included."""
+    for value in vars(module).values():
+        value = getattr(value, "__wrapped__", value)
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        if isinstance(value, types.FunctionType):
+            yield value
+        elif isinstance(value, type):
+            for attr in vars(value).values():
+                fn = attr.fget if isinstance(attr, property) else getattr(attr, "__func__", attr)
+                fn = getattr(fn, "__wrapped__", fn)
+                if isinstance(fn, types.FunctionType):
+                    yield fn
+
+
+def dynamo_skipped_code() -> list[CodeType]:
+    """The code objects of mltrace's functions that run on a module call (this module's, the
+    call-site lookup's, the recorder's and the clock's), nested functions and generator
+    expressions included: what TorchDynamo is told never to compile."""
+    from mltrace.tracer import callsite, clock, recorder
+
+    modules = (sys.modules[__name__], callsite, clock, recorder)
+    pending = [fn.__code__ for module in modules for fn in _functions_of(module)]
+    found: list[CodeType] = []
+    while pending:
+        code = pending.pop()
+        found.append(code)
+        pending.extend(c for c in code.co_consts if isinstance(c, CodeType))
+    return found
 
 
 def dynamo_tracing_probe() -> Callable[[], Any] | None:
@@ -252,6 +286,9 @@ class TorchModuleSource(Source):
         #: The layer level's Python wrapper (installed itself where the C helper is not).
         self.python_call: Any = None
         self._import_hook: PostImportHook | None = None
+        self._dynamo_hooks: list[PostImportHook] = []
+        #: torch.compile's module wrapper class (``OptimizedModule``) once TorchDynamo is imported.
+        self._optimized: list[type | None] = [None]
         self._session: SessionView | None = None
         self._static: dict[int, _Static] = {}
         self._children: dict[int, tuple[weakref.ref[Any], dict[int, str | None]]] = {}
@@ -319,6 +356,7 @@ class TorchModuleSource(Source):
 
         self._tensor = torch.Tensor
         self._torch_dir = os.path.dirname(torch.__file__)
+        self._skip_in_dynamo()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
         if TORCH_HOOKS.is_set_to("global"):  # the older mechanism, kept for comparison
             if not self._record_layers:
@@ -370,6 +408,7 @@ class TorchModuleSource(Source):
         site_of = self._site_of
         _getframe = sys._getframe
         compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
+        optimized = self._optimized
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
@@ -393,7 +432,8 @@ class TorchModuleSource(Source):
                         span.attrs["_out"] = raw_shapes(output)
                     end(span)
                     model_ended()
-
+            if type(stack[-1][MODULE]) is optimized[0]:  # torch.compile's wrapper calls its module: one span
+                return original(module, *args, **kwargs)
             if args:
                 # One plain tensor is the common case: skip the generic walk and
                 # keep the bare (shape, dtype) pair (``_converted`` reads both forms).
@@ -438,8 +478,10 @@ class TorchModuleSource(Source):
 
             def bound_call(module: Any, *args: Any, **kwargs: Any) -> Any:
                 """``module.__call__`` read from an instance (torch.compile keeps it as what it
-                compiles): the C hot path, or torch's own while TorchDynamo traces it."""
-                if compiling():
+                compiles): the C hot path, or torch's own while TorchDynamo traces it or when
+                torch.compile's wrapper calls it (the compiled call is the wrapper's span)."""
+                stack = getattr(tls, "stack", None)
+                if compiling() or (stack and type(stack[-1][MODULE]) is optimized[0]):  # compiled: one span
                     return original(module, *args, **kwargs)
                 return native_call[0](module, *args, **kwargs)
 
@@ -493,8 +535,11 @@ class TorchModuleSource(Source):
         post = self._post
         late = self._late
         get_ident = threading.get_ident
+        compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
+            if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
+                return original(module, *args, **kwargs)
             try:
                 stack = tls.stack
             except AttributeError:
@@ -557,7 +602,26 @@ class TorchModuleSource(Source):
             if self._import_hook is not None:
                 self._import_hook.remove()
                 self._import_hook = None
+            while self._dynamo_hooks:
+                self._dynamo_hooks.pop().remove()
         return truncated
+
+    def _skip_in_dynamo(self) -> None:
+        """Has TorchDynamo run mltrace's own frames on the module-call path as they are, never
+        compile them, once it is imported (``skip_code``; ``dynamo_skipped_code``). Compiling
+        then starts at the module's ``forward``, as it does without mltrace (torch's own
+        ``__call__`` is skipped the same way): a wrapper frame compiled would inline
+        ``__call__`` and ``forward``, so a graph break in ``forward`` would count as one more
+        break, frame and graph; and the helpers the C hot path calls would count as frames."""
+
+        def skip(eval_frame: Any) -> None:
+            self._optimized[0] = getattr(eval_frame, "OptimizedModule", None)
+            skip_code = getattr(eval_frame, "skip_code", None)
+            if callable(skip_code):
+                for code in dynamo_skipped_code():
+                    skip_code(code)
+
+        self._dynamo_hooks.append(PostImportHook("torch._dynamo.eval_frame", skip))
 
     def _truncate_open_frames(self) -> list[Event]:
         """Spans for layer calls still running at stop (on other threads), marked truncated.
