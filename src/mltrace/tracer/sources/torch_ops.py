@@ -106,6 +106,7 @@ from mltrace.run.jsoncodec import dumps, loads
 from mltrace.run.levels import Level
 from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import FOLLOW, OP_CONVERTER, OP_CYCLE_S
+from mltrace.tracer.deferred_signals import signals_held
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -326,7 +327,15 @@ class TorchOpSource(Source):
 
     def _next_cycle(self, restart: bool) -> None:
         """Stops the running profiler and hands it to the converter; with ``restart``, starts
-        the next cycle's at once. A profiler that fails to restart ends the op level here."""
+        the next cycle's at once. A profiler that fails to restart ends the op level here.
+        SIGINT and SIGTERM wait until it is done (``signals_held``): their handlers raise in
+        the program's thread, and one raised between the stop and the hand-over would lose
+        the stopped cycle and every later one."""
+        with signals_held():
+            self._switch_cycle(restart)
+
+    def _switch_cycle(self, restart: bool) -> None:
+        """``_next_cycle``'s steps."""
         prof, self._prof = self._prof, None
         cycles = self._cycles
         if prof is None or cycles is None:
