@@ -46,8 +46,14 @@ are printed too: the layer level must not make the program's allocations trigger
 forward calling 1000 ``nn.Identity`` children, plain, under two no-op global hooks, at the
 model and layer levels, the layer level with streaming off (the wrapper alone) and the drain
 and write of one span; then the same two figures for model spans (1000 outermost calls).
+Then a launch-bound model's share (``--pairs``, default 60): a ResNet-50-shaped net of tiny
+modules (182 module calls, about 4 ms on one CPU thread, as a b1 fp16 ResNet-50 on an H100),
+in thread CPU time, plain against the layer level in interleaved blocks (median of per-round
+differences, per module call), the flusher's drain per span in
+thread CPU time (take, encode, write), and the wall time a program thread loses while another
+thread drains under the GIL.
 
-    python benchmarks/overhead.py --mode span-cost [--rounds 5]
+    python benchmarks/overhead.py --mode span-cost [--rounds 5] [--pairs 60]
 
 ``--mode cross-stack``: the full CPU trace against torch.profiler alone, in paired blocks.
 A. Inside one library-level session, the ``Module.__call__`` wrapper and oneDNN's and MKL's
@@ -619,7 +625,149 @@ def _span_cost_round() -> tuple[float, ...]:
     return plain, noop, traced["model"], traced["layer"], quiet, flush_per_span, plain_models, quiet_models, flush_per_model
 
 
+def _tiny_resnet50() -> Any:
+    """ResNet-50's module structure (bottlenecks 3, 4, 6, 3; 182 module calls) at 8 to 64
+    channels on 16x16: every call costs the CPU about what launching it costs on a GPU."""
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, mid: int, stride: int) -> None:
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+            self.conv2, self.bn2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False), nn.BatchNorm2d(mid)
+            self.conv3, self.bn3 = nn.Conv2d(mid, mid * 4, 1, bias=False), nn.BatchNorm2d(mid * 4)
+            self.relu = nn.ReLU(inplace=True)
+            down = cin != mid * 4 or stride != 1
+            self.downsample = nn.Sequential(nn.Conv2d(cin, mid * 4, 1, stride, bias=False), nn.BatchNorm2d(mid * 4)) if down else None
+
+        def forward(self, x: Any) -> Any:
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+    stages, cin = [], 8
+    for i, n in enumerate((3, 4, 6, 3)):
+        mid = 2 << i
+        stages.append(nn.Sequential(*(Bottleneck(cin if j == 0 else mid * 4, mid, 2 if i and j == 0 else 1) for j in range(n))))
+        cin = mid * 4
+    stem = [nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    return nn.Sequential(*stem, *stages, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10)).eval()
+
+
+def _gil_lost(session: Any, frames: Any, call: Callable[[], object], calls: int) -> tuple[float, float]:
+    """Wall ns per ``call`` lost while a second thread drains (``session.flush()`` after every
+    call) against blocks whose frames are discarded undrained (median of per-round differences),
+    and the drain thread's CPU ns per call."""
+    import threading
+
+    go, done = threading.Event(), threading.Event()
+    drain_cpu = [0]
+
+    def drainer() -> None:
+        while go.wait() and not done.is_set():
+            go.clear()
+            t0 = time.thread_time_ns()
+            session.flush()
+            drain_cpu[0] += time.thread_time_ns() - t0
+
+    thread = threading.Thread(target=drainer, daemon=True)
+    thread.start()
+    walls: dict[bool, list[float]] = {True: [], False: []}  # each block's wall ns per call
+    try:
+        for r in range(calls // 10):
+            for drained in (True, False) if r % 2 else (False, True):
+                t0 = time.perf_counter_ns()
+                for _ in range(10):
+                    call()
+                    if drained:
+                        go.set()  # the drain of the calls so far runs beside the next ones
+                walls[drained].append((time.perf_counter_ns() - t0) / 10)
+                if not drained:
+                    frames.clear()
+                time.sleep(0.002)  # the drainer ends its flush outside the timed blocks
+    finally:
+        done.set()
+        go.set()
+        thread.join()
+    lost = statistics.median(a - b for a, b in zip(walls[True], walls[False]))
+    return lost, drain_cpu[0] / (len(walls[True]) * 10)
+
+
+def _launch_bound_share(pairs: int) -> dict[str, float]:
+    """The figures of ``_tiny_resnet50`` under the layer level (ns; see the module docstring)."""
+    import torch
+
+    from mltrace.config import ProfileOptions
+    from mltrace.run.levels import Level
+    from mltrace.tracer.session import Session
+    from mltrace.tracer.sources.torch_modules import TorchModuleSource
+
+    net, x = _tiny_resnet50(), torch.randn(1, 3, 16, 16)
+    tt = time.thread_time_ns
+    with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
+        time_calls(lambda: net(x), 0, warm=10)
+        source = TorchModuleSource()
+        options = ProfileOptions(output=Path(tmp) / "r", summary=False, level=Level.LAYER, flush_interval_s=NO_FLUSH_S)
+        session = Session(options, sources=[source]).start()
+        try:
+            assert source._wrapped is not None, "the torch module source did not wrap Module.__call__"
+            module_cls, original, wrapper = source._wrapped
+            installed = {"plain": original, "layer": wrapper}
+            net(x)
+            calls = len(source._frames)
+            session.flush()
+            res = Rounds()
+            parts = {"take": 0, "encode": 0, "write": 0, "spans": 0}
+            for i in range(pairs):
+                for kind in rotation(list(installed), i, mirror=True):
+                    module_cls.__call__ = installed[kind]
+                    try:
+                        res.add(kind, time_calls(lambda: net(x), 10, warm=1, clock=tt))
+                    finally:
+                        module_cls.__call__ = wrapper
+                t0 = tt()
+                batch = source._take_frames(source._frames)
+                t1 = tt()
+                templates, rows, count = source._encode_chunks(batch, int(Level.LAYER))
+                del batch
+                t2 = tt()
+                session._writer.write(span_rows=[rows], span_templates=[templates])  # type: ignore[union-attr]
+                parts["write"] += tt() - t2
+                parts["take"] += t1 - t0
+                parts["encode"] += t2 - t1
+                parts["spans"] += count
+            lost, drain_cpu = _gil_lost(session, source._frames, lambda: net(x), 20 * pairs)
+        finally:
+            module_cls.__call__ = wrapper
+            session.stop()
+    plain = res.medians["plain"]
+    out = {"calls": calls, "plain_ns": statistics.median(plain)}
+    out["layer"] = statistics.median(b - a for a, b in zip(plain, res.medians["layer"])) / calls
+    spans = max(parts.pop("spans"), 1)
+    out.update({k: v / spans for k, v in parts.items()})
+    out["gil_lost"], out["drain_cpu"] = lost / calls, drain_cpu / calls
+    return out
+
+
+def _print_launch_bound(f: dict[str, float]) -> None:
+    plain_us, calls = f["plain_ns"] / 1e3, int(f["calls"])
+    share = 100 * calls / f["plain_ns"]  # % of an inference per ns a call
+
+    def line(name: str, ns: float) -> None:
+        print(f"  {name + ':':46} {ns:6.0f} ns per module call  ({ns * share:+5.2f} % of an inference)")
+
+    print(f"ResNet-50-shaped net of tiny modules: {calls} module calls, plain {plain_us:.0f} µs (thread CPU time)")
+    line("layer level, C hot path (program thread CPU)", f["layer"])
+    drain = f["take"] + f["encode"] + f["write"]
+    line(f"drain a span (take {f['take']:.0f}, encode {f['encode']:.0f}, write {f['write']:.0f})", drain)
+    line("program wall lost to a drain on another thread", f["gil_lost"])
+    print(f"    (that drain thread's own CPU: {f['drain_cpu']:.0f} ns a span)")
+
+
 def mode_span_cost(args: argparse.Namespace) -> int:
+    launch_bound = _launch_bound_share(args.pairs)
+    _print_launch_bound(launch_bound)
     rows = []
     for rnd in range(args.rounds):
         rows.append(_span_cost_round())
@@ -643,7 +791,14 @@ def mode_span_cost(args: argparse.Namespace) -> int:
     print(f"    draining + writing one model span:      {flush_model / 1e3:6.2f} µs per span")
     figures = {name.strip(): (ns - plain) / SPAN_CALLS for name, ns in per_call.items()}
     harness.write_json(
-        args.json, {"plain_ns": plain, "per_module_call_ns": figures, "drain_ns_per_span": flush, "model_drain_ns": flush_model}
+        args.json,
+        {
+            "plain_ns": plain,
+            "per_module_call_ns": figures,
+            "drain_ns_per_span": flush,
+            "model_drain_ns": flush_model,
+            "launch_bound": launch_bound,
+        },
     )
     return 0
 
@@ -946,7 +1101,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
     },
     "parts": {"rounds": (12, 2), "iters": (5, 2), "batch": (1, 1), "threads": (0, 0)},
     "layer-paired": {"pairs": (100, 4), "block": (3, 1), "flush_every": (0, 0), "batch": (1, 1), "threads": (0, 0)},
-    "span-cost": {"rounds": (5, 1), "threads": (0, 0)},
+    "span-cost": {"rounds": (5, 1), "pairs": (60, 4), "threads": (0, 0)},
     "cross-stack": {"model": ("cnn", "cnn"), "pairs": (60, 2), "block": (3, 1), "flush_every": (2, 1), "threads": (0, 0)},
     "frameworks": {"rounds": (5, 2), "iters": (6, 2), "frameworks": ("onnxruntime,keras", "onnxruntime,keras")},
 }
@@ -969,7 +1124,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), help="both models' dtype (default: float32)")
     g.add_argument("--channels-last", action="store_const", const=True, help="the CNN and its input in channels_last")
     g = p.add_argument_group("--mode layer-paired and cross-stack")
-    g.add_argument("--pairs", type=int, help="rounds of paired blocks (layer-paired 100, cross-stack 60)")
+    g.add_argument("--pairs", type=int, help="rounds of paired blocks (layer-paired 100, cross-stack 60, span-cost 60)")
     g.add_argument("--block", type=int, help="timed inferences a block (default 3)")
     g.add_argument(
         "--flush-every", type=int, help="traced blocks (layer-paired; default 8 / batch) or rounds (cross-stack; 2) a timed flush"

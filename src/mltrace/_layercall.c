@@ -889,14 +889,22 @@ static int referent_is(PyObject *ref, PyObject *o) {
 #endif
 }
 
-/* 1 where kid (a cache entry: path, facts, …) is the entry of this live module: its facts'
- * weak reference still points to it (a dead module's address can be reused). */
-static int kid_is_of(PyObject *kid, PyObject *module) {
-    if (!PyTuple_Check(kid) || PyTuple_GET_SIZE(kid) < 5) return 0;
+/* The weak reference of kid (a cache entry: path, facts, …): its facts' `ref`, or NULL (no
+ * error) where it has none. New reference. */
+static PyObject *kid_ref(PyObject *kid) {
+    if (!PyTuple_Check(kid) || PyTuple_GET_SIZE(kid) < 5) return NULL;
     PyObject *ref = PyObject_GetAttr(PyTuple_GET_ITEM(kid, 1), s_ref);
-    int same = ref && PyWeakref_CheckRef(ref) && referent_is(ref, module);
-    Py_XDECREF(ref);
+    if (ref && !PyWeakref_CheckRef(ref)) Py_CLEAR(ref);
     PyErr_Clear();
+    return ref;
+}
+
+/* 1 where kid is the entry of this live module: its facts' weak reference still points to it
+ * (a dead module's address can be reused). */
+static int kid_is_of(PyObject *kid, PyObject *module) {
+    PyObject *ref = kid_ref(kid);
+    int same = ref && referent_is(ref, module);
+    Py_XDECREF(ref);
     return same;
 }
 
@@ -906,7 +914,7 @@ static int kid_is_of(PyObject *kid, PyObject *module) {
  * checked by kid_is_of like any entry found. clear_caches() empties it when a session stops. */
 #define PLACE_SLOTS 1024
 typedef struct {
-    PyObject *parent_kid, *kid;
+    PyObject *parent_kid, *kid, *ref;  /* ref: kid's weak reference (its facts' `ref`, set once) */
     void *module;
 } PlaceSlot;
 static PlaceSlot place_slots[PLACE_SLOTS];
@@ -920,11 +928,8 @@ static PlaceSlot *place_slot(PyObject *parent_kid, PyObject *module) {
  * where neither has a live one. New reference. */
 static PyObject *cached_kid(PyObject *parent_kid, PyObject *module) {
     PlaceSlot *slot = place_slot(parent_kid, module);
-    if (slot->kid && slot->parent_kid == parent_kid && slot->module == (void *)module) {
-        PyObject *kid = Py_NewRef(slot->kid);  /* held across the check, whatever it runs */
-        if (kid_is_of(kid, module)) return kid;
-        Py_DECREF(kid);
-    }
+    if (slot->kid && slot->parent_kid == parent_kid && slot->module == (void *)module && referent_is(slot->ref, module))
+        return Py_NewRef(slot->kid);
     PyObject *kids = PyObject_GetAttr(PyTuple_GET_ITEM(parent_kid, 1), s_kids);
     PyObject *key = NULL, *module_id = kids ? PyLong_FromVoidPtr(module) : NULL;
     if (module_id) key = PyTuple_Pack(2, PyTuple_GET_ITEM(parent_kid, 0), module_id);
@@ -934,9 +939,11 @@ static PyObject *cached_kid(PyObject *parent_kid, PyObject *module) {
     Py_XDECREF(hit);
     Py_XDECREF(kids); Py_XDECREF(module_id); Py_XDECREF(key);
     PyErr_Clear();  /* whatever failed here, place() does it again and says why */
-    if (found) {
+    PyObject *ref = found ? kid_ref(found) : NULL;
+    if (ref) {
         Py_XSETREF(slot->parent_kid, Py_NewRef(parent_kid));
         Py_XSETREF(slot->kid, Py_NewRef(found));
+        Py_XSETREF(slot->ref, ref);
         slot->module = module;
     }
     return found;
@@ -973,6 +980,7 @@ static PyObject *clear_caches(PyObject *mod, PyObject *unused) {
     for (int i = 0; i < PLACE_SLOTS; i++) {
         Py_CLEAR(place_slots[i].parent_kid);
         Py_CLEAR(place_slots[i].kid);
+        Py_CLEAR(place_slots[i].ref);
         place_slots[i].module = NULL;
     }
     for (int i = 0; i < SITE_SLOTS; i++) {
