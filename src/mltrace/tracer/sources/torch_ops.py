@@ -1,85 +1,35 @@
 """PyTorch op level (and, with CUDA, kernel level) from ``torch.profiler``.
 
-The source runs Kineto for the whole session: CPU activity with
-``record_shapes`` (FLOPs are counted from the shapes afterwards,
-``aten_flops``), plus CUDA activity (runtime calls, kernels, memcpys, memsets)
-when the kernel level is enabled and torch sees a GPU. With CUDA activity it
-runs ``torch.profiler.profile``; without, the ``torch.autograd.profiler.profile``
-underneath it (``_CpuProfile``), whose start does not import ``torch._inductor``.
+Kineto runs with CPU activity and ``record_shapes`` (FLOPs are counted from the shapes,
+``aten_flops``), plus CUDA activity (runtime calls, kernels, memcpys, memsets) when the kernel
+level is on and torch sees a GPU. With CUDA activity it is ``torch.profiler.profile``; without,
+the ``torch.autograd.profiler.profile`` underneath (``_CpuProfile``), whose start does not
+import ``torch._inductor``. torch is never imported here: the profiler starts right after the
+program's ``import torch`` (a post-import hook).
 
-Cycles. Kineto keeps every event in memory until the profiler stops, so without
-CUDA activity and ``--memory`` the profiler runs in cycles (``MLTRACE_OP_CYCLE_S``, 2 s; 0
-holds it whole): at the return of a PyTorch model call
-(``Session.add_model_call_listener``) once ``cycle_s`` seconds have passed (the
-first cycle ends at the first model call's return) and the converter has
-finished the cycle before, on a thread allowed to stop it, the running profiler
-stops and a new one starts at once. The program's thread pays for that stop and
-start (Kineto's ``_disable_profiler``, which builds its result from what it held,
-keeping the GIL); a converter thread writes the stopped
-cycle's Chrome trace to the run directory (``torch-profiler-<n>.json``, Kineto's
-export, which also keeps the GIL) and gives the freed memory back to the system
-(``release_free_memory``). The converter process (``formats/kineto_serve.py``, one
-child started with the cycles, without torch, not followed as one of the program's
-children) then loads and converts it (``kineto_to_events``), appends its events to
-events.jsonl and removes the file; the traced process only answers its questions for
-the session's track and event ids and learns the counts (``MLTRACE_OP_CONVERTER=0``,
-or a process that fails: the converter thread converts in this process and hands the
-events to the session, streamed at the next flush). So the memory held is about one
-cycle's, the op level needs no early end on a long run, and a killed run keeps the ops
-of every cycle converted before it died (the converter process writes the cycle in
-hand if it had its ids already; a file left in the run directory is a cycle that was
-being converted: ``mltrace import`` reads it). Ops reach the run as
-plain spans on their threads' tracks; the finish nests them under the layer
-spans (``nest_by_containment``), as before. A cycle ends between two model calls
-of the thread that ends it, and waits while another thread has a span open (a
-model call, a request's span): the all-threads profiler's stop drops the ops
-running elsewhere at that moment, so only an op on another thread outside every
-span can be lost. With CUDA activity the profiler runs whole, as
-one cycle converted at ``stop()`` (``EXPORT_FILE``): the hand-over of CUPTI
-between Kineto and cupti-python is done only at the session's end.
+Cycles (``MLTRACE_OP_CYCLE_S``, without CUDA activity and ``--memory``): at the return of a
+model call once a cycle's seconds have passed, the program's thread stops the profiler and
+starts the next (``_next_cycle``); a converter thread exports the stopped cycle's Chrome
+trace to the run directory, and the converter process (``formats/kineto_serve.py``) converts
+it and appends its events to events.jsonl (``MLTRACE_OP_CONVERTER=0``, or a failed process:
+the thread converts in this process). Memory stays about one cycle's, the op level needs no
+early end, and a killed run keeps the cycles converted before (a trace file left in the run
+directory is one being converted: ``mltrace import`` reads it). A cycle waits while another
+thread has a span open, since the all-threads profiler's stop drops the ops running
+elsewhere. With CUDA activity the profiler runs whole and is converted at ``stop()``.
 
-Placement. Kineto's thread ids are OS thread ids, so ops land on the same
-thread tracks as the live model and layer spans of the ``torch.modules``
-source, where ``nest_by_containment`` makes each op a child of the
-innermost layer around it. Ops on other threads (intra-op workers, user
-threads, the autograd engine) keep their own tracks. All threads are
-profiled when torch supports it (``_ExperimentalConfig(profile_all_threads=
-True)``, PyTorch ≥ 2.6); older versions see only the thread that started
-the profiler, which run.json records as a limitation.
+Placement and clock: Kineto's thread ids are OS thread ids, so ops land on the thread tracks
+of the live model and layer spans, where the finish nests them (``nest_by_containment``); all
+threads are profiled where torch supports it (PyTorch ≥ 2.6), else run.json says so.
+``ts * 1000 + baseTimeNanoseconds`` is Unix-epoch ns, converted with the session's anchor
+(``tests/tracer/test_torch_ops.py`` checks that ``record_function`` ranges land inside the
+``time.monotonic_ns()`` readings around them).
 
-Clock. ``ts * 1000 + baseTimeNanoseconds`` is Unix-epoch ns (Kineto reads
-the system clock); ``session.anchor.epoch_to_session`` converts it. Measured
-on this project's 2-core CPU machine under load (PyTorch 2.13): 200 of 200
-``record_function`` ranges, each entered and left between two
-``time.monotonic_ns()`` readings, landed inside their window after
-conversion, with smallest margins of 9.6 µs before and 1.5 µs after; so the
-conversion error lies between −9.6 µs and +1.5 µs (anchor uncertainty
-61 ns). That is below the gap between a layer hook's timestamp and the first
-op of its forward, which is what nesting needs;
-``tests/tracer/test_torch_ops.py`` checks the bracketing on every run.
-
-Start. torch is never imported by mltrace: if the program has not imported
-torch when the session starts, the profiler starts right after its
-``import torch`` finishes (a post-import hook), so ops run before that
-import are none anyway.
-
-Ending early. Without CUDA activity the profiler may be stopped between two
-model calls (``can_end_early``, ``end_early``, ``tracer/windows.py``). The
-all-threads profiler stops from any thread; one that records only the thread
-that started it also stops only there (elsewhere torch warns and records on), so
-that thread is named in ``thread_ident``. The trace then waits in the run
-directory until ``stop()`` converts it.
-
-Memory (``--memory``, ``ProfileOptions.memory``). The profiler also runs with
-``profile_memory=True``: every allocation and free becomes a ``[memory]`` event
-(``kineto_to_events``), attributed to ops and layers by ``passes.memory``. torch
-(2.13) records no memory events in its all-threads mode, so with ``--memory`` the
-profiler records the thread that started it only (ops on other threads are not
-recorded, and run.json says so); the allocations of the program's main thread,
-where the model runs, are what the memory numbers need.
-
-Limits. Kineto allows one profiler per process: a program that runs its own ``torch.profiler`` while
-this source is on gets an error from torch, so use ``--level layer`` there.
+Ending early (``tracer/windows.py``): without CUDA activity the profiler may stop between two
+model calls; one that records only the thread that started it stops only there
+(``thread_ident``). With ``--memory`` it also records allocations (``profile_memory``), on
+the starting thread only (torch records none in its all-threads mode). Kineto allows one
+profiler per process: a program running its own ``torch.profiler`` needs ``--level layer``.
 """
 
 from __future__ import annotations
