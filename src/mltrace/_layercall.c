@@ -194,8 +194,8 @@ typedef struct {
     PyObject *tls, *new_stack, *outer, *raw_shapes, *tensor_type, *next_id, *append_frame, *original;
     int direct;
     /* Calling forward() itself where torch's Module._call_impl would do nothing else (see
-     * forward_directly): that function (NULL: never), torch._C._get_tracing_state, and the
-     * globals _call_impl reads the global hook dicts from. */
+     * forward_directly): that function (NULL: never), the tracing check (torch._C._is_tracing,
+     * else _get_tracing_state), and the globals _call_impl reads the global hook dicts from. */
     PyObject *call_impl, *tracing_state, *hook_globals;
     /* Call sites: `internal` maps code objects to whether they are a framework's (True) or model
      * code, and `classify(code)` adds one it lacks (TorchModuleSource._is_framework_code). NULL:
@@ -226,9 +226,9 @@ static const char *const HOOK_GLOBALS[] = {"_global_backward_pre_hooks", "_globa
                                            "_global_forward_pre_hooks"};
 static PyObject *s_hook_attrs[4], *s_hook_globals[4];
 
-/* f(arg) for f a builtin method (deque.append, torch._C._get_tracing_state): its C function
- * itself where its flags allow (METH_O with an argument, METH_NOARGS without), else the
- * generic call. New reference, or NULL with an error. */
+/* f(arg) for f a builtin method (deque.append): its C function itself where its flags allow
+ * (METH_O with an argument, METH_NOARGS without), else the generic call (pybind11 functions,
+ * such as torch's tracing check, take that). New reference, or NULL with an error. */
 static PyObject *call_builtin(PyObject *f, PyObject *arg) {
     if (PyCFunction_Check(f)) {
         int flags = PyCFunction_GET_FLAGS(f) & ~(METH_COEXIST | METH_STATIC | METH_CLASS);
