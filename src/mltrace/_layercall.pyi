@@ -44,7 +44,8 @@ def encode_rows(
     level: int,
     site_json: Callable[[Any, int], str],
 ) -> tuple[bytes, bytes]:
-    """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``)."""
+    """Completed layer frames as events.jsonl template and span rows (see ``TorchModuleSource._encode_frames``);
+    the span rows' numbers are formatted with the GIL given up."""
 
 def forget_templates() -> None:
     """Empties the template ids cached by address (when the templates dict starts over)."""

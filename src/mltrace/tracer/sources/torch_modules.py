@@ -247,8 +247,8 @@ _CODE_CACHE_MAX = 4096
 log = logging.getLogger("mltrace")
 
 _TEMPLATE_CACHE_MAX = 4096
-#: Frames the C encoder takes in one call: the flusher gives up the GIL between two such chunks
-#: (``_encode_frames``), so the program's thread never waits on a whole flush at once.
+#: Frames the C encoder takes in one call: it gives up the GIL while it formats each such chunk
+#: (``_encode_chunks``), so the program's thread never waits on a whole flush at once.
 _ENCODE_CHUNK = 256
 
 
@@ -702,8 +702,9 @@ class TorchModuleSource(Source):
         return self._encode_chunks(batch, level)
 
     def _encode_chunks(self, batch: list[Any], level: int) -> tuple[bytes, bytes, int]:
-        """``batch`` through the C encoder, ``_ENCODE_CHUNK`` frames a call, the GIL given up
-        between calls (``time.sleep(0)``: a thread waiting for it takes it at once).
+        """``batch`` through the C encoder, ``_ENCODE_CHUNK`` frames a call. Each call gives up
+        the GIL while it formats its chunk's rows (a thread waiting for it takes it at once), so
+        the program's thread runs between two chunks and while rows are formatted.
 
         A chunk that fails ends the drain there: what the chunks before it encoded is returned
         (their templates are in ``_templates``, so their rows must reach the file), the rest
@@ -714,8 +715,6 @@ class TorchModuleSource(Source):
         row_parts: list[bytes] = []
         count = 0
         for i in range(0, len(batch), _ENCODE_CHUNK):
-            if i:
-                time.sleep(0)
             chunk = batch[i : i + _ENCODE_CHUNK]
             try:
                 templates, rows = self._encode_rows(
