@@ -310,11 +310,11 @@ static PyObject *s_getattribute, *object_getattribute;
  * lookup would find first); else the full lookup. nn.Module keeps its hook dicts and
  * _compiled_call_impl in the instance dict; reading them there spares the generic lookup,
  * which goes through Module.__getattr__'s slot on every read. */
-static PyObject *instance_attr(PyObject *module, PyObject *dict, PyObject *name) {
+static PyObject *instance_attr(PyObject *module, PyObject *dict, PyObject *name, int no_descr) {
     if (dict) {
         PyObject *v = PyDict_GetItemWithError(dict, name);  /* borrowed */
         if (v) {
-            PyObject *descr = _PyType_Lookup(Py_TYPE(module), name);
+            PyObject *descr = no_descr ? NULL : _PyType_Lookup(Py_TYPE(module), name);
             if (descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) return Py_NewRef(v);
         } else if (PyErr_Occurred()) {
             return NULL;
@@ -323,13 +323,56 @@ static PyObject *instance_attr(PyObject *module, PyObject *dict, PyObject *name)
     return PyObject_GetAttr(module, name);
 }
 
+/* What the hot path looks up on a module's class, by class and version tag (a class changed
+ * since gets a new tag; tags are not reused): whether it keeps object.__getattribute__,
+ * whether none of _compiled_call_impl and the hook dicts' names is a data descriptor on it, its
+ * _call_impl and its forward where that is a plain function (both borrowed: the class's dict
+ * holds them while the tag stands). Direct-mapped; a class without a valid tag is looked up
+ * on every call. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    int generic, no_descr;
+    PyObject *call_impl, *forward;
+} TypeFacts;
+#define TYPE_SLOTS 256
+static TypeFacts type_slots[TYPE_SLOTS];
+
+static TypeFacts type_facts(PyTypeObject *t) {
+    TypeFacts *slot = &type_slots[((uintptr_t)t >> 4) % TYPE_SLOTS];
+    if (slot->type == t && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) && slot->version == t->tp_version_tag) return *slot;
+    TypeFacts facts = {NULL, 0, 0, 1, NULL, NULL};
+    facts.generic = _PyType_Lookup(t, s_getattribute) == object_getattribute;
+    for (int i = 0; i < 5; i++) {
+        PyObject *descr = _PyType_Lookup(t, i < 4 ? s_hook_attrs[i] : s_compiled);
+        if (descr && Py_TYPE(descr)->tp_descr_set != NULL) facts.no_descr = 0;
+    }
+    facts.call_impl = _PyType_Lookup(t, s_call_impl);
+    PyObject *forward = _PyType_Lookup(t, s_forward);
+    facts.forward = forward && PyFunction_Check(forward) ? forward : NULL;
+    if (PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {  /* the lookups gave it one */
+        facts.type = t;
+        facts.version = t->tp_version_tag;
+        *slot = facts;
+    }
+    return facts;
+}
+
 /* module.forward(*args) (args[0] is the module): the class's plain Python function called
  * with the module as its first argument, as the bound method would, where the module has an
  * instance dict as instance_attr reads it (so no __getattribute__ of its own) that does not
  * shadow it; else the method call. */
-static PyObject *call_forward(PyObject *module, PyObject *dict, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    PyObject *func = dict ? _PyType_Lookup(Py_TYPE(module), s_forward) : NULL;  /* borrowed */
-    if (func && PyFunction_Check(func)) {
+static PyObject *call_forward(PyObject *module, PyObject *dict, const TypeFacts *facts, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames) {
+    PyObject *func = NULL;  /* borrowed; the facts' only while the class is unchanged since */
+    PyTypeObject *t = Py_TYPE(module);
+    if (dict && facts->type == t && PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag == facts->version) {
+        func = facts->forward;
+    } else if (dict) {
+        func = _PyType_Lookup(t, s_forward);
+        if (func && !PyFunction_Check(func)) func = NULL;
+    }
+    if (func) {
         int shadowed = PyDict_Contains(dict, s_forward);
         if (shadowed == 0) {
             Py_INCREF(func);  /* held across the call, whatever it rebinds */
@@ -347,14 +390,14 @@ static PyObject *call_forward(PyObject *module, PyObject *dict, PyObject *const 
  * it), no JIT trace is being recorded (else it calls _slow_forward), and no hook dict, the
  * module's or a global one, has an entry. Then the hot path calls forward itself and spares
  * the Python frame, which torch's own __call__ pays too. 0 otherwise (or on any error). */
-static int forward_directly(LayerCall *self, PyObject *module, PyObject *dict) {
-    if (self->call_impl == NULL || _PyType_Lookup(Py_TYPE(module), s_call_impl) != self->call_impl) return 0;
+static int forward_directly(LayerCall *self, PyObject *module, PyObject *dict, const TypeFacts *facts) {
+    if (self->call_impl == NULL || facts->call_impl != self->call_impl) return 0;
     PyObject *tracing = call_builtin(self->tracing_state, NULL);
     int traced = tracing ? PyObject_IsTrue(tracing) : -1;
     Py_XDECREF(tracing);
     if (traced != 0) { PyErr_Clear(); return 0; }
     for (int i = 0; i < 4; i++) {
-        PyObject *hooks = instance_attr(module, dict, s_hook_attrs[i]);
+        PyObject *hooks = instance_attr(module, dict, s_hook_attrs[i], facts->no_descr);
         int some = hooks ? PyObject_IsTrue(hooks) : -1;
         Py_XDECREF(hooks);
         if (some != 0) { PyErr_Clear(); return 0; }
@@ -477,16 +520,18 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     PyObject *output = NULL;
     int use_direct = 0;
     PyObject *dict = NULL;  /* the module's instance dict, where it has one */
+    TypeFacts facts = {NULL, 0, 0, 0, NULL, NULL};
     if (self->direct) {
-        if (_PyType_Lookup(Py_TYPE(module), s_getattribute) == object_getattribute) {
+        facts = type_facts(Py_TYPE(module));
+        if (facts.generic) {
             dict = PyObject_GenericGetDict(module, NULL);
             if (!dict) PyErr_Clear();
         }
-        PyObject *compiled = instance_attr(module, dict, s_compiled);
+        PyObject *compiled = instance_attr(module, dict, s_compiled, facts.no_descr);
         if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
         else PyErr_Clear();
     }
-    if (use_direct && forward_directly(self, module, dict)) output = call_forward(module, dict, args, nargsf, kwnames);
+    if (use_direct && forward_directly(self, module, dict, &facts)) output = call_forward(module, dict, &facts, args, nargsf, kwnames);
     else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
     else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     Py_XDECREF(dict);

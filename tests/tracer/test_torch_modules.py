@@ -890,6 +890,35 @@ def test_hook_reads_go_through_a_class_that_overrides_attribute_access(tmp_path:
     assert _names(run) == ["0", "1", "2"]
 
 
+def test_a_class_changed_between_calls_is_read_again(tmp_path: Path) -> None:
+    """The C hot path remembers what it looked up on a module's class (its ``forward``) until the
+    class changes: a ``forward`` replaced on the class, or a forward hook registered, between two
+    calls is the one the next call runs."""
+
+    class Step(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    def plus_ten(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x + 10
+
+    net = nn.Sequential(Step(), nn.ReLU())
+    x = torch.zeros(1, 2)
+    outputs: list[float] = []
+
+    def go() -> None:
+        outputs.append(float(net(x)[0, 0]))
+        Step.forward = plus_ten  # type: ignore[method-assign]
+        outputs.append(float(net(x)[0, 0]))
+        handle = net[0].register_forward_hook(lambda m, i, o: o * 2)
+        outputs.append(float(net(x)[0, 0]))
+        handle.remove()
+
+    run = _trace(tmp_path, go)
+    assert outputs == [1.0, 10.0, 20.0]
+    assert _names(run) == ["0", "1"] * 3
+
+
 def test_forward_check_needs_call_impl_to_read_as_verified() -> None:
     from mltrace.tracer.sources.torch_modules import forward_check
 
