@@ -142,6 +142,9 @@ class TorchOpSource(Source):
         self._cycle_began = 0.0  # time.monotonic() at the running cycle's start
         self._cycle_calls = 0  # model calls that returned in the running cycle
         self._cycles: _Converter | None = None
+        self._cycling_thread: int | None = None  # the thread of the first model call that returned
+        #: Why the cycles stopped and the profiler runs on whole ("" while they go on).
+        self.cycles_stopped = ""
 
     @property
     def profiling(self) -> bool:
@@ -263,6 +266,8 @@ class TorchOpSource(Source):
         if framework != self.framework or self._prof is None:
             return
         self._cycle_calls += 1
+        if self._cycles is not None and not self._one_model_thread():
+            return
         cycles = self._cycles
         first = cycles is not None and cycles.handed == 0
         if not first and time.monotonic() - self._cycle_began < self.cycle_s:
@@ -274,6 +279,23 @@ class TorchOpSource(Source):
         if self._session is not None and self._session.recorder.open_on_other_threads():
             return  # a stop would drop the ops in flight there (a request, a model call): later
         self._next_cycle(restart=True)
+
+    def _one_model_thread(self) -> bool:
+        """Whether model calls have come from one thread only. At the first call from a second
+        thread the cycles stop for good and the profiler runs on whole: a cycle's stop and
+        restart drop the ops that other threads run meanwhile, and where several threads call
+        models (a thread-per-request service), a request may begin on another thread at any
+        time. The first cycle may have ended already: where another thread had a span open
+        then, it waited."""
+        if self.cycles_stopped:
+            return False
+        ident = threading.get_ident()
+        if self._cycling_thread is None:
+            self._cycling_thread = ident
+        elif ident != self._cycling_thread:
+            self.cycles_stopped = "model calls on more than one thread: torch.profiler runs on whole from here"
+            return False
+        return True
 
     def _next_cycle(self, restart: bool) -> None:
         """Stops the running profiler and hands it to the converter; with ``restart``, starts
@@ -400,6 +422,8 @@ class TorchOpSource(Source):
         stats["cycles"] = cycles
         if self._cycles is not None:
             stats["cycle_s"] = self.cycle_s
+            if self.cycles_stopped:
+                stats["cycles_stopped"] = self.cycles_stopped
             if self._cycles.spans_written:
                 stats["converter_process"] = {"spans": self._cycles.spans_written, "peak_rss_kb": self._cycles.converter_peak_rss_kb}
         self._session.meta["torch_profiler"] = stats
