@@ -222,7 +222,8 @@ def _per_run(run: Run) -> list[tuple[int, int]]:
             root = s
             while root.parent_id is not None:
                 root = by_id[root.parent_id]
-            counts[root.id][0 if s.level == Level.LAYER else 1] += 1
+            if root.id in counts:  # a node of a run that straddled the op level's end may lack its model
+                counts[root.id][0 if s.level == Level.LAYER else 1] += 1
     return [(counts[m.id][0], counts[m.id][1]) for m in models]
 
 

@@ -87,7 +87,9 @@ def _start(out: Path, cycle_s: str) -> subprocess.Popen[str]:
     env = {**os.environ, "MLTRACE_OP_CYCLE_S": cycle_s}
     env.pop("MLTRACE_OUTPUT", None)
     proc = subprocess.Popen(
-        mltrace_cmd("python", "-q", "-o", str(out), str(SCRIPTS / "signal_loop.py")),
+        # Model and layer spans flushed every 0.05 s: the converter process may write a cycle's
+        # ops before the default flush has written the model spans around them.
+        mltrace_cmd("python", "-q", "--flush-interval", "0.05", "-o", str(out), str(SCRIPTS / "signal_loop.py")),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
