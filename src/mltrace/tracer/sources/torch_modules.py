@@ -170,6 +170,14 @@ def dynamo_skipped_code() -> list[CodeType]:
     return found
 
 
+def compiling_probe() -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` (true while TorchDynamo traces), or a function that is
+    always false where this torch has none."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    probe: Callable[[], bool] = getattr(compiler, "is_compiling", lambda: False)
+    return probe
+
+
 def dynamo_tracing_probe() -> Callable[[], Any] | None:
     """A function that is true while TorchDynamo traces a program (``torch._guards.TracingContext``),
     or None where this torch has none. While it is true, ``nn.Module.__call__`` read as an
@@ -290,7 +298,7 @@ class TorchModuleSource(Source):
         #: The layer level's Python wrapper (installed itself where the C helper is not).
         self.python_call: Any = None
         self._import_hook: PostImportHook | None = None
-        self._dynamo_hooks: list[PostImportHook] = []
+        self._dynamo_hook: PostImportHook | None = None
         #: torch.compile's module wrapper class (``OptimizedModule``) once TorchDynamo is imported.
         self._optimized: list[type | None] = [None]
         self._session: SessionView | None = None
@@ -411,7 +419,7 @@ class TorchModuleSource(Source):
         usage = thread_usage
         site_of = self._site_of
         _getframe = sys._getframe
-        compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
+        compiling = compiling_probe()
         optimized = self._optimized
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
@@ -539,7 +547,7 @@ class TorchModuleSource(Source):
         post = self._post
         late = self._late
         get_ident = threading.get_ident
-        compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", lambda: False)
+        compiling = compiling_probe()
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
@@ -606,8 +614,9 @@ class TorchModuleSource(Source):
             if self._import_hook is not None:
                 self._import_hook.remove()
                 self._import_hook = None
-            while self._dynamo_hooks:
-                self._dynamo_hooks.pop().remove()
+            if self._dynamo_hook is not None:
+                self._dynamo_hook.remove()
+                self._dynamo_hook = None
         return truncated
 
     def _skip_in_dynamo(self) -> None:
@@ -625,7 +634,7 @@ class TorchModuleSource(Source):
                 for code in dynamo_skipped_code():
                     skip_code(code)
 
-        self._dynamo_hooks.append(PostImportHook("torch._dynamo.eval_frame", skip))
+        self._dynamo_hook = PostImportHook("torch._dynamo.eval_frame", skip)
 
     def _truncate_open_frames(self) -> list[Event]:
         """Spans for layer calls still running at stop (on other threads), marked truncated.
