@@ -478,21 +478,45 @@ class FdTap:
         return self._captured_lines
 
     def lines(self) -> list[TappedLine]:
-        """A copy of the lines captured so far."""
+        """A copy of the lines captured so far (after ``take_lines()``: those not taken)."""
+        with self._lock:
+            self._decode_raw()
+            return list(self._lines)
+
+    def take_lines(self) -> list[TappedLine]:
+        """The lines captured since the last take (or the start), in arrival order, which the
+        tap then forgets: ``lines()`` and ``stop()`` return only the lines not taken. It costs
+        the new lines, not the run's: the library level hands them over while the program runs."""
+        with self._lock:
+            self._decode_raw()
+            taken, self._lines = self._lines, []
+            return taken
+
+    def pipe_empty(self) -> bool:
+        """Whether no byte waits in the pipe for this process's reader thread (False where that
+        cannot be told: not active, a reader process, the read end closed by the program).
+
+        With the C reader a read and the capture of its lines happen under one mutex, which
+        ``take_lines`` takes too: after True, a take returns every line written to the pipe
+        before this call began, except one still being written (held as a started line). The
+        Python reader may be between a read and its capture for a moment."""
+        if not self._active or self._process is not None or _fd_ident(self._read_fd) != self._read_ident:
+            return False
+        return _unread_bytes(self._read_fd) == 0
+
+    def _decode_raw(self) -> None:
+        """Moves what the reader captured since the last call into ``_lines``, decoded (holding
+        ``_lock``)."""
         if self._out_path:
             self._read_process_output()
         native = self._reader_here()
         if native is not None:
-            taken = native.take()
-            with self._lock:
-                self._raw.extend((ns, [block]) for ns, block in taken)
-        with self._lock:
-            for receive_ns, raw in self._raw:
-                self._lines.extend(
-                    TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for block in raw for line in _lines_of(block)
-                )
-            self._raw.clear()
-            return list(self._lines)
+            self._raw.extend((ns, [block]) for ns, block in native.take())
+        for receive_ns, raw in self._raw:
+            self._lines.extend(
+                TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for block in raw for line in _lines_of(block)
+            )
+        self._raw.clear()
 
     def __enter__(self) -> FdTap:
         return self.start()
@@ -539,7 +563,7 @@ class FdTap:
         return True
 
     def _read_process_output(self) -> None:
-        """Appends the lines the child wrote since the last call."""
+        """Appends the lines the child wrote since the last call (holding ``_lock``)."""
         try:
             with open(self._out_path, "rb") as f:
                 f.seek(self._out_offset)
@@ -556,9 +580,8 @@ class FdTap:
                 continue
             ns, _, text = row.partition(b" ")
             got.append(TappedLine(int(ns), text.decode("utf-8", "replace")))
-        with self._lock:
-            if self._collecting:
-                self._lines.extend(got)
+        if self._collecting:
+            self._lines.extend(got)
 
     def _stop_process(self, timeout_s: float) -> list[TappedLine]:
         process, self._process = self._process, None
@@ -570,8 +593,8 @@ class FdTap:
             # A child of the program still holds the pipe: the reader goes on
             # forwarding its output in the background and exits at the pipe's end.
             self.detached = True
-        self._read_process_output()
         with self._lock:
+            self._read_process_output()
             self._collecting = False
             lines = list(self._lines)
         with contextlib.suppress(OSError):

@@ -3,7 +3,8 @@
 ``CpuLibrarySource`` switches the libraries' verbose output on (through torch's runtime
 switches once the program imports torch, or through the environment for TensorFlow:
 ``use_env``), reads the lines from fd 1 with ``FdTap`` and turns them into LIBRARY spans
-(``library_spans``). While MKL's verbose mode is on, its timer reads the vDSO clock
+(``LibrarySpanMaker``), handed to the session while the program runs (``drain_events``, before
+every flush) and the rest at ``stop()``. While MKL's verbose mode is on, its timer reads the vDSO clock
 (``_redirect_mkl_timer``). The lines carry no thread id, so spans are put on the track of the
 thread that started the source; the ``attach_library_calls`` pass (``tracer.passes.library``)
 moves each to the thread of the op that issued it and sets its parent.
@@ -14,7 +15,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import threading
 import time
+from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,7 @@ from mltrace.formats.verbose_logs import (
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.settings import MKL_TIMER
+from mltrace.tracer.clock import now_ns
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -74,6 +78,97 @@ def _mkl_attrs(call: MklCall) -> dict[str, Any]:
     return attrs
 
 
+class LibrarySpanMaker:
+    """Turns captured verbose lines into LIBRARY spans, batch by batch, exactly as one
+    ``library_spans`` call over all of them would: ``ml.library.seq`` and the counts go on
+    across batches (the library level hands its spans over while the program runs).
+
+    Args:
+        epoch_to_session: converts Unix-epoch ns to session ns.
+        track_id: the track to put every span on.
+        new_id: returns a fresh span id per call.
+        framework: value for ``ml.framework``, if known.
+
+    Attributes:
+        lines: the lines added so far.
+        counts: ``onednn``, ``mkl``, ``untimed``, ``unparsed`` and ``late`` so far
+            (``library_spans``).
+    """
+
+    def __init__(
+        self, epoch_to_session: Callable[[int], int], track_id: int, new_id: Callable[[], int], framework: str | None = None
+    ) -> None:
+        self._epoch_to_session = epoch_to_session
+        self._track_id = track_id
+        self._new_id = new_id
+        self._framework = framework
+        self.lines = 0
+        self.counts = {"onednn": 0, "mkl": 0, "untimed": 0, "unparsed": 0, "late": 0}
+        self._lags = array("q")  # receipt minus end of timed calls (ns): the reader's delay
+        self._seq = 0
+
+    def add(self, lines: list[TappedLine]) -> list[Span]:
+        """The spans of ``lines`` (the lines that follow those added before), in arrival order."""
+        spans: list[Span] = []
+        counts, lags, track_id, new_id, epoch_to_session = self.counts, self._lags, self._track_id, self._new_id, self._epoch_to_session
+        level, framework, seq = Level.LIBRARY.label, self._framework, self._seq
+        for receive_ns, text in lines:
+            attrs: dict[str, Any] = {"mltrace.level": level}
+            if framework:
+                attrs["ml.framework"] = framework
+            dnn = parse_onednn_line(text)
+            start_epoch: int | None = None
+            if dnn is not None:
+                if not dnn.is_exec:
+                    continue  # creation lines (verbose level 2) are not calls to trace
+                counts["onednn"] += 1
+                name = f"oneDNN {dnn.kind} {dnn.impl}"
+                attrs.update(_onednn_attrs(dnn))
+                flops = onednn_flops(dnn)
+                start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
+            else:
+                blas = parse_mkl_line(text)
+                if blas is None:
+                    if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
+                        counts["unparsed"] += 1
+                    continue
+                counts["mkl"] += 1
+                name = f"MKL {blas.function}"
+                attrs.update(_mkl_attrs(blas))
+                flops, duration = gemm_flops(blas), blas.duration_ns
+            attrs["ml.library.exec_ns"] = duration
+            attrs["ml.library.seq"] = seq
+            seq += 1
+            if flops is not None:
+                attrs["ml.flops"] = flops
+            if start_epoch is not None:
+                start = epoch_to_session(start_epoch)
+                end = start + duration
+                if end > receive_ns + 2_000:
+                    counts["late"] += 1
+                lags.append(receive_ns - end)
+            else:
+                counts["untimed"] += 1
+                attrs["ml.library.untimed"] = True
+                attrs["ml.library.receive_ns"] = receive_ns
+                end = receive_ns
+                start = end - duration
+            spans.append(Span(new_id(), None, Level.LIBRARY, name, start, end, track_id, attrs))
+        self._seq = seq
+        self.lines += len(lines)
+        return spans
+
+    def summary(self) -> dict[str, int]:
+        """The counts so far, with ``receive_lag_ns_median`` and ``receive_lag_ns_max`` over
+        every timed call where there was one (``library_spans``)."""
+        out = dict(self.counts)
+        if self._lags:
+            lags = sorted(self._lags)
+            out["receive_lag_ns_median"] = lags[len(lags) // 2]
+            out["receive_lag_ns_max"] = lags[-1]
+        return out
+
+
 def library_spans(
     lines: list[TappedLine],
     epoch_to_session: Callable[[int], int],
@@ -81,7 +176,8 @@ def library_spans(
     new_id: Callable[[], int],
     framework: str | None = None,
 ) -> tuple[list[Span], dict[str, int]]:
-    """Turns captured verbose lines into LIBRARY spans (a pure function).
+    """Turns captured verbose lines into LIBRARY spans (a pure function; ``LibrarySpanMaker``
+    does it batch by batch).
 
     Each oneDNN ``exec`` line and each MKL call becomes one span, in arrival
     order, with ``ml.library.seq`` its index. A oneDNN line with a timestamp
@@ -106,55 +202,9 @@ def library_spans(
         from a call's end to its line's receipt, which bounds how well
         untimed calls can be placed).
     """
-    spans: list[Span] = []
-    counts = {"onednn": 0, "mkl": 0, "untimed": 0, "unparsed": 0, "late": 0}
-    lags: list[int] = []  # receipt minus end of timed calls (ns): the reader's delay
-    for receive_ns, text in lines:
-        attrs: dict[str, Any] = {"mltrace.level": Level.LIBRARY.label}
-        if framework:
-            attrs["ml.framework"] = framework
-        dnn = parse_onednn_line(text)
-        start_epoch: int | None = None
-        if dnn is not None:
-            if not dnn.is_exec:
-                continue  # creation lines (verbose level 2) are not calls to trace
-            counts["onednn"] += 1
-            name = f"oneDNN {dnn.kind} {dnn.impl}"
-            attrs.update(_onednn_attrs(dnn))
-            flops = onednn_flops(dnn)
-            start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
-        else:
-            blas = parse_mkl_line(text)
-            if blas is None:
-                if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
-                    counts["unparsed"] += 1
-                continue
-            counts["mkl"] += 1
-            name = f"MKL {blas.function}"
-            attrs.update(_mkl_attrs(blas))
-            flops, duration = gemm_flops(blas), blas.duration_ns
-        attrs["ml.library.exec_ns"] = duration
-        attrs["ml.library.seq"] = len(spans)
-        if flops is not None:
-            attrs["ml.flops"] = flops
-        if start_epoch is not None:
-            start = epoch_to_session(start_epoch)
-            end = start + duration
-            if end > receive_ns + 2_000:
-                counts["late"] += 1
-            lags.append(receive_ns - end)
-        else:
-            counts["untimed"] += 1
-            attrs["ml.library.untimed"] = True
-            attrs["ml.library.receive_ns"] = receive_ns
-            end = receive_ns
-            start = end - duration
-        spans.append(Span(new_id(), None, Level.LIBRARY, name, start, end, track_id, attrs))
-    if lags:
-        lags.sort()
-        counts["receive_lag_ns_median"] = lags[len(lags) // 2]
-        counts["receive_lag_ns_max"] = lags[-1]
-    return spans, counts
+    maker = LibrarySpanMaker(epoch_to_session, track_id, new_id, framework)
+    spans = maker.add(lines)
+    return spans, maker.summary()
 
 
 class CpuLibrarySource(Source):
@@ -177,13 +227,21 @@ class CpuLibrarySource(Source):
         self.use_env = use_env
         self._session: SessionView | None = None
         self._tap: FdTap | None = None
-        self._warmup_lines = 0
         self._hook: PostImportHook | None = None
         self._torch: ModuleType | None = None
         self._track_id = 0
         self._saved_env: dict[str, str | None] = {}
         self._problems: list[str] = []
-        self._early_lines: list[TappedLine] = []
+        # drain_events (on the session's flusher thread), the warm-up, end_early and stop take
+        # the tap's lines under this lock, so that each line is turned into a span once, in order.
+        self._lock = threading.Lock()
+        self._maker: LibrarySpanMaker | None = None  # from start() to stop()
+        self._tap_open = False  # lines may be taken from the tap (cleared before it is stopped)
+        self._taken = 0  # lines taken from the tap: handed over, held, or the warm-up's
+        self._held: list[TappedLine] = []  # lines restoring the tap returned, not handed over yet
+        self._ended = False  # the tap is stopped and its last lines are held (or handed over)
+        self._warming = False  # MKL's warm-up runs: the lines captured until it ends are mltrace's
+        self._sealed_ns = 0  # sealed_until_ns()
         self._mkl_timer: ModuleType | None = None  # the C helper while it redirects MKL's timer
         self._mkl_timer_used = "none"  # for run.json: which clock MKL's verbose lines were timed with
 
@@ -227,10 +285,16 @@ class CpuLibrarySource(Source):
         # MKL calls are placed by issue order and room in their ops, their
         # receipt time only bounding the search (passes/library.py).
         self._tap = FdTap(batch_s=_READ_BATCH_S)
+        with self._lock:
+            # No ml.framework: set from the issuing op by the attach pass (torch and TF share oneDNN).
+            self._maker = LibrarySpanMaker(session.anchor.epoch_to_session, self._track_id, session.new_id)
+            self._taken, self._held, self._ended, self._sealed_ns = 0, [], False, 0
         try:
             self._tap.start()
+            self._tap_open = True
             self._hook = PostImportHook("torch", self._switch_on)
         except BaseException:
+            self._tap_open, self._maker = False, None
             self._restore()
             raise
 
@@ -289,22 +353,28 @@ class CpuLibrarySource(Source):
 
         MKL's first call in verbose mode prints its header and measures the CPU
         clock, which took 0.1–0.7 s here; the program's first matmul would carry it.
-        Lines received before the warm-up ends are mltrace's own and are dropped.
+        Lines received before the warm-up ends and not handed over yet are mltrace's own
+        and are dropped; ``drain_events`` hands nothing over meanwhile.
         """
+        with self._lock:
+            self._warming = True
         try:
-            x = torch.ones(8, 8)
-            torch.mm(x, x)
-        except Exception as exc:
-            self._problems.append(f"MKL warm-up failed: {exc}")
-        # Wait (briefly) for the reader thread to receive the warm-up's line, then
-        # remember how many lines are mltrace's own.
-        deadline = time.monotonic() + 1.0
-        while self._tap is not None and time.monotonic() < deadline:
-            if any("SGEMM" in ln.text for ln in self._tap.lines()):
-                break
-            time.sleep(0.001)
-        if self._tap is not None:
-            self._warmup_lines = len(self._tap.lines())
+            try:
+                x = torch.ones(8, 8)
+                torch.mm(x, x)
+            except Exception as exc:
+                self._problems.append(f"MKL warm-up failed: {exc}")
+            # Wait (briefly) for the reader thread to receive the warm-up's line.
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                with self._lock:
+                    if not self._tap_open or any("SGEMM" in ln.text for ln in self._take_from_tap()):
+                        break
+                time.sleep(0.001)
+        finally:
+            with self._lock:
+                self._take_from_tap()  # dropped with the warm-up's
+                self._warming = False
 
     def _switch_off(self) -> None:
         """Switches verbosity off (and MKL's timer back), and no later ``import torch`` turns it on."""
@@ -355,7 +425,9 @@ class CpuLibrarySource(Source):
     def release_in_forked_child(self) -> None:
         """In a child forked while the source runs: the child's oneDNN/MKL verbose output off
         (and MKL's own timer back), its fd 1 back on the original, its environment restored;
-        the parent's capture goes on."""
+        the parent's capture goes on; the child hands no lines over (its session is the parent's)."""
+        self._lock = threading.Lock()  # the parent's flusher may have held it at the fork
+        self._tap_open, self._maker, self._held = False, None, []
         try:
             self._switch_off()
         finally:
@@ -364,26 +436,88 @@ class CpuLibrarySource(Source):
                 self._tap = None
             self._restore_env()
 
-    def pending_spans(self) -> int:
-        """Library calls held until ``stop()`` (the session's span limit counts them): the
-        verbose lines captured so far, the warm-up's left out."""
+    def _take_from_tap(self) -> list[TappedLine]:
+        """The lines the tap captured since the last take, none once it is being stopped
+        (holding ``_lock``)."""
         tap = self._tap
-        held = len(self._early_lines) if tap is None else tap.captured_count
-        return max(0, held - self._warmup_lines)
+        if tap is None or not self._tap_open:
+            return []
+        lines = tap.take_lines()
+        self._taken += len(lines)
+        return lines
+
+    def drain_events(self) -> list[Event]:
+        """The LIBRARY spans of the lines captured since the last call (the session calls it on
+        its flusher thread before every flush), none while MKL's warm-up runs.
+
+        ``ml.library.seq`` and the counts go on across calls (``LibrarySpanMaker``); ``stop()``
+        returns only the spans not handed over yet. Costs the new lines only.
+        """
+        with self._lock:
+            maker = self._maker
+            if maker is None or self._warming:
+                return []
+            checked_ns = now_ns()
+            emptied = self._tap_open and self._tap is not None and self._tap.pipe_empty()
+            lines, self._held = self._held, []
+            lines += self._take_from_tap()
+            if lines:
+                self._sealed_ns = max(self._sealed_ns, lines[-1].receive_ns)
+            if emptied:
+                self._sealed_ns = max(self._sealed_ns, checked_ns)
+            return list(maker.add(lines))
+
+    def sealed_until_ns(self) -> int | None:
+        """The session time up to which every library call that ended then or earlier has been
+        handed over (``drain_events``); 0 before the first drain, None once the source is stopped
+        (or never started) and holds nothing.
+
+        A call's line reaches the pipe as the call ends, and is received in a later read: the
+        receive time of the last line handed over bounds the calls handed over; where the pipe
+        was empty when a drain began (``FdTap.pipe_empty``), that drain's start does. No margin
+        is taken off (a line a library wrote in two pieces is the exception the caller's margin
+        covers).
+        """
+        if self._maker is None or (self._ended and not self._held):
+            return None
+        return self._sealed_ns
+
+    def pending_spans(self) -> int:
+        """Library calls held and not handed over yet (the session's span limit counts them):
+        the verbose lines captured and not taken, and those taken at ``end_early`` and not
+        handed over; the warm-up's are left out."""
+        held = len(self._held)
+        tap = self._tap
+        if tap is None:
+            return held
+        return held + max(0, tap.captured_count - self._taken)
 
     def end_early(self) -> None:
-        """Switches verbose output off and restores fd 1 now; ``stop()`` turns the lines into spans."""
-        self._early_lines = self._restore()
+        """Switches verbose output off and restores fd 1 now; the next ``drain_events`` (or
+        ``stop()``) turns the last lines into spans."""
+        with self._lock:
+            self._tap_open = False  # the restore takes what is left
+        lines = self._restore()
+        with self._lock:
+            self._held += lines
+            self._ended = True
 
     def stop(self) -> list[Event]:
+        """Restores everything and returns the spans not handed over yet; writes run.json's
+        ``sources_info["cpu.library"]`` (counts over the whole run) and the limitations."""
+        with self._lock:
+            self._tap_open = False
+        lines = self._restore()
+        with self._lock:
+            maker, self._maker = self._maker, None
+            lines, self._held = self._held + lines, []
+            self._ended = True
         session = self._session
-        lines, self._early_lines = self._early_lines + self._restore(), []
-        if session is None:
+        if session is None or maker is None:
             return []
-        framework = None  # set from the issuing op by the attach pass (torch and TF share oneDNN)
-        lines = lines[self._warmup_lines :]
-        spans, counts = library_spans(lines, session.anchor.epoch_to_session, self._track_id, session.new_id, framework)
-        session.meta.setdefault("sources_info", {})[self.name] = {"lines": len(lines), **counts, "mkl_timer": self._mkl_timer_used}
+        spans = maker.add(lines)
+        counts = maker.summary()
+        session.meta.setdefault("sources_info", {})[self.name] = {"lines": maker.lines, **counts, "mkl_timer": self._mkl_timer_used}
         if counts["untimed"]:
             session.note_limitation(
                 f"{counts['untimed']} library calls (MKL) carry no timestamp: placed in their ops by issue order, "

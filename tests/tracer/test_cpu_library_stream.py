@@ -1,0 +1,199 @@
+"""The library level on CPU hands its spans to the session while the program runs
+(``CpuLibrarySource.drain_events``, before every flush), not only at ``stop()``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mltrace
+from conftest import mltrace_cmd
+from mltrace.run import store
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
+from mltrace.tracer.clock import now_ns
+from mltrace.tracer.session import active_session
+from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+
+
+def _streamed_library(run_dir: Path) -> list[Span]:
+    """The library spans events.jsonl holds now (the run still going, or killed)."""
+    return [s for s in store.load_run(run_dir).spans if s.level == Level.LIBRARY]
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _seqs(spans: list[Span]) -> list[int]:
+    return sorted(s.attrs["ml.library.seq"] for s in spans)
+
+
+def _model() -> Any:
+    """oneDNN (the convolution, timed) and MKL (the linear layer's SGEMM, untimed) per call."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10)).eval()
+
+
+def test_library_spans_reach_events_jsonl_while_the_program_runs(tmp_path: Path) -> None:
+    """Library spans are in events.jsonl before the session stops, as a prefix of the run's
+    seq numbers; once the program is idle the source's sealed time passes its last call and
+    nothing is pending; after stop the run holds each call once, seq 0..n-1."""
+    model, x = _model(), torch.randn(2, 3, 16, 16)
+    run_dir = tmp_path / "run"
+    with torch.no_grad(), mltrace.profile(level="library", output=run_dir, summary=False, flush_interval_s=0.05):
+        session = active_session()
+        assert session is not None
+        source = next(s for s in session.started if isinstance(s, CpuLibrarySource))
+        for _ in range(20):
+            model(x)
+        _wait_for(lambda: len(_streamed_library(run_dir)) > 0, "library spans in events.jsonl")
+        early = _streamed_library(run_dir)
+        assert _seqs(early) == list(range(len(early)))  # handed over in order, from the first
+        mark = now_ns()  # every call so far ended before it; the program is idle from here
+        _wait_for(lambda: (source.sealed_until_ns() or 0) >= mark, "the sealed time to pass the last call")
+        assert source.pending_spans() == 0
+        sealed = source.sealed_until_ns()
+        assert sealed is not None and sealed <= now_ns()
+        for _ in range(20):
+            model(x)
+    assert source.sealed_until_ns() is None  # stopped, holds nothing
+    run = store.load_run(run_dir)
+    lib = [s for s in run.spans if s.level == Level.LIBRARY]
+    assert _seqs(lib) == list(range(len(lib)))
+    assert len({s.id for s in lib}) == len(lib)
+    info = run.meta["sources_info"]["cpu.library"]
+    assert info["onednn"] + info["mkl"] == len(lib)
+    assert info["mkl"] == sum(s.name == "MKL SGEMM" for s in lib) == 40  # one SGEMM a call
+    assert len(lib) > len(early)
+    assert info["receive_lag_ns_median"] <= info["receive_lag_ns_max"]
+
+
+TWO_RUNS = """
+import json, sys, time
+import torch, mltrace
+from mltrace.run import store
+from mltrace.run.levels import Level
+
+run_dir, flush_s = sys.argv[1], float(sys.argv[2])
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10)
+).eval()
+x = torch.randn(2, 3, 16, 16)
+
+def streamed():
+    return sum(s.level == Level.LIBRARY for s in store.load_run(run_dir).spans)
+
+with torch.no_grad(), mltrace.profile(level="library", output=run_dir, summary=False, flush_interval_s=flush_s):
+    for _ in range(30):
+        model(x)
+    deadline = time.monotonic() + 30
+    while flush_s < 1 and streamed() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    before_stop = streamed()
+    for _ in range(30):
+        model(x)
+run = store.load_run(run_dir)
+lib = [s for s in run.spans if s.level == Level.LIBRARY]
+print(json.dumps({
+    "before_stop": before_stop,
+    "seqs": sorted(s.attrs["ml.library.seq"] for s in lib),
+    "names": sorted(s.name for s in lib),
+    "info": run.meta["sources_info"]["cpu.library"],
+}))
+"""
+
+
+def test_a_run_has_the_same_library_spans_whether_handed_over_or_held_to_stop(tmp_path: Path) -> None:
+    """The same program with flushes every 20 ms (spans handed over while it runs) and every
+    60 s (none before the session stops: every line turned into spans at stop, as one
+    ``library_spans`` call): the same spans by name, the same counts in run.json, and the spans
+    handed over plus those returned by stop are the calls parsed."""
+    script = tmp_path / "prog.py"
+    script.write_text(TWO_RUNS, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("MLTRACE_OUTPUT", None)
+    reports = {}
+    for flush_s in ("0.02", "60"):
+        proc = subprocess.run(
+            [sys.executable, str(script), str(tmp_path / f"run-{flush_s}"), flush_s],
+            capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        reports[flush_s] = json.loads(proc.stdout.decode().splitlines()[-1])
+    streamed, held = reports["0.02"], reports["60"]
+    assert streamed["before_stop"] > 0 and held["before_stop"] == 0
+    for report in (streamed, held):
+        info = report["info"]
+        assert report["seqs"] == list(range(len(report["seqs"])))
+        assert info["onednn"] + info["mkl"] == len(report["seqs"])
+        assert info["mkl"] == 60 and info["unparsed"] == 0 and info["late"] == 0
+    assert streamed["names"] == held["names"]
+    keys = ("lines", "onednn", "mkl", "untimed", "unparsed", "late")
+    assert {k: streamed["info"][k] for k in keys} == {k: held["info"][k] for k in keys}
+    assert streamed["before_stop"] < len(streamed["seqs"])  # the last calls came at stop (or a later drain)
+
+
+KILLED = """
+import time
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10)
+).eval()
+x = torch.randn(2, 3, 16, 16)
+calls = 0
+with torch.no_grad():
+    while True:
+        model(x)
+        calls += 1
+        time.sleep(0.005)
+        if calls == 40:
+            print("ready", flush=True)
+"""
+
+
+def test_a_killed_run_keeps_its_library_calls_up_to_the_last_flush(tmp_path: Path) -> None:
+    """SIGKILL while the library level records: the library spans flushed before the kill stay
+    in the run, each once, seq 0..n-1 (a prefix of the run's calls)."""
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED), encoding="utf-8")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ)
+    env.pop("MLTRACE_OUTPUT", None)
+    cmd = mltrace_cmd("python", "--level", "library", "--flush-interval", "0.05", "-q", "-o", str(run_dir), str(script))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        _wait_for(lambda: sum(s.name == "MKL SGEMM" for s in _streamed_library(run_dir)) >= 40, "40 calls' SGEMMs streamed", 60)
+        seen = {s.attrs["ml.library.seq"] for s in _streamed_library(run_dir)}
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    run = store.load_run(run_dir)
+    assert run.meta.get("complete") is not True
+    lib = [s for s in run.spans if s.level == Level.LIBRARY]
+    assert _seqs(lib) == list(range(len(lib)))  # each once, none missing before the last
+    assert seen <= set(_seqs(lib))
+    assert sum(s.name == "MKL SGEMM" for s in lib) >= 40
+    assert sum(s.attrs.get("ml.library.kind") == "convolution" for s in lib) >= 40
