@@ -42,6 +42,8 @@ RANKS = {
     "analysis": 3,
     "viewers": 4,
     "finish": 5,
+    "finish_stream": 5,
+    "finish_serve": 5,
     "profiling": 5,
     "importers": 5,
     "follow": 5,

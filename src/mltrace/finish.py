@@ -17,13 +17,19 @@ from mltrace.run.store import Run
 
 
 def finalize_run(
-    run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None] | None = None, extend: Callable[[Run], Run] | None = None
+    run_dir: Path,
+    meta: dict[str, Any],
+    phase: Callable[[str], None] | None = None,
+    extend: Callable[[Run], Run] | None = None,
+    describe: Callable[[Run], None] | None = None,
 ) -> Run:
     """Loads the streamed events, runs the correlator passes, writes the final files.
 
     events.jsonl and trace.pftrace are replaced atomically; run.json gets the
     summary and ``complete: true`` last, so a crash during finalization leaves
-    the streamed files and ``complete: false``.
+    the streamed files and ``complete: false``. Where the run was finished a part at a time
+    while it ran (``RunFinish.seal``, ``finish_stream.py``) and nothing extends it, the
+    finisher process writes the rest instead.
 
     Args:
         run_dir: the run directory.
@@ -31,10 +37,38 @@ def finalize_run(
         phase: told each step as it begins (``StopProgress.phase``).
         extend: given the loaded run, returns it with more events (the followed children's,
             ``mltrace/follow/collect.py``), before the correlator passes.
+        describe: given the run, adds to ``meta`` what it says of it (the span count).
 
     Returns:
         The correlated run.
     """
+    stream = _streams.pop(run_dir, None)
+    if stream is not None:
+        if extend is None:
+            done = stream.finalize(meta, phase)
+            if done is not None:
+                return _described(done, describe)
+        else:
+            stream.discard()
+    return _finalize_whole(run_dir, meta, phase, extend, describe)
+
+
+def _described(run: Run, describe: Callable[[Run], None] | None) -> Run:
+    """``run`` after ``describe`` added to its run.json."""
+    if describe is not None:
+        describe(run)
+        store.write_meta(run.path, run.meta)
+    return run
+
+
+def _finalize_whole(
+    run_dir: Path,
+    meta: dict[str, Any],
+    phase: Callable[[str], None] | None,
+    extend: Callable[[Run], Run] | None,
+    describe: Callable[[Run], None] | None,
+) -> Run:
+    """``finalize_run`` of every event at once."""
     from mltrace.analysis.summary import summarize
     from mltrace.run.perfetto import export_perfetto
     from mltrace.tracer.passes import correlate
@@ -45,6 +79,8 @@ def finalize_run(
     run.meta = meta
     if extend is not None:
         run = extend(run)
+    if describe is not None:
+        describe(run)
     n = len(run.spans)
     spans = f"{n:,} span" if n == 1 else f"{n:,} spans"
     say(f"correlating {spans}")
@@ -71,6 +107,139 @@ def finalize_run(
     return run
 
 
+#: How large events.jsonl grows before the run is finished a part at a time while it runs
+#: (bytes): a shorter run's finish is quick and needs no process of its own.
+STREAM_FROM_BYTES = 4 << 20
+
+#: The finisher process of each run being finished a part at a time.
+_streams: dict[Path, _FinisherProcess] = {}
+#: Runs whose finisher process could not start or died: finished whole.
+_unstreamed: set[Path] = set()
+
+
+class _FinisherProcess:
+    """The streamed finish's process of one run (``finish_serve.py``), started once its
+    events.jsonl is ``STREAM_FROM_BYTES`` long, in a session of its own (the terminal's Ctrl-C
+    goes to the program alone). A forked child of the traced process lets go of it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import os
+        import subprocess
+        import sys
+
+        from mltrace.tracer.helper_env import helper_process_env
+
+        self.run_dir = run_dir
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "mltrace.finish_serve", str(run_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # Not the program's stderr: where the library level captures fd 1 and 2 together,
+            # the process would hold the capture's pipe open. It says what failed in its answer.
+            stderr=subprocess.DEVNULL,
+            env=helper_process_env(),
+            start_new_session=True,
+            close_fds=True,
+        )
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: closes its copies of the pipes, touching nothing else."""
+        import os
+
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                try:
+                    os.close(pipe.fileno())
+                except (OSError, ValueError):
+                    pass
+        self._proc.stdin = self._proc.stdout = None
+
+    def seal(self, sealed_ns: int) -> bool:
+        """Tells the process that every event ending by ``sealed_ns`` is written; False where it is gone."""
+        return self._send({"seal": sealed_ns})
+
+    def _send(self, obj: dict[str, Any]) -> bool:
+        import json
+
+        stdin = self._proc.stdin
+        if stdin is None:
+            return False
+        try:
+            stdin.write(json.dumps(obj, default=str).encode() + b"\n")
+            stdin.flush()
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def finalize(self, meta: dict[str, Any], phase: Callable[[str], None] | None) -> Run | None:
+        """Has the process finish the run; the run (``meta`` updated in place to what it wrote),
+        or None where it could not (the run is then finished whole)."""
+        from mltrace.run.jsoncodec import loads
+
+        say = phase or (lambda step: None)
+        answer: dict[str, Any] = {}
+        try:
+            if self._send({"finish": meta}):
+                assert self._proc.stdout is not None
+                for line in self._proc.stdout:
+                    answer = loads(line)
+                    if "phase" in answer:
+                        say(str(answer["phase"]))
+                        continue
+                    break
+        finally:
+            self.discard()
+        if "done" not in answer:
+            return None
+        meta.clear()
+        meta.update(answer["done"])
+        return store.load_run(self.run_dir)
+
+    def discard(self, timeout_s: float = 5.0) -> None:
+        """Ends the process (its input closed: it removes its temporary files) and reaps it."""
+        import subprocess
+
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def seal_run(run_dir: Path, sealed_ns: int) -> None:
+    """Tells the run's finisher process that every event ending by ``sealed_ns`` (session
+    time) is written, starting the process once events.jsonl is ``STREAM_FROM_BYTES`` long
+    (``MLTRACE_FINISH_STREAM=0``: never)."""
+    stream = _streams.get(run_dir)
+    if stream is None:
+        if sealed_ns <= 0 or run_dir in _unstreamed or not _stream_wanted():
+            return
+        try:
+            if (run_dir / store.EVENTS_FILE).stat().st_size < STREAM_FROM_BYTES:
+                return
+            stream = _streams[run_dir] = _FinisherProcess(run_dir)
+        except OSError:
+            _unstreamed.add(run_dir)
+            return
+    if not stream.seal(sealed_ns):
+        _streams.pop(run_dir, None)
+        _unstreamed.add(run_dir)
+        stream.discard(timeout_s=1.0)
+
+
+def _stream_wanted() -> bool:
+    from mltrace.settings import FINISH_STREAM
+
+    return (FINISH_STREAM.get() or "1").strip() != "0"
+
+
 def print_summary(run_dir: Path) -> None:
     """Prints the finished run's short summary on stderr (``viewers/terminal.py``)."""
     from mltrace.viewers.terminal import print_run_summary
@@ -85,6 +254,10 @@ class RunFinish:
     def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
         """Correlates the run's events and rewrites its files (``finalize_run``)."""
         return finalize_run(run_dir, meta, phase)
+
+    def seal(self, run_dir: Path, sealed_ns: int) -> None:
+        """Every event ending by ``sealed_ns`` is written (``seal_run``)."""
+        seal_run(run_dir, sealed_ns)
 
     def print_summary(self, run_dir: Path) -> None:
         """Prints the finished run's summary (``print_summary``)."""

@@ -168,6 +168,12 @@ OP_CONVERTER = Setting(
     "1",
     "convert torch.profiler's cycles in a process of their own (0: on a thread of the traced program)",
 )
+FINISH_STREAM = Setting(
+    f"{PREFIX}FINISH_STREAM",
+    "`0` or `1`",
+    "1",
+    "correlate and write a long run a part at a time while it runs, in a process of its own (0: all of it at the end)",
+)
 TORCH_HOOKS = Setting(
     f"{PREFIX}TORCH_HOOKS",
     "`global`",
@@ -238,6 +244,7 @@ SETTINGS: tuple[Setting, ...] = (
     KERNEL_PATH,
     OP_CYCLE_S,
     OP_CONVERTER,
+    FINISH_STREAM,
     TORCH_HOOKS,
     LAYER_HOT_PATH,
     FDTAP_READER,

@@ -38,7 +38,13 @@ def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], No
         merged.extend(children + notes)
         return merged_run
 
-    finalize_run(run_dir, meta, phase, extend=extend)
+    def own_process(run: Any) -> None:  # no child to merge: the run's own process
+        meta["processes"] = [_entry(meta, run.span_count, finished=True)]
+
+    if children or _notes(procs, IDLE_PREFIX) or _notes(procs, UNFOLLOWED_PREFIX):
+        finalize_run(run_dir, meta, phase, extend=extend)
+    else:
+        finalize_run(run_dir, meta, phase, describe=own_process)
     for path in merged:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

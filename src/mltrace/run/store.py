@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -541,52 +541,100 @@ def write_events_atomically(path: Path, run: Run, batch_size: int = 20000) -> No
     order. The spans of one template are left sharing one attribute dict (see
     ``Span``), as they are when loaded: the passes after this one cache by it.
     """
-    tmp = path.with_name(path.name + ".tmp")
-    # (name, attributes) → [template id (0: seen once), the dict the spans of the template share]
-    seen: dict[tuple[str, bytes], list[Any]] = {}
-    # id of an attribute dict → its encoding, and the dict itself (held, so the id stays its own)
-    encoded: dict[int, tuple[bytes, dict[str, Any]]] = {}
-    next_id = 1
-    with open(tmp, "wb") as f:
-        f.write(encode_batch(tracks=run.tracks.values()))
-        for i in range(0, len(run.spans), batch_size):
-            templates: list[bytes] = []
-            rows: list[list[Any]] = []  # encoded together: orjson is quicker in bulk, and holds one buffer
-            for s in run.spans[i : i + batch_size]:
-                if s.level not in _TEMPLATED:
-                    rows.append(span_row(s))
-                    continue
-                a = s.attrs
-                known = encoded.get(id(a))
-                if known is None:
-                    if len(encoded) >= _TEMPLATES_MAX:
-                        encoded.clear()
-                    known = encoded[id(a)] = (trimmed(dumps(a)), a)
-                attrs = known[0]
-                key = (s.name, attrs)
-                entry = seen.get(key)
-                if entry is None:
-                    if len(seen) >= _TEMPLATES_MAX:
-                        seen.clear()  # written templates stay valid; later repeats get new ones
-                    seen[key] = [0, a]
-                    rows.append(span_row(s))
-                    continue
-                if entry[1] is not a:
-                    s.attrs = entry[1]  # equal attributes, one dict
-                tid = entry[0]
-                if tid == 0:
-                    tid = entry[0] = next_id
-                    next_id += 1
-                    templates.append(dumps([tid, s.name])[:-1] + b"," + attrs + b"]")
-                rows.append([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid])
+    writer = EventsRewriter(path, batch_size)
+    try:
+        writer.write(tracks=run.tracks.values(), spans=run.spans)
+        writer.write(instants=run.instants, counters=run.counters, flows=run.flows)
+    except BaseException:
+        writer.discard()
+        raise
+    writer.commit()
+
+
+class EventsRewriter:
+    """Writes a run's events to a temp file (``tmp``, else ``path`` + ".tmp") batch by batch, then replaces ``path``
+    (``commit``): the templates of repeated layer and op spans (``write_events_atomically``)
+    carry over from batch to batch, so a run can be written a part at a time."""
+
+    def __init__(self, path: Path, batch_size: int = 20000, tmp: Path | None = None) -> None:
+        self.path = path
+        self.tmp = tmp if tmp is not None else path.with_name(path.name + ".tmp")
+        self._file: IO[bytes] = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit() or discard()
+        self._batch = batch_size
+        # (name, attributes) → [template id (0: seen once), the dict the spans of the template share]
+        self._seen: dict[tuple[str, bytes], list[Any]] = {}
+        # id of an attribute dict → its encoding, and the dict itself (held, so the id stays its own)
+        self._encoded: dict[int, tuple[bytes, dict[str, Any]]] = {}
+        self._next_id = 1
+
+    def write(
+        self,
+        *,
+        tracks: Iterable[Track] = (),
+        spans: Sequence[Span] = (),
+        instants: Sequence[Instant] = (),
+        counters: Sequence[CounterSample] = (),
+        flows: Sequence[Flow] = (),
+    ) -> None:
+        """Appends these events (tracks first, then spans, instants, counters, flows)."""
+        f, size = self._file, self._batch
+        track_list = list(tracks)
+        if track_list:
+            f.write(encode_batch(tracks=track_list))
+        for i in range(0, len(spans), size):
+            templates, rows = self._span_rows(spans[i : i + size])
             f.write(encode_batch(span_rows=[dumps(rows)[1:-1]] if rows else [], span_templates=[b",".join(templates)]))
-        for i in range(0, len(run.instants), batch_size):
-            f.write(encode_batch(instants=run.instants[i : i + batch_size]))
-        for i in range(0, len(run.counters), batch_size):
-            f.write(encode_batch(counters=run.counters[i : i + batch_size]))
-        for i in range(0, len(run.flows), batch_size):
-            f.write(encode_batch(flows=run.flows[i : i + batch_size]))
-    os.replace(tmp, path)
+        for i in range(0, len(instants), size):
+            f.write(encode_batch(instants=instants[i : i + size]))
+        for i in range(0, len(counters), size):
+            f.write(encode_batch(counters=counters[i : i + size]))
+        for i in range(0, len(flows), size):
+            f.write(encode_batch(flows=flows[i : i + size]))
+
+    def _span_rows(self, spans: Sequence[Span]) -> tuple[list[bytes], list[list[Any]]]:
+        """The new templates and the rows of ``spans`` (encoded together: orjson is quicker in
+        bulk, and holds one buffer)."""
+        seen, encoded = self._seen, self._encoded
+        templates: list[bytes] = []
+        rows: list[list[Any]] = []
+        for s in spans:
+            if s.level not in _TEMPLATED:
+                rows.append(span_row(s))
+                continue
+            a = s.attrs
+            known = encoded.get(id(a))
+            if known is None:
+                if len(encoded) >= _TEMPLATES_MAX:
+                    encoded.clear()
+                known = encoded[id(a)] = (trimmed(dumps(a)), a)
+            attrs = known[0]
+            key = (s.name, attrs)
+            entry = seen.get(key)
+            if entry is None:
+                if len(seen) >= _TEMPLATES_MAX:
+                    seen.clear()  # written templates stay valid; later repeats get new ones
+                seen[key] = [0, a]
+                rows.append(span_row(s))
+                continue
+            if entry[1] is not a:
+                s.attrs = entry[1]  # equal attributes, one dict
+            tid = entry[0]
+            if tid == 0:
+                tid = entry[0] = self._next_id
+                self._next_id += 1
+                templates.append(dumps([tid, s.name])[:-1] + b"," + attrs + b"]")
+            rows.append([s.id, s.parent_id, int(s.level), None, s.start_ns, s.end_ns, s.track_id, {}, tid])
+        return templates, rows
+
+    def commit(self) -> None:
+        """Closes the temp file and puts it in ``path``'s place."""
+        self._file.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        """Closes and removes the temp file; ``path`` stays as it was."""
+        self._file.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

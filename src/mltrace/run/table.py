@@ -213,42 +213,99 @@ def _stamp(events: Path) -> dict[str, int]:
 
 def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) -> SpanTable:
     """Writes ``spans`` (and the other events, as one batch line) to ``path`` atomically, and
-    returns them as a table (each span's own attribute map its set, as ``from_spans``).
+    returns them as a table (``TableWriter.write``).
 
     Attribute maps that serialise identically are stored once (keys are not
     sorted first: a source writes its keys in one order, and sorting tripled
     the cost).
     """
+    writer = TableWriter()
+    writer.add(spans)
+    return writer.write(path, others, events)
+
+
+class TableWriter:
+    """Builds ``spans.bin`` a part of the run at a time (``add``), then writes it (``write``):
+    the columns of each part, and each attribute set encoded once, as ``write_table`` does
+    for a whole run."""
+
+    def __init__(self) -> None:
+        self._parts: list[dict[str, np.ndarray]] = []
+        self._names: dict[str, int] = {}
+        self._index: dict[bytes, int] = {}
+        self._blobs: list[bytes] = []
+        self.rows = 0
+
+    def add(self, spans: Sequence[Span]) -> None:
+        """Appends the rows of ``spans``."""
+        import numpy as np
+
+        n = len(spans)
+        names, index, blobs = self._names, self._index, self._blobs
+        attr = np.empty(n, dtype=np.int32)
+        has_flops = np.zeros(n, dtype=bool)
+        flops = np.full(n, np.nan, dtype=np.float64)
+        by_dict: dict[int, int] = {}  # id of an attribute dict (shared by a layer's calls) → its set
+        for i, s in enumerate(spans):
+            a = s.attrs
+            k = by_dict.get(id(a))  # the spans keep their dicts alive: ids stay theirs
+            if k is None:
+                b = dumps(a)
+                k = index.get(b)
+                if k is None:
+                    b = trimmed(b)  # kept until the file is written
+                    k = index[b] = len(blobs)
+                    blobs.append(b)
+                by_dict[id(a)] = k
+            attr[i] = k
+            if "ml.flops" in a:
+                has_flops[i], flops[i] = _flops_of(a)
+        self._parts.append(
+            {
+                "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
+                "parent_id": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
+                "level": np.fromiter((int(s.level) for s in spans), dtype=np.int16, count=n),
+                "name": np.fromiter((names.setdefault(s.name, len(names)) for s in spans), dtype=np.int32, count=n),
+                "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
+                "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
+                "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
+                "attr": attr,
+                "flops": flops,
+                "has_flops": has_flops,
+            }
+        )
+        self.rows += n
+
+    def write(self, path: Path, others: bytes, events: Path) -> SpanTable:
+        """Writes the table of every part added (and ``others``, the run's other events as one
+        batch line) to ``path`` atomically, and returns it (``events`` is the events.jsonl it
+        stands for); its attribute sets are decoded when first asked for, as a read table's."""
+        import numpy as np
+
+        blobs = self._blobs
+        offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+        if blobs:
+            np.cumsum([len(b) for b in blobs], out=offsets[1:])
+        arrays: dict[str, Any] = {}
+        for c in _COLUMNS:
+            if c != "attr_offsets":
+                parts = [p[c] for p in self._parts]
+                arrays[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=_DTYPES[c])
+        arrays["attr_offsets"] = offsets
+        arrays["attr_blob"] = b"".join(blobs)
+        arrays["names"] = json.dumps(list(self._names)).encode()
+        arrays["others"] = others
+        _write_arrays(path, arrays, events)
+        columns = {c: arrays[c] for c in _COLUMNS if c != "attr_offsets"}
+        blob = np.frombuffer(arrays["attr_blob"], dtype=np.uint8)
+        return SpanTable(columns, list(self._names), attr_offsets=offsets, attr_blob=blob)
+
+
+def _write_arrays(path: Path, arrays: dict[str, Any], events: Path) -> None:
+    """The file's layout: magic, header length (8 bytes), JSON header, then each array at a
+    64-byte aligned offset the header names (dtype, offset, count)."""
     import numpy as np
 
-    table = SpanTable.from_spans(spans)
-    index: dict[bytes, int] = {}
-    blobs: list[bytes] = []
-    attr = np.empty(len(spans), dtype=np.int32)
-    by_dict: dict[int, int] = {}  # id of an attribute dict (shared by a layer's loaded calls) → its set
-    for i, s in enumerate(spans):
-        a = s.attrs
-        k = by_dict.get(id(a))  # the spans keep their dicts alive: ids stay theirs
-        if k is None:
-            b = dumps(a)
-            k = index.get(b)
-            if k is None:
-                b = trimmed(b)  # kept until the file is written
-                k = index[b] = len(blobs)
-                blobs.append(b)
-            by_dict[id(a)] = k
-        attr[i] = k
-    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
-    if blobs:
-        np.cumsum([len(b) for b in blobs], out=offsets[1:])
-    arrays: dict[str, Any] = {c: getattr(table, c) for c in _COLUMNS if c not in ("attr", "attr_offsets")}
-    arrays["attr"] = attr
-    arrays["attr_offsets"] = offsets
-    arrays["attr_blob"] = b"".join(blobs)
-    arrays["names"] = json.dumps(table.names).encode()
-    arrays["others"] = others
-    # Layout: magic, header length (8 bytes), JSON header, then each array at a
-    # 64-byte aligned offset the header names (dtype, offset, count).
     placed: dict[str, list[Any]] = {}
     chunks: list[tuple[int, bytes]] = []
     offset = 0
@@ -273,7 +330,6 @@ def write_table(path: Path, spans: Sequence[Span], others: bytes, events: Path) 
             f.write(raw)
         f.truncate(base + offset)
     os.replace(tmp, path)
-    return table
 
 
 def _checksum_matches(path: Path, header: dict[str, Any], base: int) -> bool:

@@ -48,6 +48,7 @@ from mltrace.tracer.sources.base import (
     EndsEarly,
     EndsLayerLevel,
     EndsRecording,
+    HandsOverEvents,
     ReleasesInForkedChild,
     Source,
     StartsAProfiler,
@@ -67,7 +68,9 @@ def active_session() -> Session | None:
 
 class Finish(Protocol):
     """The end of a run, which the layer above the tracer gives (``mltrace/finish.py``:
-    ``import mltrace`` sets it with ``use_finish``)."""
+    ``import mltrace`` sets it with ``use_finish``). It may also have
+    ``seal(run_dir, sealed_ns)``, told at each flush that every event ending by ``sealed_ns``
+    is written: it may then finish that part while the program runs."""
 
     def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
         """Correlates the streamed events and rewrites the run's files (``phase`` is told each step)."""
@@ -310,6 +313,9 @@ class Session:
         #: Writes the run at the end in place of ``finalize_run`` (same arguments): a followed
         #: child's session leaves its events to the parent's finish (``mltrace/follow/``).
         self.finish: Callable[[Path, dict[str, Any], Callable[[str], None]], object] | None = None
+        #: Whether the finish may correlate and write the run a part at a time while it runs
+        #: (``Finish.seal``): not where another process's finish takes its events.
+        self.seals = True
         self._os_exit: tuple[Callable[[int], NoReturn], Callable[[int], NoReturn]] | None = None
 
     # -- lifecycle -------------------------------------------------------
@@ -788,9 +794,15 @@ class Session:
             warn(f"Perfetto streaming disabled: {exc}")
 
     def flush(self) -> None:
-        """Streams every completed event to the run directory (called by the flusher)."""
+        """Streams every completed event to the run directory (called by the flusher), then
+        tells the finish how far the run is written (``Finish.seal``)."""
+        drained_ns = now_ns()
+        self._take_handed_events()
+        sealed = self._sealed_until(drained_ns)
         with self._flush_lock:
             self._flush_locked()
+        if sealed and not self._stream_failed and not self._streams_closed:
+            self._seal(sealed)
         self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
@@ -805,6 +817,41 @@ class Session:
             message += " — for a long run use --level layer, or trace a window with mltrace.profile()"
             warn(message)
             self.note_limitation(message)
+
+    def _sealed_until(self, drained_ns: int) -> int:
+        """The session time by which every event that ended is queued or written: the
+        recorder's drain, or the earliest that a source says (``Source.sealed_until_ns``)."""
+        sealed = drained_ns
+        for source in list(self.started):
+            until = getattr(source, "sealed_until_ns", None)
+            value = until() if until is not None else None
+            if value is not None:
+                sealed = min(sealed, value)
+        return sealed
+
+    def _seal(self, sealed_ns: int) -> None:
+        """Tells the finish in use that the run is written up to ``sealed_ns`` (a finish that
+        does not finish runs a part at a time is told nothing)."""
+        seal = getattr(_finish, "seal", None)
+        if seal is None or self.run_dir is None or self.forked_copy or not self.seals:
+            return
+        try:
+            seal(self.run_dir, sealed_ns)
+        except Exception as exc:  # noqa: BLE001 - the run is then finished whole
+            self.errors.append(f"sealing the streamed finish failed: {exc}")
+
+    def _take_handed_events(self) -> None:
+        """Queues what the sources that hand over events while the program runs have made."""
+        for source in list(self.started):
+            if not isinstance(source, HandsOverEvents):
+                continue
+            try:
+                events = source.drain_events()
+            except Exception as exc:  # noqa: BLE001 - one source's failure, never the program
+                self.errors.append(f"{source.name}: handing over events failed: {exc}")
+                continue
+            if events:
+                self.add_events(events)
 
     def _flush_locked(self) -> None:
         # Perfetto streaming needs Span objects; events.jsonl alone takes encoded rows.

@@ -131,6 +131,14 @@ class Source(Protocol):
         """Stops recording, removes every hook, and returns post-hoc events."""
         ...
 
+    def sealed_until_ns(self) -> int | None:
+        """The session time (ns) up to which its events have reached the session: every event
+        of it that ends at or before this time is recorded, queued or written already, so the
+        finish may correlate that part of the run while the program runs (``finish_stream``).
+        None: it keeps nothing back (its events are recorded as they happen); 0: nothing is
+        sealed yet (a post-hoc source returns its events from ``stop()``). Default None."""
+        return None
+
 
 # -- optional methods ------------------------------------------------------------------------
 # A source implements those it can; the session asks with ``isinstance``.
@@ -170,6 +178,15 @@ class EndsRecording(Protocol):
 
     def end_recording(self) -> None:
         """Takes its hooks out of the program's path; ``stop()`` still returns what it has."""
+        ...
+
+
+@runtime_checkable
+class HandsOverEvents(Protocol):
+    """A post-hoc source that hands its events to the session while the program runs."""
+
+    def drain_events(self) -> list[Event]:
+        """The events it made since the last call (the session queues them before each flush)."""
         ...
 
 

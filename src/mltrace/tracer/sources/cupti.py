@@ -1104,6 +1104,10 @@ class CuptiSource(Source):
         self.clock = clock
         self._segments.append((clock, collector.take()))
 
+    def sealed_until_ns(self) -> int | None:
+        """0: kernels and API calls come from CUPTI's buffers at ``stop()``."""
+        return 0
+
     def stop(self) -> list[Event]:
         """Flushes CUPTI, disables the activity kinds and returns the converted events.
 

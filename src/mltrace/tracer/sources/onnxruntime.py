@@ -412,6 +412,10 @@ class OrtSource(FrameworkSource):
 
     # -- stop -------------------------------------------------------------------
 
+    def sealed_until_ns(self) -> int | None:
+        """0 once a session is profiled: its nodes come from the profile files at ``stop()``."""
+        return 0 if self._all else None
+
     def stop(self) -> list[Event]:
         """Takes the wrappers and the import hook off, then ends profiling on sessions still
         alive (ORT writes the file of a session destroyed earlier itself) and converts each

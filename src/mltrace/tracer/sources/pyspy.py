@@ -115,6 +115,10 @@ class PySpySource(Source):
             self._proc.kill()
             self._proc.wait(timeout=10)
 
+    def sealed_until_ns(self) -> int | None:
+        """0 while py-spy samples: the samples come at ``stop()``."""
+        return 0 if self._proc is not None else None
+
     def stop(self) -> list[Event]:
         try:
             if self._proc is None:

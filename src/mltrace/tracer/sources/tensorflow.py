@@ -106,6 +106,7 @@ class TensorFlowSource(FrameworkSource):
         self._tf: Any = None
         self._logdirs: list[str] = []
         self._profiling = False
+        self._profiled = False
         self._user_profiler = False
         self._orig_start: Callable[..., Any] | None = None
         self._orig_stop: Callable[..., Any] | None = None
@@ -269,6 +270,7 @@ class TensorFlowSource(FrameworkSource):
         # TensorFlow 2.21 passes explicit ProfilerOptions with the wrong type (it warns and ignores them).
         self._orig_start(logdir)
         self._profiling = True
+        self._profiled = True
         while self._after_start:
             self._after_start.pop(0)()
 
@@ -603,6 +605,10 @@ class TensorFlowSource(FrameworkSource):
         attrs[f"ml.{which}.dtypes"] = [str(getattr(dtype, "name", dtype))]
 
     # -- stop ------------------------------------------------------------------------
+
+    def sealed_until_ns(self) -> int | None:
+        """0 once its profiler has run: its ops come from the XSpace at ``stop()``."""
+        return 0 if self._profiled else None
 
     def stop(self) -> list[Event]:
         self._active = False

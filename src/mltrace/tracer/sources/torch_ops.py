@@ -55,8 +55,10 @@ from mltrace.run.gcpause import gc_paused
 from mltrace.run.jsoncodec import dumps, loads
 from mltrace.run.levels import Level
 from mltrace.run.store import EVENTS_FILE, track_row
-from mltrace.settings import FOLLOW, OP_CONVERTER, OP_CYCLE_S
+from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
+from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
+from mltrace.tracer.helper_env import helper_process_env
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -312,8 +314,9 @@ class TorchOpSource(Source):
         cycles = self._cycles
         if prof is None or cycles is None:
             return
+        stopped_ns = now_ns()  # every op of the cycle ended by now
         prof.stop()
-        cycles.hand(prof, self._cycle_calls)
+        cycles.hand(prof, self._cycle_calls, stopped_ns)
         self._cycle_calls = 0
         if not restart:
             return
@@ -381,6 +384,13 @@ class TorchOpSource(Source):
         else:
             self.stats.merge(stats)
 
+    def sealed_until_ns(self) -> int | None:
+        """In cycles, the stop of the last cycle whose ops are written (``_Converter.sealed_ns``:
+        0 before the first); held whole, 0 once the profiler started; None before."""
+        if self._cycles is not None:
+            return self._cycles.sealed_ns
+        return 0 if self._prof is not None or self._exported is not None else None
+
     def stop(self) -> list[Event]:
         """Stops the profiler (unless it ended early) and returns its ops, API calls, kernels and
         flows; in cycles, the last cycle is converted and every cycle's events were handed to
@@ -441,12 +451,14 @@ class _Converter:
         spans_written: spans the converter process wrote to the run (the session counts them).
         converter_peak_rss_kb: the converter process's peak resident memory, once it ended.
         use_process: cycles go to the converter process (``MLTRACE_OP_CONVERTER``, default on).
+        sealed_ns: the session time at which the last converted cycle stopped (0 before the
+            first): every op that ended by then is written or queued.
     """
 
     def __init__(self, source: TorchOpSource, session: SessionView) -> None:
         self._source = source
         self._session = session
-        self._queue: queue.SimpleQueue[tuple[Any, int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Any, int, int] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.handed = 0
         self.cycles = 0
@@ -454,14 +466,16 @@ class _Converter:
         self.spans_per_call = 0.0
         self.spans_written = 0
         self.converter_peak_rss_kb = 0
+        self.sealed_ns = 0
         self.use_process = converter_process_wanted()
         self._process: _ConverterProcess | None = None
 
-    def hand(self, prof: Any, calls: int) -> None:
-        """Queues a stopped profiler (of ``calls`` model calls) for conversion."""
+    def hand(self, prof: Any, calls: int, stopped_ns: int = 0) -> None:
+        """Queues a stopped profiler (of ``calls`` model calls, stopped at session time
+        ``stopped_ns``) for conversion."""
         self.handed += 1
         self.queued_calls += calls
-        self._queue.put((prof, calls))
+        self._queue.put((prof, calls, stopped_ns))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
@@ -484,10 +498,11 @@ class _Converter:
             item = self._queue.get()
             if item is None:
                 return
-            prof, calls = item
+            prof, calls, stopped_ns = item
             del item
             try:
                 self._convert(prof, calls)
+                self.sealed_ns = stopped_ns
             except Exception as exc:  # a cycle lost, never the program
                 self._session.errors.append(f"torch.profiler: converting cycle {self.cycles + 1} failed: {exc}")
             finally:
@@ -577,18 +592,6 @@ class _ConverterGone(Exception):
     """The converter process could not start, died, or failed a cycle."""
 
 
-def _converter_env() -> dict[str, str]:
-    """The traced process's environment without what would make mltrace follow the converter
-    process as one of the program's children (``MLTRACE_FOLLOW``, the bootstrap folder on
-    ``PYTHONPATH``), with mltrace's own folder first on it."""
-    env = dict(os.environ)
-    env.pop(FOLLOW.name, None)
-    package_root = str(Path(__file__).resolve().parents[3])
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("follow/bootstrap")]
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *kept])
-    return env
-
-
 class _ConverterProcess:
     """The converter process of a session's op level (``formats/kineto_serve.py``): one child,
     started at the first cycle, with no torch in it and in a session of its own (the terminal's
@@ -603,7 +606,7 @@ class _ConverterProcess:
                 [sys.executable, "-m", "mltrace.formats.kineto_serve"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=_converter_env(),
+                env=helper_process_env(),
                 start_new_session=True,
                 close_fds=True,
             )
