@@ -219,10 +219,11 @@ def seal_run(run_dir: Path, sealed_ns: int) -> None:
     (``MLTRACE_FINISH_STREAM=0``: never)."""
     stream = _streams.get(run_dir)
     if stream is None:
-        if sealed_ns <= 0 or run_dir in _unstreamed or not _stream_wanted():
+        from_bytes = _stream_from_bytes()
+        if sealed_ns <= 0 or run_dir in _unstreamed or from_bytes is None:
             return
         try:
-            if (run_dir / store.EVENTS_FILE).stat().st_size < STREAM_FROM_BYTES:
+            if (run_dir / store.EVENTS_FILE).stat().st_size < from_bytes:
                 return
             stream = _streams[run_dir] = _FinisherProcess(run_dir)
         except OSError:
@@ -234,10 +235,16 @@ def seal_run(run_dir: Path, sealed_ns: int) -> None:
         stream.discard(timeout_s=1.0)
 
 
-def _stream_wanted() -> bool:
+def _stream_from_bytes() -> int | None:
+    """The size of events.jsonl from which a run is finished a part at a time
+    (``MLTRACE_FINISH_STREAM``: 1 or unset, ``STREAM_FROM_BYTES``; a larger number, that many
+    bytes); None: never (0, or a value that is not a number)."""
     from mltrace.settings import FINISH_STREAM
 
-    return (FINISH_STREAM.get() or "1").strip() != "0"
+    text = (FINISH_STREAM.get() or "1").strip()
+    if not text.isdigit() or int(text) == 0:
+        return None
+    return STREAM_FROM_BYTES if int(text) == 1 else int(text)
 
 
 def print_summary(run_dir: Path) -> None:

@@ -170,9 +170,9 @@ OP_CONVERTER = Setting(
 )
 FINISH_STREAM = Setting(
     f"{PREFIX}FINISH_STREAM",
-    "`0` or `1`",
-    "1",
-    "correlate and write a long run a part at a time while it runs, in a process of its own (0: all of it at the end)",
+    "`0`, `1` or bytes",
+    "1 (from 4 MiB)",
+    "correlate and write a long run a part at a time while it runs, in a process of its own, once events.jsonl is that many bytes (1: 4 MiB; 0: all of it at the end)",
 )
 TORCH_HOOKS = Setting(
     f"{PREFIX}TORCH_HOOKS",
