@@ -21,12 +21,14 @@ from mltrace.run import store
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
 from mltrace.tracer.clock import now_ns
+from mltrace.tracer.fdtap import TappedLine
 from mltrace.tracer.session import active_session
-from mltrace.tracer.sources.cpu_library import CpuLibrarySource
+from mltrace.tracer.sources.cpu_library import CpuLibrarySource, LibrarySpanMaker, library_spans
 
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
 
 
@@ -44,6 +46,31 @@ def _wait_for(condition: Any, what: str, timeout_s: float = 30) -> None:
 
 def _seqs(spans: list[Span]) -> list[int]:
     return sorted(s.attrs["ml.library.seq"] for s in spans)
+
+
+def _logged_lines() -> list[TappedLine]:
+    """oneDNN (creation and execution, with and without timestamps) and MKL lines from real
+    logs, twice over (repeated calls), received 1 µs apart."""
+    texts = []
+    for log in ("onednn/torch_profile_exec.log", "onednn/torch_toggle_create.log", "mkl/torch_mkl_verbose.log"):
+        texts += [ln for ln in (DATA / log).read_text(encoding="utf-8").splitlines() if not ln.startswith("== ")]
+    return [TappedLine(1_795_322_166_140_000_000 + 1_000 * i, text) for i, text in enumerate(texts * 2)]
+
+
+def test_spans_made_batch_by_batch_are_those_of_one_call_over_all_lines() -> None:
+    """``LibrarySpanMaker`` fed in batches of any size gives what ``library_spans`` gives over
+    all the lines: the same spans, seq over the whole run, the same counts; every span has
+    its own attributes (the templates of repeated calls are copied)."""
+    lines = _logged_lines()
+    whole, counts = library_spans(lines, lambda ns: ns - 1_795_000_000_000_000_000, 7, iter(range(10**6)).__next__)
+    assert counts["onednn"] > 10 and counts["mkl"] > 10 and counts["untimed"] > counts["mkl"]
+    for size in (1, 5, 17, len(lines)):
+        maker = LibrarySpanMaker(lambda ns: ns - 1_795_000_000_000_000_000, 7, iter(range(10**6)).__next__)
+        spans = [s for i in range(0, len(lines), size) for s in maker.add(lines[i : i + size])]
+        assert spans == whole
+        assert [list(s.attrs) for s in spans] == [list(s.attrs) for s in whole]  # attribute order too
+        assert maker.summary() == counts and maker.lines == len(lines)
+    assert len({id(s.attrs) for s in whole}) == len(whole)
 
 
 def _model() -> Any:

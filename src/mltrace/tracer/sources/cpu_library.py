@@ -65,17 +65,37 @@ def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
 
 
 def _mkl_attrs(call: MklCall) -> dict[str, Any]:
-    attrs: dict[str, Any] = {
+    """The attributes of an MKL call but its thread fields (``_mkl_thread_attrs``)."""
+    return {
         "ml.library.name": "MKL",
         "ml.library.kind": call.function,
         # pointers change every run and say nothing: keep sizes, flags and strides
         "ml.library.desc": ",".join("*" if _POINTER.match(a) else a for a in call.args),
     }
+
+
+def _mkl_thread_attrs(call: MklCall, attrs: dict[str, Any]) -> None:
+    """Adds an MKL call's ``TID`` and ``NThr`` to ``attrs``."""
     if call.tid is not None:
         attrs["ml.library.mkl_tid"] = call.tid
     if call.nthr is not None:
         attrs["ml.library.nthr"] = call.nthr
-    return attrs
+
+
+_Template = tuple[str, dict[str, Any], "int | None"]  # a call's span name, leading attributes, FLOPs
+
+
+def _onednn_template(call: OneDnnCall) -> _Template:
+    return f"oneDNN {call.kind} {call.impl}", _onednn_attrs(call), onednn_flops(call)
+
+
+def _mkl_template(call: MklCall) -> _Template:
+    return f"MKL {call.function}", _mkl_attrs(call), gemm_flops(call)
+
+
+#: Templates a ``LibrarySpanMaker`` keeps (one per distinct call: primitive and problem, or MKL
+#: function and arguments); it starts over once this many are kept (MKL arguments hold pointers).
+_TEMPLATES_KEPT = 4096
 
 
 class LibrarySpanMaker:
@@ -106,25 +126,40 @@ class LibrarySpanMaker:
         self.counts = {"onednn": 0, "mkl": 0, "untimed": 0, "unparsed": 0, "late": 0}
         self._lags = array("q")  # receipt minus end of timed calls (ns): the reader's delay
         self._seq = 0
+        # The name, leading attributes and FLOPs of each distinct call seen (``_template``): a
+        # loop repeats the same calls, whose attributes and FLOPs cost more than their parse.
+        self._templates: dict[tuple[Any, ...], _Template] = {}
+
+    def _template(self, key: tuple[Any, ...], make: Callable[[Any], _Template], call: Any) -> _Template:
+        """The span name, leading attributes (to copy) and FLOPs of the call ``key`` names
+        (``make(call)``'s, the first time)."""
+        template = self._templates.get(key)
+        if template is None:
+            if len(self._templates) >= _TEMPLATES_KEPT:
+                self._templates.clear()
+            name, attrs, flops = make(call)
+            head: dict[str, Any] = {"mltrace.level": Level.LIBRARY.label}
+            if self._framework:
+                head["ml.framework"] = self._framework
+            head.update(attrs)
+            template = self._templates[key] = (name, head, flops)
+        return template
 
     def add(self, lines: list[TappedLine]) -> list[Span]:
         """The spans of ``lines`` (the lines that follow those added before), in arrival order."""
         spans: list[Span] = []
         counts, lags, track_id, new_id, epoch_to_session = self.counts, self._lags, self._track_id, self._new_id, self._epoch_to_session
-        level, framework, seq = Level.LIBRARY.label, self._framework, self._seq
+        template, seq = self._template, self._seq
         for receive_ns, text in lines:
-            attrs: dict[str, Any] = {"mltrace.level": level}
-            if framework:
-                attrs["ml.framework"] = framework
             dnn = parse_onednn_line(text)
             start_epoch: int | None = None
             if dnn is not None:
                 if not dnn.is_exec:
                     continue  # creation lines (verbose level 2) are not calls to trace
                 counts["onednn"] += 1
-                name = f"oneDNN {dnn.kind} {dnn.impl}"
-                attrs.update(_onednn_attrs(dnn))
-                flops = onednn_flops(dnn)
+                key = (dnn.kind, dnn.impl, dnn.prop, dnn.memory, dnn.attrs, dnn.aux, dnn.desc)
+                name, head, flops = template(key, _onednn_template, dnn)
+                attrs = head.copy()
                 start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
             else:
                 blas = parse_mkl_line(text)
@@ -133,9 +168,10 @@ class LibrarySpanMaker:
                         counts["unparsed"] += 1
                     continue
                 counts["mkl"] += 1
-                name = f"MKL {blas.function}"
-                attrs.update(_mkl_attrs(blas))
-                flops, duration = gemm_flops(blas), blas.duration_ns
+                name, head, flops = template((blas.function, blas.args), _mkl_template, blas)
+                attrs = head.copy()
+                _mkl_thread_attrs(blas, attrs)
+                duration = blas.duration_ns
             attrs["ml.library.exec_ns"] = duration
             attrs["ml.library.seq"] = seq
             seq += 1
