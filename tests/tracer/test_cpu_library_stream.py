@@ -224,3 +224,54 @@ def test_a_killed_run_keeps_its_library_calls_up_to_the_last_flush(tmp_path: Pat
     assert seen <= set(_seqs(lib))
     assert sum(s.name == "MKL SGEMM" for s in lib) >= 40
     assert sum(s.attrs.get("ml.library.kind") == "convolution" for s in lib) >= 40
+
+
+TAKE_LINES = """
+import json, os, sys, time
+from mltrace.tracer.fdtap import FdTap
+
+tap = FdTap(reader=sys.argv[2], batch_s=0.01).start()
+taken = []
+for round_ in range(3):
+    for i in range(50):
+        os.write(1, b"MKL_VERBOSE SGEMM(N,N,%d) 1.00us TID:0 NThr:1\\n" % (round_ * 50 + i))
+        os.write(1, b"user line %d\\n" % i)
+    deadline = time.monotonic() + 10
+    while sum(len(t) for t in taken) < 50 * (round_ + 1) and time.monotonic() < deadline:
+        taken.append(tap.take_lines())
+        time.sleep(0.01)
+time.sleep(0.1)
+empty_idle = tap.pipe_empty()
+os.write(1, b"MKL_VERBOSE SGEMM(N,N,last) 1.00us TID:0 NThr:1\\n")
+rest = tap.stop()
+with open(sys.argv[1], "w") as f:
+    json.dump({"taken": [ln.text for t in taken for ln in t], "rest": [ln.text for ln in rest], "lines": [ln.text for ln in tap.lines()],
+               "empty_idle": empty_idle, "empty_stopped": tap.pipe_empty()}, f)
+"""
+
+
+@pytest.mark.parametrize("reader", ["thread", "thread-python", "process"])
+def test_the_tap_hands_over_each_line_once(tmp_path: Path, reader: str) -> None:
+    """``FdTap.take_lines`` returns the lines captured since the last take, which ``stop()``
+    and ``lines()`` then leave out; the user's output passes unchanged. ``pipe_empty`` says
+    True while a thread reader waits with nothing to read, False for a reader process and once
+    stopped."""
+    script = tmp_path / "prog.py"
+    script.write_text(TAKE_LINES, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("MLTRACE_FDTAP_READER", None)
+    if reader == "thread-python":
+        env["MLTRACE_FDTAP_READER"] = "python"
+    kind = "process" if reader == "process" else "thread"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "report.json"), kind],
+        capture_output=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    report = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    expected = [f"MKL_VERBOSE SGEMM(N,N,{i}) 1.00us TID:0 NThr:1" for i in range(150)]
+    assert report["taken"] == expected
+    assert report["rest"] == report["lines"] == ["MKL_VERBOSE SGEMM(N,N,last) 1.00us TID:0 NThr:1"]
+    assert proc.stdout == b"".join(b"user line %d\n" % i for i in range(50)) * 3
+    assert report["empty_idle"] is (reader != "process")
+    assert report["empty_stopped"] is False
