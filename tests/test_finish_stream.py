@@ -1,0 +1,328 @@
+"""The streamed finish (issue 27, ``finish_stream.StreamedFinish``) on a raw run of a real
+traced program: a run finished a segment at a time is the run finished whole, and where the
+streamed part cannot stand (a late span, a finisher process that is gone) the run is finished
+whole and still complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mltrace import finish
+from mltrace.finish import _finalize_whole, finalize_run, seal_run
+from mltrace.finish_stream import StreamedFinish
+from mltrace.run import store
+from mltrace.run.events import Span
+from mltrace.run.levels import Level
+from mltrace.run.store import Run
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL (no library level on CPU)")
+
+#: An LSTM and a linear head on CPU: oneDNN (the LSTM) and MKL (the head's SGEMM) calls at the
+#: library level. After its calls it idles past three flushes (0.5 s apart), so the last op
+#: cycle is converted and streamed, then dies by SIGKILL: events.jsonl stays as streamed.
+RAW_PROGRAM = """
+import os, signal, time
+import torch
+
+torch.manual_seed(0)
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(16, 32, batch_first=True)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+model = Net().eval()
+x = torch.randn(2, 8, 16)
+with torch.no_grad():
+    for _ in range(300):
+        model(x)
+print("called", flush=True)
+time.sleep(1.5)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+#: Seals this far apart (session time) over the raw run: a dozen segments.
+SEAL_STEP_NS = 200_000_000
+TEMPORARY = ("events.jsonl.streamed.tmp", "trace.pftrace.streamed.tmp")
+
+
+@pytest.fixture(scope="module")
+def raw_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of RAW_PROGRAM traced at every CPU level, as it was when the program
+    died: streamed, never finished (``MLTRACE_FINISH_STREAM=0``: no finisher process)."""
+    base = tmp_path_factory.mktemp("raw")
+    script = base / "raw.py"
+    script.write_text(textwrap.dedent(RAW_PROGRAM), encoding="utf-8")
+    run_dir = base / "run"
+    env = {**os.environ, "MLTRACE_FINISH_STREAM": "0", "MLTRACE_OP_CYCLE_S": "0.3"}
+    env.pop("MLTRACE_OUTPUT", None)
+    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(run_dir), str(script)]
+    done = subprocess.run(cmd, capture_output=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")
+    assert done.stdout == b"called\n"
+    run = store.load_run(run_dir)
+    assert run.meta.get("complete") is not True
+    levels = Counter(s.level for s in run.spans)
+    assert levels[Level.MODEL] == 300 and levels[Level.LAYER] == 600
+    assert levels[Level.OP] > 0 and levels[Level.LIBRARY] > 0
+    return run_dir
+
+
+@pytest.fixture(autouse=True)
+def no_finisher_left() -> Iterator[None]:
+    """Ends any finisher process a test left in ``finish._streams`` and forgets the runs."""
+    yield
+    for run_dir in list(finish._streams):
+        finish._streams.pop(run_dir).discard(timeout_s=5.0)
+    finish._unstreamed.clear()
+
+
+def _copy(raw: Path, dest: Path) -> Path:
+    shutil.copytree(raw, dest)
+    return dest
+
+
+def _meta(raw: Path) -> dict[str, Any]:
+    """The metadata the finish is given (a fresh copy each time)."""
+    return json.loads(json.dumps(store.read_meta(raw)))
+
+
+def _seal_times(run: Run, step_ns: int = SEAL_STEP_NS) -> list[int]:
+    """Session times every ``step_ns`` from the first span's start to the last span's end."""
+    first = min(s.start_ns for s in run.spans)
+    last = max(s.end_ns for s in run.spans)
+    return list(range(first + step_ns, last, step_ns))
+
+
+def _by_id(run: Run) -> dict[int, tuple[Any, ...]]:
+    """Each span's parent, level, name, interval, track name and attributes, by id (the ids of
+    tracks a pass adds may differ, their names not)."""
+    names = {t.id: t.name for t in run.tracks.values()}
+    return {
+        s.id: (s.parent_id, s.level, s.name, s.start_ns, s.end_ns, names.get(s.track_id), json.dumps(s.attrs, sort_keys=True, default=str))
+        for s in run.spans
+    }
+
+
+def _streamed(run_dir: Path, meta: dict[str, Any]) -> StreamedFinish:
+    """``run_dir`` finished by a ``StreamedFinish`` sealed every ``SEAL_STEP_NS``."""
+    streamed = StreamedFinish(run_dir)
+    for t in _seal_times(store.load_run(run_dir)):
+        streamed.seal(t)
+    assert streamed.finalize(meta) is not None, streamed.broken
+    return streamed
+
+
+def _no_temporary_files(run_dir: Path) -> None:
+    left = sorted(p.name for p in run_dir.iterdir() if p.name.endswith(".tmp"))
+    assert left == [], f"temporary files left: {left}"
+
+
+def test_a_run_finished_a_segment_at_a_time_is_the_run_finished_whole(raw_run: Path, tmp_path: Path) -> None:
+    """Two copies of a raw run, one finished whole, one sealed every 0.2 s of session time and
+    then finalized: the same spans (parents, levels, names, times, track names, attributes),
+    the same summary, and run.json says how many segments were streamed."""
+    whole_dir, streamed_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "streamed")
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    streamed = _streamed(streamed_dir, _meta(raw_run))
+    whole, parts = store.load_run(whole_dir), store.load_run(streamed_dir)
+    a, b = _by_id(whole), _by_id(parts)
+    assert a.keys() == b.keys()
+    differing = [(a[i], b[i]) for i in a if a[i] != b[i]]
+    assert differing == [], f"{len(differing)} spans differ, e.g. {differing[:3]}"
+    assert parts.meta["summary"] == whole.meta["summary"]
+    assert parts.meta["complete"] is True and "finish" not in whole.meta
+    assert parts.meta["finish"] == {"streamed_segments": streamed.segments} and streamed.segments >= 2
+    assert streamed.spans_done == len(parts.spans)
+    # library calls ended in many segments, each under the op that issued it, as whole
+    library = [s for s in parts.spans if s.level is Level.LIBRARY]
+    assert library and sum(s.parent_id is not None for s in library) == sum(a[s.id][0] is not None for s in library)
+    check = parts.meta["correlation"]["check_containment"]
+    assert check["outside_parent"] == check["missing_parent"] == 0
+    _no_temporary_files(streamed_dir)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nest_by_containment.parents_set in run.json's correlation notes comes out smaller when streamed "
+    "(by 1 to 11 on such runs, more with more segments), though every span's parent is the same",
+)
+def test_a_run_finished_a_segment_at_a_time_has_the_correlation_notes_of_the_whole(raw_run: Path, tmp_path: Path) -> None:
+    """The passes' counts in run.json (``correlation``) add up to those of the whole finish."""
+    whole_dir, streamed_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "streamed")
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    _streamed(streamed_dir, _meta(raw_run))
+    assert store.read_meta(streamed_dir)["correlation"] == store.read_meta(whole_dir)["correlation"]
+
+
+def _late_span(run: Run) -> Span:
+    """A span with an id of its own and the interval and track of the span that ends first: any
+    segment written takes its part of the run."""
+    first = min(run.spans, key=lambda s: s.end_ns)
+    return Span(max(s.id for s in run.spans) + 1, None, Level.USER, "late", first.start_ns, first.end_ns, first.track_id, {})
+
+
+def _append(run_dir: Path, span: Span) -> None:
+    with open(run_dir / store.EVENTS_FILE, "ab") as f:
+        f.write(store.encode_batch(spans=[span]))
+
+
+def test_a_span_written_after_its_part_was_sealed_breaks_the_streamed_finish(raw_run: Path, tmp_path: Path) -> None:
+    """A span that ends before a seal but comes after it: ``finalize`` answers None, says why,
+    removes its temporary files and leaves events.jsonl as it was; the whole finish then
+    finishes the run with that span."""
+    run_dir = _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    times = _seal_times(raw)
+    streamed = StreamedFinish(run_dir)
+    for t in times[: len(times) // 2]:
+        streamed.seal(t)
+    assert streamed.segments >= 1 and streamed.sealed_ns is not None
+    _append(run_dir, _late_span(raw))
+    events = (run_dir / store.EVENTS_FILE).read_bytes()
+    for t in times[len(times) // 2 :]:
+        streamed.seal(t)
+    meta = _meta(raw_run)
+    assert streamed.finalize(meta) is None
+    assert streamed.broken is not None and "after their part of the run" in streamed.broken
+    _no_temporary_files(run_dir)
+    assert (run_dir / store.EVENTS_FILE).read_bytes() == events
+    assert not (run_dir / store.TRACE_FILE).exists() and not (run_dir / "spans.bin").exists()
+    assert "summary" not in meta and store.read_meta(run_dir).get("complete") is not True
+    done = _finalize_whole(run_dir, meta, None, None, None)
+    assert done.meta["complete"] is True and "finish" not in done.meta
+    assert len(store.load_run(run_dir).spans) == len(raw.spans) + 1
+
+
+def _process_sealed(run_dir: Path, raw: Run, monkeypatch: pytest.MonkeyPatch) -> finish._FinisherProcess:
+    """``seal_run`` over the first half of the run: the finisher process started (events.jsonl
+    is over ``MLTRACE_FINISH_STREAM`` bytes) and sealed."""
+    monkeypatch.setenv("MLTRACE_FINISH_STREAM", "65536")
+    times = _seal_times(raw)
+    for t in times[: len(times) // 2]:
+        seal_run(run_dir, t)
+    stream = finish._streams.get(run_dir)
+    assert stream is not None, "no finisher process started"
+    _wait_for_a_segment(run_dir)
+    return stream
+
+
+def _wait_for_a_segment(run_dir: Path, timeout_s: float = 60) -> None:
+    """Waits until the finisher process has written a segment (seals have no answer): its
+    temporary trace file is written to only by segments."""
+    trace = run_dir / "trace.pftrace.streamed.tmp"
+    deadline = time.monotonic() + timeout_s
+    while not (trace.exists() and trace.stat().st_size > 0):
+        assert time.monotonic() < deadline, "the finisher process wrote no segment"
+        time.sleep(0.02)
+
+
+def test_finalize_run_finishes_the_streamed_run_in_its_finisher_process(
+    raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``seal_run`` starts the finisher process, ``finalize_run`` has it finish the run: the
+    run finished whole, with the streamed segments in run.json, the process gone."""
+    whole_dir, run_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    stream = _process_sealed(run_dir, raw, monkeypatch)
+    for t in _seal_times(raw)[len(_seal_times(raw)) // 2 :]:
+        seal_run(run_dir, t)
+    meta = _meta(raw_run)
+    phases: list[str] = []
+    finalize_run(run_dir, meta, phases.append)
+    assert run_dir not in finish._streams and stream._proc.poll() == 0
+    assert meta["complete"] is True and meta["finish"]["streamed_segments"] >= 2
+    assert store.read_meta(run_dir) == meta
+    assert any(p.startswith("correlating the last") for p in phases)
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
+    _no_temporary_files(run_dir)
+
+
+def test_a_late_span_has_finalize_run_finish_the_run_whole(raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finisher process answers a fallback (a span came after its part was sealed): the
+    run is finished whole, complete, with that span, and no streamed segments in run.json."""
+    run_dir = _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    _process_sealed(run_dir, raw, monkeypatch)
+    _append(run_dir, _late_span(raw))
+    seal_run(run_dir, _seal_times(raw)[-1])  # the process reads the late span
+    meta = _meta(raw_run)
+    run = finalize_run(run_dir, meta)
+    assert meta["complete"] is True and "finish" not in meta
+    assert len(run.spans) == len(store.load_run(run_dir).spans) == len(raw.spans) + 1
+    assert any(s.name == "late" for s in store.load_run(run_dir).spans)
+    _no_temporary_files(run_dir)
+
+
+def _kill_finisher(stream: finish._FinisherProcess) -> None:
+    stream._proc.send_signal(signal.SIGKILL)
+    stream._proc.wait(timeout=30)
+
+
+def test_a_finisher_process_that_is_gone_leaves_the_run_to_the_whole_finish(
+    raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finisher process killed after some seals: the next seal finds it gone, and
+    ``finalize_run`` finishes the run whole: complete, the spans of a whole finish."""
+    whole_dir, run_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    _kill_finisher(_process_sealed(run_dir, raw, monkeypatch))
+    seal_run(run_dir, _seal_times(raw)[-1])
+    assert run_dir not in finish._streams and run_dir in finish._unstreamed
+    meta = _meta(raw_run)
+    finalize_run(run_dir, meta)
+    assert meta["complete"] is True and "finish" not in meta
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
+    assert store.read_meta(run_dir)["summary"] == store.read_meta(whole_dir)["summary"]
+
+
+def test_a_finisher_process_gone_at_the_finish_leaves_the_run_to_the_whole_finish(
+    raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finisher process killed after the last seal: ``finalize_run`` gets no answer and
+    finishes the run whole: complete, the spans of a whole finish."""
+    whole_dir, run_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    _kill_finisher(_process_sealed(run_dir, raw, monkeypatch))
+    meta = _meta(raw_run)
+    finalize_run(run_dir, meta)
+    assert run_dir not in finish._streams
+    assert meta["complete"] is True and "finish" not in meta
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a finisher process that died (SIGKILL, OOM) leaves events.jsonl.streamed.tmp and "
+    "trace.pftrace.streamed.tmp in the run directory: neither finalize_run nor the whole finish removes them",
+)
+def test_a_finisher_process_that_is_gone_leaves_no_temporary_files(raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the whole finish that stood in for a killed finisher process, the run directory
+    holds no temporary file."""
+    run_dir = _copy(raw_run, tmp_path / "run")
+    _kill_finisher(_process_sealed(run_dir, store.load_run(run_dir), monkeypatch))
+    finalize_run(run_dir, _meta(raw_run))
+    assert store.read_meta(run_dir)["complete"] is True
+    _no_temporary_files(run_dir)
