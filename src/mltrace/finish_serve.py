@@ -5,7 +5,7 @@ It reads one request per line on stdin (JSON):
 
 - ``{"seal": S}``: every event that ends at or before session time ``S`` is in events.jsonl;
   it correlates and writes that part (no answer). Seals that queued up while it worked are
-  taken together: only the last one counts.
+  taken together: only the last one counts, and none once a finish came.
 - ``{"finish": meta}``: the program ended and every event is written; it finishes the run and
   answers ``{"phase": step}`` lines as it goes, then ``{"done": meta}`` (run.json written) or
   ``{"fallback": why}`` (nothing written: the traced process finishes the run whole).
@@ -59,12 +59,13 @@ class _Requests:
                 self._changed.notify()
 
     def next(self) -> dict[str, Any] | None:
-        """The next request: a seal waiting (the last of those that came), else the finish, else
+        """The next request: the finish once it came (a seal waiting before it is passed over:
+        the finish takes everything), else a seal waiting (the last of those that came), else
         None at the end of the input."""
         with self._changed:
             while self._seal is None and self._last is None and not self._ended:
                 self._changed.wait()
-            if self._seal is not None:
+            if self._last is None and self._seal is not None:
                 seal, self._seal = self._seal, None
                 return {"seal": seal}
             return self._last

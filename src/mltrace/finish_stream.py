@@ -8,8 +8,9 @@ end (``finalize``) only what came after the last seal is left.
 
 The session seals at a time ``S`` when every event that ends at or before ``S`` is in
 events.jsonl (``Source.sealed_until_ns``). A segment is then every span not yet taken that
-ends at or before ``W = S - LIBRARY_LAG_NS``, with the CPU library calls up to ``S`` (a
-verbose line is read some time after its call; ``attach_library_calls``); a library call
+ends at or before ``W``, the last moment before ``S`` less an allowance that no op or layer
+call runs across, with the untimed CPU library calls up to ``W`` plus the allowance (a verbose
+line is read some time after its call; ``attach_library_calls``); a library call
 that no span of the segment takes comes back for the next one. A segment goes through the
 correlator passes on its own: a span and the spans inside it end in one segment, except a
 span that is still running at a seal (a model call, a user span around the loop), which ends
@@ -39,9 +40,13 @@ from mltrace.run.levels import Level
 from mltrace.run.store import EventsRewriter, Run
 from mltrace.run.table import TABLE_FILE, TableWriter
 
-#: How long after a CPU library call its verbose line may be read (ns): a segment sealed at
-#: ``S`` takes the other spans up to ``S`` minus this, and library calls up to ``S``.
+#: How long after a CPU library call its verbose line may be read (ns) until the run shows
+#: otherwise: a segment sealed at ``S`` takes the other spans up to ``S`` minus the allowance,
+#: and untimed library calls up to that plus the allowance (``StreamedFinish.lag_ns``).
 LIBRARY_LAG_NS = 500_000_000
+#: The least allowance, and how many times the longest delay seen so far it is.
+_LEAST_LAG_NS = 100_000_000
+_LAG_MARGIN = 3
 #: The first id of the tracks the passes add in a segment (lanes): above the session's.
 _TRACK_BASE = 1 << 41
 _TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
@@ -109,6 +114,7 @@ class StreamedFinish:
         self._used_tracks: set[int] = set()
         self._crossing = _Crossing()
         self.sealed_ns: int | None = None  # W of the last segment
+        self._lag_seen_ns: int | None = None  # the longest delay from an op's end to its untimed call's line
         self.segments = 0
         self.spans_done = 0
         #: Why the streamed part cannot stand (None while it can).
@@ -158,14 +164,15 @@ class StreamedFinish:
         if self.broken is not None:
             return 0
         self._read_new()
-        w = _gap_before(self._pending, sealed_ns - LIBRARY_LAG_NS)
+        lag = self.lag_ns
+        w = _gap_before(self._pending, sealed_ns - lag)
         if self.broken is not None or (self.sealed_ns is not None and w <= self.sealed_ns):
             return 0
         take: list[Span] = []
         keep: list[Span] = []
         for s in self._pending:
             # an untimed call's end is the receipt of its line, after its op ended
-            limit = w + LIBRARY_LAG_NS if s.level is Level.LIBRARY and s.attrs.get("ml.library.untimed") else w
+            limit = w + lag if s.level is Level.LIBRARY and s.attrs.get("ml.library.untimed") else w
             (take if -1 < s.end_ns <= limit else keep).append(s)
         if not take:
             return 0
@@ -176,7 +183,7 @@ class StreamedFinish:
 
     def _segment(self, take: list[Span], keep: list[Span], w: int | None, final: bool) -> int:
         """Runs the passes over ``take`` and writes what they settled; library calls that found
-        no parent and ended after ``w - LIBRARY_LAG_NS`` go back to ``keep``."""
+        no parent and ended after ``w`` less the allowance go back to ``keep``."""
         from mltrace.tracer.passes import correlate
 
         instants = [i for i in self._instants[self._written_instants :] if w is None or i.ts_ns <= w]
@@ -188,7 +195,7 @@ class StreamedFinish:
         run = correlate(run, _segment_pipeline())
         spans = self._own_tracks(run)
         originals = {s.id: s for s in take if s.level is Level.LIBRARY}
-        retry_after = (w - LIBRARY_LAG_NS) if w is not None else None
+        retry_after = (w - self.lag_ns) if w is not None else None
         settled: list[Span] = []
         retried = moved = 0
         for s in spans:
@@ -208,6 +215,7 @@ class StreamedFinish:
         _adjust(correlation, "separate_overlaps", moved=-moved)
         correlation.get("separate_overlaps", {}).pop("extra_tracks", None)  # counted at the end
         self._note(correlation)
+        self._learn_lag(settled)
         prior = self.sealed_ns
         ready: list[Span] = []
         for s in settled:
@@ -220,6 +228,26 @@ class StreamedFinish:
         self._write(ready, settled, instants, counters)
         self.segments += 1
         return len(settled)
+
+    @property
+    def lag_ns(self) -> int:
+        """The allowance for a library call's line to be read (``LIBRARY_LAG_NS`` until an
+        untimed call was placed, then ``_LAG_MARGIN`` times the longest delay seen from its op's
+        end to its receipt, at least ``_LEAST_LAG_NS``, at most ``LIBRARY_LAG_NS``)."""
+        if self._lag_seen_ns is None:
+            return LIBRARY_LAG_NS
+        return min(LIBRARY_LAG_NS, max(_LEAST_LAG_NS, _LAG_MARGIN * self._lag_seen_ns))
+
+    def _learn_lag(self, spans: list[Span]) -> None:
+        """Notes the delays from the ops' ends to the receipt of their untimed library calls."""
+        ends = {s.id: s.end_ns for s in spans if s.level is Level.OP}
+        for s in spans:
+            if s.level is not Level.LIBRARY or s.parent_id not in ends:
+                continue
+            received = s.attrs.get("ml.library.receive_ns")
+            if isinstance(received, int):
+                lag = received - ends[s.parent_id]
+                self._lag_seen_ns = lag if self._lag_seen_ns is None else max(self._lag_seen_ns, lag)
 
     def _own_tracks(self, run: Run) -> list[Span]:
         """The run's spans with the tracks the passes added (lanes) given ids of this finish's

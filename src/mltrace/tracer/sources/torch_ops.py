@@ -75,10 +75,10 @@ EXPORT_FILE = "torch-profiler.json"
 #: 0: one cycle, converted at the end). Each stop pauses the program's thread for the whole
 #: cycle's ops, and a thread that starts while the profiler switches cycles can go unrecorded
 #: (seen with a thread-per-request server); held whole, the profiler pays the same stop after
-#: the program, holds every op in memory and ends early on a long run (docs/PERFORMANCE.md,
-#: "Long runs": on the 1,000-step decode loop, cycles took the same wall time, ended 2.3 s
-#: sooner and peaked 460 MB lower).
-CYCLE_S = 2.0
+#: the program, holds every op in memory and ends early on a long run. Short cycles keep what
+#: is left to stop, convert and finish at the program's end small (docs/PERFORMANCE.md, "Long
+#: runs").
+CYCLE_S = 0.5
 
 
 def cycle_seconds() -> float:
