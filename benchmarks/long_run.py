@@ -1,23 +1,25 @@
-"""A long decode loop traced at the default level: wall time and peak memory, the op level in
-cycles and whole.
+"""A long run traced at the default level: wall time, the time from the program's end to its
+exit, and peak memory, under the defaults and the alternatives they replaced.
 
-Runs a 2-layer LSTM word model (10,000 tokens, 200 units, as pytorch/examples'
-word_language_model) sampling ``--steps`` words one at a time in a child process:
-plain; under ``mltrace python`` (every level, the op level streamed in cycles of 2 s,
-``MLTRACE_OP_CYCLE_S=2``, the default), each cycle converted by the converter process
-(``MLTRACE_OP_CONVERTER=1``) or on a thread of the traced process (``=0``); and with
-``MLTRACE_OP_CYCLE_S=0`` (torch.profiler held whole until the end). For each
-it prints the child's wall time, the loop's own time and CPU time (of the traced process: on
-a loaded machine the CPU times compare better than the wall times), the CPU time of the
-child and its children (``wait4``: the converter process's too), the child's peak resident
-memory and, traced, the spans and the time from the loop's end to
-the child's exit. With ``--finish``, it then runs the end of a run (``finalize_run``)
-again on a copy of the cycles' run directory (converter process) and prints each of its
-phases' time. Traced, it also prints the converter process's peak resident memory.
+Runs, in a child process, a 2-layer LSTM word model (10,000 tokens, 200 units, as
+pytorch/examples' word_language_model) sampling ``--steps`` words one at a time, or with
+``--tiny N`` N calls of a tiny MLP (the issue's 200,000-call case): plain, then under
+``mltrace python`` in each of ``--conditions``: ``default`` (torch.profiler in cycles of
+0.5 s, each converted by the converter process, and the run finished a part at a time while
+it runs, ``finish_stream.py``), ``unstreamed`` (``MLTRACE_FINISH_STREAM=0``: all of it
+finished at the end), ``cycles2`` (2 s cycles, unstreamed: the defaults before),
+``thread`` (cycles converted on a thread of the traced process) and ``whole``
+(``MLTRACE_OP_CYCLE_S=0``: torch.profiler held whole). For each it prints the child's wall
+time, the loop's own time and CPU time (of the traced process: on a loaded machine the CPU
+times compare better than the wall times), the CPU time of the child and its children
+(``wait4``: the helper processes' too), the child's peak resident memory and, traced, the
+spans, the time from the loop's end to the child's exit, and the converter's and finisher's
+peak resident memory. With ``--finish``, it runs the end of an unstreamed run
+(``finalize_run``) again on a copy of its run directory and prints each of its phases' time.
 
-    python benchmarks/long_run.py                 # 1000 steps
-    python benchmarks/long_run.py --steps 3000
-    python benchmarks/long_run.py --finish        # and the finish's phases
+    python benchmarks/long_run.py                         # 1000 steps, every condition
+    python benchmarks/long_run.py --conditions default,unstreamed
+    python benchmarks/long_run.py --tiny 200000 --conditions default
 """
 
 from __future__ import annotations
@@ -67,6 +69,25 @@ CHILD = textwrap.dedent(
 )
 
 
+TINY = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    x = torch.randn(1, 8)
+    t0, c0 = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        for _ in range({steps}):
+            model(x)
+    print("RESULT", time.perf_counter() - t0, time.time(), time.process_time() - c0, flush=True)
+    """
+)
+
+
 def run_child(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Runs one child; returns its wall (s), loop (s), the CPU time of its process in the loop
     (s: every thread of it, not the converter process), the time after the loop (s), the CPU
@@ -108,20 +129,31 @@ def finish_phases(run_dir: Path) -> list[tuple[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--tiny", type=int, default=0, metavar="N", help="N calls of a tiny MLP instead of the decode loop")
     parser.add_argument("--finish", action="store_true", help="time the finish's phases again on the cycles' run")
+    parser.add_argument(
+        "--conditions",
+        default="default,unstreamed,cycles2,whole",
+        help="comma-separated, of: default (0.5 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
+        "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), thread (the converter on a thread), "
+        "whole (MLTRACE_OP_CYCLE_S=0)",
+    )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "decode.py"
-        script.write_text(CHILD.format(steps=args.steps))
+        script.write_text(TINY.format(steps=args.tiny) if args.tiny else CHILD.format(steps=args.steps))
         base = {k: v for k, v in os.environ.items() if not k.startswith("MLTRACE_")}
         plain = run_child([sys.executable, str(script)], base)
         print(f"plain: {json.dumps({k: round(v, 2) for k, v in plain.items()})}")
-        conditions = (
-            ("traced, op level in cycles, converter process", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_OP_CONVERTER": "1"}),
-            ("traced, op level in cycles, converter thread", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_OP_CONVERTER": "0"}),
-            ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
-        )
+        known = {
+            "default": ("traced, the defaults (0.5 s cycles, streamed finish)", {}),
+            "unstreamed": ("traced, MLTRACE_FINISH_STREAM=0", {"MLTRACE_FINISH_STREAM": "0"}),
+            "cycles2": ("traced, 2 s cycles, MLTRACE_FINISH_STREAM=0", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_FINISH_STREAM": "0"}),
+            "thread": ("traced, converter thread", {"MLTRACE_OP_CONVERTER": "0"}),
+            "whole": ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
+        }
+        conditions = [known[name.strip()] for name in args.conditions.split(",") if name.strip()]
         for label, extra in conditions:
             out = Path(tmp) / label.replace(" ", "_").replace(",", "").replace("=", "")
             cmd = [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(out), str(script)]
@@ -132,8 +164,12 @@ def main() -> None:
             converter = meta.get("torch_profiler", {}).get("converter_process")
             if converter:
                 row["converter_peak_rss_mb"] = converter["peak_rss_kb"] / 1024
+            finish = meta.get("finish") or {}
+            if finish:
+                row["segments"] = finish.get("streamed_segments", 0)
+                row["finisher_peak_rss_mb"] = finish.get("peak_rss_kb", 0) / 1024
             print(f"{label}: {json.dumps({k: round(v, 2) for k, v in row.items()})}")
-            if args.finish and extra.get("MLTRACE_OP_CONVERTER") == "1":
+            if args.finish and not finish and extra.get("MLTRACE_OP_CONVERTER") != "0":
                 phases = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in finish_phases(out))
                 print(f"  the finish again on it: {phases}")
 

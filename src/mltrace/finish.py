@@ -8,7 +8,7 @@ then prints the summary. ``import mltrace`` makes ``RunFinish`` the finish of ev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,10 @@ def _finalize_whole(
 #: (bytes): a shorter run's finish is quick and needs no process of its own.
 STREAM_FROM_BYTES = 4 << 20
 
+#: How long the finisher process may say nothing at the end before it is given up (s): each
+#: step it begins is said, and the longest is the last part of the run.
+SILENCE_S = 120.0
+
 #: The finisher process of each run being finished a part at a time.
 _streams: dict[Path, _FinisherProcess] = {}
 #: Runs whose finisher process could not start or died: finished whole.
@@ -174,20 +178,20 @@ class _FinisherProcess:
 
     def finalize(self, meta: dict[str, Any], phase: Callable[[str], None] | None) -> Run | None:
         """Has the process finish the run; the run (``meta`` updated in place to what it wrote),
-        or None where it could not (the run is then finished whole)."""
-        from mltrace.run.jsoncodec import loads
-
+        or None where it could not, or said nothing for ``SILENCE_S`` (the run is then finished
+        whole). Interrupted (a signal during the finish), it kills the process: the run stays
+        as streamed."""
         say = phase or (lambda step: None)
         answer: dict[str, Any] = {}
         try:
             if self._send({"finish": meta}):
-                assert self._proc.stdout is not None
-                for line in self._proc.stdout:
-                    answer = loads(line)
-                    if "phase" in answer:
-                        say(str(answer["phase"]))
-                        continue
-                    break
+                for answer in self._answers():
+                    if "phase" not in answer:
+                        break
+                    say(str(answer["phase"]))
+        except BaseException:
+            self._proc.kill()
+            raise
         finally:
             self.discard()
         if "done" not in answer:
@@ -195,6 +199,32 @@ class _FinisherProcess:
         meta.clear()
         meta.update(answer["done"])
         return store.load_run(self.run_dir)
+
+    def _answers(self) -> Iterator[dict[str, Any]]:
+        """The process's answer lines, until its output ends or it says nothing for ``SILENCE_S``
+        (then it is killed)."""
+        import os
+        import select
+
+        from mltrace.run.jsoncodec import loads
+
+        stdout = self._proc.stdout
+        if stdout is None:
+            return
+        fd, pending = stdout.fileno(), b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], SILENCE_S)
+            if not ready:
+                self._proc.kill()
+                return
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                obj = loads(line)
+                if isinstance(obj, dict):
+                    yield obj
 
     def discard(self, timeout_s: float = 5.0) -> None:
         """Ends the process (its input closed: it removes its temporary files) and reaps it."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mltrace.formats.kineto import MEMORY_EVENT
+from mltrace.formats.kineto_serve import peak_rss_kb
 from mltrace.run import store
 from mltrace.run.events import CounterSample, Instant, Span, Track
 from mltrace.run.levels import Level
@@ -351,7 +352,7 @@ class StreamedFinish:
         if "separate_overlaps" in self._notes:
             self._notes["separate_overlaps"]["extra_tracks"] = len(lanes)
         meta["correlation"] = {**(meta.get("correlation") or {}), **self._notes}
-        meta["finish"] = {"streamed_segments": self.segments}
+        meta["finish"] = {"streamed_segments": self.segments, "peak_rss_kb": peak_rss_kb()}
         run = Run(self.run_dir, meta, tracks=dict(self._tracks), instants=self._instants, counters=self._counters, table=table)
         say("summarizing")
         meta["summary"] = summarize(run, table=table)

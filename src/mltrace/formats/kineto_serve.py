@@ -162,10 +162,10 @@ class Server:
         finally:
             os.close(fd)
         path.unlink(missing_ok=True)
-        return {"done": {"spans": len(result.spans), "stats": result.stats.as_dict(), "peak_rss_kb": _peak_rss_kb()}}
+        return {"done": {"spans": len(result.spans), "stats": result.stats.as_dict(), "peak_rss_kb": peak_rss_kb()}}
 
 
-def _peak_rss_kb() -> int:
+def peak_rss_kb() -> int:
     """This process's peak resident memory (kB, ``VmHWM``; ``ru_maxrss`` would be the traced
     process's, whose memory map this one's exec replaced), 0 where unknown."""
     try:
