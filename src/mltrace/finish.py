@@ -227,8 +227,11 @@ class _FinisherProcess:
                     yield obj
 
     def discard(self, timeout_s: float = 5.0) -> None:
-        """Ends the process (its input closed: it removes its temporary files) and reaps it."""
+        """Ends the process (its input closed: it removes its temporary files) and reaps it; the
+        temporary files of one that died are removed here."""
         import subprocess
+
+        from mltrace.finish_stream import TEMPORARY_FILES
 
         for pipe in (self._proc.stdin, self._proc.stdout):
             try:
@@ -241,6 +244,8 @@ class _FinisherProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        for name in TEMPORARY_FILES:
+            (self.run_dir / name).unlink(missing_ok=True)
 
 
 def seal_run(run_dir: Path, sealed_ns: int) -> None:

@@ -50,6 +50,8 @@ _LEAST_LAG_NS = 100_000_000
 _LAG_MARGIN = 3
 #: The first id of the tracks the passes add in a segment (lanes): above the session's.
 _TRACK_BASE = 1 << 41
+#: The files it writes in the run directory until the end (removed where it cannot finish).
+TEMPORARY_FILES = (store.EVENTS_FILE + ".streamed.tmp", store.TRACE_FILE + ".streamed.tmp")
 _TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
 
 
@@ -121,9 +123,9 @@ class StreamedFinish:
         #: Why the streamed part cannot stand (None while it can).
         self.broken: str | None = None
         self._notes: dict[str, dict[str, Any]] = {}
-        self._rewriter = EventsRewriter(self._events, tmp=run_dir / (store.EVENTS_FILE + ".streamed.tmp"))
+        self._rewriter = EventsRewriter(self._events, tmp=run_dir / TEMPORARY_FILES[0])
         self._table = TableWriter()
-        self._pftrace_tmp = run_dir / (store.TRACE_FILE + ".streamed.tmp")
+        self._pftrace_tmp = run_dir / TEMPORARY_FILES[1]
         self._pftrace: IO[bytes] = open(self._pftrace_tmp, "wb")  # noqa: SIM115 - closed in _close_outputs()
         self._encoder = PerfettoEncoder(self.meta)
 
@@ -185,15 +187,19 @@ class StreamedFinish:
     def _segment(self, take: list[Span], keep: list[Span], w: int | None, final: bool) -> int:
         """Runs the passes over ``take`` and writes what they settled; library calls that found
         no parent and ended after ``w`` less the allowance go back to ``keep``."""
-        from mltrace.tracer.passes import correlate
+        from mltrace.tracer.passes import correlate, nest_by_containment
 
         instants = [i for i in self._instants[self._written_instants :] if w is None or i.ts_ns <= w]
         counters = [c for c in self._counters[self._written_counters :] if w is None or c.ts_ns <= w]
         meta = {k: v for k, v in self.meta.items() if k != "correlation"}
         run = Run(self.run_dir, meta, tracks=dict(self._tracks), spans=take, instants=instants, counters=counters)
         ids = {s.id for s in take}
-        live_parent = {s.id: s.parent_id for s in take if s.parent_id is not None and s.parent_id not in ids}
-        run = correlate(run, _segment_pipeline())
+        before = {s.id: s.parent_id for s in take}
+        pipeline = _segment_pipeline()
+        upto_nesting = pipeline.index(nest_by_containment) + 1
+        run = correlate(run, pipeline[:upto_nesting])
+        nested = {s.id for s in run.spans if s.parent_id != before[s.id] and (before[s.id] is None or before[s.id] not in ids)}
+        run = correlate(run, pipeline[upto_nesting:])
         spans = self._own_tracks(run)
         originals = {s.id: s for s in take if s.level is Level.LIBRARY}
         retry_after = (w - self.lag_ns) if w is not None else None
@@ -206,12 +212,8 @@ class StreamedFinish:
                 moved += s.track_id != originals[s.id].track_id and "(async" in self._tracks[s.track_id].name
                 continue
             settled.append(s)
-        # A live parent that ends in a later segment: the whole run's pass refines it.
-        refined = sum(1 for s in settled if s.id in live_parent and s.parent_id != live_parent[s.id])
-        settled_ids = {s.id for s in settled}
-        nested_again = _contained_count([originals[i] for i in originals if i not in settled_ids], take) if retried else 0
         correlation = run.meta.get("correlation") or {}
-        _adjust(correlation, "nest_by_containment", parents_set=-refined - nested_again, parents_refined=refined)
+        correlation["nest_by_containment"] = _nesting_counts(correlation.get("nest_by_containment"), nested, before, settled)
         _adjust(correlation, "attach_library_calls", unattached=-retried)
         _adjust(correlation, "separate_overlaps", moved=-moved)
         correlation.get("separate_overlaps", {}).pop("extra_tracks", None)  # counted at the end
@@ -387,28 +389,23 @@ def _gap_before(spans: list[Span], limit: int) -> int:
     return int(reach[gaps[-1]]) if len(gaps) else limit
 
 
-def _contained_count(calls: list[Span], spans: list[Span]) -> int:
-    """How many of ``calls`` (library calls handed back to the next segment) a span of
-    ``spans`` on their track contains: those ``nest_by_containment`` gave a parent and counted,
-    and counts again in the segment that settles them."""
-    import numpy as np
-
-    count = 0
-    by_track: dict[int, list[Span]] = {}
-    for s in spans:
-        by_track.setdefault(s.track_id, []).append(s)
-    columns: dict[int, tuple[Any, Any, Any]] = {}
-    for c in calls:
-        if c.track_id not in columns:
-            group = by_track.get(c.track_id, [])
-            columns[c.track_id] = (
-                np.fromiter((s.id for s in group), dtype=np.int64, count=len(group)),
-                np.fromiter((s.start_ns for s in group), dtype=np.int64, count=len(group)),
-                np.fromiter((s.end_ns for s in group), dtype=np.int64, count=len(group)),
-            )
-        ids, start, end = columns[c.track_id]
-        count += bool(np.any((start <= c.start_ns) & (c.end_ns <= end) & (ids != c.id)))
-    return count
+def _nesting_counts(
+    facts: dict[str, Any] | None, nested: set[int], before: dict[int, int | None], settled: list[Span]
+) -> dict[str, int]:
+    """``nest_by_containment``'s counts as the whole run's pass gives them, for the spans the
+    segment settled (``nested``: those it gave a parent they lacked or had outside the segment).
+    A span whose parent (set while the program ran) ends in a later segment got the innermost
+    span around it here, which the whole run's pass counts as refined, not set; a library call
+    handed to the next segment counts there."""
+    refined = (facts or {}).get("parents_refined", 0)
+    parents_set = 0
+    for s in settled:
+        if s.id in nested:
+            if before[s.id] is None:
+                parents_set += 1
+            else:
+                refined += 1
+    return {"parents_set": parents_set, "parents_refined": refined}
 
 
 def _adjust(correlation: dict[str, Any], name: str, **changes: int) -> None:
@@ -450,4 +447,4 @@ def check_containment_table(table: Any) -> dict[str, Any]:
     return {"outside_parent": int(len(outside)), "missing_parent": int(missing.sum()), "asynchronous_children": 0, "examples": examples}
 
 
-__all__ = ["LIBRARY_LAG_NS", "StreamedFinish", "check_containment_table"]
+__all__ = ["LIBRARY_LAG_NS", "TEMPORARY_FILES", "StreamedFinish", "check_containment_table"]
