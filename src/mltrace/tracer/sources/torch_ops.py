@@ -79,6 +79,11 @@ EXPORT_FILE = "torch-profiler.json"
 #: is left to stop, convert and finish at the program's end small (docs/PERFORMANCE.md, "Long
 #: runs").
 CYCLE_S = 0.5
+#: The ops a running cycle may hold while the converter is still busy with the one before
+#: (estimated from the model calls): past it, the program waits for the converter between two
+#: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
+#: takes about 3 KB an op) instead of one that grows with the run.
+CYCLE_OPS_MAX = 100_000
 
 
 def cycle_seconds() -> float:
@@ -275,7 +280,9 @@ class TorchOpSource(Source):
         if not first and time.monotonic() - self._cycle_began < self.cycle_s:
             return
         if cycles is not None and cycles.cycles < cycles.handed:
-            return
+            if self._cycle_calls * cycles.spans_per_call < CYCLE_OPS_MAX:
+                return
+            cycles.wait_converted()
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
         if self._session is not None and self._session.recorder.open_on_other_threads():
@@ -386,9 +393,13 @@ class TorchOpSource(Source):
 
     def sealed_until_ns(self) -> int | None:
         """In cycles, the stop of the last cycle whose ops are written (``_Converter.sealed_ns``:
-        0 before the first); held whole, 0 once the profiler started; None before."""
-        if self._cycles is not None:
-            return self._cycles.sealed_ns
+        0 before the first), None once the profiler ended and its last cycle is converted;
+        held whole, 0 once the profiler started; None before."""
+        cycles = self._cycles
+        if cycles is not None:
+            if self._prof is None and cycles.cycles >= cycles.handed:
+                return None  # ended early: nothing more comes
+            return cycles.sealed_ns
         return 0 if self._prof is not None or self._exported is not None else None
 
     def stop(self) -> list[Event]:
@@ -436,6 +447,13 @@ class TorchOpSource(Source):
                 stats["cycles_stopped"] = self.cycles_stopped
             if self._cycles.spans_written:
                 stats["converter_process"] = {"spans": self._cycles.spans_written, "peak_rss_kb": self._cycles.converter_peak_rss_kb}
+            if self._cycles.waited_ns:
+                waited = self._cycles.waited_ns / 1e9
+                stats["waited_for_conversion_s"] = round(waited, 3)
+                self._session.note_limitation(
+                    f"op level: the program ran quicker than its ops were converted, so it waited {waited:.2f} s in all "
+                    f"between model calls, a running cycle holding at most {CYCLE_OPS_MAX:,} ops"
+                )
         self._session.meta["torch_profiler"] = stats
 
 
@@ -453,6 +471,7 @@ class _Converter:
         use_process: cycles go to the converter process (``MLTRACE_OP_CONVERTER``, default on).
         sealed_ns: the session time at which the last converted cycle stopped (0 before the
             first): every op that ended by then is written or queued.
+        waited_ns: how long the program waited for conversions in all (``wait_converted``).
     """
 
     def __init__(self, source: TorchOpSource, session: SessionView) -> None:
@@ -467,6 +486,8 @@ class _Converter:
         self.spans_written = 0
         self.converter_peak_rss_kb = 0
         self.sealed_ns = 0
+        self.waited_ns = 0
+        self._converted = threading.Condition()
         self.use_process = converter_process_wanted()
         self._process: _ConverterProcess | None = None
 
@@ -479,6 +500,15 @@ class _Converter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
+
+    def wait_converted(self) -> None:
+        """Waits until every cycle handed is converted (the program's thread, between two model
+        calls: ``CYCLE_OPS_MAX``), adding the wait to ``waited_ns``."""
+        t0 = time.perf_counter_ns()
+        with self._converted:
+            while self.cycles < self.handed and self._thread is not None:
+                self._converted.wait(0.5)
+        self.waited_ns += time.perf_counter_ns() - t0
 
     def finish(self) -> None:
         """Waits until every cycle handed is converted, then ends the converter process."""
@@ -507,7 +537,9 @@ class _Converter:
                 self._session.errors.append(f"torch.profiler: converting cycle {self.cycles + 1} failed: {exc}")
             finally:
                 self.queued_calls -= calls
-                self.cycles += 1
+                with self._converted:
+                    self.cycles += 1
+                    self._converted.notify_all()
             del prof
             # What the cycle's stop, export, load and conversion freed goes back to the system
             # (glibc keeps it otherwise, much of it in this thread's own arena).
