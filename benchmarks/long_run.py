@@ -5,7 +5,7 @@ Runs, in a child process, a 2-layer LSTM word model (10,000 tokens, 200 units, a
 pytorch/examples' word_language_model) sampling ``--steps`` words one at a time, or with
 ``--tiny N`` N calls of a tiny MLP (the issue's 200,000-call case): plain, then under
 ``mltrace python`` in each of ``--conditions``: ``default`` (torch.profiler in cycles of
-0.5 s, each converted by the converter process, and the run finished a part at a time while
+0.25 s, each converted by the converter process, and the run finished a part at a time while
 it runs, ``finish_stream.py``), ``unstreamed`` (``MLTRACE_FINISH_STREAM=0``: all of it
 finished at the end), ``cycles2`` (2 s cycles, unstreamed: the defaults before),
 ``thread`` (cycles converted on a thread of the traced process) and ``whole``
@@ -18,7 +18,7 @@ peak resident memory. With ``--finish``, it runs the end of an unstreamed run
 (``finalize_run``) again on a copy of its run directory and prints each of its phases' time.
 
     python benchmarks/long_run.py                         # 1000 steps, every condition
-    python benchmarks/long_run.py --conditions default,unstreamed
+    python benchmarks/long_run.py --conditions default,unstreamed --rounds 3
     python benchmarks/long_run.py --tiny 200000 --conditions default
 """
 
@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,52 +127,72 @@ def finish_phases(run_dir: Path) -> list[tuple[str, float]]:
     return [(marks[i][0], marks[i + 1][1] - marks[i][1]) for i in range(len(marks) - 1)]
 
 
+KNOWN = {
+    "default": ("traced, the defaults (0.25 s cycles, streamed finish)", {}),
+    "unstreamed": ("traced, MLTRACE_FINISH_STREAM=0", {"MLTRACE_FINISH_STREAM": "0"}),
+    "cycles2": ("traced, 2 s cycles, MLTRACE_FINISH_STREAM=0", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_FINISH_STREAM": "0"}),
+    "thread": ("traced, converter thread", {"MLTRACE_OP_CONVERTER": "0"}),
+    "whole": ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
+}
+
+
+def traced_row(script: Path, out: Path, env: dict[str, str]) -> dict[str, float]:
+    """One traced child's figures (``run_child``) and its run's spans, cycles and helper processes' peaks."""
+    row = run_child([sys.executable, "-m", "mltrace", "python", "-q", "-o", str(out), str(script)], env)
+    meta = json.loads((out / "run.json").read_text())
+    row["spans"] = meta["summary"]["spans"]
+    row["cycles"] = meta.get("torch_profiler", {}).get("cycles", 0)
+    converter = meta.get("torch_profiler", {}).get("converter_process")
+    if converter:
+        row["converter_peak_rss_mb"] = converter["peak_rss_kb"] / 1024
+    finish = meta.get("finish") or {}
+    if finish:
+        row["segments"] = finish.get("streamed_segments", 0)
+        row["finisher_peak_rss_mb"] = finish.get("peak_rss_kb", 0) / 1024
+    waited = meta.get("torch_profiler", {}).get("waited_for_conversion_s")
+    if waited:
+        row["waited_for_conversion_s"] = waited
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--tiny", type=int, default=0, metavar="N", help="N calls of a tiny MLP instead of the decode loop")
-    parser.add_argument("--finish", action="store_true", help="time the finish's phases again on the cycles' run")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every condition, interleaved; medians are printed last")
+    parser.add_argument("--finish", action="store_true", help="time the finish's phases again on an unstreamed run")
     parser.add_argument(
         "--conditions",
         default="default,unstreamed,cycles2,whole",
-        help="comma-separated, of: default (0.5 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
+        help="comma-separated, of: default (0.25 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
         "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), thread (the converter on a thread), "
         "whole (MLTRACE_OP_CYCLE_S=0)",
     )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
+    names = [name.strip() for name in args.conditions.split(",") if name.strip()]
+    rows: dict[str, list[dict[str, float]]] = {"plain": [], **{name: [] for name in names}}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "decode.py"
         script.write_text(TINY.format(steps=args.tiny) if args.tiny else CHILD.format(steps=args.steps))
         base = {k: v for k, v in os.environ.items() if not k.startswith("MLTRACE_")}
-        plain = run_child([sys.executable, str(script)], base)
-        print(f"plain: {json.dumps({k: round(v, 2) for k, v in plain.items()})}")
-        known = {
-            "default": ("traced, the defaults (0.5 s cycles, streamed finish)", {}),
-            "unstreamed": ("traced, MLTRACE_FINISH_STREAM=0", {"MLTRACE_FINISH_STREAM": "0"}),
-            "cycles2": ("traced, 2 s cycles, MLTRACE_FINISH_STREAM=0", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_FINISH_STREAM": "0"}),
-            "thread": ("traced, converter thread", {"MLTRACE_OP_CONVERTER": "0"}),
-            "whole": ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
-        }
-        conditions = [known[name.strip()] for name in args.conditions.split(",") if name.strip()]
-        for label, extra in conditions:
-            out = Path(tmp) / label.replace(" ", "_").replace(",", "").replace("=", "")
-            cmd = [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(out), str(script)]
-            row = run_child(cmd, {**base, **extra})
-            meta = json.loads((out / "run.json").read_text())
-            row["spans"] = meta["summary"]["spans"]
-            row["cycles"] = meta.get("torch_profiler", {}).get("cycles", 0)
-            converter = meta.get("torch_profiler", {}).get("converter_process")
-            if converter:
-                row["converter_peak_rss_mb"] = converter["peak_rss_kb"] / 1024
-            finish = meta.get("finish") or {}
-            if finish:
-                row["segments"] = finish.get("streamed_segments", 0)
-                row["finisher_peak_rss_mb"] = finish.get("peak_rss_kb", 0) / 1024
-            print(f"{label}: {json.dumps({k: round(v, 2) for k, v in row.items()})}")
-            if args.finish and not finish and extra.get("MLTRACE_OP_CONVERTER") != "0":
-                phases = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in finish_phases(out))
-                print(f"  the finish again on it: {phases}")
+        for round_no in range(args.rounds):
+            rows["plain"].append(run_child([sys.executable, str(script)], base))
+            print(f"plain: {json.dumps({k: round(v, 2) for k, v in rows['plain'][-1].items()})}", flush=True)
+            for name in names:
+                label, extra = KNOWN[name]
+                out = Path(tmp) / f"{name}-{round_no}"
+                rows[name].append(traced_row(script, out, {**base, **extra}))
+                print(f"{label}: {json.dumps({k: round(v, 2) for k, v in rows[name][-1].items()})}", flush=True)
+                if args.finish and name != "default" and extra.get("MLTRACE_OP_CONVERTER") != "0":
+                    phases = ", ".join(f"{step}: {seconds:.2f} s" for step, seconds in finish_phases(out))
+                    print(f"  the finish again on it: {phases}")
+                shutil.rmtree(out, ignore_errors=True)
+    if args.rounds > 1:
+        print(f"medians of {args.rounds} rounds:")
+        for name, got in rows.items():
+            keys = got[0].keys()
+            print(f"  {name}: {json.dumps({k: round(statistics.median(r.get(k, 0) for r in got), 2) for k in keys})}")
 
 
 if __name__ == "__main__":

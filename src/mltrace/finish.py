@@ -159,9 +159,10 @@ class _FinisherProcess:
                     pass
         self._proc.stdin = self._proc.stdout = None
 
-    def seal(self, sealed_ns: int) -> bool:
-        """Tells the process that every event ending by ``sealed_ns`` is written; False where it is gone."""
-        return self._send({"seal": sealed_ns})
+    def seal(self, sealed_ns: int, open_ns: int | None) -> bool:
+        """Tells the process that every event ending by ``sealed_ns`` is written and no span
+        running began before ``open_ns``; False where it is gone."""
+        return self._send({"seal": sealed_ns, "open": open_ns})
 
     def _send(self, obj: dict[str, Any]) -> bool:
         import json
@@ -248,9 +249,10 @@ class _FinisherProcess:
             (self.run_dir / name).unlink(missing_ok=True)
 
 
-def seal_run(run_dir: Path, sealed_ns: int) -> None:
+def seal_run(run_dir: Path, sealed_ns: int, open_ns: int | None = None) -> None:
     """Tells the run's finisher process that every event ending by ``sealed_ns`` (session
-    time) is written, starting the process once events.jsonl is ``STREAM_FROM_BYTES`` long
+    time) is written and that no span still running began before ``open_ns`` (None: none
+    runs), starting the process once events.jsonl is ``STREAM_FROM_BYTES`` long
     (``MLTRACE_FINISH_STREAM=0``: never)."""
     stream = _streams.get(run_dir)
     if stream is None:
@@ -264,7 +266,7 @@ def seal_run(run_dir: Path, sealed_ns: int) -> None:
         except OSError:
             _unstreamed.add(run_dir)
             return
-    if not stream.seal(sealed_ns):
+    if not stream.seal(sealed_ns, open_ns):
         _streams.pop(run_dir, None)
         _unstreamed.add(run_dir)
         stream.discard(timeout_s=1.0)
@@ -297,9 +299,9 @@ class RunFinish:
         """Correlates the run's events and rewrites its files (``finalize_run``)."""
         return finalize_run(run_dir, meta, phase)
 
-    def seal(self, run_dir: Path, sealed_ns: int) -> None:
-        """Every event ending by ``sealed_ns`` is written (``seal_run``)."""
-        seal_run(run_dir, sealed_ns)
+    def seal(self, run_dir: Path, sealed_ns: int, open_ns: int | None = None) -> None:
+        """Every event ending by ``sealed_ns`` is written, no running span began before ``open_ns`` (``seal_run``)."""
+        seal_run(run_dir, sealed_ns, open_ns)
 
     def print_summary(self, run_dir: Path) -> None:
         """Prints the finished run's summary (``print_summary``)."""

@@ -3,8 +3,9 @@
 
 It reads one request per line on stdin (JSON):
 
-- ``{"seal": S}``: every event that ends at or before session time ``S`` is in events.jsonl;
-  it correlates and writes that part (no answer). Seals that queued up while it worked are
+- ``{"seal": S, "open": O}``: every event that ends at or before session time ``S`` is in
+  events.jsonl, and no span still running began before ``O`` (null: none runs); it correlates
+  and writes that part (no answer). Seals that queued up while it worked are
   taken together: only the last one counts, and none once a finish came.
 - ``{"finish": meta}``: the program ended and every event is written; it finishes the run and
   answers ``{"phase": step}`` lines as it goes, then ``{"done": meta}`` (run.json written) or
@@ -33,7 +34,7 @@ class _Requests:
     def __init__(self, inp: IO[bytes]) -> None:
         self._inp = inp
         self._changed = threading.Condition()
-        self._seal: int | None = None
+        self._seal: tuple[int, int | None] | None = None
         self._last: dict[str, Any] | None = None
         self._ended = False
 
@@ -49,7 +50,7 @@ class _Requests:
                     continue
                 with self._changed:
                     if "seal" in obj:
-                        self._seal = int(obj["seal"])
+                        self._seal = (int(obj["seal"]), obj.get("open"))
                     elif "finish" in obj:
                         self._last = obj
                     self._changed.notify()
@@ -66,8 +67,8 @@ class _Requests:
             while self._seal is None and self._last is None and not self._ended:
                 self._changed.wait()
             if self._last is None and self._seal is not None:
-                seal, self._seal = self._seal, None
-                return {"seal": seal}
+                (seal, open_ns), self._seal = self._seal, None
+                return {"seal": seal, "open": open_ns}
             return self._last
 
 
@@ -90,7 +91,7 @@ def serve(run_dir: Path, inp: IO[bytes], out: IO[bytes]) -> int:
             return 0
         if "seal" in request:
             try:
-                finish.seal(request["seal"])
+                finish.seal(request["seal"], request.get("open"))
             except Exception as exc:  # noqa: BLE001 - the run is then finished whole
                 finish.broken = f"a segment failed: {type(exc).__name__}: {exc}"
             continue

@@ -77,6 +77,13 @@ class _Crossing:
         return best
 
 
+def _innermost_of(a: Span | None, b: Span | None) -> Span | None:
+    """The further in of two containers of one span (either may be None)."""
+    if a is None or b is None:
+        return a or b
+    return a if _order(a) > _order(b) else b
+
+
 def _rank(s: Span) -> int:
     return _TIE_RANK.get(s.level, 9)
 
@@ -161,9 +168,12 @@ class StreamedFinish:
 
     # -- segments ------------------------------------------------------------------------
 
-    def seal(self, sealed_ns: int) -> int:
-        """Correlates and writes every span that ends by ``sealed_ns - LIBRARY_LAG_NS`` (and
-        the library calls up to ``sealed_ns``); returns how many spans it wrote."""
+    def seal(self, sealed_ns: int, open_ns: int | None = None) -> int:
+        """Correlates and writes every span that ends by a gap before ``sealed_ns`` less the
+        library allowance (and the untimed library calls up to the allowance after it), and the
+        held spans that began before ``open_ns``, the start of the earliest span still running
+        (None: none runs): nothing that comes later can hold them. Returns how many spans it
+        wrote."""
         if self.broken is not None:
             return 0
         self._read_new()
@@ -182,7 +192,7 @@ class StreamedFinish:
         done = self._segment(take, keep, w, final=False)
         self._pending = keep
         self.sealed_ns = w
-        return done
+        return done + self._settle_roots(before_ns=open_ns if open_ns is not None else sealed_ns)
 
     def _segment(self, take: list[Span], keep: list[Span], w: int | None, final: bool) -> int:
         """Runs the passes over ``take`` and writes what they settled; library calls that found
@@ -319,14 +329,32 @@ class StreamedFinish:
         self._settle_roots()
         return self._complete(meta, say)
 
-    def _settle_roots(self) -> None:
-        """Gives each held root the innermost span around it that was running at a seal, and
-        writes them."""
-        roots, self._roots = self._roots, []
+    def _settle_roots(self, before_ns: int | None = None) -> int:
+        """Gives each held root that began before ``before_ns`` (None: every one, at the end)
+        the innermost span around it among those that ran across a seal (written, or read and
+        not yet taken), writes them, and returns how many. A span running across a seal that
+        has not reached events.jsonl yet was still running then, so it began at or after the
+        earliest start of the spans running (``seal``'s ``open_ns``): a root that began before
+        that has every span that can hold it at hand."""
+        if before_ns is None:
+            roots, self._roots = self._roots, []
+            waiting = _Crossing()
+        else:
+            roots = [r for r in self._roots if r.start_ns < before_ns]
+            if not roots:
+                return 0
+            self._roots = [r for r in self._roots if r.start_ns >= before_ns]
+            waiting = _Crossing()
+            for s in self._pending:
+                if self.sealed_ns is not None and s.start_ns < self.sealed_ns:
+                    waiting.add(s)
         settled = 0
         out: list[Span] = []
         for r in roots:
-            c = self._crossing.innermost(r)
+            if r.level is Level.LIBRARY:  # attach_library_calls alone places them: none took it
+                out.append(r)
+                continue
+            c = _innermost_of(self._crossing.innermost(r), waiting.innermost(r))
             if c is not None:
                 r = Span(r.id, c.id, r.level, r.name, r.start_ns, r.end_ns, r.track_id, r.attrs)
                 settled += 1
@@ -336,8 +364,9 @@ class StreamedFinish:
             self._rewriter.write(tracks=tracks, spans=out)
             self._table.add(out)
             self.spans_done += len(out)
-        self._notes.setdefault("nest_by_containment", {})
-        self._notes["nest_by_containment"]["parents_set"] = self._notes["nest_by_containment"].get("parents_set", 0) + settled
+        nesting = self._notes.setdefault("nest_by_containment", {})
+        nesting["parents_set"] = nesting.get("parents_set", 0) + settled
+        return len(out)
 
     def _complete(self, meta: dict[str, Any], say: Callable[[str], None]) -> Run:
         """Writes the files in their places, the containment check and the summary."""

@@ -159,7 +159,7 @@ KERNEL_PATH = Setting(
 OP_CYCLE_S = Setting(
     f"{PREFIX}OP_CYCLE_S",
     "seconds ≥ 0 (0: one cycle)",
-    "0.5",
+    "0.25",
     "how long a cycle of torch.profiler records before it is converted (CPU only; 0 holds it whole: see README, Long runs)",
 )
 OP_CONVERTER = Setting(
@@ -172,7 +172,8 @@ FINISH_STREAM = Setting(
     f"{PREFIX}FINISH_STREAM",
     "`0`, `1` or bytes",
     "1 (from 4 MiB)",
-    "correlate and write a long run a part at a time while it runs, in a process of its own, once events.jsonl is that many bytes (1: 4 MiB; 0: all of it at the end)",
+    "correlate and write a long run a part at a time while it runs, in a process of its own, "
+    "once events.jsonl is that many bytes (1: 4 MiB; 0: all of it at the end)",
 )
 TORCH_HOOKS = Setting(
     f"{PREFIX}TORCH_HOOKS",

@@ -139,6 +139,13 @@ class Recorder:
             return True
         return any(track != mine for spans in self.external_open for _, track in list(spans.values()))
 
+    def earliest_open_ns(self) -> int | None:
+        """The start of the earliest span still open (begun and not ended; a source's own open
+        spans too), or None where none is."""
+        starts = [span.start_ns for span in list(self._open.values())]
+        starts += [start for spans in self.external_open for start, _ in list(spans.values())]
+        return min(starts, default=None)
+
     def close_open_spans(self, at_ns: int) -> int:
         """Ends spans left open (an interrupt, an exception through a hook) at ``at_ns``.
 
@@ -212,24 +219,34 @@ class Recorder:
 
 
 class Flusher(threading.Thread):
-    """Calls ``flush()`` every ``interval_s`` seconds until stopped."""
+    """Calls ``flush()`` every ``interval_s`` seconds, and at once when woken (``wake``), until stopped."""
 
     def __init__(self, flush: Callable[[], None], interval_s: float) -> None:
         super().__init__(name="mltrace-flusher", daemon=True)
         self._flush = flush
         self._interval_s = interval_s
         self._stopped = threading.Event()
+        self._woken = threading.Event()
 
     def run(self) -> None:
-        while not self._stopped.wait(self._interval_s):
+        while True:
+            self._woken.wait(self._interval_s)
+            if self._stopped.is_set():
+                return
+            self._woken.clear()
             try:
                 self._flush()
             except Exception as exc:  # never into the user's program
                 log.warning("mltrace: streaming flush failed: %s", exc)
 
+    def wake(self) -> None:
+        """Has the next flush run now rather than at the end of the interval."""
+        self._woken.set()
+
     def stop(self, timeout_s: float = 10) -> None:
         """Stops the thread, waiting at most ``timeout_s`` for a flush in progress."""
         self._stopped.set()
+        self._woken.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=timeout_s)
 

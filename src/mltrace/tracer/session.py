@@ -49,6 +49,7 @@ from mltrace.tracer.sources.base import (
     EndsLayerLevel,
     EndsRecording,
     HandsOverEvents,
+    HoldsOpenSpans,
     ReleasesInForkedChild,
     Source,
     StartsAProfiler,
@@ -69,8 +70,9 @@ def active_session() -> Session | None:
 class Finish(Protocol):
     """The end of a run, which the layer above the tracer gives (``mltrace/finish.py``:
     ``import mltrace`` sets it with ``use_finish``). It may also have
-    ``seal(run_dir, sealed_ns)``, told at each flush that every event ending by ``sealed_ns``
-    is written: it may then finish that part while the program runs."""
+    ``seal(run_dir, sealed_ns, open_ns)``, told at each flush that every event ending by
+    ``sealed_ns`` is written and that no span running began before ``open_ns`` (None: none
+    runs): it may then finish that part while the program runs."""
 
     def finalize(self, run_dir: Path, meta: dict[str, Any], phase: Callable[[str], None]) -> object:
         """Correlates the streamed events and rewrites the run's files (``phase`` is told each step)."""
@@ -799,10 +801,11 @@ class Session:
         drained_ns = now_ns()
         self._take_handed_events()
         sealed = self._sealed_until(drained_ns)
+        open_ns = self._earliest_open()
         with self._flush_lock:
             self._flush_locked()
         if sealed and not self._stream_failed and not self._streams_closed:
-            self._seal(sealed)
+            self._seal(sealed, open_ns)
         self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
@@ -829,14 +832,23 @@ class Session:
                 sealed = min(sealed, value)
         return sealed
 
-    def _seal(self, sealed_ns: int) -> None:
-        """Tells the finish in use that the run is written up to ``sealed_ns`` (a finish that
-        does not finish runs a part at a time is told nothing)."""
+    def _earliest_open(self) -> int | None:
+        """The start of the earliest span still running (the recorder's, or a source's), or None."""
+        starts = [self.recorder.earliest_open_ns()]
+        for source in list(self.started):
+            if isinstance(source, HoldsOpenSpans):
+                starts.append(source.earliest_open_ns())
+        return min((s for s in starts if s is not None), default=None)
+
+    def _seal(self, sealed_ns: int, open_ns: int | None) -> None:
+        """Tells the finish in use that the run is written up to ``sealed_ns`` and that no span
+        running now began before ``open_ns`` (None: none runs); a finish that does not finish
+        runs a part at a time is told nothing."""
         seal = getattr(_finish, "seal", None)
         if seal is None or self.run_dir is None or self.forked_copy or not self.seals:
             return
         try:
-            seal(self.run_dir, sealed_ns)
+            seal(self.run_dir, sealed_ns, open_ns)
         except Exception as exc:  # noqa: BLE001 - the run is then finished whole
             self.errors.append(f"sealing the streamed finish failed: {exc}")
 
@@ -875,6 +887,12 @@ class Session:
             except Exception as exc:  # a sink's failure must not stop the stream
                 self.batch_sinks.remove(sink)
                 warn(f"a batch sink failed and was removed: {exc}")
+
+    def flush_soon(self) -> None:
+        """Has the flusher run its next flush now (``SessionView.flush_soon``)."""
+        flusher = self._flusher
+        if flusher is not None:
+            flusher.wake()
 
     def add_events(self, events: list[Event]) -> None:
         """Queues post-hoc events (from a source's ``stop``) for the next flush."""

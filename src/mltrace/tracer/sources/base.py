@@ -76,6 +76,11 @@ class SessionView(Protocol):
         """Queues post-hoc events for the next flush (any thread)."""
         ...
 
+    def flush_soon(self) -> None:
+        """Has the next flush run now (a source whose events just reached the run: the finish
+        may then take them at once)."""
+        ...
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -187,6 +192,15 @@ class HandsOverEvents(Protocol):
 
     def drain_events(self) -> list[Event]:
         """The events it made since the last call (the session queues them before each flush)."""
+        ...
+
+
+@runtime_checkable
+class HoldsOpenSpans(Protocol):
+    """A source that keeps spans open outside the recorder (calls still running)."""
+
+    def earliest_open_ns(self) -> int | None:
+        """The start of the earliest of them still running, or None where none is."""
         ...
 
 

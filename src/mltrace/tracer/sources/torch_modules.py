@@ -669,6 +669,11 @@ class TorchModuleSource(Source):
         stack = getattr(self._tls, "stack", None)
         return stack[-1][ID] if stack else None
 
+    def earliest_open_ns(self) -> int | None:
+        """The start of the earliest layer call still running on any thread (``HoldsOpenSpans``)."""
+        starts = [frame[START] for stack in list(self._stacks.values()) for frame in list(stack[:1])]
+        return min(starts, default=None)
+
     def pending_spans(self) -> int:
         """Layer frames completed and not drained yet (the session's span limit counts them)."""
         return len(self._frames)
