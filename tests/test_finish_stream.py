@@ -5,6 +5,7 @@ whole and still complete."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -53,15 +54,19 @@ class Net(torch.nn.Module):
 model = Net().eval()
 x = torch.randn(2, 8, 16)
 with torch.no_grad():
-    for _ in range(300):
+    for _ in range(200):
         model(x)
+        time.sleep(0.004)
 print("called", flush=True)
 time.sleep(1.5)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
-#: Seals this far apart (session time) over the raw run: a dozen segments.
+#: Seals this far apart (session time) over the raw run, and how long after its last span they
+#: go on (the program idled 1.5 s after its calls, flushing; a seal takes what ends a library
+#: allowance of up to 0.5 s before it).
 SEAL_STEP_NS = 200_000_000
+SEALS_AFTER_NS = 1_200_000_000
 TEMPORARY = ("events.jsonl.streamed.tmp", "trace.pftrace.streamed.tmp")
 
 
@@ -82,7 +87,7 @@ def raw_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = store.load_run(run_dir)
     assert run.meta.get("complete") is not True
     levels = Counter(s.level for s in run.spans)
-    assert levels[Level.MODEL] == 300 and levels[Level.LAYER] == 600
+    assert levels[Level.MODEL] == 200 and levels[Level.LAYER] == 400
     assert levels[Level.OP] > 0 and levels[Level.LIBRARY] > 0
     return run_dir
 
@@ -107,10 +112,18 @@ def _meta(raw: Path) -> dict[str, Any]:
 
 
 def _seal_times(run: Run, step_ns: int = SEAL_STEP_NS) -> list[int]:
-    """Session times every ``step_ns`` from the first span's start to the last span's end."""
+    """Session times every ``step_ns`` from the first span's start to ``SEALS_AFTER_NS`` after
+    the last span's end, as the session's flushes sealed the run until it died."""
     first = min(s.start_ns for s in run.spans)
     last = max(s.end_ns for s in run.spans)
-    return list(range(first + step_ns, last, step_ns))
+    return list(range(first + step_ns, last + SEALS_AFTER_NS, step_ns))
+
+
+def _first_half(run: Run) -> list[int]:
+    """The seal times up to the middle of the run's spans: a segment or more, not the end."""
+    first = min(s.start_ns for s in run.spans)
+    last = max(s.end_ns for s in run.spans)
+    return [t for t in _seal_times(run) if t <= (first + last) // 2 + SEAL_STEP_NS]
 
 
 def _by_id(run: Run) -> dict[int, tuple[Any, ...]]:
@@ -151,10 +164,12 @@ def test_a_run_finished_a_segment_at_a_time_is_the_run_finished_whole(raw_run: P
     assert differing == [], f"{len(differing)} spans differ, e.g. {differing[:3]}"
     assert parts.meta["summary"] == whole.meta["summary"]
     assert parts.meta["complete"] is True and "finish" not in whole.meta
-    assert parts.meta["finish"] == {"streamed_segments": streamed.segments} and streamed.segments >= 2
+    assert parts.meta["finish"]["streamed_segments"] == streamed.segments >= 2
     assert streamed.spans_done == len(parts.spans)
     # library calls ended in many segments, each under the op that issued it, as whole
     library = [s for s in parts.spans if s.level is Level.LIBRARY]
+    times = _seal_times(parts)
+    assert len({bisect.bisect_left(times, s.end_ns) for s in library}) >= 2  # in more than one segment
     assert library and sum(s.parent_id is not None for s in library) == sum(a[s.id][0] is not None for s in library)
     check = parts.meta["correlation"]["check_containment"]
     assert check["outside_parent"] == check["missing_parent"] == 0
@@ -164,7 +179,7 @@ def test_a_run_finished_a_segment_at_a_time_is_the_run_finished_whole(raw_run: P
 @pytest.mark.xfail(
     strict=True,
     reason="nest_by_containment.parents_set in run.json's correlation notes comes out smaller when streamed "
-    "(by 1 to 11 on such runs, more with more segments), though every span's parent is the same",
+    "(by 18 to 36 of 9,000 to 14,000 on such runs), though every span's parent is the same",
 )
 def test_a_run_finished_a_segment_at_a_time_has_the_correlation_notes_of_the_whole(raw_run: Path, tmp_path: Path) -> None:
     """The passes' counts in run.json (``correlation``) add up to those of the whole finish."""
@@ -175,10 +190,12 @@ def test_a_run_finished_a_segment_at_a_time_has_the_correlation_notes_of_the_who
 
 
 def _late_span(run: Run) -> Span:
-    """A span with an id of its own and the interval and track of the span that ends first: any
-    segment written takes its part of the run."""
-    first = min(run.spans, key=lambda s: s.end_ns)
-    return Span(max(s.id for s in run.spans) + 1, None, Level.USER, "late", first.start_ns, first.end_ns, first.track_id, {})
+    """A span with an id of its own, a second before the run's first span: any segment written
+    took its part of the run (a segment ends at most a library allowance, 0.5 s, before a
+    seal, and after a span's end)."""
+    first = min(s.start_ns for s in run.spans)
+    track = min(run.spans, key=lambda s: s.start_ns).track_id
+    return Span(max(s.id for s in run.spans) + 1, None, Level.USER, "late", first - 1_000_000_000, first - 900_000_000, track, {})
 
 
 def _append(run_dir: Path, span: Span) -> None:
@@ -192,14 +209,16 @@ def test_a_span_written_after_its_part_was_sealed_breaks_the_streamed_finish(raw
     finishes the run with that span."""
     run_dir = _copy(raw_run, tmp_path / "run")
     raw = store.load_run(run_dir)
-    times = _seal_times(raw)
+    times, half = _seal_times(raw), _first_half(raw)
     streamed = StreamedFinish(run_dir)
-    for t in times[: len(times) // 2]:
+    for t in half:
         streamed.seal(t)
     assert streamed.segments >= 1 and streamed.sealed_ns is not None
-    _append(run_dir, _late_span(raw))
+    late = _late_span(raw)
+    assert late.end_ns <= streamed.sealed_ns
+    _append(run_dir, late)
     events = (run_dir / store.EVENTS_FILE).read_bytes()
-    for t in times[len(times) // 2 :]:
+    for t in times[len(half) :]:
         streamed.seal(t)
     meta = _meta(raw_run)
     assert streamed.finalize(meta) is None
@@ -217,8 +236,7 @@ def _process_sealed(run_dir: Path, raw: Run, monkeypatch: pytest.MonkeyPatch) ->
     """``seal_run`` over the first half of the run: the finisher process started (events.jsonl
     is over ``MLTRACE_FINISH_STREAM`` bytes) and sealed."""
     monkeypatch.setenv("MLTRACE_FINISH_STREAM", "65536")
-    times = _seal_times(raw)
-    for t in times[: len(times) // 2]:
+    for t in _first_half(raw):
         seal_run(run_dir, t)
     stream = finish._streams.get(run_dir)
     assert stream is not None, "no finisher process started"
@@ -244,7 +262,7 @@ def test_finalize_run_finishes_the_streamed_run_in_its_finisher_process(
     whole_dir, run_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "run")
     raw = store.load_run(run_dir)
     stream = _process_sealed(run_dir, raw, monkeypatch)
-    for t in _seal_times(raw)[len(_seal_times(raw)) // 2 :]:
+    for t in _seal_times(raw)[len(_first_half(raw)) :]:
         seal_run(run_dir, t)
     meta = _meta(raw_run)
     phases: list[str] = []
@@ -313,11 +331,6 @@ def test_a_finisher_process_gone_at_the_finish_leaves_the_run_to_the_whole_finis
     assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a finisher process that died (SIGKILL, OOM) leaves events.jsonl.streamed.tmp and "
-    "trace.pftrace.streamed.tmp in the run directory: neither finalize_run nor the whole finish removes them",
-)
 def test_a_finisher_process_that_is_gone_leaves_no_temporary_files(raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the whole finish that stood in for a killed finisher process, the run directory
     holds no temporary file."""
