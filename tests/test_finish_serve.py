@@ -211,7 +211,7 @@ def _finish_by_hand(run_dir: Path, copy: Path, raw: Run) -> None:
     with the raw run's spans."""
     shutil.copytree(run_dir, copy)
     first, last = min(s.start_ns for s in raw.spans), max(s.end_ns for s in raw.spans)
-    seals = [{"seal": t} for t in range(first + 200_000_000, last, 200_000_000)]
+    seals = [{"seal": t} for t in range(first + 200_000_000, last + 1_200_000_000, 200_000_000)]
     lines = [json.dumps(r) for r in seals[:2]] + ["not json", "[1]"] + [json.dumps(r) for r in seals[2:]]
     lines.append(json.dumps({"finish": raw.meta}))
     done = subprocess.run(
