@@ -187,17 +187,22 @@ def test_a_run_finished_a_segment_at_a_time_is_the_run_finished_whole(raw_run: P
     _no_temporary_files(streamed_dir)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nest_by_containment.parents_set in run.json's correlation notes comes out smaller when streamed "
-    "(by 12 to 36 of 8,000 to 14,000 on such runs), though every span's parent is the same",
-)
 def test_a_run_finished_a_segment_at_a_time_has_the_correlation_notes_of_the_whole(raw_run: Path, tmp_path: Path) -> None:
-    """The passes' counts in run.json (``correlation``) add up to those of the whole finish."""
+    """The passes' counts in run.json (``correlation``) add up to those of the whole finish, but
+    ``nest_by_containment.parents_set``: over the whole run, nesting first gives an untimed
+    (MKL) library call the span around its line's receipt, which ``attach_library_calls`` then
+    replaces; in a segment that span may lie in another, and the call is not counted there. So
+    the streamed count is short by at most the untimed calls (finish_stream's docstring)."""
     whole_dir, streamed_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "streamed")
     _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
     _streamed(streamed_dir, _meta(raw_run))
-    assert store.read_meta(streamed_dir)["correlation"] == store.read_meta(whole_dir)["correlation"]
+    whole = store.read_meta(whole_dir)["correlation"]
+    streamed = store.read_meta(streamed_dir)["correlation"]
+    nest_whole, nest_streamed = whole.pop("nest_by_containment"), streamed.pop("nest_by_containment")
+    assert streamed == whole
+    assert nest_streamed["parents_refined"] == nest_whole["parents_refined"]
+    untimed = whole["attach_library_calls"]["untimed"]
+    assert 0 <= nest_whole["parents_set"] - nest_streamed["parents_set"] <= untimed
 
 
 def _late_span(run: Run) -> Span:
@@ -297,7 +302,8 @@ def test_a_late_span_has_finalize_run_finish_the_run_whole(raw_run: Path, tmp_pa
     seal_run(run_dir, _seal_times(raw)[-1])  # the process reads the late span
     meta = _meta(raw_run)
     run = finalize_run(run_dir, meta)
-    assert meta["complete"] is True and "finish" not in meta
+    assert meta["complete"] is True and meta["finish"]["streamed"] is False
+    assert "spans arrived after their part of the run was finished" in meta["finish"]["why"]
     assert len(run.spans) == len(store.load_run(run_dir).spans) == len(raw.spans) + 1
     assert any(s.name == "late" for s in store.load_run(run_dir).spans)
     _no_temporary_files(run_dir)
@@ -337,7 +343,8 @@ def test_a_finisher_process_gone_at_the_finish_leaves_the_run_to_the_whole_finis
     meta = _meta(raw_run)
     finalize_run(run_dir, meta)
     assert run_dir not in finish._streams
-    assert meta["complete"] is True and "finish" not in meta
+    assert meta["complete"] is True and meta["finish"]["streamed"] is False
+    assert "ended without an answer" in meta["finish"]["why"]
     _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
     assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
 

@@ -180,7 +180,7 @@ class _FinisherProcess:
     def finalize(self, meta: dict[str, Any], phase: Callable[[str], None] | None) -> Run | None:
         """Has the process finish the run; the run (``meta`` updated in place to what it wrote),
         or None where it could not, or said nothing for ``SILENCE_S`` (the run is then finished
-        whole). Interrupted (a signal during the finish), it kills the process: the run stays
+        whole, and run.json's ``finish.why`` says why). Interrupted (a signal during the finish), it kills the process: the run stays
         as streamed."""
         say = phase or (lambda step: None)
         answer: dict[str, Any] = {}
@@ -196,6 +196,8 @@ class _FinisherProcess:
         finally:
             self.discard()
         if "done" not in answer:
+            why = answer.get("fallback") or f"the finisher process ended without an answer (status {self._proc.returncode})"
+            meta["finish"] = {"streamed": False, "why": str(why)}
             return None
         meta.clear()
         meta.update(answer["done"])

@@ -18,6 +18,11 @@ in a later one. So a span left without a parent in its segment (a *root*) is hel
 end gets the innermost span around it among those that were running at a seal
 (``_Crossing``), as the passes over the whole run would give it.
 
+Every span comes out as the whole run's passes give it (parent, times, track, attributes), and
+so do the passes' counts in run.json but one: ``nest_by_containment.parents_set`` leaves out the
+untimed library calls that nesting would give, over the whole run, a span in another segment
+(``attach_library_calls`` replaces that parent either way).
+
 Where the streamed part cannot stand (a span that arrives after its part of the run was
 sealed, flows, followed processes, memory events), ``finalize`` returns None and the run is
 finished whole; the files written so far are temporary and removed.
@@ -156,8 +161,13 @@ class StreamedFinish:
                 self._tracks[t.id] = t
                 self._unwritten_tracks.append(t)
         sealed = self.sealed_ns
-        if sealed is not None and any(-1 < s.end_ns <= sealed for s in part.spans):
-            self.broken = "spans arrived after their part of the run was finished"
+        late = [s for s in part.spans if sealed is not None and -1 < s.end_ns <= sealed]
+        if late and sealed is not None:
+            first = min(late, key=lambda s: s.end_ns)
+            self.broken = (
+                f"{len(late):,} spans arrived after their part of the run was finished (e.g. {first.level.label} "
+                f"{first.name!r}, which ended {(sealed - first.end_ns) / 1e6:.1f} ms before that part's end)"
+            )
         if part.flows:
             self.broken = "the run has flows (GPU launches), which are written with both ends at once"
         if any(i.name == MEMORY_EVENT for i in part.instants):
@@ -383,7 +393,7 @@ class StreamedFinish:
         if "separate_overlaps" in self._notes:
             self._notes["separate_overlaps"]["extra_tracks"] = len(lanes)
         meta["correlation"] = {**(meta.get("correlation") or {}), **self._notes}
-        meta["finish"] = {"streamed_segments": self.segments, "peak_rss_kb": peak_rss_kb()}
+        meta["finish"] = {"streamed": True, "streamed_segments": self.segments, "peak_rss_kb": peak_rss_kb()}
         run = Run(self.run_dir, meta, tracks=dict(self._tracks), instants=self._instants, counters=self._counters, table=table)
         say("summarizing")
         meta["summary"] = summarize(run, table=table)

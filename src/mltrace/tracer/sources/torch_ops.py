@@ -83,7 +83,7 @@ CYCLE_S = 0.25
 #: (estimated from the model calls): past it, the program waits for the converter between two
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
-CYCLE_OPS_MAX = 100_000
+CYCLE_OPS_MAX = 25_000
 
 
 def cycle_seconds() -> float:
@@ -397,8 +397,8 @@ class TorchOpSource(Source):
         held whole, 0 once the profiler started; None before."""
         cycles = self._cycles
         if cycles is not None:
-            if self._prof is None and cycles.cycles >= cycles.handed:
-                return None  # ended early: nothing more comes
+            if self._ended and cycles.cycles >= cycles.handed:
+                return None  # ended early: nothing more comes (between two cycles, one is on its way)
             return cycles.sealed_ns
         return 0 if self._prof is not None or self._exported is not None else None
 
