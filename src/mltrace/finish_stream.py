@@ -69,6 +69,15 @@ class _Crossing:
     def add(self, s: Span) -> None:
         self._by_track.setdefault(s.track_id, []).append(s)
 
+    def forget_ended_before(self, ns: int) -> None:
+        """Drops the spans that ended before ``ns``: no root still to be placed lies in them."""
+        for track, spans in list(self._by_track.items()):
+            kept = [s for s in spans if s.end_ns >= ns]
+            if kept:
+                self._by_track[track] = kept
+            else:
+                del self._by_track[track]
+
     def innermost(self, r: Span) -> Span | None:
         """The innermost of them that contains ``r`` and whose level may hold it."""
         best: Span | None = None
@@ -138,7 +147,7 @@ class StreamedFinish:
         self._rewriter = EventsRewriter(self._events, tmp=run_dir / TEMPORARY_FILES[0])
         self._table = TableWriter()
         self._pftrace_tmp = run_dir / TEMPORARY_FILES[1]
-        self._pftrace: IO[bytes] = open(self._pftrace_tmp, "wb")  # noqa: SIM115 - closed in _close_outputs()
+        self._pftrace: IO[bytes] = open(self._pftrace_tmp, "wb")  # noqa: SIM115 - closed in _complete() or discard()
         self._encoder = PerfettoEncoder(self.meta)
 
     # -- reading -------------------------------------------------------------------------
@@ -202,7 +211,10 @@ class StreamedFinish:
         done = self._segment(take, keep, w, final=False)
         self._pending = keep
         self.sealed_ns = w
-        return done + self._settle_roots(before_ns=open_ns if open_ns is not None else sealed_ns)
+        done += self._settle_roots(before_ns=open_ns if open_ns is not None else sealed_ns)
+        # A root still held, or of a later segment (it ends after w), lies in no span that ended before both.
+        self._crossing.forget_ended_before(min([w, *(r.end_ns for r in self._roots)]))
+        return done
 
     def _segment(self, take: list[Span], keep: list[Span], w: int | None, final: bool) -> int:
         """Runs the passes over ``take`` and writes what they settled; library calls that found
