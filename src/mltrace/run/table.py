@@ -278,58 +278,76 @@ class TableWriter:
 
     def write(self, path: Path, others: bytes, events: Path) -> SpanTable:
         """Writes the table of every part added (and ``others``, the run's other events as one
-        batch line) to ``path`` atomically, and returns it (``events`` is the events.jsonl it
-        stands for); its attribute sets are decoded when first asked for, as a read table's."""
+        batch line) to ``path`` atomically, and returns it memory-mapped, as ``read_table`` does
+        (``events`` is the events.jsonl it stands for). The parts are written one after the
+        other, never joined in memory."""
         import numpy as np
 
         blobs = self._blobs
         offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
         if blobs:
             np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        arrays: dict[str, Any] = {}
-        for c in _COLUMNS:
-            if c != "attr_offsets":
-                parts = [p[c] for p in self._parts]
-                arrays[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=_DTYPES[c])
-        arrays["attr_offsets"] = offsets
-        arrays["attr_blob"] = b"".join(blobs)
-        arrays["names"] = json.dumps(list(self._names)).encode()
-        arrays["others"] = others
-        _write_arrays(path, arrays, events)
+        pieces: dict[str, list[Any]] = {c: [p[c] for p in self._parts] for c in _COLUMNS if c != "attr_offsets"}
+        pieces["attr_offsets"] = [offsets]
+        pieces["attr_blob"] = blobs
+        pieces["names"] = [json.dumps(list(self._names)).encode()]
+        pieces["others"] = [others]
+        base, placed = _write_arrays(path, pieces, events)
+        arrays = _mapped(path, base, placed)
         columns = {c: arrays[c] for c in _COLUMNS if c != "attr_offsets"}
-        blob = np.frombuffer(arrays["attr_blob"], dtype=np.uint8)
-        return SpanTable(columns, list(self._names), attr_offsets=offsets, attr_blob=blob)
+        return SpanTable(columns, list(self._names), attr_offsets=arrays["attr_offsets"], attr_blob=arrays["attr_blob"])
 
 
-def _write_arrays(path: Path, arrays: dict[str, Any], events: Path) -> None:
-    """The file's layout: magic, header length (8 bytes), JSON header, then each array at a
-    64-byte aligned offset the header names (dtype, offset, count)."""
+def _write_arrays(path: Path, pieces: dict[str, list[Any]], events: Path) -> tuple[int, dict[str, list[Any]]]:
+    """Writes the file (atomically): magic, header length (8 bytes), JSON header (padded with
+    spaces to the length it has with the widest checksum), then each array, from its pieces in
+    order, at a 64-byte aligned offset the header names (dtype, offset, count). Returns where
+    the data begins and the header's ``arrays``."""
     import numpy as np
 
     placed: dict[str, list[Any]] = {}
-    chunks: list[tuple[int, bytes]] = []
     offset = 0
-    for key, value in arrays.items():
-        raw = value if isinstance(value, bytes) else np.ascontiguousarray(value, dtype=_DTYPES[key]).tobytes()
-        count = len(value)
+    for key, parts in pieces.items():
+        count = sum(len(p) for p in parts)
         placed[key] = [_DTYPES[key], offset, count]
-        chunks.append((offset, raw))
-        offset += -(-len(raw) // _ALIGN) * _ALIGN
+        offset += -(-(count * np.dtype(_DTYPES[key]).itemsize) // _ALIGN) * _ALIGN
     fields: dict[str, Any] = {"format": "mltrace-spans", "version": TABLE_VERSION, "events": _stamp(events), "arrays": placed}
+    widest = len(json.dumps({**fields, "checksum": 0xFFFFFFFF}).encode())
+    base = -(-(len(_MAGIC) + 8 + widest) // _ALIGN) * _ALIGN
     checksum = zlib.crc32(json.dumps(fields).encode())
-    for _, raw in chunks:  # the data region as the file holds it: each array, zero-padded to the next
-        checksum = zlib.crc32(raw, checksum)
-        checksum = zlib.crc32(bytes(-len(raw) % _ALIGN), checksum)
-    header = json.dumps({**fields, "checksum": checksum}).encode()
-    base = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
+        f.seek(base)
+        for key, parts in pieces.items():  # the data region as the file holds it: each array, zero-padded to the next
+            size = 0
+            for part in parts:
+                raw = part if isinstance(part, bytes) else np.ascontiguousarray(part, dtype=_DTYPES[key]).tobytes()
+                checksum = zlib.crc32(raw, checksum)
+                f.write(raw)
+                size += len(raw)
+            pad = bytes(-size % _ALIGN)
+            checksum = zlib.crc32(pad, checksum)
+            f.write(pad)
+        header = json.dumps({**fields, "checksum": checksum}).encode().ljust(widest)
+        f.seek(0)
         f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
-        for at, raw in chunks:
-            f.seek(base + at)
-            f.write(raw)
-        f.truncate(base + offset)
     os.replace(tmp, path)
+    return base, placed
+
+
+def _mapped(path: Path, base: int, placed: dict[str, Any]) -> dict[str, Any]:
+    """The arrays of the file at ``path`` that ``placed`` (its header's ``arrays``) names,
+    memory-mapped (ValueError: one that lies beyond the file's end)."""
+    import numpy as np
+
+    size = path.stat().st_size
+    arrays: dict[str, Any] = {}
+    for key, (dtype, offset, count) in placed.items():
+        dt = np.dtype(dtype)
+        if base + offset + count * dt.itemsize > size:
+            raise ValueError(f"{key} lies beyond the end of {path.name}")
+        arrays[key] = np.memmap(path, dtype=dt, mode="r", offset=base + offset, shape=(count,)) if count else np.zeros(0, dt)
+    return arrays
 
 
 def _checksum_matches(path: Path, header: dict[str, Any], base: int) -> bool:
@@ -351,7 +369,6 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
 
     Columns are memory-mapped: pages are read when analysis touches them.
     """
-    import numpy as np
 
     try:
         with open(path, "rb") as f:
@@ -369,13 +386,7 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
         base = -(-(len(_MAGIC) + 8 + int.from_bytes(head[len(_MAGIC) :], "little")) // _ALIGN) * _ALIGN
         if not _checksum_matches(path, header, base):
             return None
-        size = path.stat().st_size
-        arrays: dict[str, Any] = {}
-        for key, (dtype, offset, count) in header["arrays"].items():
-            dt = np.dtype(dtype)
-            if base + offset + count * dt.itemsize > size:
-                return None
-            arrays[key] = np.memmap(path, dtype=dt, mode="r", offset=base + offset, shape=(count,)) if count else np.zeros(0, dt)
+        arrays = _mapped(path, base, header["arrays"])
         columns = {k: arrays[k] for k in _COLUMNS if k != "attr_offsets"}
         names = json.loads(arrays["names"].tobytes())
         others = arrays["others"].tobytes()
