@@ -199,6 +199,7 @@ def test_a_program_killed_while_its_run_streams_leaves_it_as_streamed(tmp_path: 
             os.kill(finisher, signal.SIGKILL)
     # the finisher's own (the program, killed while it exported an op cycle, may leave its export's)
     assert not any((run_dir / name).exists() for name in TEMPORARY)
+    assert list(run_dir.glob("*.streamed.tmp")) == []  # the span table's spilled arrays too
     run = store.load_run(run_dir)
     assert run.meta.get("complete") is not True and "finish" not in run.meta
     assert sum(s.level is Level.MODEL for s in run.spans) >= 100

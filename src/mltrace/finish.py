@@ -247,8 +247,8 @@ class _FinisherProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        for name in TEMPORARY_FILES:
-            (self.run_dir / name).unlink(missing_ok=True)
+        for leftover in self.run_dir.glob(TEMPORARY_FILES):
+            leftover.unlink(missing_ok=True)
 
 
 def seal_run(run_dir: Path, sealed_ns: int, open_ns: int | None = None) -> None:

@@ -55,8 +55,9 @@ _LEAST_LAG_NS = 100_000_000
 _LAG_MARGIN = 3
 #: The first id of the tracks the passes add in a segment (lanes): above the session's.
 _TRACK_BASE = 1 << 41
-#: The files it writes in the run directory until the end (removed where it cannot finish).
-TEMPORARY_FILES = (store.EVENTS_FILE + ".streamed.tmp", store.TRACE_FILE + ".streamed.tmp")
+#: The files it writes in the run directory until the end (removed where it cannot finish):
+#: events.jsonl's and trace.pftrace's, and the span table's arrays (``TableWriter``'s spill).
+TEMPORARY_FILES = "*.streamed.tmp"
 _TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
 
 
@@ -144,9 +145,9 @@ class StreamedFinish:
         #: Why the streamed part cannot stand (None while it can).
         self.broken: str | None = None
         self._notes: dict[str, dict[str, Any]] = {}
-        self._rewriter = EventsRewriter(self._events, tmp=run_dir / TEMPORARY_FILES[0])
-        self._table = TableWriter()
-        self._pftrace_tmp = run_dir / TEMPORARY_FILES[1]
+        self._rewriter = EventsRewriter(self._events, tmp=run_dir / (store.EVENTS_FILE + ".streamed.tmp"))
+        self._table = TableWriter(spill=run_dir / TABLE_FILE)
+        self._pftrace_tmp = run_dir / (store.TRACE_FILE + ".streamed.tmp")
         self._pftrace: IO[bytes] = open(self._pftrace_tmp, "wb")  # noqa: SIM115 - closed in _complete() or discard()
         self._encoder = PerfettoEncoder(self.meta)
 
@@ -416,6 +417,7 @@ class StreamedFinish:
     def discard(self) -> None:
         """Removes the temporary files written so far."""
         self._rewriter.discard()
+        self._table.discard()
         self._pftrace.close()
         self._pftrace_tmp.unlink(missing_ok=True)
 

@@ -28,9 +28,9 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from mltrace.run.events import Span
 from mltrace.run.jsoncodec import dumps, trimmed
@@ -229,11 +229,20 @@ class TableWriter:
     the columns of each part, and each attribute set encoded once, as ``write_table`` does
     for a whole run."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill: Path | None = None) -> None:
         self._parts: list[dict[str, np.ndarray]] = []
         self._names: dict[str, int] = {}
         self._index: dict[bytes, int] = {}
         self._blobs: list[bytes] = []
+        self._blob_count = 0
+        self._blob_end = 0
+        #: With ``spill``, each array's parts go to a file of its own (``<spill>.<array>.streamed.tmp``)
+        #: as they are added, and only the attribute sets' index stays in memory (at most
+        #: ``_INDEX_MAX`` of them: a set seen again after that is stored again).
+        self._spills: dict[str, _Spill] | None = None
+        if spill is not None:
+            self._spills = {key: _Spill(spill.with_name(f"{spill.name}.{key}.streamed.tmp"), key) for key in _SPILLED}
+            self._spills["attr_offsets"].append(bytes(8))  # the first set's start: 0
         self.rows = 0
 
     def add(self, spans: Sequence[Span]) -> None:
@@ -241,7 +250,7 @@ class TableWriter:
         import numpy as np
 
         n = len(spans)
-        names, index, blobs = self._names, self._index, self._blobs
+        names, index = self._names, self._index
         attr = np.empty(n, dtype=np.int32)
         has_flops = np.zeros(n, dtype=bool)
         flops = np.full(n, np.nan, dtype=np.float64)
@@ -253,28 +262,45 @@ class TableWriter:
                 b = dumps(a)
                 k = index.get(b)
                 if k is None:
-                    b = trimmed(b)  # kept until the file is written
-                    k = index[b] = len(blobs)
-                    blobs.append(b)
+                    k = self._new_set(trimmed(b))
                 by_dict[id(a)] = k
             attr[i] = k
             if "ml.flops" in a:
                 has_flops[i], flops[i] = _flops_of(a)
-        self._parts.append(
-            {
-                "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
-                "parent_id": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
-                "level": np.fromiter((int(s.level) for s in spans), dtype=np.int16, count=n),
-                "name": np.fromiter((names.setdefault(s.name, len(names)) for s in spans), dtype=np.int32, count=n),
-                "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
-                "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
-                "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
-                "attr": attr,
-                "flops": flops,
-                "has_flops": has_flops,
-            }
-        )
+        part: dict[str, np.ndarray] = {
+            "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
+            "parent_id": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
+            "level": np.fromiter((int(s.level) for s in spans), dtype=np.int16, count=n),
+            "name": np.fromiter((names.setdefault(s.name, len(names)) for s in spans), dtype=np.int32, count=n),
+            "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
+            "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
+            "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
+            "attr": attr,
+            "flops": flops,
+            "has_flops": has_flops,
+        }
+        if self._spills is None:
+            self._parts.append(part)
+        else:
+            for key, column in part.items():
+                self._spills[key].append(np.ascontiguousarray(column, dtype=_DTYPES[key]).tobytes())
         self.rows += n
+
+    def _new_set(self, blob: bytes) -> int:
+        """Stores a new attribute set; its index."""
+        k = self._blob_count
+        self._blob_count += 1
+        if self._spills is None:
+            self._index[blob] = k
+            self._blobs.append(blob)
+            return k
+        if len(self._index) >= _INDEX_MAX:
+            self._index.clear()
+        self._index[blob] = k
+        self._blob_end += len(blob)
+        self._spills["attr_blob"].append(blob)
+        self._spills["attr_offsets"].append(self._blob_end.to_bytes(8, "little", signed=True))
+        return k
 
     def write(self, path: Path, others: bytes, events: Path) -> SpanTable:
         """Writes the table of every part added (and ``others``, the run's other events as one
@@ -283,19 +309,71 @@ class TableWriter:
         other, never joined in memory."""
         import numpy as np
 
-        blobs = self._blobs
-        offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
-        if blobs:
-            np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        pieces: dict[str, list[Any]] = {c: [p[c] for p in self._parts] for c in _COLUMNS if c != "attr_offsets"}
-        pieces["attr_offsets"] = [offsets]
-        pieces["attr_blob"] = blobs
+        pieces: dict[str, list[Any]]
+        if self._spills is None:
+            blobs = self._blobs
+            offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+            if blobs:
+                np.cumsum([len(b) for b in blobs], out=offsets[1:])
+            pieces = {c: [p[c] for p in self._parts] for c in _COLUMNS if c != "attr_offsets"}
+            pieces["attr_offsets"] = [offsets]
+            pieces["attr_blob"] = blobs
+        else:
+            pieces = {key: [self._spills[key]] for key in _SPILLED}
         pieces["names"] = [json.dumps(list(self._names)).encode()]
         pieces["others"] = [others]
-        base, placed = _write_arrays(path, pieces, events)
+        try:
+            base, placed = _write_arrays(path, pieces, events)
+        finally:
+            self.discard()
         arrays = _mapped(path, base, placed)
         columns = {c: arrays[c] for c in _COLUMNS if c != "attr_offsets"}
         return SpanTable(columns, list(self._names), attr_offsets=arrays["attr_offsets"], attr_blob=arrays["attr_blob"])
+
+    def discard(self) -> None:
+        """Removes the spilled parts' files (none without ``spill``)."""
+        for spill in (self._spills or {}).values():
+            spill.remove()
+
+
+#: The arrays a spilling ``TableWriter`` keeps in files until the end, in the file's order.
+_SPILLED = (*(c for c in _COLUMNS if c != "attr_offsets"), "attr_offsets", "attr_blob")
+#: Attribute sets a spilling ``TableWriter`` remembers, to store each once.
+_INDEX_MAX = 65536
+
+
+class _Spill:
+    """One array's parts, appended to a file of their own until the table is written."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        import numpy as np
+
+        self.path = path
+        self.itemsize = np.dtype(_DTYPES[key]).itemsize
+        self._file: IO[bytes] | None = open(path, "wb")  # noqa: SIM115 - closed in remove()
+        self.size = 0
+
+    def append(self, raw: bytes) -> None:
+        assert self._file is not None
+        self._file.write(raw)
+        self.size += len(raw)
+
+    def __len__(self) -> int:
+        return self.size // self.itemsize
+
+    def chunks(self) -> Iterator[bytes]:
+        """Its bytes, a few MiB at a time."""
+        if self._file is not None:
+            self._file.flush()
+        with open(self.path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                yield chunk
+
+    def remove(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.path.unlink(missing_ok=True)
 
 
 def _write_arrays(path: Path, pieces: dict[str, list[Any]], events: Path) -> tuple[int, dict[str, list[Any]]]:
@@ -321,10 +399,14 @@ def _write_arrays(path: Path, pieces: dict[str, list[Any]], events: Path) -> tup
         for key, parts in pieces.items():  # the data region as the file holds it: each array, zero-padded to the next
             size = 0
             for part in parts:
-                raw = part if isinstance(part, bytes) else np.ascontiguousarray(part, dtype=_DTYPES[key]).tobytes()
-                checksum = zlib.crc32(raw, checksum)
-                f.write(raw)
-                size += len(raw)
+                if isinstance(part, _Spill):
+                    raws: Iterable[bytes] = part.chunks()
+                else:
+                    raws = (part if isinstance(part, bytes) else np.ascontiguousarray(part, dtype=_DTYPES[key]).tobytes(),)
+                for raw in raws:
+                    checksum = zlib.crc32(raw, checksum)
+                    f.write(raw)
+                    size += len(raw)
             pad = bytes(-size % _ALIGN)
             checksum = zlib.crc32(pad, checksum)
             f.write(pad)
