@@ -157,7 +157,8 @@ def test_a_run_has_the_same_library_spans_whether_handed_over_or_held_to_stop(tm
     handed over plus those returned by stop are the calls parsed."""
     script = tmp_path / "prog.py"
     script.write_text(TWO_RUNS, encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    # torch.profiler held whole: a converted op cycle would wake the flusher (flush_soon) at once
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), MLTRACE_OP_CYCLE_S="0")
     env.pop("MLTRACE_OUTPUT", None)
     reports = {}
     for flush_s in ("0.02", "60"):

@@ -59,7 +59,7 @@ class _Cycles:
     def __init__(self) -> None:
         self.handed: list[tuple[Any, int]] = []
 
-    def hand(self, prof: Any, calls: int) -> None:
+    def hand(self, prof: Any, calls: int, stopped_ns: int = 0) -> None:
         self.handed.append((prof, calls))
 
 
