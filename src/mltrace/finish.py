@@ -201,7 +201,7 @@ class _FinisherProcess:
             return None
         meta.clear()
         meta.update(answer["done"])
-        return store.load_run(self.run_dir)
+        return store.load_run(self.run_dir, verify_table=False)  # the table the process has just written
 
     def _answers(self) -> Iterator[dict[str, Any]]:
         """The process's answer lines, until its output ends or it says nothing for ``SILENCE_S``

@@ -380,7 +380,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
+def load_run(path: str | os.PathLike[str], *, cache_table: bool = False, verify_table: bool = True) -> Run:
     """Loads a run directory (or its run.json / events.jsonl) into memory.
 
     A run that was killed loads up to its last complete flush; ``Run.torn``
@@ -393,6 +393,8 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
         path: the run directory, or a file in it.
         cache_table: when there is no current span table, write one (best
             effort: a read-only run directory is left as it is).
+        verify_table: check the span table's CRC-32 (False: a table this process has just
+            seen written, read without going over the whole file).
 
     Raises:
         RunError: if the path is not a readable mltrace run.
@@ -410,7 +412,7 @@ def load_run(path: str | os.PathLike[str], *, cache_table: bool = False) -> Run:
         raise RunError(f"{p}: run has no {EVENTS_FILE}")
     _check_events_size(events, meta)
     with gc_paused():  # millions of small lists and Span objects, none in a cycle
-        run = _load_from_table(p, meta, events)
+        run = _load_from_table(p, meta, events, verify_table)
         if run is not None:
             return run
         run = Run(path=p, meta=meta)
@@ -447,12 +449,12 @@ def _check_events_size(events: Path, meta: dict[str, Any]) -> None:
         raise RunError(f"{events}: truncated: {size:,} of the {expected:,} bytes this complete run wrote")
 
 
-def _load_from_table(p: Path, meta: dict[str, Any], events: Path) -> Run | None:
+def _load_from_table(p: Path, meta: dict[str, Any], events: Path, verify: bool = True) -> Run | None:
     if not (p / TABLE_FILE).exists():
         return None
     from mltrace.run.table import read_table
 
-    got = read_table(p / TABLE_FILE, events)
+    got = read_table(p / TABLE_FILE, events, verify)
     if got is None:
         return None
     table, others = got

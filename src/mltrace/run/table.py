@@ -446,12 +446,12 @@ def _checksum_matches(path: Path, header: dict[str, Any], base: int) -> bool:
     return checksum == expected
 
 
-def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
-    """The table in ``path`` and its other-events line, or None when missing, foreign or stale.
+def read_table(path: Path, events: Path, verify: bool = True) -> tuple[SpanTable, bytes] | None:
+    """The table in ``path`` and its other-events line, or None when missing, foreign or stale
+    (or, with ``verify``, damaged: its CRC-32 checked over the whole file).
 
     Columns are memory-mapped: pages are read when analysis touches them.
     """
-
     try:
         with open(path, "rb") as f:
             head = f.read(len(_MAGIC) + 8)
@@ -466,7 +466,7 @@ def read_table(path: Path, events: Path) -> tuple[SpanTable, bytes] | None:
         if header.get("events") != _stamp(events):
             return None
         base = -(-(len(_MAGIC) + 8 + int.from_bytes(head[len(_MAGIC) :], "little")) // _ALIGN) * _ALIGN
-        if not _checksum_matches(path, header, base):
+        if verify and not _checksum_matches(path, header, base):
             return None
         arrays = _mapped(path, base, header["arrays"])
         columns = {k: arrays[k] for k in _COLUMNS if k != "attr_offsets"}
