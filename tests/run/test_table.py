@@ -183,3 +183,53 @@ def test_writing_a_table_holds_about_what_its_attribute_sets_take(tmp_path: Path
     assert kept == b'{"k":1}' and held_by_one < 200
     assert peak < 1000 * len(spans), f"{peak / len(spans):.0f} bytes a span"
     assert load_run(tmp_path / "r").table.attrs(2999) == {"ml.seq": 2999, "ml.input.shapes": [[1, 2999]]}
+
+
+def _columns(table: Any) -> dict[str, list[Any]]:
+    return {c: getattr(table, c).tolist() for c in ("id", "parent_id", "level", "start", "end", "track", "has_flops")}
+
+
+def test_a_table_spilled_a_part_at_a_time_is_the_table_written_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TableWriter(spill=...)``, its parts added one by one and kept in files until the end,
+    writes the table ``write_table`` writes for the same spans: the same rows and attributes,
+    a CRC-32 that checks; its spill files are gone afterwards. With at most two attribute sets
+    remembered, a set seen again is stored again, and every row still reads its own."""
+    from mltrace.run import table as table_module
+    from mltrace.run.table import TableWriter, read_table
+
+    spans = _spans()
+    whole = _write_run(tmp_path / "whole", spans)
+    run_dir = tmp_path / "parts"
+    shutil.copytree(tmp_path / "whole", run_dir)
+    (run_dir / TABLE_FILE).unlink()
+    monkeypatch.setattr(table_module, "_INDEX_MAX", 2)
+    writer = TableWriter(spill=run_dir / TABLE_FILE)
+    for part in (spans[:2], spans[2:3], [], spans[3:]):
+        writer.add(part)
+    spilled = sorted(f"{TABLE_FILE}.{key}.streamed.tmp" for key in table_module._SPILLED)
+    assert sorted(p.name for p in run_dir.glob("*.streamed.tmp")) == spilled
+    written = writer.write(run_dir / TABLE_FILE, b"{}", run_dir / EVENTS_FILE)
+    assert list(run_dir.glob("*.tmp")) == []
+    read = read_table(run_dir / TABLE_FILE, run_dir / EVENTS_FILE)  # the checksum verified
+    assert read is not None
+    expected = read_table(whole.path / TABLE_FILE, whole.path / EVENTS_FILE)
+    assert expected is not None
+    for table in (written, read[0]):
+        assert _columns(table) == _columns(expected[0])
+        assert [table.names[i] for i in table.name.tolist()] == [s.name for s in spans]
+        assert [table.attrs(r) for r in range(len(spans))] == [s.attrs for s in spans]
+    again = [Span(i, None, Level.OP, "op", i, i + 1, 1, {"k": k}) for i, k in enumerate("xyzx", 1)]
+    spill = TableWriter(spill=tmp_path / "again.bin")
+    spill.add(again)  # x, y; the index is full at z and starts over; x is stored again
+    stored = spill.write(tmp_path / "again.bin", b"{}", run_dir / EVENTS_FILE)
+    assert stored.attr_set_count == 4 and [stored.attrs(r) for r in range(4)] == [s.attrs for s in again]
+
+
+def test_a_spilling_table_writer_discarded_leaves_no_file(tmp_path: Path) -> None:
+    from mltrace.run.table import TableWriter
+
+    writer = TableWriter(spill=tmp_path / TABLE_FILE)
+    writer.add(_spans())
+    assert list(tmp_path.glob("*.streamed.tmp"))
+    writer.discard()
+    assert list(tmp_path.iterdir()) == []
