@@ -357,3 +357,25 @@ def test_a_finisher_process_that_is_gone_leaves_no_temporary_files(raw_run: Path
     finalize_run(run_dir, _meta(raw_run))
     assert store.read_meta(run_dir)["complete"] is True
     _no_temporary_files(run_dir)
+
+
+def test_perfetto_reads_the_streamed_trace_as_the_whole_one(raw_run: Path, tmp_path: Path) -> None:
+    """Perfetto's trace processor (WASM, headless Chromium) reads trace.pftrace written a
+    segment at a time, held spans after their segment, as the one written at once: per thread,
+    the same slices (count, total duration, a sum over their starts) at the same depths."""
+    from tests.support.perfetto_tp import query_trace, require_trace_processor
+
+    require_trace_processor()
+    whole_dir, streamed_dir = _copy(raw_run, tmp_path / "whole"), _copy(raw_run, tmp_path / "streamed")
+    _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
+    _streamed(streamed_dir, _meta(raw_run))
+    query = {
+        "tracks": "select th.tid as tid, count(*) as n, sum(s.dur) as dur, sum(s.ts % 1000003) as ts, "
+        "sum(s.depth) as depth, max(s.depth) as deepest from slice s left join thread_track tt on s.track_id = tt.id "
+        "left join thread th using (utid) group by th.tid order by th.tid"
+    }
+    whole = query_trace(whole_dir / store.TRACE_FILE, query)["tracks"]
+    streamed = query_trace(streamed_dir / store.TRACE_FILE, query)["tracks"]
+    assert sum(int(str(row["n"])) for row in whole) == len(store.load_run(whole_dir).spans)
+    assert any(row["tid"] is not None for row in whole)
+    assert streamed == whole
