@@ -326,7 +326,7 @@ def test_a_finisher_process_that_is_gone_leaves_the_run_to_the_whole_finish(
     assert run_dir not in finish._streams and run_dir in finish._unstreamed
     meta = _meta(raw_run)
     finalize_run(run_dir, meta)
-    assert meta["complete"] is True and "finish" not in meta
+    assert meta["complete"] is True and meta["finish"] == {"streamed": False, "why": "the finisher process ended while the program ran"}
     _finalize_whole(whole_dir, _meta(raw_run), None, None, None)
     assert _by_id(store.load_run(run_dir)) == _by_id(store.load_run(whole_dir))
     assert store.read_meta(run_dir)["summary"] == store.read_meta(whole_dir)["summary"]
@@ -379,3 +379,20 @@ def test_perfetto_reads_the_streamed_trace_as_the_whole_one(raw_run: Path, tmp_p
     assert sum(int(str(row["n"])) for row in whole) == len(store.load_run(whole_dir).spans)
     assert any(row["tid"] is not None for row in whole)
     assert streamed == whole
+
+
+def test_a_run_with_followed_processes_is_finished_whole_and_says_so(
+    raw_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose finish merges followed processes' events (``extend``) is finished whole, its
+    finisher process ended and its files removed, and run.json says why."""
+    run_dir = _copy(raw_run, tmp_path / "run")
+    raw = store.load_run(run_dir)
+    stream = _process_sealed(run_dir, raw, monkeypatch)
+    meta = _meta(raw_run)
+    finalize_run(run_dir, meta, extend=lambda run: run)
+    assert stream._proc.returncode is not None and run_dir not in finish._streams
+    why = "the events of followed processes are merged in at the end"
+    assert meta["complete"] is True and meta["finish"] == {"streamed": False, "why": why}
+    assert store.read_meta(run_dir)["finish"] == meta["finish"]
+    _no_temporary_files(run_dir)

@@ -50,6 +50,9 @@ def finalize_run(
                 return _described(done, describe)
         else:
             stream.discard()
+            meta["finish"] = {"streamed": False, "why": "the events of followed processes are merged in at the end"}
+    elif run_dir in _unstreamed:
+        meta["finish"] = {"streamed": False, "why": _unstreamed.pop(run_dir)}
     return _finalize_whole(run_dir, meta, phase, extend, describe)
 
 
@@ -117,8 +120,8 @@ SILENCE_S = 120.0
 
 #: The finisher process of each run being finished a part at a time.
 _streams: dict[Path, _FinisherProcess] = {}
-#: Runs whose finisher process could not start or died: finished whole.
-_unstreamed: set[Path] = set()
+#: Runs whose finisher process could not start or died, and why: finished whole.
+_unstreamed: dict[Path, str] = {}
 
 
 class _FinisherProcess:
@@ -265,12 +268,12 @@ def seal_run(run_dir: Path, sealed_ns: int, open_ns: int | None = None) -> None:
             if (run_dir / store.EVENTS_FILE).stat().st_size < from_bytes:
                 return
             stream = _streams[run_dir] = _FinisherProcess(run_dir)
-        except OSError:
-            _unstreamed.add(run_dir)
+        except OSError as exc:
+            _unstreamed[run_dir] = f"the finisher process could not start ({exc})"
             return
     if not stream.seal(sealed_ns, open_ns):
         _streams.pop(run_dir, None)
-        _unstreamed.add(run_dir)
+        _unstreamed[run_dir] = "the finisher process ended while the program ran"
         stream.discard(timeout_s=1.0)
 
 
