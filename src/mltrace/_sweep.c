@@ -1,10 +1,12 @@
 /* The correlator's two per-span sweeps in C (tracer/passes/nesting.py, checks.py), the same
  * algorithms as their Python versions, on int64 columns (C-contiguous buffers, one entry a span):
  *
- * containers(ordered, track, start, end, level, user, out)
+ * containers(ordered, track, start, end, level, user, user_holder, out)
  *     ordered: rows sorted by (track, start, -end, level rank, id). For each row, writes to
  *     out[row] the row of its innermost container on its track (-1: none): see
- *     passes.nesting.innermost_containers, whose stack sweep this is.
+ *     passes.nesting.innermost_containers, whose stack sweep this is. A span of level
+ *     ``user`` holds any span and is held by one of its own level or of a level up to
+ *     ``user_holder`` (not by a library call or a kernel).
  * lanes(ordered, track, start, end, out)
  *     ordered: rows sorted by (track, start, -end, id). For each row, writes to out[row] the
  *     first lane of its track where it nests (0: the track itself): passes.checks._place.
@@ -32,8 +34,8 @@ static int push(Stack *s, int64_t row) {
 }
 
 /* Gets n int64 columns of equal length (the first sets it); the last one writable. */
-static int columns(PyObject *args, const char *fmt, Py_buffer *bufs, int n, long *extra) {
-    int ok = extra ? PyArg_ParseTuple(args, fmt, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], extra, &bufs[5])
+static int columns(PyObject *args, const char *fmt, Py_buffer *bufs, int n, long *extra, long *extra2) {
+    int ok = extra ? PyArg_ParseTuple(args, fmt, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4], extra, extra2, &bufs[5])
                    : PyArg_ParseTuple(args, fmt, &bufs[0], &bufs[1], &bufs[2], &bufs[3], &bufs[4]);
     if (!ok) return -1;
     Py_ssize_t len = bufs[0].len;
@@ -50,8 +52,8 @@ static int columns(PyObject *args, const char *fmt, Py_buffer *bufs, int n, long
 static PyObject *containers(PyObject *mod, PyObject *args) {
     (void)mod;
     Py_buffer b[6];
-    long user;
-    if (columns(args, "y*y*y*y*y*lw*", b, 6, &user) < 0) return NULL;
+    long user, user_holder;
+    if (columns(args, "y*y*y*y*y*llw*", b, 6, &user, &user_holder) < 0) return NULL;
     const int64_t *ordered = b[0].buf, *track = b[1].buf, *start = b[2].buf, *end = b[3].buf, *level = b[4].buf;
     int64_t *out = b[5].buf;
     Py_ssize_t n = b[0].len / (Py_ssize_t)sizeof(int64_t);
@@ -73,7 +75,7 @@ static PyObject *containers(PyObject *mod, PyObject *args) {
         Py_ssize_t dead = 0;
         for (Py_ssize_t j = st.len - 1; j >= 0; j--) {
             int64_t q = st.rows[j];
-            if (end[q] >= e && (level[q] == user || lv == user || level[q] <= lv)) { out[r] = q; break; }
+            if (end[q] >= e && (level[q] == user || level[q] <= (lv == user ? user_holder : lv))) { out[r] = q; break; }
             if (end[q] < s) dead++;
         }
         if (dead > COMPACT_AFTER) {
@@ -93,7 +95,7 @@ static PyObject *containers(PyObject *mod, PyObject *args) {
 static PyObject *lanes(PyObject *mod, PyObject *args) {
     (void)mod;
     Py_buffer b[5];
-    if (columns(args, "y*y*y*y*w*", b, 5, NULL) < 0) return NULL;
+    if (columns(args, "y*y*y*y*w*", b, 5, NULL, NULL) < 0) return NULL;
     const int64_t *ordered = b[0].buf, *track = b[1].buf, *start = b[2].buf, *end = b[3].buf;
     int64_t *out = b[4].buf;
     Py_ssize_t n = b[0].len / (Py_ssize_t)sizeof(int64_t);
@@ -140,7 +142,8 @@ static PyObject *lanes(PyObject *mod, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"containers", containers, METH_VARARGS,
-     "containers(ordered, track, start, end, level, user, out): each row's innermost container row on its track, into out."},
+     "containers(ordered, track, start, end, level, user, user_holder, out): each row's innermost container row on its "
+     "track, into out."},
     {"lanes", lanes, METH_VARARGS, "lanes(ordered, track, start, end, out): each row's lane on its track, into out."},
     {NULL, NULL, 0, NULL},
 };

@@ -45,6 +45,7 @@ from mltrace.run.events import CounterSample, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import EventsRewriter, Run
 from mltrace.run.table import TABLE_FILE, TableWriter
+from mltrace.tracer.passes.nesting import USER_HOLDER
 
 #: How long after a CPU library call its verbose line may be read (ns) until the run shows
 #: otherwise: a segment sealed at ``S`` takes the other spans up to ``S`` minus the allowance,
@@ -109,7 +110,8 @@ def _order(s: Span) -> tuple[int, int, int, int]:
 
 
 def _may_contain(outer: Level, inner: Level) -> bool:
-    return outer is Level.USER or inner is Level.USER or outer <= inner
+    """``nest_by_containment``'s rule (``nesting._may_contain``)."""
+    return outer is Level.USER or outer <= (USER_HOLDER if inner is Level.USER else inner)
 
 
 class StreamedFinish:

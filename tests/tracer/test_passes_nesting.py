@@ -12,7 +12,7 @@ from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.passes.nesting import attach_gpu_to_launch, innermost_containers, nest_by_containment
 
-M, LY, OP, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.KERNEL, Level.USER
+M, LY, OP, LIB, K, U = Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER
 
 # (id, explicit parent, level, start ns, end ns, track)
 Row = tuple[int, int | None, Level, int, int, int]
@@ -57,6 +57,11 @@ CASES: list[tuple[str, list[Row], dict[int, int | None]]] = [
         "user spans nest anywhere and hold anything",
         [(1, None, OP, 0, 100, 1), (2, None, U, 10, 90, 1), (3, None, OP, 20, 30, 1), (4, None, U, 40, 50, 1), (5, None, M, 41, 49, 1)],
         {1: None, 2: 1, 3: 2, 4: 2, 5: 4},
+    ),
+    (
+        "a library call or a kernel never holds a user span, even when its interval does",
+        [(1, None, OP, 0, 100, 1), (2, None, LIB, 10, 60, 1), (3, None, U, 20, 30, 1), (4, None, K, 70, 90, 1), (5, None, U, 75, 80, 1)],
+        {1: None, 2: 1, 3: 1, 4: 1, 5: 1},
     ),
     (
         "touching siblings do not nest; a zero-length span at the end does",

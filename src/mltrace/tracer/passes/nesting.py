@@ -52,13 +52,20 @@ def _note(run: Run, name: str, facts: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
+#: The deepest level that may hold a user span: Python code (``record_function``,
+#: ``mltrace.span``) runs between library calls and kernels, never inside one.
+USER_HOLDER = Level.OP
+
+
 def _may_contain(outer: Level, inner: Level) -> bool:
     """Whether a span at ``outer`` may be the parent of one at ``inner``.
 
     Levels nest from the model down (an op never contains a layer); spans of
-    the same level nest (aten::linear → aten::addmm); user spans go anywhere.
+    the same level nest (aten::linear → aten::addmm); user spans hold any span and
+    are held by any but a library call or a kernel (an untimed library call's
+    interval, which ends at its line's receipt, may overlap the user span after it).
     """
-    return outer is Level.USER or inner is Level.USER or outer <= inner
+    return outer is Level.USER or outer <= (USER_HOLDER if inner is Level.USER else inner)
 
 
 def _copy_with_parent(s: Span, parent_id: int | None) -> Span:
@@ -90,7 +97,7 @@ def innermost_containers(spans: list[Span]) -> tuple[dict[int, int], dict[int, i
     container: dict[int, int] = {}
     order: dict[int, int] = {}
     stack: list[Span] = []
-    user = Level.USER
+    user, holder = Level.USER, USER_HOLDER
     for i, s in enumerate(ordered):
         sid = s.id
         order[sid] = i
@@ -103,7 +110,7 @@ def innermost_containers(spans: list[Span]) -> tuple[dict[int, int], dict[int, i
         for j in range(len(stack) - 1, -1, -1):
             p = stack[j]
             # _may_contain, inlined: this loop runs once per span.
-            if p.end_ns >= end and (p.level is user or level is user or p.level <= level):
+            if p.end_ns >= end and (p.level is user or p.level <= (holder if level is user else level)):
                 container[sid] = p.id  # p.start_ns <= start holds: p came earlier in the sort
                 break
             if p.end_ns < start:
@@ -203,7 +210,7 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
     rank = np.asarray(_RANK_BY_VALUE, dtype=np.int64)[level]
     ordered = np.lexsort((ids, rank, -end, start, track))  # per track, innermost_containers' order
     inner = np.empty(len(spans), dtype=np.int64)
-    sweep.containers(ordered, track, start, end, level, int(Level.USER), inner)
+    sweep.containers(ordered, track, start, end, level, int(Level.USER), int(USER_HOLDER), inner)
     prow = parent_rows(ids, c["parent"])
     has = inner >= 0
     safe = np.where(has, inner, 0)
@@ -213,7 +220,7 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
     pos[ordered] = np.arange(len(spans))
     p = np.where(prow >= 0, prow, 0)
     user = int(Level.USER)
-    may_contain = (level[p] == user) | (level[safe] == user) | (level[p] <= level[safe])
+    may_contain = (level[p] == user) | (level[p] <= np.where(level[safe] == user, int(USER_HOLDER), level[safe]))
     refine = (
         differs
         & (prow >= 0)
