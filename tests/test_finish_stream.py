@@ -177,6 +177,14 @@ def test_a_run_finished_a_segment_at_a_time_is_the_run_finished_whole(raw_run: P
     assert parts.meta["complete"] is True and "finish" not in whole.meta
     assert parts.meta["finish"]["streamed_segments"] == streamed.segments >= 2
     assert streamed.spans_done == len(parts.spans)
+    # the events.jsonl each wrote (not the span table): the same spans, counters and instants
+    jsonl = {d: _copy(d, tmp_path / f"jsonl-{d.name}") for d in (whole_dir, streamed_dir)}
+    for copy in jsonl.values():
+        (copy / "spans.bin").unlink()
+    from_whole, from_parts = (store.load_run(jsonl[d]) for d in (whole_dir, streamed_dir))
+    assert _by_id(from_parts) == a == _by_id(from_whole)
+    assert from_whole.counters and sorted(from_parts.counters, key=repr) == sorted(from_whole.counters, key=repr)
+    assert sorted(from_parts.instants, key=repr) == sorted(from_whole.instants, key=repr)
     # library calls ended in many segments, each under the op that issued it, as whole
     library = [s for s in parts.spans if s.level is Level.LIBRARY]
     times = _seal_times(parts)

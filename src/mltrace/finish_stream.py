@@ -133,10 +133,10 @@ class StreamedFinish:
         self._unwritten_tracks: list[Track] = []
         self._added_tracks: dict[tuple[str, int], int] = {}  # (name, parent track) → a pass's track's id here
         self._pending: list[Span] = []
-        self._instants: list[Instant] = []
+        self._instants: list[Instant] = []  # every one read (the table's other events, the summary)
         self._counters: list[CounterSample] = []
-        self._written_instants = 0
-        self._written_counters = 0
+        self._waiting_instants: list[Instant] = []  # read and not yet in a segment
+        self._waiting_counters: list[CounterSample] = []
         self._roots: list[Span] = []
         self._used_tracks: set[int] = set()
         self._crossing = _Crossing()
@@ -187,6 +187,8 @@ class StreamedFinish:
         self._pending.extend(part.spans)
         self._instants.extend(part.instants)
         self._counters.extend(part.counters)
+        self._waiting_instants.extend(part.instants)
+        self._waiting_counters.extend(part.counters)
 
     # -- segments ------------------------------------------------------------------------
 
@@ -224,8 +226,10 @@ class StreamedFinish:
         no parent and ended after ``w`` less the allowance go back to ``keep``."""
         from mltrace.tracer.passes import correlate, nest_by_containment
 
-        instants = [i for i in self._instants[self._written_instants :] if w is None or i.ts_ns <= w]
-        counters = [c for c in self._counters[self._written_counters :] if w is None or c.ts_ns <= w]
+        instants = [i for i in self._waiting_instants if w is None or i.ts_ns <= w]
+        counters = [c for c in self._waiting_counters if w is None or c.ts_ns <= w]
+        self._waiting_instants = [i for i in self._waiting_instants if w is not None and i.ts_ns > w]
+        self._waiting_counters = [c for c in self._waiting_counters if w is not None and c.ts_ns > w]
         meta = {k: v for k, v in self.meta.items() if k != "correlation"}
         run = Run(self.run_dir, meta, tracks=dict(self._tracks), spans=take, instants=instants, counters=counters)
         ids = {s.id for s in take}
@@ -329,8 +333,6 @@ class StreamedFinish:
         self._table.add(ready)
         self._used_tracks.update(s.track_id for s in encoded)
         self._encoder.encode(tracks=tracks, spans=encoded, instants=instants, counters=counters, write=self._pftrace.write)
-        self._written_instants += len(instants)
-        self._written_counters += len(counters)
         self.spans_done += len(ready)
 
     # -- the end -------------------------------------------------------------------------
@@ -349,7 +351,7 @@ class StreamedFinish:
             return None
         rest, self._pending = self._pending, []
         say(f"correlating the last {len(rest):,} spans")
-        if rest:
+        if rest or self._waiting_instants or self._waiting_counters:
             self._segment(rest, [], None, final=True)
         self._settle_roots()
         return self._complete(meta, say)
