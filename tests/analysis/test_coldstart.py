@@ -72,9 +72,13 @@ def test_prefills_of_a_generate_loop_are_not_cold(tmp_path: Path) -> None:
     assert [s.attrs["ml.generate.phase"] for s in calls] == (["prefill"] + ["decode"] * 7) * 2
     step = max(s.duration_ns for s in calls)
     prefills = {s.id for s in calls if s.attrs["ml.generate.phase"] == "prefill"}
-    # every decode step at most `step`, every prefill exactly 20 steps
+    # every decode step exactly `step` (a loaded machine made the first one slow enough to be
+    # called cold), every prefill exactly 20 steps
+    decodes = {s.id for s in calls} - prefills
     long = [
-        Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.start_ns + 20 * step, s.track_id, s.attrs) if s.id in prefills else s
+        Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.start_ns + (20 if s.id in prefills else 1) * step, s.track_id, s.attrs)
+        if s.id in prefills or s.id in decodes
+        else s
         for s in run.spans
     ]
     (model_calls,) = find_cold_start(run.replace(spans=long)).models
