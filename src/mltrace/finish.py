@@ -152,15 +152,9 @@ class _FinisherProcess:
 
     def _forget(self) -> None:
         """In a forked child: closes its copies of the pipes, touching nothing else."""
-        import os
+        from mltrace.tracer.helper_env import forget_helper
 
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            if pipe is not None:
-                try:
-                    os.close(pipe.fileno())
-                except (OSError, ValueError):
-                    pass
-        self._proc.stdin = self._proc.stdout = None
+        forget_helper(self._proc)
 
     def seal(self, sealed_ns: int, open_ns: int | None) -> bool:
         """Tells the process that every event ending by ``sealed_ns`` is written and no span
@@ -235,21 +229,10 @@ class _FinisherProcess:
     def discard(self, timeout_s: float = 5.0) -> None:
         """Ends the process (its input closed: it removes its temporary files) and reaps it; the
         temporary files of one that died are removed here."""
-        import subprocess
-
         from mltrace.finish_stream import TEMPORARY_FILES
+        from mltrace.tracer.helper_env import end_helper
 
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-        try:
-            self._proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_helper(self._proc, timeout_s)
         for leftover in self.run_dir.glob(TEMPORARY_FILES):
             leftover.unlink(missing_ok=True)
 

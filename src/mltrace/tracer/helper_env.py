@@ -1,11 +1,12 @@
-"""The environment of mltrace's own helper processes (the op level's converter, the streamed
-finish): the traced process's, without what would make mltrace follow them as children of the
-program (``MLTRACE_FOLLOW``, the bootstrap folder on ``PYTHONPATH``), with mltrace's own folder
-first on ``PYTHONPATH``."""
+"""mltrace's own helper processes (the op level's converter, the streamed finish): their
+environment, the traced process's without what would make mltrace follow them as children of
+the program (``MLTRACE_FOLLOW``, the bootstrap folder on ``PYTHONPATH``), with mltrace's own
+folder first on ``PYTHONPATH``; their end; and a forked child's letting go of their pipes."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from mltrace.settings import FOLLOW
@@ -19,3 +20,32 @@ def helper_process_env() -> dict[str, str]:
     kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("follow/bootstrap")]
     env["PYTHONPATH"] = os.pathsep.join([package_root, *kept])
     return env
+
+
+def end_helper(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Closes the helper's pipes (the end of its input) and reaps it; one that does not end in
+    ``timeout_s`` is killed."""
+    for pipe in (proc.stdin, proc.stdout):
+        try:
+            if pipe is not None:
+                pipe.close()
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def forget_helper(proc: subprocess.Popen[bytes]) -> None:
+    """In a forked child of the traced process: closes its copies of the helper's pipes (the
+    helper then sees the end of its input when the traced process closes its own), touching
+    nothing else."""
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                os.close(pipe.fileno())
+            except (OSError, ValueError):
+                pass
+    proc.stdin = proc.stdout = None

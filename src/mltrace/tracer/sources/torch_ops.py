@@ -58,7 +58,7 @@ from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
-from mltrace.tracer.helper_env import helper_process_env
+from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_env
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -656,13 +656,7 @@ class _ConverterProcess:
         """In a forked child of the traced process: closes its copies of the pipes (the process
         then sees the end of its input when the traced process closes its own), touching
         nothing else."""
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            if pipe is not None:
-                try:
-                    os.close(pipe.fileno())
-                except (OSError, ValueError):
-                    pass
-        self._proc.stdin = self._proc.stdout = None
+        forget_helper(self._proc)
 
     def convert(self, path: Path, events: Path) -> tuple[int, KinetoStats]:
         """Has the process convert one cycle's trace; (spans written, conversion stats)."""
@@ -714,17 +708,7 @@ class _ConverterProcess:
     def close(self, timeout_s: float = 5.0) -> None:
         """Ends the process (its input closed: it finishes the cycle it converts, if any) and
         reaps it; one that does not end in ``timeout_s`` is killed."""
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-        try:
-            self._proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        end_helper(self._proc, timeout_s)
 
 
 def _forget_in_child(ref: weakref.ref[_ConverterProcess]) -> None:
