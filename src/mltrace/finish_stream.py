@@ -45,7 +45,7 @@ from mltrace.run.events import CounterSample, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import EventsRewriter, Run
 from mltrace.run.table import TABLE_FILE, TableWriter
-from mltrace.tracer.passes.nesting import USER_HOLDER
+from mltrace.tracer.passes.nesting import may_contain, tie_rank
 
 #: How long after a CPU library call its verbose line may be read (ns) until the run shows
 #: otherwise: a segment sealed at ``S`` takes the other spans up to ``S`` minus the allowance,
@@ -59,7 +59,6 @@ _TRACK_BASE = 1 << 41
 #: The files it writes in the run directory until the end (removed where it cannot finish):
 #: events.jsonl's and trace.pftrace's, and the span table's arrays (``TableWriter``'s spill).
 TEMPORARY_FILES = "*.streamed.tmp"
-_TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
 
 
 class _Crossing:
@@ -84,7 +83,7 @@ class _Crossing:
         """The innermost of them that contains ``r`` and whose level may hold it."""
         best: Span | None = None
         for c in self._by_track.get(r.track_id, ()):
-            if c.id == r.id or c.start_ns > r.start_ns or c.end_ns < r.end_ns or not _may_contain(c.level, r.level):
+            if c.id == r.id or c.start_ns > r.start_ns or c.end_ns < r.end_ns or not may_contain(c.level, r.level):
                 continue
             if c.start_ns == r.start_ns and c.end_ns == r.end_ns and _rank(c) >= _rank(r):
                 continue  # identical intervals: the coarser level is outside
@@ -101,17 +100,12 @@ def _innermost_of(a: Span | None, b: Span | None) -> Span | None:
 
 
 def _rank(s: Span) -> int:
-    return _TIE_RANK.get(s.level, 9)
+    return tie_rank(s.level)
 
 
 def _order(s: Span) -> tuple[int, int, int, int]:
     """The containment sweep's order (``innermost_containers``): later is further in."""
     return (s.start_ns, -s.end_ns, _rank(s), s.id)
-
-
-def _may_contain(outer: Level, inner: Level) -> bool:
-    """``nest_by_containment``'s rule (``nesting._may_contain``)."""
-    return outer is Level.USER or outer <= (USER_HOLDER if inner is Level.USER else inner)
 
 
 class StreamedFinish:

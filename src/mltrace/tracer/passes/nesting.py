@@ -38,6 +38,11 @@ def _rank_table() -> tuple[int, ...]:
 
 _RANK_BY_VALUE = _rank_table()
 
+
+def tie_rank(level: Level) -> int:
+    """The rank of ``level`` among spans with identical intervals (``_TIE_RANK``: the coarser outside)."""
+    return _RANK_BY_VALUE[level]
+
 #: Dead entries (ended before the current span) tolerated in the sweep stack
 #: before it is compacted; only partially overlapping spans leave them.
 _COMPACT_AFTER = 32
@@ -57,7 +62,7 @@ def _note(run: Run, name: str, facts: dict[str, Any]) -> dict[str, Any]:
 USER_HOLDER = Level.OP
 
 
-def _may_contain(outer: Level, inner: Level) -> bool:
+def may_contain(outer: Level, inner: Level) -> bool:
     """Whether a span at ``outer`` may be the parent of one at ``inner``.
 
     Levels nest from the model down (an op never contains a layer); spans of
@@ -77,7 +82,7 @@ def innermost_containers(spans: list[Span]) -> tuple[dict[int, int], dict[int, i
 
     A span ``p`` contains ``s`` when ``p.start_ns <= s.start_ns`` and
     ``s.end_ns <= p.end_ns`` and ``p``'s level may hold ``s``'s (see
-    ``_may_contain``). Identical intervals nest by level (coarser outside),
+    ``may_contain``). Identical intervals nest by level (coarser outside),
     then by id. Among several containers the one that started last wins
     (with proper nesting, the innermost one).
 
@@ -109,7 +114,7 @@ def innermost_containers(spans: list[Span]) -> tuple[dict[int, int], dict[int, i
         dead = 0
         for j in range(len(stack) - 1, -1, -1):
             p = stack[j]
-            # _may_contain, inlined: this loop runs once per span.
+            # may_contain, inlined: this loop runs once per span.
             if p.end_ns >= end and (p.level is user or p.level <= (holder if level is user else level)):
                 container[sid] = p.id  # p.start_ns <= start holds: p came earlier in the sort
                 break
@@ -167,7 +172,7 @@ def nest_by_containment(run: Run) -> Run:
                 parent.start_ns <= inner.start_ns
                 and inner.end_ns <= parent.end_ns
                 and order[parent.id] < order[c]
-                and _may_contain(parent.level, inner.level)
+                and may_contain(parent.level, inner.level)
             ):
                 new_parent[s.id] = c
                 refined += 1
@@ -220,7 +225,7 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
     pos[ordered] = np.arange(len(spans))
     p = np.where(prow >= 0, prow, 0)
     user = int(Level.USER)
-    may_contain = (level[p] == user) | (level[p] <= np.where(level[safe] == user, int(USER_HOLDER), level[safe]))
+    allowed = (level[p] == user) | (level[p] <= np.where(level[safe] == user, int(USER_HOLDER), level[safe]))
     refine = (
         differs
         & (prow >= 0)
@@ -228,7 +233,7 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
         & (start[p] <= start[safe])
         & (end[safe] <= end[p])
         & (pos[p] < pos[safe])
-        & may_contain
+        & allowed
     )
     spans_out = list(spans)
     for r in np.nonzero(orphan | refine)[0].tolist():
