@@ -5,7 +5,8 @@ The service (this file with ``--serve``) is a threaded ``http.server`` running a
 a client in the same process sends REQUESTS requests, CONCURRENCY at a time, then the service
 prints ``served`` and waits. Like a uvicorn app, it handles SIGTERM itself: the handler sets an
 event, the main thread shuts the server down and returns (``--default-sigterm`` leaves SIGTERM's
-default action: the plain process dies at once, the traced one ends through mltrace's handler).
+default action: the plain process dies at once; the traced one finishes its trace through
+mltrace's handler, then dies by the signal too, without atexit handlers or teardown).
 The benchmark sends SIGTERM once ``served`` arrives and times until the process has exited, split
 at two marks: the service's ``atexit`` handler (it writes the clock and the number of modules
 loaded to stderr; it runs after the program and, traced, after mltrace's finish, before the
@@ -16,6 +17,7 @@ run.json), then the interpreter's teardown.
 
     python benchmarks/service_shutdown.py                      # 5 rounds, 40 requests, 8-way
     python benchmarks/service_shutdown.py --rounds 3 --requests 200
+    python benchmarks/service_shutdown.py --default-sigterm    # a service that leaves SIGTERM alone
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ def serve(requests: int, concurrency: int, own_sigterm: bool) -> None:
 @dataclass
 class Round:
     """One round's times in seconds from SIGTERM: to the session's stop (traced), to the
-    service's atexit handler, to the exit; and the modules loaded at exit."""
+    service's atexit handler (None where the process died by the signal, as a plain service with
+    SIGTERM's default action does), to the exit; and the modules loaded at exit."""
 
     stop_s: float | None
-    atexit_s: float
+    atexit_s: float | None
     exit_s: float
-    modules: int
+    modules: int | None
 
 
 def one_round(cmd: list[str], run_dir: Path | None) -> Round:
@@ -109,12 +112,14 @@ def one_round(cmd: list[str], run_dir: Path | None) -> Round:
     _, err = proc.communicate(timeout=300)
     t1 = time.monotonic_ns()
     marks = [ln.split() for ln in err.splitlines() if ln.startswith("atexit ")]
-    if not marks:
-        raise SystemExit("service_shutdown: the service's atexit handler did not run")
+    if not marks and proc.returncode != -signal.SIGTERM:
+        raise SystemExit(f"service_shutdown: the service exited with {proc.returncode} and its atexit handler did not run")
     stop = None
     if run_dir is not None:
         stopped = json.loads((run_dir / "run.json").read_text()).get("stopped_at_epoch_ns")
         stop = (int(stopped) - sent_epoch) / 1e9 if isinstance(stopped, int) else None
+    if not marks:
+        return Round(stop, None, (t1 - t0) / 1e9, None)
     return Round(stop, (int(marks[-1][1]) - t0) / 1e9, (t1 - t0) / 1e9, int(marks[-1][2]))
 
 
@@ -125,13 +130,18 @@ def _median(xs: list[float]) -> str:
 def _summary(label: str, rounds: list[Round]) -> str:
     """``traced  3.37 s  (rounds …): stop 0.62 s, finish 0.40 s, teardown 2.35 s (2105 modules)``."""
     exits = [r.exit_s for r in rounds]
+    marked = [(r.stop_s, r.atexit_s, r.exit_s, r.modules) for r in rounds if r.atexit_s is not None]
+    if not marked:
+        stopped = [r.stop_s for r in rounds if r.stop_s is not None]
+        at = f", session stop at {_median(stopped)}" if stopped else ""
+        return f"  {label} {_median(exits)}  (rounds: {', '.join(f'{x:.2f}' for x in exits)}): killed by the signal{at}"
     parts = []
-    stops = [r.stop_s for r in rounds if r.stop_s is not None]
+    stops = [(stop, at) for stop, at, _, _ in marked if stop is not None]
     if stops:
-        parts += [f"session stop at {_median(stops)}", f"finish {_median([r.atexit_s - r.stop_s for r in rounds if r.stop_s is not None])}"]
+        parts += [f"session stop at {_median([s for s, _ in stops])}", f"finish {_median([at - s for s, at in stops])}"]
     else:
-        parts.append(f"program's own shutdown {_median([r.atexit_s for r in rounds])}")
-    parts.append(f"teardown {_median([r.exit_s - r.atexit_s for r in rounds])} ({rounds[0].modules} modules)")
+        parts.append(f"program's own shutdown {_median([at for _, at, _, _ in marked])}")
+    parts.append(f"teardown {_median([end - at for _, at, end, _ in marked])} ({marked[0][3]} modules)")
     return f"  {label} {_median(exits)}  (rounds: {', '.join(f'{x:.2f}' for x in exits)}): " + ", ".join(parts)
 
 

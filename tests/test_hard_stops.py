@@ -114,9 +114,9 @@ def _no_mltrace_traceback(stderr: str) -> None:
 @pytest.mark.parametrize(
     ("signals", "status"),
     [
-        ((signal.SIGINT, signal.SIGINT), 130),
-        ((signal.SIGTERM, signal.SIGTERM), 143),
-        ((signal.SIGINT, signal.SIGINT, signal.SIGINT, signal.SIGINT), 130),
+        ((signal.SIGINT, signal.SIGINT), -2),
+        ((signal.SIGTERM, signal.SIGTERM), -15),
+        ((signal.SIGINT, signal.SIGINT, signal.SIGINT, signal.SIGINT), -2),
     ],
 )
 def test_repeated_signals_keep_the_status_and_the_spans(tmp_path: Path, signals: tuple[int, ...], status: int) -> None:

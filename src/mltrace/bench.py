@@ -686,4 +686,6 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    from mltrace.runner import leave
+
+    leave(_main(sys.argv[1:]))

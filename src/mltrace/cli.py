@@ -259,7 +259,8 @@ def build_parser() -> _Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status (−N where the traced program ended by signal N:
+    ``runner.leave`` ends the process by it)."""
     args = list(sys.argv[1:] if argv is None else argv)
     from mltrace.run.store import RunError
 
@@ -300,7 +301,9 @@ def entry() -> NoReturn:
     argv = sys.argv[1:]
     status = main(argv)
     if argv and argv[0] in TRACE_COMMANDS:
-        sys.exit(status)  # the traced program's atexit handlers must still run
+        from mltrace.runner import leave
+
+        leave(status)  # the traced program's atexit handlers must still run, or its signal end it
     # Reports load millions of objects; freeing them one by one at exit costs
     # seconds and changes nothing, so leave without tearing down.
     for stream in (sys.stdout, sys.stderr):

@@ -4,14 +4,17 @@ The script runs as ``__main__`` (also registered as ``__mp_main__`` so
 multiprocessing's spawn workers can unpickle its objects) with its own
 ``sys.argv`` and ``sys.path[0]``. ``run_target`` returns the exit status Python
 would have given: the ``SystemExit`` code, 1 after an uncaught exception
-(printed through ``sys.excepthook``, as Python does), 130 after Ctrl-C, 143
-after SIGTERM. After a program that ended through SIGINT or SIGTERM, further ones are
-ignored for the rest of the process: only the trace's finish is left, and it has its own
-guard (``tracer/finishguard.py``).
+(printed through ``sys.excepthook``, as Python does), and −2 after Ctrl-C or −15 after
+SIGTERM, as ``subprocess`` reports a process killed by that signal: Python itself ends by
+SIGINT after an uncaught ``KeyboardInterrupt``, and SIGTERM's default action kills it.
+``leave`` ends the process with such a status once the trace is finished. After a program
+that ended through SIGINT or SIGTERM, further ones are ignored until then: only the trace's
+finish is left, and it has its own guard (``tracer/finishguard.py``).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import runpy
@@ -20,7 +23,7 @@ import sys
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from mltrace.errors import UsageError
 
@@ -76,6 +79,32 @@ class _Terminated(SystemExit):
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated(128 + signum)
+
+
+def leave(status: int) -> NoReturn:
+    """Ends the process with ``run_target``'s status. A negative one, −N, ends it by signal N
+    as plain Python would have ended: after SIGINT (an uncaught ``KeyboardInterrupt``) the
+    non-daemon threads are joined and the ``atexit`` handlers run first; after SIGTERM nothing
+    more runs (its default action kills the process where it stands). Either way the standard
+    streams are flushed, and the interpreter's teardown is skipped."""
+    if status >= 0:
+        sys.exit(status)
+    signum = -status
+    if signum == signal.SIGINT:
+        _join_threads()
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    except (ValueError, OSError):
+        pass
+    os._exit(128 + signum)  # where the signal could not be delivered
 
 
 def _ignore_further() -> None:
@@ -193,12 +222,14 @@ def run_target(target: Target) -> int:
                 assert target.script is not None
                 _exec_script(target.script, target.args)
             _join_threads()
+        except _Terminated:
+            status = -signal.SIGTERM
+            by_signal = True
         except SystemExit as exc:
             status = _exit_status(exc)
-            by_signal = isinstance(exc, _Terminated)
         except KeyboardInterrupt as exc:
             _report(exc)
-            status = 130
+            status = -signal.SIGINT
             by_signal = True
         except BaseException as exc:  # noqa: BLE001 - the user's error, reported as Python would
             _report(exc)

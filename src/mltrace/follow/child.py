@@ -159,7 +159,7 @@ def _stop_on_sigterm(session: Any) -> None:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            session.meta["exit_status"] = 128 + signum
+            session.meta["exit_status"] = -signum
             _stop(session)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
