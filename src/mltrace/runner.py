@@ -91,6 +91,10 @@ def leave(status: int) -> NoReturn:
         sys.exit(status)
     signum = -status
     if signum == signal.SIGINT:
+        try:  # another Ctrl-C stops the wait for the threads, as in plain Python
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except (ValueError, OSError):
+            pass
         _join_threads()
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
