@@ -152,20 +152,31 @@ def _time_calls(
 def fault_cost_ns(megabytes: int = 64, rounds: int = 5) -> float | None:
     """CPU time a minor page fault costs the faulting thread (ns): the median over ``rounds`` of
     (filling fresh memory − filling it again) / the faults the first fill took; None where
-    faults cannot be counted."""
-    import torch
+    faults cannot be counted.
 
+    The memory is a fresh anonymous mapping filled by ``memset`` on the calling thread alone: a
+    fill spread over a thread pool would leave part of the faults to other threads, and its
+    barrier would charge the calling thread for waiting on them (on a busy machine, more than
+    the faults themselves)."""
+    import ctypes
+    import mmap
+
+    size = megabytes << 20
     costs = []
     for _ in range(rounds):
-        f0 = _minor_faults()
-        c0 = time.thread_time_ns()
-        block = torch.empty(megabytes << 20, dtype=torch.uint8)  # beyond malloc's mmap threshold: fresh pages
-        block.fill_(1)
-        c1 = time.thread_time_ns()
-        f1 = _minor_faults()
-        block.fill_(2)
-        c2 = time.thread_time_ns()
-        del block
+        with mmap.mmap(-1, size) as block:
+            view = ctypes.c_char.from_buffer(block)
+            try:
+                address = ctypes.addressof(view)
+                f0 = _minor_faults()
+                c0 = time.thread_time_ns()
+                ctypes.memset(address, 1, size)
+                c1 = time.thread_time_ns()
+                f1 = _minor_faults()
+                ctypes.memset(address, 2, size)
+                c2 = time.thread_time_ns()
+            finally:
+                del view  # the mapping cannot close while a ctypes object holds its buffer
         if f0 < 0 or f1 - f0 <= 0:
             return None
         costs.append(max(0.0, ((c1 - c0) - (c2 - c1)) / (f1 - f0)))

@@ -229,11 +229,10 @@ class _FinisherProcess:
     def discard(self, timeout_s: float = 5.0) -> None:
         """Ends the process (its input closed: it removes its temporary files) and reaps it; the
         temporary files of one that died are removed here."""
-        from mltrace.finish_stream import TEMPORARY_FILES
         from mltrace.tracer.helper_env import end_helper
 
         end_helper(self._proc, timeout_s)
-        for leftover in self.run_dir.glob(TEMPORARY_FILES):
+        for leftover in self.run_dir.glob(store.STREAMED_TEMPORARY):
             leftover.unlink(missing_ok=True)
 
 

@@ -56,9 +56,6 @@ _LEAST_LAG_NS = 100_000_000
 _LAG_MARGIN = 3
 #: The first id of the tracks the passes add in a segment (lanes): above the session's.
 _TRACK_BASE = 1 << 41
-#: The files it writes in the run directory until the end (removed where it cannot finish):
-#: events.jsonl's and trace.pftrace's, and the span table's arrays (``TableWriter``'s spill).
-TEMPORARY_FILES = "*.streamed.tmp"
 
 
 class _Crossing:
@@ -498,4 +495,4 @@ def check_containment_table(table: Any) -> dict[str, Any]:
     return {"outside_parent": int(len(outside)), "missing_parent": int(missing.sum()), "asynchronous_children": 0, "examples": examples}
 
 
-__all__ = ["LIBRARY_LAG_NS", "TEMPORARY_FILES", "StreamedFinish", "check_containment_table"]
+__all__ = ["LIBRARY_LAG_NS", "StreamedFinish", "check_containment_table"]

@@ -543,7 +543,7 @@ def test_page_faults_beyond_the_bricks_add_their_cost(tmp_path: Path) -> None:
 def test_a_fault_costs_cpu_time_and_bricks_count_theirs() -> None:
     from mltrace.brickbench import fault_cost_ns
 
-    cost = fault_cost_ns(rounds=3)  # 64 MiB: beyond the most glibc raises its mmap threshold to
+    cost = fault_cost_ns(rounds=3)  # 64 MiB of fresh pages, filled on this thread alone
     assert cost is not None and cost > 0  # a positive CPU time: not a timing bound
     brick = Brick("Linear", ((2, 16),), ("float32",), 16 * 16 + 16, (("bias", True), ("in_features", 16), ("out_features", 16)), "inferred")
     (t,) = benchmark_bricks([brick], warmup=1, n=3)

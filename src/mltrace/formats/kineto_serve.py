@@ -211,7 +211,10 @@ def main() -> int:
     """The process's entry: Ctrl-C in the terminal is the traced program's to handle; this
     process ends at the end of its input."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return serve(sys.stdin.buffer, sys.stdout.buffer)
+    status = serve(sys.stdin.buffer, sys.stdout.buffer)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the traced program waits for this process's end: no teardown to wait for
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 META_FILE = "run.json"
 EVENTS_FILE = "events.jsonl"
 TRACE_FILE = "trace.pftrace"
+#: The files the streamed finish writes in the run directory until its end (removed where it
+#: cannot finish): events.jsonl's and trace.pftrace's, and the span table's arrays.
+STREAMED_TEMPORARY = "*.streamed.tmp"
 
 FORMAT_VERSION = 1
 

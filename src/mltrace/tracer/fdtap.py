@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 from mltrace.formats.verbose_logs import VERBOSE_PREFIXES
 from mltrace.native import c_helper
 from mltrace.settings import FDTAP_READER
+from mltrace.tracer.helper_env import wait_for_exit
 
 _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lacks the name
 _F_GETPIPE_SZ = 1032  # and F_GETPIPE_SZ
@@ -587,9 +588,9 @@ class FdTap:
         process, self._process = self._process, None
         assert process is not None
         os.close(self._saved_fd)  # the child holds its own copy
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
+        if wait_for_exit(process, timeout_s):
+            process.wait()
+        else:
             # A child of the program still holds the pipe: the reader goes on
             # forwarding its output in the background and exits at the pipe's end.
             self.detached = True

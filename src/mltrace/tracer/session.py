@@ -1021,6 +1021,9 @@ class Session:
         window = self.layer_window
         if window is not None and window.reason is not None and window.ended_ns is None:
             self.note_limitation(f"the layer level was to end ({window.reason}) but no model call returned afterwards")
+        # The streamed finish's process takes what is written so far while the sources stop
+        # (torch.profiler's last cycle is exported and converted then).
+        self.flush_soon()
         for source in reversed(self.started):
             progress.phase(f"stopping {source.name}")
             try:
