@@ -241,6 +241,42 @@ def test_sigterm_sigint_finish_the_trace(tmp_path: Path, sig: int, status: int) 
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("follow", [True, False], ids=["followed", "no-follow"])
+def test_a_terminated_worker_dies_by_sigterm_as_without_mltrace(tmp_path: Path, follow: bool) -> None:
+    """A multiprocessing worker forked from the program and terminated (SIGTERM) dies by the
+    signal, exit code -15 as without mltrace (not the runner's 143); followed, it finishes its
+    trace first."""
+    script = SCRIPTS / "terminate_child.py"
+    plain = run_plain(script, cwd=tmp_path)
+    flags = [] if follow else ["--no-follow"]
+    traced = run_cli("python", "-q", *flags, "-o", str(tmp_path / "run"), str(script), cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout == b"worker exit code -15\n" * 2
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete
+    if follow:
+        workers = [p for p in run.meta["processes"] if p.get("role") != "main"]
+        assert len(workers) == 2 and all(p["finished"] for p in workers)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_killed_before_its_finish_is_listed_by_its_pid(tmp_path: Path) -> None:
+    """A followed worker killed by SIGKILL never wrote its process facts: the run is still
+    finished, the worker listed by the pid its folder is named with, unfinished, and said so."""
+    pytest.importorskip("torch")
+    script = SCRIPTS / "killed_child.py"
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(script), cwd=tmp_path)
+    assert traced.returncode == 0 and traced.stdout == b"worker exit code -9\n", traced.stderr.decode()
+    assert b"could not finalize" not in traced.stderr
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.complete
+    main, worker = run.meta["processes"]
+    assert main["role"] == "main" and worker["finished"] is False
+    assert isinstance(worker["pid"], int) and worker["pid"] not in (0, main["pid"]) and worker["role"] == f"pid {worker['pid']}"
+    assert any(f"process {worker['pid']} " in line and "had not finished its trace" in line for line in run.meta["limitations"])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_is_followed_into_the_run(tmp_path: Path) -> None:
     """Following children (the default): a child the script forks starts its own session (the
     layer wrapper put back in for it), streams into procs/<pid>/, prints no summary, and the

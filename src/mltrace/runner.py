@@ -81,6 +81,23 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated(128 + signum)
 
 
+def _default_sigterm_in_child() -> None:
+    """In a forked child of the program (a multiprocessing worker): SIGTERM goes back to its
+    default action where it was the runner's, so ``terminate()`` kills the child as it would
+    without mltrace (a followed child then puts in its own handler, ``follow/child.py``).
+    Registered before any session's fork handler: ``after_in_child`` handlers run in the order
+    they were registered."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
 def leave(status: int) -> NoReturn:
     """Ends the process with ``run_target``'s status. A negative one, −N, ends it by signal N
     as plain Python would have ended: after SIGINT (an uncaught ``KeyboardInterrupt``) the

@@ -88,7 +88,7 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
             continue
         finished = bool(loaded.meta.get("follow", {}).get("finished"))
         renamed = merger.add(loaded, 0, pid=_pid_of(child))
-        entry = _entry(loaded.meta, loaded.span_count, finished)
+        entry = _entry(loaded.meta, loaded.span_count, finished, pid=_pid_of(child))
         if entry.get("pid") in renamed:  # the pid its spans carry (the OTLP export finds its parent span by it)
             entry["pid"] = renamed[entry["pid"]]
         processes.append(entry)
@@ -125,8 +125,12 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
     return merger.run()
 
 
-def _entry(meta: dict[str, Any], spans: int, finished: bool) -> dict[str, Any]:
+def _entry(meta: dict[str, Any], spans: int, finished: bool, pid: int | None = None) -> dict[str, Any]:
+    """A process's entry in run.json's ``processes``; ``pid`` stands in for one its run.json
+    lacks (a child killed before it wrote its process facts)."""
     process = dict(meta.get("process") or {})
+    if pid is not None:
+        process.setdefault("pid", pid)
     pid = process.get("pid")
     process.setdefault("role", f"pid {pid}")
     process["command"] = meta.get("command")
