@@ -233,3 +233,15 @@ def test_a_spilling_table_writer_discarded_leaves_no_file(tmp_path: Path) -> Non
     assert list(tmp_path.glob("*.streamed.tmp"))
     writer.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 255, 4096, 100_003])
+def test_crc32_combine_is_the_crc_of_the_concatenation(size: int) -> None:
+    """A spilled array's checksum is combined into the table's without reading it again."""
+    import zlib
+
+    from mltrace.run.table import crc32_combine
+
+    head, tail = bytes(range(256)) * 3 + b"head", bytes((i * 7919) % 251 for i in range(size))
+    assert crc32_combine(zlib.crc32(head), zlib.crc32(tail), len(tail)) == zlib.crc32(head + tail)
+    assert crc32_combine(0, zlib.crc32(tail), len(tail)) == zlib.crc32(tail)

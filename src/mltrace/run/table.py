@@ -28,7 +28,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -352,22 +352,35 @@ class _Spill:
         self.itemsize = np.dtype(_DTYPES[key]).itemsize
         self._file: IO[bytes] | None = open(path, "wb")  # noqa: SIM115 - closed in remove()
         self.size = 0
+        self.crc = 0  # of the bytes so far: the table's checksum takes it whole (crc32_combine)
 
     def append(self, raw: bytes) -> None:
         assert self._file is not None
         self._file.write(raw)
         self.size += len(raw)
+        self.crc = zlib.crc32(raw, self.crc)
+
+    def copy_to(self, out: IO[bytes]) -> None:
+        """Appends its bytes to ``out`` (flushed first), copied by the kernel where it can."""
+        if self._file is not None:
+            self._file.flush()
+        out.flush()
+        with open(self.path, "rb") as f:
+            done = 0
+            try:
+                while done < self.size:
+                    n = os.copy_file_range(f.fileno(), out.fileno(), self.size - done)
+                    if n <= 0:
+                        break
+                    done += n
+            except (AttributeError, OSError):  # no copy_file_range here: the rest through memory
+                pass
+            f.seek(done)
+            while chunk := f.read(1 << 22):
+                out.write(chunk)
 
     def __len__(self) -> int:
         return self.size // self.itemsize
-
-    def chunks(self) -> Iterator[bytes]:
-        """Its bytes, a few MiB at a time."""
-        if self._file is not None:
-            self._file.flush()
-        with open(self.path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                yield chunk
 
     def remove(self) -> None:
         if self._file is not None:
@@ -400,13 +413,14 @@ def _write_arrays(path: Path, pieces: dict[str, list[Any]], events: Path) -> tup
             size = 0
             for part in parts:
                 if isinstance(part, _Spill):
-                    raws: Iterable[bytes] = part.chunks()
-                else:
-                    raws = (part if isinstance(part, bytes) else np.ascontiguousarray(part, dtype=_DTYPES[key]).tobytes(),)
-                for raw in raws:
-                    checksum = zlib.crc32(raw, checksum)
-                    f.write(raw)
-                    size += len(raw)
+                    part.copy_to(f)
+                    checksum = crc32_combine(checksum, part.crc, part.size)
+                    size += part.size
+                    continue
+                raw = part if isinstance(part, bytes) else np.ascontiguousarray(part, dtype=_DTYPES[key]).tobytes()
+                checksum = zlib.crc32(raw, checksum)
+                f.write(raw)
+                size += len(raw)
             pad = bytes(-size % _ALIGN)
             checksum = zlib.crc32(pad, checksum)
             f.write(pad)
@@ -415,6 +429,48 @@ def _write_arrays(path: Path, pieces: dict[str, list[Any]], events: Path) -> tup
         f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
     os.replace(tmp, path)
     return base, placed
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of A + B from A's (``crc1``), B's (``crc2``) and B's length, as zlib's
+    ``crc32_combine`` computes it (which Python's zlib does not offer): ``crc1`` is carried
+    through ``len2`` zero bytes by the GF(2) operators of 2^k zero bytes, then B's CRC is added."""
+    k = 0
+    while len2 > 0:
+        if len2 & 1:
+            crc1 = _gf2_times(_zero_bytes_operator(k), crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
+_ZERO_OPERATORS: list[list[int]] = []
+
+
+def _zero_bytes_operator(k: int) -> list[int]:
+    """The operator that carries a CRC-32 through 2^k zero bytes (made once, by squaring)."""
+    if not _ZERO_OPERATORS:
+        op = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+        for _ in range(3):
+            op = _gf2_square(op)
+        _ZERO_OPERATORS.append(op)  # one zero byte
+    while len(_ZERO_OPERATORS) <= k:
+        _ZERO_OPERATORS.append(_gf2_square(_ZERO_OPERATORS[-1]))
+    return _ZERO_OPERATORS[k]
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    out, i = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(matrix: list[int]) -> list[int]:
+    return [_gf2_times(matrix, row) for row in matrix]
 
 
 def _mapped(path: Path, base: int, placed: dict[str, Any]) -> dict[str, Any]:
