@@ -245,3 +245,25 @@ def test_crc32_combine_is_the_crc_of_the_concatenation(size: int) -> None:
     head, tail = bytes(range(256)) * 3 + b"head", bytes((i * 7919) % 251 for i in range(size))
     assert crc32_combine(zlib.crc32(head), zlib.crc32(tail), len(tail)) == zlib.crc32(head + tail)
     assert crc32_combine(0, zlib.crc32(tail), len(tail)) == zlib.crc32(tail)
+
+
+@pytest.mark.parametrize(
+    ("ids", "parents"),
+    [
+        ([5, 1, 3, 2], [1, -1, 1, 9]),  # dense ids: looked up by id
+        ([7, 7, 2], [7, 2, -1]),  # an id on two rows: the first
+        ([10**12, 3, 5], [3, 10**12, 4]),  # a large id: sorted
+        ([-4, 2, 6], [2, -4, 6]),  # a negative id: sorted
+        ([], []),
+    ],
+)
+def test_parent_rows_by_lookup_or_by_sorting_agree(ids: list[int], parents: list[int]) -> None:
+    """Each span's parent row, found through an array indexed by id where the ids allow it and
+    by sorting otherwise: the same rows, the first of an id's rows, -1 for a missing parent."""
+    import numpy as np
+
+    from mltrace.run.table import parent_rows
+
+    got = parent_rows(np.array(ids, dtype=np.int64), np.array(parents, dtype=np.int64)).tolist()
+    expected = [next((row for row, i in enumerate(ids) if i == p), -1) if p >= 0 else -1 for p in parents]
+    assert got == expected

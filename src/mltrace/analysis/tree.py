@@ -29,7 +29,8 @@ class Tree:
             assert depth is not None
         self.parent = parent
         self.depth = depth
-        order = np.argsort(depth, kind="stable")
+        small = len(depth) == 0 or int(depth.max()) < np.iinfo(np.int16).max
+        order = np.argsort(depth.astype(np.int16) if small else depth, kind="stable")  # 16-bit keys: a radix sort
         bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2 if len(depth) else 1))
         self.by_depth = [order[bounds[d] : bounds[d + 1]] for d in range(len(bounds) - 1)]
 

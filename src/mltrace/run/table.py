@@ -55,15 +55,37 @@ def _flops_of(attrs: dict[str, Any]) -> tuple[bool, float]:
 
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
-    """Row of each span's parent among ``ids`` (-1: no parent, given as -1, or one not among them)."""
+    """Row of each span's parent among ``ids`` (-1: no parent, given as -1, or one not among them;
+    where an id is on several rows, the first)."""
     import numpy as np
 
+    direct = _parent_rows_by_lookup(ids, parent_ids)
+    if direct is not None:
+        return direct
     order = np.argsort(ids, kind="stable")
     sorted_ids = ids[order]
     pos = np.searchsorted(sorted_ids, parent_ids)
     pos = np.minimum(pos, max(len(sorted_ids) - 1, 0))
     found = (parent_ids >= 0) & (sorted_ids[pos] == parent_ids) if len(sorted_ids) else parent_ids < -1
     return np.where(found, order[pos] if len(order) else -1, -1).astype(np.int64)
+
+
+def _parent_rows_by_lookup(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray | None:
+    """``parent_rows`` through an array indexed by id, without sorting, where the ids are unique
+    and no larger than a few times their number (a recorded run's: the session counts them
+    from 1); None otherwise."""
+    import numpy as np
+
+    n = len(ids)
+    if n == 0 or int(ids.min()) < 0 or int(ids.max()) > 4 * n + 1024:
+        return None
+    row_of = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
+    row_of[ids] = rows
+    if not np.array_equal(row_of[ids], rows):  # an id on several rows
+        return None
+    inside = (parent_ids >= 0) & (parent_ids < len(row_of))
+    return np.where(inside, row_of[np.where(inside, parent_ids, 0)], -1)
 
 
 class SpanTable:
