@@ -12,5 +12,6 @@ def encode_spans(
     layer: Any,
     flowing: set[int],
     fallback: Callable[[int], bytes],
+    interned: tuple[dict[str, bytes], dict[bytes, bytes], Callable[[Any], bytes], set[int], int] | None = None,
 ) -> bytes:
     """The packets at indices ``ks``, joined (see ``_pftrace.c``)."""

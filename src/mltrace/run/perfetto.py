@@ -396,13 +396,16 @@ class PerfettoEncoder:
         fast = _fast_encoder()
         if fast is not None:  # the same bytes, the common packets made in C (_pftrace.c)
             flowing = set(flow_out) | set(flow_in)
+            # A map not cached is encoded in C where its names and string values are interned
+            # already (its packet interns nothing), counted in `seen` as _slice_begin counts it.
+            interned = (self._ann_enc, self._str_values, dumps, shared[1], _SHARED_SEEN_MAX)
             written = len(out)  # the track descriptors
             if write is not None and out:
                 write(b"".join(out))
                 out.clear()
             for lo in range(0, len(order), _WRITE_CHUNK):
                 ks = order[lo : lo + _WRITE_CHUNK].tolist()
-                chunk = fast(ks, span_list, n_ends, self._end_tails, self._begin_heads, blocks, by_map, layer, flowing, packet)
+                chunk = fast(ks, span_list, n_ends, self._end_tails, self._begin_heads, blocks, by_map, layer, flowing, packet, interned)
                 written += len(ks)
                 if write is not None:
                     write(chunk)
