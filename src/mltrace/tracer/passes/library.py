@@ -127,35 +127,77 @@ def _compatible(call: Span, op: Span) -> bool:
     of output channels and K the product of the other weight dimensions
     (``ic/groups * kh * kw``), the weight being the second input.
     """
-    kind = str(call.attrs.get("ml.library.kind", ""))
-    if "_BATCH" in kind and op.name in _SINGLE_GEMM_OPS:
-        return False  # a batched call comes from a batched op, even when its sizes are hidden
-    sizes = _blas_sizes(call)
-    if not sizes:
+    return _Compatibility()(call, op)
+
+
+class _Compatibility:
+    """``_compatible``, with each call's kind and sizes and each op's input dimensions worked
+    out once: a pass asks about one call against several ops, and about one op for several calls."""
+
+    def __init__(self) -> None:
+        self._call: Span | None = None
+        self._kind = ""
+        self._sizes: tuple[int, ...] = ()
+        self._shapes: dict[tuple[str, str], tuple[str, tuple[int, ...]]] = {}  # (kind, desc) -> (kind, sizes)
+        self._dims: dict[int, tuple[list[Any], set[int] | None]] = {}  # id(shapes) -> (shapes, its dims)
+
+    def __call__(self, call: Span, op: Span) -> bool:
+        if call is not self._call:
+            self._call = call
+            self._kind, self._sizes = self._shape(call)
+        name = op.name
+        if "_BATCH" in self._kind and name in _SINGLE_GEMM_OPS:
+            return False  # a batched call comes from a batched op, even when its sizes are hidden
+        sizes = self._sizes
+        if not sizes:
+            return True
+        if name in GEMM_OPS:
+            dims = self._input_dims(op)
+            return dims is None or all(n in dims for n in sizes)
+        if name in BLOCKED_GEMM_OPS:
+            # (key block, query block, head dim) or (head dim, query block, key block): the head
+            # dimension (the query's last) is one of them, and no block exceeds the sequence.
+            shapes = op.attrs.get("ml.input.shapes")
+            if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or len(shapes[0]) < 2:
+                return True
+            seq, head = shapes[0][-2], shapes[0][-1]
+            if not isinstance(seq, int) or not isinstance(head, int):
+                return True
+            return head in sizes and all(n <= max(seq, head) for n in sizes)
+        if name in IM2COL_OPS and len(sizes) == 3:
+            shapes = op.attrs.get("ml.input.shapes")
+            if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
+                return True
+            weight = [d for d in shapes[1] if isinstance(d, int)]
+            taps = 1
+            for d in weight[1:]:
+                taps *= d
+            return sizes[1] == weight[0] and sizes[2] == taps
         return True
-    if op.name in GEMM_OPS:
+
+    def _shape(self, call: Span) -> tuple[str, tuple[int, ...]]:
+        """The call's ``ml.library.kind`` and ``_blas_sizes``, worked out once per (kind, desc)."""
+        attrs = call.attrs
+        kind, desc = attrs.get("ml.library.kind", ""), attrs.get("ml.library.desc", "")
+        if not isinstance(kind, str) or not isinstance(desc, str):
+            return str(kind), _blas_sizes(call)
+        shape = self._shapes.get((kind, desc))
+        if shape is None:
+            shape = self._shapes[(kind, desc)] = (kind, _blas_sizes(call))
+        return shape
+
+    def _input_dims(self, op: Span) -> set[int] | None:
+        """``_input_dims(op)``, worked out once per shapes list: the ops of one call site share
+        theirs (a loaded span's attributes are never changed in place)."""
+        shapes = op.attrs.get("ml.input.shapes")
+        if not isinstance(shapes, list):
+            return None
+        known = self._dims.get(id(shapes))
+        if known is not None and known[0] is shapes:
+            return known[1]
         dims = _input_dims(op)
-        return dims is None or all(n in dims for n in sizes)
-    if op.name in BLOCKED_GEMM_OPS:
-        # (key block, query block, head dim) or (head dim, query block, key block): the head
-        # dimension (the query's last) is one of them, and no block exceeds the sequence.
-        shapes = op.attrs.get("ml.input.shapes")
-        if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or len(shapes[0]) < 2:
-            return True
-        seq, head = shapes[0][-2], shapes[0][-1]
-        if not isinstance(seq, int) or not isinstance(head, int):
-            return True
-        return head in sizes and all(n <= max(seq, head) for n in sizes)
-    if op.name in IM2COL_OPS and len(sizes) == 3:
-        shapes = op.attrs.get("ml.input.shapes")
-        if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
-            return True
-        weight = [d for d in shapes[1] if isinstance(d, int)]
-        taps = 1
-        for d in weight[1:]:
-            taps *= d
-        return sizes[1] == weight[0] and sizes[2] == taps
-    return True
+        self._dims[id(shapes)] = (shapes, dims)  # holds the list: its id is not reused meanwhile
+        return dims
 
 
 def _with_note(run: Run, facts: dict[str, Any]) -> dict[str, Any]:
@@ -165,12 +207,11 @@ def _with_note(run: Run, facts: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _leaf_callers(ops: list[Span], is_caller: Any) -> list[Span]:
-    """Caller ops with no other caller op nested in them on their track, by start time."""
+def _leaf_callers(callers: list[Span]) -> list[Span]:
+    """The caller ops with no other of them nested in them on their track, by start time."""
     by_track: dict[int, list[Span]] = {}
-    for s in ops:
-        if is_caller(s):
-            by_track.setdefault(s.track_id, []).append(s)
+    for s in callers:
+        by_track.setdefault(s.track_id, []).append(s)
     leaves: list[Span] = []
     for spans in by_track.values():
         spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
@@ -277,6 +318,7 @@ def _first_fit(
     filled: dict[int, int],
     thread_filled: dict[int, int],
     complete: set[int],
+    compatible: _Compatibility,
 ) -> tuple[int, int]:
     """The first caller op, from ``cur`` on, that can have issued ``call``, and where the call starts in it.
 
@@ -292,25 +334,35 @@ def _first_fit(
     runs its calls in parallel on its intra-op threads, so each call only has
     to fit in the op. Returns ``(-1, 0)`` when no op qualifies.
     """
+    latest_start = upper - d + slack_ns
     for i in range(cur, len(callers)):
         op = callers[i]
-        if op.start_ns > upper - d + slack_ns:
+        if op.start_ns > latest_start:
             break  # sorted by start: no later op qualifies
-        if op.end_ns < lower or not _compatible(call, op):
-            continue
+        # (A complete op is never a blocked one: checked first, it skips the shape check.)
+        if op.id in complete or op.end_ns < lower or not compatible(call, op):
+            continue  # complete: one matrix product, or one batched call, made already
         if op.name in BLOCKED_GEMM_OPS:
             if d <= op.end_ns - op.start_ns + slack_ns:
                 return i, op.start_ns
             continue
-        if op.id in complete:
-            continue  # one matrix product, or one batched call, made already
         t0 = max(op.start_ns, filled.get(op.id, op.start_ns), thread_filled.get(op.track_id, op.start_ns))
         if t0 + d <= op.end_ns + slack_ns + d // 10:
             return i, t0
     return -1, 0
 
 
-def _last_started(call: Span, callers: list[Span], cur: int, used: bool, d: int, upper: int, max_lag_ns: int, slack_ns: int) -> int:
+def _last_started(
+    call: Span,
+    callers: list[Span],
+    cur: int,
+    used: bool,
+    d: int,
+    upper: int,
+    max_lag_ns: int,
+    slack_ns: int,
+    compatible: _Compatibility,
+) -> int:
     """Index of the caller op, from ``cur`` on, that started last before ``call`` could have; -1 if none.
 
     The rule for untimed oneDNN calls: among the ops that started by
@@ -324,14 +376,14 @@ def _last_started(call: Span, callers: list[Span], cur: int, used: bool, d: int,
         and cur < len(callers)
         and callers[cur].start_ns <= upper
         and callers[cur].end_ns >= upper - max_lag_ns
-        and _compatible(call, callers[cur])
+        and compatible(call, callers[cur])
     ):
         chosen = cur
     for i in range(cur, len(callers)):
         op = callers[i]
         if op.start_ns > upper - d + slack_ns:
             break  # sorted by start: no later op qualifies
-        if op.end_ns >= upper - max_lag_ns and _compatible(call, op):
+        if op.end_ns >= upper - max_lag_ns and compatible(call, op):
             chosen = i
     return chosen
 
@@ -377,28 +429,29 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         ``run.meta["correlation"]["attach_library_calls"]`` counts
         ``timed``/``untimed`` calls attached and ``unattached``.
     """
-    library = [s for s in run.spans if s.level == Level.LIBRARY and str(s.attrs.get("ml.library.name")) in CPU_LIBRARIES]
-    if not library:
+    all_spans = run.spans
+    lib_level = Level.LIBRARY
+    rows = [i for i, s in enumerate(all_spans) if s.level == lib_level and str(s.attrs.get("ml.library.name")) in CPU_LIBRARIES]
+    if not rows:
         return run.replace(meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
-    cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
-
-    def on_cpu(s: Span) -> bool:
-        return not run.tracks or s.track_id in cpu_tracks
-
-    ops = [s for s in run.spans if s.level == Level.OP and on_cpu(s)]
-    context = [s for s in run.spans if s.level in _CONTEXT_LEVELS and on_cpu(s)]
+    library = [all_spans[i] for i in rows]
+    ops, context = _cpu_ops_and_context(run)
 
     replaced: dict[int, Span] = {}
+    issuer: dict[int, Span] = {}  # library span id -> the span it was put under
     counts = {"timed": 0, "untimed": 0, "unattached": 0}
     unplaced: list[Span] = []
     issuing_tracks: set[int] = set()  # tracks of the ops that issued timed calls
 
-    op_index, context_index = _Containing(ops), _Containing(context)
+    op_index: _Containing | None = None
+    context_index: _Containing | None = None
     for s in library:
         if s.attrs.get("ml.library.untimed"):
             continue
+        op_index = op_index or _Containing(ops)
         parent = op_index.innermost(s.start_ns, s.end_ns, slack_ns, s.track_id)
         if parent is None:
+            context_index = context_index or _Containing(context)
             parent = context_index.innermost(s.start_ns, s.end_ns, slack_ns, s.track_id)
         if parent is None:
             unplaced.append(s)
@@ -409,6 +462,7 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         start = min(max(s.start_ns, parent.start_ns), parent.end_ns)
         end = max(min(s.end_ns, parent.end_ns), start)
         replaced[s.id] = Span(s.id, parent.id, s.level, s.name, start, end, parent.track_id, dict(s.attrs))
+        issuer[s.id] = parent
 
     untimed = sorted(
         (s for s in library if s.attrs.get("ml.library.untimed")),
@@ -417,8 +471,8 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
     if untimed:
         # An op that issued a timed (oneDNN) call took that path, not MKL (bf16 matmuls).
         onednn_issuers = {span.parent_id for span in replaced.values()}
-        mkl_callers = _leaf_callers(ops, lambda o: o.name in MKL_CALLER_OPS and o.id not in onednn_issuers)
-        op_leaves = _leaf_callers(ops, lambda o: True)
+        mkl_callers = _leaf_callers([o for o in ops if o.name in MKL_CALLER_OPS and o.id not in onednn_issuers])
+        op_leaves: list[Span] | None = None  # for untimed oneDNN calls, made when one comes
         issuing_tracks.update(op.track_id for op in mkl_callers)
         bounds = _end_bounds(library) if len(issuing_tracks) <= 1 else {}
         cursors = {"MKL": 0, "oneDNN": 0}
@@ -427,19 +481,23 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         filled: dict[int, int] = {}  # op id -> end of the MKL calls packed into it from its start
         complete: set[int] = set()  # ops that made the one call they make
         thread_filled: dict[int, int] = {}  # track -> end of its last packed (sequential) MKL call
+        compatible = _Compatibility()
         for s in untimed:
             lib = s.attrs["ml.library.name"]
-            callers = mkl_callers if lib == "MKL" else op_leaves
+            if lib == "MKL":
+                callers = mkl_callers
+            else:
+                callers = op_leaves = op_leaves if op_leaves is not None else _leaf_callers(ops)
             d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
             received = s.attrs.get("ml.library.receive_ns", s.end_ns)
             r = min(received, bounds.get(s.id, received))
             cur = cursors[lib]
             if lib == "MKL":
                 chosen, packed_start = _first_fit(
-                    s, callers, cur, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete
+                    s, callers, cur, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete, compatible
                 )
             else:
-                chosen = _last_started(s, callers, cur, used[lib], d, r, max_lag_ns, slack_ns)
+                chosen = _last_started(s, callers, cur, used[lib], d, r, max_lag_ns, slack_ns, compatible)
             if chosen < 0:
                 unplaced.append(s)
                 continue
@@ -459,19 +517,42 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
             attrs = dict(s.attrs)
             attrs["ml.library.placement"] = "estimated"
             replaced[s.id] = Span(s.id, op.id, s.level, s.name, start, end, op.track_id, attrs)
+            issuer[s.id] = op
             counts["untimed"] += 1
 
-    by_id = {s.id: s for s in run.spans}
-    for span in replaced.values():
-        # The library call belongs to the framework of the op that issued it.
-        parent = by_id.get(span.parent_id) if span.parent_id is not None else None
-        if parent is not None and "ml.framework" in parent.attrs:
-            span.attrs = {**span.attrs, "ml.framework": parent.attrs["ml.framework"]}  # may be shared
+    for sid, span in replaced.items():
+        # The library call belongs to the framework of the op that issued it (a span of the
+        # run, found among its ops or context spans: ids are unique in a run).
+        parent_attrs = issuer[sid].attrs
+        if "ml.framework" in parent_attrs:
+            span.attrs = {**span.attrs, "ml.framework": parent_attrs["ml.framework"]}  # may be shared
     counts["unattached"] = len(unplaced)
     tracks = dict(run.tracks)
     replaced.update(_set_apart(unplaced, tracks))
-    spans = [replaced.get(s.id, s) for s in run.spans]
+    spans = list(all_spans)
+    for i in rows:  # only library spans are replaced
+        new = replaced.get(spans[i].id)
+        if new is not None:
+            spans[i] = new
     return run.replace(spans=spans, tracks=tracks, meta=_with_note(run, counts))
+
+
+def _cpu_ops_and_context(run: Run) -> tuple[list[Span], list[Span]]:
+    """The run's op spans, and its model, layer and user spans, on CPU tracks (thread or async;
+    every span where the run names no tracks), in run order."""
+    cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
+    anywhere = not run.tracks
+    op_level, context_levels = Level.OP, _CONTEXT_LEVELS
+    ops: list[Span] = []
+    context: list[Span] = []
+    for s in run.spans:
+        level = s.level
+        if level == op_level:
+            if anywhere or s.track_id in cpu_tracks:
+                ops.append(s)
+        elif level in context_levels and (anywhere or s.track_id in cpu_tracks):
+            context.append(s)
+    return ops, context
 
 
 def _set_apart(unplaced: list[Span], tracks: dict[int, Track]) -> dict[int, Span]:
