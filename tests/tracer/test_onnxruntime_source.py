@@ -222,8 +222,8 @@ def _per_run(run: Run) -> list[tuple[int, int]]:
             root = s
             while root.parent_id is not None:
                 root = by_id[root.parent_id]
-            if root.id in counts:  # a node of a run that straddled the op level's end may lack its model
-                counts[root.id][0 if s.level == Level.LAYER else 1] += 1
+            assert root.id in counts, s  # every node and kernel lies in a model span
+            counts[root.id][0 if s.level == Level.LAYER else 1] += 1
     return [(counts[m.id][0], counts[m.id][1]) for m in models]
 
 
@@ -294,6 +294,18 @@ def test_profiling_ends_while_other_threads_run_the_same_session(tmp_path: Path,
     with_ops = sum(1 for m in models if m.end_ns <= window["ended_ns"])
     assert breakdown(run).calls_for(Level.OP) == with_ops >= 12
     check_hierarchy(run)
+    # So the nodes and kernels are those of exactly these calls, each whole, on its own thread:
+    # a call in flight at the end (nodes but no model_run) or ended after it has none.
+    counts = _per_run(run)
+    in_time = [c for c, m in zip(counts, sorted(models, key=lambda s: s.start_ns)) if c != (0, 0) or m.end_ns <= window["ended_ns"]]
+    assert in_time == [counts[0]] * with_ops
+    by_id = run.span_by_id()
+    for s in run.spans:
+        if s.level in (Level.LAYER, Level.OP):
+            root = s
+            while root.parent_id is not None:
+                root = by_id[root.parent_id]
+            assert root.level == Level.MODEL and root.track_id == s.track_id and root.end_ns <= window["ended_ns"], s
 
 
 def test_the_span_limit_ends_profiling_without_a_warning(

@@ -1159,9 +1159,13 @@ def match_live_runs(runs: Sequence[_Timed], live_runs: Sequence[LiveRun]) -> lis
     return matched
 
 
-def run_index(runs: Sequence[_Timed], run_starts: Sequence[int], start: int, end: int, tid: int | None) -> int | None:
+def run_index(
+    runs: Sequence[_Timed], run_starts: Sequence[int], start: int, end: int, tid: int | None, any_thread: bool = True
+) -> int | None:
     """The run (index in ``runs``, ``run_starts`` their starts) that holds ``[start, end]``: of the 8
-    latest to start by ``start``, the latest on thread ``tid``, else the latest on any thread."""
+    latest to start by ``start``, the latest on thread ``tid``, else (``any_thread``) the latest on
+    any thread. ``any_thread`` is for a pool thread of the parallel executor; a thread that called
+    ``run`` itself runs only that run's nodes."""
     i = bisect.bisect_right(run_starts, start)
     fallback: int | None = None
     for j in range(i - 1, max(-1, i - 9), -1):
@@ -1169,13 +1173,80 @@ def run_index(runs: Sequence[_Timed], run_starts: Sequence[int], start: int, end
         if rs <= start and end <= re_:
             if _int(e.get("tid")) == tid:
                 return j
-            if fallback is None:
+            if fallback is None and any_thread:
                 fallback = j
     return fallback
 
 
+class LiveRunsByThread:
+    """The live runs of each thread, in start order, to find the one a thread was in at a time."""
+
+    def __init__(self, live_runs: Sequence[LiveRun]) -> None:
+        self.runs: dict[int, list[LiveRun]] = {}
+        for lr in sorted(live_runs, key=lambda r: r.start_ns):
+            self.runs.setdefault(lr.tid, []).append(lr)
+        self.starts = {tid: [r.start_ns for r in rs] for tid, rs in self.runs.items()}
+
+    def at(self, tid: int | None, ns: int) -> LiveRun | None:
+        """The live run thread ``tid`` was inside at ``ns`` (session ns), or None."""
+        starts = self.starts.get(tid if tid is not None else -1)
+        if not starts:
+            return None
+        i = bisect.bisect_right(starts, ns) - 1
+        lr = self.runs[tid if tid is not None else -1][i] if i >= 0 else None
+        return lr if lr is not None and ns <= lr.end_ns else None
+
+
+@dataclass
+class NodeCalls:
+    """Each node event's model call.
+
+    Attributes:
+        run: its ``model_run`` (index in ``ProfileParts.runs``), or None.
+        parent: the id of its model span: its run's, else that of the live run its thread was
+            inside (a run in flight when profiling ended has nodes and no ``model_run``), or None.
+        dropped: node indices left out: their call ended after the op level's end.
+    """
+
+    run: list[int | None]
+    parent: list[int | None]
+    dropped: set[int]
+
+
+def node_calls(
+    parts: ProfileParts,
+    matched: Sequence[LiveRun | None],
+    run_ids: Sequence[int],
+    live_runs: Sequence[LiveRun],
+    shift: int,
+    ops_end_ns: int | None,
+) -> NodeCalls:
+    """Finds each node's model call (``NodeCalls``). With ``ops_end_ns`` (the op level ended early,
+    session ns), nodes of calls that ended after it are dropped: the analysis counts only the calls
+    that ended by then as calls with ops, and a call in flight then has only some of its nodes."""
+    live = LiveRunsByThread(live_runs)
+    run_starts = [r[0] for r in parts.runs]
+    call_end = {run_ids[i]: (lr.end_ns if lr is not None else r[1] + shift) for i, (r, lr) in enumerate(zip(parts.runs, matched))}
+    calls = NodeCalls([], [], set())
+    for idx, (s, t_end, e) in enumerate(parts.nodes):
+        tid = _int(e.get("tid"))
+        r = run_index(parts.runs, run_starts, s, t_end, tid, any_thread=tid not in live.runs)
+        parent = run_ids[r] if r is not None else None
+        if r is None:
+            lr = live.at(tid, s + shift)
+            if lr is not None:
+                parent = lr.span_id
+                call_end[parent] = lr.end_ns
+        calls.run.append(r)
+        calls.parent.append(parent)
+        if ops_end_ns is not None and parent is not None and call_end[parent] > ops_end_ns:
+            calls.dropped.add(idx)
+    return calls
+
+
 def torch_origins(nodes: Sequence[_Timed], node_run: Sequence[int | None], mapper: TorchModuleMapper | None) -> list[TorchOrigin | None]:
-    """Each node's torch origin, nodes without one filled per run from their neighbours (``fill_from_neighbours``)."""
+    """Each node's torch origin, nodes without one filled per run (``node_run``: any key of the
+    node's run) from their neighbours (``fill_from_neighbours``)."""
     origins: list[TorchOrigin | None] = [None] * len(nodes)
     if mapper is None:
         return origins
@@ -1321,22 +1392,20 @@ def _run_spans(
 def _module_parents(
     em: _Emitter,
     nodes: Sequence[_Timed],
-    node_run: Sequence[int | None],
-    run_ids: Sequence[int],
+    calls: NodeCalls,
     origins: Sequence[TorchOrigin | None],
     mapper: TorchModuleMapper | None,
 ) -> dict[int, int]:
-    """Makes the module spans of every run and thread (``module_spans``);
-    returns node index → the id of the module span that parents it."""
+    """Makes the module spans of every model call and thread (``module_spans``), for the nodes
+    kept; returns node index → the id of the module span that parents it."""
     groups: dict[tuple[int | None, int], list[int]] = {}
     for idx, (_, _, e) in enumerate(nodes):
-        tr = em.track_of(e)
+        tr = em.track_of(e) if idx not in calls.dropped else None
         if tr is not None:
-            groups.setdefault((node_run[idx], tr.id), []).append(idx)
+            groups.setdefault((calls.parent[idx], tr.id), []).append(idx)
     classes = mapper.module_classes if mapper is not None else {}
     parent_of: dict[int, int] = {}
-    for (r, track_id), idxs in groups.items():
-        parent = run_ids[r] if r is not None else None
+    for (parent, track_id), idxs in groups.items():
         rows = [(nodes[i][0] + em.shift, nodes[i][1] + em.shift, track_id, parent, origins[i]) for i in idxs]
         made, parents = module_spans(rows, em.new_id, classes)
         em.out.spans.extend(made)
@@ -1357,6 +1426,7 @@ class _NodeSpans:
         self.pool: Counter[str] = Counter()
         self.span_of_node: list[int | None] = [None] * n_nodes  # its op span, else its layer span
         self.op_by_name: dict[str, list[tuple[int, int]]] = {}  # node event name → [(start, op span id)]
+        self.dropped: set[int] = set()  # node indices left out (``NodeCalls.dropped``)
         self._static: dict[str, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
 
     def static_attrs(self, node_name: str, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1412,6 +1482,9 @@ class _NodeSpans:
 def _gpu_spans(em: _Emitter, gpu: Sequence[tuple[int, int, int, dict[str, Any]]], nodes: _NodeSpans, device: int) -> None:
     """GPU kernels (CUDA EP): on their stream's track, under the node kernel that launched them."""
     for prev_node, start, end, e in gpu:
+        if prev_node in nodes.dropped:
+            em.skipped["gpu kernel of a call that ended after the op level's end"] += 1
+            continue
         args = e.get("args") or {}
         stream = _int(args.get("stream"))
         tr = em.tracks.gpu_stream(device, stream if stream is not None else 0)
@@ -1445,6 +1518,7 @@ def ort_profile_to_events(
     gpu_device: int = 0,
     clock: str = "epoch",
     max_events: int = ORT_MAX_EVENTS,
+    ops_end_ns: int | None = None,
 ) -> OrtEvents:
     """Converts one ORT profile into spans.
 
@@ -1460,7 +1534,9 @@ def ort_profile_to_events(
         live_runs: the live model spans of this session's ``run`` calls; each
             ``model_run`` is matched to the one it lies in on its thread, and
             nodes become its children. A ``model_run`` without one becomes a
-            model span itself.
+            model span itself. Nodes without a ``model_run`` on their thread
+            (a run in flight when profiling ended) go under the live span their
+            thread was inside.
         mapper: maps node names to torch modules (models exported from PyTorch).
         model_name: name of model spans made for unmatched runs.
         model_attrs: attributes for those model spans.
@@ -1469,6 +1545,9 @@ def ort_profile_to_events(
         clock: ``"epoch"`` or ``"monotonic"``, recorded in the stats.
         max_events: the profiler's event cap (ORT's is fixed at 1,000,000);
             a profile with that many CPU events is marked truncated.
+        ops_end_ns: when the op level ended early (session ns, run.json
+            ``op_window``): nodes (and their GPU kernels) of calls that ended
+            after it are left out (``NodeCalls``), counted in ``skipped``.
 
     Returns:
         Spans (node spans with explicit parents), instants and stats.
@@ -1484,17 +1563,19 @@ def ort_profile_to_events(
     em = _Emitter(tracks, thread_names or {}, new_id, stats.shift_ns, out, parts.skipped)
     _session_spans(em, parts.session)
     run_ids = _run_spans(em, parts.runs, matched, model_name, model_attrs or {})
-    run_starts = [r[0] for r in parts.runs]
-    node_run = [run_index(parts.runs, run_starts, s, t_end, _int(e.get("tid"))) for s, t_end, e in parts.nodes]
+    calls = node_calls(parts, matched, run_ids, live_runs, stats.shift_ns, ops_end_ns)
     # Runs the profiler missed entirely (after its cap) have a live span but no model_run.
-    with_nodes = {r for r in node_run if r is not None}
+    with_nodes = {r for r in calls.run if r is not None}
     stats.runs_without_nodes = sum(1 for i in range(len(parts.runs)) if i not in with_nodes) + len(live_runs) - len(pairs)
-    origins = torch_origins(parts.nodes, node_run, mapper)
+    if calls.dropped:
+        parts.skipped["node of a call that ended after the op level's end"] += len(calls.dropped)
+    origins = torch_origins(parts.nodes, calls.parent, mapper)
     nodes = _NodeSpans(em, mapper, levels, len(parts.nodes))
-    modules = _module_parents(em, parts.nodes, node_run, run_ids, origins, mapper) if nodes.want_layer else {}
+    nodes.dropped = calls.dropped
+    modules = _module_parents(em, parts.nodes, calls, origins, mapper) if nodes.want_layer else {}
     for idx, node in enumerate(parts.nodes):
-        r = node_run[idx]
-        nodes.add(idx, node, run_ids[r] if r is not None else None, modules.get(idx), origins[idx])
+        if idx not in calls.dropped:
+            nodes.add(idx, node, calls.parent[idx], modules.get(idx), origins[idx])
     stats.torch_mapped = dict(nodes.mapped)
     stats.threadpool = dict(nodes.pool)
     if Level.KERNEL in levels:

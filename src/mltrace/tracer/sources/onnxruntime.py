@@ -438,6 +438,17 @@ class OrtSource(FrameworkSource):
                 self._tmp = None
         return events
 
+    def _ops_end_ns(self, meta: dict[str, Any]) -> int | None:
+        """When this source's op level ended early (session ns), as the analysis reads it from
+        run.json's ``op_window`` (its framework's entry, else the window's own), or None."""
+        window = meta.get("op_window")
+        if not isinstance(window, dict):
+            return None
+        frameworks = window.get("frameworks")
+        entry = frameworks.get(self.framework) if isinstance(frameworks, dict) and frameworks else window
+        ended = entry.get("ended_ns") if isinstance(entry, dict) else None
+        return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
+
     def _collect(self, session: SessionView) -> list[Event]:
         events: list[Event] = []
         infos: list[dict[str, Any]] = []
@@ -491,6 +502,7 @@ class OrtSource(FrameworkSource):
                         thread_names=self._thread_names,
                         gpu_device=info.gpu_device,
                         clock=info.clock,
+                        ops_end_ns=self._ops_end_ns(session.meta),
                     )
                 except (OSError, ValueError) as exc:
                     self._warn(f"could not read profile {path}: {exc}")
