@@ -10,9 +10,21 @@
  * lanes(ordered, track, start, end, out)
  *     ordered: rows sorted by (track, start, -end, id). For each row, writes to out[row] the
  *     first lane of its track where it nests (0: the track itself): passes.checks._place.
+ * columns(objects, names, nullable, out)
+ *     out: an int64 buffer of len(names) * len(objects) entries; writes attribute names[k] of
+ *     objects[i] to out[k * n + i], None as -1 where bit k of nullable is set, as
+ *     passes.nesting.span_columns's numpy.fromiter calls would. Reads a __slots__ attribute straight from the object where its type's
+ *     descriptor is a plain member, otherwise by getattr; a value that is not an int raises.
+ * with_parents(objects, rows, parents, cls, field, cleared)
+ *     A copy of the list objects where objects[rows[i]] is replaced by a copy of it with
+ *     attribute field set to parents[i] (-1: None) and each attribute named in cleared set to
+ *     None, every other __slots__ member the same object: what passes.nesting._copy_with_parent
+ *     makes of a Span, without running Python code a span. The objects at rows must be of class
+ *     cls, a plain one (a direct subclass of object with __slots__ only), else TypeError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 
 #define COMPACT_AFTER 32 /* passes.nesting._COMPACT_AFTER */
@@ -140,11 +152,174 @@ static PyObject *lanes(PyObject *mod, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+
+/* One attribute of every object of a list: a __slots__ member is read at its offset when the
+ * object is of the type whose member it is, anything else by getattr. */
+typedef struct {
+    PyObject *name;
+    PyTypeObject *type; /* the type of the first object; NULL: always getattr */
+    Py_ssize_t offset;
+    int nullable; /* None reads as -1 */
+} Field;
+
+static int value_of(PyObject *obj, const Field *f, int64_t *out) {
+    PyObject *v;
+    if (f->type && Py_TYPE(obj) == f->type) {
+        v = *(PyObject **)((char *)obj + f->offset);
+        if (!v) { PyErr_SetObject(PyExc_AttributeError, f->name); return -1; }
+        Py_INCREF(v);
+    } else {
+        v = PyObject_GetAttr(obj, f->name);
+        if (!v) return -1;
+    }
+    if (v == Py_None && f->nullable) {
+        *out = -1;
+    } else if (PyLong_Check(v)) {
+        long long x = PyLong_AsLongLong(v);
+        if (x == -1 && PyErr_Occurred()) { Py_DECREF(v); return -1; }
+        *out = (int64_t)x;
+    } else {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_TypeError, "a column value is not an int");
+        return -1;
+    }
+    Py_DECREF(v);
+    return 0;
+}
+
+static PyObject *span_columns(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *objects, *names;
+    unsigned long long nullable;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "O!O!Kw*", &PyList_Type, &objects, &PyTuple_Type, &names, &nullable, &out)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(objects), k = PyTuple_GET_SIZE(names);
+    if (out.len != n * k * (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "out must hold len(names) * len(objects) int64 entries");
+        return NULL;
+    }
+    Field *fields = PyMem_Calloc(k ? k : 1, sizeof(Field));
+    if (!fields) { PyBuffer_Release(&out); return PyErr_NoMemory(); }
+    int failed = 0;
+    PyTypeObject *type = n ? Py_TYPE(PyList_GET_ITEM(objects, 0)) : NULL;
+    for (Py_ssize_t j = 0; j < k && !failed; j++) {
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyUnicode_Check(name)) { PyErr_SetString(PyExc_TypeError, "names must be str"); failed = 1; break; }
+        fields[j].name = name;
+        fields[j].nullable = j < 64 && ((nullable >> j) & 1);
+        PyObject *descr = type ? _PyType_Lookup(type, name) : NULL; /* borrowed */
+        if (descr && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+            if (m->type == T_OBJECT_EX && !(m->flags & READ_RESTRICTED)) {
+                fields[j].type = type;
+                fields[j].offset = m->offset;
+            }
+        }
+    }
+    int64_t *dst = out.buf;
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        PyObject *obj = PyList_GET_ITEM(objects, i);
+        for (Py_ssize_t j = 0; j < k; j++)
+            if (value_of(obj, &fields[j], &dst[j * n + i]) < 0) { failed = 1; break; }
+    }
+    PyMem_Free(fields);
+    PyBuffer_Release(&out);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The offset of member ``name`` of a __slots__ class, or -1. */
+static Py_ssize_t member_offset(PyTypeObject *type, PyObject *name) {
+    PyObject *descr = _PyType_Lookup(type, name);
+    if (!descr || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return -1;
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    return m->type == T_OBJECT_EX ? m->offset : -1;
+}
+
+static PyObject *with_parents(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *objects, *cls, *field, *cleared;
+    Py_buffer rb, pb;
+    if (!PyArg_ParseTuple(args, "O!y*y*O!UO!", &PyList_Type, &objects, &rb, &pb, &PyType_Type, &cls, &field, &PyTuple_Type,
+                          &cleared))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t *offs = NULL, count = 0;
+    Py_ssize_t n = PyList_GET_SIZE(objects), m = rb.len / (Py_ssize_t)sizeof(int64_t), nc = PyTuple_GET_SIZE(cleared);
+    const int64_t *rows = rb.buf, *parents = pb.buf;
+    if (rb.len != pb.len || rb.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "rows and parents must be int64 arrays of one length");
+        goto done;
+    }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (rows[i] < 0 || rows[i] >= n) { PyErr_SetString(PyExc_ValueError, "a row out of range"); goto done; }
+        if (Py_TYPE(PyList_GET_ITEM(objects, rows[i])) != type) { PyErr_SetString(PyExc_TypeError, "an object not of cls"); goto done; }
+    }
+    {
+        PyMemberDef *members = type->tp_members; /* the __slots__, NULL-terminated */
+        count = 0;
+        while (members && members[count].name) count++;
+        if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_base != &PyBaseObject_Type || type->tp_dictoffset ||
+            type->tp_weaklistoffset) {
+            PyErr_SetString(PyExc_TypeError, "not a plain class with __slots__");
+            goto done;
+        }
+        /* offs: the members to copy, then the field, then the cleared ones */
+        offs = PyMem_Calloc(count + 1 + nc, sizeof(Py_ssize_t));
+        if (!offs) { PyErr_NoMemory(); goto done; }
+        for (Py_ssize_t j = 0; j < count; j++) {
+            if (members[j].type != T_OBJECT_EX) { PyErr_SetString(PyExc_TypeError, "a member that is no object slot"); goto done; }
+            offs[j] = members[j].offset;
+        }
+        offs[count] = member_offset(type, field);
+        for (Py_ssize_t j = 0; j < nc; j++) {
+            PyObject *name = PyTuple_GET_ITEM(cleared, j);
+            offs[count + 1 + j] = PyUnicode_Check(name) ? member_offset(type, name) : -1;
+        }
+        for (Py_ssize_t j = count; j < count + 1 + nc; j++)
+            if (offs[j] < 0) { PyErr_SetString(PyExc_TypeError, "no such slot"); goto done; }
+    }
+    out = PyList_GetSlice(objects, 0, n);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *src = PyList_GET_ITEM(objects, rows[i]);
+        PyObject *parent = parents[i] < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong(parents[i]);
+        if (!parent) { Py_CLEAR(out); goto done; }
+        PyObject *copy = type->tp_alloc(type, 0);
+        if (!copy) { Py_DECREF(parent); Py_CLEAR(out); goto done; }
+        for (Py_ssize_t j = 0; j < count; j++) {
+            PyObject *v = *(PyObject **)((char *)src + offs[j]);
+            Py_XINCREF(v);
+            *(PyObject **)((char *)copy + offs[j]) = v;
+        }
+        PyObject **slot = (PyObject **)((char *)copy + offs[count]);
+        Py_XSETREF(*slot, parent);
+        for (Py_ssize_t j = 0; j < nc; j++) {
+            slot = (PyObject **)((char *)copy + offs[count + 1 + j]);
+            Py_XSETREF(*slot, Py_NewRef(Py_None));
+        }
+        PyList_SetItem(out, rows[i], copy); /* steals copy; drops the list's reference to src */
+    }
+done:
+    PyMem_Free(offs);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&pb);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"containers", containers, METH_VARARGS,
      "containers(ordered, track, start, end, level, user, user_holder, out): each row's innermost container row on its "
      "track, into out."},
     {"lanes", lanes, METH_VARARGS, "lanes(ordered, track, start, end, out): each row's lane on its track, into out."},
+    {"columns", span_columns, METH_VARARGS,
+     "columns(objects, names, nullable, out): attribute names[k] of objects[i] into the int64 out[k * n + i] (None: "
+     "-1 where bit k of nullable is set)."},
+    {"with_parents", with_parents, METH_VARARGS,
+     "with_parents(objects, rows, parents, cls, field, cleared): a copy of the list, objects[rows[i]] replaced by a copy "
+     "with field = parents[i] (-1: None) and the cleared slots None."},
     {NULL, NULL, 0, NULL},
 };
 

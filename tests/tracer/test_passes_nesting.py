@@ -249,3 +249,56 @@ def test_sort_spans_is_a_stable_sort_by_start_then_outer_first_then_id() -> None
     run = make_run(rows)
     got = [s.id for s in sort_spans(run).spans]
     assert got == [s.id for s in sorted(run.spans, key=lambda s: (s.start_ns, -s.end_ns, s.id))]
+
+
+def test_the_c_column_reader_reads_what_numpy_fromiter_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """span_columns in C (``_sweep.columns``): the Python columns, None parents as -1; a span
+    whose values numpy reads differently (a float time) makes it read them as numpy does."""
+    pytest.importorskip("mltrace._sweep", reason="the C sweeps were not built")
+    import numpy as np
+
+    from mltrace.tracer.passes.nesting import span_columns
+
+    spans = make_run(_random_rows(random.Random(3), 300)).spans
+
+    def both(spans: list[Span], keys: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        monkeypatch.setenv("MLTRACE_SWEEP", "python")
+        python = span_columns(spans, keys)
+        monkeypatch.setenv("MLTRACE_SWEEP", "c")
+        return python, span_columns(spans, keys)
+
+    for keys in (("id", "parent", "track", "start", "end", "level"), ("id", "start", "end"), ("level", "parent")):
+        python, c = both(spans, keys)
+        assert list(c) == list(keys) and all(np.array_equal(c[k], python[k]) for k in keys)
+    assert (both(spans, ("parent",))[1]["parent"] == -1).any()
+    odd = [*spans, Span(999, None, OP, "float", 2.0, 7.9, 1)]  # type: ignore[arg-type]
+    python, c = both(odd, ("start", "end"))
+    assert all(np.array_equal(c[k], python[k]) for k in ("start", "end"))
+
+
+def test_the_c_copies_are_what_copy_with_parent_makes() -> None:
+    """``_sweep.with_parents``: a new list, the rows replaced by copies with the new parent and
+    no live-recording links, the other slots the same objects; the input list and spans untouched."""
+    sweep = pytest.importorskip("mltrace._sweep", reason="the C sweeps were not built")
+    import numpy as np
+
+    from mltrace.tracer.passes.nesting import _copy_with_parent, _with_parents
+
+    spans = [Span(i, None, OP, f"op{i}", i, i + 10, 1, {"k": [i]}) for i in range(1, 6)]
+    spans[2]._up = spans[0]  # a live span's link, which a copy drops
+    before = list(spans)
+    rows, parents = np.array([0, 2, 4], dtype=np.int64), np.array([7, 8, -1], dtype=np.int64)
+    got = _with_parents(sweep, spans, rows, parents)
+    want = [_copy_with_parent(s, {0: 7, 2: 8, 4: None}[i]) if i in (0, 2, 4) else s for i, s in enumerate(spans)]
+    assert got == want and got is not spans and spans == before and spans[0].parent_id is None
+    for i in (0, 2, 4):
+        assert type(got[i]) is Span and got[i] is not spans[i] and got[i].attrs is spans[i].attrs
+        assert got[i]._up is None and got[i]._fin is None
+    assert got[1] is spans[1] and spans[2]._up is spans[0]
+
+    class Marked(Span):
+        __slots__ = ("mark",)
+
+    mixed = [*spans, Marked(9, None, OP, "sub", 0, 1, 1)]
+    out = _with_parents(sweep, mixed, np.array([5, 1], dtype=np.int64), np.array([3, 4], dtype=np.int64))
+    assert type(out[5]) is Span and out[5].parent_id == 3 and out[1].parent_id == 4  # made by the constructor

@@ -20,12 +20,11 @@ def sort_spans(run: Run) -> Run:
     """Orders spans by start time (ns), outer spans first on ties, then by id (stable)."""
     import numpy as np
 
+    from mltrace.tracer.passes.nesting import span_columns
+
     spans = run.spans
-    n = len(spans)
-    ids = np.fromiter((s.id for s in spans), dtype=np.int64, count=n)
-    start = np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n)
-    end = np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n)
-    order = np.lexsort((ids, -end, start))
+    c = span_columns(spans, ("id", "start", "end"))
+    order = np.lexsort((c["id"], -c["end"], c["start"]))
     return run.replace(spans=[spans[i] for i in order.tolist()])
 
 

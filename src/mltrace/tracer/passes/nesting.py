@@ -188,19 +188,56 @@ def sweep_module() -> Any:
     return c_helper("_sweep", SWEEP)
 
 
-def span_columns(spans: list[Span]) -> dict[str, Any]:
-    """id, parent id (-1: none), track, start, end and level of each span, as int64 arrays."""
+#: span_columns' keys, each with the span attribute it holds.
+_COLUMNS = {"id": "id", "parent": "parent_id", "track": "track_id", "start": "start_ns", "end": "end_ns", "level": "level"}
+
+
+def span_columns(spans: list[Span], keys: tuple[str, ...] = tuple(_COLUMNS)) -> dict[str, Any]:
+    """id, parent id (-1: none), track, start, end and level of each span (or those of them
+    that ``keys`` names), as int64 arrays. Read in C (``mltrace._sweep.columns``) where it is
+    built, else one ``numpy.fromiter`` a column."""
     import numpy as np
 
     n = len(spans)
-    return {
-        "id": np.fromiter((s.id for s in spans), dtype=np.int64, count=n),
-        "parent": np.fromiter((-1 if s.parent_id is None else s.parent_id for s in spans), dtype=np.int64, count=n),
-        "track": np.fromiter((s.track_id for s in spans), dtype=np.int64, count=n),
-        "start": np.fromiter((s.start_ns for s in spans), dtype=np.int64, count=n),
-        "end": np.fromiter((s.end_ns for s in spans), dtype=np.int64, count=n),
-        "level": np.fromiter((int(s.level) for s in spans), dtype=np.int64, count=n),
+    sweep = sweep_module()
+    if sweep is not None and hasattr(sweep, "columns"):
+        table = np.empty((len(keys), n), dtype=np.int64)
+        nullable = 1 << keys.index("parent") if "parent" in keys else 0
+        try:
+            sweep.columns(spans, tuple(_COLUMNS[k] for k in keys), nullable, table)
+        except (TypeError, ValueError, OverflowError, AttributeError):
+            pass  # a value numpy.fromiter may read differently (or fail on): read as it does
+        else:
+            return dict(zip(keys, table))
+    readers = {
+        "id": lambda: (s.id for s in spans),
+        "parent": lambda: (-1 if s.parent_id is None else s.parent_id for s in spans),
+        "track": lambda: (s.track_id for s in spans),
+        "start": lambda: (s.start_ns for s in spans),
+        "end": lambda: (s.end_ns for s in spans),
+        "level": lambda: (int(s.level) for s in spans),
     }
+    return {k: np.fromiter(readers[k](), dtype=np.int64, count=n) for k in keys}
+
+
+def _with_parents(sweep: Any, spans: list[Span], rows: Any, parents: Any) -> list[Span]:
+    """A copy of ``spans`` where each of ``rows`` is ``_copy_with_parent`` of its span with the
+    parent id in ``parents`` (int64 arrays): in C (``_sweep.with_parents``) where it is built."""
+    import numpy as np
+
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    parents = np.ascontiguousarray(parents, dtype=np.int64)
+    if hasattr(sweep, "with_parents") and type(spans) is list:
+        try:
+            out: list[Span] = sweep.with_parents(spans, rows, parents, Span, "parent_id", ("_up", "_fin"))
+        except TypeError:
+            pass  # spans of another class: made by the constructor
+        else:
+            return out
+    spans_out = list(spans)
+    for r, p in zip(rows.tolist(), parents.tolist()):
+        spans_out[r] = _copy_with_parent(spans[r], None if p < 0 else p)
+    return spans_out
 
 
 def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
@@ -235,9 +272,8 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
         & (pos[p] < pos[safe])
         & allowed
     )
-    spans_out = list(spans)
-    for r in np.nonzero(orphan | refine)[0].tolist():
-        spans_out[r] = _copy_with_parent(spans[r], int(ids[inner[r]]))
+    rows = np.nonzero(orphan | refine)[0]
+    spans_out = _with_parents(sweep, spans, rows, ids[inner[rows]])
     facts = {"parents_set": int(orphan.sum()), "parents_refined": int(refine.sum())}
     return run.replace(spans=spans_out, meta=_note(run, "nest_by_containment", facts))
 
