@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from mltrace.run.gcpause import gc_paused
 from mltrace.run.store import Run
 from mltrace.tracer.passes.checks import check_containment, separate_overlaps, sort_spans
 from mltrace.tracer.passes.fx_layers import layers_from_fx
@@ -46,8 +47,11 @@ def default_pipeline() -> list[Pass]:
 
 
 def correlate(run: Run, pipeline: list[Pass] | None = None) -> Run:
-    """Applies every pass in order."""
-    for p in pipeline if pipeline is not None else default_pipeline():
-        run = p(run)
+    """Applies every pass in order, with the cyclic garbage collector paused: the passes make a
+    copy of every span they change (tens of thousands a segment of a streamed finish), in no
+    cycle, and the collections those allocations set off rescanned every live span again."""
+    with gc_paused():
+        for p in pipeline if pipeline is not None else default_pipeline():
+            run = p(run)
     return run
 

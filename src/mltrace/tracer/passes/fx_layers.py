@@ -66,8 +66,9 @@ def layers_from_fx(run: Run) -> Run:
 def _graphs(spans: Iterable[Span]) -> dict[Any, dict[str, Any]]:
     """Graph id → its recorded nodes, from the model spans that carry them."""
     graphs: dict[Any, dict[str, Any]] = {}
+    model = Level.MODEL  # a local: an enum member's lookup would run once a span
     for s in spans:
-        text = s.attrs.get("ml.fx.nodes") if s.level == Level.MODEL else None
+        text = s.attrs.get("ml.fx.nodes") if s.level == model else None
         if not isinstance(text, str):
             continue
         try:

@@ -153,21 +153,20 @@ def attribute_gpu_library(run: Run) -> Run:
     Returns:
         A run with a new span list; changed spans are copies with new attrs.
     """
-    by_id = {s.id: s for s in run.spans}
+    spans = run.spans
+    rows = [i for i, s in enumerate(spans) if isinstance(s.attrs.get("gpu.kernel.name"), str) and "ml.library.name" not in s.attrs]
     counts: dict[str, int] = {}
     known: dict[tuple[str, str | None], str] = {}  # a run repeats few (kernel, op) pairs many times
-    out: list[Span] = []
-    for s in run.spans:
-        kernel = s.attrs.get("gpu.kernel.name")
-        if not isinstance(kernel, str) or "ml.library.name" in s.attrs:
-            out.append(s)
-            continue
-        key = (kernel, _op_of(s, by_id))
+    out = list(spans)
+    by_id = {s.id: s for s in spans} if rows else {}  # a run with no GPU kernel needs none
+    for i in rows:
+        s = spans[i]
+        key = (s.attrs["gpu.kernel.name"], _op_of(s, by_id))
         lib = known.get(key)
         if lib is None:
             lib = known[key] = gpu_library_of(*key)
         counts[lib] = counts.get(lib, 0) + 1
-        out.append(Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, {**s.attrs, "ml.library.name": lib}))
+        out[i] = Span(s.id, s.parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, {**s.attrs, "ml.library.name": lib})
     meta = dict(run.meta)
     correlation = dict(meta.get("correlation") or {})
     correlation["attribute_gpu_library"] = dict(sorted(counts.items()))

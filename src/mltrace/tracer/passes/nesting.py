@@ -298,12 +298,14 @@ def attach_gpu_to_launch(run: Run) -> Run:
     Returns:
         A run with a new span list; changed spans are copies.
     """
+    launches = [f for f in run.flows if f.kind == "launch"]
+    if not launches:  # a run with no GPU work: nothing to attach
+        meta = _note(run, "attach_gpu_to_launch", {"attached": 0, "missing_endpoint": 0})
+        return run.replace(spans=list(run.spans), meta=meta)
     ids = {s.id for s in run.spans}
     parent_of: dict[int, int] = {}
     missing = 0
-    for f in run.flows:
-        if f.kind != "launch":
-            continue
+    for f in launches:
         if f.from_span not in ids or f.to_span not in ids:
             missing += 1
             continue

@@ -27,7 +27,8 @@ def attribute_samples(run: Run, top: int = 5) -> Run:
     """
     from mltrace.tracer.callsite import is_model_code
 
-    samples = [s for s in run.spans if s.level == Level.SOURCE]
+    source = Level.SOURCE  # a local: an enum member's lookup would run once a span
+    samples = [s for s in run.spans if s.level == source]
     if not samples:
         return run
     by_id = {s.id: s for s in samples}
