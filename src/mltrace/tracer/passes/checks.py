@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 from mltrace.run.events import Span, Track, TrackKind
@@ -21,19 +20,12 @@ def sort_spans(run: Run) -> Run:
     """Orders spans by start time (ns), outer spans first on ties, then by id (stable)."""
     import numpy as np
 
-    from mltrace.tracer.passes.nesting import span_columns
+    from mltrace.tracer.passes.nesting import pick, span_columns
 
     spans = run.spans
     c = span_columns(spans, ("id", "start", "end"))
     order = np.lexsort((c["id"], -c["end"], c["start"]))
-    return run.replace(spans=_pick(spans, order.tolist()))
-
-
-def _pick(spans: list[Span], rows: list[int]) -> list[Span]:
-    """``[spans[i] for i in rows]``, by one ``operator.itemgetter`` call."""
-    if len(rows) < 2:
-        return [spans[i] for i in rows]
-    return list(itemgetter(*rows)(spans))
+    return run.replace(spans=pick(spans, order.tolist()))
 
 
 def check_containment(run: Run) -> Run:
@@ -136,7 +128,7 @@ def _lanes(spans: list[Span]) -> tuple[list[Span], list[int]]:
         return ordered, lanes
     import numpy as np
 
-    from mltrace.tracer.passes.nesting import span_columns
+    from mltrace.tracer.passes.nesting import pick, span_columns
 
     c = span_columns(spans)
     track, first = np.unique(c["track"], return_index=True)
@@ -146,7 +138,7 @@ def _lanes(spans: list[Span]) -> tuple[list[Span], list[int]]:
     order = np.lexsort((c["id"], -c["end"], c["start"], group))
     lane = np.empty(len(spans), dtype=np.int64)
     sweep.lanes(order, group, c["start"], c["end"], lane)
-    return _pick(spans, order.tolist()), lane[order].tolist()
+    return pick(spans, order.tolist()), lane[order].tolist()
 
 
 def _place(lanes: list[list[Span]], s: Span) -> int:

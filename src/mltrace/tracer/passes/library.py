@@ -153,7 +153,7 @@ class _Compatibility:
             return True
         if name in GEMM_OPS:
             dims = self._input_dims(op)
-            return dims is None or all(n in dims for n in sizes)
+            return dims is None or dims.issuperset(sizes)
         if name in BLOCKED_GEMM_OPS:
             # (key block, query block, head dim) or (head dim, query block, key block): the head
             # dimension (the query's last) is one of them, and no block exceeds the sequence.
@@ -208,17 +208,33 @@ def _with_note(run: Run, facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _leaf_callers(callers: list[Span]) -> list[Span]:
-    """The caller ops with no other of them nested in them on their track, by start time."""
-    by_track: dict[int, list[Span]] = {}
-    for s in callers:
-        by_track.setdefault(s.track_id, []).append(s)
-    leaves: list[Span] = []
-    for spans in by_track.values():
-        spans.sort(key=lambda s: (s.start_ns, -s.end_ns, s.id))
-        inner = _with_nested(spans)
-        leaves.extend(s for s in spans if s.id not in inner)
-    leaves.sort(key=lambda s: (s.start_ns, s.end_ns, s.id))
-    return leaves
+    """The caller ops with no other of them nested in them on their track, by (start, end, id).
+
+    Each track's ops (tracks in order of first appearance) are sorted by (start, -end, id) for
+    ``_with_nested``; both sorts are stable numpy sorts on the ops' columns."""
+    import numpy as np
+
+    from mltrace.tracer.passes.nesting import pick, span_columns
+
+    n = len(callers)
+    if not n:
+        return []
+    c = span_columns(callers, ("track", "start", "end", "id"))
+    tracks, first = np.unique(c["track"], return_index=True)
+    appearance = np.empty(len(tracks), dtype=np.int64)
+    appearance[np.argsort(first, kind="stable")] = np.arange(len(tracks))
+    group = appearance[np.searchsorted(tracks, c["track"])]
+    order = np.lexsort((c["id"], -c["end"], c["start"], group))
+    ordered = pick(callers, order.tolist())
+    keep = np.ones(n, dtype=bool)  # by position in ordered
+    cuts = [0, *(np.flatnonzero(np.diff(group[order])) + 1).tolist(), n]
+    for lo, hi in zip(cuts, cuts[1:]):
+        part = ordered[lo:hi]
+        inner = _with_nested(part)
+        if inner:
+            keep[lo:hi] = [s.id not in inner for s in part]
+    rows = order[keep]
+    return pick(callers, rows[np.lexsort((c["id"][rows], c["end"][rows], c["start"][rows]))].tolist())
 
 
 def _with_nested(spans: list[Span]) -> set[int]:
