@@ -6,12 +6,22 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.passes.library import _Containing, _with_nested, attach_library_calls
 
 OP, LIB, LY = Level.OP, Level.LIBRARY, Level.LAYER
+
+
+@pytest.fixture(params=["c", "python"], autouse=True)
+def sweep(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: spans picked and sorted on columns read in C, and by Python loops."""
+    monkeypatch.setenv("MLTRACE_SWEEP", request.param)
+    return str(request.param)
+
 MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call
 
 TRACKS = {

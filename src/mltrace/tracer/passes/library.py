@@ -445,13 +445,20 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         ``run.meta["correlation"]["attach_library_calls"]`` counts
         ``timed``/``untimed`` calls attached and ``unattached``.
     """
+    from mltrace.tracer.passes.nesting import level_column
+
     all_spans = run.spans
+    levels = level_column(all_spans)
     lib_level = Level.LIBRARY
-    rows = [i for i, s in enumerate(all_spans) if s.level == lib_level and str(s.attrs.get("ml.library.name")) in CPU_LIBRARIES]
+    if levels is not None:
+        at_level: Any = (levels == lib_level).nonzero()[0].tolist()
+    else:
+        at_level = (i for i, s in enumerate(all_spans) if s.level == lib_level)
+    rows = [i for i in at_level if str(all_spans[i].attrs.get("ml.library.name")) in CPU_LIBRARIES]
     if not rows:
         return run.replace(meta=_with_note(run, {"timed": 0, "untimed": 0, "unattached": 0}))
     library = [all_spans[i] for i in rows]
-    ops, context = _cpu_ops_and_context(run)
+    ops, context = _cpu_ops_and_context(run, levels)
 
     replaced: dict[int, Span] = {}
     issuer: dict[int, Span] = {}  # library span id -> the span it was put under
@@ -553,15 +560,29 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
     return run.replace(spans=spans, tracks=tracks, meta=_with_note(run, counts))
 
 
-def _cpu_ops_and_context(run: Run) -> tuple[list[Span], list[Span]]:
+def _cpu_ops_and_context(run: Run, levels: Any = None) -> tuple[list[Span], list[Span]]:
     """The run's op spans, and its model, layer and user spans, on CPU tracks (thread or async;
-    every span where the run names no tracks), in run order."""
+    every span where the run names no tracks), in run order. ``levels``: the spans' level
+    column (``nesting.level_column``), which picks them by numpy, or None."""
     cpu_tracks = {tid for tid, t in run.tracks.items() if t.kind in (TrackKind.THREAD, TrackKind.ASYNC)}
     anywhere = not run.tracks
+    spans = run.spans
+    if levels is not None:
+        import numpy as np
+
+        from mltrace.tracer.passes.nesting import pick, span_columns
+
+        on_cpu: Any = True
+        if not anywhere:
+            track = span_columns(spans, ("track",))["track"]
+            on_cpu = np.isin(track, np.fromiter(cpu_tracks, dtype=np.int64, count=len(cpu_tracks)))
+        ops_rows = ((levels == Level.OP) & on_cpu).nonzero()[0]
+        context_rows = (np.isin(levels, np.array(_CONTEXT_LEVELS, dtype=np.int64)) & on_cpu).nonzero()[0]
+        return pick(spans, ops_rows.tolist()), pick(spans, context_rows.tolist())
     op_level, context_levels = Level.OP, _CONTEXT_LEVELS
     ops: list[Span] = []
     context: list[Span] = []
-    for s in run.spans:
+    for s in spans:
         level = s.level
         if level == op_level:
             if anywhere or s.track_id in cpu_tracks:

@@ -221,6 +221,15 @@ def span_columns(spans: list[Span], keys: tuple[str, ...] = tuple(_COLUMNS)) -> 
     return {k: np.fromiter(readers[k](), dtype=np.int64, count=n) for k in keys}
 
 
+def level_column(spans: list[Span]) -> Any:
+    """Each span's level as an int64 array, read in C (``_sweep.columns``) where it is built;
+    None where it is not (a Python loop over the spans is then as quick)."""
+    sweep = sweep_module()
+    if sweep is None or not hasattr(sweep, "columns"):
+        return None
+    return span_columns(spans, ("level",))["level"]
+
+
 def pick(spans: list[Span], rows: list[int]) -> list[Span]:
     """``[spans[i] for i in rows]``, by one ``operator.itemgetter`` call."""
     if len(rows) < 2:
