@@ -15,6 +15,9 @@
  *     objects[i] to out[k * n + i], None as -1 where bit k of nullable is set, as
  *     passes.nesting.span_columns's numpy.fromiter calls would. Reads a __slots__ attribute straight from the object where its type's
  *     descriptor is a plain member, otherwise by getattr; a value that is not an int raises.
+ * str_rows(objects, field, key)
+ *     The rows (a list) of the objects whose attribute field is a dict holding a str under key:
+ *     passes.gpu_library's kernel spans. An attribute that is not a dict raises TypeError.
  * with_parents(objects, rows, parents, cls, field, cleared)
  *     A copy of the list objects where objects[rows[i]] is replaced by a copy of it with
  *     attribute field set to parents[i] (-1: None) and each attribute named in cleared set to
@@ -237,6 +240,45 @@ static Py_ssize_t member_offset(PyTypeObject *type, PyObject *name) {
     return m->type == T_OBJECT_EX ? m->offset : -1;
 }
 
+static PyObject *str_rows(PyObject *mod, PyObject *args) {
+    (void)mod;
+    PyObject *objects, *field, *key;
+    if (!PyArg_ParseTuple(args, "O!UU", &PyList_Type, &objects, &field, &key)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(objects);
+    Field f = {field, NULL, 0, 0};
+    if (n) {
+        PyTypeObject *type = Py_TYPE(PyList_GET_ITEM(objects, 0));
+        Py_ssize_t off = member_offset(type, field);
+        if (off >= 0) { f.type = type; f.offset = off; }
+    }
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = PyList_GET_ITEM(objects, i), *d;
+        if (f.type && Py_TYPE(obj) == f.type) {
+            d = *(PyObject **)((char *)obj + f.offset);
+            if (!d) { PyErr_SetObject(PyExc_AttributeError, field); goto fail; }
+            Py_INCREF(d);
+        } else if (!(d = PyObject_GetAttr(obj, field))) {
+            goto fail;
+        }
+        if (!PyDict_CheckExact(d)) { Py_DECREF(d); PyErr_SetString(PyExc_TypeError, "not a dict"); goto fail; }
+        PyObject *v = PyDict_GetItemWithError(d, key); /* borrowed; a str key's hash is cached */
+        int hit = v && PyUnicode_Check(v);
+        Py_DECREF(d);
+        if (!v && PyErr_Occurred()) goto fail;
+        if (hit) {
+            PyObject *row = PyLong_FromSsize_t(i);
+            if (!row || PyList_Append(out, row) < 0) { Py_XDECREF(row); goto fail; }
+            Py_DECREF(row);
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyObject *with_parents(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *objects, *cls, *field, *cleared;
@@ -317,6 +359,8 @@ static PyMethodDef methods[] = {
     {"columns", span_columns, METH_VARARGS,
      "columns(objects, names, nullable, out): attribute names[k] of objects[i] into the int64 out[k * n + i] (None: "
      "-1 where bit k of nullable is set)."},
+    {"str_rows", str_rows, METH_VARARGS,
+     "str_rows(objects, field, key): rows of the objects whose attribute field (a dict) holds a str under key."},
     {"with_parents", with_parents, METH_VARARGS,
      "with_parents(objects, rows, parents, cls, field, cleared): a copy of the list, objects[rows[i]] replaced by a copy "
      "with field = parents[i] (-1: None) and the cleared slots None."},

@@ -302,3 +302,27 @@ def test_the_c_copies_are_what_copy_with_parent_makes() -> None:
     mixed = [*spans, Marked(9, None, OP, "sub", 0, 1, 1)]
     out = _with_parents(sweep, mixed, np.array([5, 1], dtype=np.int64), np.array([3, 4], dtype=np.int64))
     assert type(out[5]) is Span and out[5].parent_id == 3 and out[1].parent_id == 4  # made by the constructor
+
+
+def test_the_c_kernel_rows_are_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_library's kernel spans (a str ``gpu.kernel.name``) found in C (``_sweep.str_rows``)
+    and by Python: the same rows; attributes that are no dict are read by Python."""
+    pytest.importorskip("mltrace._sweep", reason="the C sweeps were not built")
+    from types import MappingProxyType
+
+    from mltrace.tracer.passes.gpu_library import _kernel_rows
+
+    attrs: list[dict[str, object]] = [{}, {"gpu.kernel.name": "sgemm"}, {"gpu.kernel.name": 7}, {"x": "sgemm"}, {"gpu.kernel.name": None}]
+    spans = [Span(i, None, K, f"k{i}", i, i + 1, 2, dict(attrs[i % len(attrs)])) for i in range(40)]
+
+    def both(spans: list[Span]) -> tuple[list[int], list[int]]:
+        monkeypatch.setenv("MLTRACE_SWEEP", "python")
+        python = _kernel_rows(spans)
+        monkeypatch.setenv("MLTRACE_SWEEP", "c")
+        return python, _kernel_rows(spans)
+
+    python, c = both(spans)
+    assert c == python == [i for i in range(40) if i % len(attrs) == 1]
+    spans[3].attrs = MappingProxyType({"gpu.kernel.name": "relu"})  # type: ignore[assignment]
+    python, c = both(spans)
+    assert c == python and 3 in c

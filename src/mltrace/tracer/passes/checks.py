@@ -130,7 +130,7 @@ def _lanes(spans: list[Span]) -> tuple[list[Span], list[int]]:
 
     from mltrace.tracer.passes.nesting import pick, span_columns
 
-    c = span_columns(spans)
+    c = span_columns(spans, ("id", "track", "start", "end"))
     track, first = np.unique(c["track"], return_index=True)
     appearance = np.empty(len(track), dtype=np.int64)
     appearance[np.argsort(first, kind="stable")] = np.arange(len(track))

@@ -138,6 +138,22 @@ def _op_of(span: Span, by_id: dict[int, Span]) -> str | None:
     return None
 
 
+def _kernel_rows(spans: list[Span]) -> list[int]:
+    """Rows of the spans with a ``gpu.kernel.name`` (a str): in C (``_sweep.str_rows``) where
+    it is built, so that a run with no GPU work costs next to nothing here."""
+    from mltrace.tracer.passes.nesting import sweep_module
+
+    sweep = sweep_module()
+    if sweep is not None and hasattr(sweep, "str_rows") and type(spans) is list:
+        try:
+            rows: list[int] = sweep.str_rows(spans, "attrs", "gpu.kernel.name")
+        except TypeError:
+            pass  # attributes that are no dict: read as below
+        else:
+            return rows
+    return [i for i, s in enumerate(spans) if isinstance(s.attrs.get("gpu.kernel.name"), str)]
+
+
 def attribute_gpu_library(run: Run) -> Run:
     """Sets ``ml.library.name`` on every kernel span that lacks it.
 
@@ -154,7 +170,7 @@ def attribute_gpu_library(run: Run) -> Run:
         A run with a new span list; changed spans are copies with new attrs.
     """
     spans = run.spans
-    rows = [i for i, s in enumerate(spans) if isinstance(s.attrs.get("gpu.kernel.name"), str) and "ml.library.name" not in s.attrs]
+    rows = [i for i in _kernel_rows(spans) if "ml.library.name" not in spans[i].attrs]
     counts: dict[str, int] = {}
     known: dict[tuple[str, str | None], str] = {}  # a run repeats few (kernel, op) pairs many times
     out = list(spans)
