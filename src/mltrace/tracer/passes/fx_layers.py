@@ -65,9 +65,11 @@ def layers_from_fx(run: Run) -> Run:
 
 def _graphs(spans: Iterable[Span]) -> dict[Any, dict[str, Any]]:
     """Graph id → its recorded nodes, from the model spans that carry them."""
+    from mltrace.tracer.passes.nesting import spans_at_level
+
     graphs: dict[Any, dict[str, Any]] = {}
     model = Level.MODEL  # a local: an enum member's lookup would run once a span
-    for s in spans:
+    for s in spans_at_level(spans, model) if isinstance(spans, list) else spans:
         text = s.attrs.get("ml.fx.nodes") if s.level == model else None
         if not isinstance(text, str):
             continue

@@ -230,6 +230,14 @@ def level_column(spans: list[Span]) -> Any:
     return span_columns(spans, ("level",))["level"]
 
 
+def spans_at_level(spans: list[Span], level: Level) -> list[Span]:
+    """``[s for s in spans if s.level == level]``, picked on the level column where it is read in C."""
+    levels = level_column(spans)
+    if levels is None:
+        return [s for s in spans if s.level == level]
+    return pick(spans, (levels == level).nonzero()[0].tolist())
+
+
 def pick(spans: list[Span], rows: list[int]) -> list[Span]:
     """``[spans[i] for i in rows]``, by one ``operator.itemgetter`` call."""
     if len(rows) < 2:

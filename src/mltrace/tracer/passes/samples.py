@@ -26,9 +26,9 @@ def attribute_samples(run: Run, top: int = 5) -> Run:
     ``top`` ``["file:line function", ns]`` pairs, hottest first.
     """
     from mltrace.tracer.callsite import is_model_code
+    from mltrace.tracer.passes.nesting import spans_at_level
 
-    source = Level.SOURCE  # a local: an enum member's lookup would run once a span
-    samples = [s for s in run.spans if s.level == source]
+    samples = spans_at_level(run.spans, Level.SOURCE)
     if not samples:
         return run
     by_id = {s.id: s for s in samples}
