@@ -5,7 +5,7 @@ Runs, in a child process, a 2-layer LSTM word model (10,000 tokens, 200 units, a
 pytorch/examples' word_language_model) sampling ``--steps`` words one at a time, or with
 ``--tiny N`` N calls of a tiny MLP (the issue's 200,000-call case): plain, then under
 ``mltrace python`` in each of ``--conditions``: ``default`` (torch.profiler in cycles of
-0.25 s, each converted by the converter process, and the run finished a part at a time while
+0.1 s, each converted by the converter process, and the run finished a part at a time while
 it runs, ``finish_stream.py``), ``unstreamed`` (``MLTRACE_FINISH_STREAM=0``: all of it
 finished at the end), ``cycles2`` (2 s cycles, unstreamed: the defaults before),
 ``thread`` (cycles converted on a thread of the traced process) and ``whole``
@@ -128,9 +128,10 @@ def finish_phases(run_dir: Path) -> list[tuple[str, float]]:
 
 
 KNOWN = {
-    "default": ("traced, the defaults (0.25 s cycles, streamed finish)", {}),
+    "default": ("traced, the defaults (0.1 s cycles, streamed finish)", {}),
     "unstreamed": ("traced, MLTRACE_FINISH_STREAM=0", {"MLTRACE_FINISH_STREAM": "0"}),
     "cycles2": ("traced, 2 s cycles, MLTRACE_FINISH_STREAM=0", {"MLTRACE_OP_CYCLE_S": "2", "MLTRACE_FINISH_STREAM": "0"}),
+    "cycles025": ("traced, 0.25 s cycles, streamed finish", {"MLTRACE_OP_CYCLE_S": "0.25"}),
     "thread": ("traced, converter thread", {"MLTRACE_OP_CONVERTER": "0"}),
     "whole": ("traced, MLTRACE_OP_CYCLE_S=0", {"MLTRACE_OP_CYCLE_S": "0"}),
 }
@@ -164,8 +165,8 @@ def main() -> None:
     parser.add_argument(
         "--conditions",
         default="default,unstreamed,cycles2,whole",
-        help="comma-separated, of: default (0.25 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
-        "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), thread (the converter on a thread), "
+        help="comma-separated, of: default (0.1 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
+        "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), cycles025 (0.25 s cycles, the default before), thread (the converter on a thread), "
         "whole (MLTRACE_OP_CYCLE_S=0)",
     )
     args = parser.parse_args()

@@ -159,7 +159,7 @@ KERNEL_PATH = Setting(
 OP_CYCLE_S = Setting(
     f"{PREFIX}OP_CYCLE_S",
     "seconds ≥ 0 (0: one cycle)",
-    "0.25",
+    "0.1",
     "how long a cycle of torch.profiler records before it is converted (CPU only; 0 holds it whole: see README, Long runs)",
 )
 OP_CONVERTER = Setting(

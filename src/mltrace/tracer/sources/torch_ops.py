@@ -78,7 +78,7 @@ EXPORT_FILE = "torch-profiler.json"
 #: the program, holds every op in memory and ends early on a long run. Short cycles keep what
 #: is left to stop, convert and finish at the program's end small (docs/PERFORMANCE.md, "Long
 #: runs").
-CYCLE_S = 0.25
+CYCLE_S = 0.1
 #: The ops a running cycle may hold while the converter is still busy with the one before
 #: (estimated from the model calls): past it, the program waits for the converter between two
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
