@@ -166,8 +166,8 @@ def main() -> None:
         "--conditions",
         default="default,unstreamed,cycles2,whole",
         help="comma-separated, of: default (0.1 s cycles, streamed finish), unstreamed (MLTRACE_FINISH_STREAM=0), "
-        "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), cycles025 (0.25 s cycles, the default before), thread (the converter on a thread), "
-        "whole (MLTRACE_OP_CYCLE_S=0)",
+        "cycles2 (2 s cycles, unstreamed: the finish before the streamed one), cycles025 (0.25 s cycles, the default before), "
+        "thread (the converter on a thread), whole (MLTRACE_OP_CYCLE_S=0)",
     )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}")
