@@ -76,13 +76,15 @@ class ColdRule:
 COLD_RULE = ColdRule()
 
 
-def is_outlier(d: float, reference: Sequence[int], rule: ColdRule = COLD_RULE) -> bool:
-    """Whether duration ``d`` (ns) is a robust outlier against ``reference`` (ns)."""
+def outlier_bound(reference: Sequence[int], rule: ColdRule = COLD_RULE) -> float | None:
+    """The duration (ns) above which a call is a robust outlier against ``reference`` (ns):
+    above both the median plus ``k`` scaled MADs and ``min_ratio`` times the median; None for
+    no reference."""
     if not reference:
-        return False
+        return None
     m = float(statistics.median(reference))
     mad = float(statistics.median(abs(x - m) for x in reference))
-    return d > m + rule.k * 1.4826 * mad and d > rule.min_ratio * m
+    return max(m + rule.k * 1.4826 * mad, rule.min_ratio * m)
 
 
 def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule: ColdRule = COLD_RULE) -> list[int]:
@@ -99,11 +101,12 @@ def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule
     """
     if len(durations) < 2:
         return []
-    reference = list(durations[1:])
+    bound = outlier_bound(list(durations[1:]), rule)  # once: every call is judged against the same reference
+    assert bound is not None
     cold: list[int] = []
     for i, d in enumerate(durations):
         warming = len(cold) == i  # every call before this one was cold
-        if not is_outlier(d, reference, rule):
+        if not d > bound:
             continue
         if warming or one_time[i]:
             cold.append(i)

@@ -84,27 +84,42 @@ class GenerateCall:
 
 
 def generate_calls(run: Run) -> list[GenerateCall]:
-    """Every ``generate()`` call of the run, in start order."""
-    calls = [s for s in run.spans if s.level == Level.USER and s.name == "generate" and "ml.generate.model" in s.attrs]
+    """Every ``generate()`` call of the run, in start order. Read from the span table's columns
+    (only the few ``generate`` and model rows are looked at), so a large run's spans are never
+    built as objects for it."""
+    import numpy as np
+
+    table = run.table
+    if "generate" not in table.names:
+        return []
+    named = (table.level == int(Level.USER)) & (table.name == table.names.index("generate"))
+    calls = [r for r in np.flatnonzero(named).tolist() if "ml.generate.model" in table.attrs(r)]
     if not calls:
         return []
-    children: dict[int, list[Any]] = {c.id: [] for c in calls}
-    for s in run.spans:
-        if s.level == Level.MODEL and s.parent_id in children and "ml.generate.step" in s.attrs:
-            children[s.parent_id].append(s)
+    parent = table.parent_row()
+    is_call = np.zeros(len(table) + 1, dtype=bool)  # the extra last entry stands for "no parent" (-1)
+    is_call[calls] = True
+    under_call = (table.level == int(Level.MODEL)) & is_call[parent]
+    children: dict[int, list[int]] = {c: [] for c in calls}
+    for r in np.flatnonzero(under_call).tolist():
+        if "ml.generate.step" in table.attrs(r):
+            children[int(parent[r])].append(r)
+    start, end = table.start, table.end
     out = []
-    for call in sorted(calls, key=lambda s: s.start_ns):
-        steps = sorted(children[call.id], key=lambda s: s.start_ns)
-        ends = [s.end_ns for s in steps]
-        tokens = call.attrs.get("ml.generate.new_tokens")
+    for call in sorted(calls, key=lambda r: int(start[r])):
+        steps = sorted(children[call], key=lambda r: int(start[r]))
+        ends = [int(end[r]) for r in steps]
+        attrs = table.attrs(call)
+        tokens = attrs.get("ml.generate.new_tokens")
+        call_start = int(start[call])
         out.append(
             GenerateCall(
-                model=str(call.attrs["ml.generate.model"]),
-                start_ns=call.start_ns,
-                total_ns=call.end_ns - call.start_ns,
+                model=str(attrs["ml.generate.model"]),
+                start_ns=call_start,
+                total_ns=int(end[call]) - call_start,
                 model_calls=len(steps),
                 new_tokens=int(tokens) if isinstance(tokens, int) else None,
-                ttft_ns=ends[0] - call.start_ns if ends else None,
+                ttft_ns=ends[0] - call_start if ends else None,
                 token_ns=[b - a for a, b in zip(ends, ends[1:])],
             )
         )
