@@ -228,7 +228,9 @@ def _finish_by_hand(run_dir: Path, copy: Path, raw: Run) -> None:
     assert store.read_meta(copy) == meta
     finished = store.load_run(copy)
     assert sorted(s.id for s in finished.spans) == sorted(s.id for s in raw.spans)
-    assert _temporary_files(copy) == []
+    # the finisher's own; a program killed while it exported an op cycle leaves that export's
+    # partial file (torch-profiler-N.json.tmp), which is not the finisher's to remove
+    assert [name for name in _temporary_files(copy) if not name.startswith("torch-profiler-")] == []
 
 
 def test_the_finisher_process_without_a_run_directory_says_how_to_call_it() -> None:
