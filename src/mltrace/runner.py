@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from mltrace.errors import UsageError
 
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__}
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -158,9 +159,18 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _user_traceback(exc: BaseException) -> types.TracebackType | None:
+    """The traceback without mltrace's frames above the program's, nor those below its last
+    frame (a Ctrl-C held through a cycle switch is raised again inside mltrace's code)."""
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
         tb = tb.tb_next
+    last_own, t = None, tb
+    while t is not None:
+        if not os.path.abspath(t.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+            last_own = t
+        t = t.tb_next
+    if last_own is not None:
+        last_own.tb_next = None
     return tb
 
 
