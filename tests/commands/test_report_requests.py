@@ -74,3 +74,7 @@ def test_plain_script_with_mltrace_span(tmp_path: Path) -> None:
     assert (req["source"], req["names"], req["count"]) == ("user", ["request"], 5)
     _check_slowest(req, {f"q{i}" for i in range(5)})
     assert "Requests: 5 requests (user spans around model calls: request)" in text
+    script = SCRIPTS / "span_requests.py"
+    line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.strip().startswith("with mltrace.span("))
+    assert {r["source"] for r in req["slowest"]} == {f"{script}:{line}"}  # the with line that started each request
+    assert f"span_requests.py:{line}" in text

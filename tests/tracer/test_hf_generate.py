@@ -82,3 +82,75 @@ def test_the_report_gives_time_to_first_token_and_per_output_token(tmp_path: Pat
 def test_generate_outside_a_session_is_transformers_own() -> None:
     generate = transformers.generation.utils.GenerationMixin.__dict__["generate"]
     assert getattr(generate, "__module__", "") == "transformers.generation.utils"
+
+
+def _line(marker: str) -> int:
+    """The number of this file's line that holds ``marker`` (in a comment)."""
+    lines = Path(__file__).read_text().splitlines()
+    (number,) = [i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# SITE: {marker}")]
+    return number
+
+
+def _complete(model: object, prompts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A pipeline-like helper of the user's: one generate() per prompt."""
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out.append(model.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0))  # type: ignore[attr-defined]  # SITE: loop
+    return out
+
+
+def _report(run: Path, fmt: str) -> str:
+    import contextlib
+    import io
+
+    from mltrace.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["report", str(run), "--format", fmt, "--width", "400"]) == 0
+    return buf.getvalue()
+
+
+def test_generate_names_the_users_line_in_the_span_and_the_report(tmp_path: Path) -> None:
+    model = _gpt2()
+    prompts = [torch.randint(0, 500, (1, 4)) for _ in range(2)]
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        _complete(model, prompts)
+        model.generate(prompts[0], max_new_tokens=2, do_sample=False, pad_token_id=0)  # type: ignore[attr-defined]  # SITE: direct
+    run = mltrace.load_run(tmp_path / "run")
+    gens = sorted((s for s in run.spans if s.name == "generate"), key=lambda s: s.start_ns)
+    loop, direct = _line("loop"), _line("direct")
+    assert [s.attrs["code.line.number"] for s in gens] == [loop, loop, direct]  # the innermost user frame
+    assert {s.attrs["code.file.path"] for s in gens} == {__file__}
+    assert [s.attrs["code.function.name"] for s in gens] == ["_complete", "_complete", gens[2].attrs["code.function.name"]]
+    assert gens[2].attrs["code.function.name"].endswith("test_generate_names_the_users_line_in_the_span_and_the_report")
+    from mltrace.analysis.codepaths import location
+
+    name = Path(__file__).name
+    text = _report(tmp_path / "run", "text")
+    findings = [line for line in text.splitlines() if "generate (GPT2LMHeadModel)" in line]
+    assert [f"{name}:{loop}:" in f for f in findings] == [True, True, False] and f"{name}:{direct}:" in findings[2]
+    assert f"generate at {location(__file__, loop)} " in text  # the requests table, its path as the report shortens it
+    data = json.loads(_report(tmp_path / "run", "json"))
+    assert [g["source"] for g in data["generate"]] == [f"{__file__}:{loop}"] * 2 + [f"{__file__}:{direct}"]
+    assert data["generate"][0]["source_text"].startswith("out.append(model.generate(prompt, max_new_tokens=3")
+    assert {r["source"] for r in data["requests"]["slowest"]} <= {f"{__file__}:{loop}", f"{__file__}:{direct}"}
+    md = _report(tmp_path / "run", "md").split("### Generation", 1)[1]
+    assert f"{name}:{loop}` `out.append(model.generate(prompt" in md
+
+
+def test_a_pipelines_generate_names_the_line_that_called_the_pipeline(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(500)}
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({**vocab, "[UNK]": 500}, unk_token="[UNK]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]", pad_token="w0")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=501, n_positions=64)).eval()
+    pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer, device="cpu")
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="model"):
+        pipe("w1 w2 w3", max_new_tokens=2, do_sample=False)  # SITE: pipeline
+    run = mltrace.load_run(tmp_path / "run")
+    (gen,) = [s for s in run.spans if s.name == "generate"]  # called by transformers' text_generation.py
+    assert (gen.attrs["code.file.path"], gen.attrs["code.line.number"]) == (__file__, _line("pipeline"))

@@ -6,7 +6,8 @@ For each: the time to first token is from the span's start to the end of its
 first (prefill) model call; the time per output token is the time between the
 ends of consecutive model calls after it (each decode step: the model call and
 the sampling around it); tokens per second is new tokens per sequence over the
-whole call.
+whole call. Each call names the user's line that called ``generate()`` (the
+span's ``code.*``: the innermost frame outside the frameworks and transformers).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from mltrace.analysis.codepaths import location, source_line
 from mltrace.analysis.coldstart import percentile_ns
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
@@ -32,6 +34,7 @@ class GenerateCall:
         new_tokens: tokens generated per sequence, or None where not recorded.
         ttft_ns: time to first token (None without model calls).
         token_ns: the time of each decode step, in order.
+        file, line: the user's line that called it (``code.*``), or None where not recorded.
     """
 
     model: str
@@ -41,6 +44,8 @@ class GenerateCall:
     new_tokens: int | None
     ttft_ns: int | None
     token_ns: list[int]
+    file: str | None = None
+    line: int | None = None
 
     @property
     def tpot_median_ns(self) -> int | None:
@@ -59,7 +64,8 @@ class GenerateCall:
     def text(self) -> str:
         """One line for the report's findings."""
         tokens = f"{self.new_tokens} new tokens" if self.new_tokens is not None else f"{self.model_calls} model calls"
-        parts = [f"generate ({self.model}): {tokens} in {fmt_ns(self.total_ns)}"]
+        site = location(self.file, self.line)
+        parts = [f"generate ({self.model}){f' at {site}' if site else ''}: {tokens} in {fmt_ns(self.total_ns)}"]
         if self.ttft_ns is not None:
             parts.append(f"time to first token {fmt_ns(self.ttft_ns)}")
         if self.token_ns:
@@ -80,7 +86,16 @@ class GenerateCall:
             "tpot_median_ns": self.tpot_median_ns,
             "tpot_p90_ns": self.tpot_p90_ns,
             "tokens_per_s": self.tokens_per_s,
+            "source": self.source,
+            "source_text": source_line(self.file, self.line) or None,
         }
+
+    @property
+    def source(self) -> str | None:
+        """``path:line`` of the call as recorded, or None."""
+        if not self.file:
+            return None
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
 def generate_calls(run: Run) -> list[GenerateCall]:
@@ -121,6 +136,16 @@ def generate_calls(run: Run) -> list[GenerateCall]:
                 new_tokens=int(tokens) if isinstance(tokens, int) else None,
                 ttft_ns=ends[0] - call_start if ends else None,
                 token_ns=[b - a for a, b in zip(ends, ends[1:])],
+                file=_text(attrs.get("code.file.path")),
+                line=_int(attrs.get("code.line.number")),
             )
         )
     return out
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

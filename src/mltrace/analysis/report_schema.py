@@ -137,6 +137,8 @@ GENERATE = _object(
         "tpot_median_ns": _OPT_INT,
         "tpot_p90_ns": _OPT_INT,
         "tokens_per_s": _OPT_NUM,
+        "source": _OPT_STR,
+        "source_text": _OPT_STR,
     }
 )
 _NAME_NS = _object({"name": _STR, "ns": _INT})
@@ -144,6 +146,7 @@ REQUEST = _object(
     {
         "name": _STR,
         "label": _OPT_STR,
+        "source": _OPT_STR,
         "pid": _INT,
         "start_ns": _INT,
         "total_ns": _INT,

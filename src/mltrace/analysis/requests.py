@@ -13,7 +13,8 @@ two threads count once) and the rest: before the first model call, between model
 after the last one; ``outside_ops_ns`` is the part of the rest that ops ran in (the
 program's own tensor code: pre- and post-processing). The slowest requests also get their
 top layers and ops by self time (the span's time less that of its children of the same
-level).
+level). Each request names the line that started it, where its span records one
+(``code.*``: a ``generate()``'s user line, a ``mltrace.span`` block's ``with`` line).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Request:
     Attributes:
         name: the request span's name.
         label: the value of its first attribute that names it (``_LABEL_KEYS``), or None.
+        source: ``path:line`` of its span's ``code.*`` attributes (the line that started it), or None.
         pid: the process it ran in.
         start_ns, total_ns: its start (session clock) and duration.
         model_calls: model calls inside it (outermost model spans).
@@ -78,6 +80,7 @@ class Request:
     outside_ops_ns: int
     layers: list[NameTime] = field(default_factory=list)
     ops: list[NameTime] = field(default_factory=list)
+    source: str | None = None
 
     @property
     def outside_ns(self) -> int:
@@ -86,8 +89,8 @@ class Request:
 
     def as_dict(self) -> dict[str, Any]:
         """The report JSON's ``requests.slowest[]`` entry."""
-        keys: tuple[str, ...] = ("name", "label", "pid", "start_ns", "total_ns", "model_calls", "model_ns", "outside_ns", "before_model_ns")
-        keys += ("between_models_ns", "after_model_ns", "outside_ops_ns")
+        keys: tuple[str, ...] = ("name", "label", "source", "pid", "start_ns", "total_ns", "model_calls", "model_ns", "outside_ns")
+        keys += ("before_model_ns", "between_models_ns", "after_model_ns", "outside_ops_ns")
         out: dict[str, Any] = {k: getattr(self, k) for k in keys}
         out["layers"] = [{"name": x.name, "type": x.type, "ns": x.ns} for x in self.layers]
         out["ops"] = [{"name": x.name, "ns": x.ns} for x in self.ops]
@@ -236,9 +239,11 @@ def _explain(run: Run, t: SpanTable, req: int, models: list[int], near: np.ndarr
     is_op = level == int(Level.OP)
     loose_ops = np.nonzero(inside & is_op & ~in_model & ~tree.ancestor_or(is_op))[0]
     track = run.tracks.get(int(t.track[req]))
+    attrs = t.attrs(req)
     return Request(
         name=t.names[int(t.name[req])],
-        label=_label(t.attrs(req)),
+        label=_label(attrs),
+        source=_source(attrs),
         pid=track.pid if track is not None else 0,
         start_ns=lo,
         total_ns=hi - lo,
@@ -287,6 +292,13 @@ def _label(attrs: dict[str, object]) -> str | None:
         if isinstance(value, (str, int)) and not isinstance(value, bool):
             return str(value)
     return None
+
+
+def _source(attrs: dict[str, object]) -> str | None:
+    path, line = attrs.get("code.file.path"), attrs.get("code.line.number")
+    if not isinstance(path, str) or not path:
+        return None
+    return f"{path}:{line}" if isinstance(line, int) and not isinstance(line, bool) else path
 
 
 def _names(t: SpanTable, rows: np.ndarray) -> list[str]:

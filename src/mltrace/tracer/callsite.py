@@ -90,15 +90,21 @@ def unwrapped(fn: Any) -> Any:
         return fn
 
 
-def frame_site(frame: FrameType | None) -> dict[str, Any]:
+def frame_site(frame: FrameType | None, outside: str = "") -> dict[str, Any]:
     """The ``code.*`` attributes of the innermost frame from ``frame`` outwards that is model
-    code (empty where every frame is a framework's)."""
+    code and, given ``outside`` (a top-level package such as ``"transformers"``), not that
+    package's, by its module's name (empty where there is no such frame)."""
     while frame is not None:
         code = frame.f_code
-        if is_model_code(code.co_filename):
+        if is_model_code(code.co_filename) and not (outside and _in_package(frame, outside)):
             return code_attrs(code, frame.f_lineno or code.co_firstlineno)
         frame = frame.f_back
     return {}
+
+
+def _in_package(frame: FrameType, package: str) -> bool:
+    module = frame.f_globals.get("__name__")
+    return isinstance(module, str) and (module == package or module.startswith(package + "."))
 
 
 def code_attrs(code: CodeType, line: int) -> dict[str, Any]:

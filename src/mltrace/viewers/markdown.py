@@ -164,10 +164,11 @@ def _generate_section(data: dict[str, Any]) -> list[str]:
             _opt_ns(g["tpot_median_ns"]),
             _opt_ns(g["tpot_p90_ns"]),
             f"{g['tokens_per_s']:.1f}" if g["tokens_per_s"] is not None else "",
+            _source_cell(g),
         ]
         for g in calls
     ]
-    headers = ["generate", "new tokens", "total", "first token", "per token (median)", "per token (p90)", "tokens/s"]
+    headers = ["generate", "new tokens", "total", "first token", "per token (median)", "per token (p90)", "tokens/s", "called from"]
     return ["### Generation", "", *_table(headers, rows), ""]
 
 
@@ -179,10 +180,15 @@ def _verdict(v: str | None) -> str:
     return v.split("-")[0] if v else ""
 
 
-def _layer_row(x: dict[str, Any]) -> list[str]:
+def _source_cell(x: dict[str, Any]) -> str:
+    """``path:line`` shortened and the line's code, of a layers[] or generate[] entry."""
     source = _code(_short(x["source"]))
     if x["source_text"]:
         source += " " + _code(x["source_text"])
+    return source
+
+
+def _layer_row(x: dict[str, Any]) -> list[str]:
     return [
         _code(x["name"]),
         _cell(x["type"]),
@@ -191,7 +197,7 @@ def _layer_row(x: dict[str, Any]) -> list[str]:
         fmt_ns(x["total_ns"]),
         _opt_ns(x["median_ns"]),
         _verdict(x["verdict"]),
-        source,
+        _source_cell(x),
         _code(_short(x["defined"])),
     ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mltrace.analysis.codepaths import short_path, split_location
 from mltrace.analysis.units import fmt_ns
 
 #: Columns of the slowest-requests table (the first is left-justified, times right).
@@ -23,6 +24,12 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.0f}%" if whole else "-"
 
 
+def _short(loc: str) -> str:
+    """``path:line`` with its path shortened (``codepaths.short_path``)."""
+    path, line, _ = split_location(loc)
+    return f"{short_path(path)}:{line}" if line is not None else short_path(path)
+
+
 def requests_headline(req: dict[str, Any]) -> str:
     """``12 requests (OpenTelemetry server spans: POST /predict): p50 …, p90 …, p99 …; model 46% of their time``."""
     names = ", ".join(req["names"][:3]) + (", …" if len(req["names"]) > 3 else "")
@@ -34,7 +41,7 @@ def requests_headline(req: dict[str, Any]) -> str:
 
 def request_cells(r: dict[str, Any]) -> list[str]:
     """One slowest request's row, in ``REQUEST_COLUMNS`` order."""
-    name = r["name"] + (f" {r['label']}" if r["label"] else "")
+    name = r["name"] + (f" {r['label']}" if r["label"] else "") + (f" at {_short(r['source'])}" if r["source"] else "")
     calls = f" ({r['model_calls']} call{'' if r['model_calls'] == 1 else 's'})"
     parts = [
         f"{what} {fmt_ns(r[key])}"

@@ -6,8 +6,10 @@ of one ``generate()`` read as 40 unrelated model calls. ``GenerateSpans`` wraps
 imported (it never imports it), and removes the wrapper at ``stop()``:
 
 - each outermost ``generate()`` call is a ``user``-level span named ``generate``
-  (``ml.generate.model``: the model's class; ``code.*``: the line that called it),
-  and the model calls inside it are its children;
+  (``ml.generate.model``: the model's class; ``code.*``: the user's line that
+  called it, the innermost frame outside the frameworks and outside transformers,
+  so a pipeline's ``generate()`` names the line that called the pipeline), and the
+  model calls inside it are its children;
 - those model calls are tagged in order (``TorchModuleSource._model_begin`` calls
   ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``, ``prefill``
   for the first and ``decode`` for the rest;
@@ -26,13 +28,15 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import code_attrs
+from mltrace.tracer.callsite import frame_site
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
 
 MODULE = "transformers.generation.utils"
+#: The generating library: its frames (a pipeline, a model's own ``generate``) are not the call site.
+LIBRARY = "transformers"
 
 
 class GenerateSpans:
@@ -90,8 +94,7 @@ class GenerateSpans:
             session = spans._session
             if session is None or session.full or getattr(spans._tls, "state", None) is not None:
                 return original(model, *args, **kwargs)  # no session, or a generate() inside one
-            caller = sys._getframe(1)
-            attrs = {"ml.generate.model": type(model).__name__, **code_attrs(caller.f_code, caller.f_lineno or 0)}
+            attrs = {"ml.generate.model": type(model).__name__, **frame_site(sys._getframe(1), outside=LIBRARY)}
             span = session.recorder.begin("generate", Level.USER, attrs)
             state = [0]
             spans._tls.state = state
