@@ -158,6 +158,19 @@ def test_findings_idle_and_data_movement() -> None:
     assert f.basis == "leaf layers (total time)" and sum(f.bound_ns.values()) == 700 + 100
 
 
+def test_mltrace_pauses_between_model_calls_are_neither_busy_nor_idle() -> None:
+    """torch.profiler's cycle switches (run.json ``torch_profiler.pauses``) inside the window
+    and outside the model calls are left out of the idle time and end no gap; parts inside a
+    model call, or outside the window (the last switch, after the program), count nothing."""
+    run = small_cpu_run()
+    run.meta["torch_profiler"] = {"pauses": [[10, 1000, 1300], [10, 1800, 2100], [10, 2500, 2900]]}
+    idle = analyze(run, CPU).findings.idle[0]
+    assert (idle.window_ns, idle.busy_ns, idle.tracer_ns, idle.idle_ns) == (2500, 1500, 500, 500)
+    assert [(g.start_ns, g.end_ns, g.before, g.after) for g in idle.gaps] == [(1300, 1800, "mltrace's pause", "mltrace's pause")]
+    assert "mltrace's own pauses (torch.profiler cycle switches) 500 ns more, left out" in idle.tracer_text()
+    assert analyze(small_cpu_run(), CPU).findings.idle[0].tracer_text() == ""
+
+
 def test_span_order_does_not_matter() -> None:
     run = small_cpu_run()
     expected = analyze(run, CPU)

@@ -15,6 +15,7 @@ import pytest
 
 import mltrace
 from conftest import SCRIPTS, mltrace_cmd
+from mltrace.run.background import HELPER_NICE
 from mltrace.run.levels import Level
 
 torch = pytest.importorskip("torch")
@@ -73,6 +74,7 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert not any(v.startswith(b"MLTRACE_FOLLOW=") or b"follow/bootstrap" in v for v in environ)
         assert b"libtorch" not in Path(f"/proc/{pid}/maps").read_bytes()
+        assert _wait_until(lambda: _nice(pid) == HELPER_NICE)  # the program's threads first
     assert not _running(pid) and not Path(f"/proc/{pid}").exists()  # ended and reaped
     run = mltrace.load_run(tmp_path / "run")
     profiler = run.meta["torch_profiler"]
@@ -81,6 +83,20 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
     linear = [s for s in run.spans if s.name == "aten::linear"]
     assert len(linear) == 20
     assert profiler["spans_by_category"]["cpu_op"] == sum(1 for s in run.spans if s.level == Level.OP)
+    # Every cycle's switch held the program's thread between two model calls, and is kept.
+    assert profiler["switches"] == profiler["cycles"] == len(profiler["pauses"])
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    for _thread, begin, end in profiler["pauses"]:
+        assert begin < end
+        assert not [m for m in models if m.start_ns < end and m.end_ns > begin]
+    # Each interval holds the switch's own timing (taken inside it; switch_s is rounded to 1 µs).
+    paused_ns = sum(end - begin for _t, begin, end in profiler["pauses"])
+    assert paused_ns >= profiler["switch_s"] * 1e9 - 1000 * len(profiler["pauses"]) > 0
+
+
+def _nice(pid: int) -> int:
+    """Process ``pid``'s nice value (``/proc/PID/stat``'s 19th field)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
 
 
 def _start(out: Path, cycle_s: str) -> subprocess.Popen[str]:

@@ -30,6 +30,7 @@ from mltrace.analysis.peaks import Peaks, PeakSet, raised
 from mltrace.analysis.ranks import RankTimes, rank_times
 from mltrace.analysis.requests import Requests, find_requests
 from mltrace.analysis.roofline import IO, roofline_time_ns
+from mltrace.analysis.units import fmt_ns
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import HIERARCHY, Level
 from mltrace.run.store import Run
@@ -375,17 +376,27 @@ class Idle:
         window_ns: first start to last end of the work on it (ns).
         busy_ns: union of the work's intervals (ns).
         gaps: the largest gaps, longest first (at most 5).
+        tracer_ns: time in the window that mltrace itself held the program's thread outside
+            the work (torch.profiler's cycle switches, run.json ``torch_profiler.pauses``):
+            neither busy nor idle (ns).
     """
 
     where: str
     window_ns: int
     busy_ns: int
     gaps: list[Gap] = field(default_factory=list)
+    tracer_ns: int = 0
 
     @property
     def idle_ns(self) -> int:
-        """Window minus busy time (ns)."""
-        return self.window_ns - self.busy_ns
+        """Window minus busy time and mltrace's own pauses (ns)."""
+        return self.window_ns - self.busy_ns - self.tracer_ns
+
+    def tracer_text(self) -> str:
+        """The clause on mltrace's own pauses in the window ("" when there were none)."""
+        if not self.tracer_ns:
+            return ""
+        return f"; mltrace's own pauses (torch.profiler cycle switches) {fmt_ns(self.tracer_ns)} more, left out"
 
     @property
     def idle_share(self) -> float:
@@ -563,11 +574,29 @@ def _union(intervals: list[tuple[int, int, str]]) -> tuple[int, list[tuple[int, 
     return busy, gaps
 
 
-def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5) -> Idle:
-    busy, gaps = _union(intervals)
-    window = max(e for _, e, _ in intervals) - min(s for s, _, _ in intervals)
+def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, pauses: Iterable[tuple[int, int]] = ()) -> Idle:
+    """Idle time of ``intervals``' window; ``pauses`` (mltrace's own, session ns) inside the
+    window and outside the intervals are neither busy nor idle, and end no gap."""
+    begin, end = min(s for s, _, _ in intervals), max(e for _, e, _ in intervals)
+    inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in pauses if s < end and e > begin]
+    busy, gaps = _union(list(intervals))
+    if inside:
+        with_pauses, gaps = _union([*intervals, *inside])
+    else:
+        with_pauses = busy
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
-    return Idle(where, window, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]])
+    return Idle(where, end - begin, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]], tracer_ns=with_pauses - busy)
+
+
+#: The name a gap gives mltrace's own pause at one of its ends.
+TRACER_PAUSE = "mltrace's pause"
+
+
+def tracer_pauses(meta: dict[str, Any]) -> list[tuple[int, int]]:
+    """mltrace's own pauses of the program's thread that run.json keeps (torch.profiler's cycle
+    switches: ``torch_profiler.pauses``, [thread, begin ns, end ns] each), as (begin, end)."""
+    rows = (meta.get("torch_profiler") or {}).get("pauses") or []
+    return [(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3]
 
 
 def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
@@ -640,7 +669,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
             if roofs is not None and row.flops > 0 and t > 0:
                 row.achieved_flops = row.flops / (t * 1e-9)
                 row.peak_share = _share_or_none(row.achieved_flops, roofs.top_flops_per_s)
-    findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops)
+    findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops, tracer_pauses(run.meta))
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(
@@ -727,7 +756,15 @@ def _per_call(run: Run, rows: list[LayerRow]) -> None:
         r.median_ns, r.p90_ns = percentile_ns(calls, 50), percentile_ns(calls, 90)
 
 
-def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks: PeakSet | None, model_ns: int, has_ops: bool) -> Findings:
+def _findings(
+    p: Gathered,
+    layer_rows: list[LayerRow],
+    ops: list[NameRow],
+    peaks: PeakSet | None,
+    model_ns: int,
+    has_ops: bool,
+    pauses: list[tuple[int, int]],
+) -> Findings:
     findings = Findings()
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     if peaks is not None:
@@ -742,7 +779,7 @@ def _findings(p: Gathered, layer_rows: list[LayerRow], ops: list[NameRow], peaks
                 if row.verdict is not None:
                     findings.bound_ns[row.verdict.bound] = findings.bound_ns.get(row.verdict.bound, 0) + row.self_ns
     if len(p.model_intervals) >= 2:
-        findings.idle.append(_idle("between model calls", p.model_intervals))
+        findings.idle.append(_idle("between model calls", p.model_intervals, pauses=pauses))
     for device in sorted(p.gpu_busy):
         idle = _idle(f"GPU {device}", p.gpu_busy[device])
         findings.idle.append(idle)

@@ -308,4 +308,7 @@ def _idle_finding(idle: Idle) -> dict[str, Any]:
         g = idle.gaps[0]
         entry["text"] += f"; largest {fmt_ns(g.duration_ns)} after {g.before} before {g.after}"
         entry["largest_gap"] = {"ns": g.duration_ns, "before": g.before, "after": g.after}
+    if idle.tracer_ns:
+        entry["text"] += idle.tracer_text()
+        entry["tracer_ns"] = idle.tracer_ns
     return entry

@@ -599,7 +599,7 @@ def _findings(a: Analysis) -> str:
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {_e(fmt_ns(g.duration_ns))} after <code>{_e(g.before[:60])}</code> before <code>{_e(g.after[:60])}</code>"
-        items.append(text)
+        items.append(text + _e(idle.tracer_text()))
     if f.device_ns and f.cpu_ns:
         items.append(f"CPU time {_e(fmt_ns(f.cpu_ns))} vs GPU busy {_e(fmt_ns(f.device_ns))}: ratio {f.cpu_ns / f.device_ns:.2f}")
     if f.data_movement_base_ns:

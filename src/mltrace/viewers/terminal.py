@@ -288,7 +288,7 @@ def _findings(console: object, a: Analysis) -> None:
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {fmt_ns(g.duration_ns)} after {_esc(g.before)} before {_esc(g.after)}"
-        lines.append(text)
+        lines.append(text + idle.tracer_text())
     if f.device_ns and f.cpu_ns:
         lines.append(f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}")
     if f.data_movement_base_ns:

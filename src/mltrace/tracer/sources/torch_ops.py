@@ -8,10 +8,11 @@ import ``torch._inductor``. torch is never imported here: the profiler starts ri
 program's ``import torch`` (a post-import hook).
 
 Cycles (``MLTRACE_OP_CYCLE_S``, without CUDA activity and ``--memory``): at the return of a
-model call once a cycle's seconds have passed, the program's thread stops the profiler and
-starts the next (``_next_cycle``); a converter thread exports the stopped cycle's Chrome
-trace to the run directory, and the converter process (``formats/kineto_serve.py``) converts
-it and appends its events to events.jsonl (``MLTRACE_OP_CONVERTER=0``, or a failed process:
+model call once a cycle's seconds have passed, the program's thread stops the profiler,
+exports the stopped cycle's Chrome trace to the run directory and starts the next
+(``_next_cycle``; run.json ``torch_profiler.pauses`` keeps each switch's interval); a converter
+thread has the converter process (``formats/kineto_serve.py``) convert it and append its events
+to events.jsonl (``MLTRACE_OP_CONVERTER=0``, or a failed process:
 the thread converts in this process). Memory stays about one cycle's, the op level needs no
 early end, and a killed run keeps the cycles converted before (a trace file left in the run
 directory is one being converted: ``mltrace import`` reads it). A cycle waits while another
@@ -84,6 +85,9 @@ CYCLE_S = 0.1
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
 CYCLE_OPS_MAX = 25_000
+#: The cycle switches whose intervals run.json keeps (``torch_profiler.pauses``); later ones
+#: are counted only.
+PAUSES_KEPT = 10_000
 
 
 def cycle_seconds() -> float:
@@ -152,6 +156,11 @@ class TorchOpSource(Source):
         self._cycling_thread: int | None = None  # the thread of the first model call that returned
         #: Why the cycles stopped and the profiler runs on whole ("" while they go on).
         self.cycles_stopped = ""
+        #: Cycle switches so far, and the program's time in them (stop, export, restart).
+        self.switches = 0
+        self.switch_ns = 0
+        #: The switches' intervals: (native thread id, session begin ns, session end ns).
+        self.pauses: list[tuple[int, int, int]] = []
 
     @property
     def profiling(self) -> bool:
@@ -322,11 +331,18 @@ class TorchOpSource(Source):
         if prof is None or cycles is None:
             return
         stopped_ns = now_ns()  # every op of the cycle ended by now
+        t0 = time.perf_counter_ns()
         prof.stop()
-        cycles.hand(prof, self._cycle_calls, stopped_ns)
+        path = self._export_cycle(prof, cycles.handed + 1)
+        del prof
+        cycles.hand(path, self._cycle_calls, stopped_ns)
         self._cycle_calls = 0
-        if not restart:
-            return
+        if restart:
+            self._restart()
+        self._note_pause(stopped_ns, t0)
+
+    def _restart(self) -> None:
+        """Starts the next cycle's profiler; one that fails to start ends the op level here."""
         try:
             from torch.profiler import profile
 
@@ -340,6 +356,25 @@ class TorchOpSource(Source):
             return
         self._prof = prof
         self._cycle_began = time.monotonic()
+
+    def _note_pause(self, began_ns: int, began_perf_ns: int) -> None:
+        """Counts a cycle switch that held the program's thread from session time ``began_ns``
+        until now, keeping its interval (up to ``PAUSES_KEPT``) for run.json."""
+        self.switches += 1
+        self.switch_ns += time.perf_counter_ns() - began_perf_ns
+        if len(self.pauses) < PAUSES_KEPT:
+            self.pauses.append((threading.get_native_id(), began_ns, now_ns()))
+
+    def _export_cycle(self, prof: Any, number: int) -> Path:
+        """Writes a stopped cycle's Chrome trace to the run directory (``torch-profiler-<number>.json``)
+        and frees what torch held, on the program's thread between two model calls: both hold
+        the GIL throughout, so on the converter thread they would stall the program's thread
+        inside its next model call instead, where the stall would count as the model's time."""
+        path = self._export_dir() / f"torch-profiler-{number}.json"
+        with gc_paused():
+            prof.export_chrome_trace(str(path))
+            _release(prof)
+        return path
 
     def end_early(self) -> None:
         """Stops the profiler now (``tracer/windows.py``): in cycles, its last cycle goes to the
@@ -443,6 +478,9 @@ class TorchOpSource(Source):
         stats["cycles"] = cycles
         if self._cycles is not None:
             stats["cycle_s"] = self.cycle_s
+            stats["switches"] = self.switches
+            stats["switch_s"] = round(self.switch_ns / 1e9, 6)
+            stats["pauses"] = [list(p) for p in self.pauses]
             if self.cycles_stopped:
                 stats["cycles_stopped"] = self.cycles_stopped
             if self._cycles.spans_written:
@@ -477,7 +515,7 @@ class _Converter:
     def __init__(self, source: TorchOpSource, session: SessionView) -> None:
         self._source = source
         self._session = session
-        self._queue: queue.SimpleQueue[tuple[Any, int, int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Path, int, int] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.handed = 0
         self.cycles = 0
@@ -491,12 +529,12 @@ class _Converter:
         self.use_process = converter_process_wanted()
         self._process: _ConverterProcess | None = None
 
-    def hand(self, prof: Any, calls: int, stopped_ns: int = 0) -> None:
-        """Queues a stopped profiler (of ``calls`` model calls, stopped at session time
-        ``stopped_ns``) for conversion."""
+    def hand(self, path: Path, calls: int, stopped_ns: int = 0) -> None:
+        """Queues a stopped cycle's exported trace (of ``calls`` model calls, stopped at session
+        time ``stopped_ns``) for conversion."""
         self.handed += 1
         self.queued_calls += calls
-        self._queue.put((prof, calls, stopped_ns))
+        self._queue.put((path, calls, stopped_ns))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
@@ -528,10 +566,9 @@ class _Converter:
             item = self._queue.get()
             if item is None:
                 return
-            prof, calls, stopped_ns = item
-            del item
+            path, calls, stopped_ns = item
             try:
-                self._convert(prof, calls)
+                self._convert(path, calls)
                 self.sealed_ns = stopped_ns
                 self._session.flush_soon()  # the finish may take the cycle now
             except Exception as exc:  # a cycle lost, never the program
@@ -541,22 +578,13 @@ class _Converter:
                 with self._converted:
                     self.cycles += 1
                     self._converted.notify_all()
-            del prof
             # What the cycle's stop, export, load and conversion freed goes back to the system
-            # (glibc keeps it otherwise, much of it in this thread's own arena).
+            # (glibc keeps it otherwise).
             release_free_memory()
 
-    def _convert(self, prof: Any, calls: int) -> None:
+    def _convert(self, path: Path, calls: int) -> None:
         source = self._source
         t0 = time.perf_counter_ns()
-        path = source._export_dir() / f"torch-profiler-{self.cycles + 1}.json"
-        # The cyclic collector is paused meanwhile, process-wide: the export and an in-process
-        # load and conversion build many objects and no cycles, and full collections of a
-        # process with torch loaded, again and again, made them several times slower.
-        with gc_paused():
-            prof.export_chrome_trace(str(path))
-            _release(prof)
-            del prof
         if calls and not self.cycles:
             # The first cycle (one model call): its ops per call, counted in the file, for the
             # span limit while the converter process starts (its imports) and converts it.
@@ -566,6 +594,9 @@ class _Converter:
         spans = self._convert_elsewhere(path)
         if spans is None:
             try:
+                # The cyclic collector is paused meanwhile, process-wide: the load and conversion
+                # build many objects and no cycles, and full collections of a process with torch
+                # loaded, again and again, made them several times slower.
                 with gc_paused():
                     result = source.convert(path)
             finally:
