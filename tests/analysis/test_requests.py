@@ -72,6 +72,24 @@ def test_server_spans_are_the_requests_and_their_time_is_split() -> None:
     assert (fast.label, fast.model_ns, fast.before_model_ns, fast.after_model_ns) == ("r2", 1_500, 500, 1_000)
 
 
+def test_mltrace_pauses_are_left_out_of_a_requests_time() -> None:
+    """Pauses after request 1's first model call (5,000..5,600) and after its last
+    (8,000..8,300), and one outside every request: request 1 is 900 shorter, its
+    between and after parts less by their pause, and the text says what was left out."""
+    pauses = {"torch_profiler": {"pauses": [[1, 5_000, 5_600], [1, 8_000, 8_300], [1, 12_000, 13_000]]}}
+    req = find_requests(run=_run(_service(), meta=pauses))
+    assert req is not None
+    slow = req.slowest[0]
+    assert (slow.total_ns, slow.paused_ns, slow.model_ns) == (9_100, 900, 5_000)
+    assert (slow.before_model_ns, slow.between_models_ns, slow.after_model_ns) == (2_000, 400, 1_700)
+    assert (req.total_ns, req.paused_ns, req.p50_ns) == (12_100, 900, 6_050)
+    run = _run(_service(), meta=pauses)
+    report = build_report(run, analyze(run, PEAKS))
+    assert not errors(report, REPORT_SCHEMA)
+    assert report["requests"]["paused_ns"] == 900 and report["requests"]["slowest"][0]["paused_ns"] == 900
+    assert "mltrace's own pauses 900 ns left out" in render_markdown(report)
+
+
 def test_without_server_spans_the_outermost_user_spans_around_models_are() -> None:
     spans = [
         Span(1, None, Level.USER, "request", 0, 1_000, 1, {"request_id": 5}),

@@ -4,7 +4,9 @@ profiler's stop and its hand-over to the converter lost every later op)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,13 +56,20 @@ class _StopSignalled:
         self.stopped = True
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def export_chrome_trace(self, path: str) -> None:
+        Path(path).write_text("{}")
+
 
 class _Cycles:
     def __init__(self) -> None:
-        self.handed: list[tuple[Any, int]] = []
+        self.paths: list[tuple[Path, int]] = []
 
-    def hand(self, prof: Any, calls: int, stopped_ns: int = 0) -> None:
-        self.handed.append((prof, calls))
+    @property
+    def handed(self) -> int:
+        return len(self.paths)
+
+    def hand(self, path: Path, calls: int, stopped_ns: int = 0) -> None:
+        self.paths.append((path, calls))
 
 
 def test_a_signal_during_a_cycle_switch_comes_after_the_stopped_profiler_is_handed_on(raising_sigterm: None) -> None:
@@ -69,4 +78,6 @@ def test_a_signal_during_a_cycle_switch_comes_after_the_stopped_profiler_is_hand
     source._prof, source._cycles, source._cycle_calls = prof, cycles, 7  # type: ignore[assignment]
     with pytest.raises(_Interrupted):
         source._next_cycle(restart=False)
-    assert prof.stopped and cycles.handed == [(prof, 7)] and source._prof is None
+    assert prof.stopped and source._prof is None
+    assert [(path.name, path.read_text(), calls) for path, calls in cycles.paths] == [("torch-profiler-1.json", "{}", 7)]
+    shutil.rmtree(cycles.paths[0][0].parent)  # the source's temporary directory (no run directory)

@@ -17,6 +17,7 @@ import mltrace
 from conftest import SCRIPTS, mltrace_cmd
 from mltrace.run.background import HELPER_NICE
 from mltrace.run.levels import Level
+from mltrace.tracer.sources.torch_ops import PAUSED_TRACK
 
 torch = pytest.importorskip("torch")
 
@@ -89,6 +90,9 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
     for _thread, begin, end in profiler["pauses"]:
         assert begin < end
         assert not [m for m in models if m.start_ns < end and m.end_ns > begin]
+    (track,) = [t.id for t in run.tracks.values() if t.name == PAUSED_TRACK]
+    steps = sorted((c.ts_ns, c.value) for c in run.counters if c.track_id == track)
+    assert steps == sorted((ts, v) for _t, begin, end in profiler["pauses"] for ts, v in ((begin, 1), (end, 0)))
     # Each interval holds the switch's own timing (taken inside it; switch_s is rounded to 1 µs).
     paused_ns = sum(end - begin for _t, begin, end in profiler["pauses"])
     assert paused_ns >= profiler["switch_s"] * 1e9 - 1000 * len(profiler["pauses"]) > 0

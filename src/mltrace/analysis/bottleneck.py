@@ -26,6 +26,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
 from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
+from mltrace.analysis.pauses import TRACER_PAUSE, Pauses
 from mltrace.analysis.peaks import Peaks, PeakSet, raised
 from mltrace.analysis.ranks import RankTimes, rank_times
 from mltrace.analysis.requests import Requests, find_requests
@@ -574,11 +575,11 @@ def _union(intervals: list[tuple[int, int, str]]) -> tuple[int, list[tuple[int, 
     return busy, gaps
 
 
-def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, pauses: Iterable[tuple[int, int]] = ()) -> Idle:
+def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, pauses: Pauses | None = None) -> Idle:
     """Idle time of ``intervals``' window; ``pauses`` (mltrace's own, session ns) inside the
     window and outside the intervals are neither busy nor idle, and end no gap."""
     begin, end = min(s for s, _, _ in intervals), max(e for _, e, _ in intervals)
-    inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in pauses if s < end and e > begin]
+    inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in (pauses.intervals if pauses else ()) if s < end and e > begin]
     busy, gaps = _union(list(intervals))
     if inside:
         with_pauses, gaps = _union([*intervals, *inside])
@@ -586,17 +587,6 @@ def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, paus
         with_pauses = busy
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
     return Idle(where, end - begin, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]], tracer_ns=with_pauses - busy)
-
-
-#: The name a gap gives mltrace's own pause at one of its ends.
-TRACER_PAUSE = "mltrace's pause"
-
-
-def tracer_pauses(meta: dict[str, Any]) -> list[tuple[int, int]]:
-    """mltrace's own pauses of the program's thread that run.json keeps (torch.profiler's cycle
-    switches: ``torch_profiler.pauses``, [thread, begin ns, end ns] each), as (begin, end)."""
-    rows = (meta.get("torch_profiler") or {}).get("pauses") or []
-    return [(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3]
 
 
 def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
@@ -669,7 +659,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
             if roofs is not None and row.flops > 0 and t > 0:
                 row.achieved_flops = row.flops / (t * 1e-9)
                 row.peak_share = _share_or_none(row.achieved_flops, roofs.top_flops_per_s)
-    findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops, tracer_pauses(run.meta))
+    findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops, Pauses.of_run(run.meta))
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(
@@ -763,7 +753,7 @@ def _findings(
     peaks: PeakSet | None,
     model_ns: int,
     has_ops: bool,
-    pauses: list[tuple[int, int]],
+    pauses: Pauses,
 ) -> Findings:
     findings = Findings()
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]

@@ -6,7 +6,8 @@ For each: the time to first token is from the span's start to the end of its
 first (prefill) model call; the time per output token is the time between the
 ends of consecutive model calls after it (each decode step: the model call and
 the sampling around it); tokens per second is new tokens per sequence over the
-whole call. Each call names the user's line that called ``generate()`` (the
+whole call. mltrace's own pauses inside a call (``analysis/pauses.py``) are left out of
+each of these times. Each call names the user's line that called ``generate()`` (the
 span's ``code.*``: the innermost frame outside the frameworks and transformers).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from mltrace.analysis.codepaths import location, source_line
 from mltrace.analysis.coldstart import percentile_ns
+from mltrace.analysis.pauses import Pauses
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
@@ -35,6 +37,8 @@ class GenerateCall:
         ttft_ns: time to first token (None without model calls).
         token_ns: the time of each decode step, in order.
         file, line: the user's line that called it (``code.*``), or None where not recorded.
+        paused_ns: mltrace's own pauses inside it, left out of ``total_ns``, ``ttft_ns`` and
+            ``token_ns``.
     """
 
     model: str
@@ -46,6 +50,7 @@ class GenerateCall:
     token_ns: list[int]
     file: str | None = None
     line: int | None = None
+    paused_ns: int = 0
 
     @property
     def tpot_median_ns(self) -> int | None:
@@ -72,6 +77,8 @@ class GenerateCall:
             parts.append(f"per output token {fmt_ns(self.tpot_median_ns or 0)} median (p90 {fmt_ns(self.tpot_p90_ns or 0)})")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:.1f} tokens/s")
+        if self.paused_ns:
+            parts.append(f"mltrace's own pauses ({fmt_ns(self.paused_ns)}) left out")
         return ", ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
@@ -86,6 +93,7 @@ class GenerateCall:
             "tpot_median_ns": self.tpot_median_ns,
             "tpot_p90_ns": self.tpot_p90_ns,
             "tokens_per_s": self.tokens_per_s,
+            "paused_ns": self.paused_ns,
             "source": self.source,
             "source_text": source_line(self.file, self.line) or None,
         }
@@ -120,24 +128,27 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         if "ml.generate.step" in table.attrs(r):
             children[int(parent[r])].append(r)
     start, end = table.start, table.end
+    pauses = Pauses.of_run(run.meta)
     out = []
     for call in sorted(calls, key=lambda r: int(start[r])):
         steps = sorted(children[call], key=lambda r: int(start[r]))
         ends = [int(end[r]) for r in steps]
         attrs = table.attrs(call)
         tokens = attrs.get("ml.generate.new_tokens")
-        call_start = int(start[call])
+        call_start, call_end = int(start[call]), int(end[call])
+        paused = pauses.within(call_start, call_end)
         out.append(
             GenerateCall(
                 model=str(attrs["ml.generate.model"]),
                 start_ns=call_start,
-                total_ns=int(end[call]) - call_start,
+                total_ns=call_end - call_start - paused,
                 model_calls=len(steps),
                 new_tokens=int(tokens) if isinstance(tokens, int) else None,
-                ttft_ns=ends[0] - call_start if ends else None,
-                token_ns=[b - a for a, b in zip(ends, ends[1:])],
+                ttft_ns=ends[0] - call_start - pauses.within(call_start, ends[0]) if ends else None,
+                token_ns=[b - a - pauses.within(a, b) for a, b in zip(ends, ends[1:])],
                 file=_text(attrs.get("code.file.path")),
                 line=_int(attrs.get("code.line.number")),
+                paused_ns=paused,
             )
         )
     return out

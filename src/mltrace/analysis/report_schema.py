@@ -137,6 +137,7 @@ GENERATE = _object(
         "tpot_median_ns": _OPT_INT,
         "tpot_p90_ns": _OPT_INT,
         "tokens_per_s": _OPT_NUM,
+        "paused_ns": _INT,
         "source": _OPT_STR,
         "source_text": _OPT_STR,
     }
@@ -157,6 +158,7 @@ REQUEST = _object(
         "between_models_ns": _INT,
         "after_model_ns": _INT,
         "outside_ops_ns": _INT,
+        "paused_ns": _INT,
         "layers": _array(_object({"name": _STR, "type": _OPT_STR, "ns": _INT})),
         "ops": _array(_NAME_NS),
     }
@@ -170,6 +172,7 @@ _REQUESTS_PROPS = {
     "p99_ns": _INT,
     "total_ns": _INT,
     "model_ns": _INT,
+    "paused_ns": _INT,
     "slowest": _array(REQUEST),
 }
 REQUESTS = {**_object(_REQUESTS_PROPS), "type": ["object", "null"]}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.coldstart import percentile_ns
+from mltrace.analysis.pauses import Pauses
 from mltrace.analysis.tree import Tree, tree_of
 from mltrace.run.levels import Level
 
@@ -65,6 +66,8 @@ class Request:
             is ``before_model_ns`` in a request with no model call).
         outside_ops_ns: the union of the time of ops inside the request but in no model call.
         layers, ops: its top layers and ops by self time, largest first.
+        paused_ns: mltrace's own pauses inside it (``analysis/pauses.py``), left out of
+            ``total_ns`` and of the parts outside its model calls.
     """
 
     name: str
@@ -81,6 +84,7 @@ class Request:
     layers: list[NameTime] = field(default_factory=list)
     ops: list[NameTime] = field(default_factory=list)
     source: str | None = None
+    paused_ns: int = 0
 
     @property
     def outside_ns(self) -> int:
@@ -90,7 +94,7 @@ class Request:
     def as_dict(self) -> dict[str, Any]:
         """The report JSON's ``requests.slowest[]`` entry."""
         keys: tuple[str, ...] = ("name", "label", "source", "pid", "start_ns", "total_ns", "model_calls", "model_ns", "outside_ns")
-        keys += ("before_model_ns", "between_models_ns", "after_model_ns", "outside_ops_ns")
+        keys += ("before_model_ns", "between_models_ns", "after_model_ns", "outside_ops_ns", "paused_ns")
         out: dict[str, Any] = {k: getattr(self, k) for k in keys}
         out["layers"] = [{"name": x.name, "type": x.type, "ns": x.ns} for x in self.layers]
         out["ops"] = [{"name": x.name, "ns": x.ns} for x in self.ops]
@@ -106,10 +110,11 @@ class Requests:
             (outermost user spans with a model call inside).
         names: the request spans' names, most frequent first.
         count: how many requests.
-        p50_ns, p90_ns, p99_ns: percentiles of their durations.
-        total_ns: their durations summed.
+        p50_ns, p90_ns, p99_ns: percentiles of their durations (mltrace's own pauses left out).
+        total_ns: their durations summed (the same).
         model_ns: their model time summed.
         slowest: the slowest requests, slowest first, each with where its time went.
+        paused_ns: mltrace's own pauses inside them, left out of the durations.
     """
 
     source: str
@@ -121,10 +126,11 @@ class Requests:
     total_ns: int
     model_ns: int
     slowest: list[Request]
+    paused_ns: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The report JSON's ``requests`` section."""
-        keys = ("source", "names", "count", "p50_ns", "p90_ns", "p99_ns", "total_ns", "model_ns")
+        keys = ("source", "names", "count", "p50_ns", "p90_ns", "p99_ns", "total_ns", "model_ns", "paused_ns")
         return {**{k: getattr(self, k) for k in keys}, "slowest": [r.as_dict() for r in self.slowest]}
 
 
@@ -168,11 +174,13 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
     is_req[rows] = True
     near = tree.nearest(is_req)
     models = _group(near, outer_model)
-    dur = (t.end - t.start).astype(np.int64)
+    pauses = Pauses.of_run(run.meta)
+    paused = {r: pauses.within(int(t.start[r]), int(t.end[r])) for r in rows.tolist()} if pauses else {}
+    dur = {r: int(t.end[r]) - int(t.start[r]) - paused.get(r, 0) for r in rows.tolist()}
     model_ns = {int(r): _clipped_union(t, models.get(int(r), []), int(r)) for r in rows.tolist()}
-    order = sorted(rows.tolist(), key=lambda r: (-int(dur[r]), int(t.start[r])))
-    durations = [int(dur[r]) for r in rows.tolist()]
-    explained = [_explain(run, t, r, models.get(r, []), near, level, tree, top) for r in order[:slowest]]
+    order = sorted(rows.tolist(), key=lambda r: (-dur[r], int(t.start[r])))
+    durations = list(dur.values())
+    explained = [_explain(run, t, r, models.get(r, []), (near, level, tree), top, pauses) for r in order[:slowest]]
     names = _names(t, rows)
     return Requests(
         source=source,
@@ -184,6 +192,7 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
         total_ns=sum(durations),
         model_ns=sum(model_ns.values()),
         slowest=explained,
+        paused_ns=sum(paused.values()),
     )
 
 
@@ -222,16 +231,22 @@ def _clipped_union(t: SpanTable, rows: list[int], req: int) -> int:
     return union_ns([(max(lo, int(t.start[r])), min(hi, int(t.end[r]))) for r in rows if int(t.end[r]) > lo and int(t.start[r]) < hi])
 
 
-def _explain(run: Run, t: SpanTable, req: int, models: list[int], near: np.ndarray, level: np.ndarray, tree: Tree, top: int) -> Request:
-    """Where the time of request ``req`` went."""
+def _explain(
+    run: Run, t: SpanTable, req: int, models: list[int], where: tuple[np.ndarray, np.ndarray, Tree], top: int, pauses: Pauses
+) -> Request:
+    """Where the time of request ``req`` went (``where``: each row's nearest request, level and
+    the tree); mltrace's own pauses are left out of its time outside the model calls."""
     import numpy as np
 
+    near, level, tree = where
     lo, hi = int(t.start[req]), int(t.end[req])
     spans = sorted((max(lo, int(t.start[r])), min(hi, int(t.end[r]))) for r in models)
     spans = [(s, e) for s, e in spans if e > s]
     model_ns = union_ns(spans)
-    before = spans[0][0] - lo if spans else hi - lo
-    after = hi - max(e for _, e in spans) if spans else 0
+    first, last = (spans[0][0], max(e for _, e in spans)) if spans else (hi, hi)
+    before = first - lo - pauses.within(lo, first)
+    after = hi - last - pauses.within(last, hi)
+    paused = pauses.within(lo, hi)
     inside = near == req
     in_model = np.zeros(len(t), dtype=bool)
     in_model[models] = True
@@ -246,15 +261,16 @@ def _explain(run: Run, t: SpanTable, req: int, models: list[int], near: np.ndarr
         source=_source(attrs),
         pid=track.pid if track is not None else 0,
         start_ns=lo,
-        total_ns=hi - lo,
+        total_ns=hi - lo - paused,
         model_calls=len(models),
         model_ns=model_ns,
         before_model_ns=before,
-        between_models_ns=max(0, hi - lo - model_ns - before - after),
+        between_models_ns=max(0, hi - lo - paused - model_ns - before - after),
         after_model_ns=after,
         outside_ops_ns=union_ns([(int(t.start[r]), int(t.end[r])) for r in loose_ops.tolist()]),
         layers=_top_self(t, np.nonzero(inside & (level == int(Level.LAYER)))[0], top),
         ops=_top_self(t, np.nonzero(inside & is_op)[0], top),
+        paused_ns=paused,
     )
 
 

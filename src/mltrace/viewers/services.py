@@ -36,7 +36,8 @@ def requests_headline(req: dict[str, Any]) -> str:
     count = f"{req['count']} request" + ("" if req["count"] == 1 else "s")
     latency = f"p50 {fmt_ns(req['p50_ns'])}, p90 {fmt_ns(req['p90_ns'])}, p99 {fmt_ns(req['p99_ns'])}"
     share = _pct(req["model_ns"], req["total_ns"])
-    return f"{count} ({_SOURCES.get(req['source'], req['source'])}: {names}): {latency}; model {share} of their time"
+    paused = f"; mltrace's own pauses ({fmt_ns(req['paused_ns'])}) left out" if req["paused_ns"] else ""
+    return f"{count} ({_SOURCES.get(req['source'], req['source'])}: {names}): {latency}; model {share} of their time{paused}"
 
 
 def request_cells(r: dict[str, Any]) -> list[str]:
@@ -50,6 +51,8 @@ def request_cells(r: dict[str, Any]) -> list[str]:
     ]
     if r["outside_ops_ns"]:
         parts.append(f"ops {fmt_ns(r['outside_ops_ns'])}")
+    if r["paused_ns"]:
+        parts.append(f"mltrace's own pauses {fmt_ns(r['paused_ns'])} left out")
     layers = ", ".join(f"{x['name']}" + (f" ({x['type']})" if x["type"] else "") + f" {fmt_ns(x['ns'])}" for x in r["layers"])
     ops = ", ".join(f"{x['name']} {fmt_ns(x['ns'])}" for x in r["ops"])
     return [

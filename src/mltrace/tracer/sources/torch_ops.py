@@ -88,6 +88,8 @@ CYCLE_OPS_MAX = 25_000
 #: The cycle switches whose intervals run.json keeps (``torch_profiler.pauses``); later ones
 #: are counted only.
 PAUSES_KEPT = 10_000
+#: The counter track of the switches in the trace: 1 from a switch's begin to its end, else 0.
+PAUSED_TRACK = "mltrace.paused"
 
 
 def cycle_seconds() -> float:
@@ -362,8 +364,14 @@ class TorchOpSource(Source):
         until now, keeping its interval (up to ``PAUSES_KEPT``) for run.json."""
         self.switches += 1
         self.switch_ns += time.perf_counter_ns() - began_perf_ns
+        ended_ns = now_ns()
         if len(self.pauses) < PAUSES_KEPT:
-            self.pauses.append((threading.get_native_id(), began_ns, now_ns()))
+            self.pauses.append((threading.get_native_id(), began_ns, ended_ns))
+        session = self._session
+        if session is not None:  # a step in the trace: 1 while the program's thread was held
+            track = session.tracks.counter(PAUSED_TRACK)
+            session.recorder.counter(track, 1, began_ns)
+            session.recorder.counter(track, 0, ended_ns)
 
     def _export_cycle(self, prof: Any, number: int) -> Path:
         """Writes a stopped cycle's Chrome trace to the run directory (``torch-profiler-<number>.json``)

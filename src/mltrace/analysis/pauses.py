@@ -1,0 +1,41 @@
+"""mltrace's own pauses of the traced program: torch.profiler's cycle switches, which hold the
+program's thread between two model calls (run.json ``torch_profiler.pauses``). The report
+leaves them out of what it says of the program's time: idle time between model calls, a
+``generate()`` call's times per token, a request's time outside its model calls."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+#: The name a gap gives mltrace's own pause at one of its ends.
+TRACER_PAUSE = "mltrace's pause"
+
+
+class Pauses:
+    """The run's pauses as sorted, disjoint (begin, end) session-clock intervals (ns)."""
+
+    def __init__(self, intervals: list[tuple[int, int]]) -> None:
+        self.intervals = sorted((b, e) for b, e in intervals if e > b)
+        self._begins = [b for b, _ in self.intervals]
+
+    @classmethod
+    def of_run(cls, meta: dict[str, Any]) -> Pauses:
+        """The pauses run.json keeps (``torch_profiler.pauses``: [thread, begin ns, end ns] each)."""
+        rows = (meta.get("torch_profiler") or {}).get("pauses") or []
+        return cls([(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3])
+
+    def __bool__(self) -> bool:
+        return bool(self.intervals)
+
+    def within(self, begin: int, end: int) -> int:
+        """How long the pauses cover of ``[begin, end)`` (ns)."""
+        if not self.intervals or end <= begin:
+            return 0
+        i = max(0, bisect.bisect_right(self._begins, begin) - 1)
+        total = 0
+        for b, e in self.intervals[i:]:
+            if b >= end:
+                break
+            total += max(0, min(e, end) - max(b, begin))
+        return total
