@@ -42,6 +42,15 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
     return 0;
 }
 
+/* The buffer's bytes as a new bytes object (NULL on error), the buffer freed either way. */
+static PyObject *buf_take(Buf *b) {
+    PyObject *out = PyBytes_FromStringAndSize(b->data ? b->data : "", b->len);
+    PyMem_Free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+    return out;
+}
+
 static inline int varint_len(uint64_t v) {
     int n = 1;
     while (v >= 0x80) { v >>= 7; n++; }
@@ -208,9 +217,7 @@ static PyObject *fresh_block(PyObject *attrs, const Interned *in) {
         put(&b, PyBytes_AS_STRING(name), nlen);
         put(&b, val, vlen);
     }
-    PyObject *block = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
-    PyMem_Free(b.data);
-    return block;
+    return buf_take(&b);
 miss:
     PyMem_Free(b.data);
     return NULL;
@@ -330,9 +337,7 @@ static PyObject *encode_spans(PyObject *mod, PyObject *args) {
             if (bad) goto fail;
         }
     }
-    PyObject *out = PyBytes_FromStringAndSize(b.data ? b.data : "", b.len);
-    PyMem_Free(b.data);
-    return out;
+    return buf_take(&b);
 fail:
     PyMem_Free(b.data);
     return NULL;
