@@ -77,6 +77,9 @@ def test_the_report_gives_time_to_first_token_and_per_output_token(tmp_path: Pat
         assert main(["report", str(tmp_path / "run"), "--format", "md"]) == 0
     row = buf.getvalue().split("### Generation", 1)[1].splitlines()[4]
     assert row.startswith("| GPT2LMHeadModel | 6 |")
+    assert main(["report", str(tmp_path / "run"), "--html", str(tmp_path / "report.html")]) == 0
+    findings = (tmp_path / "report.html").read_text().split("Findings", 1)[1]
+    assert "generate (GPT2LMHeadModel) at " in findings and "per output token" in findings
 
 
 def test_generate_outside_a_session_is_transformers_own() -> None:

@@ -585,6 +585,7 @@ def _cold_item(a: Analysis) -> str:
 def _findings(a: Analysis) -> str:
     f = a.findings
     items: list[str] = [_cold_item(a)] if a.cold_text() else []
+    items += [_e(g.text()) for g in a.generation]
     total = sum(f.bound_ns.values())
     if total:
         shares = ", ".join(
