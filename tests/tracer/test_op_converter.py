@@ -209,3 +209,31 @@ def test_a_forked_child_that_outlives_the_session_does_not_hold_the_converter(tm
             os.kill(child, signal.SIGKILL)
             os.waitpid(child, 0)
     assert len([s for s in mltrace.load_run(tmp_path / "run").spans if s.name == "aten::linear"]) == 10
+
+
+def test_a_cycle_that_fails_to_export_is_lost_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export that fails (a full disk) loses that cycle's ops, says so, and the cycles go on."""
+    from mltrace.tracer.sources import torch_ops
+
+    real = torch_ops.TorchOpSource._export_cycle
+
+    def failing_second(self: torch_ops.TorchOpSource, prof: object, number: int) -> Path:
+        if number == 2 and not getattr(self, "_failed", False):
+            self._failed = True  # type: ignore[attr-defined]
+            raise OSError(28, "No space left on device")
+        return real(self, prof, number)
+
+    monkeypatch.setattr(torch_ops.TorchOpSource, "_export_cycle", failing_second)
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        for _ in range(20):
+            model(torch.randn(2, 8))
+            time.sleep(0.02)
+    run = mltrace.load_run(tmp_path / "run")
+    assert [e for e in run.meta["errors"] if "exporting cycle 2 failed: [Errno 28] No space left on device" in e]
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    assert 0 < len(linear) < 20
+    last = max((m for m in run.spans if m.level == Level.MODEL), key=lambda m: m.start_ns)
+    assert [s for s in linear if last.start_ns <= s.start_ns and s.end_ns <= last.end_ns]  # recorded after the loss
+    assert run.meta["torch_profiler"]["cycles"] >= 3  # the cycles after the lost one were converted

@@ -335,9 +335,14 @@ class TorchOpSource(Source):
         stopped_ns = now_ns()  # every op of the cycle ended by now
         t0 = time.perf_counter_ns()
         prof.stop()
-        path = self._export_cycle(prof, cycles.handed + 1)
+        try:
+            path = self._export_cycle(prof, cycles.handed + 1)
+        except Exception as exc:  # the cycle lost (a full disk), never the program or the next cycle
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: exporting cycle {cycles.handed + 1} failed: {exc}")
+        else:
+            cycles.hand(path, self._cycle_calls, stopped_ns)
         del prof
-        cycles.hand(path, self._cycle_calls, stopped_ns)
         self._cycle_calls = 0
         if restart:
             self._restart()
