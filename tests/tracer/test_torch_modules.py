@@ -951,3 +951,67 @@ def test_model_spans_keep_their_own_shapes_when_conversions_are_cached(tmp_path:
     assert [s.attrs["ml.input.shapes"] for s in models] == [[list(a), list(b)] for a, b in calls]
     assert [s.attrs["ml.input.dtypes"] for s in models] == [["float32", "float64"]] * 4
     assert [s.attrs["ml.output.shapes"] for s in models] == [[[]]] * 4
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> Any:
+    """A small GPT-2 (transformers imported here, before the per-test check of import hooks:
+    transformers adds one to ``sys.meta_path`` when first imported)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=500, n_positions=64)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_a_transformers_generate_computes_the_same_tokens_and_logits_as_plain(tmp_path: Path, gpt2: Any) -> None:
+    """mltrace never changes what the program computes, nor torch's thread count: a GPT-2
+    ``generate()`` gives bit-identical tokens and per-step logits at the model and layer levels
+    (both hot paths: the fixture) as without mltrace, while the layer level records its layers."""
+    model = gpt2
+    prompt = torch.randint(0, 500, (1, 6), generator=torch.Generator().manual_seed(0))
+
+    def generate() -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        with torch.no_grad():
+            out = model.generate(
+                prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0,
+                return_dict_in_generate=True, output_logits=True,
+            )  # fmt: skip
+        return out.sequences, list(out.logits), torch.get_num_threads()
+
+    plain_tokens, plain_logits, plain_threads = generate()
+    for level in ("model", "layer"):
+        with mltrace.profile(output=tmp_path / level, summary=False, level=level):
+            tokens, logits, threads = generate()
+        assert torch.equal(tokens, plain_tokens)
+        assert len(logits) == len(plain_logits) == 6
+        assert all(torch.equal(a, b) for a, b in zip(logits, plain_logits, strict=True))
+        assert threads == plain_threads
+        run = mltrace.load_run(tmp_path / level)
+        assert _names(run, Level.MODEL) == ["GPT2LMHeadModel"] * 6
+        assert ("transformer.h.1.attn" in _names(run)) is (level == "layer")
+
+
+def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path) -> None:
+    """Every outermost module call is a model call, parameters or not: a loss called beside the
+    model is its own model (its own calls and invocation numbers, the model's left as they are),
+    and so is a frozen TorchScript model, which has no parameters and no children either."""
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.LogSoftmax(dim=1)).eval()
+    loss = nn.NLLLoss()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.freeze's own
+        frozen = torch.jit.freeze(torch.jit.script(nn.Sequential(nn.Linear(8, 4)).eval()))
+    assert not list(frozen.parameters()) and not list(frozen.children())
+    x, y = torch.randn(2, 8), torch.tensor([1, 3])
+
+    def go() -> None:
+        with torch.no_grad():
+            for _ in range(3):
+                loss(net(x), y)
+            frozen(x)
+
+    run = _trace(tmp_path, go)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.name for s in models] == ["Sequential", "NLLLoss"] * 3 + ["RecursiveScriptModule"]
+    assert [s.attrs["ml.model.invocation"] for s in models] == [1, 1, 2, 2, 3, 3, 1]
+    assert [s.attrs["ml.layer.params"] for s in models[:2]] == [8 * 16 + 16 + 16 * 4 + 4, 0]
+    assert _names(run) == ["0", "1", "2", "3"] * 3  # the loss has no layers, nor is it one
