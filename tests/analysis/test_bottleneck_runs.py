@@ -167,7 +167,7 @@ def test_mltrace_pauses_between_model_calls_are_neither_busy_nor_idle() -> None:
     idle = analyze(run, CPU).findings.idle[0]
     assert (idle.window_ns, idle.busy_ns, idle.tracer_ns, idle.idle_ns) == (2500, 1500, 500, 500)
     assert [(g.start_ns, g.end_ns, g.before, g.after) for g in idle.gaps] == [(1300, 1800, "mltrace's pause", "mltrace's pause")]
-    assert "mltrace's own pauses (torch.profiler cycle switches) 500 ns more, left out" in idle.tracer_text()
+    assert "mltrace's own pauses (the op level's cycle switches and waits) 500 ns more, left out" in idle.tracer_text()
     assert analyze(small_cpu_run(), CPU).findings.idle[0].tracer_text() == ""
 
 

@@ -68,7 +68,7 @@ class _Cycles:
     def handed(self) -> int:
         return len(self.paths)
 
-    def hand(self, path: Path, calls: int, stopped_ns: int = 0) -> None:
+    def hand(self, path: Path, calls: int, stopped_ns: int, spans: int) -> None:
         self.paths.append((path, calls))
 
 

@@ -85,7 +85,7 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
     assert len(linear) == 20
     assert profiler["spans_by_category"]["cpu_op"] == sum(1 for s in run.spans if s.level == Level.OP)
     # Every cycle's switch held the program's thread between two model calls, and is kept.
-    assert profiler["switches"] == profiler["cycles"] == len(profiler["pauses"])
+    assert profiler["switches"] == profiler["cycles"] <= len(profiler["pauses"])  # and any wait for the converter
     models = [s for s in run.spans if s.level == Level.MODEL]
     for _thread, begin, end in profiler["pauses"]:
         assert begin < end
@@ -237,3 +237,58 @@ def test_a_cycle_that_fails_to_export_is_lost_alone(tmp_path: Path, monkeypatch:
     last = max((m for m in run.spans if m.level == Level.MODEL), key=lambda m: m.start_ns)
     assert [s for s in linear if last.start_ns <= s.start_ns and s.end_ns <= last.end_ns]  # recorded after the loss
     assert run.meta["torch_profiler"]["cycles"] >= 3  # the cycles after the lost one were converted
+
+
+def test_a_program_with_a_large_set_up_keeps_every_calls_ops(tmp_path: Path) -> None:
+    """The first cycle holds 20,000 tensors' set-up and one model call. Counting every later call
+    as that many ops, the span limit ended the op level after 21-108 of 300 calls (and the
+    program waited for the converter at each call): every call keeps its ops now, and the
+    program waits for nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MLTRACE_OUTPUT", "MLTRACE_OP_CYCLE_S")}
+    proc = subprocess.run(
+        mltrace_cmd("python", "-o", str(tmp_path / "run"), str(SCRIPTS / "setup_then_loop.py")),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=HANG_S,
+    )
+    assert proc.returncode == 0 and proc.stdout == "20000 (4, 64)\n", proc.stderr
+    assert "ended after" not in proc.stderr and "full" not in proc.stderr
+    run = mltrace.load_run(tmp_path / "run")
+    profiler = run.meta["torch_profiler"]
+    assert "waited_for_conversion_s" not in profiler and "reason" not in run.meta["op_window"]
+    assert len([s for s in run.spans if s.level == Level.MODEL]) == 300
+    assert len([s for s in run.spans if s.name == "aten::linear"]) == 600
+
+
+def test_a_wait_for_the_converter_is_kept_as_a_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program quicker than the conversion waits for it between two model calls (a cycle past
+    ``CYCLE_OPS_MAX``): the wait is kept with the switches (``torch_profiler.pauses``), so the
+    report counts it neither as the program's idle time nor in its model calls."""
+    from mltrace.analysis.bottleneck import analyze
+    from mltrace.tracer.sources import torch_ops
+
+    real = torch_ops._Converter._convert
+
+    def slow(self: torch_ops._Converter, path: Path) -> None:
+        time.sleep(0.2)
+        real(self, path)
+
+    monkeypatch.setattr(torch_ops._Converter, "_convert", slow)
+    monkeypatch.setattr(torch_ops, "CYCLE_OPS_MAX", 1)
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        for _ in range(100):  # the estimate of a cycle's ops comes from the second cycle on
+            model(torch.randn(2, 8))
+            time.sleep(0.01)
+    run = mltrace.load_run(tmp_path / "run")
+    profiler = run.meta["torch_profiler"]
+    assert profiler["waited_for_conversion_s"] > 0.1
+    waits = len(profiler["pauses"]) - profiler["switches"]
+    assert waits > 0
+    held = sum(end - begin for _t, begin, end in profiler["pauses"])
+    assert held >= profiler["waited_for_conversion_s"] * 1e9
+    idle = analyze(run).findings.idle[0]
+    assert idle.tracer_ns >= profiler["waited_for_conversion_s"] * 1e9 * 0.9
+    assert idle.idle_ns < 100 * 0.01e9 * 2  # the program's own sleeps, not the waits

@@ -397,7 +397,7 @@ class Idle:
         """The clause on mltrace's own pauses in the window ("" when there were none)."""
         if not self.tracer_ns:
             return ""
-        return f"; mltrace's own pauses (torch.profiler cycle switches) {fmt_ns(self.tracer_ns)} more, left out"
+        return f"; mltrace's own pauses (the op level's cycle switches and waits) {fmt_ns(self.tracer_ns)} more, left out"
 
     @property
     def idle_share(self) -> float:

@@ -85,8 +85,8 @@ CYCLE_S = 0.1
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
 CYCLE_OPS_MAX = 25_000
-#: The cycle switches whose intervals run.json keeps (``torch_profiler.pauses``); later ones
-#: are counted only.
+#: The holds of the program's thread (cycle switches, waits for the converter) whose intervals
+#: run.json keeps (``torch_profiler.pauses``); later ones are counted only.
 PAUSES_KEPT = 10_000
 #: The counter track of the switches in the trace: 1 from a switch's begin to its end, else 0.
 PAUSED_TRACK = "mltrace.paused"
@@ -268,32 +268,37 @@ class TorchOpSource(Source):
 
     def pending_spans(self) -> int:
         """Ops recorded and not yet handed to the session (the session's span limit counts them):
-        the model calls of the cycles not yet converted, times the ops per call of the last
-        cycle converted (none before the first), and the ops the converter process wrote."""
+        the ops the converter process wrote, those of the stopped cycles not yet converted
+        (counted in their files), and the running cycle's model calls times the ops per call of
+        the last stopped cycle (see ``_Converter.spans_per_call``)."""
         cycles = self._cycles
         if cycles is None:
             return 0
-        return cycles.spans_written + int((cycles.queued_calls + self._cycle_calls) * cycles.spans_per_call)
+        return cycles.spans_written + cycles.queued_spans + int(self._cycle_calls * cycles.spans_per_call)
 
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): ends the
-        running cycle where it is due, the converter has finished the cycle before it (else
-        the running one goes on: stopped cycles waiting in its queue would each hold their
-        result), this thread may stop the profiler, and no other thread has a span open (the
-        all-threads profiler's stop drops the ops running there)."""
+        running cycle where it is due (the first two at the first two calls' returns: the first
+        holds the program's set-up, the second one call, whose ops per call the span limit
+        counts by), the converter has finished the cycle before it (else the running one goes
+        on, up to ``CYCLE_OPS_MAX``: the converter's backlog stays one cycle), this thread may
+        stop the profiler, and no other thread has a span open (the all-threads profiler's stop
+        drops the ops running there)."""
         if framework != self.framework or self._prof is None:
             return
         self._cycle_calls += 1
         if self._cycles is not None and not self._one_model_thread():
             return
         cycles = self._cycles
-        first = cycles is not None and cycles.handed == 0
+        first = cycles is not None and cycles.handed < 2
         if not first and time.monotonic() - self._cycle_began < self.cycle_s:
             return
-        if cycles is not None and cycles.cycles < cycles.handed:
+        if cycles is not None and not first and cycles.cycles < cycles.handed:
             if self._cycle_calls * cycles.spans_per_call < CYCLE_OPS_MAX:
                 return
+            waited_from = now_ns()
             cycles.wait_converted()
+            self._note_hold(waited_from)
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
         if self._session is not None and self._session.recorder.open_on_other_threads():
@@ -341,7 +346,7 @@ class TorchOpSource(Source):
             if self._session is not None:
                 self._session.errors.append(f"{self.name}: exporting cycle {cycles.handed + 1} failed: {exc}")
         else:
-            cycles.hand(path, self._cycle_calls, stopped_ns)
+            cycles.hand(path, self._cycle_calls, stopped_ns, _complete_events(path))
         del prof
         self._cycle_calls = 0
         if restart:
@@ -366,9 +371,15 @@ class TorchOpSource(Source):
 
     def _note_pause(self, began_ns: int, began_perf_ns: int) -> None:
         """Counts a cycle switch that held the program's thread from session time ``began_ns``
-        until now, keeping its interval (up to ``PAUSES_KEPT``) for run.json."""
+        (``time.perf_counter_ns()`` ``began_perf_ns``) until now, and keeps it (``_note_hold``)."""
         self.switches += 1
         self.switch_ns += time.perf_counter_ns() - began_perf_ns
+        self._note_hold(began_ns)
+
+    def _note_hold(self, began_ns: int) -> None:
+        """Keeps a time the op level held the program's thread (a cycle switch, a wait for the
+        converter), from session time ``began_ns`` until now: its interval (up to
+        ``PAUSES_KEPT``) for run.json, and a step on the trace's counter track."""
         ended_ns = now_ns()
         if len(self.pauses) < PAUSES_KEPT:
             self.pauses.append((threading.get_native_id(), began_ns, ended_ns))
@@ -515,8 +526,11 @@ class _Converter:
     Attributes:
         handed: cycles handed so far.
         cycles: cycles converted (or failed) so far.
-        queued_calls: model calls of the cycles handed and not yet converted.
-        spans_per_call: spans per model call of the last cycle converted that had calls.
+        queued_spans: the ops of the cycles handed and not yet converted, counted in their files.
+        spans_per_call: the ops per model call of the last cycle handed that had calls, the first
+            left out: it ends at the first model call's return and holds everything the program
+            ran before it (building a data set, tokenising: a set-up of 100,000 ops counted
+            every later call as 100,000 ops); the second holds one call.
         spans_written: spans the converter process wrote to the run (the session counts them).
         converter_peak_rss_kb: the converter process's peak resident memory, once it ended.
         use_process: cycles go to the converter process (``MLTRACE_OP_CONVERTER``, default on).
@@ -528,11 +542,11 @@ class _Converter:
     def __init__(self, source: TorchOpSource, session: SessionView) -> None:
         self._source = source
         self._session = session
-        self._queue: queue.SimpleQueue[tuple[Path, int, int] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Path, int, int] | None] = queue.SimpleQueue()  # path, stop, ops
         self._thread: threading.Thread | None = None
         self.handed = 0
         self.cycles = 0
-        self.queued_calls = 0
+        self.queued_spans = 0
         self.spans_per_call = 0.0
         self.spans_written = 0
         self.converter_peak_rss_kb = 0
@@ -542,12 +556,14 @@ class _Converter:
         self.use_process = converter_process_wanted()
         self._process: _ConverterProcess | None = None
 
-    def hand(self, path: Path, calls: int, stopped_ns: int = 0) -> None:
-        """Queues a stopped cycle's exported trace (of ``calls`` model calls, stopped at session
-        time ``stopped_ns``) for conversion."""
+    def hand(self, path: Path, calls: int, stopped_ns: int, spans: int) -> None:
+        """Queues a stopped cycle's exported trace (of ``calls`` model calls and about ``spans``
+        ops, stopped at session time ``stopped_ns``) for conversion."""
         self.handed += 1
-        self.queued_calls += calls
-        self._queue.put((path, calls, stopped_ns))
+        self.queued_spans += spans
+        if calls and self.handed > 1:
+            self.spans_per_call = spans / calls
+        self._queue.put((path, stopped_ns, spans))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
@@ -579,15 +595,15 @@ class _Converter:
             item = self._queue.get()
             if item is None:
                 return
-            path, calls, stopped_ns = item
+            path, stopped_ns, counted = item
             try:
-                self._convert(path, calls)
+                self._convert(path)
                 self.sealed_ns = stopped_ns
                 self._session.flush_soon()  # the finish may take the cycle now
             except Exception as exc:  # a cycle lost, never the program
                 self._session.errors.append(f"torch.profiler: converting cycle {self.cycles + 1} failed: {exc}")
             finally:
-                self.queued_calls -= calls
+                self.queued_spans -= counted
                 with self._converted:
                     self.cycles += 1
                     self._converted.notify_all()
@@ -595,17 +611,13 @@ class _Converter:
             # (glibc keeps it otherwise).
             release_free_memory()
 
-    def _convert(self, path: Path, calls: int) -> None:
+    def _convert(self, path: Path) -> None:
+        """Converts the cycle at ``path``: in the converter process where there is one, else here."""
         source = self._source
         t0 = time.perf_counter_ns()
-        if calls and not self.cycles:
-            # The first cycle (one model call): its ops per call, counted in the file, for the
-            # span limit while the converter process starts (its imports) and converts it.
-            self.spans_per_call = _complete_events(path) / calls
         if self._process is None and self.use_process:
             self._start_process()
-        spans = self._convert_elsewhere(path)
-        if spans is None:
+        if self._convert_elsewhere(path) is None:
             try:
                 # The cyclic collector is paused meanwhile, process-wide: the load and conversion
                 # build many objects and no cycles, and full collections of a process with torch
@@ -614,11 +626,8 @@ class _Converter:
                     result = source.convert(path)
             finally:
                 path.unlink(missing_ok=True)
-            spans = len(result.spans)
             self._session.add_events(result.events(with_tracks=False))
         source.export_ns += time.perf_counter_ns() - t0
-        if calls:
-            self.spans_per_call = spans / calls
 
     def _start_process(self) -> None:
         """Starts the converter process where it is wanted and the session has a run directory."""
