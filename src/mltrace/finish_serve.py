@@ -24,7 +24,6 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from mltrace.run.background import yield_to_program
 from mltrace.run.jsoncodec import dumps, loads
 
 
@@ -118,7 +117,6 @@ def _finish(finish: Any, meta: dict[str, Any], send: Any) -> None:
 def main() -> int:
     """The process's entry (``python -m mltrace.finish_serve RUN_DIR``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    yield_to_program()
     if len(sys.argv) != 2:
         print("usage: python -m mltrace.finish_serve RUN_DIR", file=sys.stderr)
         return 2

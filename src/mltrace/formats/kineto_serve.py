@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from mltrace.formats.kineto import KinetoEvents, kineto_to_events, load_kineto_json
-from mltrace.run.background import yield_to_program
 from mltrace.run.events import Span, Track
 from mltrace.run.jsoncodec import dumps, loads, trimmed
 from mltrace.run.levels import Level
@@ -212,7 +211,6 @@ def main() -> int:
     """The process's entry: Ctrl-C in the terminal is the traced program's to handle; this
     process ends at the end of its input."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    yield_to_program()
     status = serve(sys.stdin.buffer, sys.stdout.buffer)
     sys.stdout.flush()
     sys.stderr.flush()
