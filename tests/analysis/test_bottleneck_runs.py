@@ -306,3 +306,20 @@ def test_timeline_lanes_cover_the_busy_time() -> None:
     assert sum(lanes[("MainThread (10)", OP)].busy) * tl.bin_ns == pytest.approx(370 + 80 + 30 + 280)
     assert [lv.level for lv in tl.lanes] == [M, L, OP, LIB, U]
     assert [m[2] for m in tl.models] == ["Net", "Net"]
+
+
+def test_a_layers_source_is_its_most_frequent_call_site() -> None:
+    """Three calls from line 12 and a last one from line 40: the report's and the end-of-run
+    summary's source is line 12, the line of most calls (it was the last call's)."""
+    from mltrace.analysis.summary import summarize
+
+    spans = []
+    for i, line in enumerate([12, 12, 12, 40]):
+        base, attrs = 1000 * i, {**linear_attrs(4, 8, 16), "code.line.number": line}
+        spans += [Span(10 + 2 * i, None, M, "Net", base, base + 500, 1, {"ml.layer.type": "Net", "code.line.number": line})]
+        spans += [Span(11 + 2 * i, 10 + 2 * i, L, "a", base + 100, base + 400, 1, attrs)]
+    run = cpu_run(spans)
+    rows = {r.stat.name: r.stat for r in analyze(run, CPU).layers}
+    assert (rows["a"].line, rows["Net"].line) == (12, 12)
+    (top,) = summarize(run)["top_layers_by_self_time"]
+    assert top["location"] == "/src/model.py:12"

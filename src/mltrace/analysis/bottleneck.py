@@ -824,6 +824,7 @@ def _layer_rows(
     rows: list[LayerRow] = []
     for acc in g.rows:
         attrs = table.attrs(acc.first)
+        site = table.attrs(acc.site) if acc.site >= 0 else attrs  # the most frequent call site
         stat = LayerStat(
             acc.name,
             acc.level,
@@ -831,8 +832,8 @@ def _layer_rows(
             calls=acc.calls,
             total_ns=acc.total_ns,
             self_ns=acc.self_ns,
-            file=attrs.get("code.file.path"),
-            line=attrs.get("code.line.number"),
+            file=site.get("code.file.path"),
+            line=site.get("code.line.number"),
             framework=str(attrs.get("ml.framework", "")),
             ops=acc.direct_ops,
             defined_file=attrs.get("ml.defined.file.path"),

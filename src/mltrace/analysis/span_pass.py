@@ -21,7 +21,7 @@ implementation of the shared ones):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -103,13 +103,15 @@ class NameAcc:
 class RowAcc:
     """One layer or model (by name and level), summed over its calls.
 
-    ``first`` is the row of the call whose attributes describe the layer (type,
-    source location, dtype): the deepest, then the last-ending one.
+    ``first`` is the row of the call whose attributes describe the layer (type, dtype): the
+    deepest, then the last-ending one; ``site`` is the row of a call from the layer's most
+    frequent call site (``code.*``), ``first`` where that is its site too.
     """
 
     name: str
     level: Level
     first: int
+    site: int = -1
     type: str = ""
     calls: int = 0
     total_ns: int = 0
@@ -494,8 +496,11 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     ltypes: list[str] = []
     type_index: dict[str, int] = {}
     sources = [EXPLICIT, OPS, CHILDREN, IO]
+    site_index: dict[str, int] = {}
+    set_site = np.zeros(nset, dtype=np.int64)
     for i, k in enumerate(sets.tolist()):
         a = t.attr_set(k)
+        set_site[i] = site_index.setdefault(site_key(a), len(site_index))
         ltype = str(a.get("ml.layer.type", ""))
         ltypes.append(ltype)
         type_index.setdefault(ltype, len(type_index))
@@ -565,6 +570,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     # ended early, its work basis is the ops'), then the last-ending (lowest call index).
     pick = np.lexsort((np.arange(ncall), ~with_ops, -cdepth, crow))
     first_call = pick[np.searchsorted(crow[pick], np.arange(nrow))]
+    site_call = _most_frequent(crow, set_site[set_of_call], first_call, nrow)
     direct_tables = _pair_table(crow[call_of[parent[direct]]], name[direct], durf[direct], names)
     lib_tables = _subtree_tables(lib_rows, name[lib_rows], names, owner, call_of, cowner, crow, durf)
     kern_tables = _subtree_tables(gk_rows, k_key[gk_rows], k_names, owner, call_of, cowner, crow, durf)
@@ -575,6 +581,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             name=names[int(rkeys[r] // 16)],
             level=Level(int(rkeys[r] % 16)),
             first=row,
+            site=int(call_rows[int(site_call[r])]),
             type=ltypes[int(set_of_call[c])],
             calls=int(rc[r]),
             total_ns=int(r_total[r]),
@@ -619,6 +626,29 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model].sum())
     return g
+
+
+def site_key(attrs: dict[str, Any]) -> str:
+    """A call site's key, for any attribute values (an odd one may be a list)."""
+    return repr((attrs.get("code.file.path"), attrs.get("code.line.number")))
+
+
+def _most_frequent(group: np.ndarray, value: np.ndarray, prefer: np.ndarray, ngroup: int) -> np.ndarray:
+    """For each group ``g`` (0 to ``ngroup`` - 1, each with an index), an index holding the
+    group's most frequent value: ``prefer[g]`` where its value is as frequent, else the first
+    index of that value. ``group`` and ``value`` give each index's."""
+    chosen = prefer.copy()
+    if not len(group):
+        return chosen
+    base = int(value.max()) + 1
+    pairs, first_index, counts = np.unique(group * base + value, return_index=True, return_counts=True)
+    pair_group = pairs // base
+    order = np.lexsort((-counts, pair_group))  # by group, the most frequent value first
+    best = order[np.searchsorted(pair_group[order], np.arange(ngroup))]
+    own = counts[np.searchsorted(pairs, group[prefer] * base + value[prefer])]
+    replace = own < counts[best]
+    chosen[replace] = first_index[best[replace]]
+    return chosen
 
 
 def _first_by_key(rows: np.ndarray, keys: np.ndarray) -> np.ndarray:

@@ -95,7 +95,7 @@ def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, top: int) -> li
     out = []
     for g in order:
         attrs = t.attrs(int(rows[first[g]]))  # the layer's first call, in the run's order
-        file, line = attrs.get("code.file.path"), attrs.get("code.line.number")
+        file, line = _most_frequent_site(t, rows[group == g])
         out.append(
             {
                 "layer": label[g],
@@ -106,3 +106,21 @@ def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, top: int) -> li
             }
         )
     return out
+
+
+def _most_frequent_site(t: SpanTable, rows: Any) -> tuple[object, object]:
+    """The (``code.file.path``, ``code.line.number``) most of ``rows`` were called from (the
+    first such row's, in the run's order, on a tie)."""
+    import numpy as np
+
+    from mltrace.analysis.span_pass import site_key
+
+    sets, first, counts = np.unique(t.attr[rows], return_index=True, return_counts=True)
+    tally: dict[str, list[Any]] = {}  # key: [calls, first row, (file, line)]
+    for k, at, n in zip(sets.tolist(), first.tolist(), counts.tolist()):
+        a = t.attr_set(k)
+        entry = tally.setdefault(site_key(a), [0, at, (a.get("code.file.path"), a.get("code.line.number"))])
+        entry[0] += n
+        entry[1] = min(entry[1], at)
+    best = min(tally.values(), key=lambda entry: (-entry[0], entry[1]))
+    return best[2]  # type: ignore[no-any-return]
