@@ -323,3 +323,16 @@ def test_a_layers_source_is_its_most_frequent_call_site() -> None:
     assert (rows["a"].line, rows["Net"].line) == (12, 12)
     (top,) = summarize(run)["top_layers_by_self_time"]
     assert top["location"] == "/src/model.py:12"
+
+
+def test_a_layer_known_only_by_its_inputs_and_outputs_gets_no_verdict() -> None:
+    """A module of a type without a formula, with no ops and no child layers (basis io: a
+    torch.compile'd model at the layer level, a custom block): its FLOPs are unknown, so no
+    memory-bound verdict from its bytes alone (it was judged memory-bound)."""
+    attrs = {"ml.layer.type": "OptimizedModule", "ml.input.shapes": [[8, 128]], "ml.input.dtypes": ["float32"]}
+    attrs |= {"ml.output.shapes": [[8, 128]], "ml.output.dtypes": ["float32"]}
+    run = cpu_run([Span(1, None, M, "OptimizedModule", 0, 1_000_000, 1, attrs)])
+    (row,) = analyze(run, CPU).layers
+    assert row.work_source == "io" and row.bytes > 0
+    assert row.verdict is not None and row.verdict.bound is Bound.UNKNOWN
+    assert row.verdict.reason == "no FLOP estimate (unknown layer type, no op FLOPs)"

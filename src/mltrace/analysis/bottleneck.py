@@ -168,7 +168,7 @@ def classify(
             return Verdict(Bound.OVERHEAD, f"many tiny ops: {tiny_text}", basis=basis)
         if work_known:
             return Verdict(Bound.OVERHEAD, "computes nothing and moves no data: the time is call overhead", basis=basis)
-        return Verdict(Bound.UNKNOWN, "no FLOP or byte estimate (unknown layer type, no op FLOPs)", basis=basis)
+        return Verdict(Bound.UNKNOWN, "no FLOP estimate (unknown layer type, no op FLOPs)", basis=basis)
     t = device_ns if device_ns > 0 else time_ns
     t_roof = roofline_time_ns(flops, moved_bytes, peak_flops, peak_bytes)
     eff = t_roof / t
@@ -881,7 +881,7 @@ def _peaks_for(row_kernels: int, peaks: PeakSet) -> Peaks | None:
 
 def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
     roofs = _peaks_for(row.kernel_count, peaks)
-    known = row.work_source != IO or row.bytes > 0
+    known = row.work_source != IO  # inputs and outputs alone give bytes, and no FLOPs: not the work
     if roofs is None:  # kernels on a GPU not in the table: only the launch rule can speak
         return classify(
             time_ns=row.stat.total_ns,
@@ -924,7 +924,7 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
         moved_bytes=t.bytes if roofs is not None else 0,
         peak_flops=roofs.flops_for(members[0].dtype if members else None) if roofs is not None else 1,
         peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
-        work_known=roofs is not None and (t.flops > 0 or t.bytes > 0 or basis != IO),
+        work_known=roofs is not None and basis != IO,
         calls=t.calls,
         ops=sum(r.op_count for r in members),
         op_ns=sum(r.op_ns for r in members),
