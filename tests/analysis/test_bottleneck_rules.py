@@ -46,7 +46,7 @@ ROWS: list[tuple[str, dict[str, Any], Bound, str]] = [
     # few ops per call: no tiny-op verdict even when short
     ("few short ops", {"time_ns": 20 * MS, "flops": 1e9, "moved_bytes": 1e6, "ops": 4, "op_ns": 8_000}, Bound.COMPUTE, "ridge"),
     # no work estimate at all
-    ("unknown work", {"time_ns": 5 * MS, "flops": 0, "moved_bytes": 0, "work_known": False}, Bound.UNKNOWN, "no FLOP or byte"),
+    ("unknown work", {"time_ns": 5 * MS, "flops": 0, "moved_bytes": 0, "work_known": False}, Bound.UNKNOWN, "no FLOP estimate"),
     (
         "unknown work, tiny ops",
         {"time_ns": 5 * MS, "flops": 0, "moved_bytes": 0, "work_known": False, "ops": 400, "op_ns": 4 * MS, "calls": 2},
