@@ -336,3 +336,20 @@ def test_a_layer_known_only_by_its_inputs_and_outputs_gets_no_verdict() -> None:
     assert row.work_source == "io" and row.bytes > 0
     assert row.verdict is not None and row.verdict.bound is Bound.UNKNOWN
     assert row.verdict.reason == "no FLOP estimate (unknown layer type, no op FLOPs)"
+
+
+def test_ops_outside_the_models_in_child_processes_are_said_to_be_there() -> None:
+    """Ops outside every model call: one on the program's thread, two on a DataLoader worker's
+    (a followed child process): the line says how many ran in child processes."""
+    tracks = {1: Track(1, TrackKind.THREAD, "MainThread", 10, 10), 2: Track(2, TrackKind.THREAD, "MainThread", 20, 20)}
+    spans = [
+        Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+        Span(2, None, OP, "aten::randn", 1100, 1200, 1, {}),
+        Span(3, None, OP, "aten::stack", 1100, 1300, 2, {}),
+        Span(4, None, OP, "aten::stack", 1400, 1500, 2, {}),
+    ]
+    run = Run(path=Path("hand-made"), meta={"name": "hand-made", "complete": True, "pid": 10}, tracks=tracks, spans=spans)
+    a = analyze(run, CPU)
+    assert a.unscoped_ops == (3, 400) and a.unscoped_ops_elsewhere == 2
+    assert "; 2 of them in the program's child processes, such as DataLoader workers)" in a.unscoped_text()
+    assert "child processes" not in analyze(small_cpu_run(), CPU).unscoped_text()

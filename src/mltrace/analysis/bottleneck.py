@@ -487,6 +487,8 @@ class Analysis:
             construction, weight init, the program's own tensor code), and the time of the
             outermost of them (ns); the name tables and data movement leave them out. (0, 0)
             in a run with no such spans, whose tables count everything.
+        unscoped_ops_elsewhere: of those ops, the ones in processes other than the program's
+            (followed children: DataLoader workers, subprocesses).
         level_ns_in_scope: each level's time (as in ``breakdown.levels``) counting only
             what ran inside a model, layer or user span (everything, in a run with none).
         cold: each model's cold and steady calls (``analysis.coldstart``).
@@ -514,6 +516,7 @@ class Analysis:
     peaks: PeakSet | None
     levels: list[Level]
     unscoped_ops: tuple[int, int] = (0, 0)
+    unscoped_ops_elsewhere: int = 0
     level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
     cold: ColdStart = field(default_factory=ColdStart)
     include_cold: bool = True
@@ -536,10 +539,12 @@ class Analysis:
         count, ns = self.unscoped_ops
         if not count:
             return ""
-        return (
-            f"{count} ops outside every model call and user span ({ns / 1e6:.2f} ms: model construction, "
-            "weight init, the program's own tensor code), left out of the op, library and kernel tables"
-        )
+        elsewhere = self.unscoped_ops_elsewhere
+        what = "model construction, weight init, the program's own tensor code"
+        if elsewhere:
+            what += f"; {elsewhere} of them in the program's child processes, such as DataLoader workers"
+        tables = "left out of the op, library and kernel tables"
+        return f"{count} ops outside every model call and user span ({ns / 1e6:.2f} ms: {what}), {tables}"
 
     def top_by_self(self, n: int) -> list[LayerRow]:
         """The ``n`` layers (not models) with the most self time."""
@@ -675,6 +680,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         peaks=peaks,
         levels=[lv for lv in order if g.counts.get(int(lv))],
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
+        unscoped_ops_elsewhere=g.unscoped_ops_elsewhere,
         level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
         cold=cold,
         include_cold=include_cold,

@@ -174,6 +174,7 @@ class Gathered:
     scoped: bool = False
     unscoped_ops: int = 0
     unscoped_ops_ns: int = 0  # outermost ops only
+    unscoped_ops_elsewhere: int = 0  # of them, in processes other than the program's (workers)
     # Where the op level ended before the run did (run.json "op_window"): the session clock
     # time each framework's ended; layer and model calls that ended after their framework's
     # end have no ops and are left out of framework overhead and of the ops-per-call rule.
@@ -361,6 +362,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.top_op_ns = int(dur[top_level_op & in_scope].sum())
     g.unscoped_ops = int((is_op & ~in_scope).sum())
     g.unscoped_ops_ns = int(dur[top_level_op & ~in_scope].sum())
+    main_pid = run.meta.get("pid")
+    other = [tid for tid, tr in run.tracks.items() if main_pid is not None and tr.pid not in (None, main_pid)]
+    if other:
+        g.unscoped_ops_elsewhere = int((is_op & ~in_scope & np.isin(t.track, np.asarray(other, dtype=np.int64))).sum())
 
     # Data movement: top-level movement ops, and nested ones not inside another movement op.
     moving = np.zeros(nn, dtype=bool)
