@@ -4,6 +4,7 @@ program, and its steady median agrees with the program's own timing of the same 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def test_the_first_call_is_cold_and_the_steady_median_is_the_programs_own(traced
     assert abs(model["steady_median_ns"] - mine) <= max(0.10 * mine, 200_000), (model["steady_median_ns"], mine)
     assert data["run"]["cold_calls"] == len(cold) and data["run"]["include_cold"] is False
     assert data["run"]["model_calls"] == 12 - len(cold)  # the tables count the steady calls
+    many = "calls and their" if len(cold) > 1 else "call and its"
+    assert data["run"]["counts_note"] == f" (the {len(cold)} cold {many} spans left out)"
     assert any(x["name"] == "aten::tanh" for x in data["run"]["cold_spent"])  # the calibration's own ops
     (finding,) = [f for f in data["findings"] if f["kind"] == "cold_start"]
     assert f"Calibrated {len(cold)} of 12" in finding["text"]
@@ -93,7 +96,7 @@ def test_the_first_call_is_cold_and_the_steady_median_is_the_programs_own(traced
 def test_include_cold_counts_every_call(traced: Path) -> None:
     steady = _report(traced)
     every = _report(traced, "--include-cold")
-    assert every["run"]["model_calls"] == 12 and every["run"]["include_cold"] is True
+    assert every["run"]["model_calls"] == 12 and every["run"]["include_cold"] is True and every["run"]["counts_note"] == ""
     body = {x["name"]: x for x in every["layers"]}["body"]
     cold = steady["models"][0]["cold_calls"]
     assert body["calls"] == 12 and {x["name"]: x for x in steady["layers"]}["body"]["calls"] == 12 - cold
@@ -106,6 +109,7 @@ def test_text_report_shows_the_cold_call_apart(traced: Path) -> None:
     out = res.stdout.decode()
     assert res.returncode == 0
     assert "Cold start: " in out and "--include-cold" in out
+    assert re.search(r"\d+ spans, \d+ model calls, model time .* \(the \d cold calls? and (its|their) spans left out\)", out)
     assert "median" in out and "p90" in out
 
 

@@ -525,6 +525,13 @@ class Analysis:
     requests: Requests | None = None
     ranks: RankTimes | None = None
 
+    def counts_note(self) -> str:
+        """What the header's span and model-call counts leave out ("" when they count every call)."""
+        calls = self.cold.cold_calls
+        if self.include_cold or not calls:
+            return ""
+        return f" (the {calls} cold {'call' if calls == 1 else 'calls'} and {'its' if calls == 1 else 'their'} spans left out)"
+
     def cold_text(self) -> str:
         """One line on the cold calls and whether the tables count them ("" when there are none)."""
         c = self.cold

@@ -138,6 +138,7 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "levels": [{"level": lt.level.label, "spans": lt.spans, "time_ns": lt.time_ns} for lt in b.levels],
         "peaks": peaks,
         "include_cold": a.include_cold,
+        "counts_note": a.counts_note(),
         "cold_calls": a.cold.cold_calls,
         "cold_ns": a.cold.cold_ns,
         "cold_spent": [{"name": x.name, "category": x.category or None, "ns": x.ns} for x in a.cold.spent],

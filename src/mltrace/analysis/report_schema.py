@@ -52,6 +52,7 @@ RUN = _object(
         "levels": _array(_LEVEL),
         "peaks": _array(_PEAKS),
         "include_cold": _BOOL,
+        "counts_note": _STR,
         "cold_calls": _INT,
         "cold_ns": _INT,
         "cold_spent": _array(_object({"name": _STR, "category": _OPT_STR, "ns": _INT})),

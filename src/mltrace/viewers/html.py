@@ -322,7 +322,7 @@ def render_html(run: Run, a: Analysis, tl: Timeline, top: int = 15, port: int = 
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>mltrace report — {_e(name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>mltrace report — {_e(name)}</h1>",
-        f'<div class="meta">{_e(run.path.resolve())} · {b.span_count} spans · {b.model_calls} model calls · '
+        f'<div class="meta">{_e(run.path.resolve())} · {b.span_count} spans · {b.model_calls} model calls{_e(a.counts_note())} · '
         f"model time {_e(fmt_ns(b.model_ns))} · wall {_e(fmt_ns(b.wall_ns))} · written {_e(time.strftime('%Y-%m-%d %H:%M:%S'))}</div>",
     ]
     if not run.complete:

@@ -54,7 +54,8 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     run = data["run"]
     out = [f"## mltrace report — {_cell(run['name'])}", ""]
     out.append(
-        f"{run['spans']} spans, {run['model_calls']} model calls, model time {fmt_ns(run['model_ns'])}, wall {fmt_ns(run['wall_ns'])}."
+        f"{run['spans']} spans, {run['model_calls']} model calls, model time {fmt_ns(run['model_ns'])}, wall {fmt_ns(run['wall_ns'])}"
+        f"{run.get('counts_note', '')}."
     )
     if not run["complete"]:
         out.append("The run did not finish normally: events up to the last flush.")
