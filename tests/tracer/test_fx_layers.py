@@ -59,6 +59,13 @@ def test_an_exported_program_has_the_eager_models_layer_paths(tmp_path: Path) ->
     assert "head" in linear_parents
     assert run.meta["correlation"]["fx_layers"] == {"calls": 2, "calls_without_ops": 0, "layers_added": len(layers)}
     assert run.meta["correlation"]["check_containment"]["outside_parent"] == 0
+    # Each layer names the line of model code that called its module, as the layer level does.
+    forward = Net.forward.__code__
+    sites = {s.name: (s.attrs.get("code.file.path"), s.attrs.get("code.line.number")) for s in layers}
+    stem_line, head_line = forward.co_firstlineno + 1, forward.co_firstlineno + 2
+    assert sites["stem"] == sites["stem.0"] == (__file__, stem_line)  # stem.0 is called by torch's Sequential
+    assert sites["head"] == sites["encoder"] == (__file__, head_line)
+    assert {s for name, s in sites.items() if name.startswith("encoder.")} <= {(__file__, head_line), (None, None)}
 
 
 def test_without_the_op_level_an_exported_call_keeps_its_model_span_only(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ call's graph (``ml.fx.graph``). This pass matches the call's top-level ops (the 
 level's, on the model span's thread, in time order) to the graph's op nodes in
 order, by name, and makes a layer span for each run of consecutive ops of a module,
 nested by the module paths (``stem`` → ``stem.0``), from the first op's start to the
-last op's end. ``nest_by_containment`` then puts the ops under them. Ops no node
+last op's end, with the line of model code that called the module where the graph
+recorded it (``code.*``). ``nest_by_containment`` then puts the ops under them. Ops no node
 matches stay under the model span. Layers need the op level: without ops a call
 keeps only its model span, ``run.json``'s ``correlation.fx_layers`` counts it and a
 limitation line says so.
@@ -128,9 +129,11 @@ def _layers(model: Span, matched: list[tuple[Span, list[int]]], modules: list[li
             keep += 1
         del open_chain[keep:], open_spans[keep:]
         for index in chain[keep:]:
-            path, cls = modules[index]
+            path, cls, *site = modules[index]
             parent = open_spans[-1].id if open_spans else model.id
             attrs = {"ml.framework": "pytorch", "ml.layer.path": path, "ml.layer.type": cls, "ml.layer.from": "fx.nn_module_stack"}
+            if len(site) == 2 and isinstance(site[0], str) and isinstance(site[1], int):  # older runs: no site
+                attrs["code.file.path"], attrs["code.line.number"] = site
             span = Span(first_id + len(layers), parent, Level.LAYER, path, op.start_ns, op.end_ns, model.track_id, attrs)
             layers.append(span)
             open_chain.append(index)

@@ -25,6 +25,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -197,10 +198,11 @@ def dynamo_tracing_probe() -> Callable[[], Any] | None:
 def fx_node_modules(module: Any) -> dict[str, Any] | None:
     """The op nodes of a GraphModule and the modules each came from, or None where its nodes
     carry no ``nn_module_stack`` (a graph not made by torch.export or Dynamo):
-    ``{"modules": [[path, class name], …], "nodes": [[op name, [module index, …]], …]}``, the
-    op name as the profiler names the op (``aten::conv2d``), the modules outermost first
-    (the model itself left out)."""
-    modules: list[list[str]] = []
+    ``{"modules": [[path, class name, file, line], …], "nodes": [[op name, [module index, …]], …]}``,
+    the op name as the profiler names the op (``aten::conv2d``), the modules outermost first
+    (the model itself left out), each with the line of model code that called it where the
+    first of its nodes' ``stack_trace`` says it (``_module_sites``; else None, None)."""
+    modules: list[list[Any]] = []
     index: dict[tuple[str, str], int] = {}
     nodes: list[list[Any]] = []
     seen_stack = False
@@ -219,11 +221,35 @@ def fx_node_modules(module: Any) -> dict[str, Any] | None:
             key = (str(path).removeprefix("L['self']."), str(getattr(cls, "__name__", cls)).rsplit(".", 1)[-1])
             if key not in index:
                 index[key] = len(modules)
-                modules.append([key[0], key[1]])
+                modules.append([key[0], key[1], None, None])
             chain.append(index[key])
         seen_stack = seen_stack or bool(stack)
         nodes.append([name, chain])
+        for at, site in zip(chain, _module_sites(node.meta.get("stack_trace"), len(chain))):
+            if modules[at][2] is None and site is not None:
+                modules[at][2:] = list(site)
     return {"modules": modules, "nodes": nodes} if seen_stack else None
+
+
+_TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
+
+
+def _module_sites(stack_trace: object, depth: int) -> list[tuple[str, int] | None]:
+    """For a node ``depth`` modules deep, the line of model code that called each module
+    (outermost first), from the node's ``stack_trace`` (the frames from the model's
+    ``forward`` in, one ``forward`` per module): the innermost model-code frame before the
+    module's own ``forward``. None for each where the frames do not show it."""
+    if not isinstance(stack_trace, str):
+        return [None] * depth
+    frames = [(path, int(line), func) for path, line, func in _TRACE_FRAME.findall(stack_trace)]
+    forwards = [i for i, (_, _, func) in enumerate(frames) if func == "forward"]
+    if len(forwards) != depth + 1:
+        return [None] * depth
+    sites: list[tuple[str, int] | None] = []
+    for j in range(depth):
+        before = [(path, line) for path, line, _ in frames[: forwards[j + 1]] if is_model_code(path)]
+        sites.append(before[-1] if before else None)
+    return sites
 
 
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
