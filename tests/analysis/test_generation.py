@@ -31,8 +31,9 @@ def test_times_per_token_without_pauses() -> None:
 
 def test_mltrace_pauses_are_left_out_of_each_time() -> None:
     """A pause after the prefill (2,000..2,800), one after the third call (7,000..7,500) and one
-    outside the call: each time loses what it held, tokens/s counts the rest."""
-    pauses = [[7, 2_000, 2_800], [7, 7_000, 7_500], [7, 11_000, 12_000]]
+    outside the call: each time loses what it held, tokens/s counts the rest. Another thread's
+    pause inside the call is not the call's."""
+    pauses = [[7, 2_000, 2_800], [7, 7_000, 7_500], [7, 11_000, 12_000], [8, 4_500, 4_900]]  # the last: another thread's
     (call,) = generate_calls(_run({"torch_profiler": {"pauses": pauses}}))
     assert (call.total_ns, call.ttft_ns, call.token_ns, call.paused_ns) == (8_700, 2_000, [1_200, 3_000, 1_500], 1_300)
     assert call.tokens_per_s == 4 * 1e9 / 8_700

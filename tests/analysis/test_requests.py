@@ -76,13 +76,15 @@ def test_mltrace_pauses_are_left_out_of_a_requests_time() -> None:
     """Pauses after request 1's first model call (5,000..5,600) and after its last
     (8,000..8,300), and one outside every request: request 1 is 900 shorter, its
     between and after parts less by their pause, and the text says what was left out."""
-    pauses = {"torch_profiler": {"pauses": [[1, 5_000, 5_600], [1, 8_000, 8_300], [1, 12_000, 13_000]]}}
+    # The last pause is the first thread's (tid 1), inside request 2 on the second's: not request 2's.
+    pauses = {"torch_profiler": {"pauses": [[1, 5_000, 5_600], [1, 8_000, 8_300], [1, 12_000, 13_000], [1, 20_600, 20_700]]}}
     req = find_requests(run=_run(_service(), meta=pauses))
     assert req is not None
     slow = req.slowest[0]
     assert (slow.total_ns, slow.paused_ns, slow.model_ns) == (9_100, 900, 5_000)
     assert (slow.before_model_ns, slow.between_models_ns, slow.after_model_ns) == (2_000, 400, 1_700)
     assert (req.total_ns, req.paused_ns, req.p50_ns) == (12_100, 900, 6_050)
+    assert req.slowest[1].paused_ns == 0 and req.slowest[1].total_ns == 3_000
     run = _run(_service(), meta=pauses)
     report = build_report(run, analyze(run, PEAKS))
     assert not errors(report, REPORT_SCHEMA)

@@ -128,7 +128,7 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         if "ml.generate.step" in table.attrs(r):
             children[int(parent[r])].append(r)
     start, end = table.start, table.end
-    pauses = Pauses.of_run(run.meta)
+    by_thread: dict[int, Pauses] = {}
     out = []
     for call in sorted(calls, key=lambda r: int(start[r])):
         steps = sorted(children[call], key=lambda r: int(start[r]))
@@ -136,6 +136,11 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         attrs = table.attrs(call)
         tokens = attrs.get("ml.generate.new_tokens")
         call_start, call_end = int(start[call]), int(end[call])
+        track = run.tracks.get(int(table.track[call]))
+        tid = track.tid if track is not None else -1
+        if tid not in by_thread:
+            by_thread[tid] = Pauses.of_run(run.meta, thread=tid)
+        pauses = by_thread[tid]
         paused = pauses.within(call_start, call_end)
         out.append(
             GenerateCall(

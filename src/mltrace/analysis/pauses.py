@@ -20,10 +20,11 @@ class Pauses:
         self._begins = [b for b, _ in self.intervals]
 
     @classmethod
-    def of_run(cls, meta: dict[str, Any]) -> Pauses:
-        """The pauses run.json keeps (``torch_profiler.pauses``: [thread, begin ns, end ns] each)."""
+    def of_run(cls, meta: dict[str, Any], thread: int | None = None) -> Pauses:
+        """The pauses run.json keeps (``torch_profiler.pauses``: [thread, begin ns, end ns] each),
+        of one thread (its native id, a thread track's ``tid``) or of all."""
         rows = (meta.get("torch_profiler") or {}).get("pauses") or []
-        return cls([(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3])
+        return cls([(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3 and thread in (None, r[0])])
 
     def __bool__(self) -> bool:
         return bool(self.intervals)

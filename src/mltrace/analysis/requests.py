@@ -174,13 +174,13 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
     is_req[rows] = True
     near = tree.nearest(is_req)
     models = _group(near, outer_model)
-    pauses = Pauses.of_run(run.meta)
-    paused = {r: pauses.within(int(t.start[r]), int(t.end[r])) for r in rows.tolist()} if pauses else {}
-    dur = {r: int(t.end[r]) - int(t.start[r]) - paused.get(r, 0) for r in rows.tolist()}
+    pauses = _pauses_by_request(run, t, rows.tolist())
+    paused = {r: p.within(int(t.start[r]), int(t.end[r])) for r, p in pauses.items()}
+    dur = {r: int(t.end[r]) - int(t.start[r]) - paused[r] for r in rows.tolist()}
     model_ns = {int(r): _clipped_union(t, models.get(int(r), []), int(r)) for r in rows.tolist()}
     order = sorted(rows.tolist(), key=lambda r: (-dur[r], int(t.start[r])))
     durations = list(dur.values())
-    explained = [_explain(run, t, r, models.get(r, []), (near, level, tree), top, pauses) for r in order[:slowest]]
+    explained = [_explain(run, t, r, models.get(r, []), (near, level, tree), top, pauses[r]) for r in order[:slowest]]
     names = _names(t, rows)
     return Requests(
         source=source,
@@ -194,6 +194,19 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
         slowest=explained,
         paused_ns=sum(paused.values()),
     )
+
+
+def _pauses_by_request(run: Run, t: SpanTable, rows: list[int]) -> dict[int, Pauses]:
+    """mltrace's pauses of each request's own thread (none where the run has none)."""
+    by_thread: dict[int | None, Pauses] = {}
+    out = {}
+    for r in rows:
+        track = run.tracks.get(int(t.track[r]))
+        tid = track.tid if track is not None else None
+        if tid not in by_thread:
+            by_thread[tid] = Pauses.of_run(run.meta, thread=tid) if tid is not None else Pauses([])
+        out[r] = by_thread[tid]
+    return out
 
 
 def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.ndarray) -> tuple[str, np.ndarray]:
