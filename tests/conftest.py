@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,8 +16,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 # Machine peaks measured by the report are cached; keep the suite's cache out of ~/.cache
-# (subprocesses inherit this).
-os.environ.setdefault("MLTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="mltrace-test-cache-"))
+# (subprocesses inherit this), in a folder removed when the run ends.
+if "MLTRACE_CACHE_DIR" not in os.environ:
+    _CACHE_DIR = tempfile.mkdtemp(prefix="mltrace-test-cache-")
+    os.environ["MLTRACE_CACHE_DIR"] = _CACHE_DIR
+    atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
