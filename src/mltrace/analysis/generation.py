@@ -19,7 +19,7 @@ from typing import Any
 
 from mltrace.analysis.codepaths import location, source_line
 from mltrace.analysis.coldstart import percentile_ns
-from mltrace.analysis.pauses import Pauses
+from mltrace.analysis.pauses import PausesByTrack
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
@@ -128,7 +128,7 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         if "ml.generate.step" in table.attrs(r):
             children[int(parent[r])].append(r)
     start, end = table.start, table.end
-    by_thread: dict[int, Pauses] = {}
+    pauses_of = PausesByTrack(run)
     out = []
     for call in sorted(calls, key=lambda r: int(start[r])):
         steps = sorted(children[call], key=lambda r: int(start[r]))
@@ -136,11 +136,7 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         attrs = table.attrs(call)
         tokens = attrs.get("ml.generate.new_tokens")
         call_start, call_end = int(start[call]), int(end[call])
-        track = run.tracks.get(int(table.track[call]))
-        tid = track.tid if track is not None else -1
-        if tid not in by_thread:
-            by_thread[tid] = Pauses.of_run(run.meta, thread=tid)
-        pauses = by_thread[tid]
+        pauses = pauses_of.of(int(table.track[call]))
         paused = pauses.within(call_start, call_end)
         out.append(
             GenerateCall(

@@ -6,7 +6,10 @@ leaves them out of what it says of the program's time: idle time between model c
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mltrace.run.store import Run
 
 #: The name a gap gives mltrace's own pause at one of its ends.
 TRACER_PAUSE = "mltrace's pause"
@@ -40,3 +43,20 @@ class Pauses:
                 break
             total += max(0, min(e, end) - max(b, begin))
         return total
+
+
+class PausesByTrack:
+    """Each thread track's own pauses, read from run.json once per thread (none for a track that
+    is not in the run)."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+        self._by_thread: dict[int | None, Pauses] = {}
+
+    def of(self, track_id: int) -> Pauses:
+        """The pauses of the thread of track ``track_id``."""
+        track = self._run.tracks.get(track_id)
+        tid = track.tid if track is not None else None
+        if tid not in self._by_thread:
+            self._by_thread[tid] = Pauses.of_run(self._run.meta, thread=tid) if tid is not None else Pauses([])
+        return self._by_thread[tid]

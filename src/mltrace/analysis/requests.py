@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.coldstart import percentile_ns
-from mltrace.analysis.pauses import Pauses
+from mltrace.analysis.pauses import Pauses, PausesByTrack
 from mltrace.analysis.tree import Tree, tree_of
 from mltrace.run.levels import Level
 
@@ -174,7 +174,8 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
     is_req[rows] = True
     near = tree.nearest(is_req)
     models = _group(near, outer_model)
-    pauses = _pauses_by_request(run, t, rows.tolist())
+    pauses_of = PausesByTrack(run)
+    pauses = {r: pauses_of.of(int(t.track[r])) for r in rows.tolist()}
     paused = {r: p.within(int(t.start[r]), int(t.end[r])) for r, p in pauses.items()}
     dur = {r: int(t.end[r]) - int(t.start[r]) - paused[r] for r in rows.tolist()}
     model_ns = {int(r): _clipped_union(t, models.get(int(r), []), int(r)) for r in rows.tolist()}
@@ -194,19 +195,6 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
         slowest=explained,
         paused_ns=sum(paused.values()),
     )
-
-
-def _pauses_by_request(run: Run, t: SpanTable, rows: list[int]) -> dict[int, Pauses]:
-    """mltrace's pauses of each request's own thread (none where the run has none)."""
-    by_thread: dict[int | None, Pauses] = {}
-    out = {}
-    for r in rows:
-        track = run.tracks.get(int(t.track[r]))
-        tid = track.tid if track is not None else None
-        if tid not in by_thread:
-            by_thread[tid] = Pauses.of_run(run.meta, thread=tid) if tid is not None else Pauses([])
-        out[r] = by_thread[tid]
-    return out
 
 
 def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.ndarray) -> tuple[str, np.ndarray]:
