@@ -126,7 +126,8 @@ class TorchOpSource(Source):
         name: "torch.profiler".
         levels: ``(Level.OP,)``, plus ``Level.KERNEL`` where torch may see a GPU.
         stats: the conversion stats of the last ``stop()`` (None before).
-        export_ns: how long the last Chrome-trace export and conversion took (ns).
+        export_ns: how long the Chrome-trace export and the conversion took (ns); in cycles,
+            the conversions only (each cycle's export is part of its switch, ``switch_ns``).
         thread_ident: the thread that must stop the profiler early: the one that started a
             profiler recording that thread alone; None before the start and for the
             all-threads profiler, which any thread may stop.
