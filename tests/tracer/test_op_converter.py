@@ -175,6 +175,26 @@ def test_without_the_process_cycles_are_converted_on_a_thread(tmp_path: Path, mo
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
 
 
+@pytest.mark.parametrize("kernel_path", ["kineto", "cupti-python"])
+def test_at_the_kernel_level_the_profiler_runs_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str) -> None:
+    """No cycles at the kernel level, whichever the kernel path: each profiler start registers
+    Kineto's CUPTI callbacks in place of cupti-python's (on an H200, the cupti-python path then
+    recorded no kernel at all), so the profiler starts once, as it does with CUDA activity."""
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    monkeypatch.setenv("MLTRACE_KERNEL_PATH", kernel_path)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode(), mltrace.profile(level="kernel", output=tmp_path / "run", summary=False):
+        for _ in range(10):
+            model(x)
+            time.sleep(0.02)
+        assert _converter_pids(os.getpid()) == []
+    run = mltrace.load_run(tmp_path / "run")
+    profiler = run.meta["torch_profiler"]
+    assert profiler["cycles"] == 1 and "switches" not in profiler  # one profiler, converted at the end
+    assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
+
+
 def test_a_forked_child_that_outlives_the_session_does_not_hold_the_converter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A child forked while the converter process runs drops its copies of the pipes: the
     session's stop sees the process end at once, not after its 5 s wait."""

@@ -251,8 +251,11 @@ class TorchOpSource(Source):
             finally:
                 self._call_around(1)
             # With --memory the profiler runs whole: on the CPU, torch's allocation totals count
-            # from the profiler's start, so each cycle would start them again.
-            if self.cycle_s and not self._cuda_activity and not memory:
+            # from the profiler's start, so each cycle would start them again. At the kernel
+            # level too, on either kernel path: each start of a profiler registers Kineto's
+            # CUPTI buffer callbacks in place of cupti-python's (which then records nothing),
+            # and CUDA activity is handed between the two only around the first start.
+            if self.cycle_s and Level.KERNEL not in session.levels and not memory:
                 self._cycles = _Converter(self, session)
                 session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
