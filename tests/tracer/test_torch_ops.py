@@ -346,3 +346,33 @@ def test_the_op_level_imports_no_torch_module_the_program_did_not(tmp_path: Path
     ops = [s for s in load_run(out).spans if s.level == Level.OP]
     assert sum(s.name == "aten::linear" for s in ops) == 3
     assert all("ml.input.shapes" in s.attrs for s in ops if s.name == "aten::linear")
+
+
+def test_torchs_cycle_warning_is_not_printed_and_the_programs_filters_stay() -> None:
+    """torch 2.10–2.11 warn at every torch.profiler start that it "clears events at the end of
+    each cycle": mltrace's start hides that one warning, lets others through, and leaves the
+    program's warning filters as they were."""
+    import warnings
+
+    from mltrace.tracer.sources.torch_ops import _start_quietly
+
+    class Profiler:
+        started = False
+
+        def start(self) -> None:
+            warnings.warn(
+                "Warning: Profiler clears events at the end of each cycle.Only events from the current cycle will be reported.",
+                UserWarning,
+                stacklevel=1,
+            )
+            warnings.warn("something else", UserWarning, stacklevel=1)
+            self.started = True
+
+    prof = Profiler()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        _start_quietly(prof)
+        assert warnings.filters == filters
+    assert prof.started
+    assert [str(w.message) for w in seen] == ["something else"]

@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -243,7 +244,7 @@ class TorchOpSource(Source):
             keep_primary_contexts_at_exit()  # Kineto's CUPTI callbacks must not run during C++ teardown
             hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
             try:
-                prof.start()
+                _start_quietly(prof)
                 self._prof = prof
                 self._cycle_began, self._cycle_calls = time.monotonic(), 0
                 if config is None:  # torch stops a one-thread profiler only where it started
@@ -363,7 +364,7 @@ class TorchOpSource(Source):
             from torch.profiler import profile
 
             prof = _new_profiler(profile, self._kwargs)
-            prof.start()
+            _start_quietly(prof)
         except Exception as exc:  # never into the user's program
             self._ended = True
             if self._session is not None:
@@ -815,6 +816,20 @@ def _new_profiler(profile: Any, kwargs: dict[str, Any]) -> Any:
     if list(kwargs.get("activities", ())) == [ProfilerActivity.CPU]:
         return _CpuProfile(kwargs)
     return profile(**kwargs)
+
+
+#: What torch 2.10 and 2.11 warn at every ``torch.profiler.profile`` start, a schedule or not
+#: (fixed in torch by pytorch/pytorch#180387): mltrace's profiler must not print it on the
+#: program's stderr.
+CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
+
+
+def _start_quietly(prof: Any) -> None:
+    """Starts ``prof`` with torch's ``CYCLE_WARNING`` ignored (the program's own warning filters
+    are restored right after)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+        prof.start()
 
 
 def _release(prof: Any) -> None:
