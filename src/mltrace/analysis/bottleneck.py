@@ -34,6 +34,7 @@ from mltrace.analysis.roofline import IO, roofline_time_ns
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import HIERARCHY, Level
+from mltrace.run.ranges import DATALOADER
 from mltrace.run.store import Run
 
 if TYPE_CHECKING:
@@ -380,6 +381,8 @@ class Idle:
         tracer_ns: time in the window that mltrace itself held the program's thread outside
             the work (torch.profiler's cycle switches, run.json ``torch_profiler.pauses``):
             neither busy nor idle (ns).
+        loading_ns: of the idle time, the time inside torch's DataLoader batches (ns): the
+            model waited for its input.
     """
 
     where: str
@@ -387,6 +390,7 @@ class Idle:
     busy_ns: int
     gaps: list[Gap] = field(default_factory=list)
     tracer_ns: int = 0
+    loading_ns: int = 0
 
     @property
     def idle_ns(self) -> int:
@@ -398,6 +402,13 @@ class Idle:
         if not self.tracer_ns:
             return ""
         return f"; mltrace's own pauses (the op level's cycle switches and waits) {fmt_ns(self.tracer_ns)} more, left out"
+
+    def loading_text(self) -> str:
+        """The clause on the idle time spent loading input ("" when there was none)."""
+        if not self.loading_ns:
+            return ""
+        share = 100 * self.loading_ns / self.idle_ns if self.idle_ns > 0 else 100.0
+        return f"; {fmt_ns(self.loading_ns)} of it ({share:.0f}%) in DataLoader batches: the model waits for its input"
 
     @property
     def idle_share(self) -> float:
@@ -489,6 +500,9 @@ class Analysis:
             in a run with no such spans, whose tables count everything.
         unscoped_ops_elsewhere: of those ops, the ones in processes other than the program's
             (followed children: DataLoader workers, subprocesses).
+        unscoped_ops_loading: of those ops, the ones inside torch's DataLoader batches.
+        torch_ranges: torch's own ``record_function`` ranges (``run/ranges.py``), which are
+            not counted as user spans: each kind's count and time (ns).
         level_ns_in_scope: each level's time (as in ``breakdown.levels``) counting only
             what ran inside a model, layer or user span (everything, in a run with none).
         cold: each model's cold and steady calls (``analysis.coldstart``).
@@ -517,6 +531,8 @@ class Analysis:
     levels: list[Level]
     unscoped_ops: tuple[int, int] = (0, 0)
     unscoped_ops_elsewhere: int = 0
+    unscoped_ops_loading: int = 0
+    torch_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
     cold: ColdStart = field(default_factory=ColdStart)
     include_cold: bool = True
@@ -550,8 +566,18 @@ class Analysis:
         what = "model construction, weight init, the program's own tensor code"
         if elsewhere:
             what += f"; {elsewhere} of them in the program's child processes, such as DataLoader workers"
+        if self.unscoped_ops_loading:
+            what += f"; {self.unscoped_ops_loading} of them in DataLoader batches"
         tables = "left out of the op, library and kernel tables"
         return f"{count} ops outside every model call and user span ({ns / 1e6:.2f} ms: {what}), {tables}"
+
+    def torch_ranges_text(self) -> str:
+        """One line on torch's own ranges, which the user level leaves out ("" when there were none)."""
+        if not self.torch_ranges:
+            return ""
+        by_time = sorted(self.torch_ranges.items(), key=lambda kv: -kv[1][1])
+        kinds = ", ".join(f"{_RANGE_LABELS.get(kind, kind)} {count} ({fmt_ns(ns)})" for kind, (count, ns) in by_time)
+        return f"torch's own record_function ranges, not counted as user spans: {kinds}"
 
     def top_by_self(self, n: int) -> list[LayerRow]:
         """The ``n`` layers (not models) with the most self time."""
@@ -560,6 +586,9 @@ class Analysis:
 
 
 # -- the analysis -------------------------------------------------------------------
+
+#: How the report names each kind of torch's own ranges (``run/ranges.py``).
+_RANGE_LABELS = {DATALOADER: "DataLoader batches", "optimizer": "optimizer steps", "profiler step": "profiler steps"}
 
 _ROOFLINE_LAYERS = 40
 
@@ -587,9 +616,16 @@ def _union(intervals: list[tuple[int, int, str]]) -> tuple[int, list[tuple[int, 
     return busy, gaps
 
 
-def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, pauses: Pauses | None = None) -> Idle:
+def _idle(
+    where: str,
+    intervals: list[tuple[int, int, str]],
+    keep: int = 5,
+    pauses: Pauses | None = None,
+    loading: list[tuple[int, int]] | None = None,
+) -> Idle:
     """Idle time of ``intervals``' window; ``pauses`` (mltrace's own, session ns) inside the
-    window and outside the intervals are neither busy nor idle, and end no gap."""
+    window and outside the intervals are neither busy nor idle, and end no gap; of the idle
+    time, what ``loading`` (the DataLoader's batches) covers is counted as ``loading_ns``."""
     begin, end = min(s for s, _, _ in intervals), max(e for _, e, _ in intervals)
     inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in (pauses.intervals if pauses else ()) if s < end and e > begin]
     busy, gaps = _union(list(intervals))
@@ -597,8 +633,11 @@ def _idle(where: str, intervals: list[tuple[int, int, str]], keep: int = 5, paus
         with_pauses, gaps = _union([*intervals, *inside])
     else:
         with_pauses = busy
+    loads = [(max(s, begin), min(e, end), "") for s, e in loading or () if s < end and e > begin]
+    loading_ns = _union([*intervals, *inside, *loads])[0] - with_pauses if loads else 0
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
-    return Idle(where, end - begin, busy, [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]], tracer_ns=with_pauses - busy)
+    kept = [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]]
+    return Idle(where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns)
 
 
 def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
@@ -688,6 +727,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         levels=[lv for lv in order if g.counts.get(int(lv))],
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
         unscoped_ops_elsewhere=g.unscoped_ops_elsewhere,
+        unscoped_ops_loading=g.unscoped_ops_loading,
+        torch_ranges=g.torch_ranges,
         level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
         cold=cold,
         include_cold=include_cold,
@@ -782,7 +823,7 @@ def _findings(
                 if row.verdict is not None:
                     findings.bound_ns[row.verdict.bound] = findings.bound_ns.get(row.verdict.bound, 0) + row.self_ns
     if len(p.model_intervals) >= 2:
-        findings.idle.append(_idle("between model calls", p.model_intervals, pauses=pauses))
+        findings.idle.append(_idle("between model calls", p.model_intervals, pauses=pauses, loading=p.loading_intervals))
     for device in sorted(p.gpu_busy):
         idle = _idle(f"GPU {device}", p.gpu_busy[device])
         findings.idle.append(idle)

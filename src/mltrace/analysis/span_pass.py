@@ -41,6 +41,7 @@ from mltrace.analysis.roofline import (
 from mltrace.analysis.tree import pair_sums, tree_of
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
+from mltrace.run.ranges import DATALOADER, torch_range_kind
 
 if TYPE_CHECKING:
     from mltrace.run.store import Run
@@ -175,6 +176,12 @@ class Gathered:
     unscoped_ops: int = 0
     unscoped_ops_ns: int = 0  # outermost ops only
     unscoped_ops_elsewhere: int = 0  # of them, in processes other than the program's (workers)
+    unscoped_ops_loading: int = 0  # of them, inside the DataLoader's batches (collate)
+    # torch's own record_function ranges (``run/ranges.py``): user spans that are not the
+    # program's regions. Each kind's (count, time outside another of torch's ranges), and the
+    # DataLoader's batches as intervals (for the idle time between model calls).
+    torch_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    loading_intervals: list[tuple[int, int]] = field(default_factory=list)
     # Where the op level ended before the run did (run.json "op_window"): the session clock
     # time each framework's ended; layer and model calls that ended after their framework's
     # end have no ops and are left out of framework overhead and of the ops-per-call rule.
@@ -226,6 +233,40 @@ def _ops_above(rows: np.ndarray, parent: np.ndarray, is_op: np.ndarray, name: np
 # -- the pass --------------------------------------------------------------------------
 
 
+def _torch_ranges(
+    g: Gathered, is_user: np.ndarray, name: np.ndarray, names: list[str], start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The user spans that are torch's own ranges (``run/ranges.py``), and of them the
+    DataLoader's batches; fills ``g.torch_ranges`` (each kind's count and time, nested ranges
+    of a kind counted once) and ``g.loading_intervals``."""
+    kinds = {i: kind for i, n in enumerate(names) if (kind := torch_range_kind(n)) is not None}
+    none = np.zeros(len(name), dtype=bool)
+    if not kinds:
+        return none, none
+    kind_of = np.full(len(names), -1, dtype=np.int64)
+    labels = sorted(set(kinds.values()))
+    for i, kind in kinds.items():
+        kind_of[i] = labels.index(kind)
+    row_kind = np.where(is_user, kind_of[name.astype(np.int64)], -1)
+    for k, kind in enumerate(labels):
+        rows = np.nonzero(row_kind == k)[0]
+        if len(rows):
+            g.torch_ranges[kind] = (len(rows), _union_ns(start[rows], end[rows]))
+    loading = row_kind == (labels.index(DATALOADER) if DATALOADER in labels else -2)
+    g.loading_intervals = list(zip(start[loading].tolist(), end[loading].tolist(), strict=True))
+    return row_kind >= 0, loading
+
+
+def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """Length of the union of the intervals [start, end) (ns)."""
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    first = np.ones(len(s), dtype=bool)  # where a run of overlapping intervals begins
+    first[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    begins = np.nonzero(first)[0]
+    return int((np.maximum.reduceat(e, begins) - s[begins]).sum())
+
+
 def _sum_by(keys: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     """Integer sums of ``values`` grouped by ``keys`` in 0..size-1."""
     if not len(keys):
@@ -268,7 +309,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     is_gpu_kernel = (lv == KERNEL) & on_gpu
     is_runtime = (lv == KERNEL) & ~on_gpu
     flops_set = is_op & t.has_flops
-    is_user = lv == USER
+    torch_range, loading_range = _torch_ranges(g, lv == USER, t.name, names, start, end)
+    is_user = (lv == USER) & ~torch_range
 
     # What each span inherits from its ancestors.
     bits = (np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
@@ -282,13 +324,14 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     in_scope = (tree.nearest(scope) >= 0) | scope | tree.detached if g.scoped else np.ones(n, dtype=bool)
 
     # -- levels ------------------------------------------------------------------------
-    present = np.unique(lv)
     own_level_free = (mask & (np.int64(1) << lv)) == 0
-    counts = _count_by(lv, 16)
-    level_ns = _sum_by(lv[own_level_free], durf[own_level_free], 16)
+    counted = ~torch_range  # torch's ranges are counted apart (g.torch_ranges), not as the program's spans
+    present = np.unique(lv[counted])
+    counts = _count_by(lv[counted], 16)
+    level_ns = _sum_by(lv[own_level_free & counted], durf[own_level_free & counted], 16)
     g.counts = {int(x): int(counts[x]) for x in present}
     g.level_ns = {int(x): int(level_ns[x]) for x in present}
-    free_in_scope = own_level_free & in_scope
+    free_in_scope = own_level_free & in_scope & counted
     scoped_ns = _sum_by(lv[free_in_scope], durf[free_in_scope], 16)
     g.scoped_level_ns = {int(x): int(scoped_ns[x]) for x in present}
     g.wall_ns = int(end.max() - start.min())
@@ -366,6 +409,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     other = [tid for tid, tr in run.tracks.items() if main_pid is not None and tr.pid not in (None, main_pid)]
     if other:
         g.unscoped_ops_elsewhere = int((is_op & ~in_scope & np.isin(t.track, np.asarray(other, dtype=np.int64))).sum())
+    if loading_range.any():
+        g.unscoped_ops_loading = int((is_op & ~in_scope & (tree.nearest(loading_range) >= 0)).sum())
 
     # Data movement: top-level movement ops, and nested ones not inside another movement op.
     moving = np.zeros(nn, dtype=bool)

@@ -16,7 +16,8 @@ CPU runs, see tests/data/kineto/):
                         from ``Input type``, ``ml.flops`` from Kineto's
                         ``flops`` or else counted from the shapes,
                         ``aten_flops``)
-  ``user_annotation``   ``Level.USER`` span (``record_function``, ProfilerStep#N)
+  ``user_annotation``   ``Level.USER`` span (``record_function``, ProfilerStep#N);
+                        torch's own ranges carry ``torch.range`` (``run/ranges.py``)
   ``gpu_user_annotation`` ``Level.USER`` span on the GPU stream's track
   ``python_function``   only ``nn.Module: <Type>_<n>`` frames (``with_modules``):
                         ``Level.LAYER`` spans, the outermost one ``Level.MODEL``,
@@ -69,6 +70,7 @@ from typing import Any, Protocol
 from mltrace.formats.aten_flops import aten_flops
 from mltrace.run.events import CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
+from mltrace.run.ranges import torch_range_kind
 from mltrace.run.store import RunError
 
 #: Categories of GPU activities that become kernel-level spans on a stream track.
@@ -713,8 +715,10 @@ def _op_attrs(c: _Conversion, cat: str, name: str, args: dict[str, Any], track: 
 
 
 def _user_attrs(c: _Conversion, cat: str, name: str, args: dict[str, Any], track: Track) -> tuple[Level, str, dict[str, Any]]:
-    """A ``record_function`` range (CPU or GPU side): a user span."""
-    return Level.USER, name, {}
+    """A ``record_function`` range (CPU or GPU side): a user span; one torch opens itself
+    (``run/ranges.py``) says its kind in ``torch.range``."""
+    kind = torch_range_kind(name)
+    return Level.USER, name, ({"torch.range": kind} if kind else {})
 
 
 def _api_attrs(c: _Conversion, cat: str, name: str, args: dict[str, Any], track: Track) -> tuple[Level, str, dict[str, Any]]:

@@ -597,6 +597,7 @@ def _findings(a: Analysis) -> str:
         items.append(f"Mostly {dominant} — share of {_e(f.basis)}: {shares}")
     for idle in f.idle:
         text = f"Idle {_e(idle.where)}: {_e(fmt_ns(idle.idle_ns))} ({100 * idle.idle_share:.1f}% of {_e(fmt_ns(idle.window_ns))})"
+        text += _e(idle.loading_text())
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {_e(fmt_ns(g.duration_ns))} after <code>{_e(g.before[:60])}</code> before <code>{_e(g.after[:60])}</code>"
@@ -617,6 +618,8 @@ def _findings(a: Analysis) -> str:
     items += [f'<span class="muted">{_e(n)}</span>' for n in f.notes]
     if a.unscoped_ops[0]:
         items.append(f'<span class="muted">{_e(a.unscoped_text())}</span>')
+    if a.torch_ranges:
+        items.append(f'<span class="muted">{_e(a.torch_ranges_text())}</span>')
     if a.peaks is not None:
         for p in (a.peaks.cpu, a.peaks.gpu):
             if p is not None:

@@ -147,6 +147,8 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         outside.append(a.unscoped_text())
     elif b.ops_outside_models:
         outside.append(f"{b.ops_outside_models} ops outside any model call")
+    if a.torch_ranges:
+        outside.append(a.torch_ranges_text())
     if outside:
         console.print("[dim]" + "; ".join(outside) + "[/dim]")  # type: ignore[attr-defined]
     if a.layers:
@@ -285,7 +287,7 @@ def _findings(console: object, a: Analysis) -> None:
         )
         lines.append(f"Mostly [bold]{f.dominant.value}[/bold] — share of {f.basis}: {shares}")
     for idle in f.idle:
-        text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})"
+        text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})" + idle.loading_text()
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {fmt_ns(g.duration_ns)} after {_esc(g.before)} before {_esc(g.after)}"
