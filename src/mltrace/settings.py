@@ -160,7 +160,8 @@ OP_CYCLE_S = Setting(
     f"{PREFIX}OP_CYCLE_S",
     "seconds ≥ 0 (0: one cycle)",
     "0.1",
-    "how long a cycle of torch.profiler records before it is converted (CPU only; 0 holds it whole: see README, Long runs)",
+    "how long a cycle of torch.profiler records before it is converted "
+    "(not at the kernel level or with `--memory`; 0 holds it whole: see README, Long runs)",
 )
 OP_CONVERTER = Setting(
     f"{PREFIX}OP_CONVERTER",
@@ -215,6 +216,12 @@ DEBUG = Setting(
     "unset",
     "show the traceback of an internal error, and fail an import whose finish fails",
 )
+WORKER_LEVEL = Setting(
+    f"{PREFIX}WORKER_LEVEL",
+    "model, layer, op, library or kernel",
+    "layer",
+    "deepest level recorded in a DataLoader worker forked by the traced program (never deeper than the run's)",
+)
 FOLLOW = Setting(
     f"{PREFIX}FOLLOW",
     "JSON",
@@ -256,6 +263,7 @@ SETTINGS: tuple[Setting, ...] = (
     PERFETTO_UI_DIR,
     CACHE_DIR,
     DEBUG,
+    WORKER_LEVEL,
     FOLLOW,
     BATCH,
     PRECISION,

@@ -164,3 +164,24 @@ def test_merge_two_runs(tmp_path: Path, followed: dict[str, Any]) -> None:
 def test_merge_refuses_one_run(tmp_path: Path) -> None:
     res = run_cli("merge", str(tmp_path), "-o", str(tmp_path / "out"))
     assert res.returncode == 2 and res.stderr.count(b"\n") == 1 and b"two run directories" in res.stderr
+
+
+@pytest.mark.parametrize("worker_level", [None, "op"])
+def test_dataloader_workers_record_no_deeper_than_the_worker_level(tmp_path: Path, worker_level: str | None) -> None:
+    """A DataLoader's workers run no model call: by default they record down to the layer level
+    (no torch.profiler, whose one cycle they would convert as they exit while the DataLoader
+    waits for them); ``MLTRACE_WORKER_LEVEL=op`` records their ops. Another forked child and the
+    program's own process keep the run's level."""
+    env = {"MLTRACE_WORKER_LEVEL": worker_level} if worker_level else {}
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(HERE / "worker_ops.py"), cwd=tmp_path, timeout=240, env=env)
+    assert res.returncode == 0, res.stderr.decode()
+    run = load_run(tmp_path / "run")
+    by_pid = {p["pid"]: p for p in run.meta["processes"]}
+    ops: Counter[str] = Counter(by_pid[run.tracks[s.track_id].pid]["role"] for s in run.spans if s.level is Level.OP)
+    workers = [p for p in by_pid.values() if p["role"].startswith("DataLoader worker")]
+    assert len(workers) == 2
+    for w in workers:
+        assert w["level"] == f"{worker_level or 'layer'}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+        assert (ops[w["role"]] > 0) == (worker_level == "op")
+    (forked,) = [p for p in by_pid.values() if p.get("mp_name") == "ForkProcess-3"]  # numbered after the 2 workers
+    assert ops["main"] > 0 and ops[forked["role"]] > 0 and "level" not in forked

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from mltrace.follow import PROCS_DIR, UNFOLLOWED_PREFIX
@@ -82,7 +83,44 @@ def _after_fork() -> None:
 
     context, _context = _context, None
     forget()
-    start_child(_in_context(spec, context), "fork")
+    start_child(_as_worker(_in_context(spec, context)), "fork")
+
+
+#: Where a DataLoader starts its workers (``_MultiProcessingDataLoaderIter.__init__``).
+_DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
+
+
+def _as_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` for this forked child: in a DataLoader worker, its level no deeper than
+    ``MLTRACE_WORKER_LEVEL`` (``layer`` by default). A worker runs no model call, so the op
+    level would hold every op of the worker's whole life in one torch.profiler cycle and
+    convert it as the worker exits, while the DataLoader waits for it (a loop of 64 small
+    batches took 7 × as long); the program's own process keeps its level."""
+    if not _forked_by_dataloader():
+        return spec
+    from mltrace.run.levels import HIERARCHY, Level
+    from mltrace.settings import WORKER_LEVEL
+
+    try:
+        cap = Level.parse(WORKER_LEVEL.get() or "layer")
+    except ValueError:
+        cap = Level.LAYER
+    level = Level.parse(spec["level"]) if spec.get("level") else HIERARCHY[-1]
+    return {**spec, "level": min(level, cap).label, "worker_level": cap.label}
+
+
+def _forked_by_dataloader() -> bool:
+    """Whether this fork was made by a DataLoader starting its workers (the forking thread's
+    Python stack, which the child keeps, passes through ``dataloader.py``'s ``__init__``)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(64):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name == "__init__" and code.co_filename.endswith(_DATALOADER_FILE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _in_context(spec: dict[str, Any], context: Callable[[], str | None] | None) -> dict[str, Any]:
@@ -136,6 +174,8 @@ def _start_session(spec: dict[str, Any], how: str) -> Any:
     session.seals = False  # the parent's finish merges and correlates its events
     session.start()
     session.meta["process"] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
+    if spec.get("worker_level"):
+        session.meta["process"]["level"] = f"{spec['level']}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
     session.tracks.current_thread()  # the process has a track even where it records nothing
     watch_ranks(session)
     return session

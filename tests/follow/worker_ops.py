@@ -1,0 +1,35 @@
+"""A DataLoader whose 2 workers run torch ops on each item, a forked child that runs the same
+ops, and one model call in the program's process. Exits 0."""
+
+import multiprocessing as mp
+import sys
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Items(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.ones(4) * i
+
+
+def ops():
+    (torch.ones(4) * 2).sum()
+
+
+def main():
+    model = torch.nn.Linear(4, 4).eval()
+    with torch.no_grad():
+        for x in DataLoader(Items(), batch_size=2, num_workers=2):
+            model(x)
+    child = mp.get_context("fork").Process(target=ops)
+    child.start()
+    child.join()
+    return child.exitcode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
