@@ -220,7 +220,7 @@ WORKER_LEVEL = Setting(
     f"{PREFIX}WORKER_LEVEL",
     "model, layer, op, library or kernel",
     "layer",
-    "deepest level recorded in a DataLoader worker forked by the traced program (never deeper than the run's)",
+    "deepest level recorded in the traced program's DataLoader workers (never deeper than the run's)",
 )
 FOLLOW = Setting(
     f"{PREFIX}FOLLOW",

@@ -166,14 +166,16 @@ def test_merge_refuses_one_run(tmp_path: Path) -> None:
     assert res.returncode == 2 and res.stderr.count(b"\n") == 1 and b"two run directories" in res.stderr
 
 
-@pytest.mark.parametrize("worker_level", [None, "op"])
-def test_dataloader_workers_record_no_deeper_than_the_worker_level(tmp_path: Path, worker_level: str | None) -> None:
+@pytest.mark.parametrize(("context", "worker_level"), [("fork", None), ("fork", "op"), ("spawn", None), ("forkserver", None)])
+def test_dataloader_workers_record_no_deeper_than_the_worker_level(tmp_path: Path, context: str, worker_level: str | None) -> None:
     """A DataLoader's workers run no model call: by default they record down to the layer level
-    (no torch.profiler, whose one cycle they would convert as they exit while the DataLoader
-    waits for them); ``MLTRACE_WORKER_LEVEL=op`` records their ops. Another forked child and the
+    (torch.profiler never starts in a forked worker, and ends as a spawned or forkserver worker
+    starts its loop: its one cycle would be converted as the worker exits, while the DataLoader
+    waits); ``MLTRACE_WORKER_LEVEL=op`` records their ops. Another forked child and the
     program's own process keep the run's level."""
     env = {"MLTRACE_WORKER_LEVEL": worker_level} if worker_level else {}
-    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(HERE / "worker_ops.py"), cwd=tmp_path, timeout=240, env=env)
+    script = str(HERE / "worker_ops.py")
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), script, context, cwd=tmp_path, timeout=240, env=env)
     assert res.returncode == 0, res.stderr.decode()
     run = load_run(tmp_path / "run")
     by_pid = {p["pid"]: p for p in run.meta["processes"]}

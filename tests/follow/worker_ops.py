@@ -1,5 +1,6 @@
-"""A DataLoader whose 2 workers run torch ops on each item, a forked child that runs the same
-ops, and one model call in the program's process. Exits 0."""
+"""A DataLoader whose 2 workers run torch ops on each item (started by the multiprocessing
+context named by argv[1], default fork), a forked child that runs the same ops, and one model
+call in the program's process. Exits 0."""
 
 import multiprocessing as mp
 import sys
@@ -23,7 +24,8 @@ def ops():
 def main():
     model = torch.nn.Linear(4, 4).eval()
     with torch.no_grad():
-        for x in DataLoader(Items(), batch_size=2, num_workers=2):
+        context = sys.argv[1] if len(sys.argv) > 1 else "fork"
+        for x in DataLoader(Items(), batch_size=2, num_workers=2, multiprocessing_context=context):
             model(x)
     child = mp.get_context("fork").Process(target=ops)
     child.start()

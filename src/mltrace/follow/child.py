@@ -70,7 +70,9 @@ def start_from_env(text: str, forked: bool = False) -> None:
     argv = " ".join(getattr(sys, "orig_argv", sys.argv))
     if not forked and any(f"from {helper} import" in argv for helper in _HELPERS):
         return
-    start_child(spec, "fork" if forked else "exec")
+    session = start_child(spec, "fork" if forked else "exec")
+    if session is not None:
+        _cap_at_bootstrap(session)
 
 
 def _after_fork() -> None:
@@ -99,14 +101,51 @@ def _as_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if not _forked_by_dataloader():
         return spec
     from mltrace.run.levels import HIERARCHY, Level
+
+    cap = _worker_cap()
+    level = Level.parse(spec["level"]) if spec.get("level") else HIERARCHY[-1]
+    return {**spec, "level": min(level, cap).label, "worker_level": cap.label}
+
+
+def _worker_cap() -> Any:
+    """``MLTRACE_WORKER_LEVEL`` as a level (``layer`` where it is unset or not a level)."""
+    from mltrace.run.levels import Level
     from mltrace.settings import WORKER_LEVEL
 
     try:
-        cap = Level.parse(WORKER_LEVEL.get() or "layer")
+        return Level.parse(WORKER_LEVEL.get() or "layer")
     except ValueError:
-        cap = Level.LAYER
-    level = Level.parse(spec["level"]) if spec.get("level") else HIERARCHY[-1]
-    return {**spec, "level": min(level, cap).label, "worker_level": cap.label}
+        return Level.LAYER
+
+
+def _cap_at_bootstrap(session: Any) -> None:
+    """In a child started by spawn or a forkserver, whose session started before it knew what
+    it would run: when multiprocessing runs the child's process object, and its target is a
+    DataLoader's worker loop, ends the levels below ``MLTRACE_WORKER_LEVEL`` there (the op
+    level; its windows, ``tracer/windows.py``), as a forked worker never starts them."""
+    from multiprocessing import process
+
+    from mltrace.run.levels import Level
+
+    original = process.BaseProcess._bootstrap  # type: ignore[attr-defined]
+
+    def bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        process.BaseProcess._bootstrap = original  # type: ignore[attr-defined]
+        target = getattr(self, "_target", None)
+        if getattr(target, "__module__", None) == _WORKER_MODULE and getattr(target, "__name__", None) == "_worker_loop":
+            cap = _worker_cap()
+            if cap < Level.OP:
+                reason = f"a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL ({cap.label})"
+                for window in list(session.op_windows.values()):
+                    window.end_now(reason)
+                session.meta["process"]["level"] = f"{cap.label}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+        return original(self, *args, **kwargs)
+
+    process.BaseProcess._bootstrap = bootstrap  # type: ignore[attr-defined]
+
+
+#: The module of a DataLoader's worker loop (a spawned worker's process target).
+_WORKER_MODULE = "torch.utils.data._utils.worker"
 
 
 def _forked_by_dataloader() -> bool:
