@@ -128,11 +128,13 @@ def _cap_at_bootstrap(session: Any) -> None:
     from mltrace.run.levels import Level
 
     original = process.BaseProcess._bootstrap  # type: ignore[attr-defined]
+    pid = os.getpid()  # a process forked from this one has a session of its own
 
     def bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
         process.BaseProcess._bootstrap = original  # type: ignore[attr-defined]
         target = getattr(self, "_target", None)
-        if getattr(target, "__module__", None) == _WORKER_MODULE and getattr(target, "__name__", None) == "_worker_loop":
+        worker = getattr(target, "__module__", None) == _WORKER_MODULE and getattr(target, "__name__", None) == "_worker_loop"
+        if worker and os.getpid() == pid:
             cap = _worker_cap()
             if cap < Level.OP:
                 reason = f"a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL ({cap.label})"
