@@ -13,6 +13,7 @@ for), per op.
 
     python benchmarks/op_cycle_cost.py                 # 3 rounds of 160 steps
     python benchmarks/op_cycle_cost.py --steps 400 --rounds 5
+    python benchmarks/op_cycle_cost.py --trace-only both   # each round with and without Kineto's trace_only
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import itertools
 import os
 import re
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -83,10 +85,12 @@ class Counter:
         self._thread.join()
 
 
-def one_round(step: Any, steps: int, path: Path, ids: Any, converter: _ConverterProcess) -> dict[str, float]:
+def one_round(step: Any, steps: int, path: Path, ids: Any, converter: _ConverterProcess, trace_only: bool) -> dict[str, float]:
     """Records ``steps`` steps, then stops, exports, loads and converts; times per op (µs),
-    the counter's share during the stop, and RSS (MB) after each step."""
-    kwargs = {"activities": [ProfilerActivity.CPU], "record_shapes": True, "experimental_config": _all_threads_config()}
+    the counter's share during the stop, and RSS (MB) after each step. ``trace_only``: Kineto's
+    ``trace_only`` (as the op level sets it where torch has it)."""
+    config = _all_threads_config(trace_only=trace_only)
+    kwargs = {"activities": [ProfilerActivity.CPU], "record_shapes": True, "experimental_config": config}
     row: dict[str, float] = {"rss_start": rss_mb()}
     prof = _CpuProfile(kwargs)
     prof.start()
@@ -143,7 +147,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--trace-only", choices=("on", "off", "both"), default="on", help="Kineto's trace_only (both: alternate, in rotating order)"
+    )
     args = parser.parse_args()
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.trace_only]
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = WordModel().eval()
@@ -165,19 +173,28 @@ def main() -> None:
         t0 = time.perf_counter()
         converter = _ConverterProcess(view)  # type: ignore[arg-type]
         print(f"converter process started in {1e3 * (time.perf_counter() - t0):.0f} ms (Popen only)")
-        for _ in range(args.rounds):
-            row = one_round(step, args.steps, Path(tmp) / "cycle.json", ids, converter)
-            print(
-                f"{int(row['ops'])} ops: stop {row['stop_us']:.1f} µs/op (the counting thread ran at "
-                f"{100 * row['counter_during_stop']:.0f} % of its rate meanwhile), export {row['export_us']:.1f}, "
-                f"free {row['free_us']:.1f}, load {row['load_us']:.1f}, convert {row['convert_us']:.1f} µs/op; "
-                f"RSS MB: start {row['rss_start']:.0f}, "
-                f"recorded {row['rss_recorded']:.0f}, stopped {row['rss_stopped']:.0f}, loaded {row['rss_loaded']:.0f}, "
-                f"converted {row['rss_converted']:.0f}, trimmed {row['rss_trimmed']:.0f}; "
-                f"the converter process: {row['process_wall_us']:.1f} µs/op of wall, {row['process_cpu_us']:.2f} µs/op of "
-                f"this thread's CPU, its peak RSS {row['process_peak_mb']:.0f} MB"
-            )
+        stops: dict[bool, list[float]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for trace_only in modes[r % len(modes) :] + modes[: r % len(modes)]:
+                row = one_round(step, args.steps, Path(tmp) / "cycle.json", ids, converter, trace_only)
+                stops[trace_only].append(row["stop_us"])
+                _print_round(row, f"trace_only {'on' if trace_only else 'off'}: ")
         converter.close()
+    for trace_only, got in stops.items():
+        print(f"trace_only {'on' if trace_only else 'off'}: median stop {statistics.median(got):.1f} µs/op over {len(got)} rounds")
+
+
+def _print_round(row: dict[str, float], label: str) -> None:
+    print(
+        f"{label}{int(row['ops'])} ops: stop {row['stop_us']:.1f} µs/op (the counting thread ran at "
+        f"{100 * row['counter_during_stop']:.0f} % of its rate meanwhile), export {row['export_us']:.1f}, "
+        f"free {row['free_us']:.1f}, load {row['load_us']:.1f}, convert {row['convert_us']:.1f} µs/op; "
+        f"RSS MB: start {row['rss_start']:.0f}, "
+        f"recorded {row['rss_recorded']:.0f}, stopped {row['rss_stopped']:.0f}, loaded {row['rss_loaded']:.0f}, "
+        f"converted {row['rss_converted']:.0f}, trimmed {row['rss_trimmed']:.0f}; "
+        f"the converter process: {row['process_wall_us']:.1f} µs/op of wall, {row['process_cpu_us']:.2f} µs/op of "
+        f"this thread's CPU, its peak RSS {row['process_peak_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def _part_off(name: str) -> Iterator[None]:
         "kernel-no-library": [library],
         "kernel-no-layers": [layers],
         "kernel-bare": [counters, library, layers],
-        "kernel-one-thread": [(torch_ops, "_all_threads_config", lambda: None)],
+        "kernel-one-thread": [(torch_ops, "_all_threads_config", lambda trace_only=False: None)],
     }
     parts = by_condition.get(name, [])
     saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in parts]

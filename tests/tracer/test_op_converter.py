@@ -175,13 +175,13 @@ def test_without_the_process_cycles_are_converted_on_a_thread(tmp_path: Path, mo
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
 
 
-@pytest.mark.parametrize("kernel_path", ["kineto", "cupti-python"])
-def test_at_the_kernel_level_the_profiler_runs_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_path: str) -> None:
-    """No cycles at the kernel level, whichever the kernel path: each profiler start registers
-    Kineto's CUPTI callbacks in place of cupti-python's (on an H200, the cupti-python path then
-    recorded no kernel at all), so the profiler starts once, as it does with CUDA activity."""
+def test_with_cupti_python_kernels_the_profiler_runs_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No cycles where cupti-python records the kernels: each profiler start registers Kineto's
+    CUPTI callbacks in place of cupti-python's (on an H200, the cupti-python path then recorded
+    no kernel at all), so the profiler starts once, as it does with Kineto's CUDA activity.
+    (Without CUDA, Kineto's path records no kernels and the cycles go on: the other tests.)"""
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
-    monkeypatch.setenv("MLTRACE_KERNEL_PATH", kernel_path)
+    monkeypatch.setenv("MLTRACE_KERNEL_PATH", "cupti-python")
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
     x = torch.randn(2, 8)
     with torch.inference_mode(), mltrace.profile(level="kernel", output=tmp_path / "run", summary=False):
@@ -193,6 +193,21 @@ def test_at_the_kernel_level_the_profiler_runs_whole(tmp_path: Path, monkeypatch
     profiler = run.meta["torch_profiler"]
     assert profiler["cycles"] == 1 and "switches" not in profiler  # one profiler, converted at the end
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, Kineto records kernels and the profiler runs whole")
+def test_at_every_level_without_cuda_the_profiler_cycles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every level asked for (the default), on a machine where torch sees no CUDA device: no
+    kernels are recorded, so the op level runs in cycles."""
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.inference_mode(), mltrace.profile(output=tmp_path / "run", summary=False):
+        for _ in range(10):
+            model(x)
+            time.sleep(0.02)
+    profiler = mltrace.load_run(tmp_path / "run").meta["torch_profiler"]
+    assert profiler["cycles"] >= 2 and profiler["switches"] >= 2
 
 
 def test_a_forked_child_that_outlives_the_session_does_not_hold_the_converter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

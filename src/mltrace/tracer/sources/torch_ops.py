@@ -224,7 +224,8 @@ class TorchOpSource(Source):
             # kineto_to_events counts the same FLOPs from the recorded shapes (aten_flops).
             kwargs: dict[str, Any] = {"activities": activities, "record_shapes": True}
             memory = session.options.memory
-            config = None if memory else _all_threads_config()
+            # trace_only on the CPU only: the kernel level's trace with it is not yet checked on a GPU.
+            config = None if memory else _all_threads_config(trace_only=not self._cuda_activity)
             if memory:
                 kwargs["profile_memory"] = True
                 session.note_limitation(
@@ -252,16 +253,26 @@ class TorchOpSource(Source):
             finally:
                 self._call_around(1)
             # With --memory the profiler runs whole: on the CPU, torch's allocation totals count
-            # from the profiler's start, so each cycle would start them again. At the kernel
-            # level too, on either kernel path: each start of a profiler registers Kineto's
-            # CUPTI buffer callbacks in place of cupti-python's (which then records nothing),
-            # and CUDA activity is handed between the two only around the first start.
-            if self.cycle_s and Level.KERNEL not in session.levels and not memory:
+            # from the profiler's start, so each cycle would start them again. So it does where
+            # kernels are recorded, on either kernel path: each start of a profiler registers
+            # Kineto's CUPTI buffer callbacks in place of cupti-python's (which then records
+            # nothing), and CUDA activity is handed between the two only around the first start.
+            if self.cycle_s and not self._records_kernels_here() and not memory:
                 self._cycles = _Converter(self, session)
                 session.add_model_call_listener(self._model_call_ended)
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
             session.note_limitation(f"op level: torch.profiler did not start ({exc})")
+
+    def _records_kernels_here(self) -> bool:
+        """Whether this session records kernels while torch.profiler runs: through Kineto (CUDA
+        activity), or through cupti-python (``MLTRACE_KERNEL_PATH=cupti-python`` at the kernel
+        level)."""
+        from mltrace.tracer.sources.cupti import requested_kernel_path
+
+        session = self._session
+        cupti = session is not None and Level.KERNEL in session.levels and requested_kernel_path() == "cupti-python"
+        return self._cuda_activity or cupti
 
     def _call_around(self, which: int) -> None:
         for pair in self._around_start:
@@ -842,11 +853,21 @@ def _release(prof: Any) -> None:
                 setattr(inner, name, None)
 
 
-def _all_threads_config() -> Any:
-    """Kineto's config for profiling every thread, or None where torch lacks it."""
+def _all_threads_config(trace_only: bool = False) -> Any:
+    """Kineto's config for profiling every thread, or None where torch lacks it. With
+    ``trace_only``, where torch has it, the stop builds the trace alone and not the list of
+    events that ``events()`` would read (mltrace reads the exported trace, which is the same;
+    docs/PERFORMANCE.md, "Long runs")."""
     try:
         from torch._C._profiler import _ExperimentalConfig
-
+    except ImportError:
+        return None
+    if trace_only:
+        try:
+            return _ExperimentalConfig(profile_all_threads=True, trace_only=True)
+        except TypeError:  # a torch without trace_only
+            pass
+    try:
         return _ExperimentalConfig(profile_all_threads=True)
-    except (ImportError, TypeError):
+    except TypeError:
         return None
