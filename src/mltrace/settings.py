@@ -161,7 +161,7 @@ OP_CYCLE_S = Setting(
     "seconds ≥ 0 (0: one cycle)",
     "0.1",
     "how long a cycle of torch.profiler records before it is converted "
-    "(not at the kernel level or with `--memory`; 0 holds it whole: see README, Long runs)",
+    "(not where CUDA kernels are recorded, nor with `--memory`; 0 holds it whole: see README, Long runs)",
 )
 OP_CONVERTER = Setting(
     f"{PREFIX}OP_CONVERTER",
