@@ -34,9 +34,10 @@ def test_torchs_range_names_and_the_programs() -> None:
 
 
 def _run() -> Run:
-    """Two model calls (0–1000, 3000–4000); between them a DataLoader batch (1200–2800) with a
-    collate op, inside it nothing else; a span of the program's (4200–4600) with an op; an
-    optimizer step (4700–4900) with an op."""
+    """Two model calls (0–1000, 3000–4000); between them a DataLoader batch (1200–2800) whose
+    collate the program wraps in a span of its own (1250–2750) around an op, after an op of
+    torch's own (1210–1240); a span of the
+    program's (4200–4600) with an op; an optimizer step (4700–4900) with an op."""
     return Run(
         path=Path("hand-made"),
         meta={"name": "hand-made", "complete": True},
@@ -45,7 +46,9 @@ def _run() -> Run:
             Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
             Span(2, 1, OP, "aten::linear", 100, 900, 1, {}),
             Span(3, None, U, BATCH, 1200, 2800, 1, {"torch.range": DATALOADER}),
-            Span(4, 3, OP, "aten::stack", 1300, 2700, 1, {}),
+            Span(12, 3, OP, "aten::empty", 1210, 1240, 1, {}),
+            Span(11, 3, U, "my_collate", 1250, 2750, 1, {}),
+            Span(4, 11, OP, "aten::stack", 1300, 2700, 1, {}),
             Span(5, None, M, "Net", 3000, 4000, 1, {"ml.layer.type": "Net"}),
             Span(6, 5, OP, "aten::linear", 3100, 3900, 1, {}),
             Span(7, None, U, "preprocess", 4200, 4600, 1, {}),
@@ -63,10 +66,10 @@ def test_torchs_ranges_are_counted_apart_and_their_ops_left_out() -> None:
         "torch's own record_function ranges, not counted as user spans: DataLoader batches 1 (1.6 µs), optimizer steps 1 (200 ns)"
     )
     levels = {lt.level: (lt.spans, lt.time_ns) for lt in a.breakdown.levels}
-    assert levels[U] == (1, 400)  # the program's span alone
-    assert {r.name for r in a.ops} == {"aten::linear", "aten::div"}
-    assert a.level_ns_in_scope[OP] == 800 + 800 + 200
-    assert a.unscoped_ops == (2, 1400 + 100) and a.unscoped_ops_loading == 1
+    assert levels[U] == (2, 1500 + 400)  # the program's spans alone, the one inside torch's range too
+    assert {r.name for r in a.ops} == {"aten::linear", "aten::div", "aten::stack"}  # the program's span holds the stack
+    assert a.level_ns_in_scope[OP] == 800 + 800 + 1400 + 200
+    assert a.unscoped_ops == (2, 30 + 100) and a.unscoped_ops_loading == 1
     assert "; 1 of them in DataLoader batches" in a.unscoped_text()
 
 

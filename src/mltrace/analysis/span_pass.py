@@ -313,7 +313,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     is_user = (lv == USER) & ~torch_range
 
     # What each span inherits from its ancestors.
-    bits = (np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
+    # torch's ranges pass no level on: a span of the program's inside one is still counted
+    bits = np.where(torch_range, 0, np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
     mask = tree.ancestor_or(bits)
     owner = tree.nearest(is_struct)
     top_above = tree.nearest(is_op & ~((mask & (1 << OP)) != 0))  # the outermost op above, if any

@@ -14,9 +14,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mltrace.follow import PROCS_DIR, UNFOLLOWED_PREFIX
+
+if TYPE_CHECKING:
+    from mltrace.run.levels import Level
 
 #: The follow spec of this process (the run, the level, the trace context): set in the parent
 #: by ``parent.enable`` and in every followed child; None where nothing is followed.
@@ -94,20 +97,19 @@ _DATALOADER_FILE = os.path.join("torch", "utils", "data", "dataloader.py")
 
 def _as_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """``spec`` for this forked child: in a DataLoader worker, its level no deeper than
-    ``MLTRACE_WORKER_LEVEL`` (``layer`` by default). A worker runs no model call, so the op
-    level would hold every op of the worker's whole life in one torch.profiler cycle and
-    convert it as the worker exits, while the DataLoader waits for it (a loop of 64 small
-    batches took 7 × as long); the program's own process keeps its level."""
+    ``MLTRACE_WORKER_LEVEL`` (``layer`` by default). A worker makes no model call, so the op
+    level would hold every op of the worker's life in one torch.profiler cycle and convert it
+    as the worker exits, while the DataLoader waits for it (docs/PERFORMANCE.md, "A
+    DataLoader's workers"); the program's own process keeps its level."""
     if not _forked_by_dataloader():
         return spec
     from mltrace.run.levels import HIERARCHY, Level
 
-    cap = _worker_cap()
-    level = Level.parse(spec["level"]) if spec.get("level") else HIERARCHY[-1]
-    return {**spec, "level": min(level, cap).label, "worker_level": cap.label}
+    level = min(Level.parse(spec["level"]) if spec.get("level") else HIERARCHY[-1], _worker_cap())
+    return {**spec, "level": level.label, "worker_level": level.label}
 
 
-def _worker_cap() -> Any:
+def _worker_cap() -> Level:
     """``MLTRACE_WORKER_LEVEL`` as a level (``layer`` where it is unset or not a level)."""
     from mltrace.run.levels import Level
     from mltrace.settings import WORKER_LEVEL
@@ -118,14 +120,18 @@ def _worker_cap() -> Any:
         return Level.LAYER
 
 
+def _worker_note(level: Level) -> str:
+    """run.json ``processes[].level`` of a DataLoader worker recording down to ``level``."""
+    return f"{level.label}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+
+
 def _cap_at_bootstrap(session: Any) -> None:
     """In a child started by spawn or a forkserver, whose session started before it knew what
     it would run: when multiprocessing runs the child's process object, and its target is a
-    DataLoader's worker loop, ends the levels below ``MLTRACE_WORKER_LEVEL`` there (the op
-    level; its windows, ``tracer/windows.py``), as a forked worker never starts them."""
+    DataLoader's worker loop, ends there the levels below ``MLTRACE_WORKER_LEVEL`` that can end
+    (``tracer/windows.py``: the op level, and the layer level where it has a window), as a
+    forked worker never starts them. Acts once, in this process only."""
     from multiprocessing import process
-
-    from mltrace.run.levels import Level
 
     original = process.BaseProcess._bootstrap  # type: ignore[attr-defined]
     pid = os.getpid()  # a process forked from this one has a session of its own
@@ -135,15 +141,28 @@ def _cap_at_bootstrap(session: Any) -> None:
         target = getattr(self, "_target", None)
         worker = getattr(target, "__module__", None) == _WORKER_MODULE and getattr(target, "__name__", None) == "_worker_loop"
         if worker and os.getpid() == pid:
-            cap = _worker_cap()
-            if cap < Level.OP:
-                reason = f"a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL ({cap.label})"
-                for window in list(session.op_windows.values()):
-                    window.end_now(reason)
-                session.meta["process"]["level"] = f"{cap.label}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+            _end_below_cap(session)
         return original(self, *args, **kwargs)
 
     process.BaseProcess._bootstrap = bootstrap  # type: ignore[attr-defined]
+
+
+def _end_below_cap(session: Any) -> None:
+    """Ends ``session``'s levels below ``MLTRACE_WORKER_LEVEL`` and notes what it records."""
+    from mltrace.run.levels import HIERARCHY, Level
+
+    cap = _worker_cap()
+    recorded = min(session.options.level or HIERARCHY[-1], cap)
+    reason = f"a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL ({cap.label})"
+    if cap < Level.OP:
+        for window in list(session.op_windows.values()):
+            window.end_now(reason)
+    if cap < Level.LAYER:
+        if session.layer_window is not None:
+            session.layer_window.end_now(reason)
+        else:
+            recorded = min(session.options.level or HIERARCHY[-1], Level.LAYER)
+    session.meta["process"]["level"] = _worker_note(recorded)
 
 
 #: The module of a DataLoader's worker loop (a spawned worker's process target).
@@ -216,7 +235,9 @@ def _start_session(spec: dict[str, Any], how: str) -> Any:
     session.start()
     session.meta["process"] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
     if spec.get("worker_level"):
-        session.meta["process"]["level"] = f"{spec['level']}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+        from mltrace.run.levels import Level
+
+        session.meta["process"]["level"] = _worker_note(Level.parse(spec["worker_level"]))
     session.tracks.current_thread()  # the process has a track even where it records nothing
     watch_ranks(session)
     return session
