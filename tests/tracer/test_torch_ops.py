@@ -376,3 +376,59 @@ def test_torchs_cycle_warning_is_not_printed_and_the_programs_filters_stay() -> 
         assert warnings.filters == filters
     assert prof.started
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+def test_a_program_that_runs_torch_profiler_itself(tmp_path: Path) -> None:
+    """Kineto keeps one profiling session per process: where the program starts torch.profiler
+    itself, mltrace's op level ends first (its ops so far kept) and the program's profiler sees
+    what it sees without mltrace; the program's output and exit status are its own (mltrace's
+    export used to crash the process: exit 139, the output lost)."""
+    from conftest import SCRIPTS, mltrace_cmd
+
+    script = str(SCRIPTS / "own_profiler.py")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    traced = subprocess.run(mltrace_cmd("python", "-q", "-o", str(tmp_path / "run"), script), capture_output=True, text=True, timeout=300)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout and "saw: 1" in plain.stdout
+    run = load_run(tmp_path / "run")
+    assert run.complete and run.meta["errors"] == []
+    assert run.meta["op_window"]["reason"] == "the program started torch.profiler itself"
+    assert run.meta["op_window"]["ended_after_model_calls"] == 3
+    assert sum(1 for s in run.spans if s.name == "aten::linear") == 3  # the calls before it
+
+
+def test_a_session_started_inside_the_programs_profiler_leaves_it_alone(tmp_path: Path) -> None:
+    """The program's torch.profiler already runs when a session starts: mltrace's op level does
+    not start (it would take the program's over), says so, and puts torch's functions back."""
+    import torch.autograd.profiler as autograd_profiler
+
+    from mltrace import profile
+
+    originals = (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        with profile(output=tmp_path / "run", summary=False):
+            model(x)
+        model(x)
+    assert sum(1 for e in prof.events() if e.name == "aten::linear") == 2
+    run = load_run(tmp_path / "run")
+    assert any("the program's own torch.profiler was running" in text for text in run.meta["limitations"])
+    assert not [s for s in run.spans if s.level is Level.OP]
+    assert (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler) == originals
+
+
+def test_the_op_level_puts_torchs_profiler_functions_back(tmp_path: Path) -> None:
+    """While the op level runs, torch's ``_prepare_profiler`` and ``_enable_profiler`` are wrapped
+    (a start of the program's own ends mltrace's op level); the session's stop unwraps them."""
+    import torch.autograd.profiler as autograd_profiler
+
+    from mltrace import profile
+
+    originals = (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    with torch.no_grad(), profile(level="op", output=tmp_path / "run", summary=False):
+        model(torch.randn(2, 8))
+        assert autograd_profiler._enable_profiler is not originals[1]
+    assert (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler) == originals
+    assert sum(1 for s in load_run(tmp_path / "run").spans if s.name == "aten::linear") == 1

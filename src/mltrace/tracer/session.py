@@ -562,6 +562,12 @@ class Session:
             except Exception as exc:
                 self.errors.append(f"a model call's listener failed: {exc}")
 
+    def end_op_level_now(self, framework: str | None, reason: str) -> bool:
+        """Ends ``framework``'s op level now, on this thread (a program that takes its profiler
+        over); False where it has no window that this thread may end."""
+        window = self.op_windows.get(framework) or self.op_windows.get(None)
+        return window is not None and window.end_now(reason)
+
     def add_model_call_listener(self, listener: Callable[[str | None], None]) -> None:
         """Calls ``listener(framework)`` after every outermost model call, on its thread, once the
         level windows have had it (torch.profiler's cycles end there). It must not raise."""

@@ -76,6 +76,11 @@ class SessionView(Protocol):
         """Queues post-hoc events for the next flush (any thread)."""
         ...
 
+    def end_op_level_now(self, framework: str | None, reason: str) -> bool:
+        """Ends ``framework``'s op level now, on this thread, for ``reason`` (``tracer/windows.py``).
+        False where there is no such level to end, or only another thread may end it."""
+        ...
+
     def flush_soon(self) -> None:
         """Has the next flush run now (a source whose events just reached the run: the finish
         may then take them at once)."""

@@ -35,6 +35,7 @@ profiler per process: a program running its own ``torch.profiler`` needs ``--lev
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -47,7 +48,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,8 @@ class TorchOpSource(Source):
         self.switch_ns = 0
         #: The switches' intervals: (native thread id, session begin ns, session end ns).
         self.pauses: list[tuple[int, int, int]] = []
+        #: Takes ``_guard_program_profiler``'s wrapper off torch again.
+        self._unguard: Callable[[], None] = lambda: None
 
     @property
     def profiling(self) -> bool:
@@ -209,6 +212,10 @@ class TorchOpSource(Source):
         """Starts the profiler (now, or right after the program's ``import torch``)."""
         session = self._session
         if session is None or self._prof is not None or self._ended:  # an op level that ended before torch came
+            return
+        if _program_profiling(torch):
+            self._ended = True
+            session.note_limitation("op level: the program's own torch.profiler was running, so mltrace's did not start (no ops)")
             return
         try:
             from torch.profiler import ProfilerActivity, profile
@@ -260,9 +267,57 @@ class TorchOpSource(Source):
             if self.cycle_s and not self._records_kernels_here() and not memory:
                 self._cycles = _Converter(self, session)
                 session.add_model_call_listener(self._model_call_ended)
+            self._guard_program_profiler()
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
             session.note_limitation(f"op level: torch.profiler did not start ({exc})")
+
+    def _guard_program_profiler(self) -> None:
+        """Lets the program run torch's profiler itself. Kineto keeps one profiling session per
+        process: the program's start took mltrace's over, and mltrace's stop then found none
+        and its export crashed the process. ``_prepare_profiler`` and ``_enable_profiler``,
+        which every torch profiler start calls (``torch.profiler.profile``,
+        ``torch.autograd.profiler.profile``), are wrapped for the session: a call that is not
+        mltrace's own (``_own_call``) ends mltrace's op level first (``_yield_to_program``).
+        ``stop()`` puts them back."""
+        module = sys.modules.get("torch.autograd.profiler")
+        if module is None:
+            return
+        source = self
+        wrapped: list[tuple[str, Any, Any]] = []
+        for name in ("_prepare_profiler", "_enable_profiler"):
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+
+            def call(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                if not getattr(_own, "active", False):
+                    source._yield_to_program()
+                return _original(*args, **kwargs)
+
+            setattr(module, name, call)
+            wrapped.append((name, original, call))
+
+        def unguard() -> None:
+            for name, original, call in wrapped:
+                if getattr(module, name, None) is call:
+                    setattr(module, name, original)
+
+        self._unguard = unguard
+
+    def _yield_to_program(self) -> None:
+        """The program starts a torch profiler of its own: ends mltrace's op level now (its ops
+        so far are kept), through the session's op window where it has one. Never raises."""
+        session = self._session
+        if self._prof is None or self._ended or session is None:
+            return
+        reason = "the program started torch.profiler itself"
+        try:
+            if not session.end_op_level_now(self.framework, reason):
+                self.end_early()
+                session.note_limitation(f"op level: {reason}; mltrace's op level ended there (the ops before it are kept)")
+        except Exception as exc:  # never into the user's program
+            session.errors.append(f"{self.name}: ending the op level for the program's own profiler failed: {exc}")
 
     def _records_kernels_here(self) -> bool:
         """Whether this session records kernels while torch.profiler runs: through Kineto (CUDA
@@ -355,7 +410,8 @@ class TorchOpSource(Source):
             return
         stopped_ns = now_ns()  # every op of the cycle ended by now
         t0 = time.perf_counter_ns()
-        prof.stop()
+        with _own_call():
+            prof.stop()
         try:
             path = self._export_cycle(prof, cycles.handed + 1)
         except Exception as exc:  # the cycle lost (a full disk), never the program or the next cycle
@@ -434,7 +490,8 @@ class TorchOpSource(Source):
         prof, self._prof = self._prof, None
         if prof is None:
             return
-        prof.stop()
+        with _own_call():
+            prof.stop()
         t0 = time.perf_counter_ns()
         path = self._export_dir() / EXPORT_FILE
         prof.export_chrome_trace(str(path))
@@ -505,6 +562,7 @@ class TorchOpSource(Source):
                 shutil.rmtree(self._tmp, ignore_errors=True)
                 self._tmp = None
             self._around_start.clear()
+            self._unguard()
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
@@ -835,12 +893,36 @@ def _new_profiler(profile: Any, kwargs: dict[str, Any]) -> Any:
 CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 
 
+def _program_profiling(torch: ModuleType) -> bool:
+    """Whether a torch profiler runs in this process already (the program's: Kineto keeps one
+    profiling session per process, and a second start would take it over)."""
+    try:
+        return bool(torch._C._autograd._profiler_enabled())
+    except Exception:  # a torch without it
+        return False
+
+
 def _start_quietly(prof: Any) -> None:
     """Starts ``prof`` with torch's ``CYCLE_WARNING`` ignored (the program's own warning filters
     are restored right after)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _own_call():
         warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
         prof.start()
+
+
+#: Set on a thread while mltrace's own profiler starts or stops there (``_own_call``): the
+#: profiler starts that ``TorchOpSource._guard_program_profiler`` sees without it are the program's.
+_own = threading.local()
+
+
+@contextlib.contextmanager
+def _own_call() -> Iterator[None]:
+    """Marks what runs inside as mltrace's own profiler start or stop."""
+    _own.active = True
+    try:
+        yield
+    finally:
+        _own.active = False
 
 
 def _release(prof: Any) -> None:

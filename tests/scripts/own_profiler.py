@@ -1,0 +1,20 @@
+"""A program that runs torch.profiler itself, in the middle of its model calls: 3 calls, one
+inside ``torch.profiler.profile()`` with a schedule and ``prof.step()``, 3 more. It prints
+what its own profiler saw."""
+
+import torch
+from torch.profiler import profile, schedule
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+x = torch.randn(2, 8)
+traces = []
+with torch.no_grad():
+    for _ in range(3):
+        model(x)
+    with profile(schedule=schedule(wait=0, warmup=0, active=1, repeat=1), on_trace_ready=traces.append) as prof:
+        model(x)
+        prof.step()
+    print("linear ops the program's profiler saw:", sum(1 for e in traces[0].events() if e.name == "aten::linear"))
+    for _ in range(3):
+        model(x)
+print("done")
