@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mltrace.analysis.bottleneck import Bound, analyze, timeline
+from mltrace.analysis.pauses import Pauses
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.importers.kineto import import_kineto
 from mltrace.run.events import Span, Track, TrackKind
@@ -167,8 +168,23 @@ def test_mltrace_pauses_between_model_calls_are_neither_busy_nor_idle() -> None:
     idle = analyze(run, CPU).findings.idle[0]
     assert (idle.window_ns, idle.busy_ns, idle.tracer_ns, idle.idle_ns) == (2500, 1500, 500, 500)
     assert [(g.start_ns, g.end_ns, g.before, g.after) for g in idle.gaps] == [(1300, 1800, "mltrace's pause", "mltrace's pause")]
-    assert "mltrace's own pauses (the op level's cycle switches and waits) 500 ns more, left out" in idle.tracer_text()
+    assert "mltrace's own pauses (the op level's cycle switches, waits and early end) 500 ns more, left out" in idle.tracer_text()
     assert analyze(small_cpu_run(), CPU).findings.idle[0].tracer_text() == ""
+
+
+def test_the_op_levels_early_end_is_mltraces_pause_too() -> None:
+    """The op level's early end holds the thread that ended it while the profilers stop
+    (run.json ``op_window``: ``ended_ns``, ``pause_s``, ``thread``; a framework's entry may repeat
+    the whole level's): left out of the idle time as a cycle switch is. An entry written before
+    the thread was recorded counts for every thread."""
+    run = small_cpu_run()
+    end = {"ended_ns": 1100, "pause_s": 400e-9, "thread": 10}
+    run.meta["op_window"] = {**end, "frameworks": {"pytorch": dict(end)}}
+    idle = analyze(run, CPU).findings.idle[0]
+    assert (idle.window_ns, idle.busy_ns, idle.tracer_ns, idle.idle_ns) == (2500, 1500, 400, 600)
+    assert Pauses.of_run(run.meta, thread=11).intervals == []
+    del run.meta["op_window"]["thread"], run.meta["op_window"]["frameworks"]
+    assert Pauses.of_run(run.meta, thread=11).intervals == [(1100, 1500)]
 
 
 def test_span_order_does_not_matter() -> None:

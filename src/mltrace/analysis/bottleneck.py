@@ -401,7 +401,7 @@ class Idle:
         """The clause on mltrace's own pauses in the window ("" when there were none)."""
         if not self.tracer_ns:
             return ""
-        return f"; mltrace's own pauses (the op level's cycle switches and waits) {fmt_ns(self.tracer_ns)} more, left out"
+        return f"; mltrace's own pauses (the op level's cycle switches, waits and early end) {fmt_ns(self.tracer_ns)} more, left out"
 
     def loading_text(self) -> str:
         """The clause on the idle time spent loading input ("" when there was none)."""

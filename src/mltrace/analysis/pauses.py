@@ -1,7 +1,9 @@
 """mltrace's own pauses of the traced program: torch.profiler's cycle switches, which hold the
-program's thread between two model calls (run.json ``torch_profiler.pauses``). The report
-leaves them out of what it says of the program's time: idle time between model calls, a
-``generate()`` call's times per token, a request's time outside its model calls."""
+program's thread between two model calls (run.json ``torch_profiler.pauses``), and the op
+level's early end, which holds it while the profilers stop (``op_window``: ``ended_ns``,
+``pause_s`` and, since it was recorded, ``thread``). The report leaves them out of what it
+says of the program's time: idle time between model calls, a ``generate()`` call's times per
+token, a request's time outside its model calls."""
 
 from __future__ import annotations
 
@@ -24,10 +26,12 @@ class Pauses:
 
     @classmethod
     def of_run(cls, meta: dict[str, Any], thread: int | None = None) -> Pauses:
-        """The pauses run.json keeps (``torch_profiler.pauses``: [thread, begin ns, end ns] each),
-        of one thread (its native id, a thread track's ``tid``) or of all."""
-        rows = (meta.get("torch_profiler") or {}).get("pauses") or []
-        return cls([(int(r[1]), int(r[2])) for r in rows if isinstance(r, list) and len(r) == 3 and thread in (None, r[0])])
+        """The pauses run.json keeps (``torch_profiler.pauses``: [thread, begin ns, end ns] each;
+        the op level's early ends, ``op_window``), of one thread (its native id, a thread
+        track's ``tid``) or of all. An early end recorded without its thread counts for all."""
+        rows = [r for r in (meta.get("torch_profiler") or {}).get("pauses") or [] if isinstance(r, list) and len(r) == 3]
+        rows += _op_window_pauses(meta.get("op_window") or {})
+        return cls(sorted({(int(r[1]), int(r[2])) for r in rows if thread is None or r[0] in (None, thread)}))
 
     def __bool__(self) -> bool:
         return bool(self.intervals)
@@ -43,6 +47,17 @@ class Pauses:
                 break
             total += max(0, min(e, end) - max(b, begin))
         return total
+
+
+def _op_window_pauses(window: dict[str, Any]) -> list[list[Any]]:
+    """[thread or None, begin ns, end ns] of the op level's early ends (the whole level's entry
+    and each framework's, which may repeat it)."""
+    out = []
+    for entry in (window, *(window.get("frameworks") or {}).values()):
+        begin, took = entry.get("ended_ns"), entry.get("pause_s")
+        if isinstance(begin, int) and isinstance(took, (int, float)) and took > 0:
+            out.append([entry.get("thread"), begin, begin + int(took * 1e9)])
+    return out
 
 
 class PausesByTrack:

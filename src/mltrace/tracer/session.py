@@ -634,7 +634,15 @@ class Session:
         entry["reason"] = window.reason
         if not ended:  # no profiler was recording, or none could stop: no end for the analysis to count
             return
-        entry.update({"ended_after_model_calls": window.calls, "ended_ns": window.ended_ns, "sources": ended, "pause_s": round(took, 3)})
+        entry.update(
+            {
+                "ended_after_model_calls": window.calls,
+                "ended_ns": window.ended_ns,
+                "sources": ended,
+                "pause_s": round(took, 3),
+                "thread": threading.get_native_id(),  # the thread the end paused
+            }
+        )
         if entry is not top and done_with_models and "ended_ns" not in top:
             # Every framework that made model calls has ended: the op level's end as a whole
             # (the analysis reads each framework's own end).
