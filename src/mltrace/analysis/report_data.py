@@ -143,6 +143,8 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "cold_ns": a.cold.cold_ns,
         "cold_spent": [{"name": x.name, "category": x.category or None, "ns": x.ns} for x in a.cold.spent],
         "unfollowed": unfollowed(meta),
+        "torch_ranges": [{"kind": kind, "count": count, "ns": ns} for kind, (count, ns) in sorted(a.torch_ranges.items())],
+        "unscoped_ops": {"count": a.unscoped_ops[0], "ns": a.unscoped_ops[1], "text": a.unscoped_text()},
     }
 
 

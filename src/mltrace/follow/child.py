@@ -120,9 +120,10 @@ def _worker_cap() -> Level:
         return Level.LAYER
 
 
-def _worker_note(level: Level) -> str:
-    """run.json ``processes[].level`` of a DataLoader worker recording down to ``level``."""
-    return f"{level.label}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL"
+def _worker_note(level: Level, after: str = "") -> str:
+    """run.json ``processes[].level`` of a DataLoader worker recording down to ``level``
+    (``after``: from when)."""
+    return f"{level.label}: a DataLoader worker records no deeper than MLTRACE_WORKER_LEVEL{after}"
 
 
 def _cap_at_bootstrap(session: Any) -> None:
@@ -162,7 +163,7 @@ def _end_below_cap(session: Any) -> None:
             session.layer_window.end_now(reason)
         else:
             recorded = min(session.options.level or HIERARCHY[-1], Level.LAYER)
-    session.meta["process"]["level"] = _worker_note(recorded)
+    session.meta["process"]["level"] = _worker_note(recorded, " from the start of its loop (what its start-up recorded is kept)")
 
 
 #: The module of a DataLoader's worker loop (a spawned worker's process target).
