@@ -76,10 +76,10 @@ def test_torchs_ranges_are_counted_apart_and_their_ops_left_out() -> None:
 def test_the_dataloaders_batches_between_model_calls_are_waiting_for_input() -> None:
     idle = analyze(_run(), CPU).findings.idle[0]
     assert (idle.window_ns, idle.busy_ns, idle.idle_ns, idle.loading_ns) == (4000, 2000, 2000, 1600)
-    assert idle.loading_text() == "; 1.6 µs of it (80%) in DataLoader batches: the model waits for its input"
+    assert idle.spent_text() == "; 1.6 µs of it (80%) in DataLoader batches: the model waits for its input"
     run = _run()
     (entry,) = [f for f in build_report(run, analyze(run, CPU))["findings"] if f["kind"] == "idle"]
-    assert entry["loading_ns"] == 1600 and idle.loading_text() in entry["text"]
+    assert entry["loading_ns"] == 1600 and idle.spent_text() in entry["text"]
 
 
 def test_without_torchs_ranges_nothing_changes() -> None:
@@ -87,7 +87,7 @@ def test_without_torchs_ranges_nothing_changes() -> None:
     run.spans = [s for s in run.spans if s.id in (1, 2, 5, 6, 7, 8)]
     a = analyze(run, CPU)
     assert a.torch_ranges == {} and a.torch_ranges_text() == "" and a.unscoped_ops_loading == 0
-    assert a.findings.idle[0].loading_ns == 0 and a.findings.idle[0].loading_text() == ""
+    assert a.findings.idle[0].loading_ns == 0 and a.findings.idle[0].spent_text() == ""
 
 
 def test_a_traced_dataloader_loop(tmp_path: Path) -> None:
@@ -114,3 +114,18 @@ def test_a_traced_dataloader_loop(tmp_path: Path) -> None:
     assert "aten::stack" not in {r.name for r in a.ops} and "aten::mul" in {r.name for r in a.ops}
     idle = a.findings.idle[0]
     assert 0 < idle.loading_ns <= idle.idle_ns
+
+
+def test_ops_outside_model_calls_in_the_idle_time_are_the_programs_own_work() -> None:
+    """An op of the program's own between two model calls, outside torch's DataLoader batch
+    (a training step's backward, pre-processing): counted apart from the loading, of what is
+    left; one inside the batch counts as loading only, one after the last call not at all."""
+    run = _run()
+    run.spans.append(Span(13, None, OP, "aten::mul", 2850, 2950, 1, {}))
+    run.spans.append(Span(14, None, OP, "aten::mul", 1500, 1600, 1, {}))  # inside the batch's time
+    idle = analyze(run, CPU).findings.idle[0]
+    assert (idle.idle_ns, idle.loading_ns, idle.ops_ns) == (2000, 1600, 100)
+    assert idle.spent_text() == (
+        "; 1.6 µs of it (80%) in DataLoader batches: the model waits for its input; 100 ns of it (5%) in ops outside "
+        "model calls (the program's own tensor code: backward, optimizer, pre- and post-processing)"
+    )

@@ -38,6 +38,8 @@ from mltrace.run.ranges import DATALOADER
 from mltrace.run.store import Run
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from mltrace.analysis.span_pass import Gathered, NameAcc
 
 # -- verdict rules -------------------------------------------------------------
@@ -383,6 +385,9 @@ class Idle:
             neither busy nor idle (ns).
         loading_ns: of the idle time, the time inside torch's DataLoader batches (ns): the
             model waited for its input.
+        ops_ns: of the rest of the idle time, the time the program's process ran ops outside
+            every model call and user span (ns): its own tensor code (a training step's
+            backward pass and optimizer, pre- and post-processing).
     """
 
     where: str
@@ -391,6 +396,7 @@ class Idle:
     gaps: list[Gap] = field(default_factory=list)
     tracer_ns: int = 0
     loading_ns: int = 0
+    ops_ns: int = 0
 
     @property
     def idle_ns(self) -> int:
@@ -403,12 +409,18 @@ class Idle:
             return ""
         return f"; mltrace's own pauses (the op level's cycle switches, waits and early end) {fmt_ns(self.tracer_ns)} more, left out"
 
-    def loading_text(self) -> str:
-        """The clause on the idle time spent loading input ("" when there was none)."""
-        if not self.loading_ns:
-            return ""
-        share = 100 * self.loading_ns / self.idle_ns if self.idle_ns > 0 else 100.0
-        return f"; {fmt_ns(self.loading_ns)} of it ({share:.0f}%) in DataLoader batches: the model waits for its input"
+    def spent_text(self) -> str:
+        """The clauses on what the program did in the idle time: load input, run ops of its own
+        ("" when neither)."""
+        out = ""
+        for ns, what in (
+            (self.loading_ns, "in DataLoader batches: the model waits for its input"),
+            (self.ops_ns, "in ops outside model calls (the program's own tensor code: backward, optimizer, pre- and post-processing)"),
+        ):
+            if ns:
+                share = 100 * ns / self.idle_ns if self.idle_ns > 0 else 100.0
+                out += f"; {fmt_ns(ns)} of it ({share:.0f}%) {what}"
+        return out
 
     @property
     def idle_share(self) -> float:
@@ -622,10 +634,12 @@ def _idle(
     keep: int = 5,
     pauses: Pauses | None = None,
     loading: list[tuple[int, int]] | None = None,
+    outside_ops: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Idle:
     """Idle time of ``intervals``' window; ``pauses`` (mltrace's own, session ns) inside the
     window and outside the intervals are neither busy nor idle, and end no gap; of the idle
-    time, what ``loading`` (the DataLoader's batches) covers is counted as ``loading_ns``."""
+    time, what ``loading`` (the DataLoader's batches) covers is counted as ``loading_ns``, and
+    what ``outside_ops`` (starts, ends: ops outside model calls) covers of the rest as ``ops_ns``."""
     begin, end = min(s for s, _, _ in intervals), max(e for _, e, _ in intervals)
     inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in (pauses.intervals if pauses else ()) if s < end and e > begin]
     busy, gaps = _union(list(intervals))
@@ -633,11 +647,32 @@ def _idle(
         with_pauses, gaps = _union([*intervals, *inside])
     else:
         with_pauses = busy
-    loads = [(max(s, begin), min(e, end), "") for s, e in loading or () if s < end and e > begin]
-    loading_ns = _union([*intervals, *inside, *loads])[0] - with_pauses if loads else 0
+    accounted = [(s, e) for s, e, _ in (*intervals, *inside)]
+    loading_ns = _covered_ns(accounted, loading or [], begin, end)
+    ops = list(zip(*outside_ops, strict=True)) if outside_ops is not None and len(outside_ops[0]) else []
+    ops_ns = _covered_ns([*accounted, *(loading or [])], ops, begin, end)
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
     kept = [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]]
-    return Idle(where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns)
+    return Idle(where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns, ops_ns=ops_ns)
+
+
+def _covered_ns(accounted: list[tuple[int, int]], more: list[tuple[int, int]], begin: int, end: int) -> int:
+    """How much of ``[begin, end)`` that ``accounted`` leaves uncovered ``more`` covers (ns)."""
+    if not more:
+        return 0
+    import numpy as np
+
+    from mltrace.analysis.span_pass import union_ns
+
+    def clipped(rows: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        arr = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        arr = np.clip(arr, begin, end)
+        arr = arr[arr[:, 1] > arr[:, 0]]
+        return arr[:, 0], arr[:, 1]
+
+    a = clipped(accounted)
+    b = clipped([*accounted, *more])
+    return union_ns(*b) - (union_ns(*a) if len(a[0]) else 0)
 
 
 def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
@@ -823,7 +858,9 @@ def _findings(
                 if row.verdict is not None:
                     findings.bound_ns[row.verdict.bound] = findings.bound_ns.get(row.verdict.bound, 0) + row.self_ns
     if len(p.model_intervals) >= 2:
-        findings.idle.append(_idle("between model calls", p.model_intervals, pauses=pauses, loading=p.loading_intervals))
+        findings.idle.append(
+            _idle("between model calls", p.model_intervals, pauses=pauses, loading=p.loading_intervals, outside_ops=p.outside_op_intervals)
+        )
     for device in sorted(p.gpu_busy):
         idle = _idle(f"GPU {device}", p.gpu_busy[device])
         findings.idle.append(idle)

@@ -182,6 +182,9 @@ class Gathered:
     # DataLoader's batches as intervals (for the idle time between model calls).
     torch_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     loading_intervals: list[tuple[int, int]] = field(default_factory=list)
+    # The outermost ops outside every model call and user span in the program's own process
+    # (starts, ends): its own tensor code between model calls (for the idle time).
+    outside_op_intervals: tuple[np.ndarray, np.ndarray] | None = None
     # Where the op level ended before the run did (run.json "op_window"): the session clock
     # time each framework's ended; layer and model calls that ended after their framework's
     # end have no ops and are left out of framework overhead and of the ops-per-call rule.
@@ -251,13 +254,13 @@ def _torch_ranges(
     for k, kind in enumerate(labels):
         rows = np.nonzero(row_kind == k)[0]
         if len(rows):
-            g.torch_ranges[kind] = (len(rows), _union_ns(start[rows], end[rows]))
+            g.torch_ranges[kind] = (len(rows), union_ns(start[rows], end[rows]))
     loading = row_kind == (labels.index(DATALOADER) if DATALOADER in labels else -2)
     g.loading_intervals = list(zip(start[loading].tolist(), end[loading].tolist(), strict=True))
     return row_kind >= 0, loading
 
 
-def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals [start, end) (ns)."""
     order = np.argsort(start, kind="stable")
     s, e = start[order], end[order]
@@ -412,6 +415,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         g.unscoped_ops_elsewhere = int((is_op & ~in_scope & np.isin(t.track, np.asarray(other, dtype=np.int64))).sum())
     if loading_range.any():
         g.unscoped_ops_loading = int((is_op & ~in_scope & (tree.nearest(loading_range) >= 0)).sum())
+    outside = top_level_op & ~in_scope
+    if other:
+        outside &= ~np.isin(t.track, np.asarray(other, dtype=np.int64))
+    g.outside_op_intervals = (start[outside], end[outside])
 
     # Data movement: top-level movement ops, and nested ones not inside another movement op.
     moving = np.zeros(nn, dtype=bool)
