@@ -7,7 +7,7 @@ the ``torch.autograd.profiler.profile`` underneath (``_CpuProfile``), whose star
 import ``torch._inductor``. torch is never imported here: the profiler starts right after the
 program's ``import torch`` (a post-import hook).
 
-Cycles (``MLTRACE_OP_CYCLE_S``, without CUDA activity and ``--memory``): at the return of a
+Cycles (``MLTRACE_OP_CYCLE_S``, where no kernels are recorded and without ``--memory``): at the return of a
 model call once a cycle's seconds have passed, the program's thread stops the profiler,
 exports the stopped cycle's Chrome trace to the run directory and starts the next
 (``_next_cycle``; run.json ``torch_profiler.pauses`` keeps each switch's interval); a converter
@@ -17,7 +17,9 @@ the thread converts in this process). Memory stays about one cycle's, the op lev
 early end, and a killed run keeps the cycles converted before (a trace file left in the run
 directory is one being converted: ``mltrace import`` reads it). A cycle waits while another
 thread has a span open, since the all-threads profiler's stop drops the ops running
-elsewhere. With CUDA activity the profiler runs whole and is converted at ``stop()``.
+elsewhere. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
+CUPTI callbacks each profiler start would replace) the profiler runs whole and is converted at
+``stop()``.
 
 Placement and clock: Kineto's thread ids are OS thread ids, so ops land on the thread tracks
 of the live model and layer spans, where the finish nests them (``nest_by_containment``); all
@@ -30,7 +32,9 @@ Ending early (``tracer/windows.py``): without CUDA activity the profiler may sto
 model calls; one that records only the thread that started it stops only there
 (``thread_ident``). With ``--memory`` it also records allocations (``profile_memory``), on
 the starting thread only (torch records none in its all-threads mode). Kineto allows one
-profiler per process: a program running its own ``torch.profiler`` needs ``--level layer``.
+profiler per process: where the program starts ``torch.profiler`` itself, mltrace's op level
+ends first (``_guard_program_profiler``), and a session that starts while the program's runs
+does not start its own.
 """
 
 from __future__ import annotations
