@@ -129,3 +129,12 @@ def test_ops_outside_model_calls_in_the_idle_time_are_the_programs_own_work() ->
         "; 1.6 µs of it (80%) in DataLoader batches: the model waits for its input; 100 ns of it (5%) in ops outside "
         "model calls (the program's own tensor code: backward, optimizer, pre- and post-processing)"
     )
+
+
+def test_torchs_ranges_after_the_op_level_ended_early_are_said_to_be_partial() -> None:
+    """torch.profiler records torch's ranges: where the op level ended before the run did, the
+    line says over which model calls they were counted."""
+    run = _run()
+    run.meta["op_window"] = {"ended_ns": 2900, "ended_after_model_calls": 1}
+    text = analyze(run, CPU).torch_ranges_text()
+    assert text.endswith(" (recorded while the op level ran: the first 1 of 2 model calls)"), text

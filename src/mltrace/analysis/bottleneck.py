@@ -589,7 +589,11 @@ class Analysis:
             return ""
         by_time = sorted(self.torch_ranges.items(), key=lambda kv: -kv[1][1])
         kinds = ", ".join(f"{_RANGE_LABELS.get(kind, kind)} {count} ({fmt_ns(ns)})" for kind, (count, ns) in by_time)
-        return f"torch's own record_function ranges, not counted as user spans: {kinds}"
+        b = self.breakdown
+        window = ""
+        if b.op_model_calls is not None and b.op_model_calls < b.model_calls:  # torch.profiler records them
+            window = f" (recorded while the op level ran: the first {b.op_model_calls} of {b.model_calls} model calls)"
+        return f"torch's own record_function ranges, not counted as user spans: {kinds}{window}"
 
     def top_by_self(self, n: int) -> list[LayerRow]:
         """The ``n`` layers (not models) with the most self time."""
