@@ -118,6 +118,11 @@ def test_markdown_report(traced: Path) -> None:
     assert len(rows) == 3
     if "`stem.0`" in table:
         assert location(stem["code.file.path"], stem["code.line.number"], cwd=str(traced)) in table
+    # The line on the ops outside every model call, as the text and HTML reports have it.
+    rc, data, err = report(traced, "--format", "json")
+    note = json.loads(data)["run"]["unscoped_ops"]["text"]
+    assert " ops outside every model call" in note
+    assert f"\n_{note}_\n" in out
 
 
 @pytest.mark.parametrize(

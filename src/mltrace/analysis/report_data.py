@@ -143,7 +143,10 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "cold_ns": a.cold.cold_ns,
         "cold_spent": [{"name": x.name, "category": x.category or None, "ns": x.ns} for x in a.cold.spent],
         "unfollowed": unfollowed(meta),
-        "torch_ranges": [{"kind": kind, "count": count, "ns": ns} for kind, (count, ns) in sorted(a.torch_ranges.items())],
+        "torch_ranges": {
+            "kinds": [{"kind": kind, "count": count, "ns": ns} for kind, (count, ns) in sorted(a.torch_ranges.items())],
+            "text": a.torch_ranges_text(),
+        },
         "unscoped_ops": {"count": a.unscoped_ops[0], "ns": a.unscoped_ops[1], "text": a.unscoped_text()},
     }
 

@@ -57,7 +57,7 @@ RUN = _object(
         "cold_ns": _INT,
         "cold_spent": _array(_object({"name": _STR, "category": _OPT_STR, "ns": _INT})),
         "unfollowed": _array(_object({"pid": _OPT_INT, "argv": _array(_STR), "reason": _STR})),
-        "torch_ranges": _array(_object({"kind": _STR, "count": _INT, "ns": _INT})),
+        "torch_ranges": _object({"kinds": _array(_object({"kind": _STR, "count": _INT, "ns": _INT})), "text": _STR}),
         "unscoped_ops": _object({"count": _INT, "ns": _INT, "text": _STR}),
     }
 )
