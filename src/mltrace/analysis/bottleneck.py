@@ -652,31 +652,38 @@ def _idle(
     else:
         with_pauses = busy
     accounted = [(s, e) for s, e, _ in (*intervals, *inside)]
-    loading_ns = _covered_ns(accounted, loading or [], begin, end)
-    ops = list(zip(*outside_ops, strict=True)) if outside_ops is not None and len(outside_ops[0]) else []
-    ops_ns = _covered_ns([*accounted, *(loading or [])], ops, begin, end)
+    loading_ns = _covered_ns(accounted, _as_arrays(loading or []), begin, end)
+    ops_ns = _covered_ns([*accounted, *(loading or [])], outside_ops, begin, end) if outside_ops is not None else 0
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
     kept = [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]]
     return Idle(where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns, ops_ns=ops_ns)
 
 
-def _covered_ns(accounted: list[tuple[int, int]], more: list[tuple[int, int]], begin: int, end: int) -> int:
-    """How much of ``[begin, end)`` that ``accounted`` leaves uncovered ``more`` covers (ns)."""
-    if not more:
+def _as_arrays(intervals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of ``intervals``."""
+    import numpy as np
+
+    arr = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def _covered_ns(accounted: list[tuple[int, int]], more: tuple[np.ndarray, np.ndarray], begin: int, end: int) -> int:
+    """How much of ``[begin, end)`` that ``accounted`` leaves uncovered the intervals ``more``
+    (starts, ends) cover (ns)."""
+    if not len(more[0]):
         return 0
     import numpy as np
 
     from mltrace.analysis.span_pass import union_ns
 
-    def clipped(rows: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        arr = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
-        arr = np.clip(arr, begin, end)
-        arr = arr[arr[:, 1] > arr[:, 0]]
-        return arr[:, 0], arr[:, 1]
+    def clipped(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        starts, ends = np.clip(starts, begin, end), np.clip(ends, begin, end)
+        keep = ends > starts
+        return starts[keep], ends[keep]
 
-    a = clipped(accounted)
-    b = clipped([*accounted, *more])
-    return union_ns(*b) - (union_ns(*a) if len(a[0]) else 0)
+    a_starts, a_ends = _as_arrays(accounted)
+    with_more = clipped(np.concatenate([a_starts, more[0]]), np.concatenate([a_ends, more[1]]))
+    return union_ns(*with_more) - union_ns(*clipped(a_starts, a_ends))
 
 
 def _rows(table: dict[str, NameAcc]) -> list[NameRow]:

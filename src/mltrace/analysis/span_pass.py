@@ -262,6 +262,8 @@ def _torch_ranges(
 
 def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals [start, end) (ns)."""
+    if not len(start):
+        return 0
     order = np.argsort(start, kind="stable")
     s, e = start[order], end[order]
     first = np.ones(len(s), dtype=bool)  # where a run of overlapping intervals begins
