@@ -221,6 +221,51 @@ def test_collector_names_what_get_callback_name_cannot() -> None:
     assert collector.api_name("RUNTIME", 531) is None  # no name anywhere: to_events falls back to the cbid
 
 
+class _Record:
+    """A record shaped like cupti-python's: its fields are properties of a slotted class, as on
+    the extension's classes; ``missing`` names a field this version lacks."""
+
+    __slots__ = ("_values", "_missing")
+
+    def __init__(self, missing: str = "", **values: Any) -> None:
+        self._values, self._missing = values, missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == self._missing:
+            raise AttributeError(name)
+        return self._values.get(name, 0)
+
+
+def test_collector_copies_each_records_fields_and_names_api_calls() -> None:
+    """``buffer_completed`` (on CUPTI's thread) copies each converted kind's fields into a dict:
+    enum members as ints, a field the record lacks as None, an API call named; kinds it does
+    not convert are counted, not copied."""
+    import enum
+
+    class CopyKind(enum.IntEnum):  # cupti-python's enums are int enums
+        HTOD = 1
+
+    class Bytes:  # a number that is not an int (a ctypes or numpy value): int() of it
+        def __int__(self) -> int:
+            return 64
+
+    collector = cs._Collector(_StandInCupti(), 1 << 20)  # type: ignore[arg-type]
+    collector.active = True
+    kernel = _Record(kind="CONCURRENT_KERNEL", start=10, end=20, correlation_id=7, name="k", grid_x=4, graph_id=3)
+    old_kernel = _Record(missing="graph_id", kind="CONCURRENT_KERNEL", start=30, end=40, correlation_id=8, name="k")
+    memcpy = _Record(kind="MEMCPY", start=1, end=2, correlation_id=9, copy_kind=CopyKind.HTOD, bytes=Bytes())
+    api = _Record(kind="RUNTIME", start=0, end=5, correlation_id=7, cbid=211)
+    other = _Record(kind="EXTERNAL_CORRELATION")
+    collector.buffer_completed([kernel, old_kernel, memcpy, api, other])
+    got = collector.take()
+    assert [r["kind"] for r in got] == ["CONCURRENT_KERNEL", "CONCURRENT_KERNEL", "MEMCPY", "RUNTIME"]
+    assert all(list(r) == ["kind", *cs.RECORD_FIELDS[r["kind"]]] + (["name"] if r["kind"] == "RUNTIME" else []) for r in got)
+    assert (got[0]["grid_x"], got[0]["graph_id"], got[1]["graph_id"], got[1]["start"]) == (4, 3, None, 30)
+    assert got[2]["copy_kind"] == 1 and type(got[2]["bytes"]) is int and got[2]["bytes"] == 64
+    assert got[3]["name"] == "cudaLaunchKernel_v7000"
+    assert collector.not_copied == Counter({"EXTERNAL_CORRELATION": 1}) and collector.errors == 0
+
+
 # -- generated cbid names (scripts/gen_cuda_cbid_names.py → cuda_cbids.py) -------------------------
 
 
