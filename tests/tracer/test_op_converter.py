@@ -74,6 +74,9 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert not any(v.startswith(b"MLTRACE_FOLLOW=") or b"follow/bootstrap" in v for v in environ)
         assert b"libtorch" not in Path(f"/proc/{pid}/maps").read_bytes()
+        # Its stderr is not the program's: where the library level captures fd 1 and 2
+        # together, it would hold the capture's pipe, and the capture's stop would wait for it.
+        assert os.readlink(f"/proc/{pid}/fd/2") == os.devnull
     assert not _running(pid) and not Path(f"/proc/{pid}").exists()  # ended and reaped
     run = mltrace.load_run(tmp_path / "run")
     profiler = run.meta["torch_profiler"]

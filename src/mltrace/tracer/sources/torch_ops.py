@@ -770,6 +770,10 @@ class _ConverterProcess:
                 [sys.executable, "-m", "mltrace.formats.kineto_serve"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                # Not the program's stderr: where the library level captures fd 1 and 2 together,
+                # the process would hold the capture's pipe open, and the tap's stop waited 5 s
+                # for it. It says what failed in its answer.
+                stderr=subprocess.DEVNULL,
                 env=helper_process_env(),
                 start_new_session=True,
                 close_fds=True,
