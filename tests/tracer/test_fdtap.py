@@ -377,6 +377,30 @@ def test_child_outliving_stop_does_not_block(tmp_path: Path, reader: str) -> Non
 
 
 @pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
+def test_stop_does_not_wait_for_multiprocessings_lifelong_helpers(tmp_path: Path, reader: str) -> None:
+    """multiprocessing's resource tracker, started while the tap runs, holds the pipe until the
+    program exits: stop() does not wait for it (``held_by_helpers``), where it waits for a child
+    of the program's own (``held_by_helpers`` False), as ``test_child_outliving_stop_does_not_block``."""
+    source = r"""
+    import json, subprocess, sys, time
+    from multiprocessing import resource_tracker
+    from mltrace.tracer.fdtap import FdTap
+    tap = FdTap().start()
+    resource_tracker.ensure_running()
+    tap.stop()
+    helpers = tap.held_by_helpers
+    tap = FdTap().start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    tap.stop(timeout_s=0.5)
+    child.wait()
+    with open(sys.argv[1], "w") as f:
+        json.dump({"helpers": helpers, "child": tap.held_by_helpers}, f)
+    """
+    proc, report = run_program(tmp_path, with_reader(source, reader), reader=reader)
+    assert report == {"helpers": True, "child": False}, proc.stderr
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "process"])
 def test_stop_returns_while_a_child_writes_without_pause(tmp_path: Path, reader: str) -> None:
     """stop() returns while a child keeps writing to the pipe, and the child's lines come out
     whole: the reader forwards them, detached, until the child ends."""

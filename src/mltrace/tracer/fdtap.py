@@ -174,6 +174,8 @@ class FdTap:
             bytes were dropped: its reader is gone).
         detached: True when ``stop()`` returned before the pipe's end (a child
             process still held it) and the reader went on in the background.
+        held_by_helpers: True when ``stop()`` did not wait for the pipe's end because only
+            multiprocessing's lifelong helpers (its resource tracker, its forkserver) held it.
     """
 
     def __init__(
@@ -207,6 +209,7 @@ class FdTap:
         self.forwarded_bytes = 0
         self.forward_errors = 0
         self.detached = False
+        self.held_by_helpers = False
         self._lines: list[TappedLine] = []
         self._captured_lines = 0  # the thread reader's in Python: lines captured since the start
         self._raw: list[tuple[int, list[bytes]]] = []  # captured, not decoded yet (``_lines_of``)
@@ -329,7 +332,10 @@ class FdTap:
         if self._process is not None:
             return self._stop_process(timeout_s)
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(min(timeout_s, _FIRST_WAIT_S))
+            self.held_by_helpers = self._thread.is_alive() and _only_lifelong_helpers_write(self._read_ident)
+            if not self.held_by_helpers:
+                self._thread.join(max(0.0, timeout_s - _FIRST_WAIT_S))
         with self._lock:
             if self._reader_done:
                 self._close_saved()
@@ -835,6 +841,77 @@ def _same_destination(a: int, b: int) -> bool:
     except OSError:
         return False
     return True
+
+
+#: How long ``stop()`` waits for the pipe's end before it asks who still holds the pipe (s).
+_FIRST_WAIT_S = 0.25
+#: multiprocessing's own helper processes: they live as long as the program, so a pipe they
+#: hold (their inherited fd 1 and 2) ends only when the program exits.
+_LIFELONG_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"multiprocessing.semaphore_tracker")
+
+
+def _only_lifelong_helpers_write(ident: tuple[int, int] | None) -> bool:
+    """Whether the processes that hold a write end of the pipe ``ident`` (device, inode), this
+    one's descendants, are all multiprocessing's lifelong helpers (then waiting for the pipe's
+    end would only time out). False where none is found or /proc cannot tell."""
+    if ident is None:
+        return False
+    writers = [pid for pid in _descendants(os.getpid()) if _writes_to_pipe(pid, ident[1])]
+    return bool(writers) and all(_is_lifelong_helper(pid) for pid in writers)
+
+
+def _descendants(root: int) -> list[int]:
+    """The pids of ``root``'s descendants (from /proc; [] where it cannot be read)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _writes_to_pipe(pid: int, inode: int) -> bool:
+    """Whether process ``pid`` holds a write end of the pipe with this inode."""
+    target = f"pipe:[{inode}]"
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") != target:
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as f:
+                flags = next(int(line.split()[1], 8) for line in f if line.startswith(b"flags:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            return True
+    return False
+
+
+def _is_lifelong_helper(pid: int) -> bool:
+    """Whether process ``pid`` is one of multiprocessing's lifelong helpers (its command line)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return any(helper in cmdline for helper in _LIFELONG_HELPERS)
 
 
 def _fd_ident(fd: int) -> tuple[int, int] | None:

@@ -440,7 +440,7 @@ class CpuLibrarySource(Source):
             try:
                 if self._tap is not None:
                     lines = self._tap.stop()
-                    if self._tap.detached:
+                    if self._tap.detached and not self._tap.held_by_helpers:  # those print no verbose lines
                         self._problems.append("a child process kept stdout open; its later output was not traced")
                     if self._tap.reader_error is not None:
                         self._problems.append(f"the fd tap's reader stopped early: {self._tap.reader_error}")
