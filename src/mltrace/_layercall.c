@@ -672,9 +672,21 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
+/* The replaced __call__'s code object: torch's Python tracer (a profiler with with_stack=True)
+ * reads nn.Module.__call__.__code__ to tell module calls apart, and failed on this object. */
+static PyObject *layer_code(PyObject *self, void *closure) {
+    return PyObject_GetAttrString(((LayerCall *)self)->original, "__code__");
+}
+
+static PyGetSetDef layer_getset[] = {
+    {"__code__", layer_code, NULL, "the replaced Module.__call__'s code object", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyTypeObject LayerCallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "mltrace._layercall.LayerCall",
+    .tp_getset = layer_getset,
     .tp_basicsize = sizeof(LayerCall),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_vectorcall_offset = offsetof(LayerCall, vectorcall),

@@ -6,11 +6,13 @@ and torch.profiler sources; the checks read the finished run directory.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -395,6 +397,23 @@ def test_a_program_that_runs_torch_profiler_itself(tmp_path: Path) -> None:
     assert run.meta["op_window"]["reason"] == "the program started torch.profiler itself"
     assert run.meta["op_window"]["ended_after_model_calls"] == 3
     assert sum(1 for s in run.spans if s.name == "aten::linear") == 3  # the calls before it
+
+
+@pytest.mark.parametrize(("level", "hot_path"), [("op", "c"), ("model", "c"), ("model", "python"), ("layer", "python")])
+def test_a_program_profiling_with_stacks(tmp_path: Path, level: str, hot_path: str) -> None:
+    """torch.profiler's ``with_stack=True`` reads ``nn.Module.__call__.__code__`` and the
+    ``self`` of each of its frames: mltrace's ``__call__`` (the C one, or the Python one of the
+    model level and of ``MLTRACE_LAYER_HOT_PATH=python``) gives both (the program failed with
+    an AttributeError, or crashed)."""
+    from conftest import SCRIPTS, mltrace_cmd
+
+    script = str(SCRIPTS / "own_profiler.py")
+    plain = subprocess.run([sys.executable, script, "stack"], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "MLTRACE_LAYER_HOT_PATH": hot_path} if hot_path == "python" else None
+    cmd = mltrace_cmd("python", "-q", "--level", level, "-o", str(tmp_path / "run"), script, "stack")
+    traced = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout and "saw: 1" in plain.stdout
 
 
 def test_a_session_started_inside_the_programs_profiler_leaves_it_alone(tmp_path: Path) -> None:

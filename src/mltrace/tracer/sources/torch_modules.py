@@ -448,19 +448,21 @@ class TorchModuleSource(Source):
         compiling = compiling_probe()
         optimized = self._optimized
 
-        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
+        # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
+        # ``self`` of every frame of ``Module.__call__.__code__`` (it crashed on ``module``).
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
-                return original(module, *args, **kwargs)
+                return original(self, *args, **kwargs)
             try:
                 stack = tls.stack
             except AttributeError:
                 stack = new_stack()
             if not stack:  # the outermost call on this thread: the model span
-                frame = model_begin(module, args, stack)
+                frame = model_begin(self, args, stack)
                 span = frame[SPAN]
                 output = None
                 try:
-                    output = original(module, *args, **kwargs)
+                    output = original(self, *args, **kwargs)
                     return output
                 finally:
                     span.attrs["_cpu1"] = usage()
@@ -471,7 +473,7 @@ class TorchModuleSource(Source):
                     end(span)
                     model_ended()
             if type(stack[-1][MODULE]) is optimized[0]:  # torch.compile's wrapper calls its module: one span
-                return original(module, *args, **kwargs)
+                return original(self, *args, **kwargs)
             if args:
                 # One plain tensor is the common case: skip the generic walk and
                 # keep the bare (shape, dtype) pair (``_converted`` reads both forms).
@@ -482,14 +484,14 @@ class TorchModuleSource(Source):
                     shapes_in = None
             else:
                 shapes_in = None
-            frame = [module, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site_of(_getframe(1))]
+            frame = [self, stack[-1], next_id(), clock(), -1, shapes_in, None, None, None, None, site_of(_getframe(1))]
             stack.append(frame)
             output = None
             try:
-                if direct and module._compiled_call_impl is None:  # what original would do, a frame less
-                    output = module._call_impl(*args, **kwargs)
+                if direct and self._compiled_call_impl is None:  # what original would do, a frame less
+                    output = self._call_impl(*args, **kwargs)
                 else:
-                    output = original(module, *args, **kwargs)
+                    output = original(self, *args, **kwargs)
                 return output
             finally:
                 frame[END] = clock()
@@ -575,26 +577,28 @@ class TorchModuleSource(Source):
         get_ident = threading.get_ident
         compiling = compiling_probe()
 
-        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
+        # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
+        # ``self`` of every frame of ``Module.__call__.__code__`` (it crashed on ``module``).
+        def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - replaces Module.__call__
             if compiling():  # TorchDynamo inlines this function: it must see torch's own call only
-                return original(module, *args, **kwargs)
+                return original(self, *args, **kwargs)
             try:
                 stack = tls.stack
             except AttributeError:
                 stack = new_stack()
             if stack:
                 if late and stack[0] is late.get(get_ident()):  # a model call from before the layer level's end
-                    return layer_call(module, *args, **kwargs)
-                if direct and module._compiled_call_impl is None:  # what original would do, a frame less
-                    return module._call_impl(*args, **kwargs)
-                return original(module, *args, **kwargs)
-            model_begin(module, args, stack)
+                    return layer_call(self, *args, **kwargs)
+                if direct and self._compiled_call_impl is None:  # what original would do, a frame less
+                    return self._call_impl(*args, **kwargs)
+                return original(self, *args, **kwargs)
+            model_begin(self, args, stack)
             output = None
             try:
-                output = original(module, *args, **kwargs)
+                output = original(self, *args, **kwargs)
                 return output
             finally:
-                post(module, args, output)
+                post(self, args, output)
 
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
