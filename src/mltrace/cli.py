@@ -192,7 +192,9 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     if ns.memory:
         kwargs["memory"] = True
     options = ProfileOptions.build(**kwargs)
-    session = Session(options).start()
+    session = Session(options)
+    session.whole_program = True
+    session.start()
     live = _live_otlp(session)
     following = None if ns.no_follow else _follow(session)
     status = 0

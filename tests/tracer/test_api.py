@@ -173,3 +173,38 @@ def test_a_slow_stop_says_the_trace_is_being_written(
     else:
         assert steps == []
     assert mltrace.load_run(tmp_path / "run").complete
+
+
+def test_the_programs_own_profile_inside_mltrace_python_is_a_span_of_the_run(tmp_path: Path) -> None:
+    """A program that calls ``mltrace.profile()`` itself, run by ``mltrace python``: the region
+    is recorded into the whole program's session, as a user span at the program's line (named by
+    the ``name`` option), and the program runs as without mltrace (it failed with 'an mltrace
+    session is already running'). A second session of the program's own is still refused."""
+    import subprocess
+    import sys
+
+    from conftest import mltrace_cmd
+
+    script = tmp_path / "regions.py"
+    script.write_text(
+        "import mltrace, torch\n"
+        "m = torch.nn.Linear(4, 4)\n"
+        "with mltrace.profile(name='warm', level='op') as p:\n"
+        "    m(torch.ones(1, 4))\n"
+        "print('region run dir given:', p.run_dir is not None)\n"
+        "@mltrace.profile()\n"
+        "def step():\n"
+        "    return m(torch.ones(1, 4))\n"
+        "step()\n"
+        "print('done')\n"
+    )
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    cmd = mltrace_cmd("python", "-q", "-o", str(tmp_path / "run"), str(script))
+    traced = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == "region run dir given: True\ndone\n"
+    run = mltrace.load_run(tmp_path / "run")
+    regions = sorted((s.name, s.attrs.get("code.line.number")) for s in run.spans if s.level is Level.USER)
+    assert regions == [("mltrace.profile", 9), ("warm", 3)]
+    assert any("the program's own mltrace.profile() ran inside this session" in t for t in run.meta["limitations"])
+    assert [s.name for s in run.spans if s.level is Level.MODEL] == ["Linear", "Linear"]

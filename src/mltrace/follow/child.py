@@ -233,6 +233,7 @@ def _start_session(spec: dict[str, Any], how: str) -> Any:
     session = Session(options)
     session.finish = finish_child
     session.seals = False  # the parent's finish merges and correlates its events
+    session.whole_program = True
     session.start()
     session.meta["process"] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
     if spec.get("worker_level"):

@@ -102,6 +102,9 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
     return _LiveSpan(session, name, lv, _with_call_site(attrs, sys._getframe(1)))
 
 
+#: This module's file and ``mltrace.profile``'s (``profiling.py``), which a region's call site is not.
+_OWN_FILES = frozenset({__file__, str(Path(__file__).resolve().parents[1] / "profiling.py")})
+
 #: Call sites seen (code object, line) → their ``code.*`` attributes, built once each.
 _sites: dict[tuple[CodeType, int], dict[str, Any]] = {}
 
@@ -195,21 +198,46 @@ class profile:  # noqa: N801 - reads as a verb, like contextlib's helpers
     def __init__(self, **options: Any) -> None:
         self._options = options
         self._session: _session_mod.Session | None = None
+        self._joined: _LiveSpan | _NoSpan | None = None
         self.run_dir: Path | None = None
 
     def start(self) -> profile:
-        """Starts a session.
+        """Starts a session. Inside one that traces the whole program (``mltrace python``, a
+        followed child), records its region there instead, as a user span named after the
+        ``name`` option (``mltrace.profile``); its other options do not apply.
 
         Raises:
             mltrace.errors.UsageError: for invalid options or a second session.
         """
         opts = ProfileOptions.build(**self._options)
+        running = _session_mod.active_session()
+        if running is not None and running.whole_program:
+            self._join(running, opts.name or "mltrace.profile")
+            return self
         self._session = _session_mod.Session(opts).start()
         self.run_dir = self._session.run_dir
         return self
 
+    def _join(self, running: _session_mod.Session, name: str) -> None:
+        """Records this region into ``running`` as a user span (``start()``)."""
+        running.note_limitation(
+            "the program's own mltrace.profile() ran inside this session, which traces the whole program: "
+            "its regions are user spans of this run, its options not applied"
+        )
+        caller = sys._getframe(1)
+        while caller.f_back is not None and caller.f_code.co_filename in _OWN_FILES:  # the program's line
+            caller = caller.f_back
+        self._joined = _LiveSpan(running, name, Level.USER, _with_call_site({}, caller)) if not running.full else _NO_SPAN
+        self._joined.__enter__()
+        self.run_dir = running.run_dir
+
     def stop(self) -> Path | None:
-        """Stops the session, writes the run, and prints the summary if asked."""
+        """Stops the session, writes the run, and prints the summary if asked (a region
+        recorded into a running session ends its span; that session goes on)."""
+        if self._joined is not None:
+            joined, self._joined = self._joined, None
+            joined.__exit__(None, None, None)
+            return self.run_dir
         if self._session is None:
             return None
         session, self._session = self._session, None

@@ -312,6 +312,9 @@ class Session:
         self.full = False
         #: True in a child forked from the process running this session: it writes nothing.
         self.forked_copy = False
+        #: True where the session traces the whole program (``mltrace python``, a followed child):
+        #: the program's own ``mltrace.profile()`` then records its region into this session.
+        self.whole_program = False
         #: Writes the run at the end in place of ``finalize_run`` (same arguments): a followed
         #: child's session leaves its events to the parent's finish (``mltrace/follow/``).
         self.finish: Callable[[Path, dict[str, Any], Callable[[str], None]], object] | None = None
