@@ -354,8 +354,18 @@ class CpuLibrarySource(Source):
             self._redirect_mkl_timer()
             if not verbose.mkl_set_verbose(1):
                 self._problems.append("torch could not switch MKL verbose output on")
-            else:
+            elif not self._programs_profiler_runs(torch):  # whose trace would show the warm-up's ops
                 self._warm_up_mkl(torch)
+
+    def _programs_profiler_runs(self, torch: ModuleType) -> bool:
+        """Whether a torch profiler that is not this session's records now (the program's own)."""
+        try:
+            enabled = bool(torch._C._autograd._profiler_enabled())
+        except Exception:  # a torch without it
+            return False
+        session = self._session
+        ours = session is not None and any(s.name == "torch.profiler" and getattr(s, "profiling", False) for s in session.started)
+        return enabled and not ours
 
     def _redirect_mkl_timer(self) -> None:
         """Points MKL's verbose timer at the vDSO clock until ``_switch_off``.
