@@ -419,11 +419,11 @@ def test_a_program_profiling_with_stacks(tmp_path: Path, level: str, hot_path: s
 def test_a_session_started_inside_the_programs_profiler_leaves_it_alone(tmp_path: Path) -> None:
     """The program's torch.profiler already runs when a session starts: mltrace's op level does
     not start (it would take the program's over), says so, and puts torch's functions back."""
+    from collections import Counter
+
     import torch.autograd.profiler as autograd_profiler
 
     from mltrace import profile
-
-    from collections import Counter
 
     originals = (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
