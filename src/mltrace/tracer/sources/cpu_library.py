@@ -358,14 +358,15 @@ class CpuLibrarySource(Source):
                 self._warm_up_mkl(torch)
 
     def _programs_profiler_runs(self, torch: ModuleType) -> bool:
-        """Whether a torch profiler that is not this session's records now (the program's own)."""
+        """Whether a torch profiler that is not this session's records now (the program's own).
+        Never raises (it runs in the program's ``import torch``)."""
         try:
-            enabled = bool(torch._C._autograd._profiler_enabled())
+            if not torch._C._autograd._profiler_enabled():
+                return False
+            started = getattr(self._session, "started", ())
+            return not any(s.name == "torch.profiler" and getattr(s, "profiling", False) for s in started)
         except Exception:  # a torch without it
             return False
-        session = self._session
-        ours = session is not None and any(s.name == "torch.profiler" and getattr(s, "profiling", False) for s in session.started)
-        return enabled and not ours
 
     def _redirect_mkl_timer(self) -> None:
         """Points MKL's verbose timer at the vDSO clock until ``_switch_off``.
