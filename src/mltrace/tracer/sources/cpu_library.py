@@ -364,7 +364,7 @@ class CpuLibrarySource(Source):
             if not torch._C._autograd._profiler_enabled():
                 return False
             started = getattr(self._session, "started", ())
-            return not any(s.name == "torch.profiler" and getattr(s, "profiling", False) for s in started)
+            return not any(s.name == "torch.profiler" and s.profiling for s in started)
         except Exception:  # a torch without it
             return False
 
