@@ -16,6 +16,7 @@ import pytest
 import mltrace
 from conftest import SCRIPTS, mltrace_cmd
 from mltrace.run.levels import Level
+from mltrace.run.store import Run
 from mltrace.tracer.sources.torch_ops import PAUSED_TRACK
 
 torch = pytest.importorskip("torch")
@@ -162,18 +163,26 @@ def test_a_signal_reaps_the_converter_process(tmp_path: Path, sig: int, status: 
     assert run.meta["torch_profiler"]["converter_process"]["spans"] > 0
 
 
+def _ten_calls(out: Path, level: str | None, no_converter: bool = False) -> Run:
+    """Ten calls of a small model 20 ms apart in a session at ``level`` (None: every level),
+    its run; ``no_converter``: checks that no converter process ran while the session did."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    options: dict[str, object] = {} if level is None else {"level": level}
+    with torch.inference_mode(), mltrace.profile(output=out, summary=False, **options):
+        for _ in range(10):
+            model(x)
+            time.sleep(0.02)
+        if no_converter:
+            assert _converter_pids(os.getpid()) == []
+    return mltrace.load_run(out)
+
+
 def test_without_the_process_cycles_are_converted_on_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``MLTRACE_OP_CONVERTER=0``: no converter process, the same ops."""
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
     monkeypatch.setenv("MLTRACE_OP_CONVERTER", "0")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    x = torch.randn(2, 8)
-    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
-        for _ in range(10):
-            model(x)
-            time.sleep(0.02)
-        assert _converter_pids(os.getpid()) == []
-    run = mltrace.load_run(tmp_path / "run")
+    run = _ten_calls(tmp_path / "run", "op", no_converter=True)
     assert "converter_process" not in run.meta["torch_profiler"]
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
 
@@ -185,14 +194,7 @@ def test_with_cupti_python_kernels_the_profiler_runs_whole(tmp_path: Path, monke
     (Without CUDA, Kineto's path records no kernels and the cycles go on: the other tests.)"""
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
     monkeypatch.setenv("MLTRACE_KERNEL_PATH", "cupti-python")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    x = torch.randn(2, 8)
-    with torch.inference_mode(), mltrace.profile(level="kernel", output=tmp_path / "run", summary=False):
-        for _ in range(10):
-            model(x)
-            time.sleep(0.02)
-        assert _converter_pids(os.getpid()) == []
-    run = mltrace.load_run(tmp_path / "run")
+    run = _ten_calls(tmp_path / "run", "kernel", no_converter=True)
     profiler = run.meta["torch_profiler"]
     assert profiler["cycles"] == 1 and "switches" not in profiler  # one profiler, converted at the end
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 10
@@ -203,13 +205,7 @@ def test_at_every_level_without_cuda_the_profiler_cycles(tmp_path: Path, monkeyp
     """Every level asked for (the default), on a machine where torch sees no CUDA device: no
     kernels are recorded, so the op level runs in cycles."""
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    x = torch.randn(2, 8)
-    with torch.inference_mode(), mltrace.profile(output=tmp_path / "run", summary=False):
-        for _ in range(10):
-            model(x)
-            time.sleep(0.02)
-    profiler = mltrace.load_run(tmp_path / "run").meta["torch_profiler"]
+    profiler = _ten_calls(tmp_path / "run", None).meta["torch_profiler"]
     assert profiler["cycles"] >= 2 and profiler["switches"] >= 2
 
 
