@@ -360,13 +360,12 @@ class CpuLibrarySource(Source):
     def _programs_profiler_runs(self, torch: ModuleType) -> bool:
         """Whether a torch profiler that is not this session's records now (the program's own).
         Never raises (it runs in the program's ``import torch``)."""
-        try:
-            if not torch._C._autograd._profiler_enabled():
-                return False
-            started = getattr(self._session, "started", ())
-            return not any(s.name == "torch.profiler" and s.profiling for s in started)
-        except Exception:  # a torch without it
+        from mltrace.tracer.sources.torch_ops import profiler_running
+
+        if not profiler_running(torch):
             return False
+        started = getattr(self._session, "started", ())
+        return not any(s.name == "torch.profiler" and s.profiling for s in started)
 
     def _redirect_mkl_timer(self) -> None:
         """Points MKL's verbose timer at the vDSO clock until ``_switch_off``.

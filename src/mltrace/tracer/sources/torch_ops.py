@@ -149,6 +149,7 @@ class TorchOpSource(Source):
         self._hook: PostImportHook | None = None
         self._prof: Any = None
         self.record_kernels = False
+        self._cupti_kernels = False  # the kernel level's kernels come from cupti-python (set by start)
         self.stats: KinetoStats | None = None
         self.export_ns = 0
         self.thread_ident: int | None = None
@@ -205,8 +206,10 @@ class TorchOpSource(Source):
 
         # With MLTRACE_KERNEL_PATH=cupti-python, CUDA activity stays out from the start: the
         # profiler may start right now (torch already imported), before CuptiSource runs.
-        self.record_kernels = Level.KERNEL in session.levels and requested_kernel_path() != "cupti-python"
+        cupti = requested_kernel_path() == "cupti-python"
+        self.record_kernels = Level.KERNEL in session.levels and not cupti
         self._cuda_activity = self.record_kernels and Level.KERNEL in self.levels
+        self._cupti_kernels = Level.KERNEL in session.levels and cupti  # cupti-python records them
         # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
         # stop; it reads this level when the profiler first starts. The user's own setting wins.
         os.environ.setdefault("KINETO_LOG_LEVEL", "99")
@@ -217,7 +220,7 @@ class TorchOpSource(Source):
         session = self._session
         if session is None or self._prof is not None or self._ended:  # an op level that ended before torch came
             return
-        if _program_profiling(torch):
+        if profiler_running(torch):
             self._ended = True
             session.note_limitation("op level: the program's own torch.profiler was running, so mltrace's did not start (no ops)")
             return
@@ -327,11 +330,7 @@ class TorchOpSource(Source):
         """Whether this session records kernels while torch.profiler runs: through Kineto (CUDA
         activity), or through cupti-python (``MLTRACE_KERNEL_PATH=cupti-python`` at the kernel
         level)."""
-        from mltrace.tracer.sources.cupti import requested_kernel_path
-
-        session = self._session
-        cupti = session is not None and Level.KERNEL in session.levels and requested_kernel_path() == "cupti-python"
-        return self._cuda_activity or cupti
+        return self._cuda_activity or self._cupti_kernels
 
     def _call_around(self, which: int) -> None:
         for pair in self._around_start:
@@ -901,9 +900,9 @@ def _new_profiler(profile: Any, kwargs: dict[str, Any]) -> Any:
 CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 
 
-def _program_profiling(torch: ModuleType) -> bool:
-    """Whether a torch profiler runs in this process already (the program's: Kineto keeps one
-    profiling session per process, and a second start would take it over)."""
+def profiler_running(torch: ModuleType) -> bool:
+    """Whether a torch profiler runs in this process (Kineto keeps one profiling session per
+    process, and a second start would take it over). Never raises."""
     try:
         return bool(torch._C._autograd._profiler_enabled())
     except Exception:  # a torch without it
