@@ -106,7 +106,8 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "library-mkl-timer": {"level": "library"},  # the same with oneMKL's own verbose timer (MLTRACE_MKL_TIMER=mkl)
     "kernel": {"level": "kernel"},  # GPU: every level, kernels through Kineto (the default path with torch)
     "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
-    # Attribution of the kernel level's cost: "kernel" with one part taken out.
+    # Attribution of the layer and kernel levels' cost: the level with one part taken out.
+    "layer-no-counters": {"level": "layer"},  # without the CPU/NVML counter sampler
     "kernel-no-counters": {"level": "kernel"},  # without the CPU/NVML counter sampler
     "kernel-no-library": {"level": "kernel"},  # without the library level's fd tap and verbose output
     "kernel-one-thread": {"level": "kernel"},  # torch.profiler on the starting thread only (no profile_all_threads)
@@ -166,6 +167,7 @@ def _part_off(name: str) -> Iterator[None]:
     layers: tuple[Any, str, Any] = (TorchModuleSource, "available", off)
     by_condition: dict[str, list[tuple[Any, str, Any]]] = {
         "kernel-no-counters": [counters],
+        "layer-no-counters": [counters],
         "kernel-no-library": [library],
         "kernel-no-layers": [layers],
         "kernel-bare": [counters, library, layers],

@@ -238,8 +238,7 @@ class TorchOpSource(Source):
             # kineto_to_events counts the same FLOPs from the recorded shapes (aten_flops).
             kwargs: dict[str, Any] = {"activities": activities, "record_shapes": True}
             memory = session.options.memory
-            # trace_only on the CPU only: the kernel level's trace with it is not yet checked on a GPU.
-            config = None if memory else _all_threads_config(trace_only=not self._cuda_activity)
+            config = None if memory else _all_threads_config(trace_only=True)
             if memory:
                 kwargs["profile_memory"] = True
                 session.note_limitation(
