@@ -108,6 +108,7 @@ CONDITIONS: dict[str, dict[str, Any]] = {
     "kernel-cupti": {"level": "kernel"},  # GPU: every level, kernels through cupti-python
     # Attribution of the layer and kernel levels' cost: the level with one part taken out.
     "layer-no-counters": {"level": "layer"},  # without the CPU/NVML counter sampler
+    "layer-no-streaming": {"level": "layer", "flush_interval_s": NO_FLUSH_S},  # spans drained at the session's stop only
     "kernel-no-counters": {"level": "kernel"},  # without the CPU/NVML counter sampler
     "kernel-no-library": {"level": "kernel"},  # without the library level's fd tap and verbose output
     "kernel-one-thread": {"level": "kernel"},  # torch.profiler on the starting thread only (no profile_all_threads)

@@ -210,14 +210,19 @@ def test_hooks_installed_when_torch_is_imported_later(tmp_path: Path) -> None:
     assert _names(run, Level.MODEL) == ["Linear"]
 
 
-def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
+def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path, hot_path: str) -> None:
     from torch.nn.modules import module as m
 
     net = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+    hooked: list[tuple[int, ...]] = []
+    net[1][1].register_forward_hook(lambda mod, args, out: hooked.append(tuple(out.shape)))
 
     def go() -> None:
         assert not m._global_forward_hooks and not m._global_forward_pre_hooks  # torch's fast path stays
+        installed = type(m.Module.__dict__["__call__"]).__name__
+        assert installed == ("LayerCall" if hot_path == "c" else "function")  # nested calls: C, no frame
         net(torch.randn(3, 4))
+        assert hooked == [(3, 2)]  # a nested module's own hook still runs
         with pytest.raises(RuntimeError):
             net(torch.randn(3, 5))  # shape error inside: the model span still closes
         net[1](torch.randn(3, 4))
@@ -229,6 +234,7 @@ def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
     assert models[0].attrs["ml.output.shapes"] == [[3, 2]]
     assert "ml.output.shapes" not in models[1].attrs
     assert not [s for s in run.spans if s.level == Level.LAYER]
+    assert hooked == [(3, 2), (3, 2)]
 
 
 class _Pass(nn.Module):

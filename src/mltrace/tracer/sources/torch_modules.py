@@ -506,32 +506,58 @@ class TorchModuleSource(Source):
                 append_frame(frame)
 
         self.python_call = __call__  # also what the C helper calls for a thread's outermost call
-        installed: Any = __call__
-        native = self._native_layer_call()
-        if native is not None:
-            # The same frames from C for nested calls (14–39 % less layer-level overhead than
-            # this wrapper in paired runs on the example CNN, PERFORMANCE.md); the outermost
-            # call of a thread still goes through __call__ above, which opens the model span.
-            checked = forward_check(module_cls) if direct else None
-            self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
-            native_call: list[Any] = []
-
-            def bound_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-                """``module.__call__`` read from an instance (torch.compile keeps it as what it
-                compiles): the C hot path, or torch's own while TorchDynamo traces it or when
-                torch.compile's wrapper calls it (the compiled call is the wrapper's span)."""
-                stack = getattr(tls, "stack", None)
-                if compiling() or (stack and type(stack[-1][MODULE]) is optimized[0]):  # compiled: one span
-                    return original(module, *args, **kwargs)
-                return native_call[0](module, *args, **kwargs)
-
-            installed = native(
-                tls, new_stack, __call__, raw_shapes, tensor, next_id, append_frame, original, direct, checked,
-                self._internal_code, self._is_framework_code, dynamo_tracing_probe(), bound_call, module_cls,
-            )
-            native_call.append(installed)
+        native = self._native_call(module_cls, original, __call__, direct, frames=True)
+        installed = __call__ if native is None else native
         self._wrapped = (module_cls, original, installed)
         module_cls.__call__ = installed
+
+    def _native_call(self, module_cls: Any, original: Any, outer: Any, direct: bool, frames: bool) -> Any:
+        """The C hot path (``_layercall.LayerCall``) for ``module_cls.__call__``, or None where it
+        is not used (``_native_layer_call``). A thread's outermost call goes to ``outer`` (the
+        Python wrapper, which opens the model span); nested calls push layer frames where
+        ``frames``, else they are the module's call alone (the model level)."""
+        assert self._session is not None
+        native = self._native_layer_call()
+        if native is None:
+            return None
+        # The same frames from C for nested calls (14–39 % less layer-level overhead than
+        # the Python wrapper in paired runs on the example CNN, PERFORMANCE.md).
+        tls = self._tls
+        compiling = compiling_probe()
+        optimized = self._optimized
+        checked = forward_check(module_cls) if direct else None
+        self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
+        native_call: list[Any] = []
+
+        def bound_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            """``module.__call__`` read from an instance (torch.compile keeps it as what it
+            compiles): the C hot path, or torch's own while TorchDynamo traces it or when
+            torch.compile's wrapper calls it (the compiled call is the wrapper's span)."""
+            stack = getattr(tls, "stack", None)
+            if compiling() or (stack and type(stack[-1][MODULE]) is optimized[0]):  # compiled: one span
+                return original(module, *args, **kwargs)
+            return native_call[0](module, *args, **kwargs)
+
+        installed = native(
+            tls,
+            self._new_stack,
+            outer,
+            self._raw_shapes,
+            self._tensor,
+            self._session.recorder._ids.__next__,
+            self._frames.append,
+            original,
+            direct,
+            checked,
+            self._internal_code,
+            self._is_framework_code,
+            dynamo_tracing_probe(),
+            bound_call,
+            module_cls,
+            frames,
+        )
+        native_call.append(installed)
+        return installed
 
     def _native_layer_call(self) -> Any:
         """The C hot path's type (``mltrace._layercall.LayerCall``), or None: not built, or
@@ -600,8 +626,11 @@ class TorchModuleSource(Source):
             finally:
                 post(self, args, output)
 
-        self._wrapped = (module_cls, original, __call__)
-        module_cls.__call__ = __call__
+        installed: Any = __call__
+        if layer_call is None:  # no late layer calls to hand on: nested calls can take the C path
+            installed = self._native_call(module_cls, original, __call__, direct, frames=False) or __call__
+        self._wrapped = (module_cls, original, installed)
+        module_cls.__call__ = installed
 
     def end_recording(self) -> None:
         """The trace is full (``Session.full``): puts torch's own ``Module.__call__`` back, so
