@@ -40,7 +40,8 @@ stated against) and, where the C helper is the hot path, the Python wrapper it r
 this CNN). Means and the cyclic garbage collector's work per kind of block (``gc.callbacks``)
 are printed too: the layer level must not make the program's allocations trigger collections.
 
-    python benchmarks/overhead.py --mode layer-paired [--pairs 100] [--block 3] [--batch 1]
+    python benchmarks/overhead.py --mode layer-paired [--pairs 100] [--block 3] [--batch 1] [--model cnn|encoder]
+    python benchmarks/overhead.py --mode layer-paired --device cuda --cnn resnet50 --dtype float16 --channels-last
 
 ``--mode span-cost``: cost per module call of the model and layer levels, in isolation: a
 forward calling 1000 ``nn.Identity`` children, plain, under two no-op global hooks, at the
@@ -268,6 +269,46 @@ def measure_api(n: int) -> dict[str, float]:
     }
 
 
+def _workloads(args: argparse.Namespace, kinds: tuple[str, ...]) -> list[harness.Workload]:
+    """The models ``kinds`` names (``cnn``, ``encoder``) as ``--device``, ``--cnn``, ``--dtype`` and
+    ``--channels-last`` say, each called with its input (on CUDA, each call ends with
+    ``torch.cuda.synchronize()``)."""
+    import torch
+
+    harness.use_examples()
+    from models import encoder
+
+    torch.manual_seed(0)
+    size, seq, layers = (64, 32, 2) if args.quick else (224, 128, 12)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    out = []
+    for kind in kinds:
+        if kind == "cnn":
+            memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+            model = _cnn(args.cnn).to(device=device, dtype=dtype, memory_format=memory_format).eval()
+            x = torch.randn(args.batch, 3, size, size, device=device, dtype=dtype).to(memory_format=memory_format)
+            label = f"{args.cnn} CNN, batch {args.batch}, {size}x{size}, {args.dtype}"
+        else:
+            batch = getattr(args, "encoder_batch", 0) or args.batch
+            model = encoder(layers=layers).to(device=device, dtype=dtype).eval()
+            x = torch.randint(0, 30522, (batch, seq), device=device)
+            label = f"Transformer encoder ({layers}x768), batch {batch}, seq {seq}, {args.dtype}"
+        out.append(_Synchronized(label, model, x) if args.device == "cuda" else harness.Workload(label, model, x))
+    return out
+
+
+class _Synchronized(harness.Workload):
+    """A workload on CUDA: each call waits for its kernels."""
+
+    def __call__(self) -> Any:
+        import torch
+
+        y = self.model(self.x)
+        torch.cuda.synchronize()
+        return y
+
+
 def mode_sessions(args: argparse.Namespace) -> int:
     import torch
 
@@ -278,37 +319,10 @@ def mode_sessions(args: argparse.Namespace) -> int:
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         return _usage("--device cuda: torch sees no CUDA device")
-    harness.use_examples()
-    from models import encoder
-
-    torch.manual_seed(0)
-    size, seq, layers = (64, 32, 2) if args.quick else (224, 128, 12)
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    cnn = _cnn(args.cnn).to(device=device, dtype=dtype, memory_format=memory_format).eval()
-    enc = encoder(layers=layers).to(device=device, dtype=dtype).eval()
-    images = torch.randn(args.batch, 3, size, size, device=device, dtype=dtype).to(memory_format=memory_format)
-    encoder_batch = args.encoder_batch or args.batch
-    tokens = torch.randint(0, 30522, (encoder_batch, seq), device=device)
-
-    def run(model: Any, x: Any) -> Callable[[], Any]:
-        if not cuda:
-            return lambda: model(x)
-
-        def synchronized() -> Any:
-            y = model(x)
-            torch.cuda.synchronize()
-            return y
-
-        return synchronized
-
+    cnn, enc = _workloads(args, ("cnn", "encoder"))
     results = []
     with torch.inference_mode():
-        for name, fn in (
-            (f"{args.cnn} CNN, batch {args.batch}, {size}x{size}, {args.dtype}", run(cnn, images)),
-            (f"Transformer encoder ({layers}x768), batch {encoder_batch}, seq {seq}, {args.dtype}", run(enc, tokens)),
-        ):
+        for name, fn in ((cnn.label, cnn), (enc.label, enc)):
             print(f"measuring {name} on {args.device} ...", file=sys.stderr, flush=True)
             results.append(measure_model(name, fn, args.rounds, args.iters, conditions, cuda))
     api = measure_api(20_000 if args.quick else 200_000)
@@ -426,7 +440,9 @@ def mode_layer_paired(args: argparse.Namespace) -> int:
     from mltrace.tracer.session import Session
     from mltrace.tracer.sources.torch_modules import TorchModuleSource
 
-    work = harness.example_model("cnn", batch=args.batch, size=64 if args.quick else 224)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _usage("--device cuda: torch sees no CUDA device")
+    work = _workloads(args, (args.model,))[0]
     flush_every = args.flush_every or max(1, round(8 / args.batch))
     pairs, block = args.pairs, args.block
 
@@ -1103,7 +1119,18 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
         "channels_last": (False, False),
     },
     "parts": {"rounds": (12, 2), "iters": (5, 2), "batch": (1, 1), "threads": (0, 0)},
-    "layer-paired": {"pairs": (100, 4), "block": (3, 1), "flush_every": (0, 0), "batch": (1, 1), "threads": (0, 0)},
+    "layer-paired": {
+        "pairs": (100, 4),
+        "block": (3, 1),
+        "flush_every": (0, 0),
+        "batch": (1, 1),
+        "threads": (0, 0),
+        "model": ("cnn", "cnn"),
+        "device": ("cpu", "cpu"),
+        "cnn": ("resnet18-style", "resnet18-style"),
+        "dtype": ("float32", "float32"),
+        "channels_last": (False, False),
+    },
     "span-cost": {"rounds": (5, 1), "pairs": (60, 4), "threads": (0, 0)},
     "cross-stack": {"model": ("cnn", "cnn"), "pairs": (60, 2), "block": (3, 1), "flush_every": (2, 1), "threads": (0, 0)},
     "frameworks": {"rounds": (5, 2), "iters": (6, 2), "frameworks": ("onnxruntime,keras", "onnxruntime,keras")},
@@ -1119,7 +1146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, help="timed calls a block (sessions 5, parts 5, frameworks 6)")
     p.add_argument("--batch", type=int, help="images per inference (default 1)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    g = p.add_argument_group("--mode sessions")
+    g = p.add_argument_group("--mode sessions (--device, --cnn, --dtype, --channels-last: layer-paired too)")
     g.add_argument("--conditions", help="comma list of: " + ", ".join(CONDITIONS) + " (default: layer)")
     g.add_argument("--device", choices=("cpu", "cuda"), help="where the models run (default: cpu)")
     g.add_argument("--encoder-batch", type=int, help="batch size of the encoder (default: --batch)")
@@ -1132,7 +1159,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--flush-every", type=int, help="traced blocks (layer-paired; default 8 / batch) or rounds (cross-stack; 2) a timed flush"
     )
-    g.add_argument("--model", choices=("cnn", "encoder"), help="cross-stack: the model (default: cnn)")
+    g.add_argument("--model", choices=("cnn", "encoder"), help="layer-paired and cross-stack: the model (default: cnn)")
     g = p.add_argument_group("--mode frameworks")
     g.add_argument("--frameworks", help="comma list of onnxruntime, keras (default: both)")
     return p
