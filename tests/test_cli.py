@@ -39,8 +39,17 @@ def test_script_sees_what_plain_python_gives(tmp_path: Path) -> None:
     assert run.meta["command"][:3] == ["mltrace", "python", str(ECHO)]
 
 
-@pytest.mark.parametrize(("arg", "status"), [("exit=0", 0), ("exit=3", 3), ("raise", 1), ("sigint", -2), ("sigterm", -15)])
-def test_exit_status_and_trace_always_written(tmp_path: Path, arg: str, status: int) -> None:
+EXIT_CASES = [
+    ("exit=0", 0, "SystemExit(0)", ""),
+    ("exit=3", 3, "SystemExit(3)", "The program exited with status 3 (SystemExit(3))"),
+    ("raise", 1, "uncaught ValueError", "The program exited with status 1 (uncaught ValueError)"),
+    ("sigint", -2, "KeyboardInterrupt", "The program was ended by SIGINT (KeyboardInterrupt)"),
+    ("sigterm", -15, "SIGTERM", "The program was ended by SIGTERM (SIGTERM)"),
+]
+
+
+@pytest.mark.parametrize(("arg", "status", "cause", "said"), EXIT_CASES)
+def test_exit_status_and_trace_always_written(tmp_path: Path, arg: str, status: int, cause: str, said: str) -> None:
     """The process ends as plain Python's would, with the same output: by SIGINT after the
     atexit handlers (an uncaught KeyboardInterrupt), killed by SIGTERM before them."""
     traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(ECHO), arg, cwd=tmp_path)
@@ -58,6 +67,14 @@ def test_exit_status_and_trace_always_written(tmp_path: Path, arg: str, status: 
     run = mltrace.load_run(tmp_path / "run")
     assert run.complete
     assert run.meta["exit_status"] == status
+    assert run.meta["exit_cause"] == cause
+    report = run_cli("report", str(tmp_path / "run"), "--format", "json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr.decode()
+    ended = json.loads(report.stdout)["run"]["exit"]
+    assert ended["status"] == status and ended["cause"] == cause
+    assert ended["text"].startswith(said) and bool(ended["text"]) is bool(said)
+    text = run_cli("report", str(tmp_path / "run"), cwd=tmp_path).stdout.decode()
+    assert (said in " ".join(text.split())) if said else "The program" not in text
 
 
 def test_module_mode(tmp_path: Path) -> None:

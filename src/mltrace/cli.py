@@ -198,10 +198,13 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     live = _live_otlp(session)
     following = None if ns.no_follow else _follow(session)
     status = 0
+    outcome: dict[str, str] = {}
     try:
-        status = run_target(target)
+        status = run_target(target, outcome)
     finally:
         session.meta["exit_status"] = status
+        if outcome:
+            session.meta["exit_cause"] = outcome["cause"]
         if following is not None:
             following.disable()
         if live is not None:

@@ -29,6 +29,7 @@ from mltrace.errors import UsageError
 
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__}
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -160,18 +161,28 @@ def _exit_status(exc: SystemExit) -> int:
 
 def _user_traceback(exc: BaseException) -> types.TracebackType | None:
     """The traceback without mltrace's frames above the program's, nor those below its last
-    frame (a Ctrl-C held through a cycle switch is raised again inside mltrace's code)."""
+    frame that is neither mltrace's nor the standard library's, where the frame after it is
+    mltrace's (a Ctrl-C held through a cycle switch is raised again inside mltrace's code, on
+    leaving a ``contextlib`` context)."""
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
         tb = tb.tb_next
-    last_own, t = None, tb
+    last_program, t = None, tb
     while t is not None:
-        if not os.path.abspath(t.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-            last_own = t
+        path = os.path.abspath(t.tb_frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE_DIR) and not _is_stdlib(path):
+            last_program = t
         t = t.tb_next
-    if last_own is not None:
-        last_own.tb_next = None
+    if last_program is not None and last_program.tb_next is not None:
+        after = os.path.abspath(last_program.tb_next.tb_frame.f_code.co_filename)
+        if after.startswith(_PACKAGE_DIR):
+            last_program.tb_next = None
     return tb
+
+
+def _is_stdlib(path: str) -> bool:
+    """Whether ``path`` is a module of Python's standard library (not of site-packages)."""
+    return path.startswith(_STDLIB_DIR) and "site-packages" not in path and "dist-packages" not in path
 
 
 def _report(exc: BaseException) -> None:
@@ -231,8 +242,10 @@ def _join_threads() -> None:
                 return
 
 
-def run_target(target: Target) -> int:
-    """Runs the target and returns its exit status (never raises for the script's errors)."""
+def run_target(target: Target, outcome: dict[str, str] | None = None) -> int:
+    """Runs the target and returns its exit status (never raises for the script's errors).
+    Where it did not return normally, ``outcome["cause"]`` says why: ``uncaught NAME`` (an
+    exception), ``KeyboardInterrupt``, ``SIGTERM`` or ``SystemExit(CODE)``."""
     installed_sigterm = False
     if threading.current_thread() is threading.main_thread():
         try:
@@ -245,6 +258,7 @@ def run_target(target: Target) -> int:
         sys.path.append("")
     status = 0
     by_signal = False
+    cause = ""
     try:
         try:
             if target.module is not None:
@@ -256,15 +270,19 @@ def run_target(target: Target) -> int:
         except _Terminated:
             status = -signal.SIGTERM
             by_signal = True
+            cause = "SIGTERM"
         except SystemExit as exc:
             status = _exit_status(exc)
+            cause = f"SystemExit({exc.code!r})"
         except KeyboardInterrupt as exc:
             _report(exc)
             status = -signal.SIGINT
             by_signal = True
+            cause = "KeyboardInterrupt"
         except BaseException as exc:  # noqa: BLE001 - the user's error, reported as Python would
             _report(exc)
             status = 1
+            cause = f"uncaught {type(exc).__name__}"
     finally:
         if installed_sigterm:
             try:
@@ -274,6 +292,8 @@ def run_target(target: Target) -> int:
                 pass
         if by_signal:
             _ignore_further()
+        if outcome is not None and cause:
+            outcome["cause"] = cause
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

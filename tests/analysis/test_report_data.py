@@ -12,7 +12,7 @@ from analysis.schema_check import errors
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.codepaths import context_lines, is_model_code, location, package_path, short_path, source_line, split_location
 from mltrace.analysis.peaks import Peaks, PeakSet
-from mltrace.analysis.report_data import build_report, percentile_ns
+from mltrace.analysis.report_data import build_report, exit_text, percentile_ns
 from mltrace.analysis.report_schema import REPORT_SCHEMA
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
@@ -128,3 +128,20 @@ def test_importing_the_report_data_imports_no_framework() -> None:
 
     code = "import sys, mltrace.analysis.report_data, mltrace.viewers.markdown; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("meta", "said"),
+    [
+        ({}, ""),
+        ({"exit_status": 0, "exit_cause": "SystemExit(0)"}, ""),
+        ({"exit_status": 7, "exit_via": "os._exit"}, "The program exited with status 7 (os._exit): "),
+        ({"exit_status": 2}, "The program exited with status 2: "),
+        ({"exit_status": -9}, "The program was ended by SIGKILL: "),
+        ({"exit_status": -200}, "The program was ended by signal 200: "),
+        ({"exit_status": True}, ""),  # not a status run.json writes
+    ],
+)
+def test_exit_text_says_how_the_program_ended(meta: dict[str, object], said: str) -> None:
+    text = exit_text(meta)
+    assert text.startswith(said) and bool(text) is bool(said)

@@ -8,6 +8,7 @@ program ran); viewers shorten them for display.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from mltrace.analysis.codepaths import source_line, split_location
 from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
 from mltrace.analysis.memory import MemoryReport, MemoryRow
 
-__all__ = ["build_report", "call_durations", "findings", "hot_lines", "percentile_ns"]
+__all__ = ["build_report", "call_durations", "exit_text", "findings", "hot_lines", "percentile_ns"]
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
@@ -148,7 +149,30 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
             "text": a.torch_ranges_text(),
         },
         "unscoped_ops": {"count": a.unscoped_ops[0], "ns": a.unscoped_ops[1], "text": a.unscoped_text()},
+        "exit": {
+            "status": meta["exit_status"] if isinstance(meta.get("exit_status"), int) else None,
+            "cause": str(meta["exit_cause"]) if meta.get("exit_cause") else None,
+            "text": exit_text(meta),
+        },
     }
+
+
+def exit_text(meta: dict[str, Any]) -> str:
+    """How the traced program ended, where it did not end with status 0 ("" otherwise, and
+    where run.json does not say): its status or the signal that ended it, and why where known
+    (run.json's ``exit_cause``, or ``os._exit``)."""
+    status = meta.get("exit_status")
+    if not isinstance(status, int) or isinstance(status, bool) or status == 0:
+        return ""
+    cause = str(meta.get("exit_cause") or ("os._exit" if meta.get("exit_via") == "os._exit" else ""))
+    if status < 0:
+        try:
+            ended = f"was ended by {signal.Signals(-status).name}"
+        except ValueError:
+            ended = f"was ended by signal {-status}"
+    else:
+        ended = f"exited with status {status}"
+    return f"The program {ended}{f' ({cause})' if cause else ''}: the trace holds what ran until then."
 
 
 def unfollowed(meta: dict[str, Any]) -> list[dict[str, Any]]:

@@ -139,6 +139,7 @@ META_TYPES: dict[str, type] = {
     "stopped_at_epoch_ns": int,
     "duration_ns": int,
     "exit_status": int,
+    "exit_cause": str,
     "limitations": list,
     "errors": list,
     "correlation": dict,

@@ -21,7 +21,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
-from mltrace.analysis.report_data import cold_start_text
+from mltrace.analysis.report_data import cold_start_text, exit_text
 from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
@@ -327,6 +327,9 @@ def render_html(run: Run, a: Analysis, tl: Timeline, top: int = 15, port: int = 
     ]
     if not run.complete:
         parts.append('<p class="warn">The run did not finish normally: events up to the last flush.</p>')
+    ended = exit_text(meta)
+    if ended:
+        parts.append(f'<p class="warn">{_e(ended)}</p>')
     parts += [_meta_block(meta), _links(run, port), _findings(a), _services(a, top), _charts(a, tl, top), _tables(run, a, top)]
     if a.memory is not None:
         parts.append(_memory(a.memory, top))

@@ -59,6 +59,8 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     )
     if not run["complete"]:
         out.append("The run did not finish normally: events up to the last flush.")
+    if (run.get("exit") or {}).get("text"):
+        out.append(_cell(run["exit"]["text"]))
     out += [_cell(unfollowed_line(note)) for note in run.get("unfollowed") or []]
     out.append("")
     if data["findings"]:

@@ -13,7 +13,7 @@ from mltrace.analysis.codepaths import location, source_line, split_location
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
-from mltrace.analysis.report_data import cold_start_text
+from mltrace.analysis.report_data import cold_start_text, exit_text
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.run.levels import Level
@@ -121,6 +121,9 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     console.print(f"[bold]{title}[/bold]")  # type: ignore[attr-defined]
     if not run.complete:
         console.print("[yellow]run did not finish normally: events up to the last flush[/yellow]")  # type: ignore[attr-defined]
+    ended = exit_text(meta)
+    if ended:
+        console.print(f"[yellow]{_esc(ended)}[/yellow]")  # type: ignore[attr-defined]
     console.print(  # type: ignore[attr-defined]
         f"{b.span_count} spans, {b.model_calls} model calls, model time {fmt_ns(b.model_ns)}, wall {fmt_ns(b.wall_ns)}"
         + a.counts_note()
