@@ -30,6 +30,7 @@ demo: $(VENV)/.demo
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check src tests benchmarks examples scripts
+	$(PY) -m ruff format --check src tests benchmarks examples scripts
 
 typecheck: $(VENV)/.test
 	$(PY) -m mypy

@@ -86,9 +86,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the children (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--keep", metavar="DIR", help="keep the output directories under DIR")
-    parser.add_argument(
-        "--default-malloc", action="store_true", help="children with glibc's default heap trimming and mmap threshold"
-    )
+    parser.add_argument("--default-malloc", action="store_true", help="children with glibc's default heap trimming and mmap threshold")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from mltrace.bench import run_leveled

@@ -40,6 +40,7 @@ def main() -> int:
     def wait() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
+
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32

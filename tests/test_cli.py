@@ -216,7 +216,10 @@ def _start_loop(tmp_path: Path, env: dict[str, str] | None = None) -> tuple[subp
     out = tmp_path / "run"
     proc = subprocess.Popen(
         mltrace_cmd("python", "-q", "--flush-interval", "0.2", "-o", str(out), str(script)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -412,9 +415,7 @@ def test_an_internal_error_is_one_line_unless_debugging(
         (["-q", "--otlp", "--", "infer.py", "-q"], ["-q", "--otlp"], "infer.py", ["-q"]),
     ],
 )
-def test_otlp_takes_a_url_after_it_and_nothing_else(
-    argv: list[str], options: list[str], script: str, script_args: list[str]
-) -> None:
+def test_otlp_takes_a_url_after_it_and_nothing_else(argv: list[str], options: list[str], script: str, script_args: list[str]) -> None:
     from mltrace.cli import split_trace_argv
 
     assert split_trace_argv(argv) == (options, script, None, script_args)

@@ -39,9 +39,7 @@ def _trace_options_parser(prog: str) -> _Parser:
         description="Trace a Python program (everything from SCRIPT on is the script's).",
     )
     p.add_argument("-o", "--output", metavar="DIR", help="run directory to create (must be absent or empty)")
-    p.add_argument(
-        "--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)"
-    )
+    p.add_argument("--level", metavar="LEVEL", help="deepest level to record: model, layer, op, library or kernel (default: all available)")
     p.add_argument("--name", help="run name (default: the script's stem)")
     p.add_argument(
         "--flush-interval", metavar="SECONDS", dest="flush_interval_s", help="how often events are streamed to disk (default 0.5)"
@@ -295,8 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         command = args[0] if args else "mltrace"
         sys.stderr.write(
-            f"mltrace: internal error in '{command}': {type(exc).__name__}: {exc} "
-            f"(a bug in mltrace; {DEBUG.name}=1 shows the traceback)\n"
+            f"mltrace: internal error in '{command}': {type(exc).__name__}: {exc} (a bug in mltrace; {DEBUG.name}=1 shows the traceback)\n"
         )
         return 1
 

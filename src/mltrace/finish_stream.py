@@ -437,9 +437,7 @@ def _gap_before(spans: list[Span], limit: int) -> int:
     return int(reach[gaps[-1]]) if len(gaps) else limit
 
 
-def _nesting_counts(
-    facts: dict[str, Any] | None, nested: set[int], before: dict[int, int | None], settled: list[Span]
-) -> dict[str, int]:
+def _nesting_counts(facts: dict[str, Any] | None, nested: set[int], before: dict[int, int | None], settled: list[Span]) -> dict[str, int]:
     """``nest_by_containment``'s counts as the whole run's pass gives them, for the spans the
     segment settled (``nested``: those it gave a parent they lacked or had outside the segment).
     A span whose parent (set while the program ran) ends in a later segment got the innermost

@@ -52,10 +52,23 @@ def write_run(path: Path, with_user_root: bool = False) -> Run:
     for base, t0 in ((10, ANCHOR_MONO + 1_000_000), (20, ANCHOR_MONO + 3_000_000)):
         spans += [
             Span(base, 1 if with_user_root else None, Level.MODEL, "ResNet", t0, t0 + 900_500, 1, {"ml.input.shapes": [[4, 3, 32, 32]]}),
-            Span(base + 1, base, Level.LAYER, "conv1", t0 + 1_000, t0 + 500_000, 1, {
-                "ml.layer.type": "Conv2d", "ml.layer.params": 9408, "ml.flops": 1.5e9, "mltrace.truncated": False,
-                "ml.input.shapes": [[4, 3, 32, 32]], "ml.input.dtypes": ["float32"],
-            }),
+            Span(
+                base + 1,
+                base,
+                Level.LAYER,
+                "conv1",
+                t0 + 1_000,
+                t0 + 500_000,
+                1,
+                {
+                    "ml.layer.type": "Conv2d",
+                    "ml.layer.params": 9408,
+                    "ml.flops": 1.5e9,
+                    "mltrace.truncated": False,
+                    "ml.input.shapes": [[4, 3, 32, 32]],
+                    "ml.input.dtypes": ["float32"],
+                },
+            ),
             Span(base + 2, base + 1, Level.OP, "aten::conv2d", t0 + 2_000, t0 + 400_000, 1, {"ml.op.name": "aten::conv2d"}),
             Span(base + 3, base + 2, Level.KERNEL, "cudaLaunchKernel", t0 + 3_000, t0 + 3_400, 1, {}),
             Span(base + 4, base + 2, Level.KERNEL, "implicit_gemm", t0 + 5_000, t0 + 5_700, 2, {"gpu.kernel.name": "implicit_gemm"}),

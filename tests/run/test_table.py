@@ -131,6 +131,7 @@ def test_report_command_writes_the_table(tmp_path: Path, capsys: Any) -> None:
     _write_run(tmp_path / "r", _spans(), table=False)
     assert main(["report", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / TABLE_FILE).exists()
+
     def without_peaks_source(text: str) -> list[str]:  # "measured" the first time, "cache" after
         return [line for line in text.splitlines() if not line.startswith("Roofline peaks")]
 

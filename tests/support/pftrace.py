@@ -84,8 +84,16 @@ def parse_pftrace(path: Path) -> ParsedTrace:
     for ts, _, e in events:
         if e["type"] == pb.TrackEvent.TYPE_SLICE_BEGIN:
             st = stacks.setdefault(e["track"], [])
-            s = Slice(e["name"], e["cat"], e["track"], ts, depth=len(st), args=e["args"],
-                      flow_ids=e["flow_ids"], terminating_flow_ids=e["terminating_flow_ids"])
+            s = Slice(
+                e["name"],
+                e["cat"],
+                e["track"],
+                ts,
+                depth=len(st),
+                args=e["args"],
+                flow_ids=e["flow_ids"],
+                terminating_flow_ids=e["terminating_flow_ids"],
+            )
             st.append(s)
             slices.append(s)
         elif e["type"] == pb.TrackEvent.TYPE_SLICE_END:

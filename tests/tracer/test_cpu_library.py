@@ -147,7 +147,9 @@ def test_source_contract() -> None:
 )
 def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
     """torch imported after start(): verbosity switched on at import, off at stop, stdout clean."""
-    program = SESSION_STAND_IN + r"""
+    program = (
+        SESSION_STAND_IN
+        + r"""
     import json, os, sys
     from mltrace.tracer.clock import now_ns
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
@@ -178,6 +180,7 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
             "env": os.environ.get("ONEDNN_VERBOSE_TIMESTAMP"),
         }, f)
     """
+    )
     stdout, report = run_program(tmp_path, program, {"ONEDNN_VERBOSE_TIMESTAMP": None})
     assert stdout == b"running done\nafter\n"
     spans = report["spans"]
@@ -201,7 +204,9 @@ def test_real_torch_run_through_the_source(tmp_path: Path) -> None:
 def test_a_forked_child_releases_verbose_output_and_stdout(tmp_path: Path) -> None:
     """What the session does in a forked child: the child's oneDNN/MKL verbose output goes off
     and its stdout is the original again; the parent's capture goes on."""
-    program = SESSION_STAND_IN + r"""
+    program = (
+        SESSION_STAND_IN
+        + r"""
     import json, os, sys
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
 
@@ -227,6 +232,7 @@ def test_a_forked_child_releases_verbose_output_and_stdout(tmp_path: Path) -> No
     with open(sys.argv[1], "w") as f:
         json.dump({"names": [s.name for s in events]}, f)
     """
+    )
     stdout, report = run_program(tmp_path, program)
     assert stdout == b"child ran conv and linear\n"  # no verbose line of the child's anywhere
     # the parent's calls only, captured: one convolution and one SGEMM, none of the child's
@@ -246,7 +252,9 @@ def _mkl_timer_redirects() -> bool:
 @pytest.mark.parametrize("timer", ["redirected", "mkl"])
 def test_mkl_timer_redirected_while_verbose_then_restored(tmp_path: Path, timer: str) -> None:
     """MKL reads the vDSO clock while the source records, its own again after stop (or throughout, when asked)."""
-    program = SESSION_STAND_IN + r"""
+    program = (
+        SESSION_STAND_IN
+        + r"""
     import ctypes, json, sys, time
     from mltrace import _mkltimer
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
@@ -274,6 +282,7 @@ def test_mkl_timer_redirected_while_verbose_then_restored(tmp_path: Path, timer:
                    "exec_ns": [s.attrs["ml.library.exec_ns"] for s in events if s.name == "MKL SGEMM"],
                    "info": session.meta["sources_info"]["cpu.library"], "left": _mkltimer.slots()}, f)
     """
+    )
     _, report = run_program(tmp_path, program, {"MLTRACE_MKL_TIMER": "mkl" if timer == "mkl" else None})
     # MKL's durations are in their unit either way: within the call's wall time, not far below it
     assert len(report["exec_ns"]) == 3
@@ -298,7 +307,9 @@ def test_mkl_timer_redirected_while_verbose_then_restored(tmp_path: Path, timer:
 )
 def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
     """use_env=True after ``import tensorflow``: TF's own oneDNN reads the variables at its first op."""
-    program = SESSION_STAND_IN + r"""
+    program = (
+        SESSION_STAND_IN
+        + r"""
     import json, os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import tensorflow as tf
@@ -314,6 +325,7 @@ def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
         json.dump({"spans": [[s.name, s.attrs] for s in events], "limitations": session.limitations,
                    "env": [os.environ.get(k) for k in ("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP")]}, f)
     """
+    )
     stdout, report = run_program(tmp_path, program, dict.fromkeys(("ONEDNN_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP")))
     assert stdout == b"tf matmul\n"
     gemm = [attrs for name, attrs in report["spans"] if name.startswith("oneDNN gemm_api")]
@@ -326,7 +338,9 @@ def test_tensorflow_through_the_environment(tmp_path: Path) -> None:
 def test_lines_waiting_for_stop_are_counted_for_the_span_limit(tmp_path: Path) -> None:
     """``pending_spans()``: the calls whose verbose lines were read and wait for ``stop()`` (the
     session's --max-spans counts them); what ``stop()`` made of them is no longer pending."""
-    program = SESSION_STAND_IN + r"""
+    program = (
+        SESSION_STAND_IN
+        + r"""
     import json, sys, time
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
 
@@ -348,6 +362,7 @@ def test_lines_waiting_for_stop_are_counted_for_the_span_limit(tmp_path: Path) -
     with open(sys.argv[1], "w") as f:
         json.dump({"counts": counts, "spans": len(events)}, f)
     """
+    )
     _, report = run_program(tmp_path, program, {"ONEDNN_VERBOSE_TIMESTAMP": None})
     before, waiting, after = report["counts"]
     assert before == 0  # the warm-up's lines are left out

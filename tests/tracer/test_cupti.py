@@ -341,9 +341,7 @@ def test_recorded_api_names_are_the_tables_names() -> None:
         calls = [s for s in result.spans if "cuda.api.kind" in s.attrs]
         assert len(calls) == len(api)
         assert not [s for s in calls if "cbid" in s.name]
-        assert {(s.attrs["cuda.api.kind"], s.attrs["cuda.api.cbid"], s.name) for s in calls} == {
-            (k.lower(), i, n) for k, i, n in live
-        }
+        assert {(s.attrs["cuda.api.kind"], s.attrs["cuda.api.cbid"], s.name) for s in calls} == {(k.lower(), i, n) for k, i, n in live}
 
 
 @pytest.mark.skipif(not HAVE_CUPTI, reason="cupti-python not installed")

@@ -62,10 +62,17 @@ TABLE: list[tuple[str, str | None, str]] = [
         "aten::mm",
         "cuBLAS",
     ),
-    ("void sgemm_largek_lds64<true, true, 6, 3, 4, 5, 2, 66>(float*, float const*, float const*, int, int, int, int, int, "
-     "int, float const*, float const*, float, float, int, int, int*, int*)", "aten::addmm", "cuBLAS"),
-    ("void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)",
-     "aten::addmm", "cuBLAS"),
+    (
+        "void sgemm_largek_lds64<true, true, 6, 3, 4, 5, 2, 66>(float*, float const*, float const*, int, int, int, int, int, "
+        "int, float const*, float const*, float, float, int, int, int*, int*)",
+        "aten::addmm",
+        "cuBLAS",
+    ),
+    (
+        "void scal_kernel<float, float, 1, false, 6, 5, 5, 3>(cublasTransposeParams<float>, float const*, float*, float const*)",
+        "aten::addmm",
+        "cuBLAS",
+    ),
     # cuBLASLt
     (
         "void epilogue::impl::globalKernel<float, float, float, true, true>(int, int, long, float*, cublasLtEpilogue_t, "
@@ -99,15 +106,22 @@ TABLE: list[tuple[str, str | None, str]] = [
         "aten::cumsum",
         "PyTorch native",
     ),
-    ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 1, false, false>(float*, float const*, int, int, "
-     "int, bool const*, int, bool)", "aten::_softmax", "PyTorch native"),
+    (
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 1, false, false>(float*, float const*, int, int, "
+        "int, bool const*, int, bool)",
+        "aten::_softmax",
+        "PyTorch native",
+    ),
     ("void compute_cuda_kernel<long>(long*, long*, long*, long, long)", "aten::repeat_interleave", "PyTorch native"),
     # FBGEMM
     ("void fbgemm_gpu::permute_2D_lengths_kernel<int>(int, int, int const*, int const*, int*)", None, "FBGEMM"),
-    ("void bounds_check_indices_kernel<long, false>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>, "
-     "at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>, long, at::GenericPackedTensorAccessor<long, "
-     "1ul, at::RestrictPtrTraits, int>, long, at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)",
-     "fbgemm::bounds_check_indices", "FBGEMM"),
+    (
+        "void bounds_check_indices_kernel<long, false>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>, "
+        "at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>, long, at::GenericPackedTensorAccessor<long, "
+        "1ul, at::RestrictPtrTraits, int>, long, at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)",
+        "fbgemm::bounds_check_indices",
+        "FBGEMM",
+    ),
     # CUB (outside PyTorch's copy)
     (
         "void cub::DeviceScanInitKernel<cub::ScanTileState<int, true> >(cub::ScanTileState<int, true>, int)",
@@ -115,8 +129,11 @@ TABLE: list[tuple[str, str | None, str]] = [
         "CUB",
     ),
     # other
-    ("void linearize_index_kernel<long>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)",
-     "torch::autograd::CppNode<SplitLookupFunction_rowwise_adagrad_Op>", "other"),
+    (
+        "void linearize_index_kernel<long>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)",
+        "torch::autograd::CppNode<SplitLookupFunction_rowwise_adagrad_Op>",
+        "other",
+    ),
     ("my_custom_kernel", None, "other"),  # not from the traces: an unknown name with no op
 ]
 

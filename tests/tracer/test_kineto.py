@@ -164,9 +164,7 @@ def test_launch_call_nests_in_its_op(name: str) -> None:
         return (best[0], best[1]) if best else None
 
     gpu_corr = {e["args"]["correlation"] for e in complete_events(trace, *GPU_CATS)}
-    expected = Counter(
-        innermost_op(e) for e in complete_events(trace, *API_CATS) if e["args"].get("correlation") in gpu_corr
-    )
+    expected = Counter(innermost_op(e) for e in complete_events(trace, *API_CATS) if e["args"].get("correlation") in gpu_corr)
     # The sampled trace dropped a few ops (HTA sampling): 16 of its 1204 launches have none.
     assert expected[None] <= 0.02 * sum(expected.values())
 
@@ -300,9 +298,7 @@ def test_graph_launch_and_ex_launches_by_correlation() -> None:
     ids = itertools.count(1)
     result = kineto_to_events(trace, TrackRegistry(pid=7), lambda: next(ids), lambda ns: ns - 1_000_000_000)
     run = attach_gpu_to_launch(
-        nest_by_containment(
-            Run(path=Path("."), meta={}, tracks={t.id: t for t in result.tracks}, spans=result.spans, flows=result.flows)
-        )
+        nest_by_containment(Run(path=Path("."), meta={}, tracks={t.id: t for t in result.tracks}, spans=result.spans, flows=result.flows))
     )
     by_name = {s.name: s for s in run.spans}
     graph = by_name["cudaGraphLaunch"]

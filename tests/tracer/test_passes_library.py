@@ -22,6 +22,7 @@ def sweep(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     monkeypatch.setenv("MLTRACE_SWEEP", request.param)
     return str(request.param)
 
+
 MAIN, WORKER, SOURCE, GPU = 1, 2, 3, 9  # tracks; SOURCE: where the source put every call
 
 TRACKS = {

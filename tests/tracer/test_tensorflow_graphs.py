@@ -42,8 +42,6 @@ def build(name: str) -> Any:
     return keras.Model(inp, out, name=name)
 
 
-
-
 def json_report(tmp_path: Path, *flags: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "mltrace", "report", str(tmp_path / "run"), "--format", "json", *flags]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)

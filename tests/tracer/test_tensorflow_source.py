@@ -61,8 +61,6 @@ def keras_unpatched() -> Iterator[None]:
         shutil.rmtree(probe, ignore_errors=True)
 
 
-
-
 def check(run: Run) -> None:
     """Every TensorFlow op lies in a layer or directly in a model; children lie in their parents."""
     by_id = run.span_by_id()

@@ -127,9 +127,7 @@ def test_a_full_trace_ends_the_op_level_without_waiting_for_a_model_call(tmp_pat
         assert any("was to end (the trace is full)" in x and "on the thread that started torch.profiler" in x for x in meta["limitations"])
 
 
-def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = _EndableOps(threading.get_ident())
     session = _session(tmp_path, source, op_memory_gib=1e-6)  # about 1 KB
     try:
@@ -137,7 +135,7 @@ def test_growth_past_the_memory_budget_ends_the_op_level_at_the_next_model_call(
         for hook in source.after_start:  # what torch.profiler's start does: the budget counts from here
             hook()  # type: ignore[operator]
         held = bytearray(64 << 20)  # the process grows by 64 MB
-        held[:: 4096] = b"x" * len(held[:: 4096])
+        held[::4096] = b"x" * len(held[::4096])
         session.flush()
         assert source.ended == 0  # not in the middle of a model call
         assert session.op_windows.get(None).reason == "memory budget"
@@ -174,9 +172,7 @@ def test_cli_refuses_a_bad_count_without_creating_the_run(tmp_path: Path) -> Non
     assert not out.exists()
 
 
-def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_count_without_an_op_level_to_end_is_said_on_stderr_and_in_run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = _EndableOps(threading.get_ident())
     session = _session(tmp_path, source, op_inferences=4, level=Level.LAYER)
     try:
@@ -501,9 +497,7 @@ class _Layers(Source):
         return []
 
 
-def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_layer_level_that_cannot_end_warns_at_the_limit_and_fills_at_twice_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     opts = ProfileOptions.build(output=tmp_path / "run", summary=False, flush_interval_s=60, max_spans=4)
     source = _Layers(5)
     session = Session(opts, sources=[source]).start()

@@ -122,6 +122,7 @@ def test_real_torch_run_loads_cleanly(torch_run: Run) -> None:
     skip = boundary_cases(torch_run)
     assert len(skip) <= len(torch_run.spans) // 20
     assert got_parents(r["parents"], set(), skip) == expected_parents(torch_run, skip)
+
     # Every counter sample, on its track (the exporter names a track "name (unit)");
     # MetricLogger's track among them with its three samples.
     def track_name(track_id: int) -> str:

@@ -918,9 +918,7 @@ def _findings(
     return findings
 
 
-def _layer_rows(
-    g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Thresholds
-) -> tuple[list[LayerRow], list[TypeRow]]:
+def _layer_rows(g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Thresholds) -> tuple[list[LayerRow], list[TypeRow]]:
     """Report rows per layer name and per layer type, with their verdicts."""
     table = g.table  # the one gather used: a run in memory would build a new one
     rows: list[LayerRow] = []

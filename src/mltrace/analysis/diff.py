@@ -199,9 +199,7 @@ def _pair_single_models(a: Analysis, b: Analysis, layer_a: dict[str, tuple[int, 
     layer_b[both] = layer_b.pop(nb)
 
 
-def diff_runs(
-    a: Run, b: Run, threshold: float = 0.10, min_delta_ns: int = 1_000, per_call: bool | None = None
-) -> RunDiff:
+def diff_runs(a: Run, b: Run, threshold: float = 0.10, min_delta_ns: int = 1_000, per_call: bool | None = None) -> RunDiff:
     """Compares run B against run A.
 
     Args:

@@ -130,8 +130,7 @@ def load_frames(run: Run | str | os.PathLike[str], peaks: PeakSet | None = None)
     rows: dict[str, list[Any]] = {
         k: []
         for k in (
-            "id parent_id level name start_ns end_ns dur_ns self_ns track_id track track_kind device stream "
-            "layer_id layer op_id op attrs"
+            "id parent_id level name start_ns end_ns dur_ns self_ns track_id track track_kind device stream layer_id layer op_id op attrs"
         ).split()
     }
     layer_rows: list[dict[str, Any]] = []

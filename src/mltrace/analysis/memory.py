@@ -169,9 +169,7 @@ def _peaks(run: Run) -> list[DevicePeak]:
         if c.track_id in tracks:
             value, ts, n = best.get(c.track_id, (float("-inf"), 0, 0))
             best[c.track_id] = (c.value, c.ts_ns, n + 1) if c.value > value else (value, ts, n + 1)
-    peaks = [
-        DevicePeak(tracks[k].name, tracks[k].device, int(v), ts, _layer_at(run, ts), n) for k, (v, ts, n) in best.items()
-    ]
+    peaks = [DevicePeak(tracks[k].name, tracks[k].device, int(v), ts, _layer_at(run, ts), n) for k, (v, ts, n) in best.items()]
     return sorted(peaks, key=lambda p: (-p.bytes, p.track))
 
 

@@ -590,9 +590,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         flops[cs] = np.where(has_fe, fe, np.where(hof, fo, np.where(has_ff, ff, np.where(kids, child_flops[cs], 0.0))))
         source[cs] = np.where(has_fe, 0, np.where(hof, 1, np.where(has_ff, cform_src[cs], np.where(kids, 2, 3))))
         be, fb = cb_exp[cs], cform_b[cs]
-        moved[cs] = np.where(
-            ~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.where(kids, np.maximum(cio[cs], child_bytes[cs]), cio[cs]))
-        )
+        moved[cs] = np.where(~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.where(kids, np.maximum(cio[cs], child_bytes[cs]), cio[cs])))
         up = cowner[cs]
         m = up >= 0
         if m.any():

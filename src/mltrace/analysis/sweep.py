@@ -310,9 +310,7 @@ def build_manifest(
     for fw in frameworks:
         dist = next((d for d in _FRAMEWORK_DISTS.get(fw, (fw,)) if d in versions), None)
         framework.append({"name": fw, "version": versions.get(dist) if dist else None})
-    env = {
-        k: v for k, v in dict(meta.get("environment", {})).items() if not k.startswith((PREFIX, "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
-    }
+    env = {k: v for k, v in dict(meta.get("environment", {})).items() if not k.startswith((PREFIX, "OMP_NUM_THREADS", "MKL_NUM_THREADS"))}
     batches = sorted({s.spec.batch for s in sweep.scenarios})
     precisions = list(dict.fromkeys(s.spec.precision for s in sweep.scenarios))
     threads = list(dict.fromkeys(s.spec.threads for s in sweep.scenarios))

@@ -778,9 +778,7 @@ def memory_counter_name(device: str) -> str:
 
 
 _HANDLED = frozenset(
-    {"cpu_op", "user_annotation", "gpu_user_annotation", "python_function", "cuda_sync"}
-    | CUDA_API_CATEGORIES
-    | GPU_ACTIVITY_CATEGORIES
+    {"cpu_op", "user_annotation", "gpu_user_annotation", "python_function", "cuda_sync"} | CUDA_API_CATEGORIES | GPU_ACTIVITY_CATEGORIES
 )
 
 

@@ -134,9 +134,7 @@ def build_meta(path: Path, trace: dict[str, Any], result: KinetoEvents, name: st
         limitations.append("the trace has no baseTimeNanoseconds and no epoch timestamps: times keep the trace's own origin")
     if not any(s.level in (Level.MODEL, Level.LAYER) for s in result.spans):
         limitations.append("imported trace: no model or layer spans (Kineto has them only with with_stack and with_modules)")
-    versions = {
-        k: trace[k] for k in ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version") if k in trace
-    }
+    versions = {k: trace[k] for k in ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version") if k in trace}
     try:
         size = path.stat().st_size
     except OSError:

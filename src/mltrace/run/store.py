@@ -46,6 +46,7 @@ STREAMED_TEMPORARY = "*.streamed.tmp"
 
 FORMAT_VERSION = 1
 
+
 class RunError(Exception):
     """A run directory or trace file that cannot be read (missing, torn, foreign)."""
 

@@ -125,14 +125,10 @@ def trace(func: F) -> F: ...
 
 
 @overload
-def trace(
-    func: None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any
-) -> Callable[[F], F]: ...
+def trace(func: None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any) -> Callable[[F], F]: ...
 
 
-def trace(
-    func: F | None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any
-) -> F | Callable[[F], F]:
+def trace(func: F | None = None, *, name: str | None = None, level: Level | str = Level.USER, **attrs: Any) -> F | Callable[[F], F]:
     """Decorator: each call of the function becomes a span.
 
     Works on plain and ``async`` functions, with or without arguments::

@@ -64,9 +64,7 @@ class Recorder:
         #: (``run/redact.py``; the session sets it from ``ProfileOptions.redact``).
         self.redact = True
 
-    def add_producer(
-        self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes, int]] | None = None
-    ) -> None:
+    def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes, int]] | None = None) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
 
         For a hot path that records something cheaper than a Span and builds

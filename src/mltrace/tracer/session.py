@@ -684,14 +684,10 @@ class Session:
         ops_go_on = ops and (not self.op_windows or any(w.reason is None for w in self.op_windows.values()))
         tail = "; their op spans lie directly in their model spans" if ops_go_on else ""
         self.note_limitation(
-            f"the layer level ended after {_calls(window.calls)} ({window.reason}); later model calls have "
-            f"model spans only{tail}"
+            f"the layer level ended after {_calls(window.calls)} ({window.reason}); later model calls have model spans only{tail}"
         )
         if self.options.summary:
-            say(
-                f"the layer level ended after {_calls(window.calls)} ({window.reason}); model spans go on "
-                "(--max-spans sets the limit)"
-            )
+            say(f"the layer level ended after {_calls(window.calls)} ({window.reason}); model spans go on (--max-spans sets the limit)")
 
     def _end_each(self, sources: list[Any], end: Callable[[Any], bool], doing: str, to: str) -> list[str]:
         """Calls ``end`` on each source, each failure recorded and warned about on its own
@@ -741,8 +737,7 @@ class Session:
         """Whether some framework's op level still records (a window not ended with a source
         that records, ``recording_ops``)."""
         return any(
-            w.ended_ns is None and any(s.recording_ops for s in self._op_sources.get(w.framework, []))
-            for w in self.op_windows.values()
+            w.ended_ns is None and any(s.recording_ops for s in self._op_sources.get(w.framework, [])) for w in self.op_windows.values()
         )
 
     def _span_stage(self, what: str, count: int) -> None:

@@ -125,8 +125,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     if ended:
         console.print(f"[yellow]{_esc(ended)}[/yellow]")  # type: ignore[attr-defined]
     console.print(  # type: ignore[attr-defined]
-        f"{b.span_count} spans, {b.model_calls} model calls, model time {fmt_ns(b.model_ns)}, wall {fmt_ns(b.wall_ns)}"
-        + a.counts_note()
+        f"{b.span_count} spans, {b.model_calls} model calls, model time {fmt_ns(b.model_ns)}, wall {fmt_ns(b.wall_ns)}" + a.counts_note()
     )
     if a.peaks is not None:
         console.print("[dim]Roofline peaks — " + _peaks_line(a.peaks.cpu) + "[/dim]")  # type: ignore[attr-defined]

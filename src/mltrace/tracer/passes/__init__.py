@@ -54,4 +54,3 @@ def correlate(run: Run, pipeline: list[Pass] | None = None) -> Run:
         for p in pipeline if pipeline is not None else default_pipeline():
             run = p(run)
     return run
-

@@ -28,6 +28,8 @@ from mltrace.settings import SWEEP
 #: span is the container. User spans (``record_function``, ``mltrace.span``)
 #: usually wrap what they annotate, so they rank outermost.
 _TIE_RANK = {Level.USER: 0, Level.MODEL: 1, Level.LAYER: 2, Level.OP: 3, Level.LIBRARY: 4, Level.KERNEL: 5}
+
+
 # The same, indexed by the level's integer value: list indexing is much
 # cheaper than hashing an enum member, and the sort key runs once per span.
 def _rank_table() -> tuple[int, ...]:
@@ -43,6 +45,7 @@ _RANK_BY_VALUE = _rank_table()
 def tie_rank(level: Level) -> int:
     """The rank of ``level`` among spans with identical intervals (``_TIE_RANK``: the coarser outside)."""
     return _RANK_BY_VALUE[level]
+
 
 #: Dead entries (ended before the current span) tolerated in the sweep stack
 #: before it is compacted; only partially overlapping spans leave them.

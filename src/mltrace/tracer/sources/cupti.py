@@ -62,6 +62,7 @@ def requested_kernel_path() -> str:
     """
     return (KERNEL_PATH.get() or "auto").strip().lower()
 
+
 # -- CUPTI enums (values checked against cupti-python 13.4's cupti.cupti enums) -------------
 
 #: ``CUpti_ActivityKind`` values of the kinds this module reads.
