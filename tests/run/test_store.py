@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mltrace.run.events import Flow, Instant, Span, Track, TrackKind
+from mltrace.run.events import CounterSample, Flow, Instant, Span, Track, TrackKind
 from mltrace.run.jsoncodec import dumps
 from mltrace.run.levels import Level
 from mltrace.run.metadata import base_metadata
@@ -50,6 +50,15 @@ def test_a_line_of_encoded_span_rows_alone(tmp_path: Path) -> None:
     spans, _ = _load(tmp_path, encode_batch(tracks=[TRACK]), line)
     assert [s[0] for s in spans] == [1, 2, 3]
     assert encode_batch(span_rows=[b"", b""]) == b"{}\n"
+
+
+def test_encoded_runs_are_spliced_in_as_the_lines_first_keys() -> None:
+    """Templates and rows of several producers, each run a comma-separated list, joined by commas
+    under their keys, before the line's other keys; a line of templates alone is valid too."""
+    both = encode_batch(span_templates=[b"[1]", b"[2],[3]"], span_rows=[b"[4]", b"[5]"], counters=[CounterSample(1, 5, 2.0)])
+    assert both == b'{"templates":[[1],[2],[3]],"spans":[[4],[5]],"counters":[[1,5,2.0]]}\n'
+    assert encode_batch(span_templates=[b"[1]"]) == b'{"templates":[[1]]}\n'
+    assert json.loads(encode_batch(span_rows=[b"[4]"], span_templates=[b"", b"[1]"])) == {"templates": [[1]], "spans": [[4]]}
 
 
 def test_templated_span_rows_take_name_and_attributes_from_their_template(tmp_path: Path) -> None:

@@ -94,15 +94,23 @@ def encode_batch(
             obj[key] = rows
     line = dumps(obj)
     templates = [t for t in span_templates if t]
-    heads = []
-    if templates:
-        heads.append(b'"templates":[' + b",".join(templates) + b"]")
-    if encoded:
-        heads.append(b'"spans":[' + b",".join(encoded) + b"]")
-    if heads:  # splice the pre-encoded rows in as the line's first keys
-        head = b"{" + b",".join(heads)
-        line = head + (b"," + line[1:] if line != b"{}" else b"}")
-    return line + b"\n"
+    if not templates and not encoded:
+        return line + b"\n"
+    # The pre-encoded rows spliced in as the line's first keys, joined once: a flush's rows are
+    # megabytes, and each concatenation would copy them all again.
+    pieces = [b"{"]
+    for opening, runs in ((b'"templates":[', templates), (b'"spans":[', encoded)):
+        if runs:
+            pieces += [b"," if len(pieces) > 1 else b"", opening, *_commas(runs), b"]"]
+    pieces += [b"," + line[1:] if line != b"{}" else b"}", b"\n"]
+    return b"".join(pieces)
+
+
+def _commas(runs: list[bytes]) -> list[bytes]:
+    """``runs`` with ``b","`` between each two."""
+    out = [b","] * (2 * len(runs) - 1)
+    out[::2] = runs
+    return out
 
 
 class Run:
