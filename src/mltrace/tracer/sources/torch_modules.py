@@ -782,13 +782,19 @@ class TorchModuleSource(Source):
         A chunk that fails ends the drain there: what the chunks before it encoded is returned
         (their templates are in ``_templates``, so their rows must reach the file), the rest
         of the batch is dropped, and the failure is logged.
+
+        ``batch`` is emptied: each chunk's frames are freed once it is encoded, while they are
+        still in the caches, and between two hand-overs of the GIL.
         """
         assert self._encode_rows is not None
         template_parts: list[bytes] = []
         row_parts: list[bytes] = []
         count = 0
-        for i in range(0, len(batch), _ENCODE_CHUNK):
-            chunk = batch[i : i + _ENCODE_CHUNK]
+        total = len(batch)
+        chunks = [batch[i : i + _ENCODE_CHUNK] for i in reversed(range(0, total, _ENCODE_CHUNK))]
+        batch.clear()
+        while chunks:
+            chunk = chunks.pop()  # the first frames first
             try:
                 templates, rows = self._encode_rows(
                     chunk,
@@ -802,12 +808,13 @@ class TorchModuleSource(Source):
                     self._site_json,
                 )
             except Exception as exc:
-                log.warning("mltrace: encoding layer spans failed (%d dropped): %s", len(batch) - count, exc)
+                log.warning("mltrace: encoding layer spans failed (%d dropped): %s", total - count, exc)
                 break
             if templates:
                 template_parts.append(templates)
             row_parts.append(rows)
             count += len(chunk)
+            del chunk  # its frames go now
         return b",".join(template_parts), b",".join(row_parts), count
 
     def _encode_rows_python(self, frames: list[list[Any]], level: int) -> tuple[bytes, bytes]:
