@@ -105,18 +105,25 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
 #: This module's file and ``mltrace.profile``'s (``profiling.py``), which a region's call site is not.
 _OWN_FILES = frozenset({__file__, str(Path(__file__).resolve().parents[1] / "profiling.py")})
 
-#: Call sites seen (code object, line) → their ``code.*`` attributes, built once each.
-_sites: dict[tuple[CodeType, int], dict[str, Any]] = {}
+#: Call sites seen (id of the code object, line) → (the code object, its ``code.*``
+#: attributes), built once each. Keyed by id: a code object's own hash covers its bytecode and
+#: constants, the longer the function the dearer; the entry keeps its code object, so that its
+#: id cannot be reused while it is cached.
+_sites: dict[tuple[int, int], tuple[CodeType, dict[str, Any]]] = {}
 
 
 def _with_call_site(attrs: dict[str, Any], caller: FrameType) -> dict[str, Any]:
     """``attrs`` with the ``code.*`` attributes of the caller's line (the call site), unless given."""
-    key = (caller.f_code, caller.f_lineno or caller.f_code.co_firstlineno)
-    site = _sites.get(key)
-    if site is None:
+    code = caller.f_code
+    line = caller.f_lineno or code.co_firstlineno
+    known = _sites.get((id(code), line))
+    if known is not None and known[0] is code:
+        site = known[1]
+    else:
         if len(_sites) >= 4096:
             _sites.clear()
-        site = _sites[key] = code_attrs(*key)
+        site = code_attrs(code, line)
+        _sites[(id(code), line)] = (code, site)
     return {**site, **attrs} if attrs else dict(site)
 
 
