@@ -39,11 +39,19 @@ MODULE = "transformers.generation.utils"
 LIBRARY = "transformers"
 
 
+class _Generating(threading.local):
+    """A thread's ``generate()`` call in progress: [the next model call's step], or None. A
+    class attribute, so that reading it on a thread that never generated raises nothing (an
+    AttributeError caught costs a model call ≈ 0.7 µs)."""
+
+    state: list[int] | None = None
+
+
 class GenerateSpans:
     """The ``generate()`` wrapper's install, removal, and the tags of the model calls inside."""
 
     def __init__(self) -> None:
-        self._tls = threading.local()
+        self._tls = _Generating()
         self._session: SessionView | None = None
         self._hook: PostImportHook | None = None
         self._patched: tuple[Any, Any, Any] | None = None
@@ -69,7 +77,7 @@ class GenerateSpans:
 
     def tag(self, attrs: dict[str, Any]) -> None:
         """Adds the step and phase of a model call made inside this thread's ``generate()``."""
-        state = getattr(self._tls, "state", None)
+        state = self._tls.state
         if state is None:
             return
         step = state[0]
@@ -92,7 +100,7 @@ class GenerateSpans:
         @functools.wraps(original)
         def generate(model: Any, *args: Any, **kwargs: Any) -> Any:
             session = spans._session
-            if session is None or session.full or getattr(spans._tls, "state", None) is not None:
+            if session is None or session.full or spans._tls.state is not None:
                 return original(model, *args, **kwargs)  # no session, or a generate() inside one
             attrs = {"ml.generate.model": type(model).__name__, **frame_site(sys._getframe(1), outside=LIBRARY)}
             span = session.recorder.begin("generate", Level.USER, attrs)
