@@ -14,8 +14,7 @@
  * drain. Where torch's Module._call_impl would only call forward (no hooks, no JIT trace:
  * forward_directly), the call is module.forward(...) itself, a Python frame less than torch's
  * own __call__. The outermost call of a thread (the model span) goes to the Python wrapper
- * (`outer`), whose frame is a list. At the model level (`frames` 0) a nested call pushes no
- * frame: it is the module's call alone, as above. Shapes are kept inline for one tensor, else raw, as
+ * (`outer`), whose frame is a list. Shapes are kept inline for one tensor, else raw, as
  * raw_shapes returns them. Times are CLOCK_MONOTONIC ns, time.monotonic_ns().
  * mltrace's own failures after the call (a shape that cannot be read) are
  * dropped; the module's own result or exception always reaches the caller.
@@ -194,9 +193,6 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *tls, *new_stack, *outer, *raw_shapes, *tensor_type, *next_id, *append_frame, *original;
     int direct;
-    /* 1: nested calls push frames (the layer level); 0: they only call the module (the model
-     * level, whose outermost calls `outer` records). */
-    int frames;
     /* Calling forward() itself where torch's Module._call_impl would do nothing else (see
      * forward_directly): that function (NULL: never), the tracing check (torch._C._is_tracing,
      * else _get_tracing_state), and the globals _call_impl reads the global hook dicts from. */
@@ -474,31 +470,6 @@ static void find_site(LayerCall *self, LayerFrame *f) {
     PyErr_Clear();
 }
 
-/* The module call itself, args[0] being the module: forward() where torch's _call_impl would
- * do nothing else (forward_directly), _call_impl where the module has no compiled call, else
- * the replaced __call__. */
-static PyObject *call_module(LayerCall *self, PyObject *module, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    int use_direct = 0;
-    PyObject *dict = NULL;  /* the module's instance dict, where it has one */
-    TypeFacts facts = {NULL, 0, 0, 0, NULL, NULL};
-    if (self->direct) {
-        facts = type_facts(Py_TYPE(module));
-        if (facts.generic) {
-            dict = PyObject_GenericGetDict(module, NULL);
-            if (!dict) PyErr_Clear();
-        }
-        PyObject *compiled = instance_attr(module, dict, s_compiled, facts.no_descr);
-        if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
-        else PyErr_Clear();
-    }
-    PyObject *output;
-    if (use_direct && forward_directly(self, module, dict, &facts)) output = call_forward(module, dict, &facts, args, nargsf, kwnames);
-    else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
-    else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    Py_XDECREF(dict);
-    return output;
-}
-
 static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     LayerCall *self = (LayerCall *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -525,10 +496,6 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_DECREF(stack);
         return PyObject_Vectorcall(self->outer, args, nargsf, kwnames);
     }
-    if (!self->frames) {  /* the model level: a nested call is the module's call alone */
-        Py_DECREF(stack);
-        return call_module(self, module, args, nargsf, kwnames);
-    }
     LayerFrame *frame = frame_new();
     if (!frame) { Py_DECREF(stack); return NULL; }
     if (nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
@@ -550,7 +517,24 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     frame->parent = Py_NewRef(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1));
     if (PyList_Append(stack, (PyObject *)frame) < 0) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
 
-    PyObject *output = call_module(self, module, args, nargsf, kwnames);
+    PyObject *output = NULL;
+    int use_direct = 0;
+    PyObject *dict = NULL;  /* the module's instance dict, where it has one */
+    TypeFacts facts = {NULL, 0, 0, 0, NULL, NULL};
+    if (self->direct) {
+        facts = type_facts(Py_TYPE(module));
+        if (facts.generic) {
+            dict = PyObject_GenericGetDict(module, NULL);
+            if (!dict) PyErr_Clear();
+        }
+        PyObject *compiled = instance_attr(module, dict, s_compiled, facts.no_descr);
+        if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
+        else PyErr_Clear();
+    }
+    if (use_direct && forward_directly(self, module, dict, &facts)) output = call_forward(module, dict, &facts, args, nargsf, kwnames);
+    else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
+    else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    Py_XDECREF(dict);
 
     /* finally: end the frame whatever happened, keeping the call's exception */
     frame->end = clock_ns();
@@ -624,12 +608,12 @@ static void layer_dealloc(LayerCall *self) {
 
 static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct",
-                         "forward_check", "internal", "classify", "compiling", "bound", "owner", "frames", NULL};
+                         "forward_check", "internal", "classify", "compiling", "bound", "owner", NULL};
     PyObject *o[8], *forward_check = Py_None, *internal = Py_None, *classify = Py_None, *compiling = Py_None, *bound = Py_None;
     PyObject *owner = Py_None;
-    int direct, frames = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOOOp", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
-                                     &forward_check, &internal, &classify, &compiling, &bound, &owner, &frames))
+    int direct;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
+                                     &forward_check, &internal, &classify, &compiling, &bound, &owner))
         return NULL;
     if ((compiling != Py_None && !PyCallable_Check(compiling)) || (bound != Py_None && !PyCallable_Check(bound))) {
         PyErr_SetString(PyExc_TypeError, "compiling and bound must be callable");
@@ -671,7 +655,6 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->tls = Py_NewRef(o[0]); self->new_stack = Py_NewRef(o[1]); self->outer = Py_NewRef(o[2]);
     self->raw_shapes = Py_NewRef(o[3]); self->tensor_type = Py_NewRef(o[4]); self->next_id = Py_NewRef(o[5]);
     self->append_frame = Py_NewRef(o[6]); self->original = Py_NewRef(o[7]); self->direct = direct;
-    self->frames = frames;
     self->call_impl = Py_XNewRef(call_impl); self->tracing_state = Py_XNewRef(tracing_state);
     self->hook_globals = Py_XNewRef(hook_globals);
     if (internal != Py_None) { self->internal = Py_NewRef(internal); self->classify = Py_NewRef(classify); }

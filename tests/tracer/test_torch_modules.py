@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import sys
 import threading
@@ -210,7 +211,7 @@ def test_hooks_installed_when_torch_is_imported_later(tmp_path: Path) -> None:
     assert _names(run, Level.MODEL) == ["Linear"]
 
 
-def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path, hot_path: str) -> None:
+def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
     from torch.nn.modules import module as m
 
     net = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
@@ -219,8 +220,8 @@ def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path, hot_path
 
     def go() -> None:
         assert not m._global_forward_hooks and not m._global_forward_pre_hooks  # torch's fast path stays
-        installed = type(m.Module.__dict__["__call__"]).__name__
-        assert installed == ("LayerCall" if hot_path == "c" else "function")  # nested calls: C, no frame
+        assert inspect.isfunction(m.Module.__call__)  # a Python function, with torch's signature
+        assert str(inspect.signature(net)) == "(*args: 'Any', **kwargs: 'Any') -> 'Any'"
         net(torch.randn(3, 4))
         assert hooked == [(3, 2)]  # a nested module's own hook still runs
         with pytest.raises(RuntimeError):

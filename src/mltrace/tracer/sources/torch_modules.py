@@ -511,16 +511,15 @@ class TorchModuleSource(Source):
                 append_frame(frame)
 
         self.python_call = __call__  # also what the C helper calls for a thread's outermost call
-        native = self._native_call(module_cls, original, __call__, direct, frames=True)
+        native = self._native_call(module_cls, original, __call__, direct)
         installed = __call__ if native is None else native
         self._wrapped = (module_cls, original, installed)
         module_cls.__call__ = installed
 
-    def _native_call(self, module_cls: Any, original: Any, outer: Any, direct: bool, frames: bool) -> Any:
+    def _native_call(self, module_cls: Any, original: Any, outer: Any, direct: bool) -> Any:
         """The C hot path (``_layercall.LayerCall``) for ``module_cls.__call__``, or None where it
         is not used (``_native_layer_call``). A thread's outermost call goes to ``outer`` (the
-        Python wrapper, which opens the model span); nested calls push layer frames where
-        ``frames``, else they are the module's call alone (the model level)."""
+        Python wrapper, which opens the model span); nested calls push layer frames."""
         assert self._session is not None
         native = self._native_layer_call()
         if native is None:
@@ -559,7 +558,6 @@ class TorchModuleSource(Source):
             dynamo_tracing_probe(),
             bound_call,
             module_cls,
-            frames,
         )
         native_call.append(installed)
         return installed
@@ -631,11 +629,11 @@ class TorchModuleSource(Source):
             finally:
                 post(self, args, output)
 
-        installed: Any = __call__
-        if layer_call is None:  # no late layer calls to hand on: nested calls can take the C path
-            installed = self._native_call(module_cls, original, __call__, direct, frames=False) or __call__
-        self._wrapped = (module_cls, original, installed)
-        module_cls.__call__ = installed
+        # Nested calls stay on this Python function, not the C hot path: the C object, read as
+        # ``nn.Module.__call__``, is not torch's under TorchDynamo (strict torch.export fails),
+        # hides nested calls from torch.profiler's with_stack events, and has no signature.
+        self._wrapped = (module_cls, original, __call__)
+        module_cls.__call__ = __call__
 
     def end_recording(self) -> None:
         """The trace is full (``Session.full``): puts torch's own ``Module.__call__`` back, so
