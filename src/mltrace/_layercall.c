@@ -678,8 +678,19 @@ static PyObject *layer_code(PyObject *self, void *closure) {
     return PyObject_GetAttrString(((LayerCall *)self)->original, "__code__");
 }
 
+/* The replaced __call__ itself (inspect.signature follows __wrapped__: `inspect.signature(model)`
+ * found no signature on this object), and its names. */
+static PyObject *layer_wrapped(PyObject *self, void *closure) { return Py_NewRef(((LayerCall *)self)->original); }
+static PyObject *layer_name(PyObject *self, void *closure) { return PyObject_GetAttrString(((LayerCall *)self)->original, "__name__"); }
+static PyObject *layer_qualname(PyObject *self, void *closure) {
+    return PyObject_GetAttrString(((LayerCall *)self)->original, "__qualname__");
+}
+
 static PyGetSetDef layer_getset[] = {
     {"__code__", layer_code, NULL, "the replaced Module.__call__'s code object", NULL},
+    {"__wrapped__", layer_wrapped, NULL, "the replaced Module.__call__", NULL},
+    {"__name__", layer_name, NULL, "the replaced Module.__call__'s name", NULL},
+    {"__qualname__", layer_qualname, NULL, "the replaced Module.__call__'s qualified name", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

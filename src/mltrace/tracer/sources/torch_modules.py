@@ -171,6 +171,17 @@ def dynamo_skipped_code() -> list[CodeType]:
     return found
 
 
+def _stands_for(wrapper: Any, original: Any) -> None:
+    """Gives a ``Module.__call__`` wrapper the replaced function's names, and the function as
+    ``__wrapped__``, which ``inspect.signature`` follows: introspection of a module sees torch's
+    ``__call__`` (the C hot path's object answers the same)."""
+    for name in ("__name__", "__qualname__", "__doc__"):
+        value = getattr(original, name, None)
+        if value is not None:
+            setattr(wrapper, name, value)
+    wrapper.__wrapped__ = original
+
+
 def compiling_probe() -> Callable[[], bool]:
     """``torch.compiler.is_compiling`` (true while TorchDynamo traces), or a function that is
     always false where this torch has none."""
@@ -510,6 +521,7 @@ class TorchModuleSource(Source):
                         pass
                 append_frame(frame)
 
+        _stands_for(__call__, original)
         self.python_call = __call__  # also what the C helper calls for a thread's outermost call
         native = self._native_call(module_cls, original, __call__, direct)
         installed = __call__ if native is None else native
@@ -632,6 +644,7 @@ class TorchModuleSource(Source):
         # Nested calls stay on this Python function, not the C hot path: the C object, read as
         # ``nn.Module.__call__``, is not torch's under TorchDynamo (strict torch.export fails),
         # hides nested calls from torch.profiler's with_stack events, and has no signature.
+        _stands_for(__call__, original)
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
 
