@@ -44,6 +44,16 @@ def test_mltrace_frames_below_the_program_are_cut() -> None:
     assert files == [__file__]
 
 
+def test_an_error_mltraces_api_raises_keeps_its_frames() -> None:
+    """As plain Python shows an error a library raises at its caller (a bad argument)."""
+    step = _own("def step():\n    raise ValueError('bad level')\n")
+    try:
+        step()
+    except ValueError as exc:
+        files = _files(exc)
+    assert files == [__file__, OWN_FILE]
+
+
 def test_the_programs_own_standard_library_frames_are_kept() -> None:
     try:
         json.loads("{")

@@ -160,13 +160,16 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _user_traceback(exc: BaseException) -> types.TracebackType | None:
-    """The traceback without mltrace's frames above the program's, nor those below its last
-    frame that is neither mltrace's nor the standard library's, where the frame after it is
-    mltrace's (a Ctrl-C held through a cycle switch is raised again inside mltrace's code, on
-    leaving a ``contextlib`` context)."""
+    """The traceback without mltrace's frames above the program's and, for a Ctrl-C, those
+    below its last frame that is neither mltrace's nor the standard library's, where the frame
+    after it is mltrace's (a Ctrl-C held through a cycle switch is raised again inside mltrace's
+    code, on leaving a ``contextlib`` context). An error that mltrace's API raises at the
+    program (a bad argument) keeps its frames, as plain Python shows them."""
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
         tb = tb.tb_next
+    if not isinstance(exc, KeyboardInterrupt):
+        return tb
     last_program, t = None, tb
     while t is not None:
         path = os.path.abspath(t.tb_frame.f_code.co_filename)

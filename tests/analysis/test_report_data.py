@@ -12,7 +12,7 @@ from analysis.schema_check import errors
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.codepaths import context_lines, is_model_code, location, package_path, short_path, source_line, split_location
 from mltrace.analysis.peaks import Peaks, PeakSet
-from mltrace.analysis.report_data import build_report, exit_text, percentile_ns
+from mltrace.analysis.report_data import build_report, exit_cause, exit_text, percentile_ns
 from mltrace.analysis.report_schema import REPORT_SCHEMA
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
@@ -139,9 +139,14 @@ def test_importing_the_report_data_imports_no_framework() -> None:
         ({"exit_status": 2}, "The program exited with status 2: "),
         ({"exit_status": -9}, "The program was ended by SIGKILL: "),
         ({"exit_status": -200}, "The program was ended by signal 200: "),
+        ({"exit_status": -15, "exit_cause": "SIGTERM"}, "The program was ended by SIGTERM: "),
+        ({"exit_status": 1, "exit_cause": "SystemExit(" + "x" * 200 + ")"}, "The program exited with status 1 (SystemExit(xxx"),
         ({"exit_status": True}, ""),  # not a status run.json writes
     ],
 )
 def test_exit_text_says_how_the_program_ended(meta: dict[str, object], said: str) -> None:
     text = exit_text(meta)
     assert text.startswith(said) and bool(text) is bool(said)
+    assert len(exit_cause(meta)) <= 80
+    if not said:
+        assert exit_cause(meta) == ""  # no cause after status 0

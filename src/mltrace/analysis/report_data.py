@@ -17,7 +17,7 @@ from mltrace.analysis.codepaths import source_line, split_location
 from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
 from mltrace.analysis.memory import MemoryReport, MemoryRow
 
-__all__ = ["build_report", "call_durations", "exit_text", "findings", "hot_lines", "percentile_ns"]
+__all__ = ["build_report", "call_durations", "exit_cause", "exit_text", "findings", "hot_lines", "percentile_ns"]
 from mltrace.analysis.peaks import Peaks
 from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
@@ -151,28 +151,49 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
         "unscoped_ops": {"count": a.unscoped_ops[0], "ns": a.unscoped_ops[1], "text": a.unscoped_text()},
         "exit": {
             "status": meta["exit_status"] if isinstance(meta.get("exit_status"), int) else None,
-            "cause": str(meta["exit_cause"]) if meta.get("exit_cause") else None,
+            "cause": exit_cause(meta) or None,
             "text": exit_text(meta),
         },
     }
 
 
+#: The longest cause a report repeats (``SystemExit`` carries the program's whole message).
+_CAUSE_MAX = 80
+
+
+def _exit_status(meta: dict[str, Any]) -> int:
+    """run.json's exit status, 0 where it does not say."""
+    status = meta.get("exit_status")
+    return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+
+def exit_cause(meta: dict[str, Any]) -> str:
+    """Why the program ended with a status other than 0, where run.json says ("" otherwise):
+    its ``exit_cause`` (cut at ``_CAUSE_MAX`` characters), or ``os._exit``."""
+    if _exit_status(meta) == 0:
+        return ""
+    cause = str(meta.get("exit_cause") or ("os._exit" if meta.get("exit_via") == "os._exit" else ""))
+    return cause if len(cause) <= _CAUSE_MAX else cause[: _CAUSE_MAX - 1] + "…"
+
+
 def exit_text(meta: dict[str, Any]) -> str:
     """How the traced program ended, where it did not end with status 0 ("" otherwise, and
     where run.json does not say): its status or the signal that ended it, and why where known
-    (run.json's ``exit_cause``, or ``os._exit``)."""
-    status = meta.get("exit_status")
-    if not isinstance(status, int) or isinstance(status, bool) or status == 0:
+    (``exit_cause``) and not the signal's name again."""
+    status = _exit_status(meta)
+    if status == 0:
         return ""
-    cause = str(meta.get("exit_cause") or ("os._exit" if meta.get("exit_via") == "os._exit" else ""))
     if status < 0:
         try:
-            ended = f"was ended by {signal.Signals(-status).name}"
+            name = signal.Signals(-status).name
         except ValueError:
-            ended = f"was ended by signal {-status}"
+            name = f"signal {-status}"
+        ended = f"was ended by {name}"
     else:
-        ended = f"exited with status {status}"
-    return f"The program {ended}{f' ({cause})' if cause else ''}: the trace holds what ran until then."
+        name, ended = "", f"exited with status {status}"
+    cause = exit_cause(meta)
+    why = f" ({cause})" if cause and cause != name else ""
+    return f"The program {ended}{why}: the trace holds what ran until then."
 
 
 def unfollowed(meta: dict[str, Any]) -> list[dict[str, Any]]:
