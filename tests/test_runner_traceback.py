@@ -1,6 +1,7 @@
-"""The program's traceback under ``mltrace python`` ends in the program's frames: mltrace's frames
-below them (a Ctrl-C held through one of mltrace's steps and raised on leaving it) are cut, the
-program's own calls into the standard library are kept."""
+"""The program's traceback under ``mltrace python``: mltrace's frames between the program's and,
+for a Ctrl-C held through one of mltrace's steps and raised on leaving it, below them are cut;
+the program's own calls into the standard library, and an error mltrace's API raises, keep
+their frames."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ def test_the_programs_own_standard_library_frames_are_kept() -> None:
     assert files[0] == __file__ and files[-1].endswith("json/decoder.py") and len(files) > 1
 
 
-def test_an_error_in_program_code_below_mltrace_keeps_every_frame() -> None:
+def test_mltrace_frames_between_the_programs_are_cut() -> None:
+    """The wrapper of ``Module.__call__`` between the program's call and its ``forward``."""
+
     def forward() -> None:
         raise ValueError("the model's own error")
 
@@ -71,4 +74,4 @@ def test_an_error_in_program_code_below_mltrace_keeps_every_frame() -> None:
         step(forward)
     except ValueError as exc:
         files = _files(exc)
-    assert files == [__file__, OWN_FILE, __file__]
+    assert files == [__file__, __file__]

@@ -160,27 +160,37 @@ def _exit_status(exc: SystemExit) -> int:
 
 
 def _user_traceback(exc: BaseException) -> types.TracebackType | None:
-    """The traceback without mltrace's frames above the program's and, for a Ctrl-C, those
-    below its last frame that is neither mltrace's nor the standard library's, where the frame
-    after it is mltrace's (a Ctrl-C held through a cycle switch is raised again inside mltrace's
-    code, on leaving a ``contextlib`` context). An error that mltrace's API raises at the
-    program (a bad argument) keeps its frames, as plain Python shows them."""
+    """The program's traceback as plain Python would show it, as far as mltrace can tell:
+
+    - without mltrace's frames above the program's (the runner's);
+    - without mltrace's frames between two of the program's (the ``Module.__call__`` wrapper's,
+      where torch's own ``__call__`` would be);
+    - for a Ctrl-C, without the frames below the program's last one where the frame after it
+      is mltrace's (a Ctrl-C held through a cycle switch is raised again inside mltrace's code,
+      on leaving a ``contextlib`` context).
+
+    An error that mltrace's API raises at the program (a bad argument) keeps its frames, as
+    plain Python shows a library's."""
     tb = exc.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
         tb = tb.tb_next
-    if not isinstance(exc, KeyboardInterrupt):
-        return tb
-    last_program, t = None, tb
-    while t is not None:
-        path = os.path.abspath(t.tb_frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR) and not _is_stdlib(path):
-            last_program = t
-        t = t.tb_next
-    if last_program is not None and last_program.tb_next is not None:
-        after = os.path.abspath(last_program.tb_next.tb_frame.f_code.co_filename)
-        if after.startswith(_PACKAGE_DIR):
-            last_program.tb_next = None
-    return tb
+    entries: list[types.TracebackType] = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    paths = [os.path.abspath(t.tb_frame.f_code.co_filename) for t in entries]
+    own = [p.startswith(_PACKAGE_DIR) for p in paths]
+    programs = [i for i, p in enumerate(paths) if not own[i] and not _is_stdlib(p)]
+    if not programs:
+        return entries[0] if entries else None
+    last = programs[-1]
+    tail = entries[last + 1 :]
+    if isinstance(exc, KeyboardInterrupt) and tail and own[last + 1]:
+        tail = []
+    kept = [t for i, t in enumerate(entries[: last + 1]) if not own[i]] + tail
+    for before, after in zip(kept, [*kept[1:], None]):
+        before.tb_next = after
+    return kept[0]
 
 
 def _is_stdlib(path: str) -> bool:
