@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from mltrace.errors import UsageError
+from mltrace.tracer.callsite import is_stdlib
 
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__}
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def _user_traceback(exc: BaseException) -> types.TracebackType | None:
         tb = tb.tb_next
     paths = [os.path.abspath(t.tb_frame.f_code.co_filename) for t in entries]
     own = [p.startswith(_PACKAGE_DIR) for p in paths]
-    programs = [i for i, p in enumerate(paths) if not own[i] and not _is_stdlib(p)]
+    programs = [i for i, p in enumerate(paths) if not own[i] and not is_stdlib(p)]
     if not programs:
         return entries[0] if entries else None
     last = programs[-1]
@@ -191,11 +191,6 @@ def _user_traceback(exc: BaseException) -> types.TracebackType | None:
     for before, after in zip(kept, [*kept[1:], None]):
         before.tb_next = after
     return kept[0]
-
-
-def _is_stdlib(path: str) -> bool:
-    """Whether ``path`` is a module of Python's standard library (not of site-packages)."""
-    return path.startswith(_STDLIB_DIR) and "site-packages" not in path and "dist-packages" not in path
 
 
 def _report(exc: BaseException) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from torch import nn
 
 import mltrace
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import is_model_code
+from mltrace.tracer.callsite import CodeKeyed, is_model_code, is_stdlib
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
 
 HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
@@ -236,3 +237,21 @@ def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(
     assert [s.name for s in models] == ["GraphModule", "GraphModule"]
     assert {s.attrs["code.line.number"] for s in models} == {_line("exported call")}
     assert not [n for n in run.meta.get("limitations", []) if "re-wrapped" in n]
+
+
+def test_a_code_keyed_cache_tells_code_objects_apart_and_starts_over_when_full() -> None:
+    first = compile("a = 1", "<a>", "exec")
+    second = compile("b = 2", "<b>", "exec")
+    cache: CodeKeyed[str] = CodeKeyed(limit=2)
+    assert cache.put(first, 3, "first@3") == "first@3"
+    assert cache.get(first, 3) == "first@3" and cache.get(first, 4) is None and cache.get(second, 3) is None
+    cache.put(second, 3, "second@3")
+    cache.put(first, 5, "first@5")  # the third entry: the cache starts over
+    assert cache.get(first, 3) is None and cache.get(first, 5) == "first@5"
+
+
+def test_is_stdlib_knows_the_standard_library_from_packages_and_scripts() -> None:
+    import json
+
+    assert is_stdlib(json.__file__) and is_stdlib(os.__file__)
+    assert not is_stdlib(torch.__file__) and not is_stdlib(__file__) and not is_stdlib("<string>")

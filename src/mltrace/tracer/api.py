@@ -13,14 +13,14 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import CodeType, FrameType, TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar, overload
 
 from mltrace.config import ProfileOptions
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
 from mltrace.tracer import session as _session_mod
-from mltrace.tracer.callsite import code_attrs, defined_attrs
+from mltrace.tracer.callsite import CodeKeyed, code_attrs, defined_attrs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -105,25 +105,17 @@ def span(name: str, *, level: Level | str = Level.USER, **attrs: Any) -> _LiveSp
 #: This module's file and ``mltrace.profile``'s (``profiling.py``), which a region's call site is not.
 _OWN_FILES = frozenset({__file__, str(Path(__file__).resolve().parents[1] / "profiling.py")})
 
-#: Call sites seen (id of the code object, line) → (the code object, its ``code.*``
-#: attributes), built once each. Keyed by id: a code object's own hash covers its bytecode and
-#: constants, the longer the function the dearer; the entry keeps its code object, so that its
-#: id cannot be reused while it is cached.
-_sites: dict[tuple[int, int], tuple[CodeType, dict[str, Any]]] = {}
+#: Call sites seen (code object, line) → their ``code.*`` attributes, built once each.
+_sites: CodeKeyed[dict[str, Any]] = CodeKeyed()
 
 
 def _with_call_site(attrs: dict[str, Any], caller: FrameType) -> dict[str, Any]:
     """``attrs`` with the ``code.*`` attributes of the caller's line (the call site), unless given."""
     code = caller.f_code
     line = caller.f_lineno or code.co_firstlineno
-    known = _sites.get((id(code), line))
-    if known is not None and known[0] is code:
-        site = known[1]
-    else:
-        if len(_sites) >= 4096:
-            _sites.clear()
-        site = code_attrs(code, line)
-        _sites[(id(code), line)] = (code, site)
+    site = _sites.get(code, line)
+    if site is None:
+        site = _sites.put(code, line, code_attrs(code, line))
     return {**site, **attrs} if attrs else dict(site)
 
 

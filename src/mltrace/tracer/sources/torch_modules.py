@@ -40,7 +40,7 @@ from mltrace.run import store
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.settings import LAYER_HOT_PATH, TORCH_HOOKS
-from mltrace.tracer.callsite import is_model_code, line_of, unwrapped
+from mltrace.tracer.callsite import CodeKeyed, is_model_code, line_of, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.recorder import take_all
 from mltrace.tracer.sources._imports import PostImportHook
@@ -358,15 +358,12 @@ class TorchModuleSource(Source):
         self._invocations: dict[int, Iterator[int]] = {}
         #: Code objects seen by ``_site_of`` → whether they belong to a framework (``framework_dirs``).
         self._internal_code: dict[CodeType, bool] = {}
-        #: The same by the code object's id (``_site_of``): a code object's own hash covers its
-        #: bytecode and constants (≈ 0.6 µs), an id's does not. Each entry holds its code object,
-        #: so that an id cannot be reused while it is cached.
-        self._owners: dict[int, tuple[CodeType, bool]] = {}
-        #: (id of the code object, instruction offset) of a call site → (the code object, its
-        #: file, line and function).
-        self._sites: dict[tuple[int, int], tuple[CodeType, tuple[str, int, str]]] = {}
-        #: The same → (the code object, its ``code.*`` attributes as the tail of a JSON object: ``_site_json``).
-        self._site_texts: dict[tuple[int, int], tuple[CodeType, str]] = {}
+        #: The same, read by ``_site_of`` without hashing the code object.
+        self._owners: CodeKeyed[bool] = CodeKeyed(_CODE_CACHE_MAX)
+        #: (code object, instruction offset) of a call site → its file, line and function.
+        self._sites: CodeKeyed[tuple[str, int, str]] = CodeKeyed(_CODE_CACHE_MAX)
+        #: The same → its ``code.*`` attributes as the tail of a JSON object (``_site_json``).
+        self._site_texts: CodeKeyed[str] = CodeKeyed(_CODE_CACHE_MAX)
         #: Module classes ``_note_opaque`` found nothing to say about.
         self._see_through: set[type] = set()
         #: Hugging Face generate() calls as spans; the model calls inside them tagged.
@@ -1098,15 +1095,10 @@ class TorchModuleSource(Source):
         owners = self._owners
         while frame is not None:
             code = frame.f_code
-            known = owners.get(id(code))
-            if known is not None and known[0] is code:
-                inside = known[1]
-            else:
+            inside = owners.get(code)
+            if inside is None:
                 remembered = self._internal_code.get(code)
-                inside = self._is_framework_code(code) if remembered is None else remembered
-                if len(owners) >= _CODE_CACHE_MAX:
-                    owners.clear()
-                owners[id(code)] = (code, inside)
+                inside = owners.put(code, 0, self._is_framework_code(code) if remembered is None else remembered)
             if not inside:
                 return code, frame.f_lasti
             frame = frame.f_back
@@ -1114,14 +1106,9 @@ class TorchModuleSource(Source):
 
     def _site_fields(self, code: CodeType, lasti: int) -> tuple[str, int, str]:
         """File, line and function name of a call site (the line table is decoded once per site)."""
-        key = (id(code), lasti)
-        known = self._sites.get(key)
-        if known is not None and known[0] is code:
-            return known[1]
-        if len(self._sites) >= _CODE_CACHE_MAX:
-            self._sites.clear()
-        fields = (code.co_filename, line_of(code, lasti), getattr(code, "co_qualname", code.co_name))
-        self._sites[key] = (code, fields)
+        fields = self._sites.get(code, lasti)
+        if fields is None:
+            fields = self._sites.put(code, lasti, (code.co_filename, line_of(code, lasti), getattr(code, "co_qualname", code.co_name)))
         return fields
 
     def _site_attrs(self, code: CodeType, lasti: int) -> dict[str, Any]:
@@ -1131,14 +1118,9 @@ class TorchModuleSource(Source):
 
     def _site_json(self, code: CodeType, lasti: int) -> str:
         """``,"code.file.path":…,"code.line.number":…,"code.function.name":…`` for a span template."""
-        key = (id(code), lasti)
-        known = self._site_texts.get(key)
-        if known is not None and known[0] is code:
-            return known[1]
-        if len(self._site_texts) >= _CODE_CACHE_MAX:
-            self._site_texts.clear()
-        text = "," + store.dumps(self._site_attrs(code, lasti)).decode()[1:-1]
-        self._site_texts[key] = (code, text)
+        text = self._site_texts.get(code, lasti)
+        if text is None:
+            text = self._site_texts.put(code, lasti, "," + store.dumps(self._site_attrs(code, lasti)).decode()[1:-1])
         return text
 
     # -- hooks (hot path) ------------------------------------------------
