@@ -1104,6 +1104,13 @@ MODES: dict[str, Callable[[argparse.Namespace], int]] = {
     "cross-stack": mode_cross_stack,
     "frameworks": mode_frameworks,
 }
+#: The flags that pick and convert the models of ``_workloads`` (sessions and layer-paired), defaults as below.
+_MODEL_FLAGS: dict[str, tuple[Any, Any]] = {
+    "device": ("cpu", "cpu"),
+    "cnn": ("resnet18-style", "resnet18-style"),
+    "dtype": ("float32", "float32"),
+    "channels_last": (False, False),
+}
 #: Each mode's defaults (normal, --quick) for the flags it takes; a flag a mode does not list is refused there.
 DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
     "sessions": {
@@ -1112,11 +1119,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
         "batch": (1, 1),
         "threads": (0, 0),
         "conditions": ("layer", "layer"),
-        "device": ("cpu", "cpu"),
         "encoder_batch": (0, 0),
-        "cnn": ("resnet18-style", "resnet18-style"),
-        "dtype": ("float32", "float32"),
-        "channels_last": (False, False),
+        **_MODEL_FLAGS,
     },
     "parts": {"rounds": (12, 2), "iters": (5, 2), "batch": (1, 1), "threads": (0, 0)},
     "layer-paired": {
@@ -1126,10 +1130,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
         "batch": (1, 1),
         "threads": (0, 0),
         "model": ("cnn", "cnn"),
-        "device": ("cpu", "cpu"),
-        "cnn": ("resnet18-style", "resnet18-style"),
-        "dtype": ("float32", "float32"),
-        "channels_last": (False, False),
+        **_MODEL_FLAGS,
     },
     "span-cost": {"rounds": (5, 1), "pairs": (60, 4), "threads": (0, 0)},
     "cross-stack": {"model": ("cnn", "cnn"), "pairs": (60, 2), "block": (3, 1), "flush_every": (2, 1), "threads": (0, 0)},
