@@ -561,6 +561,16 @@ static PyObject *layer_call(PyObject *callable, PyObject *args, PyObject *kwargs
     return PyVectorcall_Call(callable, args, kwargs);
 }
 
+/* Whether a compiler traces or exports now (`compiling()` is true); errors count as no. */
+static int layer_compiling(LayerCall *lc) {
+    if (!lc->compiling) return 0;
+    PyObject *r = PyObject_CallNoArgs(lc->compiling);
+    int yes = r ? PyObject_IsTrue(r) : 0;
+    Py_XDECREF(r);
+    PyErr_Clear();
+    return yes > 0;
+}
+
 /* `Module.__call__` and `module.__call__` read as attributes. A call `module(x)` does not read
  * them (the type's call slot calls this object directly), so they only decide what code that
  * takes the attribute gets:
@@ -571,17 +581,14 @@ static PyObject *layer_call(PyObject *callable, PyObject *args, PyObject *kwargs
  *   of the graph it builds and cannot trace this C function: it would break the graph there;
  * - from an instance: `bound` (a Python function that calls this object, or torch's own
  *   under a compiler), bound to the module, where given; else this object, bound.
- *   torch.compile keeps `model.__call__` as the function it compiles. */
+ *   torch.compile keeps `model.__call__` as the function it compiles. While a compiler
+ *   traces or exports, this object, bound: `module.__call__.__func__ is nn.Module.__call__`
+ *   holds then, as without mltrace, which is how TorchDynamo and strict torch.export tell
+ *   that a module has no `__call__` of its own and start from its `forward`. */
 static PyObject *layer_get(PyObject *self, PyObject *obj, PyObject *type) {
     LayerCall *lc = (LayerCall *)self;
-    if (obj != NULL && obj != Py_None) return PyMethod_New(lc->bound ? lc->bound : self, obj);
-    if (lc->compiling && type != lc->owner) {
-        PyObject *r = PyObject_CallNoArgs(lc->compiling);
-        int yes = r ? PyObject_IsTrue(r) : 0;
-        Py_XDECREF(r);
-        PyErr_Clear();
-        if (yes > 0) return Py_NewRef(lc->original);
-    }
+    if (obj != NULL && obj != Py_None) return PyMethod_New(lc->bound && !layer_compiling(lc) ? lc->bound : self, obj);
+    if (type != lc->owner && layer_compiling(lc)) return Py_NewRef(lc->original);
     return Py_NewRef(self);
 }
 

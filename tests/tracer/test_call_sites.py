@@ -208,6 +208,56 @@ def test_a_graph_break_in_forward_counts_as_it_does_plain(tmp_path: Path, hot_pa
     assert plain["frames"]["total"] >= 2  # forward and the code after the break
 
 
+class BreakingBlock(nn.Module):
+    """A block whose forward breaks the graph where it calls ``graph_break``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        torch._dynamo.graph_break()
+        return torch.relu(y)
+
+
+def _compiled_function_counts() -> dict[str, Any]:
+    """Two calls of a freshly compiled function that calls a model with a graph break inside:
+    the outputs and Dynamo's counters. The model call ends outside any graph, on a thread
+    where Dynamo looks at every frame that runs."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    net = nn.Sequential(BreakingBlock(), nn.Linear(8, 2)).eval()
+    compiled = torch.compile(lambda t: net(t) * 2, backend="eager")
+    with torch.no_grad():
+        outputs = [compiled(torch.full((2, 8), float(i))) for i in range(2)]
+    return {
+        "outputs": [o.tolist() for o in outputs],
+        "graph_break": dict(counters["graph_break"]),
+        "frames": dict(counters["frames"]),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
+    }
+
+
+@pytest.mark.parametrize("level", ["model", "layer", "op"])
+def test_a_model_called_from_a_compiled_function_counts_as_it_does_plain(tmp_path: Path, hot_path: str, level: str) -> None:
+    """The session's work at a model call's start and end runs with no frame compiled or looked
+    at by Dynamo, so the compiled function has the frames, graphs and breaks it has plain."""
+    pytest.importorskip("torch._dynamo")
+    plain = _compiled_function_counts()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level=level):
+        traced = _compiled_function_counts()
+    assert traced == plain
+    assert plain["frames"]["total"] >= 3  # the function, forward and the code after the break
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Sequential", "Sequential"]
+
+
 def test_framework_files_are_never_call_sites() -> None:
     assert not is_model_code(torch.nn.modules.conv.__file__)
     assert not is_model_code(functools.__file__)  # the standard library
@@ -218,19 +268,30 @@ def test_framework_files_are_never_call_sites() -> None:
         assert is_model_code(transformers.origin)  # model libraries are model code
 
 
-def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(tmp_path: Path, hot_path: str) -> None:
-    """torch.export traces with TorchDynamo and torch.fx, which save and restore
+def _module_stacks(exported: Any) -> list[list[str]]:
+    """The module path of each node of an exported program's graph, outermost first."""
+    return [[path for path, _ in node.meta.get("nn_module_stack", {}).values()] for node in exported.graph.nodes]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(tmp_path: Path, hot_path: str, strict: bool) -> None:
+    """torch.export traces with TorchDynamo (strict) or torch.fx, which save and restore
     ``nn.Module.__call__`` around their tracing: the layer level's own must be what is put back,
-    and export's tracing is no model call. The exported program's calls are model spans."""
+    and export's tracing is no model call. Strict export starts at ``forward`` only where
+    ``model.__call__`` is ``nn.Module.__call__``, as it is without mltrace. The exported
+    program is the same graph, and its calls are model spans."""
     pytest.importorskip("torch.export")
     net = Compiled().eval()
     x = torch.randn(2, 3, 8, 8)
+    plain = torch.export.export(net, (x,), strict=strict)
     with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
-        program = torch.export.export(net, (x,)).module()
+        exported = torch.export.export(net, (x,), strict=strict)
+        program = exported.module()
         with torch.no_grad():
             outputs = [program(x) for _ in range(2)]  # LINE: exported call
         installed = torch.nn.Module.__dict__["__call__"]
     assert torch.equal(outputs[0], net(x))
+    assert str(exported.graph) == str(plain.graph) and _module_stacks(exported) == _module_stacks(plain)
     assert installed is not torch.nn.modules.module.Module._wrapped_call_impl  # still mltrace's
     run = mltrace.load_run(tmp_path / "run")
     models = [s for s in run.spans if s.level == Level.MODEL]

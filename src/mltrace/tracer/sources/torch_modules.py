@@ -171,6 +171,16 @@ def dynamo_skipped_code() -> list[CodeType]:
     return found
 
 
+def dynamo_skipped_trees() -> list[CodeType]:
+    """The code objects of mltrace's work at a model call's start and end, which calls no code of
+    the program: what TorchDynamo is told to run with all the frames it calls as they are. A model
+    call inside a compiled function (a graph break around it) would otherwise have Dynamo look at
+    every frame of the session's bookkeeping, and try to compile some, on the program's thread."""
+    from mltrace.tracer.session import Session
+
+    return [TorchModuleSource._model_begin.__code__, TorchModuleSource._post.__code__, Session.model_call_ended.__code__]
+
+
 def _stands_for(wrapper: Any, original: Any) -> None:
     """Gives a ``Module.__call__`` wrapper the replaced function's names, and the function as
     ``__wrapped__``, which ``inspect.signature`` follows: introspection of a module sees torch's
@@ -190,20 +200,28 @@ def compiling_probe() -> Callable[[], bool]:
     return probe
 
 
-def dynamo_tracing_probe() -> Callable[[], Any] | None:
-    """A function that is true while TorchDynamo traces a program (``torch._guards.TracingContext``),
-    or None where this torch has none. While it is true, ``nn.Module.__call__`` read as an
-    attribute is torch's own, which Dynamo inlines into the graph it builds (the layer level's C
-    function would make it break the graph at every submodule call); calls still go through ours."""
+def dynamo_tracing_probe() -> Callable[[], bool] | None:
+    """A function that is true while TorchDynamo traces a program (``torch._guards.TracingContext``)
+    or torch.export captures one (``torch.compiler.is_compiling``), or None where this torch has
+    neither. While it is true, ``nn.Module.__call__`` read from a subclass is torch's own, which
+    Dynamo inlines into the graph it builds (the layer level's C function would make it break the
+    graph at every submodule call), and read from a module it is ``nn.Module.__call__`` itself;
+    calls still go through ours."""
     guards = sys.modules.get("torch._guards")
     if guards is None:
         try:
             import torch._guards as guards
         except ImportError:
             return None
-    context = getattr(guards, "TracingContext", None)
-    try_get = getattr(context, "try_get", None)
-    return try_get if callable(try_get) else None
+    try_get = getattr(getattr(guards, "TracingContext", None), "try_get", None)
+    if not callable(try_get):
+        return None
+    is_compiling = compiling_probe()
+
+    def tracing() -> bool:
+        return is_compiling() or try_get() is not None
+
+    return tracing
 
 
 def fx_node_modules(module: Any) -> dict[str, Any] | None:
@@ -693,7 +711,8 @@ class TorchModuleSource(Source):
 
     def _skip_in_dynamo(self) -> None:
         """Has TorchDynamo run mltrace's own frames on the module-call path as they are, never
-        compile them, once it is imported (``skip_code``; ``dynamo_skipped_code``). Compiling
+        compile them, once it is imported (``skip_code``; ``dynamo_skipped_code``), and run the
+        session's work at a model call's start and end with the frames it calls (``dynamo_skipped_trees``). Compiling
         then starts at the module's ``forward``, as it does without mltrace (torch's own
         ``__call__`` is skipped the same way): a wrapper frame compiled would inline
         ``__call__`` and ``forward``, so a graph break in ``forward`` would count as one more
@@ -705,6 +724,13 @@ class TorchModuleSource(Source):
             if callable(skip_code):
                 for code in dynamo_skipped_code():
                     skip_code(code)
+            try:
+                action = eval_frame.FrameAction.SKIP
+                strategy = eval_frame.FrameExecStrategy(action, action)
+                for code in dynamo_skipped_trees():
+                    eval_frame.set_code_exec_strategy(code, strategy)
+            except (AttributeError, TypeError):  # a torch without per-code strategies
+                pass
 
         self._dynamo_hook = PostImportHook("torch._dynamo.eval_frame", skip)
 
