@@ -521,7 +521,10 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     int use_direct = 0;
     PyObject *dict = NULL;  /* the module's instance dict, where it has one */
     TypeFacts facts = {NULL, 0, 0, 0, NULL, NULL};
-    if (self->direct) {
+    /* Under a profile function (torch.profiler's with_stack, cProfile), torch's own __call__:
+     * the profiler then sees the frames it sees without mltrace, and torch.profiler tells
+     * module calls by the frames of Module.__call__'s code (this object's __code__). */
+    if (self->direct && PyThreadState_Get()->c_profilefunc == NULL) {
         facts = type_facts(Py_TYPE(module));
         if (facts.generic) {
             dict = PyObject_GenericGetDict(module, NULL);

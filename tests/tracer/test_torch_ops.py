@@ -399,12 +399,14 @@ def test_a_program_that_runs_torch_profiler_itself(tmp_path: Path) -> None:
     assert sum(1 for s in run.spans if s.name == "aten::linear") == 3  # the calls before it
 
 
-@pytest.mark.parametrize(("level", "hot_path"), [("op", "c"), ("model", "c"), ("model", "python"), ("layer", "python")])
+@pytest.mark.parametrize(("level", "hot_path"), [("op", "c"), ("layer", "c"), ("model", "c"), ("model", "python"), ("layer", "python")])
 def test_a_program_profiling_with_stacks(tmp_path: Path, level: str, hot_path: str) -> None:
     """torch.profiler's ``with_stack=True`` reads ``nn.Module.__call__.__code__`` and the
     ``self`` of each of its frames: mltrace's ``__call__`` (the C one, or the Python one of the
     model level and of ``MLTRACE_LAYER_HOT_PATH=python``) gives both (the program failed with
-    an AttributeError, or crashed)."""
+    an AttributeError, or crashed). Nested module calls take torch's own ``__call__`` while a
+    profile function runs, so the program's profiler sees every module call it sees plain (the
+    C hot path's calls of ``forward`` hid them)."""
     from conftest import SCRIPTS, mltrace_cmd
 
     script = str(SCRIPTS / "own_profiler.py")
@@ -414,6 +416,7 @@ def test_a_program_profiling_with_stacks(tmp_path: Path, level: str, hot_path: s
     traced = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert plain.returncode == traced.returncode == 0, traced.stderr
     assert traced.stdout == plain.stdout and "saw: 1" in plain.stdout
+    assert "Linear_0', 'nn.Module: ReLU_0', 'nn.Module: Sequential_0', 'nn.Module: Sequential_1']" in plain.stdout
 
 
 def test_a_session_started_inside_the_programs_profiler_leaves_it_alone(tmp_path: Path) -> None:
