@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +257,50 @@ def test_a_model_called_from_a_compiled_function_counts_as_it_does_plain(tmp_pat
     assert plain["frames"]["total"] >= 3  # the function, forward and the code after the break
     run = mltrace.load_run(tmp_path / "run")
     assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Sequential", "Sequential"]
+
+
+def test_model_calls_of_another_thread_are_recorded_while_one_compiles(tmp_path: Path, hot_path: str) -> None:
+    """``torch.compiler.is_compiling()`` is true on every thread while one compiles: the eager
+    calls of another thread meanwhile are still model and layer spans."""
+    pytest.importorskip("torch._dynamo")
+    import torch._dynamo
+
+    inside, done = threading.Event(), threading.Event()
+
+    def held_backend(gm: Any, example_inputs: Any) -> Any:
+        inside.set()
+        done.wait(60)
+        return gm
+
+    def eager_calls() -> None:
+        inside.wait(60)
+        net = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+        try:
+            with torch.no_grad():
+                for _ in range(3):
+                    net(torch.randn(2, 4))
+        finally:
+            done.set()
+
+    torch._dynamo.reset()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        other = threading.Thread(target=eager_calls)
+        other.start()
+        compiled = torch.compile(Compiled().eval(), backend=held_backend)
+        with torch.no_grad():
+            compiled(torch.randn(2, 3, 8, 8))
+        other.join(60)
+    run = mltrace.load_run(tmp_path / "run")
+    eager = [s for s in run.spans if s.level == Level.MODEL and s.name == "Sequential"]
+    assert len(eager) == 3
+    assert sorted(s.name for s in run.spans if s.level == Level.LAYER and s.parent_id in {m.id for m in eager}) == [
+        "0",
+        "0",
+        "0",
+        "1",
+        "1",
+        "1",
+    ]
 
 
 def test_framework_files_are_never_call_sites() -> None:

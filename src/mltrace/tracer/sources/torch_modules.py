@@ -193,11 +193,37 @@ def _stands_for(wrapper: Any, original: Any) -> None:
 
 
 def compiling_probe() -> Callable[[], bool]:
-    """``torch.compiler.is_compiling`` (true while TorchDynamo traces), or a function that is
-    always false where this torch has none."""
+    """``torch.compiler.is_compiling`` (true while TorchDynamo traces or torch.export captures),
+    or a function that is always false where this torch has none. The flag is one for the whole
+    process: ``thread_compiling_probe`` tells whether this thread compiles."""
     compiler = getattr(sys.modules.get("torch"), "compiler", None)
     probe: Callable[[], bool] = getattr(compiler, "is_compiling", lambda: False)
     return probe
+
+
+def thread_compiling_probe() -> Callable[[], bool]:
+    """A function that is true where the calling code is compiled: while TorchDynamo traces it
+    (``torch.compiler.is_dynamo_compiling``, which Dynamo reads as true and which is false when
+    the code runs), or while torch.export captures on this thread (``is_compiling`` with this
+    thread's ``torch._guards.TracingContext``). Model calls of other threads meanwhile are
+    recorded: ``is_compiling`` alone is true on every thread."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    dynamo: Callable[[], bool] | None = getattr(compiler, "is_dynamo_compiling", None)
+    guards = sys.modules.get("torch._guards")
+    if guards is None:
+        try:
+            import torch._guards as guards
+        except ImportError:
+            guards = None
+    try_get = getattr(getattr(guards, "TracingContext", None), "try_get", None)
+    if dynamo is None or not callable(try_get):
+        return compiling_probe()
+    process_wide = compiling_probe()
+
+    def compiling() -> bool:
+        return dynamo() or (process_wide() and try_get() is not None)
+
+    return compiling
 
 
 def dynamo_tracing_probe() -> Callable[[], bool] | None:
@@ -476,7 +502,7 @@ class TorchModuleSource(Source):
         usage = thread_usage
         site_of = self._site_of
         _getframe = sys._getframe
-        compiling = compiling_probe()
+        compiling = thread_compiling_probe()
         optimized = self._optimized
 
         # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
@@ -554,7 +580,7 @@ class TorchModuleSource(Source):
         # The same frames from C for nested calls (14–39 % less layer-level overhead than
         # the Python wrapper in paired runs on the example CNN, PERFORMANCE.md).
         tls = self._tls
-        compiling = compiling_probe()
+        compiling = thread_compiling_probe()
         optimized = self._optimized
         checked = forward_check(module_cls) if direct else None
         self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["layer_forward_direct"] = checked is not None
@@ -631,7 +657,7 @@ class TorchModuleSource(Source):
         post = self._post
         late = self._late
         get_ident = threading.get_ident
-        compiling = compiling_probe()
+        compiling = thread_compiling_probe()
 
         # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
         # ``self`` of every frame of ``Module.__call__.__code__`` (it crashed on ``module``).
