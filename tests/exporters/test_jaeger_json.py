@@ -144,6 +144,19 @@ def test_tags_are_typed(run: Run, tmp_path: Path) -> None:
     assert jaeger_tag("x", float("nan")) == {"key": "x", "type": "string", "value": "nan"}
 
 
+def test_a_span_that_raised_has_the_error_tags(run: Run, tmp_path: Path) -> None:
+    """A span with ``error.type`` (a call that raised) has Jaeger's ``error`` tag; no other has."""
+    next(s for s in run.spans if s.id == 20).attrs["error.type"] = "ValueError"  # the second model call
+    doc = load(export_jaeger_json(run, tmp_path / "out.json"))
+    flagged = [
+        {t["key"]: t["value"] for t in s["tags"]}["mltrace.span.id"]
+        for trace in doc["data"]
+        for s in trace["spans"]
+        if {"key": "error", "type": "bool", "value": True} in s["tags"]
+    ]
+    assert flagged == [20]
+
+
 def test_flows_are_follows_from_and_ids_match_otlp(run: Run, tmp_path: Path) -> None:
     doc = load(export_jaeger_json(run, tmp_path / "out.json"))
     mapper = SpanMapper(run)

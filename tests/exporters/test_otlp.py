@@ -324,6 +324,25 @@ def test_model_inside_a_user_span_is_its_child(tmp_path: Path) -> None:
     assert per_run[2].parent_span_id == per_run[1].span_id and not per_run[2].links
 
 
+def test_a_span_that_raised_arrives_with_the_error_status(tmp_path: Path) -> None:
+    """A span with ``error.type`` (a model call or user span that raised) has status ERROR;
+    the others have none set."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+    spans, flows = invocation(2, ANCHOR_MONO + 100, 4)
+    failed = spans[-1]
+    failed.attrs["error.type"] = "ValueError"
+    run = write_run(tmp_path / "run", spans, [MAIN, GPU], flows)
+    r = GrpcReceiver()
+    try:
+        export_otlp(run, r.url, timeout_s=10)
+        status = {attrs_of(sp.attributes)["mltrace.span.id"]: sp.status.code for _res, sp in received(r.requests)}
+    finally:
+        r.close()
+    assert status.pop(failed.id) == Status.STATUS_CODE_ERROR
+    assert set(status.values()) == {Status.STATUS_CODE_UNSET}
+
+
 def test_enclosing_otel_span_becomes_the_parent(tmp_path: Path) -> None:
     from opentelemetry.sdk.trace import TracerProvider
 

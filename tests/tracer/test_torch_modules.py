@@ -227,6 +227,40 @@ def test_a_module_introspects_as_without_mltrace(tmp_path: Path, level: str) -> 
     assert seen == [plain] and plain[2] == "_wrapped_call_impl"
 
 
+class _Flaky(nn.Module):
+    """Raises on odd inputs' first element, after its layer ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if int(x[0, 0]) % 2:
+            raise ValueError("odd")
+        return y
+
+
+@pytest.mark.parametrize("level", ["model", "layer"])
+def test_a_model_call_that_raised_is_marked(tmp_path: Path, level: str, hot_path: str) -> None:
+    """The model span of a call that raised has ``error.type`` (the OpenTelemetry attribute a
+    user span has too); the program still gets its exception, and other calls are unmarked."""
+    net = _Flaky()
+    raised: list[str] = []
+
+    def go() -> None:
+        for i in range(4):
+            try:
+                net(torch.full((1, 2), float(i)))
+            except ValueError as exc:
+                raised.append(str(exc))
+
+    run = _trace(tmp_path, go, level=level)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert raised == ["odd", "odd"]
+    assert [s.attrs.get("error.type") for s in models] == [None, "ValueError", None, "ValueError"]
+
+
 def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
     from torch.nn.modules import module as m
 

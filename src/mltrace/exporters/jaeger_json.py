@@ -55,6 +55,9 @@ def _span_json(m: MappedSpan, process_id: str) -> dict[str, Any]:
     tags.append({"key": "span.kind", "type": "string", "value": "internal"})
     tags.append({"key": "otel.scope.name", "type": "string", "value": "mltrace"})
     tags.append({"key": "otel.scope.version", "type": "string", "value": __version__})
+    if "error.type" in m.attributes:  # a call that raised: Jaeger's error tag, as its OTLP receiver sets it
+        tags.append({"key": "otel.status_code", "type": "string", "value": "ERROR"})
+        tags.append({"key": "error", "type": "bool", "value": True})
     start_us = m.start_ns // 1000
     return {
         "traceID": trace_hex,

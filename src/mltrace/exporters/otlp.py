@@ -860,6 +860,7 @@ class SdkSpans:
             from opentelemetry.sdk.trace import ReadableSpan
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
             from opentelemetry.trace import Link, SpanContext, TraceFlags
+            from opentelemetry.trace.status import Status, StatusCode
         except ImportError:
             raise ImportError(_INSTALL_HINT) from None
 
@@ -879,10 +880,12 @@ class SdkSpans:
         self._resources: dict[int, Any] = {}
         self._scope = InstrumentationScope("mltrace", __version__)
         self._sampled = TraceFlags(TraceFlags.SAMPLED)
+        self._unset, self._error = Status(StatusCode.UNSET), Status(StatusCode.ERROR)
         self.links = 0
 
     def __call__(self, m: MappedSpan) -> Any:
-        """The ``ReadableSpan`` of ``m``."""
+        """The ``ReadableSpan`` of ``m``; its status is ERROR where it has ``error.type`` (a call
+        that raised), as OpenTelemetry's conventions have it."""
         res = self._resources.get(m.pid)
         if res is None:
             res = self._resources[m.pid] = self._resource_type(resource_attributes(self._run, m.pid))
@@ -899,6 +902,7 @@ class SdkSpans:
             instrumentation_scope=self._scope,
             start_time=m.start_ns,
             end_time=m.end_ns,
+            status=self._error if "error.type" in m.attributes else self._unset,
         )
 
 

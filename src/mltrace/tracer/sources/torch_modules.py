@@ -521,6 +521,9 @@ class TorchModuleSource(Source):
                 try:
                     output = original(self, *args, **kwargs)
                     return output
+                except BaseException as exc:  # a call that raised: marked, as a user span is
+                    span.attrs["error.type"] = type(exc).__name__
+                    raise
                 finally:
                     span.attrs["_cpu1"] = usage()
                     while stack and stack.pop() is not frame:
@@ -674,17 +677,20 @@ class TorchModuleSource(Source):
                 if direct and self._compiled_call_impl is None:  # what original would do, a frame less
                     return self._call_impl(*args, **kwargs)
                 return original(self, *args, **kwargs)
-            model_begin(self, args, stack)
+            frame = model_begin(self, args, stack)
             output = None
             try:
                 output = original(self, *args, **kwargs)
                 return output
+            except BaseException as exc:  # a call that raised: marked, as a user span is
+                frame[SPAN].attrs["error.type"] = type(exc).__name__
+                raise
             finally:
                 post(self, args, output)
 
-        # Nested calls stay on this Python function, not the C hot path: the C object, read as
-        # ``nn.Module.__call__``, is not torch's under TorchDynamo (strict torch.export fails),
-        # hides nested calls from torch.profiler's with_stack events, and has no signature.
+        # Nested calls stay on this Python function, not the C hot path: TorchDynamo reads
+        # ``nn.Module.__call__`` from the class dict where a compiled forward names it
+        # (``self.sub.__call__(x)``), and it cannot trace the C object there.
         _stands_for(__call__, original)
         self._wrapped = (module_cls, original, __call__)
         module_cls.__call__ = __call__
