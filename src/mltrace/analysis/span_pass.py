@@ -365,19 +365,30 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     sub_rows = np.nonzero(sub)[0]
     sub_parent = parent[sub_rows]
 
+    def in_itself(kind: np.ndarray, key_of: np.ndarray) -> np.ndarray:
+        """Rows of ``kind`` whose same-track parent is of ``kind`` and has their key: a call that
+        dispatches to itself (``aten::linear`` under autocast), which is part of the outer call."""
+        return kind & has_parent & kind[p0] & (key_of == key_of[p0]) & (t.track == t.track[p0])
+
     def table(rows: np.ndarray, key_of: np.ndarray, key_names: list[str], kind: np.ndarray) -> dict[str, NameAcc]:
-        """Calls, total and self time of ``rows`` (all of one kind), by ``key_of[row]``."""
+        """Calls, total and self time of ``rows`` (all of one kind), by ``key_of[row]``. A row
+        whose same-track parent is of its kind and key (an op that dispatches to itself, as
+        ``aten::linear`` does under autocast) is part of its parent's call: neither a call nor
+        time of its own, and what runs inside it is subtracted from the outer call's self time."""
         size = len(key_names)
-        keys = key_of[rows]
+        inner = in_itself(kind, key_of)
+        outer_rows = rows[~inner[rows]]
+        keys = key_of[outer_rows]
         calls = _count_by(keys, size)
-        total = _sum_by(keys, durf[rows], size)
-        sub_here = kind[sub_parent]
+        total = _sum_by(keys, durf[outer_rows], size)
+        sub_here = kind[sub_parent] & ~inner[sub_rows]
         self_ns = total - _sum_by(key_of[sub_parent[sub_here]], durf[sub_rows[sub_here]], size)
         return {key_names[k]: NameAcc(int(calls[k]), int(total[k]), int(self_ns[k])) for k in np.nonzero(calls)[0].tolist()}
 
     all_op_rows = np.nonzero(is_op)[0]
     op_rows = np.nonzero(is_op & in_scope)[0]
     lib_rows = np.nonzero(is_lib & in_scope)[0]
+    op_in_itself = in_itself(is_op, name)  # counted with the outer call, in FLOPs and bytes too
     g.ops = table(op_rows, name, names, is_op & in_scope)  # ops and library calls are keyed by span name
     g.libs = table(lib_rows, name, names, is_lib & in_scope)
     if len(rt_rows):
@@ -388,7 +399,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
 
     # FLOPs of an op name: every call's own count, since its row is judged by its total time
     # (aten::conv2d and the aten::mkldnn_convolution inside it both carry the convolution's).
-    own = np.nonzero(flops_set & in_scope & ~np.isnan(t.flops))[0]
+    own = np.nonzero(flops_set & in_scope & ~op_in_itself & ~np.isnan(t.flops))[0]
     if len(own):
         fl = np.bincount(name[own], weights=t.flops[own], minlength=nn)
         for k in np.unique(name[own]).tolist():
@@ -398,7 +409,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     cf_rows = np.nonzero(counted)[0]
 
     # Bytes of ops: estimated from the last BYTES_SAMPLES calls of each name, scaled.
-    sample = _first_n_by_key(op_rows, name[op_rows], BYTES_SAMPLES)
+    outer_op_rows = op_rows[~op_in_itself[op_rows]]
+    sample = _first_n_by_key(outer_op_rows, name[outer_op_rows], BYTES_SAMPLES)
     sampled: dict[int, list[int]] = {}
     for row in sample.tolist():
         k = int(name[row])
