@@ -307,6 +307,9 @@ def test_framework_files_are_never_call_sites() -> None:
     assert not is_model_code(torch.nn.modules.conv.__file__)
     assert not is_model_code(functools.__file__)  # the standard library
     assert not is_model_code(mltrace.__file__)
+    typing_extensions = importlib.util.find_spec("typing_extensions")
+    if typing_extensions is not None and typing_extensions.origin:
+        assert not is_model_code(typing_extensions.origin)  # a decorator's wrapper (quantize_dynamic's)
     assert is_model_code(__file__)
     transformers = importlib.util.find_spec("transformers")
     if transformers is not None and transformers.origin:

@@ -27,6 +27,10 @@ _MLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Top-level packages whose files are a framework's own code, not the model's.
 FRAMEWORK_PACKAGES = frozenset({"torch", "functorch", "tensorflow", "keras", "tf_keras", "onnxruntime", "mltrace"})
 
+#: Top-level packages whose frames only wrap the call they pass on (decorators such as
+#: ``typing_extensions.deprecated``, which torch's ``quantize_dynamic`` carries): never call sites.
+WRAPPER_PACKAGES = frozenset({"typing_extensions", "wrapt", "decorator"})
+
 _PACKAGE_DIRS = ("site-packages/", "dist-packages/")
 
 
@@ -98,13 +102,14 @@ def _excluded_roots() -> tuple[str, ...]:
 def is_model_code(path: str) -> bool:
     """Whether a Python frame's file is model code: outside the frameworks' own packages
     (``FRAMEWORK_PACKAGES``), mltrace and the standard library; third-party model libraries
-    (transformers, torchvision, timm) are model code. Pseudo-files (``<string>``,
-    ``<frozen importlib._bootstrap>``) and empty paths are not."""
+    (transformers, torchvision, timm) are model code, decorator helpers (``WRAPPER_PACKAGES``)
+    are not. Pseudo-files (``<string>``, ``<frozen importlib._bootstrap>``) and empty paths are not."""
     if not path or path.startswith("<"):
         return False
     inside = package_path(path)
     if inside is not None:
-        return inside.split("/", 1)[0] not in FRAMEWORK_PACKAGES
+        top = inside.split("/", 1)[0].removesuffix(".py")  # a package, or a one-file module
+        return top not in FRAMEWORK_PACKAGES and top not in WRAPPER_PACKAGES
     real = os.path.realpath(path) if os.path.isabs(path) else path
     # A stdlib root may hold the site-packages roots handled above, never model code itself.
     return not any(real.startswith(root) for root in _excluded_roots())
