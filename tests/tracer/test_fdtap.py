@@ -12,6 +12,8 @@ import errno
 import importlib.util
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -704,9 +706,9 @@ def test_traced_at_the_library_level_stdout_and_stderr_keep_their_order(tmp_path
     assert any(s.level == Level.LIBRARY for s in load_run(run_dir).spans)
 
 
-def test_a_terminal_on_both_descriptors_stays_a_terminal_for_stderr(tmp_path: Path) -> None:
-    """On a terminal fd 2 is not put through the pipe: the program still sees a terminal there
-    (colours, progress bars), while fd 1, tapped, does not."""
+def test_a_terminal_on_both_descriptors_stays_a_terminal(tmp_path: Path) -> None:
+    """On a terminal both descriptors are tapped through a pseudo-terminal: the program still
+    sees a terminal on each (colours, progress bars, line buffering)."""
     import pty
 
     script = tmp_path / "tty.py"
@@ -730,4 +732,42 @@ def test_a_terminal_on_both_descriptors_stays_a_terminal_for_stderr(tmp_path: Pa
             out += chunk
     os.close(main)
     assert proc.returncode == 0, out.decode(errors="replace")
-    assert "under the tap: stdout False, stderr True" in out.decode(errors="replace")
+    assert "under the tap: stdout True, stderr True" in out.decode(errors="replace")
+
+
+def _run_on_a_terminal(command: list[str], env: dict[str, str], cwd: Path) -> bytes:
+    """What ``command`` writes to a terminal (util-linux ``script``), given one typed line on
+    its terminal's input, which the terminal does not echo."""
+    line = " ".join(map(shlex.quote, command))
+    proc = subprocess.run(
+        ["script", "-q", "-e", "-c", f"stty -echo; {line}", "/dev/null"],
+        input=b"typed text\n",
+        capture_output=True,
+        timeout=300,
+        env=env,
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+    return proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_on_a_terminal_the_traced_program_writes_what_it_writes_plainly(tmp_path: Path) -> None:
+    """``mltrace python prog.py`` on a terminal (the default level taps fd 1 for the library's
+    verbose lines): the program sees a terminal on fds 0-2 with its size and settings, Python
+    line-buffers stdout (stdout and stderr lines interleave as plainly), ``input()`` reads the
+    terminal and prompts on stderr, and the terminal receives the same bytes."""
+    program = REPO / "tests" / "scripts" / "terminal_report.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("PYTHONUNBUFFERED", None)
+    plain = _run_on_a_terminal([sys.executable, str(program)], env, tmp_path)
+    run_dir = tmp_path / "run"
+    traced = _run_on_a_terminal([sys.executable, "-m", "mltrace", "python", "-q", "-o", str(run_dir), str(program)], env, tmp_path)
+    assert b"isatty [True, True, True] True True" in plain, plain
+    assert b"prompt> typed 'typed text'" in plain, plain
+    assert traced == plain
+    from mltrace.run.levels import Level
+    from mltrace.run.store import load_run
+
+    assert any(s.level == Level.LIBRARY for s in load_run(run_dir).spans)

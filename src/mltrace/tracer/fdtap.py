@@ -9,8 +9,11 @@ user's output comes out as in a plain run:
 - stdio buffers are flushed around every switch of fd 1; a prefix is recognised mid-line too
   (a program line that itself contains ``MKL_VERBOSE `` loses its rest to the capture);
 - a partial line is forwarded as soon as it cannot become a verbose line (``hold_s``);
+- where fd 1 is a terminal, the pipe is a pseudo-terminal with the terminal's settings and
+  size (``_terminal_like``), so the program still sees a terminal (isatty, its size, Python's
+  line buffering, colours);
 - ``stop()`` keeps another thread's output in order (``_restore_in_order``), and fd 2 goes
-  through the same pipe where it goes where fd 1 goes and is no terminal (``merge_fd``);
+  through the same pipe where it goes where fd 1 goes (``merge_fd``);
 - children inherit the pipe; one that outlives ``stop()`` keeps a detached reader.
 
 The reader is a thread running ``_tapread``'s C loop without the GIL where the helper is built,
@@ -69,6 +72,39 @@ def _pipe_capacity(fd: int) -> int:
         return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", _F_GETPIPE_SZ))
     except OSError:
         return 1 << 16
+
+
+def _terminal_like(tty_fd: int) -> tuple[int, int] | None:
+    """A pseudo-terminal (master, slave) that looks to a program as the terminal ``tty_fd``
+    does, or None where ``tty_fd`` is no terminal or the pseudo-terminal cannot be made so.
+
+    The slave gets the terminal's settings and window size, so ``isatty``,
+    ``os.get_terminal_size`` and Python's line buffering are as on the terminal, except that
+    output processing (``OPOST``: newline to CR-LF and the like) is off: the terminal does it
+    once when the reader forwards the bytes, which reach it unchanged.
+    """
+    if not os.isatty(tty_fd):
+        return None
+    try:
+        master, slave = os.openpty()  # not inheritable; fd 1's copy of the slave is
+    except OSError:
+        return None
+    try:
+        attrs = termios.tcgetattr(tty_fd)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl.ioctl(tty_fd, termios.TIOCGWINSZ, b"\0" * 8))
+    except (OSError, termios.error):
+        os.close(master)
+        os.close(slave)
+        return None
+    return master, slave
+
+
+def _pty_ended(exc: OSError, pty: bool) -> bool:
+    """Whether a read error is a pseudo-terminal's end: its master reads EIO once every
+    slave descriptor is closed, where a pipe's read end reads 0 bytes."""
+    return pty and exc.errno == errno.EIO
 
 
 class TappedLine(NamedTuple):
@@ -159,7 +195,8 @@ class FdTap:
             line in batches (MKL placement no longer leans on receipt time);
             ``benchmarks/library_tap.py`` compares both.
         merge_fd: a descriptor (2: standard error) tapped through the same pipe where it
-            refers to the same open file as ``fd``, no terminal (``_same_destination``), so that the
+            refers to the same open file or terminal as ``fd`` (``_same_destination``; a terminal
+            only where ``fd``'s is tapped through a pseudo-terminal), so that the
             order of their writes is kept; its bytes are forwarded to ``fd``'s original,
             its verbose lines captured as ``fd``'s. None: never.
         reader: ``"thread"`` (in this process) or ``"process"``: a small
@@ -220,6 +257,11 @@ class FdTap:
         #: them (``os.closerange``) and reuse their numbers, which mltrace must then leave alone.
         self._saved_ident: tuple[int, int] | None = None
         self._read_ident: tuple[int, int] | None = None
+        #: What the descriptor points at while tapped: (device, inode), and its /proc link text.
+        self._write_ident: tuple[int, int] | None = None
+        self._write_path = ""
+        #: Whether the descriptor is tapped through a pseudo-terminal (it was a terminal).
+        self.pty = False
         self._thread: threading.Thread | None = None
         self._collecting = True
         self._active = False
@@ -255,22 +297,18 @@ class FdTap:
         _flush_stdio()
         saved = os.dup(self.fd)
         try:
-            read_fd, write_fd = os.pipe()
+            read_fd, write_fd = self._channel(saved)
         except OSError:
             os.close(saved)
             raise
-        try:
-            # 1 MiB: the Python reader needs the GIL, so a writer that holds it while it fills the
-            # pipe would wait forever; that now takes over a thousand verbose lines in one call.
-            fcntl.fcntl(write_fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), self.pipe_size)
-        except OSError:
-            pass  # a smaller pipe only means more, smaller reads
         try:
             os.dup2(write_fd, self.fd)  # inheritable, so children write to the pipe too
         except OSError:
             for f in (saved, read_fd, write_fd):
                 os.close(f)
             raise
+        self._write_ident = _fd_ident(write_fd)
+        self._write_path = os.ttyname(write_fd) if self.pty else f"pipe:[{self._write_ident[1] if self._write_ident else -1}]"
         os.close(write_fd)  # fd 1 is now the process's only write end
         self._saved_fd, self._read_fd = saved, read_fd
         self._saved_ident, self._read_ident = _fd_ident(saved), _fd_ident(read_fd)
@@ -305,6 +343,22 @@ class FdTap:
         atexit.register(self.stop)  # a program that exits without stop() still gets its output
         return self
 
+    def _channel(self, saved: int) -> tuple[int, int]:
+        """The read and write ends that stand in for the descriptor while tapped: a
+        pseudo-terminal where ``saved`` is a terminal (``_terminal_like``), else a pipe."""
+        pty = _terminal_like(saved)
+        self.pty = pty is not None
+        if pty is not None:
+            return pty
+        read_fd, write_fd = os.pipe()
+        try:
+            # 1 MiB: the Python reader needs the GIL, so a writer that holds it while it fills the
+            # pipe would wait forever; that now takes over a thousand verbose lines in one call.
+            fcntl.fcntl(write_fd, getattr(fcntl, "F_SETPIPE_SZ", _F_SETPIPE_SZ), self.pipe_size)
+        except OSError:
+            pass  # a smaller pipe only means more, smaller reads
+        return read_fd, write_fd
+
     def stop(self, timeout_s: float = 5.0) -> list[TappedLine]:
         """Restores the descriptor, drains the pipe and returns the captured lines.
 
@@ -333,7 +387,7 @@ class FdTap:
             return self._stop_process(timeout_s)
         if self._thread is not None:
             self._thread.join(min(timeout_s, _FIRST_WAIT_S))
-            self.held_by_helpers = self._thread.is_alive() and _only_lifelong_helpers_write(self._read_ident)
+            self.held_by_helpers = self._thread.is_alive() and _only_lifelong_helpers_write(self._write_path)
             if not self.held_by_helpers:
                 self._thread.join(max(0.0, timeout_s - _FIRST_WAIT_S))
         with self._lock:
@@ -366,7 +420,7 @@ class FdTap:
     def _merge(self) -> None:
         """Points ``merge_fd`` at the pipe where it goes where ``fd`` went (``_same_destination``)."""
         other = self.merge_fd
-        if other is None or os.isatty(other) or not _same_destination(self._saved_fd, other):
+        if other is None or (os.isatty(other) and not self.pty) or not _same_destination(self._saved_fd, other):
             return
         _flush_stdio()
         try:
@@ -387,7 +441,7 @@ class FdTap:
         if saved < 0 or self.merge_fd is None:
             return
         with contextlib.suppress(OSError):
-            if _fd_ident(self.merge_fd) == self._read_ident:
+            if _fd_ident(self.merge_fd) == self._write_ident:
                 os.dup2(saved, self.merge_fd)
             os.close(saved)
 
@@ -473,6 +527,8 @@ class FdTap:
             err = ctypes.get_errno()
             if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
                 return None
+            if err == errno.EIO and self.pty:
+                return b""  # a pseudo-terminal's end (``_pty_ended``)
             raise OSError(err, os.strerror(err))
         return ctypes.string_at(self._buf, n)
 
@@ -547,6 +603,7 @@ class FdTap:
             "urgent": [p.hex() for p in self.urgent],
             "hold_s": self.hold_s,
             "batch_s": self.batch_s,
+            "pty": self.pty,
         }
         try:
             self._process = subprocess.Popen(
@@ -660,7 +717,8 @@ class FdTap:
         try:
             self._native.run()
         except OSError as exc:  # a broken pipe read: the tap ends, the program goes on
-            self._reader_failed(exc)
+            if not _pty_ended(exc, self.pty):
+                self._reader_failed(exc)
         finally:
             self._reader_finished(fd)
 
@@ -736,6 +794,10 @@ class FdTap:
                     got = self._read_now(fd) if self._libc is not None else os.read(fd, _READ_SIZE)
                 except InterruptedError:
                     continue
+                except OSError as exc:
+                    if not _pty_ended(exc, self.pty):
+                        raise
+                    got = b""
                 if got is None:
                     continue  # emptied meanwhile (by stop()), or a spurious wake-up
                 chunk = got
@@ -850,13 +912,14 @@ _FIRST_WAIT_S = 0.25
 _LIFELONG_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver", b"multiprocessing.semaphore_tracker")
 
 
-def _only_lifelong_helpers_write(ident: tuple[int, int] | None) -> bool:
-    """Whether the processes that hold a write end of the pipe ``ident`` (device, inode), this
-    one's descendants, are all multiprocessing's lifelong helpers (then waiting for the pipe's
-    end would only time out). False where none is found or /proc cannot tell."""
-    if ident is None:
+def _only_lifelong_helpers_write(target: str) -> bool:
+    """Whether the processes that hold a write end of the tap's pipe or pseudo-terminal
+    (``target``: its /proc link text, ``pipe:[inode]`` or ``/dev/pts/N``), this one's
+    descendants, are all multiprocessing's lifelong helpers (then waiting for the pipe's end
+    would only time out). False where none is found or /proc cannot tell."""
+    if not target:
         return False
-    writers = [pid for pid in _descendants(os.getpid()) if _writes_to_pipe(pid, ident[1])]
+    writers = [pid for pid in _descendants(os.getpid()) if _writes_to(pid, target)]
     return bool(writers) and all(_is_lifelong_helper(pid) for pid in writers)
 
 
@@ -884,9 +947,8 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _writes_to_pipe(pid: int, inode: int) -> bool:
-    """Whether process ``pid`` holds a write end of the pipe with this inode."""
-    target = f"pipe:[{inode}]"
+def _writes_to(pid: int, target: str) -> bool:
+    """Whether process ``pid`` holds a write end of ``target`` (a /proc fd link text)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -962,6 +1024,7 @@ def _reader_main(config_json: str) -> int:
     )
     out_fd = int(config["out_fd"])
     tap._read_fd, tap._saved_fd = int(config["read_fd"]), int(config["saved_fd"])
+    tap.pty = bool(config["pty"])
 
     def write_lines(lines: list[bytes], receive_ns: int) -> None:
         stamp = b"%d " % receive_ns
