@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.analysis.coldstart import steady_part
 from mltrace.analysis.summary import summarize
 from mltrace.config import ProfileOptions
 from mltrace.importers import import_kineto
@@ -23,9 +24,11 @@ from support.reference_breakdown import breakdown
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 
 
-def reference(run: Run, top: int = 5) -> dict[str, Any]:
-    """The summary from ``breakdown``, the definitions' plain implementation."""
-    b = breakdown(run)
+def reference(run: Run, top: int = 5, include_cold: bool = False) -> dict[str, Any]:
+    """The summary from ``breakdown``, the definitions' plain implementation, of the run
+    without its cold calls unless ``include_cold`` (as ``mltrace report`` counts)."""
+    steady, cold = steady_part(run)
+    b = breakdown(run if include_cold else steady)
     layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
     return {
         "spans": b.span_count,
@@ -35,6 +38,9 @@ def reference(run: Run, top: int = 5) -> dict[str, Any]:
         "model_calls": b.model_calls,
         "model_time_ns": b.model_ns,
         "wall_ns": b.wall_ns,
+        "cold_calls": cold.cold_calls,
+        "cold_ns": cold.cold_ns,
+        "include_cold": include_cold,
         **({"layer_model_calls": b.layer_model_calls, "layer_model_time_ns": b.layer_model_ns} if b.layer_model_ns is not None else {}),
         "top_layers_by_self_time": [
             {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "location": x.location} for x in layers
@@ -65,12 +71,19 @@ def test_hand_made_edge_cases() -> None:
     ]
     meta = {"layer_window": {"ended_ns": 150}}
     for top in (1, 3, 5, 20):
-        assert summarize(_run(spans, meta), top=top) == reference(_run(spans, meta), top=top)
-    got = summarize(_run(spans, meta))
+        for include_cold in (False, True):
+            assert summarize(_run(spans, meta), top=top, include_cold=include_cold) == reference(_run(spans, meta), top, include_cold)
+    got = summarize(_run(spans, meta), include_cold=True)
     assert got["levels"]["layer"] == {"spans": 7, "time_ns": 40 + 30 + 5 + 70}
     assert got["levels"]["op"]["time_ns"] == 18 and got["layer_model_calls"] == 1
     assert got["top_layers_by_self_time"][0] == {"layer": "a", "type": "Linear", "calls": 2, "self_ns": 30 + 70, "location": "m.py:3"}
     assert summarize(_run([])) == reference(_run([]))
+    # The first Net call (100 ns) is an outlier against the second (60 ns): cold, and left out
+    # with its spans by default, as ``mltrace report`` does.
+    steady = summarize(_run(spans, meta))
+    assert (steady["cold_calls"], steady["cold_ns"], got["cold_calls"]) == (1, 100, 1)
+    assert (steady["model_calls"], steady["model_time_ns"], got["model_calls"]) == (1, 60, 2)
+    assert steady["levels"]["layer"] == {"spans": 2, "time_ns": 70 + 5}  # the second call's layer, and the orphan
 
 
 def test_a_live_library_level_run_with_an_early_layer_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

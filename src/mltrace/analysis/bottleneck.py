@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
-from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, percentile_ns, without_rows
+from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, left_out_note, percentile_ns, without_rows
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.pauses import TRACER_PAUSE, Pauses
@@ -555,10 +555,7 @@ class Analysis:
 
     def counts_note(self) -> str:
         """What the header's span and model-call counts leave out ("" when they count every call)."""
-        calls = self.cold.cold_calls
-        if self.include_cold or not calls:
-            return ""
-        return f" (the {calls} cold {'call' if calls == 1 else 'calls'} and {'its' if calls == 1 else 'their'} spans left out)"
+        return "" if self.include_cold else left_out_note(self.cold.cold_calls)
 
     def cold_text(self) -> str:
         """One line on the cold calls and whether the tables count them ("" when there are none)."""

@@ -408,6 +408,22 @@ def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], 
     return [Spent(names[k], category_of(names[k], _SPENT), int(excess[k])) for k in top.tolist() if excess[k] > 0]
 
 
+def steady_part(run: Run) -> tuple[Run, ColdStart]:
+    """``run`` without its cold calls and every span under them (what ``mltrace report``'s
+    tables count unless ``--include-cold``), and the cold start that says which they are."""
+    cold = find_cold_start(run)
+    return (without_rows(run, cold.rows) if cold.rows is not None else run), cold
+
+
+def left_out_note(cold_calls: int) -> str:
+    """What counts over the steady calls leave out, as the report's header says it
+    (" (the 2 cold calls and their spans left out)"; "" for no cold calls)."""
+    if not cold_calls:
+        return ""
+    one = cold_calls == 1
+    return f" (the {cold_calls} cold {'call' if one else 'calls'} and {'its' if one else 'their'} spans left out)"
+
+
 def without_rows(run: Run, rows: np.ndarray) -> Run:
     """``run`` without the spans in ``rows`` of its table (tracks and metadata kept)."""
     import numpy as np

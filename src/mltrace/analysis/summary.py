@@ -19,20 +19,32 @@ if TYPE_CHECKING:
 _STRUCTURAL = (int(Level.MODEL), int(Level.LAYER), int(Level.USER))
 
 
-def summarize(run: Run, top: int = 5, table: SpanTable | None = None) -> dict[str, Any]:
+def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_cold: bool = False) -> dict[str, Any]:
     """Counts per level, model calls and the top layers by self time (ns); where the layer level
     ended early, the model calls it recorded and their time (the base of layer shares).
+
+    Like ``mltrace report``, it counts the steady calls: the models' cold calls and their spans
+    are left out (``coldstart.steady_part``), and ``cold_calls``/``cold_ns`` say how many
+    there were and their time.
 
     Args:
         run: the run.
         top: how many layers to list.
         table: ``run``'s spans as a table, where the caller has one (else built from ``run``).
+        include_cold: count the cold calls too (``--include-cold``).
     """
     import numpy as np
 
+    from mltrace.analysis.coldstart import find_cold_start, steady_part
     from mltrace.analysis.tree import tree_of
 
-    t = table if table is not None else run.table
+    whole = run.replace(spans=None, table=table if table is not None else run.table)
+    if include_cold:
+        cold = find_cold_start(whole)
+        t = whole.table
+    else:
+        steady, cold = steady_part(whole)
+        t = steady.table
     n = len(t)
     level = t.level.astype(np.int64)
     dur = t.end - t.start
@@ -62,6 +74,9 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None) -> dict[st
         "model_calls": int(models.sum()),
         "model_time_ns": int(dur[models].sum()),
         "wall_ns": int(t.end.max() - t.start.min()) if n else 0,
+        "cold_calls": cold.cold_calls,
+        "cold_ns": cold.cold_ns,
+        "include_cold": include_cold,
         **(
             {"layer_model_calls": int(with_layers.sum()), "layer_model_time_ns": int(dur[models][with_layers].sum())}
             if with_layers is not None

@@ -10,6 +10,7 @@ from typing import IO, Any
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Verdict
 from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import location, source_line, split_location
+from mltrace.analysis.coldstart import left_out_note
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks
@@ -501,11 +502,12 @@ def print_run_summary(run_dir: Path, file: IO[str] | None = None) -> None:
         spans, calls, model_ns = int(summary["spans"]), int(summary["model_calls"]), int(summary["model_time_ns"])
         layers = summary["top_layers_by_self_time"]
         layer_base_ns = int(summary.get("layer_model_time_ns", model_ns))
+        note = "" if summary.get("include_cold") else left_out_note(int(summary.get("cold_calls", 0)))
     except Exception as exc:
         out.write(f"mltrace: run written to {run_dir} (summary unavailable: {exc})\n")
         return
     console = _console(out)
-    console.print(f"[bold]mltrace[/bold]: {spans} spans, {calls} model calls, model time {fmt_ns(model_ns)}")
+    console.print(f"[bold]mltrace[/bold]: {spans} spans, {calls} model calls, model time {fmt_ns(model_ns)}{_esc(note)}")
     if layers:
         cols = ("layer", "type", "calls", "self", "% model", "source")
         table = _table("Top layers by self time", [(col, col in ("calls", "self", "% model")) for col in cols])
