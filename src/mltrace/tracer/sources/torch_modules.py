@@ -201,6 +201,19 @@ def compiling_probe() -> Callable[[], bool]:
     return probe
 
 
+def _tracing_context_getter() -> Callable[[], Any] | None:
+    """``torch._guards.TracingContext.try_get`` (this thread's tracing context, or None), or None
+    where this torch has none."""
+    guards = sys.modules.get("torch._guards")
+    if guards is None:
+        try:
+            import torch._guards as guards
+        except ImportError:
+            return None
+    try_get = getattr(getattr(guards, "TracingContext", None), "try_get", None)
+    return try_get if callable(try_get) else None
+
+
 def thread_compiling_probe() -> Callable[[], bool]:
     """A function that is true where the calling code is compiled: while TorchDynamo traces it
     (``torch.compiler.is_dynamo_compiling``, which Dynamo reads as true and which is false when
@@ -209,14 +222,8 @@ def thread_compiling_probe() -> Callable[[], bool]:
     recorded: ``is_compiling`` alone is true on every thread."""
     compiler = getattr(sys.modules.get("torch"), "compiler", None)
     dynamo: Callable[[], bool] | None = getattr(compiler, "is_dynamo_compiling", None)
-    guards = sys.modules.get("torch._guards")
-    if guards is None:
-        try:
-            import torch._guards as guards
-        except ImportError:
-            guards = None
-    try_get = getattr(getattr(guards, "TracingContext", None), "try_get", None)
-    if dynamo is None or not callable(try_get):
+    try_get = _tracing_context_getter()
+    if dynamo is None or try_get is None:
         return compiling_probe()
     process_wide = compiling_probe()
 
@@ -233,14 +240,8 @@ def dynamo_tracing_probe() -> Callable[[], bool] | None:
     Dynamo inlines into the graph it builds (the layer level's C function would make it break the
     graph at every submodule call), and read from a module it is ``nn.Module.__call__`` itself;
     calls still go through ours."""
-    guards = sys.modules.get("torch._guards")
-    if guards is None:
-        try:
-            import torch._guards as guards
-        except ImportError:
-            return None
-    try_get = getattr(getattr(guards, "TracingContext", None), "try_get", None)
-    if not callable(try_get):
+    try_get = _tracing_context_getter()
+    if try_get is None:
         return None
     is_compiling = compiling_probe()
 
