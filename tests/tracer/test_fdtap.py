@@ -771,3 +771,26 @@ def test_on_a_terminal_the_traced_program_writes_what_it_writes_plainly(tmp_path
     from mltrace.run.store import load_run
 
     assert any(s.level == Level.LIBRARY for s in load_run(run_dir).spans)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_output_that_os_exit_discards_plainly_is_not_printed_under_mltrace(tmp_path: Path) -> None:
+    """``os._exit`` discards Python's and C's stdio buffers: mltrace's wrapper, which finishes
+    the trace (and stops the fd tap), must not flush them. Same files, same exit status."""
+    program = REPO / "tests" / "scripts" / "exit_with_buffered_output.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env.pop("PYTHONUNBUFFERED", None)
+
+    def outputs(command: list[str], name: str) -> tuple[int, bytes, bytes]:
+        out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        with out.open("wb") as fo, err.open("wb") as fe:
+            proc = subprocess.run(command, stdout=fo, stderr=fe, timeout=300, env=env, cwd=tmp_path)
+        return proc.returncode, out.read_bytes(), err.read_bytes()
+
+    plain = outputs([sys.executable, str(program)], "plain")
+    run_dir = tmp_path / "run"
+    traced = outputs([sys.executable, "-m", "mltrace", "python", "-q", "-o", str(run_dir), str(program)], "traced")
+    assert plain == (5, b"flushed line\n", b"stderr line\n")
+    assert traced[:2] == plain[:2]
+    assert traced[2].startswith(plain[2]), traced[2]  # then mltrace's own lines, if any
+    assert json.loads((run_dir / "run.json").read_text())["exit_status"] == 5

@@ -121,8 +121,24 @@ class TappedLine(NamedTuple):
     text: str
 
 
+#: Set by ``exiting_without_flush``: the process is leaving through ``os._exit``.
+_NO_FLUSH = False
+
+
+def exiting_without_flush() -> None:
+    """Says that the process leaves through ``os._exit``, which discards what waits in
+    Python's and C's stdio buffers: from now on no tap flushes them (``_flush_stdio``), so
+    that output a plain run loses is not printed under mltrace. What already reached a tap's
+    pipe is still forwarded; verbose lines left in C's buffer are lost to the trace."""
+    global _NO_FLUSH
+    _NO_FLUSH = True
+
+
 def _flush_stdio() -> None:
-    """Flushes Python's and C's stdout and stderr buffers, ignoring closed or broken streams."""
+    """Flushes Python's and C's stdout and stderr buffers, ignoring closed or broken streams;
+    nothing after ``exiting_without_flush``."""
+    if _NO_FLUSH:
+        return
     for stream in (sys.stdout, sys.__stdout__, sys.stderr, sys.__stderr__):
         if stream is not None:
             with contextlib.suppress(Exception):

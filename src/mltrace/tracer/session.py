@@ -431,6 +431,9 @@ class Session:
             if _active is self and not self._stopped:
                 self.meta["exit_status"] = status
                 self.meta["exit_via"] = "os._exit"
+                fdtap = sys.modules.get("mltrace.tracer.fdtap")  # not imported: no fd tap runs
+                if fdtap is not None:  # os._exit drops the stdio buffers: the tap must not flush them
+                    fdtap.exiting_without_flush()
                 try:
                     self.stop()
                 except BaseException:  # noqa: BLE001 - the program asked to leave now, with its status
