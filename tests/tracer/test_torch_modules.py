@@ -180,7 +180,7 @@ def test_every_model_call_gets_its_own_call_site_invocation_and_notes(tmp_path: 
         lines.append(here + body.index(needle))
     run = _trace(tmp_path, work)
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["Linear", "ReLU", "ReLU"] * 3 + ["RecursiveScriptModule"] * 2
+    assert [s.name for s in models] == ["Linear", "ReLU", "ReLU"] * 3 + ["First", "Second"]  # scripted: the class's own name
     expected = [lines[0], lines[1], lines[2]] * 3
     assert [s.attrs["ml.call.line.number"] for s in models[:9]] == expected
     assert {s.attrs["ml.call.file.path"] for s in models} == {__file__}
@@ -1067,7 +1067,7 @@ def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path)
 
     run = _trace(tmp_path, go)
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["Sequential", "NLLLoss"] * 3 + ["RecursiveScriptModule"]
+    assert [s.name for s in models] == ["Sequential", "NLLLoss"] * 3 + ["Sequential"]  # the frozen one: the scripted class's name
     assert [s.attrs["ml.model.invocation"] for s in models] == [1, 1, 2, 2, 3, 3, 1]
     assert [s.attrs["ml.layer.params"] for s in models[:2]] == [8 * 16 + 16 + 16 * 4 + 4, 0]
     assert _names(run) == ["0", "1", "2", "3"] * 3  # the loss has no layers, nor is it one

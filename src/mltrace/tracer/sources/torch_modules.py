@@ -356,6 +356,8 @@ class _Static:
         #: (this module's path, id(child)) → the child's cache entry, for calls made from this module.
         self.kids: dict[tuple[str, int], _Kid] = {}
         self.type_name = type(module).__name__
+        if isinstance(getattr(type(module), "original_name", None), property):  # TorchScript: torch's wrapper class
+            self.type_name = str(module.original_name or self.type_name)  # the scripted or traced class's name
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
             "ml.layer.type": self.type_name,
