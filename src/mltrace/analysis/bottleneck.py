@@ -754,6 +754,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
                 row.achieved_flops = row.flops / (t * 1e-9)
                 row.peak_share = _share_or_none(row.achieved_flops, roofs.top_flops_per_s)
     findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops, Pauses.of_run(run.meta))
+    if cold.failed_calls:
+        findings.notes.append(cold.failed_text())
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(

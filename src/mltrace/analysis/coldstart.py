@@ -18,6 +18,8 @@ durations of every call but the first:
 A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds of call:
 the rule runs on each kind apart, so a prefill is never cold for being a prefill.
 A model called once has no steady state to compare with: its call is steady.
+A call that raised (its model span has ``error.type``, ``FAILED_ATTR``) is neither: it is
+left out of the rule and of the steady statistics, and counted apart (``ModelCalls.failed``).
 What the cold calls spent time on is the excess of their ops', library calls' and
 CUDA API calls' self time over as many steady calls (``Spent``).
 """
@@ -58,6 +60,8 @@ _SPENT: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("data transfer", re.compile(r"copy|aten::to\b|_to_copy|Memcpy", re.IGNORECASE)),
 )
 _TOP_SPENT = 8
+#: The attribute a model span has when its call raised (the exception's type; OpenTelemetry's).
+FAILED_ATTR = "error.type"
 
 
 @dataclass(frozen=True)
@@ -179,18 +183,20 @@ class ModelCalls:
         durations: every call's duration (ns), in start order.
         cold: indices of the cold calls.
         one_time: one-time work seen in the cold calls: category → names.
+        failed: indices of the calls that raised (never cold, never steady).
     """
 
     name: str
     durations: list[int]
     cold: list[int] = field(default_factory=list)
     one_time: dict[str, list[str]] = field(default_factory=dict)
+    failed: list[int] = field(default_factory=list)
 
     @property
     def steady(self) -> list[int]:
-        """Durations of the steady calls (ns)."""
-        cold = set(self.cold)
-        return [d for i, d in enumerate(self.durations) if i not in cold]
+        """Durations of the steady calls (ns): neither cold nor failed."""
+        apart = {*self.cold, *self.failed}
+        return [d for i, d in enumerate(self.durations) if i not in apart]
 
     @property
     def cold_ns(self) -> int:
@@ -249,6 +255,22 @@ class ColdStart:
     def cold_ns(self) -> int:
         """Their summed duration (ns)."""
         return sum(m.cold_ns for m in self.models)
+
+    @property
+    def failed_calls(self) -> int:
+        """Number of model calls that raised, over all models."""
+        return sum(len(m.failed) for m in self.models)
+
+    def failed_text(self) -> str:
+        """One line on the model calls that raised ("" when none did)."""
+        n = self.failed_calls
+        if not n:
+            return ""
+        per_model = ", ".join(f"{m.name} {len(m.failed)} of {len(m.durations)}" for m in self.models if m.failed)
+        return (
+            f"{n} model {'call' if n == 1 else 'calls'} raised an exception ({per_model}): left out of the cold-start rule "
+            "and the models' steady median and p90; their spans are counted in the tables"
+        )
 
     def model(self, name: str) -> ModelCalls | None:
         """The calls of the model ``name``, or None."""
@@ -338,7 +360,8 @@ def find_cold_start(run: Run, rule: ColdRule = COLD_RULE) -> ColdStart:
             cold_rows = [rows[i] for i in model.cold]
             cold_flag[cold_rows] = True
             out.intervals += [(int(t.start[r]), int(t.end[r]), f"{name} (cold)") for r in cold_rows]
-            steady_rows = [r for i, r in enumerate(rows) if i not in set(model.cold)]
+            apart = {*model.cold, *model.failed}
+            steady_rows = [r for i, r in enumerate(rows) if i not in apart]
             weight[cold_rows] = 1.0
             if steady_rows:
                 weight[steady_rows] = -len(cold_rows) / len(steady_rows)
@@ -369,14 +392,17 @@ def _model_calls(
     name: str, rows: list[int], t: SpanTable, markers: dict[int, set[int] | None], names: list[str], rule: ColdRule
 ) -> ModelCalls:
     durations = [int(max(t.end[r] - t.start[r], 0)) for r in rows]
+    raised = {i for i, r in enumerate(rows) if FAILED_ATTR in t.attr_set(int(t.attr[r]))}
+    ok = [i for i in range(len(rows)) if i not in raised]  # the calls that returned
     seen = [markers.get(r) for r in rows]
     counts: dict[int, int] = {}
-    for s in seen:
-        for k in s or ():
+    for i in ok:
+        for k in seen[i] or ():
             counts[k] = counts.get(k, 0) + 1
-    rare = {k for k, c in counts.items() if 2 * c < len(rows)}  # one-time: in fewer than half the calls
-    one_time = [None if s is None else bool(s & rare) for s in seen]
-    model = ModelCalls(name, durations, cold_by_kind(durations, one_time, [_call_kind(t, r) for r in rows], rule))
+    rare = {k for k, c in counts.items() if 2 * c < len(ok)}  # one-time: in fewer than half the calls
+    one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
+    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(t, rows[i]) for i in ok], rule)
+    model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised))
     for i in model.cold:
         for k in sorted(seen[i] or ()):
             found = model.one_time.setdefault(category_of(names[k]), [])
