@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -368,3 +369,36 @@ def test_lines_waiting_for_stop_are_counted_for_the_span_limit(tmp_path: Path) -
     assert before == 0  # the warm-up's lines are left out
     assert waiting == report["spans"] == 50  # one MKL SGEMM a call
     assert after == 0
+
+
+def _masked(text: str) -> list[str]:
+    """Lines with what changes from run to run masked: pointers, durations, timestamps."""
+    import re
+
+    text = re.sub(r"0x[0-9a-fA-F]+", "PTR", text)
+    text = re.sub(r"\b\d+(?:\.\d+)?(?:us|ms|s)\b", "TIME", text)
+    text = re.sub(r"(onednn_verbose,.*,)[0-9.]+$", r"\1TIME", text, flags=re.M)
+    return text.splitlines()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.parametrize("user_env", [{"MKL_VERBOSE": "1"}, {"ONEDNN_VERBOSE": "1"}, {"DNNL_VERBOSE": "2", "MKL_VERBOSE": "2"}])
+def test_verbose_lines_the_user_asked_for_are_printed_as_plainly(tmp_path: Path, user_env: dict[str, str]) -> None:
+    """With the libraries' verbose output turned on in the user's environment, stdout under
+    ``mltrace python`` (the library level) holds the same lines in the same order as plainly
+    (pointers, durations and oneDNN's per-line times masked), and mltrace still records them."""
+    program = REPO / "tests" / "scripts" / "users_verbose_lines.py"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), **user_env)
+    for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE", "MKL_VERBOSE", "ONEDNN_VERBOSE_TIMESTAMP"):
+        if name not in user_env:
+            env.pop(name, None)
+    plain = subprocess.run([sys.executable, str(program)], capture_output=True, timeout=300, env=env, cwd=tmp_path)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "-o", str(run_dir), str(program)]
+    traced = subprocess.run(cmd, capture_output=True, timeout=300, env=env, cwd=tmp_path)
+    assert plain.returncode == traced.returncode == 0, traced.stderr.decode()
+    lines = _masked(plain.stdout.decode())
+    assert any(line.startswith(("MKL_VERBOSE", "onednn_verbose")) for line in lines), lines
+    assert _masked(traced.stdout.decode()) == lines
+    info = json.loads((run_dir / "run.json").read_text())["sources_info"]["cpu.library"]
+    assert info["onednn"] + info["mkl"] > 0

@@ -581,6 +581,33 @@ def test_split_takes_whole_verbose_lines_then_the_mixed_rest(tmp_path: Path) -> 
     ]
 
 
+def test_echoed_verbose_lines_are_forwarded_in_place_and_captured(tmp_path: Path) -> None:
+    """``echo``: the lines of the libraries the user asked for (MKL's here) are forwarded where
+    they were written, and captured all the same; the others are only captured."""
+    from mltrace.tracer.fdtap import FdTap
+
+    out = tmp_path / "forwarded"
+    tap = FdTap(echo=(b"MKL_VERBOSE ",))
+    assert tap._native_type is None  # the C reader forwards no captured line
+    tap._saved_fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    try:
+        held = tap._split(b"onednn_verbose,a\nMKL_VERBOSE b\n50% done MKL_VERBOSE c\nuser line\nonednn_verbose,d\nMKL_VER", 1)
+        held = tap._split(held + b"BOSE e\nbye\n", 2)
+        tap._capture(b"MKL_VERBOSE cut short", 3)  # the pipe's end inside a line
+    finally:
+        os.close(tap._saved_fd)
+    assert held == b""
+    assert out.read_bytes() == b"MKL_VERBOSE b\n50% done MKL_VERBOSE c\nuser line\nMKL_VERBOSE e\nbye\nMKL_VERBOSE cut short"
+    assert [text for _, text in tap.lines()] == [
+        "onednn_verbose,a",
+        "MKL_VERBOSE b",
+        "MKL_VERBOSE c",
+        "onednn_verbose,d",
+        "MKL_VERBOSE e",
+        "MKL_VERBOSE cut short",
+    ]
+
+
 ANOTHER_THREAD_WRITES = r"""
 import os, sys, threading, time
 from mltrace.tracer.fdtap import FdTap

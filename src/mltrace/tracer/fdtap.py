@@ -220,6 +220,9 @@ class FdTap:
             so reading never takes the GIL from the program and a writer that
             holds the GIL cannot block on a full pipe. Falls back to the
             thread when the child cannot start.
+        echo: prefixes (some of ``prefixes``) of captured lines that are forwarded as well, in
+            place, as a plain run prints them: verbose output the program's user asked for. The
+            thread reader is then the Python loop (the C one forwards no captured line).
 
     Attributes:
         forwarded_bytes: bytes written to the original descriptor.
@@ -241,11 +244,13 @@ class FdTap:
         urgent: tuple[bytes, ...] = (),
         reader: str = "thread",
         merge_fd: int | None = 2,
+        echo: tuple[bytes, ...] = (),
     ) -> None:
         self.fd = fd
         self.merge_fd = merge_fd if merge_fd != fd else None
         self._merge_saved = -1  # the original of merge_fd while it points at the pipe
         self.prefixes = prefixes
+        self.echo = echo
         # Whole captured lines one after the other (a library's output, the common case):
         # matched in one pass instead of a Python step per line.
         self._line_run = re.compile(b"(?:(?:" + b"|".join(map(re.escape, prefixes)) + b")[^\n]*\n)+")
@@ -289,7 +294,7 @@ class FdTap:
         self._gil_writes = False
         self._libc = _pylibc() if reader == "thread" else None
         self._buf = ctypes.create_string_buffer(_READ_SIZE) if self._libc is not None else None
-        self._native_type = _native_reader() if reader == "thread" else None
+        self._native_type = _native_reader() if reader == "thread" and not echo else None
         self._native: Any = None  # the C reader (``_tapread.Reader``) of this start, if any
         self._pid = os.getpid()  # the process whose reader thread this is (see _reader_here)
         self.reader_error: OSError | None = None  # what ended the reader thread early, if anything
@@ -620,6 +625,7 @@ class FdTap:
             "hold_s": self.hold_s,
             "batch_s": self.batch_s,
             "pty": self.pty,
+            "echo": [p.hex() for p in self.echo],
         }
         try:
             self._process = subprocess.Popen(
@@ -712,7 +718,23 @@ class FdTap:
             view = view[n:]
 
     def _capture(self, line: bytes, receive_ns: int) -> None:
+        """Captures a line that the pipe's end cut short (no newline)."""
+        self._echo(line)
         self._capture_all([line], receive_ns)
+
+    def _echo(self, block: bytes) -> None:
+        """Forwards the lines of a captured block (each ended by a newline, but maybe the last)
+        that start with an ``echo`` prefix."""
+        if not self.echo:
+            return
+        if block.startswith(self.echo) and all(p in self.echo for p in self.prefixes):
+            self._forward(block)
+            return
+        lines = block.split(b"\n")
+        kept = [line + b"\n" for line in lines[:-1] if line.startswith(self.echo)]
+        if lines[-1].startswith(self.echo):
+            kept.append(lines[-1])
+        self._forward(b"".join(kept))
 
     def _capture_all(self, lines: list[bytes], receive_ns: int) -> None:
         # Kept as bytes: ``lines()`` decodes them, so the reader holds the GIL for less. An
@@ -865,6 +887,7 @@ class FdTap:
         if run is not None:
             pos = run.end()
             captured.append(data if pos == len(data) else data[:pos])
+            self._echo(captured[-1])
         # Next position of each prefix at or after pos (-1: none left). Searched
         # again only once passed, so a chunk of many lines is one scan, not one
         # per line and prefix.
@@ -889,6 +912,7 @@ class FdTap:
                     self._forward(data[begin:])
                     return b""
                 captured.append(data[begin:nl])
+                self._echo(data[begin : nl + 1])
                 pos = nl + 1
         finally:
             if captured:
@@ -1037,6 +1061,7 @@ def _reader_main(config_json: str) -> int:
         hold_s=float(config["hold_s"]),
         batch_s=float(config["batch_s"]),
         urgent=tuple(bytes.fromhex(p) for p in config["urgent"]),
+        echo=tuple(bytes.fromhex(p) for p in config["echo"]),
     )
     out_fd = int(config["out_fd"])
     tap._read_fd, tap._saved_fd = int(config["read_fd"]), int(config["saved_fd"])

@@ -5,8 +5,10 @@ switches once the program imports torch, or through the environment for TensorFl
 ``use_env``), reads the lines from fd 1 with ``FdTap`` and turns them into LIBRARY spans
 (``LibrarySpanMaker``), handed to the session while the program runs (``drain_events``, before
 every flush) and the rest at ``stop()``. While MKL's verbose mode is on, its timer reads the vDSO clock
-(``_redirect_mkl_timer``). The lines carry no thread id, so spans are put on the track of the
-thread that started the source; the ``attach_library_calls`` pass (``tracer.passes.library``)
+(``_redirect_mkl_timer``). Where the user's environment turned a library's verbose output on
+(``_users_verbose``), its lines are the program's output: the tap forwards them as well, and
+mltrace leaves that library's verbosity as the user set it. The lines carry no thread id, so
+spans are put on the track of the thread that started the source; the ``attach_library_calls`` pass (``tracer.passes.library``)
 moves each to the thread of the op that issued it and sets its parent.
 """
 
@@ -18,10 +20,12 @@ import re
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mltrace.formats.verbose_logs import (
+    MKL_PREFIX,
+    ONEDNN_PREFIXES,
     MklCall,
     OneDnnCall,
     gemm_flops,
@@ -45,6 +49,19 @@ if TYPE_CHECKING:
 _TIMESTAMP_ENV = "ONEDNN_VERBOSE_TIMESTAMP"
 _READ_BATCH_S = 0.1
 _ENV_SWITCHES = {"ONEDNN_VERBOSE": "profile_exec", "MKL_VERBOSE": "1"}
+#: oneDNN's verbose values (``ONEDNN_VERBOSE``, ``DNNL_VERBOSE``) that print execution lines.
+_ONEDNN_EXEC_VALUES = frozenset({"all", "profile", "profile_exec"})
+
+
+def _users_verbose(environ: Mapping[str, str]) -> tuple[bool, bool]:
+    """Whether the user's environment turns (oneDNN, MKL) verbose output on, whose lines a
+    plain run prints: a positive level, or for oneDNN a value that prints execution lines."""
+    onednn = environ.get("ONEDNN_VERBOSE", environ.get("DNNL_VERBOSE", "")).strip().lower()
+    mkl = environ.get("MKL_VERBOSE", "").strip()
+    onednn_on = (onednn.isdigit() and int(onednn) > 0) or bool(_ONEDNN_EXEC_VALUES & set(onednn.split(",")))
+    return onednn_on, mkl.isdigit() and int(mkl) > 0
+
+
 _POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
 
 
@@ -280,6 +297,9 @@ class CpuLibrarySource(Source):
         self._sealed_ns = 0  # sealed_until_ns()
         self._mkl_timer: ModuleType | None = None  # the C helper while it redirects MKL's timer
         self._mkl_timer_used = "none"  # for run.json: which clock MKL's verbose lines were timed with
+        #: The libraries whose verbose output the user's environment turned on (``_users_verbose``):
+        #: their lines are forwarded as well, and mltrace neither switches them nor warms MKL up.
+        self._users_onednn = self._users_mkl = False
 
     @property
     def can_end_early(self) -> bool:
@@ -306,9 +326,16 @@ class CpuLibrarySource(Source):
         self._problems = []
         self._mkl_timer_used = "none"
         self._track_id = session.tracks.current_thread().id
+        self._users_onednn, self._users_mkl = _users_verbose(os.environ)
         settings = {_TIMESTAMP_ENV: "1"}
+        if self._users_onednn and _TIMESTAMP_ENV not in os.environ:
+            settings = {}  # the user's lines as a plain run prints them: no timestamp field
         if self.use_env:
             settings.update(_ENV_SWITCHES)
+            if self._users_onednn:
+                del settings["ONEDNN_VERBOSE"]
+            if self._users_mkl:
+                del settings["MKL_VERBOSE"]
             self._problems.append("verbose output switched on through the environment stays on after the session (TensorFlow)")
         self._saved_env = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
@@ -320,7 +347,8 @@ class CpuLibrarySource(Source):
         # batch_s and PERFORMANCE.md). oneDNN lines carry their own timestamps;
         # MKL calls are placed by issue order and room in their ops, their
         # receipt time only bounding the search (passes/library.py).
-        self._tap = FdTap(batch_s=_READ_BATCH_S)
+        echo = (ONEDNN_PREFIXES if self._users_onednn else ()) + ((MKL_PREFIX,) if self._users_mkl else ())
+        self._tap = FdTap(batch_s=_READ_BATCH_S, echo=echo)
         with self._lock:
             # No ml.framework: set from the issuing op by the attach pass (torch and TF share oneDNN).
             self._maker = LibrarySpanMaker(session.anchor.epoch_to_session, self._track_id, session.new_id)
@@ -347,11 +375,14 @@ class CpuLibrarySource(Source):
             self._problems.append("this torch has no runtime verbose switches")
             return
         self._torch = torch
-        # Level 1 = executions only; 2 would add creation lines.
-        if torch.backends.mkldnn.is_available() and not verbose.mkldnn_set_verbose(1):
+        # Level 1 = executions only; 2 would add creation lines. A library the user's environment
+        # switched on prints at the user's level: left alone.
+        if torch.backends.mkldnn.is_available() and not self._users_onednn and not verbose.mkldnn_set_verbose(1):
             self._problems.append("torch could not switch oneDNN verbose output on")
         if torch.backends.mkl.is_available():
             self._redirect_mkl_timer()
+            if self._users_mkl:
+                return  # no warm-up either: its lines would be printed, and a plain run pays the start-up too
             if not verbose.mkl_set_verbose(1):
                 self._problems.append("torch could not switch MKL verbose output on")
             elif not self._programs_profiler_runs(torch):  # whose trace would show the warm-up's ops
@@ -431,11 +462,12 @@ class CpuLibrarySource(Source):
         if torch is None:
             return
         verbose = torch._C._verbose
-        if torch.backends.mkldnn.is_available():
+        if torch.backends.mkldnn.is_available() and not self._users_onednn:
             verbose.mkldnn_set_verbose(0)
         if torch.backends.mkl.is_available():
             try:
-                verbose.mkl_set_verbose(0)
+                if not self._users_mkl:
+                    verbose.mkl_set_verbose(0)
             finally:
                 helper, self._mkl_timer = self._mkl_timer, None
                 if helper is not None:
