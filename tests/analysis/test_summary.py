@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import mltrace
-from mltrace.analysis.coldstart import steady_part
+from mltrace.analysis.coldstart import find_cold_start, without_rows
 from mltrace.analysis.summary import summarize
 from mltrace.config import ProfileOptions
 from mltrace.importers import import_kineto
@@ -27,8 +27,8 @@ KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 def reference(run: Run, top: int = 5, include_cold: bool = False) -> dict[str, Any]:
     """The summary from ``breakdown``, the definitions' plain implementation, of the run
     without its cold calls unless ``include_cold`` (as ``mltrace report`` counts)."""
-    steady, cold = steady_part(run)
-    b = breakdown(run if include_cold else steady)
+    cold = find_cold_start(run)
+    b = breakdown(run if include_cold or cold.rows is None else without_rows(run, cold.rows))
     layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
     return {
         "spans": b.span_count,

@@ -30,7 +30,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
@@ -322,12 +322,13 @@ def _self_ns(t: SpanTable, parent: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.maximum(dur - sub, 0)
 
 
-def find_cold_start(run: Run, rule: ColdRule = COLD_RULE) -> ColdStart:
+def find_cold_start(run: Run, rule: ColdRule = COLD_RULE, spent: bool = True) -> ColdStart:
     """Tells the cold calls of each model from its steady ones (module docstring).
 
     Args:
         run: the run.
         rule: the constants of the rule.
+        spent: also find what the cold calls spent their extra time on (``ColdStart.spent``).
 
     Returns:
         The models' calls, what the cold ones spent time on, and their rows.
@@ -369,7 +370,8 @@ def find_cold_start(run: Run, rule: ColdRule = COLD_RULE) -> ColdStart:
         return out
     inside = cold_flag | tree.ancestor_or(cold_flag)
     out.rows = np.nonzero(inside)[0].astype(np.int64)
-    out.spent = _spent(t, tree.parent, key, names, owner, weight)
+    if spent:
+        out.spent = _spent(t, tree.parent, key, names, owner, weight)
     return out
 
 
@@ -391,8 +393,12 @@ def _one_time_markers(key: np.ndarray, names: list[str], owner: np.ndarray) -> d
 def _model_calls(
     name: str, rows: list[int], t: SpanTable, markers: dict[int, set[int] | None], names: list[str], rule: ColdRule
 ) -> ModelCalls:
-    durations = [int(max(t.end[r] - t.start[r], 0)) for r in rows]
-    raised = {i for i, r in enumerate(rows) if FAILED_ATTR in t.attr_set(int(t.attr[r]))}
+    import numpy as np
+
+    at = np.asarray(rows, dtype=np.int64)
+    durations = np.maximum(t.end[at] - t.start[at], 0).tolist()
+    attrs = [t.attr_set(k) for k in t.attr[at].tolist()]
+    raised = {i for i, a in enumerate(attrs) if FAILED_ATTR in a}
     ok = [i for i in range(len(rows)) if i not in raised]  # the calls that returned
     seen = [markers.get(r) for r in rows]
     counts: dict[int, int] = {}
@@ -401,7 +407,7 @@ def _model_calls(
             counts[k] = counts.get(k, 0) + 1
     rare = {k for k, c in counts.items() if 2 * c < len(ok)}  # one-time: in fewer than half the calls
     one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
-    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(t, rows[i]) for i in ok], rule)
+    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(attrs[i]) for i in ok], rule)
     model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised))
     for i in model.cold:
         for k in sorted(seen[i] or ()):
@@ -411,9 +417,9 @@ def _model_calls(
     return model
 
 
-def _call_kind(t: SpanTable, row: int) -> str:
-    """A model call's kind: its ``ml.generate.phase`` (prefill, decode), else ""."""
-    phase = t.attr_set(int(t.attr[row])).get("ml.generate.phase")
+def _call_kind(attrs: dict[str, Any]) -> str:
+    """A model call's kind, from its attributes: its ``ml.generate.phase`` (prefill, decode), else ""."""
+    phase = attrs.get("ml.generate.phase")
     return phase if isinstance(phase, str) else ""
 
 
@@ -432,13 +438,6 @@ def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], 
     excess = np.bincount(key[rows], weights=self_ns[rows] * w[rows], minlength=len(names))
     top = np.argsort(-excess)[:_TOP_SPENT]
     return [Spent(names[k], category_of(names[k], _SPENT), int(excess[k])) for k in top.tolist() if excess[k] > 0]
-
-
-def steady_part(run: Run) -> tuple[Run, ColdStart]:
-    """``run`` without its cold calls and every span under them (what ``mltrace report``'s
-    tables count unless ``--include-cold``), and the cold start that says which they are."""
-    cold = find_cold_start(run)
-    return (without_rows(run, cold.rows) if cold.rows is not None else run), cold
 
 
 def left_out_note(cold_calls: int) -> str:

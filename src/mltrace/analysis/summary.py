@@ -23,9 +23,10 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
     """Counts per level, model calls and the top layers by self time (ns); where the layer level
     ended early, the model calls it recorded and their time (the base of layer shares).
 
-    Like ``mltrace report``, it counts the steady calls: the models' cold calls and their spans
-    are left out (``coldstart.steady_part``), and ``cold_calls``/``cold_ns`` say how many
-    there were and their time.
+    Like ``mltrace report``, it counts the steady calls: the models' cold calls
+    (``coldstart.find_cold_start``, the report's rule) and every span under them are left out,
+    and ``cold_calls``/``cold_ns`` say how many there were and their time. Cold rows are whole
+    subtrees, so the rows kept are masked on the whole table rather than copied out of it.
 
     Args:
         run: the run.
@@ -35,33 +36,31 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
     """
     import numpy as np
 
-    from mltrace.analysis.coldstart import find_cold_start, steady_part
+    from mltrace.analysis.coldstart import find_cold_start
     from mltrace.analysis.tree import tree_of
 
-    whole = run.replace(spans=None, table=table if table is not None else run.table)
-    if include_cold:
-        cold = find_cold_start(whole)
-        t = whole.table
-    else:
-        steady, cold = steady_part(whole)
-        t = steady.table
-    n = len(t)
+    t = table if table is not None else run.table
+    cold = find_cold_start(run.replace(spans=None, table=t), spent=False)
+    keep = np.ones(len(t), dtype=bool)
+    if not include_cold and cold.rows is not None:
+        keep[cold.rows] = False
+    n = int(keep.sum())
     level = t.level.astype(np.int64)
     dur = t.end - t.start
     parent = t.parent_row()
 
-    # A level's time: its spans with no ancestor of the same level.
+    # A level's time: its spans with no ancestor of the same level (a kept span's ancestors are kept).
     tree = tree_of(t)
     above = tree.ancestor_or(np.left_shift(np.int64(1), level))
     outermost = (np.right_shift(above, level) & 1) == 0
     levels: dict[str, dict[str, int]] = {}
     for lv in (*HIERARCHY, Level.USER):
-        mine = level == int(lv)
+        mine = (level == int(lv)) & keep
         count = int(mine.sum())
         if count:
             levels[lv.label] = {"spans": count, "time_ns": int(dur[mine & outermost].sum())}
 
-    models = level == int(Level.MODEL)
+    models = (level == int(Level.MODEL)) & keep
     model_starts = t.start[models]
     layer_end = window_end(run, "layer_window")
     with_layers = model_starts <= layer_end if layer_end is not None else None
@@ -73,7 +72,7 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
         "levels": levels,
         "model_calls": int(models.sum()),
         "model_time_ns": int(dur[models].sum()),
-        "wall_ns": int(t.end.max() - t.start.min()) if n else 0,
+        "wall_ns": int(t.end[keep].max() - t.start[keep].min()) if n else 0,
         "cold_calls": cold.cold_calls,
         "cold_ns": cold.cold_ns,
         "include_cold": include_cold,
@@ -82,19 +81,20 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
             if with_layers is not None
             else {}
         ),
-        "top_layers_by_self_time": _top_layers(t, level, dur, parent, top),
+        "top_layers_by_self_time": _top_layers(t, level, dur, parent, keep, top),
     }
 
 
-def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, top: int) -> list[dict[str, Any]]:
-    """The layers with the most self time: a call's duration less its direct children's at the
-    model, layer or user level, summed over the calls of each layer path."""
+def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, keep: Any, top: int) -> list[dict[str, Any]]:
+    """The layers with the most self time among the rows ``keep`` marks: a call's duration less
+    its direct children's at the model, layer or user level, summed over the calls of each layer
+    path."""
     import numpy as np
 
-    structural_child = np.isin(level, _STRUCTURAL) & (parent >= 0)
+    structural_child = np.isin(level, _STRUCTURAL) & (parent >= 0) & keep
     children_ns = np.zeros(len(t), dtype=np.int64)
     np.add.at(children_ns, parent[structural_child], dur[structural_child])
-    rows = np.nonzero(level == int(Level.LAYER))[0]
+    rows = np.nonzero((level == int(Level.LAYER)) & keep)[0]
     if not rows.size:
         return []
     self_ns = np.maximum(dur[rows] - children_ns[rows], 0)
