@@ -171,14 +171,15 @@ def dynamo_skipped_code() -> list[CodeType]:
     return found
 
 
-def dynamo_skipped_trees() -> list[CodeType]:
-    """The code objects of mltrace's work at a model call's start and end, which calls no code of
-    the program: what TorchDynamo is told to run with all the frames it calls as they are. A model
-    call inside a compiled function (a graph break around it) would otherwise have Dynamo look at
-    every frame of the session's bookkeeping, and try to compile some, on the program's thread."""
-    from mltrace.tracer.session import Session
-
-    return [TorchModuleSource._model_begin.__code__, TorchModuleSource._post.__code__, Session.model_call_ended.__code__]
+def dynamo_skipped_trees(model_call_ended: Any) -> list[CodeType]:
+    """The code objects of mltrace's work at a model call's start and end (the source's, and the
+    session's ``model_call_ended``), which calls no code of the program: what TorchDynamo is told
+    to run with all the frames it calls as they are. A model call inside a compiled function (a
+    graph break around it) would otherwise have Dynamo look at every frame of the session's
+    bookkeeping, and try to compile some, on the program's thread."""
+    codes = [TorchModuleSource._model_begin.__code__, TorchModuleSource._post.__code__]
+    ended = getattr(getattr(model_call_ended, "__func__", model_call_ended), "__code__", None)
+    return codes if ended is None else [*codes, ended]
 
 
 def _stands_for(wrapper: Any, original: Any) -> None:
@@ -762,7 +763,7 @@ class TorchModuleSource(Source):
             try:
                 action = eval_frame.FrameAction.SKIP
                 strategy = eval_frame.FrameExecStrategy(action, action)
-                for code in dynamo_skipped_trees():
+                for code in dynamo_skipped_trees(getattr(self._session, "model_call_ended", None)):
                     eval_frame.set_code_exec_strategy(code, strategy)
             except (AttributeError, TypeError):  # a torch without per-code strategies
                 pass
