@@ -50,6 +50,7 @@ _F_SETPIPE_SZ = 1031  # Linux's F_SETPIPE_SZ, for Pythons whose fcntl module lac
 _F_GETPIPE_SZ = 1032  # and F_GETPIPE_SZ
 _READ_SIZE = 1 << 16
 _MAX_LINE = 1 << 16  # longest verbose line (bytes) waited for; real ones are under 2 KiB
+_PTY_CAPACITY = 16 << 10  # what a Linux pseudo-terminal holds before its writer waits (bytes, about)
 _LEFT_OVER_READS = 256  # reads of what is left in the pipe at stop (as _tapread.c's restore)
 
 
@@ -222,7 +223,9 @@ class FdTap:
             thread when the child cannot start.
         echo: prefixes (some of ``prefixes``) of captured lines that are forwarded as well, in
             place, as a plain run prints them: verbose output the program's user asked for. The
-            thread reader is then the Python loop (the C one forwards no captured line).
+            thread reader is then the Python loop (the C one forwards no captured line), as
+            where the descriptor is tapped through a pseudo-terminal (``pty``; the C loop
+            sizes its batching to a pipe's capacity, 4 times what a pseudo-terminal holds).
 
     Attributes:
         forwarded_bytes: bytes written to the original descriptor.
@@ -346,7 +349,7 @@ class FdTap:
         target = self._run
         self._native = None
         self._pid = os.getpid()
-        if self._native_type is not None:
+        if self._native_type is not None and not self.pty:  # the C loop knows only pipes (``_run``)
             os.set_blocking(read_fd, False)  # restore() empties the pipe without waiting
             self._native = self._native_type(read_fd, saved, self.prefixes, self.urgent, self.hold_s, self.batch_s, _MAX_LINE)
             target = self._run_native
@@ -804,7 +807,10 @@ class FdTap:
         fd = self._read_fd
         pending = b""  # a segment (no newline) held back: it may become a captured line
         held_since = 0.0
-        capacity = _pipe_capacity(fd)
+        # A pseudo-terminal's master reads at most a few KiB at a time and holds about 16 KiB:
+        # read on while bytes wait, and size the batching sleep to what it holds, or a program
+        # that prints fast waits on the full pseudo-terminal for most of each sleep.
+        capacity = _PTY_CAPACITY if self.pty else _pipe_capacity(fd)
         emptied, since_emptied = time.monotonic(), 0  # when a read last emptied the pipe; bytes since
         if self._libc is not None:
             # Reads keep the GIL (``_read_now``): while this thread waits in select, the pipe's
@@ -850,7 +856,8 @@ class FdTap:
                 if pending:
                     held_since = time.monotonic()
                 since_emptied += len(chunk)
-                if len(chunk) == _READ_SIZE or self.batch_s <= 0 or any(p in chunk for p in self.urgent):
+                more = len(chunk) == _READ_SIZE or (self.pty and _unread_bytes(fd) > 0)
+                if more or self.batch_s <= 0 or any(p in chunk for p in self.urgent):
                     continue  # more may be waiting, or no batching
                 now = time.monotonic()
                 sleep = batch_sleep_s(self.batch_s, since_emptied, now - emptied, capacity)
