@@ -11,54 +11,18 @@ from pathlib import Path
 import pytest
 
 from analysis.schema_check import errors
-from conftest import run_cli
+from conftest import SCRIPTS, run_cli
 from mltrace.analysis.report_schema import REPORT_SCHEMA
-
-# The first forward calibrates a scale once with many large matrix products (one-time
-# work inside the first call, as lazy init, JIT or autotune would be); later calls are cheap.
-SCRIPT = """
-import json, sys, time
-import torch
-from torch import nn
-
-class Calibrated(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
-        self.register_buffer("scale", torch.zeros(()))
-        self.ready = False
-
-    def forward(self, x):
-        if not self.ready:
-            a = torch.randn(384, 384)
-            for _ in range(60):
-                a = torch.tanh(a @ a.T / 384)
-            self.scale = a.abs().mean()
-            self.ready = True
-        return self.body(x) * self.scale
-
-torch.manual_seed(0)
-model = Calibrated().eval()
-x = torch.randn(32, 256)
-times = []
-with torch.inference_mode():
-    for _ in range(12):
-        t0 = time.perf_counter_ns()
-        model(x)
-        times.append(time.perf_counter_ns() - t0)
-json.dump(times, open(sys.argv[1], "w"))
-"""
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     home = tmp_path_factory.mktemp("cold")
-    (home / "infer.py").write_text(SCRIPT)
     # The profiler held whole: in cycles, the converter process starts at the first cycle and,
     # on a loaded 2-core machine, slows the program's next calls themselves (the program's own
     # timings of calls 1-4 read 6-16 ms against 0.4 ms), which the test would then call cold.
-    args = ("-o", str(home / "run"), str(home / "infer.py"), str(home / "times.json"))
+    args = ("-o", str(home / "run"), str(SCRIPTS / "calibrated_model.py"), "12", str(home / "times.json"))
     res = run_cli("python", "-q", "--level", "op", *args, cwd=home, env={"MLTRACE_OP_CYCLE_S": "0"})
     assert res.returncode == 0, res.stderr.decode()
     return home

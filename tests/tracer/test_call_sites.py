@@ -9,6 +9,7 @@ import inspect
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -178,23 +179,32 @@ class Branching(nn.Module):
         return self.b(h)
 
 
-def _dynamo_counts() -> dict[str, Any]:
-    """Three calls of a freshly compiled ``Branching``: its outputs and Dynamo's counters."""
+def _compiled_counts(make: Callable[[], Callable[[torch.Tensor], torch.Tensor]], inputs: list[torch.Tensor]) -> dict[str, Any]:
+    """The outputs of calls of what ``make`` compiles afresh (seeded), one a tensor of
+    ``inputs``, and Dynamo's counters."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    compiled = torch.compile(Branching().eval(), backend="eager")
+    compiled = make()
     with torch.no_grad():
-        outputs = [compiled(torch.full((2, 8), float(i) - 1.0)) for i in range(3)]
+        outputs = [compiled(x) for x in inputs]
     return {
         "outputs": [o.tolist() for o in outputs],
         "graph_break": dict(counters["graph_break"]),
         "frames": dict(counters["frames"]),
         "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
     }
+
+
+def _dynamo_counts() -> dict[str, Any]:
+    """Three calls of a freshly compiled ``Branching``: its outputs and Dynamo's counters."""
+    return _compiled_counts(
+        lambda: torch.compile(Branching().eval(), backend="eager"), [torch.full((2, 8), float(i) - 1.0) for i in range(3)]
+    )
 
 
 @pytest.mark.parametrize("level", ["model", "layer", "op"])
@@ -226,23 +236,12 @@ def _compiled_function_counts() -> dict[str, Any]:
     """Two calls of a freshly compiled function that calls a model with a graph break inside:
     the outputs and Dynamo's counters. The model call ends outside any graph, on a thread
     where Dynamo looks at every frame that runs."""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
-    counters.clear()
-    torch.manual_seed(0)
-    net = nn.Sequential(BreakingBlock(), nn.Linear(8, 2)).eval()
-    compiled = torch.compile(lambda t: net(t) * 2, backend="eager")
-    with torch.no_grad():
-        outputs = [compiled(torch.full((2, 8), float(i))) for i in range(2)]
-    return {
-        "outputs": [o.tolist() for o in outputs],
-        "graph_break": dict(counters["graph_break"]),
-        "frames": dict(counters["frames"]),
-        "unique_graphs": counters["stats"]["unique_graphs"],
-        "calls_captured": counters["stats"]["calls_captured"],
-    }
+    def make() -> Callable[[torch.Tensor], torch.Tensor]:
+        net = nn.Sequential(BreakingBlock(), nn.Linear(8, 2)).eval()
+        return torch.compile(lambda t: net(t) * 2, backend="eager")
+
+    return _compiled_counts(make, [torch.full((2, 8), float(i)) for i in range(2)])
 
 
 @pytest.mark.parametrize("level", ["model", "layer", "op"])

@@ -9,46 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
-
-# The first forward calibrates a scale once with many matrix products (one-time work inside
-# the first call, as lazy init would be); later calls are cheap.
-SCRIPT = """
-import torch
-from torch import nn
-
-class Calibrated(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))
-        self.register_buffer("scale", torch.zeros(()))
-        self.ready = False
-
-    def forward(self, x):
-        if not self.ready:
-            a = torch.randn(384, 384)
-            for _ in range(40):
-                a = torch.tanh(a @ a.T / 384)
-            self.scale = a.abs().mean()
-            self.ready = True
-        return self.body(x) * self.scale
-
-torch.manual_seed(0)
-model = Calibrated().eval()
-x = torch.randn(32, 256)
-with torch.inference_mode():
-    for _ in range(10):
-        model(x)
-"""
+from conftest import SCRIPTS, run_cli
 
 _COUNTS = re.compile(r"(\d+) spans, (\d+) model calls, model time ([\d.]+ [^\s,]+)")
 
 
 def test_the_summary_and_the_report_count_the_same_steady_calls(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    (tmp_path / "infer.py").write_text(SCRIPT)
     env = {"MLTRACE_OP_CYCLE_S": "0", "MLTRACE_CACHE_DIR": str(tmp_path / "cache")}
-    res = run_cli("python", "--level", "op", "-o", "run", "infer.py", cwd=tmp_path, env=env)
+    res = run_cli("python", "--level", "op", "-o", "run", str(SCRIPTS / "calibrated_model.py"), "10", cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr.decode()
     (summary_line,) = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("mltrace: ") and " model calls" in ln]
     report = run_cli("report", "run", "--width", "200", cwd=tmp_path, env=env)
