@@ -171,17 +171,6 @@ def dynamo_skipped_code() -> list[CodeType]:
     return found
 
 
-def dynamo_skipped_trees(model_call_ended: Any) -> list[CodeType]:
-    """The code objects of mltrace's work at a model call's start and end (the source's, and the
-    session's ``model_call_ended``), which calls no code of the program: what TorchDynamo is told
-    to run with all the frames it calls as they are. A model call inside a compiled function (a
-    graph break around it) would otherwise have Dynamo look at every frame of the session's
-    bookkeeping, and try to compile some, on the program's thread."""
-    codes = [TorchModuleSource._model_begin.__code__, TorchModuleSource._post.__code__]
-    ended = getattr(getattr(model_call_ended, "__func__", model_call_ended), "__code__", None)
-    return codes if ended is None else [*codes, ended]
-
-
 def _stands_for(wrapper: Any, original: Any) -> None:
     """Gives a ``Module.__call__`` wrapper the replaced function's names, and the function as
     ``__wrapped__``, which ``inspect.signature`` follows: introspection of a module sees torch's
@@ -747,8 +736,7 @@ class TorchModuleSource(Source):
 
     def _skip_in_dynamo(self) -> None:
         """Has TorchDynamo run mltrace's own frames on the module-call path as they are, never
-        compile them, once it is imported (``skip_code``; ``dynamo_skipped_code``), and run the
-        session's work at a model call's start and end with the frames it calls (``dynamo_skipped_trees``). Compiling
+        compile them, once it is imported (``skip_code``; ``dynamo_skipped_code``). Compiling
         then starts at the module's ``forward``, as it does without mltrace (torch's own
         ``__call__`` is skipped the same way): a wrapper frame compiled would inline
         ``__call__`` and ``forward``, so a graph break in ``forward`` would count as one more
@@ -760,13 +748,6 @@ class TorchModuleSource(Source):
             if callable(skip_code):
                 for code in dynamo_skipped_code():
                     skip_code(code)
-            try:
-                action = eval_frame.FrameAction.SKIP
-                strategy = eval_frame.FrameExecStrategy(action, action)
-                for code in dynamo_skipped_trees(getattr(self._session, "model_call_ended", None)):
-                    eval_frame.set_code_exec_strategy(code, strategy)
-            except (AttributeError, TypeError):  # a torch without per-code strategies
-                pass
 
         self._dynamo_hook = PostImportHook("torch._dynamo.eval_frame", skip)
 
