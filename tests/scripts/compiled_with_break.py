@@ -1,8 +1,8 @@
-"""A torch.compile'd function that calls a model whose forward breaks the graph, four times: the
-repro of an open crash. Under `mltrace python --level op` it crashes now and then (SIGSEGV in
-torch.profiler's stop, in a cycle switch or at the session's stop; about 1 run in 6 here), and in
-most runs where mltrace's per-call work was marked for TorchDynamo to skip with every frame it
-calls (FrameExecStrategy(SKIP, SKIP), taken out for that)."""
+"""A torch.compile'd function that calls a model whose forward breaks the graph, four times, so
+each model call returns inside the function's "Torch-Compiled Region" range. Under
+`mltrace python --level op` it crashed now and then (SIGSEGV in torch.profiler's stop): the op
+level's cycle switch stopped and restarted the profiler inside that range
+(tests/tracer/test_op_cycle_ranges.py)."""
 
 import torch
 from torch import nn

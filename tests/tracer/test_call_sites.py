@@ -244,12 +244,11 @@ def _compiled_function_counts() -> dict[str, Any]:
     return _compiled_counts(make, [torch.full((2, 8), float(i)) for i in range(2)])
 
 
-@pytest.mark.parametrize("level", ["model", "layer"])
+@pytest.mark.parametrize("level", ["model", "layer", "op"])
 def test_a_model_called_from_a_compiled_function_compiles_as_it_does_plain(tmp_path: Path, hot_path: str, level: str) -> None:
     """A compiled function that calls a model with a graph break inside has the outputs, graphs,
     breaks and captured calls it has plain. (Dynamo looks at more frames: mltrace's own at the
-    model call's end, which it runs as they are.) Not at the op level: there torch.profiler's
-    stop crashes the program now and then (tests/scripts/compiled_with_break.py; open)."""
+    model call's end, which it runs as they are.)"""
     pytest.importorskip("torch._dynamo")
     plain = _compiled_function_counts()
     with mltrace.profile(output=tmp_path / "run", summary=False, level=level):

@@ -17,7 +17,9 @@ the thread converts in this process). Memory stays about one cycle's, the op lev
 early end, and a killed run keeps the cycles converted before (a trace file left in the run
 directory is one being converted: ``mltrace import`` reads it). A cycle waits while another
 thread has a span open, since the all-threads profiler's stop drops the ops running
-elsewhere. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
+elsewhere, and while a torch range may be open on the program's thread (``torch_open_ranges``:
+a range spanning a stop and the next start crashes a later stop); a ``record_function`` range's
+end tries again. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
 CUPTI callbacks each profiler start would replace) the profiler runs whole and is converted at
 ``stop()``.
 
@@ -69,6 +71,7 @@ from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_
 from mltrace.tracer.memwatch import release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
+from mltrace.tracer.sources.torch_open_ranges import RecordFunctionDepth, range_frame_on_stack
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -171,6 +174,11 @@ class TorchOpSource(Source):
         self.switch_ns = 0
         #: The switches' intervals: (native thread id, session begin ns, session end ns).
         self.pauses: list[tuple[int, int, int]] = []
+        #: Switches put off because a torch range was open on the program's thread, by what
+        #: held it open (``torch_open_ranges``); the next model call's return or the range's
+        #: end tries again.
+        self.switches_deferred: dict[str, int] = {}
+        self._ranges = RecordFunctionDepth(self._range_closed)
         #: Takes ``_guard_program_profiler``'s wrapper off torch again.
         self._unguard: Callable[[], None] = lambda: None
 
@@ -272,6 +280,7 @@ class TorchOpSource(Source):
             # nothing), and CUDA activity is handed between the two only around the first start.
             if self.cycle_s and not self._records_kernels_here() and not memory:
                 self._cycles = _Converter(self, session)
+                self._ranges.install(torch)
                 session.add_model_call_listener(self._model_call_ended)
             self._guard_program_profiler()
         except Exception as exc:  # never into the user's program
@@ -350,33 +359,58 @@ class TorchOpSource(Source):
         return cycles.spans_written + cycles.queued_spans + int(self._cycle_calls * cycles.spans_per_call)
 
     def _model_call_ended(self, framework: str | None) -> None:
-        """After every outermost model call (``Session.add_model_call_listener``): ends the
-        running cycle where it is due (the first two at the first two calls' returns: the first
-        holds the program's set-up, the second one call, whose ops per call the span limit
-        counts by), the converter has finished the cycle before it (else the running one goes
-        on, up to ``CYCLE_OPS_MAX``: the converter's backlog stays one cycle), this thread may
-        stop the profiler, and no other thread has a span open (the all-threads profiler's stop
-        drops the ops running there)."""
+        """After every outermost model call (``Session.add_model_call_listener``): counts the
+        call and ends the running cycle where it is due (``_switch_if_due``)."""
         if framework != self.framework or self._prof is None:
             return
         self._cycle_calls += 1
         if self._cycles is not None and not self._one_model_thread():
             return
+        self._switch_if_due()
+
+    def _switch_if_due(self) -> None:
+        """Ends the running cycle where it is due (the first two at the first two calls' returns:
+        the first holds the program's set-up, the second one call, whose ops per call the span
+        limit counts by), the converter has finished the cycle before it (else the running one
+        goes on, up to ``CYCLE_OPS_MAX``: the converter's backlog stays one cycle), this thread
+        may stop the profiler, no other thread has a span open (the all-threads profiler's stop
+        drops the ops running there) and no torch range is open on this thread (``_range_open``)."""
         cycles = self._cycles
-        first = cycles is not None and cycles.handed < 2
+        if cycles is None:
+            return
+        first = cycles.handed < 2
         if not first and time.monotonic() - self._cycle_began < self.cycle_s:
             return
-        if cycles is not None and not first and cycles.cycles < cycles.handed:
-            if self._cycle_calls * cycles.spans_per_call < CYCLE_OPS_MAX:
-                return
-            waited_from = now_ns()
-            cycles.wait_converted()
-            self._note_hold(waited_from)
+        backlog = not first and cycles.cycles < cycles.handed
+        if backlog and self._cycle_calls * cycles.spans_per_call < CYCLE_OPS_MAX:
+            return
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
         if self._session is not None and self._session.recorder.open_on_other_threads():
             return  # a stop would drop the ops in flight there (a request, a model call): later
+        if self._range_open():
+            return
+        if backlog:
+            waited_from = now_ns()
+            cycles.wait_converted()
+            self._note_hold(waited_from)
         self._next_cycle(restart=True)
+
+    def _range_open(self) -> bool:
+        """Whether a torch range may be open on this thread (``torch_open_ranges``): a switch
+        inside one would crash the process at a later stop. Such a switch waits and counts in
+        ``switches_deferred``."""
+        why = "record_function" if self._ranges.open_here() else range_frame_on_stack()
+        if why is None:
+            return False
+        self.switches_deferred[why] = self.switches_deferred.get(why, 0) + 1
+        return True
+
+    def _range_closed(self) -> None:
+        """A thread's last open ``record_function`` range ended: on the cycling thread, a switch
+        put off for it may happen now."""
+        if self.switches_deferred and self._prof is not None and not self.cycles_stopped and threading.get_ident() == self._cycling_thread:
+            self._switch_if_due()
 
     def _one_model_thread(self) -> bool:
         """Whether model calls have come from one thread only. At the first call from a second
@@ -565,6 +599,7 @@ class TorchOpSource(Source):
                 self._tmp = None
             self._around_start.clear()
             self._unguard()
+            self._ranges.uninstall()
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
@@ -583,6 +618,8 @@ class TorchOpSource(Source):
             stats["pauses"] = [list(p) for p in self.pauses]
             if self.cycles_stopped:
                 stats["cycles_stopped"] = self.cycles_stopped
+            if self.switches_deferred:
+                stats["switches_deferred"] = dict(self.switches_deferred)
             if self._cycles.spans_written:
                 stats["converter_process"] = {"spans": self._cycles.spans_written, "peak_rss_kb": self._cycles.converter_peak_rss_kb}
             if self._cycles.waited_ns:

@@ -1,0 +1,146 @@
+"""The op level's cycle switch never stops and restarts torch.profiler inside a torch range
+open on the program's thread: a range that outlives the stop writes its end into the stopped
+profiler's freed events once the next one runs, and a later stop crashes the process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mltrace.run.levels import Level  # noqa: E402
+from mltrace.run.store import load_run  # noqa: E402
+from mltrace.tracer.sources import torch_open_ranges  # noqa: E402
+from mltrace.tracer.sources.torch_open_ranges import RecordFunctionDepth, range_frame_on_stack  # noqa: E402
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+RANGES = """
+import time, torch
+from torch.autograd.profiler import record_function
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+x = torch.randn(2, 8)
+with torch.inference_mode():
+    with record_function("all calls"):
+        for _ in range(6):
+            model(x)
+            time.sleep(0.03)
+    for _ in range(12):
+        with record_function("one call"):
+            model(x)
+        time.sleep(0.03)
+print("done")
+"""
+
+
+def _traced(tmp_path: Path, script: Path) -> tuple[dict[str, Any], Any]:
+    """Runs ``script`` at the op level with 1 ms cycles: run.json's ``torch_profiler`` and the run."""
+    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.001"}
+    env.pop("MLTRACE_OUTPUT", None)
+    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())["torch_profiler"]
+    return meta, load_run(tmp_path / "run")
+
+
+def _switches_inside(meta: dict[str, Any], ranges: list[Any]) -> list[tuple[str, list[int]]]:
+    """The cycle switches (run.json's pauses) that began inside one of ``ranges`` (a range open
+    at a stop ends there in the stopped cycle's trace)."""
+    return [(r.name, p) for p in meta["pauses"] for r in ranges if r.start_ns < p[1] < r.end_ns]
+
+
+def test_switches_wait_for_the_programs_record_function_ranges(tmp_path: Path) -> None:
+    script = tmp_path / "ranges.py"
+    script.write_text(RANGES)
+    meta, run = _traced(tmp_path, script)
+    ranges = [s for s in run.spans if s.name in ("all calls", "one call")]
+    assert sorted({r.name for r in ranges}) == ["all calls", "one call"] and len(ranges) == 13
+    assert _switches_inside(meta, ranges) == []
+    models = sorted((s for s in run.spans if s.level is Level.MODEL), key=lambda s: s.start_ns)
+    (whole,) = [r for r in ranges if r.name == "all calls"]
+    assert whole.start_ns < models[0].start_ns and models[5].end_ns < whole.end_ns  # not cut at a stop
+    assert meta["switches_deferred"]["record_function"] >= 6  # every call inside "all calls" at least
+    assert meta["cycles"] >= 3  # the switches happened at the ranges' ends
+    linear = [s for s in run.spans if s.name == "aten::linear"]
+    assert len(models) == 18 and len(linear) == 18  # no call lost its ops
+
+
+def test_a_model_called_from_compiled_code_switches_no_cycle_inside_it(tmp_path: Path) -> None:
+    """The repro of the crash: a compiled function calls a model whose forward breaks the graph,
+    so each model call returns inside the function's "Torch-Compiled Region" range."""
+    meta, run = _traced(tmp_path, SCRIPTS / "compiled_with_break.py")
+    regions = [s for s in run.spans if s.name.startswith("Torch-Compiled Region")]
+    assert regions
+    assert _switches_inside(meta, regions) == []
+    assert meta["switches_deferred"]["compiled code"] >= 1
+    assert len([s for s in run.spans if s.level is Level.MODEL]) == 4
+
+
+def test_a_custom_functions_forward_runs_inside_a_range() -> None:
+    assert range_frame_on_stack() is None
+    ctx_seen: list[str | None] = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            ctx_seen.append(range_frame_on_stack())
+            return x * 2
+
+    Probe.apply(torch.ones(2))
+    assert ctx_seen == ["autograd Function"]
+
+
+def test_compiled_code_runs_inside_a_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by TorchDynamo's map of the code it wrote, and by the names it gives that code."""
+    dynamo = pytest.importorskip("torch._dynamo")
+    seen: list[str | None] = []
+
+    def probe(x: Any) -> Any:
+        seen.append(range_frame_on_stack())
+        with monkeypatch.context() as without_map:
+            without_map.setattr(torch_open_ranges, "_dynamo_output_codes", lambda: None)
+            seen.append(range_frame_on_stack())
+        return x
+
+    def function(x: Any) -> Any:
+        y = x + 1
+        dynamo.graph_break()
+        return probe(y) * 2
+
+    dynamo.reset()
+    compiled = torch.compile(function, backend="eager")
+    compiled(torch.ones(2))
+    assert seen == ["compiled code", "compiled code"]
+    dynamo.reset()
+
+
+def test_record_function_depth_counts_per_thread_and_puts_torch_back() -> None:
+    from torch.autograd.profiler import record_function
+
+    enter, exit_ = record_function.__dict__["__enter__"], record_function.__dict__["__exit__"]
+    closed: list[int] = []
+    depth = RecordFunctionDepth(lambda: closed.append(depth.open_here()))
+    depth.install(torch)
+    try:
+        with record_function("outer"):
+            with record_function("inner"):
+                assert depth.open_here() == 2
+            assert depth.open_here() == 1 and closed == []
+
+        @record_function("decorated")
+        def decorated() -> int:
+            return depth.open_here()
+
+        assert decorated() == 1
+        assert depth.open_here() == 0 and closed == [0, 0]
+    finally:
+        depth.uninstall()
+    assert record_function.__dict__["__enter__"] is enter and record_function.__dict__["__exit__"] is exit_
