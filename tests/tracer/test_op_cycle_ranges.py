@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,44 @@ def test_switches_wait_for_the_programs_record_function_ranges(tmp_path: Path) -
     assert meta["cycles"] >= 3  # the switches happened at the ranges' ends
     linear = [s for s in run.spans if s.name == "aten::linear"]
     assert len(models) == 18 and len(linear) == 18  # no call lost its ops
+
+
+OTHER_THREAD = """
+import threading, time, torch
+from torch.autograd.profiler import record_function
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+x = torch.randn(2, 8)
+done = threading.Event()
+
+def prefetch():
+    while not done.is_set():
+        with record_function("prefetch"):
+            torch.ones(4).sum()
+            time.sleep(0.02)
+        time.sleep(0.01)
+
+thread = threading.Thread(target=prefetch)
+thread.start()
+with torch.inference_mode():
+    for _ in range(30):
+        model(x)
+        time.sleep(0.005)
+done.set()
+thread.join()
+"""
+
+
+def test_switches_wait_for_record_function_ranges_on_other_threads(tmp_path: Path) -> None:
+    """A thread that prefetches inside ``record_function`` calls no model: a switch while its
+    range is open would leave it spanning the next start."""
+    script = tmp_path / "prefetch.py"
+    script.write_text(OTHER_THREAD)
+    meta, run = _traced(tmp_path, script)
+    ranges = [s for s in run.spans if s.name == "prefetch"]
+    assert len(ranges) >= 5
+    assert _switches_inside(meta, ranges) == []
+    assert meta["switches_deferred"]["record_function on another thread"] >= 1
+    assert meta["cycles"] >= 3
 
 
 def test_a_model_called_from_compiled_code_switches_no_cycle_inside_it(tmp_path: Path) -> None:
@@ -141,6 +180,20 @@ def test_record_function_depth_counts_per_thread_and_puts_torch_back() -> None:
 
         assert decorated() == 1
         assert depth.open_here() == 0 and closed == [0, 0]
+        entered, leave = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with record_function("elsewhere"):
+                entered.set()
+                leave.wait(30)
+
+        other = threading.Thread(target=hold)
+        other.start()
+        entered.wait(30)
+        assert depth.open_elsewhere() and depth.open_here() == 0
+        leave.set()
+        other.join(30)
+        assert not depth.open_elsewhere()
     finally:
         depth.uninstall()
     assert record_function.__dict__["__enter__"] is enter and record_function.__dict__["__exit__"] is exit_

@@ -5,12 +5,12 @@ holds a pointer into them: when it ends while another profiler runs, torch write
 into freed memory and a later stop crashes the process (SIGSEGV in ``materialize``). The op
 level's cycle switch (stop, then start at once) must therefore not happen inside a range.
 
-Python-side ranges are counted: ``record_function`` (a ``with`` block, a decorator, the
-DataLoader's ``__next__``) is wrapped while cycles run (``RecordFunctionDepth``). Ranges
-torch opens in C++ around Python code are found on the thread's stack
+Python-side ranges are counted on every thread: ``record_function`` (a ``with`` block, a
+decorator, the DataLoader's ``__next__``) is wrapped while cycles run (``RecordFunctionDepth``).
+Ranges torch opens in C++ around Python code are found on the calling thread's stack
 (``range_frame_on_stack``): TorchDynamo's compiled frames ("Torch-Compiled Region"), a custom
 autograd ``Function``'s ``apply``, an op implemented in Python (``torch._ops``) and
-``__torch_dispatch__``. Ranges opened on other threads are not seen here.
+``__torch_dispatch__``. The ranges of ops that other threads run are not seen.
 """
 
 from __future__ import annotations
@@ -34,12 +34,18 @@ class RecordFunctionDepth:
 
     def __init__(self, on_closed: Callable[[], None]) -> None:
         self._on_closed = on_closed
-        self._local = threading.local()
+        self._depths: dict[int, int] = {}  # by thread ident; each thread writes its own
         self._uninstall: Callable[[], None] | None = None
 
     def open_here(self) -> int:
         """The ranges open on the calling thread."""
-        return int(getattr(self._local, "depth", 0))
+        return self._depths.get(threading.get_ident(), 0)
+
+    def open_elsewhere(self) -> bool:
+        """Whether a range is open on another thread (a DataLoader's ``__next__`` on a thread
+        that prefetches batches)."""
+        here = threading.get_ident()
+        return any(depth and ident != here for ident, depth in list(self._depths.items()))
 
     def install(self, torch: Any) -> None:
         """Wraps ``record_function.__enter__`` and ``__exit__`` (``uninstall`` puts them back)."""
@@ -49,20 +55,24 @@ class RecordFunctionDepth:
         enter, exit_ = cls.__dict__.get("__enter__"), cls.__dict__.get("__exit__")
         if enter is None or exit_ is None:
             return
-        local, on_closed = self._local, self._on_closed
+        depths, on_closed = self._depths, self._on_closed
 
         def counted_enter(rf: Any) -> Any:
             entered = enter(rf)
-            local.depth = getattr(local, "depth", 0) + 1
+            ident = threading.get_ident()
+            depths[ident] = depths.get(ident, 0) + 1
             return entered
 
         def counted_exit(rf: Any, *exc_info: Any) -> Any:
             try:
                 return exit_(rf, *exc_info)
             finally:
-                depth = max(0, getattr(local, "depth", 0) - 1)
-                local.depth = depth
-                if depth == 0:
+                ident = threading.get_ident()
+                depth = max(0, depths.get(ident, 0) - 1)
+                if depth:
+                    depths[ident] = depth
+                else:
+                    depths.pop(ident, None)
                     on_closed()
 
         cls.__enter__, cls.__exit__ = counted_enter, counted_exit

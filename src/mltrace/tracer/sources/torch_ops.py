@@ -397,10 +397,15 @@ class TorchOpSource(Source):
         self._next_cycle(restart=True)
 
     def _range_open(self) -> bool:
-        """Whether a torch range may be open on this thread (``torch_open_ranges``): a switch
-        inside one would crash the process at a later stop. Such a switch waits and counts in
-        ``switches_deferred``."""
-        why = "record_function" if self._ranges.open_here() else range_frame_on_stack()
+        """Whether a torch range may be open (``torch_open_ranges``): a ``record_function`` on
+        any thread, or one torch opened around this thread's Python code. A switch inside one
+        would crash the process at a later stop: it waits and counts in ``switches_deferred``."""
+        if self._ranges.open_here():
+            why: str | None = "record_function"
+        elif self._ranges.open_elsewhere():
+            why = "record_function on another thread"
+        else:
+            why = range_frame_on_stack()
         if why is None:
             return False
         self.switches_deferred[why] = self.switches_deferred.get(why, 0) + 1
