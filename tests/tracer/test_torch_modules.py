@@ -451,6 +451,57 @@ def test_a_module_shared_by_two_models_gets_its_path_in_each(tmp_path: Path) -> 
     assert _names(run) == ["0", "0.0", "0", "1"] * 2
 
 
+class _Autoencoder(nn.Module):
+    """A model whose ``decode`` calls two submodules of one class, and whose ``sample`` calls
+    one through a helper function."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(8, 4)
+        self.dec = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 8))
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.dec[2](self.dec[0](z))
+
+    def sample(self) -> torch.Tensor:
+        return _through_a_helper(self.dec, torch.randn(1, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dec(self.enc(x))
+
+
+def _through_a_helper(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+def test_submodules_called_from_their_models_methods_are_models_of_their_own(tmp_path: Path) -> None:
+    """Two ``Linear``s called from ``decode`` are two models named by their place in the model
+    that holds them, not one "Linear"; a module called from nowhere inside a model, and a model
+    built anew for each call, keep their class's name."""
+    model = _Autoencoder()
+
+    def go() -> None:
+        for _ in range(2):
+            model(torch.randn(2, 8))
+            model.decode(torch.randn(2, 4))
+        model.sample()
+        nn.Linear(4, 6)(torch.randn(1, 4))
+        for _ in range(2):
+            _Autoencoder()(torch.randn(1, 8))
+
+    run = _trace(tmp_path, go)
+    assert _names(run, Level.MODEL) == [
+        *["_Autoencoder", "_Autoencoder.dec.0", "_Autoencoder.dec.2"] * 2,
+        "_Autoencoder.dec",
+        "Linear",
+        "_Autoencoder",
+        "_Autoencoder",
+    ]
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert {m.attrs["ml.layer.type"] for m in models if m.name.startswith("_Autoencoder.dec.")} == {"Linear"}
+    assert [m.attrs["ml.model.invocation"] for m in models if m.name == "_Autoencoder.dec.2"] == [1, 2]
+
+
 def test_layers_running_on_another_thread_at_stop_are_truncated_once(tmp_path: Path) -> None:
     entered = threading.Event()
     release = threading.Event()

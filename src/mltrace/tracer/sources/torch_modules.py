@@ -323,9 +323,12 @@ _Kid = tuple[str, "_Static", "dict[str, Any]", "str | None", "str | None"]
 _SHAPE_CACHE_MAX = 4096
 #: Code objects whose owner (the program, or a framework) ``_site_of`` remembers, and call sites, at most.
 _CODE_CACHE_MAX = 4096
-#: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
+#: The frames outwards of a new model's first call that ``_model_name`` looks at for a module
+#: holding it.
+_HOLDER_FRAMES = 8
 log = logging.getLogger("mltrace")
 
+#: Span templates remembered at most (``_encode_frames``); the cache starts over beyond.
 _TEMPLATE_CACHE_MAX = 4096
 #: Frames the C encoder takes in one call: it gives up the GIL while it formats each such chunk
 #: (``_encode_chunks``), so the program's thread never waits on a whole flush at once.
@@ -336,18 +339,27 @@ def _nothing() -> None:
     """Does nothing (the Python encoder caches no template ids by address)."""
 
 
-class _Static:
-    """Per-module facts computed once: type, parameters, class source location."""
+def _type_name(module: Any) -> str:
+    """A module's class name; a TorchScript module's is the scripted or traced class's (torch's
+    wrapper class names them all ``RecursiveScriptModule``)."""
+    name = type(module).__name__
+    if isinstance(getattr(type(module), "original_name", None), property):
+        return str(module.original_name or name)
+    return name
 
-    __slots__ = ("ref", "type_name", "attrs", "kids")
+
+class _Static:
+    """Per-module facts computed once: type, parameters, class source location, and the name
+    of its model spans (``model_name``, at its first outermost call)."""
+
+    __slots__ = ("ref", "type_name", "attrs", "kids", "model_name")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
         #: (this module's path, id(child)) → the child's cache entry, for calls made from this module.
         self.kids: dict[tuple[str, int], _Kid] = {}
-        self.type_name = type(module).__name__
-        if isinstance(getattr(type(module), "original_name", None), property):  # TorchScript: torch's wrapper class
-            self.type_name = str(module.original_name or self.type_name)  # the scripted or traced class's name
+        self.type_name = _type_name(module)
+        self.model_name: str | None = None
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
             "ml.layer.type": self.type_name,
@@ -409,6 +421,7 @@ class TorchModuleSource(Source):
         self._fx_graphs: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._torch_dir = ""
         self._tensor: Any = object
+        self._module_cls: Any = ()  # torch.nn.Module once torch is imported
         self._script_module: type | None = None
         self._lock = threading.Lock()
         #: Completed layer frames, waiting for the recorder's next drain.
@@ -443,6 +456,7 @@ class TorchModuleSource(Source):
         from torch.nn.modules import module as module_mod
 
         self._tensor = torch.Tensor
+        self._module_cls = torch.nn.Module
         self._torch_dir = os.path.dirname(torch.__file__)
         self._skip_in_dynamo()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
@@ -1184,7 +1198,9 @@ class TorchModuleSource(Source):
     def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> list[Any]:
         """Opens the model span of an outermost module call and pushes its frame; returns the frame."""
         static = self._static_of(module)
-        name = static.type_name
+        name = static.model_name
+        if name is None:
+            name = static.model_name = self._model_name(module, sys._getframe(2))
         attrs = dict(static.attrs)
         counter = self._invocations.get(id(module))
         if counter is None:
@@ -1192,11 +1208,15 @@ class TorchModuleSource(Source):
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
         self._note_fx_graph(module, attrs)
-        self._generate.tag(attrs)
-        site = self._site_of(sys._getframe(2))
-        if site is not None:
-            attrs.update(self._site_attrs(*site))
-            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs["code.line.number"]
+        generate_site = self._generate.tag(attrs)
+        if generate_site is None:
+            site = self._site_of(sys._getframe(2))
+            if site is not None:
+                attrs.update(self._site_attrs(*site))
+        else:  # the user's line that called generate(), not the decode loop's inside transformers
+            attrs.update(generate_site)
+        if "code.file.path" in attrs:
+            attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs.get("code.line.number")
         attrs["_in"] = self._raw_shapes(args)
         if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
             from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent
@@ -1211,6 +1231,24 @@ class TorchModuleSource(Source):
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
         stack.append(frame)
         return frame
+
+    def _model_name(self, module: Any, frame: Any) -> str:
+        """The name of a module's model spans: its class's; or, where a method of a module that
+        holds it makes the outermost call (a VAE's ``decode`` calling ``self.fc3``, a generate
+        loop calling ``self.encoder``), that module's class and the path to it there
+        (``VAE.fc3``), so that two such submodules of one class are two models. A program that
+        builds a new model per request still has one model."""
+        for _ in range(_HOLDER_FRAMES):
+            if frame is None:
+                break
+            code = frame.f_code
+            holder = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+            if holder is not module and isinstance(holder, self._module_cls):
+                path = self._root_name(holder, module)
+                if path:
+                    return f"{_type_name(holder)}.{path}"
+            frame = frame.f_back
+        return _type_name(module)
 
     def _model_ended(self) -> None:
         """After an outermost call: where the op and layer levels may end (``tracer/windows.py``)."""
