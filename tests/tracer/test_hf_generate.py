@@ -128,6 +128,12 @@ def test_generate_names_the_users_line_in_the_span_and_the_report(tmp_path: Path
     assert {s.attrs["code.file.path"] for s in gens} == {__file__}
     assert [s.attrs["code.function.name"] for s in gens] == ["_complete", "_complete", gens[2].attrs["code.function.name"]]
     assert gens[2].attrs["code.function.name"].endswith("test_generate_names_the_users_line_in_the_span_and_the_report")
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert len(models) == 3 + 3 + 2 and {m.parent_id for m in models} == {g.id for g in gens}
+    by_generate = {g.id: (g.attrs["code.file.path"], g.attrs["code.line.number"]) for g in gens}
+    for m in models:  # the user's line, as the generate span's, not the decode loop's in transformers
+        assert (m.attrs["code.file.path"], m.attrs["code.line.number"]) == by_generate[m.parent_id]
+        assert (m.attrs["ml.call.file.path"], m.attrs["ml.call.line.number"]) == by_generate[m.parent_id]
     from mltrace.analysis.codepaths import location
 
     name = Path(__file__).name
@@ -136,6 +142,7 @@ def test_generate_names_the_users_line_in_the_span_and_the_report(tmp_path: Path
     assert [f"{name}:{loop}:" in f for f in findings] == [True, True, False] and f"{name}:{direct}:" in findings[2]
     assert f"generate at {location(__file__, loop)} " in text  # the requests table, its path as the report shortens it
     data = json.loads(_report(tmp_path / "run", "json"))
+    assert [m["source"] for m in data["models"]] == [f"{__file__}:{loop}"]  # the most frequent of the model's call sites
     assert [g["source"] for g in data["generate"]] == [f"{__file__}:{loop}"] * 2 + [f"{__file__}:{direct}"]
     assert data["generate"][0]["source_text"].startswith("out.append(model.generate(prompt, max_new_tokens=3")
     assert {r["source"] for r in data["requests"]["slowest"]} <= {f"{__file__}:{loop}", f"{__file__}:{direct}"}

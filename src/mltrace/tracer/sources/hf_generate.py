@@ -12,7 +12,8 @@ imported (it never imports it), and removes the wrapper at ``stop()``:
   model calls inside it are its children;
 - those model calls are tagged in order (``TorchModuleSource._model_begin`` calls
   ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``, ``prefill``
-  for the first and ``decode`` for the rest;
+  for the first and ``decode`` for the rest; their call site is the ``generate()``
+  span's (the user's line, not the decode loop's inside transformers);
 - at its end the span gets ``ml.generate.model_calls`` and, where the output and
   the input ids say it, ``ml.generate.new_tokens`` per sequence.
 
@@ -40,11 +41,11 @@ LIBRARY = "transformers"
 
 
 class _Generating(threading.local):
-    """A thread's ``generate()`` call in progress: [the next model call's step], or None. A
-    class attribute, so that reading it on a thread that never generated raises nothing (an
-    AttributeError caught costs a model call ≈ 0.7 µs)."""
+    """A thread's ``generate()`` call in progress: [the next model call's step, its call site's
+    ``code.*``], or None. A class attribute, so that reading it on a thread that never generated
+    raises nothing (an AttributeError caught costs a model call ≈ 0.7 µs)."""
 
-    state: list[int] | None = None
+    state: list[Any] | None = None
 
 
 class GenerateSpans:
@@ -75,15 +76,18 @@ class GenerateSpans:
                 self._hook.remove()
                 self._hook = None
 
-    def tag(self, attrs: dict[str, Any]) -> None:
-        """Adds the step and phase of a model call made inside this thread's ``generate()``."""
+    def tag(self, attrs: dict[str, Any]) -> dict[str, Any] | None:
+        """Adds the step and phase of a model call made inside this thread's ``generate()``;
+        returns that ``generate()``'s call site (its ``code.*``; empty where it has none), or
+        None outside one."""
         state = self._tls.state
         if state is None:
-            return
+            return None
         step = state[0]
         state[0] = step + 1
         attrs["ml.generate.step"] = step
         attrs["ml.generate.phase"] = "prefill" if step == 0 else "decode"
+        return state[1]
 
     def _install(self, module: Any) -> None:
         mixin = getattr(module, "GenerationMixin", None)
@@ -102,9 +106,9 @@ class GenerateSpans:
             session = spans._session
             if session is None or session.full or spans._tls.state is not None:
                 return original(model, *args, **kwargs)  # no session, or a generate() inside one
-            attrs = {"ml.generate.model": type(model).__name__, **frame_site(sys._getframe(1), outside=LIBRARY)}
-            span = session.recorder.begin("generate", Level.USER, attrs)
-            state = [0]
+            site = frame_site(sys._getframe(1), outside=LIBRARY)
+            span = session.recorder.begin("generate", Level.USER, {"ml.generate.model": type(model).__name__, **site})
+            state = [0, site]
             spans._tls.state = state
             output = None
             try:
