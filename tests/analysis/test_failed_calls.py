@@ -12,6 +12,7 @@ from torch import nn
 import mltrace
 from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.coldstart import FAILED_ATTR, find_cold_start
+from mltrace.analysis.report_data import build_report
 from mltrace.run.events import Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
@@ -95,3 +96,6 @@ def test_a_traced_model_whose_calls_raise_and_are_caught(tmp_path: Path) -> None
     assert any(n.startswith("16 model calls raised an exception (Flaky 16 of 24)") for n in analysis.findings.notes)
     # Their spans stay in the tables: a failed call was time the program spent.
     assert analysis.breakdown.model_calls == 24 - len(calls.cold)
+    # The JSON report's model entry counts them and says which they were.
+    (entry,) = build_report(run, analysis)["models"]
+    assert entry["failed_calls"] == 16 and entry["failed_indices"] == calls.failed

@@ -229,6 +229,8 @@ def _model_entry(run: Run, r: LayerRow, calls: ModelCalls | None) -> dict[str, A
         "cold_calls": len(calls.cold),
         "cold_ns": calls.cold_ns,
         "cold_indices": list(calls.cold),
+        "failed_calls": len(calls.failed),
+        "failed_indices": list(calls.failed),
         "steady_median_ns": calls.steady_median_ns,
         "steady_p90_ns": calls.steady_p90_ns,
         "one_time": [{"category": cat, "names": names} for cat, names in calls.one_time.items()],

@@ -71,6 +71,8 @@ MODEL = _object(
         "cold_calls": _INT,
         "cold_ns": _INT,
         "cold_indices": _array(_INT),
+        "failed_calls": _INT,
+        "failed_indices": _array(_INT),
         "steady_median_ns": _OPT_INT,
         "steady_p90_ns": _OPT_INT,
         "one_time": _array(_object({"category": _STR, "names": _array(_STR)})),
