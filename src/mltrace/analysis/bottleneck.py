@@ -403,6 +403,11 @@ class Idle:
         """Window minus busy time and mltrace's own pauses (ns)."""
         return self.window_ns - self.busy_ns - self.tracer_ns
 
+    def headline(self) -> str:
+        """The finding's text up to its largest gap: how long the work on it was idle, of what
+        window, and what the program did meanwhile (``spent_text``)."""
+        return f"Idle {self.where}: {fmt_ns(self.idle_ns)} ({100 * self.idle_share:.1f}% of {fmt_ns(self.window_ns)})" + self.spent_text()
+
     def tracer_text(self) -> str:
         """The clause on mltrace's own pauses in the window ("" when there were none)."""
         if not self.tracer_ns:

@@ -355,8 +355,13 @@ def _bound_finding(f: Findings) -> list[dict[str, Any]]:
 
 
 def _idle_finding(idle: Idle) -> dict[str, Any]:
-    text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})" + idle.spent_text()
-    entry: dict[str, Any] = {"kind": "idle", "text": text, "where": idle.where, "idle_ns": idle.idle_ns, "window_ns": idle.window_ns}
+    entry: dict[str, Any] = {
+        "kind": "idle",
+        "text": idle.headline(),
+        "where": idle.where,
+        "idle_ns": idle.idle_ns,
+        "window_ns": idle.window_ns,
+    }
     if idle.loading_ns:
         entry["loading_ns"] = idle.loading_ns
     if idle.ops_ns:

@@ -599,8 +599,7 @@ def _findings(a: Analysis) -> str:
         dominant = f'<span class="v" style="color:{BOUND_COLORS[f.dominant]}">{_e(f.dominant.value)}</span>'
         items.append(f"Mostly {dominant} — share of {_e(f.basis)}: {shares}")
     for idle in f.idle:
-        text = f"Idle {_e(idle.where)}: {_e(fmt_ns(idle.idle_ns))} ({100 * idle.idle_share:.1f}% of {_e(fmt_ns(idle.window_ns))})"
-        text += _e(idle.spent_text())
+        text = _e(idle.headline())
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {_e(fmt_ns(g.duration_ns))} after <code>{_e(g.before[:60])}</code> before <code>{_e(g.after[:60])}</code>"

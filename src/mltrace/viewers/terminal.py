@@ -290,7 +290,7 @@ def _findings(console: object, a: Analysis) -> None:
         )
         lines.append(f"Mostly [bold]{f.dominant.value}[/bold] — share of {f.basis}: {shares}")
     for idle in f.idle:
-        text = f"Idle {idle.where}: {fmt_ns(idle.idle_ns)} ({100 * idle.idle_share:.1f}% of {fmt_ns(idle.window_ns)})" + idle.spent_text()
+        text = _esc(idle.headline())
         if idle.gaps:
             g = idle.gaps[0]
             text += f"; largest {fmt_ns(g.duration_ns)} after {_esc(g.before)} before {_esc(g.after)}"
