@@ -77,7 +77,19 @@ def test_switches_wait_for_the_programs_record_function_ranges(tmp_path: Path) -
 OTHER_THREAD = """
 import threading, time, torch
 from torch.autograd.profiler import record_function
-model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        with record_function("inside forward"):
+            y = self.a(x)
+        time.sleep(0.002)
+        return self.b(y)
+
+model = Net().eval()
 x = torch.randn(2, 8)
 done = threading.Event()
 
@@ -101,13 +113,17 @@ thread.join()
 
 def test_switches_wait_for_record_function_ranges_on_other_threads(tmp_path: Path) -> None:
     """A thread that prefetches inside ``record_function`` calls no model: a switch while its
-    range is open would leave it spanning the next start."""
+    range is open would leave it spanning the next start. The end of a range inside the
+    model's ``forward`` is no place for a put-off switch either: it would split the call."""
     script = tmp_path / "prefetch.py"
     script.write_text(OTHER_THREAD)
     meta, run = _traced(tmp_path, script)
     ranges = [s for s in run.spans if s.name == "prefetch"]
     assert len(ranges) >= 5
     assert _switches_inside(meta, ranges) == []
+    models = [s for s in run.spans if s.level is Level.MODEL]
+    assert len(models) == 30 and _switches_inside(meta, models) == []
+    assert len([s for s in run.spans if s.name == "aten::linear"]) == 60
     assert meta["switches_deferred"]["record_function on another thread"] >= 1
     assert meta["cycles"] >= 3
 

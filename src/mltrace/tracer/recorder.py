@@ -130,6 +130,11 @@ class Recorder:
         self._open.pop(span.id, None)
         self.done.append(span)
 
+    def open_here(self, level: Level) -> bool:
+        """Whether a span of ``level`` begun on the calling thread is still open."""
+        mine = self._track_id()
+        return any(span.track_id == mine and span.level is level for span in list(self._open.values()))
+
     def open_on_other_threads(self) -> bool:
         """Whether a span begun on another thread than the calling one is still open."""
         mine = self._track_id()

@@ -412,9 +412,18 @@ class TorchOpSource(Source):
         return True
 
     def _range_closed(self) -> None:
-        """A thread's last open ``record_function`` range ended: on the cycling thread, a switch
-        put off for it may happen now."""
-        if self.switches_deferred and self._prof is not None and not self.cycles_stopped and threading.get_ident() == self._cycling_thread:
+        """A thread's last open ``record_function`` range ended: on the cycling thread outside a
+        model call (a range inside ``forward`` ends in the middle of one, whose ops a switch
+        would split), a switch put off may happen now."""
+        session = self._session
+        if (
+            self.switches_deferred
+            and self._prof is not None
+            and session is not None
+            and not self.cycles_stopped
+            and threading.get_ident() == self._cycling_thread
+            and not session.recorder.open_here(Level.MODEL)
+        ):
             self._switch_if_due()
 
     def _one_model_thread(self) -> bool:
