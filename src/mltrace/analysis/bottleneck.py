@@ -518,6 +518,11 @@ class Analysis:
         unscoped_ops_elsewhere: of those ops, the ones in processes other than the program's
             (followed children: DataLoader workers, subprocesses).
         unscoped_ops_loading: of those ops, the ones inside torch's DataLoader batches.
+        unscoped_ops_compile: of those ops, the ones torch.compile ran while compiling.
+        compile_ops: the ops torch.compile ran while compiling (``run/ranges.py``: TorchDynamo's
+            tracing on fake tensors, AOTAutograd, Inductor) inside the model calls and user spans
+            the tables count, and the time of the outermost compile-time spans (ns): the name
+            tables, FLOPs, ops per call and data movement leave them out. (0, 0) when none ran.
         torch_ranges: torch's own ``record_function`` ranges (``run/ranges.py``), which are
             not counted as user spans: each kind's count and time (ns).
         level_ns_in_scope: each level's time (as in ``breakdown.levels``) counting only
@@ -549,6 +554,8 @@ class Analysis:
     unscoped_ops: tuple[int, int] = (0, 0)
     unscoped_ops_elsewhere: int = 0
     unscoped_ops_loading: int = 0
+    unscoped_ops_compile: int = 0
+    compile_ops: tuple[int, int] = (0, 0)
     torch_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     level_ns_in_scope: dict[Level, int] = field(default_factory=dict)
     cold: ColdStart = field(default_factory=ColdStart)
@@ -582,8 +589,20 @@ class Analysis:
             what += f"; {elsewhere} of them in the program's child processes, such as DataLoader workers"
         if self.unscoped_ops_loading:
             what += f"; {self.unscoped_ops_loading} of them in DataLoader batches"
+        if self.unscoped_ops_compile:
+            what += f"; {self.unscoped_ops_compile} of them torch.compile compiling"
         tables = "left out of the op, library and kernel tables"
         return f"{count} ops outside every model call and user span ({ns / 1e6:.2f} ms: {what}), {tables}"
+
+    def compile_text(self) -> str:
+        """One line on the ops torch.compile ran while compiling inside the counted calls ("" when none did)."""
+        count, ns = self.compile_ops
+        if not count:
+            return ""
+        return (
+            f"{count} ops ran while torch.compile compiled ({ns / 1e6:.2f} ms: TorchDynamo tracing, AOTAutograd, Inductor), "
+            "left out of the op, library and kernel tables, FLOPs and data movement"
+        )
 
     def torch_ranges_text(self) -> str:
         """One line on torch's own ranges, which the user level leaves out ("" when there were none)."""
@@ -778,6 +797,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
         unscoped_ops_elsewhere=g.unscoped_ops_elsewhere,
         unscoped_ops_loading=g.unscoped_ops_loading,
+        unscoped_ops_compile=g.unscoped_ops_compile,
+        compile_ops=(g.compile_ops, g.compile_ns),
         torch_ranges=g.torch_ranges,
         level_ns_in_scope={lv: g.scoped_level_ns.get(int(lv), 0) for lv in order if g.counts.get(int(lv))},
         cold=cold,

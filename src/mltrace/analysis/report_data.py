@@ -149,6 +149,7 @@ def _run_entry(run: Run, a: Analysis) -> dict[str, Any]:
             "text": a.torch_ranges_text(),
         },
         "unscoped_ops": {"count": a.unscoped_ops[0], "ns": a.unscoped_ops[1], "text": a.unscoped_text()},
+        "compile_ops": {"count": a.compile_ops[0], "ns": a.compile_ops[1], "text": a.compile_text()},
         "exit": {
             "status": meta["exit_status"] if isinstance(meta.get("exit_status"), int) else None,
             "cause": exit_cause(meta) or None,

@@ -59,6 +59,7 @@ RUN = _object(
         "unfollowed": _array(_object({"pid": _OPT_INT, "argv": _array(_STR), "reason": _STR})),
         "torch_ranges": _object({"kinds": _array(_object({"kind": _STR, "count": _INT, "ns": _INT})), "text": _STR}),
         "unscoped_ops": _object({"count": _INT, "ns": _INT, "text": _STR}),
+        "compile_ops": _object({"count": _INT, "ns": _INT, "text": _STR}),
         "exit": _object({"status": {"type": ["integer", "null"]}, "cause": _OPT_STR, "text": _STR}),
     }
 )

@@ -16,6 +16,9 @@ implementation of the shared ones):
   direct children's on the same track at the op, library or kernel level.
 - a layer call's *self time*: its duration minus its direct children at the
   model, layer or user level.
+- *compile time*: torch.compile's compile-time ranges (``run/ranges.py``), torch's wrappers
+  around them and everything inside: counted apart (``Gathered.compile_ops``), not in the name
+  tables, FLOPs, ops per call or data movement, which describe the work the model runs.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from mltrace.analysis.roofline import (
 from mltrace.analysis.tree import pair_sums, tree_of
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
-from mltrace.run.ranges import DATALOADER, torch_range_kind
+from mltrace.run.ranges import DATALOADER, is_compile_range, torch_range_kind, wraps_compile_range
 
 if TYPE_CHECKING:
     from mltrace.run.store import Run
@@ -177,6 +180,12 @@ class Gathered:
     unscoped_ops_ns: int = 0  # outermost ops only
     unscoped_ops_elsewhere: int = 0  # of them, in processes other than the program's (workers)
     unscoped_ops_loading: int = 0  # of them, inside the DataLoader's batches (collate)
+    unscoped_ops_compile: int = 0  # of them, torch.compile's compile time (see below)
+    # torch.compile's compile time inside model calls and user spans (``_compile_time``): its
+    # ops, left out of the name tables, FLOPs, ops per call and data movement, and the time
+    # of the outermost compile-time spans.
+    compile_ops: int = 0
+    compile_ns: int = 0
     # torch's own record_function ranges (``run/ranges.py``): user spans that are not the
     # program's regions. Each kind's (count, time outside another of torch's ranges), and the
     # DataLoader's batches as intervals (for the idle time between model calls).
@@ -260,6 +269,25 @@ def _torch_ranges(
     return row_kind >= 0, loading
 
 
+def _compile_time(parent: np.ndarray, tree: Any, lv: np.ndarray, name: np.ndarray, names: list[str]) -> np.ndarray:
+    """The rows of torch.compile's compile time: its compile-time ranges (``is_compile_range``)
+    at the op or user level, the ranges torch opens around the outermost of them
+    (``wraps_compile_range``), and every span inside those."""
+    marked = np.fromiter((is_compile_range(nm) for nm in names), dtype=bool, count=len(names))
+    ranged = (lv == OP) | (lv == USER)
+    is_range = ranged & marked[name]
+    if not is_range.any():
+        return is_range
+    outer = is_range & ~tree.ancestor_or(is_range)
+    for row in np.nonzero(outer)[0].tolist():
+        inner = names[int(name[row])]
+        up = int(parent[row])
+        while up >= 0 and ranged[up] and wraps_compile_range(names[int(name[up])], inner):
+            is_range[up] = True
+            up = int(parent[up])
+    return is_range | tree.ancestor_or(is_range)
+
+
 def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals [start, end) (ns)."""
     if not len(start):
@@ -316,6 +344,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     flops_set = is_op & t.has_flops
     torch_range, loading_range = _torch_ranges(g, lv == USER, t.name, names, start, end)
     is_user = (lv == USER) & ~torch_range
+    compile_time = _compile_time(parent, tree, lv, t.name.astype(np.int64), names)
 
     # What each span inherits from its ancestors.
     # torch's ranges pass no level on: a span of the program's inside one is still counted
@@ -328,6 +357,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     scope = is_struct | is_user
     g.scoped = bool(scope.any())
     in_scope = (tree.nearest(scope) >= 0) | scope | tree.detached if g.scoped else np.ones(n, dtype=bool)
+    # The name tables, FLOPs and data movement count what ran in scope and was not compiling.
+    tabled = in_scope & ~compile_time
 
     # -- levels ------------------------------------------------------------------------
     own_level_free = (mask & (np.int64(1) << lv)) == 0
@@ -346,7 +377,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     nn = len(names)
     name = t.name.astype(np.int64)
     # Runtime (API) calls and GPU kernels are named by attributes: intern those names.
-    rt_rows = np.nonzero(is_runtime & in_scope)[0]
+    rt_rows = np.nonzero(is_runtime & tabled)[0]
     rt_names: list[str] = []
     rt_key = np.full(n, -1, dtype=np.int64)
     if len(rt_rows):
@@ -386,26 +417,27 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         return {key_names[k]: NameAcc(int(calls[k]), int(total[k]), int(self_ns[k])) for k in np.nonzero(calls)[0].tolist()}
 
     all_op_rows = np.nonzero(is_op)[0]
-    op_rows = np.nonzero(is_op & in_scope)[0]
-    lib_rows = np.nonzero(is_lib & in_scope)[0]
+    op_rows = np.nonzero(is_op & tabled)[0]
+    lib_rows = np.nonzero(is_lib & tabled)[0]
     op_in_itself = in_itself(is_op, name)  # counted with the outer call, in FLOPs and bytes too
-    g.ops = table(op_rows, name, names, is_op & in_scope)  # ops and library calls are keyed by span name
-    g.libs = table(lib_rows, name, names, is_lib & in_scope)
+    g.ops = table(op_rows, name, names, is_op & tabled)  # ops and library calls are keyed by span name
+    g.libs = table(lib_rows, name, names, is_lib & tabled)
     if len(rt_rows):
-        g.runtime = table(rt_rows, rt_key, rt_names, is_runtime & in_scope)
+        g.runtime = table(rt_rows, rt_key, rt_names, is_runtime & tabled)
     for row in _first_by_key(lib_rows, name[lib_rows]).tolist():
         lib = t.attrs(row).get("ml.library.name")
         g.libs[names[int(name[row])]].detail = str(lib) if lib else ""
 
     # FLOPs of an op name: every call's own count, since its row is judged by its total time
     # (aten::conv2d and the aten::mkldnn_convolution inside it both carry the convolution's).
-    own = np.nonzero(flops_set & in_scope & ~op_in_itself & ~np.isnan(t.flops))[0]
+    own = np.nonzero(flops_set & tabled & ~op_in_itself & ~np.isnan(t.flops))[0]
     if len(own):
         fl = np.bincount(name[own], weights=t.flops[own], minlength=nn)
         for k in np.unique(name[own]).tolist():
             g.ops[names[k]].flops = float(fl[k])
-    # FLOPs summed over a layer: ops with ml.flops and no enclosing op that has it already.
-    counted = flops_set & ((mask & _FLOPS_BIT) == 0) & ~np.isnan(t.flops)
+    # FLOPs summed over a layer: ops with ml.flops and no enclosing op that has it already
+    # (not compiling: the ops a compile traces on fake tensors compute nothing).
+    counted = flops_set & ~compile_time & ((mask & _FLOPS_BIT) == 0) & ~np.isnan(t.flops)
     cf_rows = np.nonzero(counted)[0]
 
     # Bytes of ops: estimated from the last BYTES_SAMPLES calls of each name, scaled.
@@ -420,8 +452,12 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         acc.bytes = 0.0 if names[k] in NO_DATA_OPS else sum(got) * (acc.calls / len(got))
 
     top_level_op = is_op & ((mask & (1 << OP)) == 0)
-    g.top_op_ns = int(dur[top_level_op & in_scope].sum())
+    g.top_op_ns = int(dur[top_level_op & tabled].sum())
+    g.compile_ops = int((is_op & in_scope & compile_time).sum())
+    outer_compile = compile_time & ~tree.ancestor_or(compile_time)
+    g.compile_ns = int(dur[outer_compile & in_scope].sum())
     g.unscoped_ops = int((is_op & ~in_scope).sum())
+    g.unscoped_ops_compile = int((is_op & ~in_scope & compile_time).sum())
     g.unscoped_ops_ns = int(dur[top_level_op & ~in_scope].sum())
     main_pid = run.meta.get("pid")
     other = [tid for tid, tr in run.tracks.items() if main_pid is not None and tr.pid not in (None, main_pid)]
@@ -439,7 +475,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     for i, nm in enumerate(names):
         if nm in DATA_MOVEMENT_OPS:
             moving[i] = True
-    move_rows = np.nonzero(is_op & in_scope & moving[name])[0]
+    move_rows = np.nonzero(is_op & tabled & moving[name])[0]
     if len(move_rows):
         nested = ~top_level_op[move_rows]
         inside = np.zeros(len(move_rows), dtype=bool)
@@ -458,7 +494,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     # -- GPU kernels -------------------------------------------------------------------------
     gk_all = np.nonzero(is_gpu_kernel)[0]
     # A kernel with no known launch (no parent) stays in the tables of a scoped run.
-    gk_rows = gk_all[in_scope[gk_all] | ~has_parent[gk_all]]
+    gk_rows = gk_all[tabled[gk_all] | ~has_parent[gk_all]]
     k_names: list[str] = []
     k_key = np.full(n, -1, dtype=np.int64)
     if len(gk_all):
@@ -530,8 +566,9 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     child = np.nonzero(has_parent & ((plv == MODEL) | (plv == LAYER)) & (is_struct | (lv == USER)))[0]
     child_ns = _sum_by(call_of[parent[child]], durf[child], ncall)
     direct = np.nonzero(is_op & has_parent & ((plv == MODEL) | (plv == LAYER)))[0]
-    direct_op_ns = _sum_by(call_of[parent[direct]], durf[direct], ncall)
-    tl = np.nonzero(top_level_op & (owner >= 0))[0]
+    direct_op_ns = _sum_by(call_of[parent[direct]], durf[direct], ncall)  # compile time is not framework overhead
+    direct = direct[~compile_time[direct]]  # the layer's top ops: the work it runs
+    tl = np.nonzero(top_level_op & ~compile_time & (owner >= 0))[0]
     op_ns = per_call(tl, durf[tl])
     op_count = per_call(tl)
     cfo = cf_rows[owner[cf_rows] >= 0]

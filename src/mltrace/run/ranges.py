@@ -7,6 +7,10 @@ They stay user-level spans in the trace (attribute ``torch.range``), but the rep
 count torch's as the program's regions: ops inside them are not in the name tables unless a
 model call or a span of the program's holds them, and the DataLoader's batches between model
 calls are the time the model waited for its input.
+
+torch.compile's compile-time ranges (``COMPILE_SUFFIX``; torch records them as ops) mark the
+ops torch runs while it compiles: the report counts those apart from the model's work
+(``analysis/span_pass.py``, docs/ANALYSIS.md "Compile time inside the counted calls").
 """
 
 from __future__ import annotations
@@ -35,3 +39,38 @@ def torch_range_kind(name: str) -> str | None:
         if name.startswith(prefix):
             return kind
     return None
+
+
+#: The name suffix of the ranges TorchDynamo's ``dynamo_timed`` opens around torch.compile's
+#: compile-time work (tracing, AOTAutograd, Inductor's passes and code generation, loading the
+#: compiled code, autotuning, CUDA graph recording): ``_compile.compile_inner (dynamo_timed)``.
+COMPILE_SUFFIX = " (dynamo_timed)"
+#: ``dynamo_timed`` ranges that time work each call runs, not compiling: the guard check that
+#: distributed compiling runs as a collective.
+COMPILE_SUFFIX_RUNTIME = frozenset({"guard_collective" + COMPILE_SUFFIX})
+#: Ranges torch opens around its compile-time ranges (its compile events: a frame's whole
+#: compile, the backend's, the backward's), named without the suffix. A ``dynamo_timed``
+#: range is also wrapped in one named as itself without the suffix.
+COMPILE_EVENTS = frozenset(
+    {
+        "dynamo",
+        "entire_frame_compile",
+        "entire_backward_compile",
+        "backend_compile",
+        "inductor_compile",
+        "code_gen",
+        "compile_fx_aot",
+        "compiled_autograd",
+    }
+)
+
+
+def is_compile_range(name: str) -> bool:
+    """Whether ``name`` is one of torch.compile's compile-time ranges (``COMPILE_SUFFIX``)."""
+    return name.endswith(COMPILE_SUFFIX) and name not in COMPILE_SUFFIX_RUNTIME
+
+
+def wraps_compile_range(name: str, inner: str) -> bool:
+    """Whether a range named ``name`` around the compile-time range ``inner`` is torch's own
+    wrapper of it (``COMPILE_EVENTS``, or ``inner`` without its suffix)."""
+    return name in COMPILE_EVENTS or name + COMPILE_SUFFIX == inner

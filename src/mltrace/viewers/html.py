@@ -620,6 +620,8 @@ def _findings(a: Analysis) -> str:
     items += [f'<span class="muted">{_e(n)}</span>' for n in f.notes]
     if a.unscoped_ops[0]:
         items.append(f'<span class="muted">{_e(a.unscoped_text())}</span>')
+    if a.compile_ops[0]:
+        items.append(f'<span class="muted">{_e(a.compile_text())}</span>')
     if a.torch_ranges:
         items.append(f'<span class="muted">{_e(a.torch_ranges_text())}</span>')
     if a.peaks is not None:

@@ -65,7 +65,8 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     out.append("")
     if data["findings"]:
         out += ["### Findings", ""] + [f"- {_cell(f['text'])}" for f in data["findings"]] + [""]
-    for note in ((run.get("unscoped_ops") or {}).get("text"), (run.get("torch_ranges") or {}).get("text")):
+    notes = (run.get("unscoped_ops"), run.get("compile_ops"), run.get("torch_ranges"))
+    for note in ((n or {}).get("text") for n in notes):
         if note:
             out += [f"_{_cell(note)}_", ""]
     out += _requests_section(data, top) + _ranks_section(data)

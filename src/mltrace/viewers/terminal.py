@@ -150,6 +150,8 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         outside.append(a.unscoped_text())
     elif b.ops_outside_models:
         outside.append(f"{b.ops_outside_models} ops outside any model call")
+    if a.compile_ops[0]:
+        outside.append(a.compile_text())
     if a.torch_ranges:
         outside.append(a.torch_ranges_text())
     if outside:
