@@ -21,6 +21,7 @@ import runpy
 import signal
 import sys
 import threading
+import traceback
 import types
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -241,7 +242,17 @@ def _exec_module(name: str, args: list[str]) -> None:
 
 
 def _join_threads() -> None:
-    # Python waits for non-daemon threads before exit; do the same so their spans land.
+    """Waits for the program's non-daemon threads, as Python does before it exits, so that
+    their spans land. First, as Python does, runs threading's own exit hooks (once): they tell
+    a ``ThreadPoolExecutor``'s workers to stop, which otherwise wait for work forever."""
+    hooks = getattr(threading, "_threading_atexits", None)
+    if isinstance(hooks, list):
+        for hook in reversed(hooks[:]):
+            try:
+                hook()
+            except Exception:  # as Python reports an exception in its threading shutdown
+                traceback.print_exc()
+        hooks.clear()
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             try:
