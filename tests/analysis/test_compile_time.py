@@ -18,7 +18,7 @@ from mltrace.analysis.report_data import build_report
 from mltrace.analysis.report_schema import REPORT_SCHEMA
 from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
-from mltrace.run.ranges import is_compile_range, wraps_compile_range
+from mltrace.run.ranges import is_compile_range, torch_range_kind, wraps_compile_range
 from mltrace.run.store import Run
 from mltrace.viewers.markdown import render_markdown
 from mltrace.viewers.terminal import render_report
@@ -135,4 +135,9 @@ def test_a_compiled_model_called_once_has_the_eager_models_ops(tmp_path: Path) -
     assert count > 10 and ns > 0
     (row,) = [r for r in a.layers if r.stat.name == "OptimizedModule"]
     assert row.flops == addmm and ns < row.stat.total_ns
+    # torch.compile's region and cache lookup (recorded as ops) are torch's ranges: not ops,
+    # and seen through, so the model's own ops are its top ops.
+    assert not [name for name in ops if torch_range_kind(name)]
+    assert a.torch_ranges["torch.compile"][0] >= 2
+    assert {"aten::linear", "aten::relu"} <= set(row.stat.ops)
     torch._dynamo.reset()

@@ -563,10 +563,14 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         c = call_of[owner[rows]]
         return _count_by(c, ncall) if values is None else _sum_by(c, values, ncall)
 
-    child = np.nonzero(has_parent & ((plv == MODEL) | (plv == LAYER)) & (is_struct | (lv == USER)))[0]
-    child_ns = _sum_by(call_of[parent[child]], durf[child], ncall)
-    direct = np.nonzero(is_op & has_parent & ((plv == MODEL) | (plv == LAYER)))[0]
-    direct_op_ns = _sum_by(call_of[parent[direct]], durf[direct], ncall)  # compile time is not framework overhead
+    # A call's children and direct ops: torch's ranges in between are seen through (the ops
+    # torch.compile's region holds are its model's), and are no children themselves.
+    above = tree.nearest(~torch_range) if torch_range.any() else parent
+    in_call = (above >= 0) & np.isin(lv[np.maximum(above, 0)], (MODEL, LAYER))
+    child = np.nonzero(in_call & (is_struct | is_user))[0]
+    child_ns = _sum_by(call_of[above[child]], durf[child], ncall)
+    direct = np.nonzero(is_op & in_call)[0]
+    direct_op_ns = _sum_by(call_of[above[direct]], durf[direct], ncall)  # compile time is not framework overhead
     direct = direct[~compile_time[direct]]  # the layer's top ops: the work it runs
     tl = np.nonzero(top_level_op & ~compile_time & (owner >= 0))[0]
     op_ns = per_call(tl, durf[tl])
@@ -678,7 +682,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     pick = np.lexsort((np.arange(ncall), ~with_ops, -cdepth, crow))
     first_call = pick[np.searchsorted(crow[pick], np.arange(nrow))]
     site_call = _most_frequent(crow, set_site[set_of_call], first_call, nrow)
-    direct_tables = _pair_table(crow[call_of[parent[direct]]], name[direct], durf[direct], names)
+    direct_tables = _pair_table(crow[call_of[above[direct]]], name[direct], durf[direct], names)
     lib_tables = _subtree_tables(lib_rows, name[lib_rows], names, owner, call_of, cowner, crow, durf)
     kern_tables = _subtree_tables(gk_rows, k_key[gk_rows], k_names, owner, call_of, cowner, crow, durf)
     for r in range(nrow):

@@ -15,7 +15,8 @@ CPU runs, see tests/data/kineto/):
                         ``ml.input.shapes`` from ``Input Dims``, ``ml.input.dtypes``
                         from ``Input type``, ``ml.flops`` from Kineto's
                         ``flops`` or else counted from the shapes,
-                        ``aten_flops``)
+                        ``aten_flops``); torch's own ranges recorded as
+                        ops (torch.compile's region) as ``user_annotation``
   ``user_annotation``   ``Level.USER`` span (``record_function``, ProfilerStep#N);
                         torch's own ranges carry ``torch.range`` (``run/ranges.py``)
   ``gpu_user_annotation`` ``Level.USER`` span on the GPU stream's track
@@ -700,7 +701,11 @@ class _Conversion:
 
 
 def _op_attrs(c: _Conversion, cat: str, name: str, args: dict[str, Any], track: Track) -> tuple[Level, str, dict[str, Any]]:
-    """A ``cpu_op``: an op span with its shapes, dtypes and FLOPs (Kineto's, else counted)."""
+    """A ``cpu_op``: an op span with its shapes, dtypes and FLOPs (Kineto's, else counted); one
+    of torch's own ranges (``run/ranges.py``: torch.compile's region, recorded as an op) is a
+    user span as its ``user_annotation`` ranges are."""
+    if torch_range_kind(name) is not None:
+        return _user_attrs(c, cat, name, args, track)
     attrs: dict[str, Any] = {"ml.framework": "pytorch", "ml.op.name": name}
     if "Input Dims" in args:
         attrs["ml.input.shapes"] = args["Input Dims"]

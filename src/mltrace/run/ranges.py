@@ -2,7 +2,10 @@
 
 torch.profiler records every ``record_function`` range as a ``user_annotation``, the ones a
 program opens and the ones torch opens itself around its own work: the DataLoader's batches,
-optimizer steps, torch.profiler's steps, torch.compile's regions, data-parallel wrappers.
+optimizer steps, torch.profiler's steps, torch.compile's regions, data-parallel wrappers. The
+ranges torch opens in C++ or with ``_RecordFunctionFast`` (torch.compile's region, its cache
+lookup) it records as ``cpu_op`` instead; the converter makes those user-level spans too
+(``formats/kineto.py``).
 They stay user-level spans in the trace (attribute ``torch.range``), but the report does not
 count torch's as the program's regions: ops inside them are not in the name tables unless a
 model call or a span of the program's holds them, and the DataLoader's batches between model
@@ -26,6 +29,9 @@ TORCH_RANGE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("ProfilerStep#", "profiler step"),
     ("Torch-Compiled Region: ", "torch.compile"),
     ("## Call CompiledFxGraph ", "torch.compile"),
+    ("TorchDynamo Cache Lookup", "torch.compile"),
+    ("Pregraph bytecode", "torch.compile"),
+    ("AOTDispatcher Runtime Wrapper Prologue", "torch.compile"),
     ("DataParallel.forward", "data parallel"),
     ("DistributedDataParallel.forward", "data parallel"),
     ("FullyShardedDataParallel.", "data parallel"),
