@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mltrace.analysis.peaks import Peaks, cpu_for_run, cpu_frequency_hz, half_factor, isa_flops_per_core, run_threads
 
 CPU = Peaks("cpu", "test CPU", 100e9, 10e9, "measured")
@@ -36,3 +38,17 @@ def test_the_cpu_flop_roof_is_at_least_the_isas_bound() -> None:
     assert two.flops_per_s == 320e9 and "ISA's bound" in two.note and two.bytes_per_s == 10e9
     # a measured roof above the ISA's (an unknown wider unit) stays
     assert cpu_for_run(Peaks("cpu", "x", 1e12, 1e10, "measured"), {}, 2, {"sse2"}, hz).flops_per_s == 1e12
+
+
+def test_a_host_without_cpufreq_takes_its_clock_from_cpuinfo(tmp_path: Path) -> None:
+    """A virtual machine has no cpufreq and a model name without a clock ("AMD EPYC"): its
+    cpuinfo's highest ``cpu MHz`` gives the ISA's bound."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu MHz\t\t: 2596.096\n\nprocessor\t: 1\ncpu MHz\t\t: 2600.000\n")
+    missing = str(tmp_path / "no-cpufreq")
+    assert cpu_frequency_hz("AMD EPYC", cpufreq=missing, cpuinfo=str(cpuinfo)) == 2.6e9
+    assert cpu_frequency_hz("Xeon @ 2.50GHz", cpufreq=missing, cpuinfo=str(cpuinfo)) == 2.5e9  # the name first
+    assert cpu_frequency_hz("AMD EPYC", this_host=False) is None  # another host's cpuinfo is not this one's
+    assert cpu_frequency_hz("AMD EPYC", cpufreq=missing, cpuinfo=missing) is None
+    (tmp_path / "max").write_text("3700000\n")
+    assert cpu_frequency_hz("AMD EPYC", cpufreq=str(tmp_path / "max"), cpuinfo=str(cpuinfo)) == 3.7e9

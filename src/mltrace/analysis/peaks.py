@@ -132,17 +132,37 @@ def half_factor(flags: set[str]) -> float:
 ISA_FLOPS_PER_CYCLE: tuple[tuple[str, float], ...] = (("avx512f", 64.0), ("fma", 32.0), ("avx", 16.0), ("sse2", 8.0))
 
 
-def cpu_frequency_hz(model: str | None, this_host: bool = True) -> float | None:
-    """The highest clock a core runs at (Hz): this machine's cpufreq ``cpuinfo_max_freq`` when
-    ``this_host``, else the ``@ 2.50GHz`` of the CPU's model name, else None."""
+#: Where this machine's clocks are read: cpufreq's maximum, and /proc/cpuinfo.
+CPUFREQ_MAX = "/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq"
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpu_frequency_hz(model: str | None, this_host: bool = True, cpufreq: str = CPUFREQ_MAX, cpuinfo: str = CPUINFO) -> float | None:
+    """The highest clock a core runs at (Hz): when ``this_host``, this machine's cpufreq
+    maximum (``cpufreq``); else the ``@ 2.50GHz`` of the CPU's model name; else, on this host,
+    the highest ``cpu MHz`` in ``cpuinfo`` (a virtual machine without cpufreq shows its
+    nominal clock there; a lower reading only leaves the measured roof in place); else None."""
     try:
         if this_host:
-            with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", encoding="utf-8") as f:
+            with open(cpufreq, encoding="utf-8") as f:
                 return float(f.read().strip()) * 1e3
     except (OSError, ValueError):
         pass
     found = re.search(r"@\s*([0-9.]+)\s*GHz", model or "")
-    return float(found.group(1)) * 1e9 if found else None
+    if found:
+        return float(found.group(1)) * 1e9
+    return _cpuinfo_mhz(cpuinfo) if this_host else None
+
+
+def _cpuinfo_mhz(path: str) -> float | None:
+    """The highest ``cpu MHz`` line of ``/proc/cpuinfo`` (Hz), or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    clocks = [float(mhz) for mhz in re.findall(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.MULTILINE)]
+    return max(clocks) * 1e6 if clocks and max(clocks) > 0 else None
 
 
 def isa_flops_per_core(flags: set[str], hz: float | None) -> float | None:
