@@ -34,7 +34,8 @@ def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
 
 
 def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, int]:
-    """Counts op spans with no layer ancestor (inside a model) and with no model ancestor."""
+    """Counts op spans with no layer ancestor (inside a model; and the time of the outermost of
+    them) and with no model ancestor."""
     enclosing: dict[int, Level | None] = {}  # span id → innermost model/layer level above or at it
 
     def context(span_id: int | None) -> Level | None:
@@ -66,8 +67,21 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
             outside_models += 1
         elif ctx == Level.MODEL:
             in_model += 1
-            in_model_ns += s.duration_ns
+            if not _inside_an_op(s, by_id):  # the time of the outermost ones
+                in_model_ns += s.duration_ns
     return in_model, in_model_ns, outside_models
+
+
+def _inside_an_op(span: Span, by_id: dict[int, Span]) -> bool:
+    """Whether an op span is an ancestor of ``span``."""
+    seen: set[int] = set()
+    up = by_id.get(span.parent_id) if span.parent_id is not None else None
+    while up is not None and up.id not in seen:
+        if up.level == Level.OP:
+            return True
+        seen.add(up.id)
+        up = by_id.get(up.parent_id) if up.parent_id is not None else None
+    return False
 
 
 def breakdown(run: Run) -> Breakdown:

@@ -95,7 +95,8 @@ class Breakdown:
         wall_ns: first start to last end over all spans (ns).
         span_count: number of spans.
         ops_outside_layers: op spans inside a model span but in no layer span.
-        ops_outside_layers_ns: their total duration (ns).
+        ops_outside_layers_ns: the time of the outermost of them (ns): a nested op's is in its
+            outer op's.
         ops_outside_models: op spans in no model span at all (program code around the model).
         layer_model_calls: where the layer level ended before the run did
             (run.json ``layer_window``), the model calls that started before it (those

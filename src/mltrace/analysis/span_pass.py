@@ -735,7 +735,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_models = int((own < 0).sum())
     in_model = all_op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
     g.ops_outside_layers = len(in_model)
-    g.ops_outside_layers_ns = int(dur[in_model].sum())
+    g.ops_outside_layers_ns = int(dur[in_model[top_level_op[in_model]]].sum())  # nested ops' time is their outer op's
     return g
 
 
