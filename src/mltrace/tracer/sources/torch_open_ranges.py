@@ -9,8 +9,10 @@ Python-side ranges are counted on every thread: ``record_function`` (a ``with`` 
 decorator, the DataLoader's ``__next__``) is wrapped while cycles run (``RecordFunctionDepth``).
 Ranges torch opens in C++ around Python code are found on the calling thread's stack
 (``range_frame_on_stack``): TorchDynamo's compiled frames ("Torch-Compiled Region"), a custom
-autograd ``Function``'s ``apply``, an op implemented in Python (``torch._ops``) and
-``__torch_dispatch__``. The ranges of ops that other threads run are not seen.
+autograd ``Function``'s ``apply``, the autograd engine's backward pass (each node it evaluates
+is a range: a model called from there, as ``torch.utils.checkpoint`` recomputes one, returns
+inside it), an op implemented in Python (``torch._ops``) and ``__torch_dispatch__``. The ranges
+of ops that other threads run are not seen.
 """
 
 from __future__ import annotations
@@ -94,8 +96,8 @@ class RecordFunctionDepth:
 
 def range_frame_on_stack(frame: FrameType | None = None) -> str | None:
     """What on the calling thread's Python stack (from ``frame``, by default the caller's) runs
-    inside a range torch opened in C++, or None: "compiled code", "autograd Function" or "op
-    implemented in Python"."""
+    inside a range torch opened in C++, or None: "compiled code", "autograd Function", "autograd
+    backward" or "op implemented in Python"."""
     codes = _range_codes()
     compiled = _dynamo_output_codes()
     f: FrameType | None = frame if frame is not None else sys._getframe(1)
@@ -114,13 +116,21 @@ def range_frame_on_stack(frame: FrameType | None = None) -> str | None:
 
 def _range_codes() -> dict[int, str]:
     """The code of torch's Python functions that call into a C++ range, by ``id``: a custom
-    ``Function``'s ``apply`` and the calls of an op."""
+    ``Function``'s ``apply``, the calls into the autograd engine and the calls of an op."""
     codes: dict[int, str] = {}
     function = sys.modules.get("torch.autograd.function")
     apply = getattr(getattr(function, "Function", None), "apply", None)
     code = getattr(getattr(apply, "__func__", apply), "__code__", None)
     if code is not None:
         codes[id(code)] = "autograd Function"
+    # The backward pass: torch's entry into the C++ engine, and (where torch has no such entry)
+    # the functions that call the engine themselves.
+    graph = sys.modules.get("torch.autograd.graph")
+    autograd = sys.modules.get("torch.autograd")
+    for entry in (getattr(graph, "_engine_run_backward", None), getattr(autograd, "backward", None), getattr(autograd, "grad", None)):
+        code = getattr(entry, "__code__", None)
+        if code is not None:
+            codes[id(code)] = "autograd backward"
     ops = sys.modules.get("torch._ops")
     for cls_name in ("OpOverload", "OpOverloadPacket"):
         cls = getattr(ops, cls_name, None)
