@@ -100,14 +100,24 @@ def prefetch():
             time.sleep(0.02)
         time.sleep(0.01)
 
-thread = threading.Thread(target=prefetch)
+def watch():  # a span of the program's open on another thread: its ops would be cut
+    import mltrace
+    for _ in range(3):
+        with mltrace.span("watch"):
+            torch.ones(4).sum()
+            time.sleep(0.05)
+        time.sleep(0.02)
+
+thread, watcher = threading.Thread(target=prefetch), threading.Thread(target=watch)
 thread.start()
+watcher.start()
 with torch.inference_mode():
     for _ in range(30):
         model(x)
         time.sleep(0.005)
 done.set()
 thread.join()
+watcher.join()
 """
 
 
@@ -125,6 +135,9 @@ def test_switches_wait_for_record_function_ranges_on_other_threads(tmp_path: Pat
     assert len(models) == 30 and _switches_inside(meta, models) == []
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 60
     assert meta["switches_deferred"]["record_function on another thread"] >= 1
+    watches = [s for s in run.spans if s.name == "watch"]
+    assert len(watches) == 3 and _switches_inside(meta, watches) == []
+    assert meta["switches_deferred"]["span open on another thread"] >= 1
     assert meta["cycles"] >= 3
 
 

@@ -174,9 +174,9 @@ class TorchOpSource(Source):
         self.switch_ns = 0
         #: The switches' intervals: (native thread id, session begin ns, session end ns).
         self.pauses: list[tuple[int, int, int]] = []
-        #: Switches put off because a torch range was open on the program's thread, by what
-        #: held it open (``torch_open_ranges``); the next model call's return or the range's
-        #: end tries again.
+        #: Switches put off, by what held them (``_held_by``: a span open on another thread, a
+        #: torch range that may be open); the next model call's return or a range's end tries
+        #: again.
         self.switches_deferred: dict[str, int] = {}
         self._ranges = RecordFunctionDepth(self._range_closed)
         #: Takes ``_guard_program_profiler``'s wrapper off torch again.
@@ -373,8 +373,7 @@ class TorchOpSource(Source):
         the first holds the program's set-up, the second one call, whose ops per call the span
         limit counts by), the converter has finished the cycle before it (else the running one
         goes on, up to ``CYCLE_OPS_MAX``: the converter's backlog stays one cycle), this thread
-        may stop the profiler, no other thread has a span open (the all-threads profiler's stop
-        drops the ops running there) and no torch range is open on this thread (``_range_open``)."""
+        may stop the profiler, and nothing holds it (``_held_by``)."""
         cycles = self._cycles
         if cycles is None:
             return
@@ -386,9 +385,9 @@ class TorchOpSource(Source):
             return
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
-        if self._session is not None and self._session.recorder.open_on_other_threads():
-            return  # a stop would drop the ops in flight there (a request, a model call): later
-        if self._range_open():
+        held_by = self._held_by()
+        if held_by is not None:  # later: at a model call's return or a range's end
+            self.switches_deferred[held_by] = self.switches_deferred.get(held_by, 0) + 1
             return
         if backlog:
             waited_from = now_ns()
@@ -396,20 +395,19 @@ class TorchOpSource(Source):
             self._note_hold(waited_from)
         self._next_cycle(restart=True)
 
-    def _range_open(self) -> bool:
-        """Whether a torch range may be open (``torch_open_ranges``): a ``record_function`` on
-        any thread, or one torch opened around this thread's Python code. A switch inside one
-        would crash the process at a later stop: it waits and counts in ``switches_deferred``."""
+    def _held_by(self) -> str | None:
+        """What a switch now must wait for (counted in ``switches_deferred``), or None: a span
+        open on another thread (the all-threads profiler's stop drops the ops in flight there:
+        a request, a model call), or a torch range that may be open (``torch_open_ranges``: a
+        ``record_function`` on any thread, or one torch opened around this thread's Python
+        code), which a switch would leave open across the next start, crashing a later stop."""
+        if self._session is not None and self._session.recorder.open_on_other_threads():
+            return "span open on another thread"
         if self._ranges.open_here():
-            why: str | None = "record_function"
-        elif self._ranges.open_elsewhere():
-            why = "record_function on another thread"
-        else:
-            why = range_frame_on_stack()
-        if why is None:
-            return False
-        self.switches_deferred[why] = self.switches_deferred.get(why, 0) + 1
-        return True
+            return "record_function"
+        if self._ranges.open_elsewhere():
+            return "record_function on another thread"
+        return range_frame_on_stack()
 
     def _range_closed(self) -> None:
         """A thread's last open ``record_function`` range ended: on the cycling thread outside a
