@@ -241,24 +241,34 @@ def _exec_module(name: str, args: list[str]) -> None:
     runpy.run_module(name, run_name="__main__", alter_sys=True)
 
 
+#: The flags concurrent.futures' exit hooks set (module, attribute): once set, no executor
+#: takes new work.
+_EXECUTOR_SHUTDOWN_FLAGS = (("concurrent.futures.thread", "_shutdown"), ("concurrent.futures.process", "_global_shutdown"))
+
+
 def _join_threads() -> None:
     """Waits for the program's non-daemon threads, as Python does before it exits, so that
-    their spans land. First, as Python does, runs threading's own exit hooks (once): they tell
-    a ``ThreadPoolExecutor``'s workers to stop, which otherwise wait for work forever."""
+    their spans land. First, as Python does, runs threading's own exit hooks: they tell the
+    workers of the program's ``ThreadPoolExecutor``s to stop, which otherwise wait for work
+    forever. Then executors take work again (mltrace's finish sends OTLP through gRPC's); the
+    hooks stay registered, and the interpreter's exit runs them once more for those."""
     hooks = getattr(threading, "_threading_atexits", None)
-    if isinstance(hooks, list):
-        for hook in reversed(hooks[:]):
-            try:
-                hook()
-            except Exception:  # as Python reports an exception in its threading shutdown
-                traceback.print_exc()
-        hooks.clear()
-    for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon:
-            try:
+    for hook in reversed(list(hooks) if isinstance(hooks, list) else []):
+        try:
+            hook()
+        except Exception:  # as Python reports an exception in its threading shutdown
+            traceback.print_exc()
+    try:
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
                 t.join()
-            except KeyboardInterrupt:
-                return
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for module_name, flag in _EXECUTOR_SHUTDOWN_FLAGS:
+            module = sys.modules.get(module_name)
+            if module is not None and getattr(module, flag, None) is True:
+                setattr(module, flag, False)
 
 
 def run_target(target: Target, outcome: dict[str, str] | None = None) -> int:
