@@ -17,9 +17,9 @@ the thread converts in this process). Memory stays about one cycle's, the op lev
 early end, and a killed run keeps the cycles converted before (a trace file left in the run
 directory is one being converted: ``mltrace import`` reads it). A cycle waits while another
 thread has a span open, since the all-threads profiler's stop drops the ops running
-elsewhere, and while a torch range may be open on the program's thread (``torch_open_ranges``:
-a range spanning a stop and the next start crashes a later stop); a ``record_function`` range's
-end tries again. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
+elsewhere, and while a torch range may be open (``torch_open_ranges``: a range spanning a stop
+and the next start crashes a later stop); a ``record_function`` range's end tries again, and
+run.json ``torch_profiler.switches_deferred`` counts the waits. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
 CUPTI callbacks each profiler start would replace) the profiler runs whole and is converted at
 ``stop()``.
 
