@@ -58,6 +58,18 @@ def test_an_armed_watch_fires_past_its_budget_counted_from_when_it_was_armed() -
     assert watch.check() is None  # once
 
 
+def test_what_the_stop_would_add_counts_against_the_budget() -> None:
+    """torch.profiler's stop materialises what it holds (about 3 KB an op, where recording took
+    a fifth of that): a cycle held over many calls passes the budget at its stop, not before."""
+    rss = [GIB]
+    watch = MemoryWatch("the op level (torch.profiler)", rss=lambda: rss[0], meminfo=lambda: (20 * GIB, 24 * GIB))
+    watch.arm(GIB)
+    rss[0] = GIB + GIB // 4
+    assert watch.check(stop_bytes=GIB // 2) is None
+    message = watch.check(stop_bytes=GIB - GIB // 4)
+    assert message is not None and "grew by 0.2 GiB while traced (its stop would add about 0.8 GiB more)" in message
+
+
 def test_the_default_budget_is_5_percent_of_what_is_available_and_at_least_one_gib() -> None:
     assert memwatch.default_budget(80 * GIB) == 4 * GIB
     assert memwatch.default_budget(2 * GIB) == GIB

@@ -269,3 +269,40 @@ def test_record_function_depth_counts_per_thread_and_puts_torch_back() -> None:
     finally:
         depth.uninstall()
     assert record_function.__dict__["__enter__"] is enter and record_function.__dict__["__exit__"] is exit_
+
+
+HELD_WHOLE = """
+import time, torch
+from torch.autograd.profiler import record_function
+layers = []
+for _ in range(20):
+    layers += [torch.nn.Linear(16, 16), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers).eval()
+x = torch.randn(2, 16)
+with torch.inference_mode():
+    for _ in range(2):  # the first two cycles: the set-up, then one call (its ops per call)
+        model(x)
+    with record_function("everything"):  # holds every later switch, as LBFGS's step does
+        for _ in range(300):
+            model(x)
+            time.sleep(0.01)
+print("done")
+"""
+
+
+def test_a_cycle_held_by_a_range_ends_at_the_memory_budget_its_stop_would_pass(tmp_path: Path) -> None:
+    """Recording an op costs a fifth of what its stop adds: the budget counts the stop ahead, so
+    a cycle that a range holds over many calls ends the op level before its stop blows past.
+    (Here the process alone grows by about 42 MB over the 300 calls, under the 64 MB budget.)"""
+    script = tmp_path / "held.py"
+    script.write_text(HELD_WHOLE)
+    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.001", "MLTRACE_OP_MEMORY_GIB": "0.06"}
+    env.pop("MLTRACE_OUTPUT", None)
+    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert "its stop would add about" in done.stderr
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["op_window"]["reason"] == "memory budget"
+    assert 2 < meta["op_window"]["ended_after_model_calls"] < 302
+    assert meta["torch_profiler"]["switches_deferred"]["record_function"] >= 1

@@ -122,15 +122,18 @@ class MemoryWatch:
         self._start_rss = self._rss()
         self.budget = budget
 
-    def check(self) -> str | None:
-        """What happened, as a clause for a warning, or None; a watch fires at most once."""
+    def check(self, stop_bytes: int = 0) -> str | None:
+        """What happened, as a clause for a warning, or None; a watch fires at most once.
+        ``stop_bytes``: what stopping the profilers would add still (the events they hold,
+        materialised), counted with the growth so far against the budget."""
         if self.warned:
             return None
         grown = self._rss() - self._start_rss
-        if self.budget is not None and grown >= self.budget:
+        if self.budget is not None and grown + stop_bytes >= self.budget:
             self.warned = True
+            stop = f" (its stop would add about {stop_bytes / _GIB:.1f} GiB more)" if stop_bytes else ""
             return (
-                f"this process grew by {grown / _GIB:.1f} GiB while traced, past the op level's memory budget of "
+                f"this process grew by {grown / _GIB:.1f} GiB while traced{stop}, past the op level's memory budget of "
                 f"{self.budget / _GIB:.1f} GiB (MLTRACE_OP_MEMORY_GIB): {self.holding} keeps every event in memory until it stops"
             )
         info = self._meminfo()

@@ -44,6 +44,7 @@ from mltrace.tracer.memwatch import (
 from mltrace.tracer.messages import say, warn
 from mltrace.tracer.recorder import Flusher, Recorder, events_of
 from mltrace.tracer.sources.base import (
+    CostsMemoryToStop,
     CountsPendingSpans,
     EndsEarly,
     EndsLayerLevel,
@@ -824,7 +825,7 @@ class Session:
         self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
-            message = watch.check()
+            message = watch.check(self._stop_bytes())
             if message is None:
                 return
             profiling = any(can_end_early(s) and s.profiling for s in self.started)
@@ -846,6 +847,18 @@ class Session:
             if value is not None:
                 sealed = min(sealed, value)
         return sealed
+
+    def _stop_bytes(self) -> int:
+        """About how much memory stopping the op level's profilers would take now (bytes): the
+        memory budget counts it ahead. A source that fails to say counts 0."""
+        total = 0
+        for source in list(self.started):
+            if isinstance(source, CostsMemoryToStop):
+                try:
+                    total += source.stop_bytes()
+                except Exception as exc:  # never the flusher's end
+                    self.errors.append(f"{source.name}: estimating its stop's memory failed: {exc}")
+        return total
 
     def _earliest_open(self) -> int | None:
         """The start of the earliest span still running (the recorder's, or a source's), or None."""

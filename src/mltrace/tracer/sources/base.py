@@ -219,6 +219,15 @@ class ReleasesInForkedChild(Protocol):
 
 
 @runtime_checkable
+class CostsMemoryToStop(Protocol):
+    """A source whose stop materialises the events it holds (torch.profiler's)."""
+
+    def stop_bytes(self) -> int:
+        """About how much memory its stop would take now (bytes)."""
+        ...
+
+
+@runtime_checkable
 class CountsPendingSpans(Protocol):
     """A source that holds spans not yet handed to the recorder (the span limit counts them)."""
 

@@ -19,9 +19,10 @@ directory is one being converted: ``mltrace import`` reads it). A cycle waits wh
 thread has a span open, since the all-threads profiler's stop drops the ops running
 elsewhere, and while a torch range may be open (``torch_open_ranges``: a range spanning a stop
 and the next start crashes a later stop); a ``record_function`` range's end tries again, and
-run.json ``torch_profiler.switches_deferred`` counts the waits. Where kernels are recorded (Kineto's CUDA activity, or cupti-python's path, whose
-CUPTI callbacks each profiler start would replace) the profiler runs whole and is converted at
-``stop()``.
+run.json ``torch_profiler.switches_deferred`` counts the waits. Where kernels are recorded
+(Kineto's CUDA activity, or cupti-python's path, whose CUPTI callbacks each profiler start
+would replace) the profiler runs whole and is converted at ``stop()``. The memory budget counts
+what the running cycle's stop would add (``stop_bytes``).
 
 Placement and clock: Kineto's thread ids are OS thread ids, so ops land on the thread tracks
 of the live model and layer spans, where the finish nests them (``nest_by_containment``); all
@@ -94,6 +95,10 @@ CYCLE_S = 0.1
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
 CYCLE_OPS_MAX = 25_000
+#: What torch.profiler's stop adds to the process for each op it holds (bytes; measured +47 MB
+#: for a cycle of 15,200 ops, docs/PERFORMANCE.md "Long runs"), where recording them took
+#: +10 MB: the memory budget counts it ahead (``stop_bytes``).
+STOP_BYTES_PER_OP = 3_000
 #: The holds of the program's thread (cycle switches, waits for the converter) whose intervals
 #: run.json keeps (``torch_profiler.pauses``); later ones are counted only.
 PAUSES_KEPT = 10_000
@@ -357,6 +362,16 @@ class TorchOpSource(Source):
         if cycles is None:
             return 0
         return cycles.spans_written + cycles.queued_spans + int(self._cycle_calls * cycles.spans_per_call)
+
+    def stop_bytes(self) -> int:
+        """About how much memory stopping the running cycle would take now (bytes): its model
+        calls times the ops per call of the last stopped cycle, ``STOP_BYTES_PER_OP`` each. A
+        cycle held by a range over many calls (LBFGS's ``Optimizer.step``) grows so while the
+        process itself grows a fifth of it; 0 without cycles (no estimate) or profiler."""
+        cycles = self._cycles
+        if cycles is None or self._prof is None:
+            return 0
+        return int(self._cycle_calls * cycles.spans_per_call) * STOP_BYTES_PER_OP
 
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): counts the
