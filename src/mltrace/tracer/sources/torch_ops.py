@@ -69,7 +69,7 @@ from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
 from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_env
-from mltrace.tracer.memwatch import release_free_memory
+from mltrace.tracer.memwatch import process_rss, release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
 from mltrace.tracer.sources.torch_open_ranges import RecordFunctionDepth, range_frame_on_stack
@@ -99,6 +99,10 @@ CYCLE_OPS_MAX = 25_000
 #: for a cycle of 15,200 ops, docs/PERFORMANCE.md "Long runs"), where recording them took
 #: +10 MB: the memory budget counts it ahead (``stop_bytes``).
 STOP_BYTES_PER_OP = 3_000
+#: The same against the process's growth while a cycle recorded (47 MB against 10 MB there;
+#: 3.1 GiB against 0.8 GiB for a cycle that LBFGS's step held): where no cycle has said its ops
+#: per call yet, a held cycle's stop is estimated from the growth since it began.
+STOP_BYTES_PER_GROWN_BYTE = 4
 #: The holds of the program's thread (cycle switches, waits for the converter) whose intervals
 #: run.json keeps (``torch_profiler.pauses``); later ones are counted only.
 PAUSES_KEPT = 10_000
@@ -169,6 +173,7 @@ class TorchOpSource(Source):
         self.cycle_s = cycle_seconds()
         self._kwargs: dict[str, Any] = {}  # the profiler's arguments, for the next cycle's
         self._cycle_began = 0.0  # time.monotonic() at the running cycle's start
+        self._cycle_rss = 0  # the process's resident size then (bytes)
         self._cycle_calls = 0  # model calls that returned in the running cycle
         self._cycles: _Converter | None = None
         self._cycling_thread: int | None = None  # the thread of the first model call that returned
@@ -183,6 +188,7 @@ class TorchOpSource(Source):
         #: torch range that may be open); the next model call's return or a range's end tries
         #: again.
         self.switches_deferred: dict[str, int] = {}
+        self._held = False  # the running cycle's switch was put off
         self._ranges = RecordFunctionDepth(self._range_closed)
         #: Takes ``_guard_program_profiler``'s wrapper off torch again.
         self._unguard: Callable[[], None] = lambda: None
@@ -273,7 +279,7 @@ class TorchOpSource(Source):
             try:
                 _start_quietly(prof)
                 self._prof = prof
-                self._cycle_began, self._cycle_calls = time.monotonic(), 0
+                self._cycle_began, self._cycle_calls, self._cycle_rss = time.monotonic(), 0, process_rss()
                 if config is None:  # torch stops a one-thread profiler only where it started
                     self.thread_ident = threading.get_ident()
             finally:
@@ -365,13 +371,17 @@ class TorchOpSource(Source):
 
     def stop_bytes(self) -> int:
         """About how much memory stopping the running cycle would take now (bytes): its model
-        calls times the ops per call of the last stopped cycle, ``STOP_BYTES_PER_OP`` each. A
-        cycle held by a range over many calls (LBFGS's ``Optimizer.step``) grows so while the
-        process itself grows a fifth of it; 0 without cycles (no estimate) or profiler."""
+        calls times the ops per call of the last stopped cycle, ``STOP_BYTES_PER_OP`` each; for
+        a cycle whose switch was put off (a range over many calls: LBFGS's ``Optimizer.step``),
+        at least ``STOP_BYTES_PER_GROWN_BYTE`` times the process's growth since it began (the
+        first cycles know no ops per call yet). 0 without cycles or profiler."""
         cycles = self._cycles
         if cycles is None or self._prof is None:
             return 0
-        return int(self._cycle_calls * cycles.spans_per_call) * STOP_BYTES_PER_OP
+        by_calls = int(self._cycle_calls * cycles.spans_per_call) * STOP_BYTES_PER_OP
+        if not self._held:
+            return by_calls
+        return max(by_calls, STOP_BYTES_PER_GROWN_BYTE * max(0, process_rss() - self._cycle_rss))
 
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): counts the
@@ -403,6 +413,7 @@ class TorchOpSource(Source):
         held_by = self._held_by()
         if held_by is not None:  # later: at a model call's return or a range's end
             self.switches_deferred[held_by] = self.switches_deferred.get(held_by, 0) + 1
+            self._held = True
             return
         if backlog:
             waited_from = now_ns()
@@ -471,6 +482,7 @@ class TorchOpSource(Source):
         cycles = self._cycles
         if prof is None or cycles is None:
             return
+        self._held = False
         stopped_ns = now_ns()  # every op of the cycle ended by now
         t0 = time.perf_counter_ns()
         with _own_call():
@@ -502,7 +514,7 @@ class TorchOpSource(Source):
                 self._session.note_limitation(f"op level: torch.profiler did not restart ({exc}); later ops are not recorded")
             return
         self._prof = prof
-        self._cycle_began = time.monotonic()
+        self._cycle_began, self._cycle_rss = time.monotonic(), process_rss()
 
     def _note_pause(self, began_ns: int, began_perf_ns: int) -> None:
         """Counts a cycle switch that held the program's thread from session time ``began_ns``
