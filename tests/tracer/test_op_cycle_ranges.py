@@ -5,14 +5,14 @@ profiler's freed events once the next one runs, and a later stop crashes the pro
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import run_cli
 
 torch = pytest.importorskip("torch")
 
@@ -41,13 +41,17 @@ print("done")
 """
 
 
+def _op_level(tmp_path: Path, script: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
+    """Runs ``script`` (with ``args``) at the op level with 1 ms cycles and ``env`` added, into
+    ``tmp_path/run``."""
+    out = str(tmp_path / "run")
+    return run_cli("python", "-q", "--level", "op", "-o", out, str(script), *args, env={"MLTRACE_OP_CYCLE_S": "0.001", **env})
+
+
 def _traced(tmp_path: Path, script: Path) -> tuple[dict[str, Any], Any]:
     """Runs ``script`` at the op level with 1 ms cycles: run.json's ``torch_profiler`` and the run."""
-    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.001"}
-    env.pop("MLTRACE_OUTPUT", None)
-    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr
+    done = _op_level(tmp_path, script)
+    assert done.returncode == 0, done.stderr.decode()
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["torch_profiler"]
     return meta, load_run(tmp_path / "run")
 
@@ -299,12 +303,9 @@ def test_a_cycle_held_by_a_range_ends_at_the_memory_budget_its_stop_would_pass(t
     estimated from the process's growth since it began."""
     script = tmp_path / "held.py"
     script.write_text(HELD_WHOLE)
-    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.001", "MLTRACE_OP_MEMORY_GIB": "0.06"}
-    env.pop("MLTRACE_OUTPUT", None)
-    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script), str(calls_before)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0 and done.stdout == "done\n", done.stderr
-    assert "its stop would add about" in done.stderr
+    done = _op_level(tmp_path, script, str(calls_before), MLTRACE_OP_MEMORY_GIB="0.06")
+    assert done.returncode == 0 and done.stdout == b"done\n", done.stderr.decode()
+    assert b"its stop would add about" in done.stderr
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["op_window"]["reason"] == "memory budget"
     assert calls_before < meta["op_window"]["ended_after_model_calls"] < calls_before + 300

@@ -4,11 +4,9 @@ the ops other threads run meanwhile): the profiler runs on whole and every call 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from conftest import run_cli
 from mltrace.run.levels import Level
 from mltrace.run.store import load_run
 
@@ -37,11 +35,8 @@ for w in workers:
 def test_cycles_stop_when_a_second_thread_calls_models(tmp_path: Path) -> None:
     script = tmp_path / "threads.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "MLTRACE_OP_CYCLE_S": "0.1"}
-    env.pop("MLTRACE_OUTPUT", None)
-    cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert done.returncode == 0, done.stderr
+    done = run_cli("python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script), env={"MLTRACE_OP_CYCLE_S": "0.1"})
+    assert done.returncode == 0, done.stderr.decode()
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["torch_profiler"]
     assert meta["cycles_stopped"].startswith("model calls on more than one thread")
     assert meta["cycles"] >= 2  # the single-threaded start had its cycles
