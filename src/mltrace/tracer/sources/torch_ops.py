@@ -441,7 +441,7 @@ class TorchOpSource(Source):
         would split), a switch put off may happen now."""
         session = self._session
         if (
-            self.switches_deferred
+            self._held
             and self._prof is not None
             and session is not None
             and not self.cycles_stopped
