@@ -308,6 +308,8 @@ class Session:
         self._span_next = 0  # the count of the next stage (0: none left, or no limit)
         self._span_lock = threading.Lock()
         self._pending_counts: list[Callable[[], int]] = []  # sources' ``pending_spans``
+        #: Sources' ``stop_bytes``: what their stop would add, which the memory budget counts ahead.
+        self._stop_costs: list[Callable[[], int]] = []
         self._model_call_listeners: list[Callable[[str | None], None]] = []
         self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
@@ -469,6 +471,7 @@ class Session:
         info = read_meminfo()
         budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
         watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in endable)})")
+        self._stop_costs = [s.stop_bytes for s in endable if isinstance(s, CostsMemoryToStop)]
         for source in endable:  # the budget counts from the profilers' start, not the frameworks' imports
             if isinstance(source, StartsAProfiler):
                 source.around_profiler_start(lambda: None, lambda: watch.arm(budget))
@@ -712,13 +715,7 @@ class Session:
         """Spans recorded so far, at every level: streamed, waiting for the next flush, and held
         by the sources that say so (``pending_spans()``). A source that fails to say counts 0."""
         recorder = self.recorder
-        count = recorder.spans_drained + len(recorder.done)
-        for pending in self._pending_counts:
-            try:
-                count += pending()
-            except Exception:  # noqa: BLE001 - a count, never an error of the run
-                pass
-        return count
+        return recorder.spans_drained + len(recorder.done) + _sum_said(self._pending_counts)
 
     def _check_span_count(self) -> None:
         """Takes the span limit's stages that the count of recorded spans has reached
@@ -825,7 +822,7 @@ class Session:
         self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
-            message = watch.check(self._stop_bytes())
+            message = watch.check(_sum_said(self._stop_costs))
             if message is None:
                 return
             profiling = any(can_end_early(s) and s.profiling for s in self.started)
@@ -847,18 +844,6 @@ class Session:
             if value is not None:
                 sealed = min(sealed, value)
         return sealed
-
-    def _stop_bytes(self) -> int:
-        """About how much memory stopping the op level's profilers would take now (bytes): the
-        memory budget counts it ahead. A source that fails to say counts 0."""
-        total = 0
-        for source in list(self.started):
-            if isinstance(source, CostsMemoryToStop):
-                try:
-                    total += source.stop_bytes()
-                except Exception as exc:  # never the flusher's end
-                    self.errors.append(f"{source.name}: estimating its stop's memory failed: {exc}")
-        return total
 
     def _earliest_open(self) -> int | None:
         """The start of the earliest span still running (the recorder's, or a source's), or None."""
@@ -1111,3 +1096,15 @@ def _default_sources(options: ProfileOptions) -> list[Source]:
     from mltrace.tracer.sources import default_sources
 
     return default_sources(options)
+
+
+def _sum_said(getters: list[Callable[[], int]]) -> int:
+    """The sum of what each of the sources' ``getters`` says now; one that fails to say counts 0
+    (a count or an estimate, never an error of the run)."""
+    total = 0
+    for said in getters:
+        try:
+            total += said()
+        except Exception:  # noqa: BLE001 - see above
+            pass
+    return total
