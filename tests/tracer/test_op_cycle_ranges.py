@@ -157,10 +157,16 @@ def test_a_model_called_from_compiled_code_switches_no_cycle_inside_it(tmp_path:
 
 
 CHECKPOINTED = """
-import torch
+import time, torch
 from torch.utils.checkpoint import checkpoint
+
+class Pause(torch.nn.Module):  # every call, the recomputed ones too, outlasts a 1 ms cycle
+    def forward(self, x):
+        time.sleep(0.002)
+        return x
+
 torch.manual_seed(0)
-blocks = [torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)) for _ in range(3)]
+blocks = [torch.nn.Sequential(torch.nn.Linear(32, 64), Pause(), torch.nn.ReLU(), torch.nn.Linear(64, 32)) for _ in range(3)]
 head = torch.nn.Linear(32, 4)
 x, y = torch.randn(8, 32), torch.randint(0, 4, (8,))
 for step in range(20):
