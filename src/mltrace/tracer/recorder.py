@@ -29,6 +29,11 @@ log = logging.getLogger("mltrace")
 current_span: ContextVar[Span | None] = ContextVar("mltrace_current_span", default=None)
 
 
+#: The longest a span begun during another thread's cycle switch waits for its end: a switch
+#: takes milliseconds; a stuck one must not hold the program's threads.
+SWITCH_WAIT_S = 5.0
+
+
 def take_all(queue: deque[Any]) -> list[Any]:
     """Every item of ``queue`` now, popped from the left (items appended meanwhile stay)."""
     return [queue.popleft() for _ in range(len(queue))]
@@ -63,6 +68,10 @@ class Recorder:
         #: Replace the values of secret-looking attribute names of user spans and instants
         #: (``run/redact.py``; the session sets it from ``ProfileOptions.redact``).
         self.redact = True
+        #: Set while a source switches a recording cycle (``holding_new_spans``): spans begun
+        #: meanwhile on other threads wait for its end (``wait_while_switching``).
+        self._switch_done: threading.Event | None = None
+        self._switching_thread: int | None = None
 
     def add_producer(self, produce: Callable[[], list[Span]], encode: Callable[[], tuple[bytes, bytes, int]] | None = None) -> None:
         """Adds a source of completed spans kept outside ``done``, taken at every drain.
@@ -120,7 +129,34 @@ class Recorder:
         span._up = up
         current_span.set(span)
         self._open[span.id] = span
+        if self._switch_done is not None and self.wait_while_switching() and start_ns is None:
+            span.start_ns = now_ns()  # the span's work begins once the switch let it go
         return span
+
+    def holding_new_spans(self) -> Callable[[], None]:
+        """Makes spans begun from now on other threads wait (``wait_while_switching``) until the
+        returned function is called: a source that stops and restarts a recorder of every
+        thread (torch.profiler's cycles) closes this gate, then checks ``open_on_other_threads``;
+        a span begun meanwhile is either seen open or waits, so none runs inside the switch."""
+        done = threading.Event()
+        self._switching_thread = threading.get_ident()
+        self._switch_done = done
+
+        def release() -> None:
+            self._switch_done = None
+            self._switching_thread = None
+            done.set()
+
+        return release
+
+    def wait_while_switching(self) -> bool:
+        """Waits (up to ``SWITCH_WAIT_S``) while another thread's switch holds new spans; call it
+        after the new span is registered open. Returns whether it waited."""
+        done = self._switch_done
+        if done is None or threading.get_ident() == self._switching_thread:
+            return False
+        done.wait(SWITCH_WAIT_S)
+        return True
 
     def end(self, span: Span, end_ns: int | None = None) -> None:
         """Closes ``span`` and makes its parent current again."""

@@ -112,6 +112,7 @@ class OtelSpanSource(Source):
         if session is None or len(self._open) >= MAX_OPEN:
             return
         self._open[int(span.get_span_context().span_id)] = (now_ns(), session.tracks.current_thread().id)
+        session.recorder.wait_while_switching()  # the request's work waits for a switch under way
 
     def span_ended(self, span: Any) -> None:
         """The processor's ``on_end``: records the span (a USER span with the program's ids)."""

@@ -410,16 +410,36 @@ class TorchOpSource(Source):
             return
         if self.thread_ident is not None and threading.get_ident() != self.thread_ident:
             return
-        held_by = self._held_by()
-        if held_by is not None:  # later: at a model call's return or a range's end
-            self.switches_deferred[held_by] = self.switches_deferred.get(held_by, 0) + 1
-            self._held = True
-            return
         if backlog:
+            if self._deferred():
+                return
             waited_from = now_ns()
             cycles.wait_converted()
             self._note_hold(waited_from)
-        self._next_cycle(restart=True)
+        self._switch_holding_new_spans()
+
+    def _switch_holding_new_spans(self) -> None:
+        """Switches the cycle unless something holds it (``_deferred``), with spans begun on other
+        threads meanwhile made to wait for its end (``Recorder.holding_new_spans``): a request
+        that begins during the switch would run its first ops while no profiler records them."""
+        session = self._session
+        release = session.recorder.holding_new_spans() if session is not None else None
+        try:
+            if not self._deferred():
+                self._next_cycle(restart=True)
+        finally:
+            if release is not None:
+                release()
+
+    def _deferred(self) -> bool:
+        """Whether something holds the due switch (``_held_by``); counts it if so. The next model
+        call's return or a range's end tries again."""
+        held_by = self._held_by()
+        if held_by is None:
+            return False
+        self.switches_deferred[held_by] = self.switches_deferred.get(held_by, 0) + 1
+        self._held = True
+        return True
 
     def _held_by(self) -> str | None:
         """What a switch now must wait for (counted in ``switches_deferred``), or None: a span
