@@ -247,13 +247,14 @@ def _compiled_function_counts() -> dict[str, Any]:
 @pytest.mark.parametrize("level", ["model", "layer", "op"])
 def test_a_model_called_from_a_compiled_function_compiles_as_it_does_plain(tmp_path: Path, hot_path: str, level: str) -> None:
     """A compiled function that calls a model with a graph break inside has the outputs, graphs,
-    breaks and captured calls it has plain. (Dynamo looks at more frames: mltrace's own at the
-    model call's end, which it runs as they are.)"""
+    breaks, captured calls and frames it has plain: mltrace's own work at the model call's end
+    (listeners, the op level's cycle switch, the standard library under them) runs where
+    TorchDynamo looks at every frame, and it skips all of it (it counted 55 more frames)."""
     pytest.importorskip("torch._dynamo")
     plain = _compiled_function_counts()
     with mltrace.profile(output=tmp_path / "run", summary=False, level=level):
         traced = _compiled_function_counts()
-    assert {k: v for k, v in traced.items() if k != "frames"} == {k: v for k, v in plain.items() if k != "frames"}
+    assert traced == plain
     assert plain["frames"]["total"] >= 3  # the function, forward and the code after the break
     run = mltrace.load_run(tmp_path / "run")
     assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Sequential", "Sequential"]

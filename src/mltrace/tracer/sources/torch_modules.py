@@ -155,20 +155,44 @@ def _functions_of(module: types.ModuleType) -> Iterator[types.FunctionType]:
                     yield fn
 
 
-def dynamo_skipped_code() -> list[CodeType]:
-    """The code objects of mltrace's functions that run on a module call (this module's, the
-    call-site lookup's, the recorder's and the clock's), nested functions and generator
-    expressions included: what TorchDynamo is told never to compile."""
-    from mltrace.tracer import callsite, clock, recorder
+#: The names of the functions among ``dynamo_skipped_code``'s that call the program's code
+#: (``Module.__call__``'s wrappers, a lazily imported module's body): only their own frame is
+#: skipped, so TorchDynamo still meets the ``forward`` and module code they run.
+CALLS_PROGRAM = frozenset({"__call__", "bound_call", "exec_module"})
 
-    modules = (sys.modules[__name__], callsite, clock, recorder)
+
+def dynamo_skipped_code() -> list[tuple[CodeType, bool]]:
+    """The code objects of mltrace's functions that run on a module call or inside one (this
+    module's, the layer configuration's, the call-site lookup's, the recorder's, the clock's, the
+    torch range counter's and the import hook's), nested functions and generator expressions
+    included, each with whether what it calls is skipped too (all but ``CALLS_PROGRAM``): what
+    TorchDynamo is told never to compile. Skipping the callees keeps mltrace's own work at a
+    model call's end (listeners, cycle switches, the standard library under them) out of
+    TorchDynamo's frame counts inside a compiled region, as it is without mltrace."""
+    from mltrace.tracer import callsite, clock, recorder
+    from mltrace.tracer.sources import _imports, torch_layer_config, torch_open_ranges
+
+    modules = (sys.modules[__name__], torch_layer_config, callsite, clock, recorder, torch_open_ranges, _imports)
     pending = [fn.__code__ for module in modules for fn in _functions_of(module)]
-    found: list[CodeType] = []
+    found: list[tuple[CodeType, bool]] = []
     while pending:
         code = pending.pop()
-        found.append(code)
+        found.append((code, code.co_name not in CALLS_PROGRAM))
         pending.extend(c for c in code.co_consts if isinstance(c, CodeType))
     return found
+
+
+def _recursive_skip(eval_frame: Any) -> Callable[[CodeType], None] | None:
+    """A function that has TorchDynamo run a code object and everything it calls as they are
+    (``set_code_exec_strategy`` with a recursive skip), or None where this torch has none."""
+    set_strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    types_module = sys.modules.get("torch._dynamo.types")
+    action = getattr(types_module, "FrameAction", None)
+    strategy = getattr(types_module, "FrameExecStrategy", None)
+    if not callable(set_strategy) or action is None or strategy is None or not hasattr(action, "SKIP"):
+        return None
+    skip_all = strategy(action.SKIP, action.SKIP)
+    return lambda code: set_strategy(code, skip_all)
 
 
 def _stands_for(wrapper: Any, original: Any) -> None:
@@ -759,8 +783,11 @@ class TorchModuleSource(Source):
         def skip(eval_frame: Any) -> None:
             self._optimized[0] = getattr(eval_frame, "OptimizedModule", None)
             skip_code = getattr(eval_frame, "skip_code", None)
-            if callable(skip_code):
-                for code in dynamo_skipped_code():
+            skip_all = _recursive_skip(eval_frame)
+            for code, with_callees in dynamo_skipped_code():
+                if with_callees and skip_all is not None:
+                    skip_all(code)
+                elif callable(skip_code):
                     skip_code(code)
 
         self._dynamo_hook = PostImportHook("torch._dynamo.eval_frame", skip)
