@@ -164,3 +164,22 @@ def test_a_pipelines_generate_names_the_line_that_called_the_pipeline(tmp_path: 
     run = mltrace.load_run(tmp_path / "run")
     (gen,) = [s for s in run.spans if s.name == "generate"]  # called by transformers' text_generation.py
     assert (gen.attrs["code.file.path"], gen.attrs["code.line.number"]) == (__file__, _line("pipeline"))
+
+
+def test_an_encoder_decoders_encoder_call_is_no_token_step(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    shape = {"vocab_size": 300, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 1, "num_heads": 2}
+    config = transformers.T5Config(**shape, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="model"), torch.no_grad():
+        model.generate(torch.randint(2, 300, (1, 7)), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    run = mltrace.load_run(tmp_path / "run")
+    (gen,) = [s for s in run.spans if s.name == "generate"]
+    steps = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.attrs["ml.generate.phase"] for s in steps] == ["encode", "prefill"] + ["decode"] * 4
+    assert steps[0].attrs["ml.layer.type"] == "T5Stack" and gen.attrs["ml.generate.model_calls"] == 6
+    (entry,) = json.loads(_report(tmp_path / "run", "json"))["generate"]
+    assert entry["model_calls"] == 6 and entry["new_tokens"] == 5
+    assert entry["ttft_ns"] == steps[1].end_ns - gen.start_ns  # the first token comes from the decoder's prefill
+    tpot = sorted(b.end_ns - a.end_ns for a, b in zip(steps[1:], steps[2:]))
+    assert entry["tpot_median_ns"] == int((tpot[1] + tpot[2]) / 2)  # the 4 decode steps, not the encoder's end

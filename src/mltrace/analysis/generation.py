@@ -3,10 +3,11 @@
 A Hugging Face ``generate()`` call is a ``generate`` span whose model calls are
 its children, tagged ``ml.generate.step`` (``tracer/sources/hf_generate.py``).
 For each: the time to first token is from the span's start to the end of its
-first (prefill) model call; the time per output token is the time between the
-ends of consecutive model calls after it (each decode step: the model call and
-the sampling around it); tokens per second is new tokens per sequence over the
-whole call. mltrace's own pauses inside a call (``analysis/pauses.py``) are left out of
+prefill model call (the generating model's first; an encoder-decoder's encoder
+call, phase ``encode``, comes before it); the time per output token is the time
+between the ends of consecutive model calls after it (each decode step: the model
+call and the sampling around it); tokens per second is new tokens per sequence
+over the whole call. mltrace's own pauses inside a call (``analysis/pauses.py``) are left out of
 each of these times. Each call names the user's line that called ``generate()`` (the
 span's ``code.*``: the innermost frame outside the frameworks and transformers).
 """
@@ -132,7 +133,7 @@ def generate_calls(run: Run) -> list[GenerateCall]:
     out = []
     for call in sorted(calls, key=lambda r: int(start[r])):
         steps = sorted(children[call], key=lambda r: int(start[r]))
-        ends = [int(end[r]) for r in steps]
+        ends = [int(end[r]) for r in steps if table.attrs(r).get("ml.generate.phase") != "encode"]
         attrs = table.attrs(call)
         tokens = attrs.get("ml.generate.new_tokens")
         call_start, call_end = int(start[call]), int(end[call])

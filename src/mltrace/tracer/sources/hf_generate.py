@@ -11,9 +11,12 @@ imported (it never imports it), and removes the wrapper at ``stop()``:
   so a pipeline's ``generate()`` names the line that called the pipeline), and the
   model calls inside it are its children;
 - those model calls are tagged in order (``TorchModuleSource._model_begin`` calls
-  ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``, ``prefill``
-  for the first and ``decode`` for the rest; their call site is the ``generate()``
-  span's (the user's line, not the decode loop's inside transformers);
+  ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``: ``encode`` for a
+  call of another module before the generating model's first (an encoder-decoder's
+  encoder, which ``generate()`` calls on its own and which makes no token),
+  ``prefill`` for the generating model's first call and ``decode`` for the rest;
+  their call site is the ``generate()`` span's (the user's line, not the decode
+  loop's inside transformers);
 - at its end the span gets ``ml.generate.model_calls`` and, where the output and
   the input ids say it, ``ml.generate.new_tokens`` per sequence.
 
@@ -42,8 +45,9 @@ LIBRARY = "transformers"
 
 class _Generating(threading.local):
     """A thread's ``generate()`` call in progress: [the next model call's step, its call site's
-    ``code.*``], or None. A class attribute, so that reading it on a thread that never generated
-    raises nothing (an AttributeError caught costs a model call ≈ 0.7 µs)."""
+    ``code.*``, the generating model, whether that model has been called yet], or None. A class
+    attribute, so that reading it on a thread that never generated raises nothing (an
+    AttributeError caught costs a model call ≈ 0.7 µs)."""
 
     state: list[Any] | None = None
 
@@ -76,17 +80,17 @@ class GenerateSpans:
                 self._hook.remove()
                 self._hook = None
 
-    def tag(self, attrs: dict[str, Any]) -> dict[str, Any] | None:
-        """Adds the step and phase of a model call made inside this thread's ``generate()``;
-        returns that ``generate()``'s call site (its ``code.*``; empty where it has none), or
-        None outside one."""
+    def tag(self, attrs: dict[str, Any], module: Any) -> dict[str, Any] | None:
+        """Adds the step and phase of ``module``'s model call made inside this thread's
+        ``generate()``; returns that ``generate()``'s call site (its ``code.*``; empty where it
+        has none), or None outside one."""
         state = self._tls.state
         if state is None:
             return None
         step = state[0]
         state[0] = step + 1
         attrs["ml.generate.step"] = step
-        attrs["ml.generate.phase"] = "prefill" if step == 0 else "decode"
+        attrs["ml.generate.phase"] = _phase(state, module)
         return state[1]
 
     def _install(self, module: Any) -> None:
@@ -108,7 +112,7 @@ class GenerateSpans:
                 return original(model, *args, **kwargs)  # no session, or a generate() inside one
             site = frame_site(sys._getframe(1), outside=LIBRARY)
             span = session.recorder.begin("generate", Level.USER, {"ml.generate.model": type(model).__name__, **site})
-            state = [0, site]
+            state = [0, site, model, False]
             spans._tls.state = state
             output = None
             try:
@@ -123,6 +127,18 @@ class GenerateSpans:
                 session.recorder.end(span)
 
         return generate
+
+
+def _phase(state: list[Any], module: Any) -> str:
+    """A model call's phase in its ``generate()`` (``state``: ``_Generating.state``): ``encode``
+    before the generating model's first call, by another module; ``prefill`` for that first call;
+    ``decode`` after it (marks the model as called)."""
+    if state[3]:
+        return "decode"
+    if module is not state[2]:
+        return "encode"
+    state[3] = True
+    return "prefill"
 
 
 def new_tokens(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> int | None:
