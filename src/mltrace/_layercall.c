@@ -385,17 +385,24 @@ static PyObject *call_forward(PyObject *module, PyObject *dict, const TypeFacts 
     return PyObject_VectorcallMethod(s_forward, args, nargsf, kwnames);
 }
 
-/* 1 where torch's Module._call_impl, called now on `module`, would do nothing but
- * `return self.forward(*args, **kwargs)`: it is the module's _call_impl (no subclass overrides
- * it), no JIT trace is being recorded (else it calls _slow_forward), and no hook dict, the
- * module's or a global one, has an entry. Then the hot path calls forward itself and spares
- * the Python frame, which torch's own __call__ pays too. 0 otherwise (or on any error). */
-static int forward_directly(LayerCall *self, PyObject *module, PyObject *dict, const TypeFacts *facts) {
-    if (self->call_impl == NULL || facts->call_impl != self->call_impl) return 0;
+/* 1 where a JIT trace is being recorded on this thread (torch's tracing check; also where the
+ * check fails), 0 where none is or where this hot path has no check (no forward_check). */
+static int jit_tracing(LayerCall *self) {
+    if (self->tracing_state == NULL) return 0;
     PyObject *tracing = call_builtin(self->tracing_state, NULL);
     int traced = tracing ? PyObject_IsTrue(tracing) : -1;
     Py_XDECREF(tracing);
-    if (traced != 0) { PyErr_Clear(); return 0; }
+    if (traced < 0) { PyErr_Clear(); return 1; }
+    return traced;
+}
+
+/* 1 where torch's Module._call_impl, called now on `module`, would do nothing but
+ * `return self.forward(*args, **kwargs)`: it is the module's _call_impl (no subclass overrides
+ * it), no JIT trace is being recorded (`traced`, else it calls _slow_forward), and no hook
+ * dict, the module's or a global one, has an entry. Then the hot path calls forward itself and
+ * spares the Python frame, which torch's own __call__ pays too. 0 otherwise (or on any error). */
+static int forward_directly(LayerCall *self, PyObject *module, PyObject *dict, const TypeFacts *facts, int traced) {
+    if (self->call_impl == NULL || facts->call_impl != self->call_impl || traced) return 0;
     for (int i = 0; i < 4; i++) {
         PyObject *hooks = instance_attr(module, dict, s_hook_attrs[i], facts->no_descr);
         int some = hooks ? PyObject_IsTrue(hooks) : -1;
@@ -498,9 +505,12 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     }
     LayerFrame *frame = frame_new();
     if (!frame) { Py_DECREF(stack); return NULL; }
-    if (nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
+    /* Inside a JIT trace a shape read is recorded as aten::size nodes in the program's graph:
+     * the call keeps no shapes then. */
+    int traced = jit_tracing(self);
+    if (!traced && nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
         read_value_shapes(self, args[1], &frame->in);
-    } else if (nargs >= 2) {  /* raw_shapes of the arguments' tuple, as the Python wrapper */
+    } else if (!traced && nargs >= 2) {  /* raw_shapes of the arguments' tuple, as the Python wrapper */
         PyObject *t = PyTuple_New(nargs - 1);
         if (!t) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
         for (Py_ssize_t i = 1; i < nargs; i++) PyTuple_SET_ITEM(t, i - 1, Py_NewRef(args[i]));
@@ -534,7 +544,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         if (compiled) { use_direct = compiled == Py_None; Py_DECREF(compiled); }
         else PyErr_Clear();
     }
-    if (use_direct && forward_directly(self, module, dict, &facts)) output = call_forward(module, dict, &facts, args, nargsf, kwnames);
+    if (use_direct && forward_directly(self, module, dict, &facts, traced)) output = call_forward(module, dict, &facts, args, nargsf, kwnames);
     else if (use_direct) output = PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
     else output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     Py_XDECREF(dict);
@@ -550,7 +560,7 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_DECREF(top);
         if (top == (PyObject *)frame) break;
     }
-    if (output && output != Py_None) read_value_shapes(self, output, &frame->out);
+    if (output && output != Py_None && !traced) read_value_shapes(self, output, &frame->out);
     PyObject *r = call_builtin(self->append_frame, (PyObject *)frame);
     Py_XDECREF(r);
     PyErr_Clear();  /* mltrace's own failures never reach the program */

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import itertools
+import re
 import sys
 import threading
 import warnings
@@ -132,6 +133,31 @@ def test_threads_trace_their_own_models(tmp_path: Path) -> None:
     for s in run.spans:
         if s.level == Level.LAYER:
             assert by_id[s.parent_id].track_id == s.track_id
+
+
+def test_a_jit_trace_records_the_graph_and_code_it_records_plain(tmp_path: Path) -> None:
+    """Inside ``torch.jit.trace`` a shape read is recorded (``aten::size`` nodes that shift the
+    graph's value numbers) and a tensor held in a wrapper's local names the value: mltrace reads
+    no shapes there and holds no tensor, so a printed graph and code are the plain ones."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    net, x = Net().eval(), torch.randn(2, 8)
+
+    def printed() -> tuple[str, str]:
+        traced = torch.jit.trace(net, x)
+        return tuple(re.sub(r"___torch_mangle_\d+\.", "", str(text)) for text in (traced.graph, traced.code))  # type: ignore[return-value]
+
+    plain: list[tuple[str, str]] = [printed()]
+    run = _trace(tmp_path, lambda: plain.append(printed()))
+    assert plain[1] == plain[0] and "%input" in plain[0][0]
+    assert {s.name for s in run.spans if s.level == Level.MODEL} == {"Net"}  # the trace's calls (and its check's)
 
 
 def test_torchscript_gets_a_model_span_and_a_limitation(tmp_path: Path) -> None:

@@ -121,21 +121,40 @@ def forward_check(module_cls: Any) -> tuple[Any, Any, dict[str, Any]] | None:
     return call_impl, tracing_state, call_impl.__globals__
 
 
-def _parameter_count(module: Any) -> int:
-    """The module's parameter count (0 where it cannot be read), counted with any JIT trace of this
-    thread paused: inside ``torch.jit.trace`` a count would otherwise add nodes to the user's graph
-    and a TracerWarning to their output."""
+def jit_tracing_probe() -> Callable[[], bool]:
+    """A function that tells whether a JIT trace (``torch.jit.trace``) is being recorded on this
+    thread: ``torch._C._is_tracing``, else whether ``_get_tracing_state()`` has one, else false."""
+    torch_c = getattr(sys.modules.get("torch"), "_C", None)
+    is_tracing = getattr(torch_c, "_is_tracing", None)
+    if callable(is_tracing):
+        return is_tracing  # type: ignore[no-any-return]
+    state = getattr(torch_c, "_get_tracing_state", None)
+    if callable(state):
+        return lambda: state() is not None
+    return lambda: False
+
+
+def _untraced(read: Callable[[Any], Any], value: Any) -> Any:
+    """``read(value)`` with any JIT trace of this thread paused: inside ``torch.jit.trace`` a
+    parameter count or a shape read would otherwise add nodes to the user's graph (and number
+    its values otherwise) and a TracerWarning to their output."""
     c = getattr(sys.modules.get("torch"), "_C", None)
     tracing = getattr(c, "_get_tracing_state", lambda: None)()
-    if tracing is not None:
-        c._set_tracing_state(None)  # type: ignore[union-attr]
+    if tracing is None:
+        return read(value)
+    c._set_tracing_state(None)  # type: ignore[union-attr]
     try:
-        return sum(int(p.numel()) for p in module.parameters())
+        return read(value)
+    finally:
+        c._set_tracing_state(tracing)  # type: ignore[union-attr]
+
+
+def _parameter_count(module: Any) -> int:
+    """The module's parameter count (0 where it cannot be read), counted outside any JIT trace."""
+    try:
+        return int(_untraced(lambda m: sum(int(p.numel()) for p in m.parameters()), module))
     except Exception:
         return 0
-    finally:
-        if tracing is not None:
-            c._set_tracing_state(tracing)  # type: ignore[union-attr]
 
 
 def _functions_of(module: types.ModuleType) -> Iterator[types.FunctionType]:
@@ -534,6 +553,7 @@ class TorchModuleSource(Source):
         site_of = self._site_of
         _getframe = sys._getframe
         compiling = thread_compiling_probe()
+        jit_tracing = jit_tracing_probe()
         optimized = self._optimized
 
         # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
@@ -560,12 +580,13 @@ class TorchModuleSource(Source):
                     while stack and stack.pop() is not frame:
                         pass
                     if output is not None:
-                        span.attrs["_out"] = raw_shapes(output)
+                        span.attrs["_out"] = _untraced(raw_shapes, output)
                     end(span)
                     model_ended()
             if type(stack[-1][MODULE]) is optimized[0]:  # torch.compile's wrapper calls its module: one span
                 return original(self, *args, **kwargs)
-            if args:
+            traced = jit_tracing()  # inside a JIT trace a shape read adds nodes to the program's graph
+            if args and not traced:
                 # One plain tensor is the common case: skip the generic walk and
                 # keep the bare (shape, dtype) pair (``_converted`` reads both forms).
                 first = args[0]
@@ -589,7 +610,7 @@ class TorchModuleSource(Source):
                 # try/finally keeps calls strictly nested: the top frame is ours.
                 while stack and stack.pop() is not frame:
                     pass
-                if output is not None:
+                if output is not None and not traced:
                     try:
                         frame[OUT] = (output.shape, output.dtype) if type(output) is tensor else raw_shapes(output)
                     except RuntimeError:  # a nested tensor has no shape
@@ -1218,7 +1239,7 @@ class TorchModuleSource(Source):
             self._model_begin(module, args, stack)
             return
         assert self._session is not None
-        shapes_in = self._raw_shapes(args) if args else None
+        shapes_in = _untraced(self._raw_shapes, args) if args else None
         site = self._site_of(sys._getframe(1))
         stack.append([module, stack[-1], self._session.new_id(), now_ns(), -1, shapes_in, None, None, None, None, site])
 
@@ -1244,7 +1265,7 @@ class TorchModuleSource(Source):
             attrs.update(generate_site)
         if "code.file.path" in attrs:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs.get("code.line.number")
-        attrs["_in"] = self._raw_shapes(args)
+        attrs["_in"] = _untraced(self._raw_shapes, args)
         if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
             from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent
 
@@ -1383,11 +1404,11 @@ class TorchModuleSource(Source):
             span: Span = frame[SPAN]
             span.attrs["_cpu1"] = thread_usage()
             if output is not None:
-                span.attrs["_out"] = self._raw_shapes(output)
+                span.attrs["_out"] = _untraced(self._raw_shapes, output)
             self._end(span)
             self._model_ended()
             return
         frame[END] = now_ns()
         if output is not None:
-            frame[OUT] = self._raw_shapes(output)
+            frame[OUT] = _untraced(self._raw_shapes, output)
         self._frames.append(frame)
