@@ -108,7 +108,7 @@ def test_torch_compile_is_cold_start_and_the_steady_median_is_the_programs_own(t
     assert own["graph_breaks"] == 0
     data = _report(tmp_path)
     (model,) = data["models"]
-    assert model["name"] == "OptimizedModule" and model["calls"] == 10
+    assert model["name"] == "Sequential (compiled)" and model["calls"] == 10
     cold = model["cold_indices"]
     assert cold and cold[0] == 0 and cold == list(range(len(cold)))
     assert any(x["category"] == "compile" for x in data["run"]["cold_spent"]), data["run"]["cold_spent"]

@@ -159,7 +159,7 @@ def test_torch_compile_is_untouched_and_each_compiled_call_is_one_span(tmp_path:
     assert all(torch.equal(a, b) for a, b in zip(plain, traced))
     run = mltrace.load_run(tmp_path / "run")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert [s.name for s in models] == ["OptimizedModule"] * 3
+    assert [s.name for s in models] == ["Compiled (compiled)"] * 3
     assert {(s.attrs["code.file.path"], s.attrs["code.line.number"]) for s in models} == {(__file__, _line("compiled call"))}
     # What Dynamo compiled runs without nn.Module calls: no layer spans inside.
     assert not [s for s in run.spans if s.level == Level.LAYER]

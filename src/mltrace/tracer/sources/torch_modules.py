@@ -1285,7 +1285,9 @@ class TorchModuleSource(Source):
         holds it makes the outermost call (a VAE's ``decode`` calling ``self.fc3``, a generate
         loop calling ``self.encoder``), that module's class and the path to it there
         (``VAE.fc3``), so that two such submodules of one class are two models. A program that
-        builds a new model per request still has one model."""
+        builds a new model per request still has one model. A ``torch.compile`` wrapper
+        (``OptimizedModule``) is named after the module it compiled (``GPT2LMHeadModel
+        (compiled)``): two compiled models are two models, and apart from their eager calls."""
         for _ in range(_HOLDER_FRAMES):
             if frame is None:
                 break
@@ -1296,6 +1298,11 @@ class TorchModuleSource(Source):
                 if path:
                     return f"{_type_name(holder)}.{path}"
             frame = frame.f_back
+        optimized = self._optimized[0]
+        if optimized is not None and isinstance(module, optimized):
+            inner = getattr(module, "_orig_mod", None)
+            if isinstance(inner, self._module_cls):
+                return f"{_type_name(inner)} (compiled)"
         return _type_name(module)
 
     def _model_ended(self) -> None:
