@@ -39,3 +39,28 @@ def test_views_move_nothing_and_lookups_their_rows_in_a_traced_run(tmp_path: Pat
     lookup = ops["aten::embedding"]
     assert lookup.bytes == lookup.calls * (2 * 16 * 64 * 4 + 16 * 8)
     assert ops["aten::clone"].bytes > 0  # contiguous() of the transposed view copies, in its clone
+
+
+class SparseMatmul(nn.Module):
+    def __init__(self, adjacency: torch.Tensor) -> None:
+        super().__init__()
+        self.adjacency = adjacency
+        self.weight = nn.Parameter(torch.randn(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(self.adjacency, x @ self.weight)
+
+
+def test_a_sparse_tensors_accessors_move_nothing(tmp_path: Path) -> None:
+    # A sparse tensor's recorded shape is its dense one: its accessors (_values, _nnz, …)
+    # estimated as moving it would reach bandwidths no machine has, and raise the CPU roof.
+    adjacency = (torch.eye(400) + torch.diag(torch.ones(399), 1)).to_sparse()
+    model = SparseMatmul(adjacency)
+    x = torch.randn(400, 16)
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="op"), torch.no_grad():
+        for _ in range(3):
+            model(x)
+    ops = {o.name: o for o in analyze(mltrace.load_run(tmp_path / "run")).ops}
+    accessors = {"aten::_values", "aten::_indices", "aten::_nnz", "aten::sparse_dim", "aten::dense_dim"} & set(ops)
+    assert accessors, sorted(ops)
+    assert {name: ops[name].bytes for name in accessors} == dict.fromkeys(accessors, 0.0)

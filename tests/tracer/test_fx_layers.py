@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -9,10 +11,27 @@ import torch
 from torch import nn
 
 import mltrace
+from conftest import run_cli, run_plain
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV, exported_class_name
 
 pytest.importorskip("torch.export")
+
+HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
+
+try:  # imported here, not in a test: its import adds a finder to sys.meta_path for good
+    import transformers
+except ImportError:  # pragma: no cover - an optional extra
+    transformers = None
+
+
+@pytest.fixture(params=["c", "python"])
+def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "c" and not HAVE_C:
+        pytest.skip("the C helper mltrace._layercall is not built here")
+    monkeypatch.setenv(HOT_PATH_ENV, request.param)
+    return str(request.param)
 
 
 class Net(nn.Module):
@@ -41,7 +60,7 @@ def _trace_exported(tmp_path: Path, level: str, calls: int = 2) -> Run:
 def test_an_exported_program_has_the_eager_models_layer_paths(tmp_path: Path) -> None:
     run = _trace_exported(tmp_path, "op")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert [s.name for s in models] == ["GraphModule", "GraphModule"]
+    assert [s.name for s in models] == ["Net", "Net"]  # the exported class, not torch's GraphModule
     by_id = run.span_by_id()
     layers = [s for s in run.spans if s.level == Level.LAYER and s.attrs.get("ml.layer.from") == "fx.nn_module_stack"]
     names = {s.name for s in layers}
@@ -70,7 +89,125 @@ def test_an_exported_program_has_the_eager_models_layer_paths(tmp_path: Path) ->
 
 def test_without_the_op_level_an_exported_call_keeps_its_model_span_only(tmp_path: Path) -> None:
     run = _trace_exported(tmp_path, "layer")
-    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["GraphModule", "GraphModule"]
-    assert not [s for s in run.spans if s.attrs.get("ml.layer.from") == "fx.nn_module_stack"]
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net", "Net"]
+    assert not [s for s in run.spans if s.level == Level.LAYER]  # torch's input guards (_guards_fn) are none
     assert run.meta["correlation"]["fx_layers"]["calls_without_ops"] == 2
     assert any("torch.export" in note and "--level op" in note for note in run.meta["limitations"])
+
+
+class Holder(nn.Module):
+    """A model of the program's own that calls an exported program as one of its layers."""
+
+    def __init__(self, exported: nn.Module) -> None:
+        super().__init__()
+        self.exported = exported
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.exported(x))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_exported_program_is_named_after_the_exported_class_and_torchs_guards_are_no_layer(
+    tmp_path: Path, hot_path: str, strict: bool
+) -> None:
+    """``ep.module()`` is a GraphModule whose graph first calls torch's input guards (a
+    ``GuardsFn`` submodule, ``_guards_fn``): its model spans are named after the class that was
+    exported, as its nodes' ``nn_module_stack`` records it, and the guards' calls are no layer
+    spans, as a layer of a model of the program's own or as the model's own layer."""
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    program = torch.export.export(net, (x,), strict=strict).module()
+    holder = Holder(program)  # no .eval(): an exported program refuses train()
+    assert isinstance(getattr(program, "_guards_fn", None), nn.Module)  # torch's guards: what is left out
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"), torch.no_grad():
+        for _ in range(2):
+            program(x)
+        holder(x)
+    run = mltrace.load_run(tmp_path / "run")
+    models = [s for s in run.spans if s.level == Level.MODEL]
+    assert [(s.name, s.attrs["ml.layer.type"]) for s in models] == [("Net", "Net"), ("Net", "Net"), ("Holder", "Holder")]
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    assert {(s.name, s.attrs["ml.layer.type"]) for s in layers} == {("exported", "Net"), ("out", "Linear")}
+    assert all(s.parent_id == models[2].id for s in layers)
+
+
+def test_a_graph_module_names_the_exported_class_only_where_its_graph_names_one(tmp_path: Path) -> None:
+    """``torch.fx.symbolic_trace`` names its GraphModule's class after the traced module already;
+    a GraphModule whose nodes carry no ``nn_module_stack`` keeps ``GraphModule``; a graph whose
+    nodes' roots name two classes names none."""
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    traced = torch.fx.symbolic_trace(net)
+    plain = torch.fx.GraphModule(net, traced.graph)
+    program = torch.export.export(net, (x,)).module()
+    assert exported_class_name(program) == "Net" and exported_class_name(plain) is None
+    mixed = torch.export.export(net, (x,)).module()
+    stacks = [n.meta["nn_module_stack"] for n in mixed.graph.nodes if n.meta.get("nn_module_stack")]
+    root = next(iter(stacks[-1]))
+    stacks[-1][root] = ("", "other.Other")
+    assert exported_class_name(mixed) is None
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="model"), torch.no_grad():
+        for module in (traced, plain, mixed):
+            module(x)
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net", "GraphModule", "GraphModule"]
+
+
+def test_an_exported_hugging_face_model_is_named_after_its_class(tmp_path: Path) -> None:
+    """A BertModel built from a config (no download), exported: its calls are BertModel's."""
+    if transformers is None:
+        pytest.skip("transformers is not installed")
+    config = transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 100, (1, 8))
+    program = torch.export.export(model, (ids,)).module()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"), torch.no_grad():
+        program(ids)
+    run = mltrace.load_run(tmp_path / "run")
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["BertModel"]
+    assert not [s for s in run.spans if s.level == Level.LAYER]
+
+
+EXPORTED_SCRIPT = """
+import torch
+from torch import nn
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.act(self.fc(x)))
+
+torch.manual_seed(0)
+x = torch.randn(2, 8)
+for strict in (False, True):
+    program = torch.export.export(Tiny().eval(), (x,), strict=strict).module()
+    with torch.no_grad():
+        for _ in range(3):
+            y = program(x)
+    print(strict, [round(v, 4) for v in y.flatten().tolist()])
+"""
+
+
+def test_the_report_names_an_exported_model_after_its_class_with_no_row_for_torchs_guards(tmp_path: Path) -> None:
+    """``mltrace python`` on a program that runs ``torch.export``'s programs: its output is the
+    plain run's, and the report's model is the exported class, its layers the class's own."""
+    script = tmp_path / "exported.py"
+    script.write_text(EXPORTED_SCRIPT)
+    out = tmp_path / "run"
+    done = run_cli("python", "-q", "--level", "op", "-o", str(out), str(script))
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == run_plain(script).stdout
+    report = run_cli("report", "--format", "json", str(out))
+    assert report.returncode == 0, report.stderr.decode()
+    data = json.loads(report.stdout)
+    assert [(m["name"], m["calls"]) for m in data["models"]] == [("Tiny", 6)]
+    assert {(row["name"], row["type"]) for row in data["layers"]} == {("fc", "Linear"), ("act", "ReLU"), ("head", "Linear")}

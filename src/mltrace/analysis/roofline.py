@@ -333,6 +333,9 @@ def explicit_work(attrs: dict[str, Any]) -> tuple[float | None, float | None]:
 #: move no data. Where one must copy (a reshape of a non-contiguous tensor, ``contiguous``,
 #: ``to`` another dtype), the copy is a child op of its own (``aten::clone``, ``aten::copy_``,
 #: ``aten::_to_copy``), counted there.
+#: A sparse tensor's accessors (``_values``, ``_nnz``, ``crow_indices``, …) and the
+#: constructors that wrap given indices and values return parts of it, not copies; its
+#: recorded shape is the dense one, so the generic estimate would count every dense element.
 #: Dropout in inference returns its input; in training its work is its child ops.
 NO_DATA_OPS = frozenset(
     {
@@ -346,6 +349,14 @@ NO_DATA_OPS = frozenset(
         "aten::resize_", "aten::as_strided_", "aten::set_", "aten::squeeze_", "aten::unsqueeze_",
         "aten::transpose_", "aten::t_", "aten::detach_",
         "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
+        "aten::size", "aten::stride", "aten::numel", "aten::dim", "aten::is_same_size",
+        "aten::view_as_real", "aten::view_as_complex", "aten::conj", "aten::_conj", "aten::_neg_view",
+        "aten::real", "aten::imag",
+        "aten::_values", "aten::_indices", "aten::values", "aten::indices", "aten::_nnz",
+        "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced", "aten::crow_indices",
+        "aten::col_indices", "aten::ccol_indices", "aten::row_indices",
+        "aten::_sparse_coo_tensor_unsafe", "aten::_sparse_coo_tensor_with_dims_and_tensors",
+        "aten::_sparse_compressed_tensor_unsafe", "aten::_sparse_csr_tensor_unsafe",
     }
 )  # fmt: skip
 

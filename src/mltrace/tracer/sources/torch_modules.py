@@ -307,7 +307,7 @@ def fx_node_modules(module: Any) -> dict[str, Any] | None:
             path, cls = (entry[0], entry[1]) if isinstance(entry, tuple) and len(entry) >= 2 else ("", "")
             if not path:
                 continue
-            key = (str(path).removeprefix("L['self']."), str(getattr(cls, "__name__", cls)).rsplit(".", 1)[-1])
+            key = (str(path).removeprefix("L['self']."), _short_class_name(cls))
             if key not in index:
                 index[key] = len(modules)
                 modules.append([key[0], key[1], None, None])
@@ -318,6 +318,41 @@ def fx_node_modules(module: Any) -> dict[str, Any] | None:
             if modules[at][2] is None and site is not None:
                 modules[at][2:] = list(site)
     return {"modules": modules, "nodes": nodes} if seen_stack else None
+
+
+def _short_class_name(cls: object) -> str:
+    """A class as ``nn_module_stack`` names it (a qualified name, or the class in older torch),
+    without its module: ``__main__.Net`` → ``Net``."""
+    return str(getattr(cls, "__name__", cls)).rsplit(".", 1)[-1]
+
+
+def exported_class_name(module: Any) -> str | None:
+    """The class of the model that ``torch.export`` exported, for a GraphModule it made
+    (``ep.module()``): the root entry (path ``""``) that each node's ``nn_module_stack``
+    starts with. None where a node's stack starts elsewhere, where the entries name more
+    than one class, or where no node carries a stack (``torch.fx.symbolic_trace`` names its
+    GraphModule's class after the traced module itself)."""
+    names: set[str] = set()
+    for node in module.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if not stack:
+            continue
+        root = next(iter(stack.values()))
+        if not (isinstance(root, tuple) and len(root) >= 2 and root[0] == ""):
+            return None
+        names.add(_short_class_name(root[1]))
+    return names.pop() if len(names) == 1 else None
+
+
+#: torch's own modules inside exported programs, as (module, class name): their calls are no
+#: layers of the model (``GuardsFn``: the input guards that ``ep.module()``'s graph calls first).
+_TORCH_OWN_MODULES = (("torch.export._unlift", "GuardsFn"),)
+
+
+def torch_own_module_types() -> frozenset[type]:
+    """The classes of ``_TORCH_OWN_MODULES`` among the modules imported so far."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in _TORCH_OWN_MODULES)
+    return frozenset(cls for cls in found if isinstance(cls, type))
 
 
 _TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
@@ -384,10 +419,16 @@ def _nothing() -> None:
 
 def _type_name(module: Any) -> str:
     """A module's class name; a TorchScript module's is the scripted or traced class's (torch's
-    wrapper class names them all ``RecursiveScriptModule``)."""
+    wrapper class names them all ``RecursiveScriptModule``), and an exported program's
+    (``torch.export``'s ``.module()``, a ``GraphModule``) the exported class's where its graph
+    names it (``exported_class_name``)."""
     name = type(module).__name__
     if isinstance(getattr(type(module), "original_name", None), property):
         return str(module.original_name or name)
+    if name == "GraphModule":
+        graph_module = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
+        if graph_module is not None and isinstance(module, graph_module):
+            return exported_class_name(module) or name
     return name
 
 
@@ -460,6 +501,8 @@ class TorchModuleSource(Source):
         self._see_through: set[type] = set()
         #: Hugging Face generate() calls as spans; the model calls inside them tagged.
         self._generate = GenerateSpans()
+        #: The classes of torch's own modules in exported programs imported so far (``_without_torch_own``).
+        self._torch_own: frozenset[type] = frozenset()
         #: id(GraphModule) → (weak reference, its graph id) for ``_note_fx_graph``.
         self._fx_graphs: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._torch_dir = ""
@@ -823,7 +866,7 @@ class TorchModuleSource(Source):
         at = now_ns()
         spans: list[Event] = []
         for stack in list(self._stacks.values()):
-            for frame in list(stack):
+            for frame in self._without_torch_own(list(stack)):
                 if frame[PARENT] is None or frame[END] >= 0 or frame[ID] in self._truncated:
                     continue
                 self._truncated.add(frame[ID])
@@ -859,11 +902,23 @@ class TorchModuleSource(Source):
         """Spans for the layer frames completed since the last drain (``Recorder.add_producer``)."""
         truncated = self._truncated
         spans = []
-        for frame in self._take_frames(self._frames):
+        for frame in self._without_torch_own(self._take_frames(self._frames)):
             if truncated and frame[ID] in truncated:
                 continue
             spans.append(self._layer_span(frame))
         return spans
+
+    def _without_torch_own(self, frames: list[Any]) -> list[Any]:
+        """``frames`` less the calls of torch's own modules in exported programs (``_TORCH_OWN_MODULES``):
+        no layers of the model, their time stays in their parent's. Such a module calls no
+        other module, so no frame kept has a dropped one as its parent. Costs nothing before
+        torch defines one of them (a program that exports nothing)."""
+        own = self._torch_own
+        if len(own) < len(_TORCH_OWN_MODULES):
+            own = self._torch_own = torch_own_module_types()
+            if not own:
+                return frames
+        return [frame for frame in frames if type(frame[MODULE]) not in own]
 
     def _encode_frames(self) -> tuple[bytes, bytes, int]:
         """The layer frames completed since the last drain, as encoded rows (``Recorder.add_producer``).
@@ -880,7 +935,7 @@ class TorchModuleSource(Source):
         (``_encode_chunks``: the drain runs under the GIL, so its cost is the
         program's too); ``_encode_rows_python`` is the same in Python.
         """
-        batch = self._take_frames(self._frames)
+        batch = self._without_torch_own(self._take_frames(self._frames))
         if self._truncated:
             batch = [f for f in batch if f[ID] not in self._truncated]
         level = int(Level.LAYER)
