@@ -8,11 +8,16 @@ written in Python (run.json's ``sources.torch.modules`` says which hot path ran;
 and the correlated spans are the same either way, as the tests check).
 """
 
+import sys
+
 from setuptools import Extension, setup
+
+#: dlopen and dlsym (the layer hot path reads libtorch's JIT tracing state): in libc from glibc 2.34, in libdl before.
+DL = ["dl"] if sys.platform.startswith("linux") else []
 
 setup(
     ext_modules=[
-        Extension("mltrace._layercall", ["src/mltrace/_layercall.c"], optional=True),
+        Extension("mltrace._layercall", ["src/mltrace/_layercall.c"], libraries=DL, optional=True),
         Extension("mltrace._pftrace", ["src/mltrace/_pftrace.c"], optional=True),
         Extension("mltrace._sweep", ["src/mltrace/_sweep.c"], optional=True),
         Extension("mltrace._mkltimer", ["src/mltrace/_mkltimer.c"], optional=True),

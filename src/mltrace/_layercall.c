@@ -26,6 +26,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#define HAVE_DLFCN 1
+#endif
 
 /* ---- LayerFrame: one nested module call ---------------------------------------------- */
 
@@ -385,9 +389,18 @@ static PyObject *call_forward(PyObject *module, PyObject *dict, const TypeFacts 
     return PyObject_VectorcallMethod(s_forward, args, nargsf, kwnames);
 }
 
-/* 1 where a JIT trace is being recorded on this thread (torch's tracing check; also where the
- * check fails), 0 where none is or where this hot path has no check (no forward_check). */
+/* libtorch's torch::jit::tracer::getTracingState(), where bind_tracing_state found it: it
+ * returns a reference to this thread's std::shared_ptr<TracingState>, whose first word is the
+ * state's address (libstdc++ and libc++ lay it out so), NULL while no trace is recorded. One
+ * call and a load instead of a pybind11 call (torch._C._is_tracing) per module call. */
+typedef void *const *(*TracingStateFn)(void);
+static TracingStateFn tracing_state_fn = NULL;
+
+/* 1 where a JIT trace is being recorded on this thread (libtorch's state where bound, else
+ * torch's tracing check; also where that check fails), 0 where none is or where this hot path
+ * has neither (no forward_check). */
 static int jit_tracing(LayerCall *self) {
+    if (tracing_state_fn != NULL) return *tracing_state_fn() != NULL;
     if (self->tracing_state == NULL) return 0;
     PyObject *tracing = call_builtin(self->tracing_state, NULL);
     int traced = tracing ? PyObject_IsTrue(tracing) : -1;
@@ -1191,7 +1204,44 @@ static PyObject *forget_templates(PyObject *mod, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+#define TRACING_STATE_SYMBOL "_ZN5torch3jit6tracer15getTracingStateEv"
+
+/* bind_tracing_state(path): finds getTracingState in the library at `path` if the process has
+ * loaded it already (never loads it); True where found (jit_tracing then reads it). None
+ * unbinds it (the pybind11 check again). */
+static PyObject *bind_tracing_state(PyObject *mod, PyObject *path) {
+    (void)mod;
+    if (path == Py_None) { tracing_state_fn = NULL; Py_RETURN_FALSE; }
+    if (!PyUnicode_Check(path)) { PyErr_SetString(PyExc_TypeError, "bind_tracing_state(path: str | None)"); return NULL; }
+#ifdef HAVE_DLFCN
+    const char *c_path = PyUnicode_AsUTF8(path);
+    if (!c_path) return NULL;
+    void *lib = dlopen(c_path, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib) {
+        void *sym = dlsym(lib, TRACING_STATE_SYMBOL);
+        dlclose(lib);  /* the process keeps it loaded: RTLD_NOLOAD only took a reference */
+        if (sym) {
+            tracing_state_fn = (TracingStateFn)sym;
+            Py_RETURN_TRUE;
+        }
+    }
+#endif
+    Py_RETURN_FALSE;
+}
+
+/* tracing_now(): whether a JIT trace is being recorded on this thread as the bound state says;
+ * None where none is bound. */
+static PyObject *tracing_now(PyObject *mod, PyObject *unused) {
+    (void)mod; (void)unused;
+    if (tracing_state_fn == NULL) Py_RETURN_NONE;
+    return PyBool_FromLong(*tracing_state_fn() != NULL);
+}
+
 static PyMethodDef module_methods[] = {
+    {"bind_tracing_state", bind_tracing_state, METH_O,
+     "bind_tracing_state(path) -> bool: reads libtorch's JIT tracing state directly from the loaded library at path (None: no more)."},
+    {"tracing_now", tracing_now, METH_NOARGS,
+     "tracing_now() -> bool | None: whether this thread records a JIT trace, by the bound state (None: not bound)."},
     {"forget_templates", forget_templates, METH_NOARGS,
      "forget_templates() -> None: empties the template ids cached by address (when the templates dict starts over)."},
     {"take_frames", take_frames, METH_O,

@@ -55,3 +55,9 @@ def take_frames(queue: Any) -> list[Any]:
 
 def clear_caches() -> None:
     """Empties the drain's process-wide caches of shape encodings and placed entries."""
+
+def bind_tracing_state(path: str | None) -> bool:
+    """Reads libtorch's JIT tracing state directly from the loaded library at ``path``; whether found (None: no more)."""
+
+def tracing_now() -> bool | None:
+    """Whether this thread records a JIT trace, by the bound state (None: none bound)."""

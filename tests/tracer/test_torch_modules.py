@@ -160,6 +160,34 @@ def test_a_jit_trace_records_the_graph_and_code_it_records_plain(tmp_path: Path)
     assert {s.name for s in run.spans if s.level == Level.MODEL} == {"Net"}  # the trace's calls (and its check's)
 
 
+def test_the_c_hot_path_reads_libtorchs_tracing_state_as_torch_does(tmp_path: Path, hot_path: str) -> None:
+    """The C hot path's tracing check reads libtorch's per-thread state itself (no pybind11 call
+    a module call): it agrees with ``torch._C._is_tracing`` inside a trace, outside and on
+    another thread, and run.json says which check ran."""
+    if hot_path != "c":
+        pytest.skip("the C hot path's check")
+    from mltrace import _layercall
+
+    seen: list[tuple[Any, bool]] = []
+
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append((_layercall.tracing_now(), torch._C._is_tracing()))
+            return x * 2
+
+    def go() -> None:
+        probe = Probe()
+        probe(torch.ones(2))
+        torch.jit.trace(probe, torch.ones(2), check_trace=False)
+        thread = threading.Thread(target=lambda: seen.append((_layercall.tracing_now(), torch._C._is_tracing())))
+        thread.start()
+        thread.join()
+
+    run = _trace(tmp_path, go)
+    assert run.meta["sources"]["torch.modules"]["jit_tracing_check"] == "libtorch"
+    assert seen == [(False, False), (True, True), (False, False)]
+
+
 def test_torchscript_gets_a_model_span_and_a_limitation(tmp_path: Path) -> None:
     scripted = torch.jit.script(nn.Sequential(nn.Linear(3, 3), nn.ReLU()))
     run = _trace(tmp_path, lambda: scripted(torch.randn(1, 3)))

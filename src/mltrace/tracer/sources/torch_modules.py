@@ -134,6 +134,18 @@ def jit_tracing_probe() -> Callable[[], bool]:
     return lambda: False
 
 
+def _libtorch_paths() -> list[str]:
+    """The libraries of the imported torch that may hold its JIT tracer (``libtorch_cpu``, or a
+    single ``libtorch``), for the C hot path's tracing check (``bind_tracing_state``)."""
+    torch = sys.modules.get("torch")
+    lib = os.path.join(os.path.dirname(getattr(torch, "__file__", None) or "."), "lib")
+    try:
+        names = sorted(os.listdir(lib))
+    except OSError:
+        return []
+    return [os.path.join(lib, name) for name in names if name.startswith(("libtorch_cpu.", "libtorch."))]
+
+
 def _untraced(read: Callable[[Any], Any], value: Any) -> Any:
     """``read(value)`` with any JIT trace of this thread paused: inside ``torch.jit.trace`` a
     parameter count or a shape read would otherwise add nodes to the user's graph (and number
@@ -722,11 +734,12 @@ class TorchModuleSource(Source):
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall, clear_caches, encode_rows, forget_templates, take_frames
+            from mltrace._layercall import LayerCall, bind_tracing_state, clear_caches, encode_rows, forget_templates, take_frames
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
+        info["jit_tracing_check"] = "libtorch" if any(bind_tracing_state(path) for path in _libtorch_paths()) else "torch._C"
         self._encode_rows = encode_rows
         self._take_frames = take_frames
         self._forget_templates = forget_templates
