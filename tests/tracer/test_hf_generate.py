@@ -183,3 +183,29 @@ def test_an_encoder_decoders_encoder_call_is_no_token_step(tmp_path: Path) -> No
     assert entry["ttft_ns"] == steps[1].end_ns - gen.start_ns  # the first token comes from the decoder's prefill
     tpot = sorted(b.end_ns - a.end_ns for a, b in zip(steps[1:], steps[2:]))
     assert entry["tpot_median_ns"] == int((tpot[1] + tpot[2]) / 2)  # the 4 decode steps, not the encoder's end
+
+
+def test_a_generate_calls_cold_model_calls_are_counted_beside_its_times(tmp_path: Path) -> None:
+    from mltrace.analysis.generation import generate_calls
+
+    model = _gpt2()
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="model"), torch.no_grad():
+        for _ in range(2):
+            _generate(model, torch.randint(0, 500, (1, 4)), 4)
+    run = mltrace.load_run(tmp_path / "run")
+    steps = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    cold = [(s.start_ns, s.end_ns, s.name) for s in (steps[0], steps[1], steps[4])]  # 2 in the first call, 1 in the second
+    first, second = generate_calls(run, cold)
+    assert (first.cold_calls, second.cold_calls) == (2, 1)
+    assert first.cold_ns == sum(s.end_ns - s.start_ns for s in steps[:2]) and second.cold_ns == steps[4].end_ns - steps[4].start_ns
+    assert "2 of its model calls cold (" in first.text() and first.as_dict()["cold_calls"] == 2
+    assert generate_calls(run)[0].cold_calls == 0 and "cold" not in generate_calls(run)[0].text()
+    entries = json.loads(_report(tmp_path / "run", "json"))["generate"]
+    found = generate_calls(run, _cold(tmp_path / "run"))
+    assert [(e["cold_calls"], e["cold_ns"]) for e in entries] == [(c.cold_calls, c.cold_ns) for c in found]
+
+
+def _cold(path: Path) -> list[tuple[int, int, str]]:
+    from mltrace.analysis.coldstart import find_cold_start
+
+    return find_cold_start(mltrace.load_run(path)).intervals

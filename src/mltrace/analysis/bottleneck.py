@@ -733,7 +733,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made
 
     cold = find_cold_start(run)
-    generation = generate_calls(run)  # a generate() call's first model call is its prefill, cold or not
+    generation = generate_calls(run, cold.intervals)  # a generate() call's first model call is its prefill, cold or not
     whole = run
     if not include_cold and cold.rows is not None:
         run = without_rows(run, cold.rows)

@@ -7,8 +7,11 @@ prefill model call (the generating model's first; an encoder-decoder's encoder
 call, phase ``encode``, comes before it); the time per output token is the time
 between the ends of consecutive model calls after it (each decode step: the model
 call and the sampling around it); tokens per second is new tokens per sequence
-over the whole call. mltrace's own pauses inside a call (``analysis/pauses.py``) are left out of
-each of these times. Each call names the user's line that called ``generate()`` (the
+over the whole call. mltrace's own pauses inside a call (``analysis/pauses.py``) are
+left out of each of these times. The cold model calls inside a call
+(``analysis/coldstart.py``: compile, recompiles for a new shape, warm-up) stay in these
+times, and are counted beside them (``cold_calls``, ``cold_ns``) so that a compile is not
+read as slow decoding. Each call names the user's line that called ``generate()`` (the
 span's ``code.*``: the innermost frame outside the frameworks and transformers).
 """
 
@@ -40,6 +43,8 @@ class GenerateCall:
         file, line: the user's line that called it (``code.*``), or None where not recorded.
         paused_ns: mltrace's own pauses inside it, left out of ``total_ns``, ``ttft_ns`` and
             ``token_ns``.
+        cold_calls, cold_ns: its cold model calls (``analysis.coldstart``) and their time,
+            which ``total_ns``, ``ttft_ns`` and ``token_ns`` include.
     """
 
     model: str
@@ -52,6 +57,8 @@ class GenerateCall:
     file: str | None = None
     line: int | None = None
     paused_ns: int = 0
+    cold_calls: int = 0
+    cold_ns: int = 0
 
     @property
     def tpot_median_ns(self) -> int | None:
@@ -78,6 +85,9 @@ class GenerateCall:
             parts.append(f"per output token {fmt_ns(self.tpot_median_ns or 0)} median (p90 {fmt_ns(self.tpot_p90_ns or 0)})")
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:.1f} tokens/s")
+        if self.cold_calls:
+            cold = fmt_ns(self.cold_ns)
+            parts.append(f"{self.cold_calls} of its model calls cold ({cold} of these times: warm-up or compile, see Cold start)")
         if self.paused_ns:
             parts.append(f"mltrace's own pauses ({fmt_ns(self.paused_ns)}) left out")
         return ", ".join(parts)
@@ -95,6 +105,8 @@ class GenerateCall:
             "tpot_p90_ns": self.tpot_p90_ns,
             "tokens_per_s": self.tokens_per_s,
             "paused_ns": self.paused_ns,
+            "cold_calls": self.cold_calls,
+            "cold_ns": self.cold_ns,
             "source": self.source,
             "source_text": source_line(self.file, self.line) or None,
         }
@@ -107,10 +119,11 @@ class GenerateCall:
         return f"{self.file}:{self.line}" if self.line is not None else self.file
 
 
-def generate_calls(run: Run) -> list[GenerateCall]:
+def generate_calls(run: Run, cold: list[tuple[int, int, str]] | None = None) -> list[GenerateCall]:
     """Every ``generate()`` call of the run, in start order. Read from the span table's columns
     (only the few ``generate`` and model rows are looked at), so a large run's spans are never
-    built as objects for it."""
+    built as objects for it. ``cold``: the run's cold model calls as (start ns, end ns, name)
+    (``ColdStart.intervals``), counted per call."""
     import numpy as np
 
     table = run.table
@@ -139,6 +152,7 @@ def generate_calls(run: Run) -> list[GenerateCall]:
         call_start, call_end = int(start[call]), int(end[call])
         pauses = pauses_of.of(int(table.track[call]))
         paused = pauses.within(call_start, call_end)
+        inside = [(a, b) for a, b, _ in cold or () if call_start <= a and b <= call_end]
         out.append(
             GenerateCall(
                 model=str(attrs["ml.generate.model"]),
@@ -151,6 +165,8 @@ def generate_calls(run: Run) -> list[GenerateCall]:
                 file=_text(attrs.get("code.file.path")),
                 line=_int(attrs.get("code.line.number")),
                 paused_ns=paused,
+                cold_calls=len(inside),
+                cold_ns=sum(b - a - pauses.within(a, b) for a, b in inside),
             )
         )
     return out

@@ -145,6 +145,8 @@ GENERATE = _object(
         "tpot_p90_ns": _OPT_INT,
         "tokens_per_s": _OPT_NUM,
         "paused_ns": _INT,
+        "cold_calls": _INT,
+        "cold_ns": _INT,
         "source": _OPT_STR,
         "source_text": _OPT_STR,
     }
