@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,14 +204,18 @@ class OutermostCallTimer:
         self._original: Any = None
         self._skip_dirs: tuple[str, ...] = ()
         self.samples: dict[tuple[str, str | None, int | None], list[int]] = {}
+        self._names: Any = None  # torch_modules.ModelNames once torch is imported
+        #: id(module) → (weak reference, its model name), named once as the tracer names it.
+        self._named: dict[int, tuple[Any, str]] = {}
 
     def install(self, torch: Any) -> None:
         """Wraps ``torch.nn.Module.__call__`` (idempotent)."""
-        from mltrace.tracer.sources.torch_modules import calls_impl_directly
+        from mltrace.tracer.sources.torch_modules import ModelNames, calls_impl_directly
 
         if self._original is not None:
             return
         module_cls = torch.nn.Module
+        self._names = ModelNames(module_cls)
         original = module_cls.__call__
         tls = self._tls
         clock = time.monotonic_ns  # the tracer's clock, so plain and traced figures compare
@@ -251,8 +256,8 @@ class OutermostCallTimer:
             self._original = None
 
     def _record(self, module: Any, duration_ns: int) -> None:
-        # Same call-site rule as the tracer's model spans, so keys match across runs.
-        frame = sys._getframe(2)
+        # Same call-site and naming rules as the tracer's model spans, so keys match across runs.
+        caller = frame = sys._getframe(2)
         site: tuple[str | None, int | None] = (None, None)
         while frame is not None:
             fn = frame.f_code.co_filename
@@ -260,7 +265,18 @@ class OutermostCallTimer:
                 site = (fn, frame.f_lineno)
                 break
             frame = frame.f_back  # type: ignore[assignment]
-        self.samples.setdefault((type(module).__name__, site[0], site[1]), []).append(duration_ns)
+        self.samples.setdefault((self._model_name(module, caller), site[0], site[1]), []).append(duration_ns)
+
+    def _model_name(self, module: Any, caller: Any) -> str:
+        """The module's model name as the tracer gives it at its first call (``ModelNames``)."""
+        named = self._named.get(id(module))
+        if named is None or named[0]() is not module:
+            try:
+                ref = weakref.ref(module)
+            except TypeError:
+                return str(self._names.name(module, caller))
+            named = self._named[id(module)] = (ref, self._names.name(module, caller))
+        return named[1]
 
     def to_json(self) -> dict[str, Any]:
         """The samples as the plain-timings document read by ``analysis.leveled``."""

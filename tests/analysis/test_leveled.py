@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,12 +15,14 @@ from typing import Any
 import pytest
 
 import mltrace
+from conftest import run_cli
 from mltrace.analysis.leveled import (
     Stats,
     analyze,
     build_leveled_run,
     invocations,
     load_plain_timings,
+    model_key,
     path_label,
     trimmed_mean,
 )
@@ -246,6 +251,50 @@ def test_plain_timings_file(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a plain-timings file"):
         load_plain_timings([tmp_path / "bad.json"])
+
+
+NAMED_MODELS = """
+import torch
+from torch import nn
+
+class VAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc3 = nn.Linear(4, 4), nn.Linear(4, 4)
+    def decode(self, z):
+        return self.fc3(z)
+    def forward(self, x):
+        return self.decode(self.fc1(x))
+
+vae = VAE().eval()
+compiled = torch.compile(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), backend="eager")
+exported = torch.export.export(nn.Sequential(nn.Linear(4, 4)), (torch.randn(2, 4),)).module()
+x = torch.randn(2, 4)
+with torch.no_grad():
+    for _ in range(3):
+        vae.decode(x)
+        vae(x)
+        compiled(x)
+        exported(x)
+"""
+
+
+def test_plain_timings_name_models_as_the_tracer_does(tmp_path: Path) -> None:
+    """The plain run's keys are the traced run's: a submodule called from its holder's method
+    (``VAE.fc3``), a compiled model and an exported one are named alike in both, so the leveled
+    estimates find their plain timings."""
+    pytest.importorskip("torch")
+    script = tmp_path / "named.py"
+    script.write_text(NAMED_MODELS)
+    plain = subprocess.run([sys.executable, "-m", "mltrace.bench", "plain", str(tmp_path / "plain.json"), str(script)], capture_output=True)
+    assert plain.returncode == 0, plain.stderr.decode()
+    traced = run_cli("python", "-q", "--level", "model", "-o", str(tmp_path / "run"), str(script))
+    assert traced.returncode == 0, traced.stderr.decode()
+    plain_keys = {key: len(runs[0]) for key, runs in load_plain_timings([tmp_path / "plain.json"]).items()}
+    run = mltrace.load_run(tmp_path / "run")
+    traced_keys = collections.Counter(model_key(s) for s in run.spans if s.level == M)
+    assert plain_keys == dict(traced_keys)
+    assert {key[0] for key in plain_keys} == {"VAE", "VAE.fc3", "Sequential (compiled)", "Sequential"}
 
 
 # Known per-layer costs (ms) of the synthetic workload below.

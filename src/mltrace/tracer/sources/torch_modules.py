@@ -367,6 +367,58 @@ def torch_own_module_types() -> frozenset[type]:
     return frozenset(cls for cls in found if isinstance(cls, type))
 
 
+def optimized_module_type() -> type | None:
+    """torch.compile's module wrapper class (``OptimizedModule``), once TorchDynamo is imported."""
+    found = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
+    return found if isinstance(found, type) else None
+
+
+class ModelNames:
+    """Names the module of an outermost call as its model spans are named (``name``), for the
+    tracer and for ``mltrace.bench``'s plain timings alike, so that the two match."""
+
+    def __init__(self, module_cls: Any = ()) -> None:
+        #: torch.nn.Module (an empty tuple, which nothing is an instance of, until torch is imported).
+        self.module_cls = module_cls
+        self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+
+    def root_name(self, root: Any, module: Any) -> str | None:
+        """``module``'s path inside ``root`` (``named_modules``' first name), or None."""
+        entry = self._roots.get(id(root))
+        if entry is None or entry[0]() is not root or id(module) not in entry[1]:
+            names: dict[int, str] = {}
+            for n, m in root.named_modules(remove_duplicate=False):
+                names.setdefault(id(m), n)
+            entry = (weakref.ref(root), names)
+            self._roots[id(root)] = entry
+        return entry[1].get(id(module))
+
+    def name(self, module: Any, frame: Any) -> str:
+        """The name of a module's model spans, called from ``frame``: its class's; or, where a
+        method of a module that holds it makes the outermost call (a VAE's ``decode`` calling
+        ``self.fc3``, a generate loop calling ``self.encoder``), that module's class and the path
+        to it there (``VAE.fc3``), so that two such submodules of one class are two models. A
+        program that builds a new model per request still has one model. A ``torch.compile``
+        wrapper (``OptimizedModule``) is named after the module it compiled (``GPT2LMHeadModel
+        (compiled)``): two compiled models are two models, and apart from their eager calls."""
+        for _ in range(_HOLDER_FRAMES):
+            if frame is None:
+                break
+            code = frame.f_code
+            holder = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+            if holder is not module and isinstance(holder, self.module_cls):
+                path = self.root_name(holder, module)
+                if path:
+                    return f"{_type_name(holder)}.{path}"
+            frame = frame.f_back
+        optimized = optimized_module_type()
+        if optimized is not None and isinstance(module, optimized):
+            inner = getattr(module, "_orig_mod", None)
+            if isinstance(inner, self.module_cls):
+                return f"{_type_name(inner)} (compiled)"
+        return _type_name(module)
+
+
 _TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
 
 
@@ -413,7 +465,7 @@ _Kid = tuple[str, "_Static", "dict[str, Any]", "str | None", "str | None"]
 _SHAPE_CACHE_MAX = 4096
 #: Code objects whose owner (the program, or a framework) ``_site_of`` remembers, and call sites, at most.
 _CODE_CACHE_MAX = 4096
-#: The frames outwards of a new model's first call that ``_model_name`` looks at for a module
+#: The frames outwards of a new model's first call that ``ModelNames.name`` looks at for a module
 #: holding it.
 _HOLDER_FRAMES = 8
 log = logging.getLogger("mltrace")
@@ -486,7 +538,7 @@ class TorchModuleSource(Source):
         self._session: SessionView | None = None
         self._static: dict[int, _Static] = {}
         self._children: dict[int, tuple[weakref.ref[Any], dict[int, str | None]]] = {}
-        self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+        self._names = ModelNames()
         self._class_loc: dict[type, tuple[str | None, int | None]] = {}
         self._dtype_names: dict[Any, str] = {}
         self._shape_cache: dict[Any, tuple[list[list[int]], list[str]]] = {}
@@ -554,7 +606,7 @@ class TorchModuleSource(Source):
         from torch.nn.modules import module as module_mod
 
         self._tensor = torch.Tensor
-        self._module_cls = torch.nn.Module
+        self._module_cls = self._names.module_cls = torch.nn.Module
         self._torch_dir = os.path.dirname(torch.__file__)
         self._skip_in_dynamo()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
@@ -1126,21 +1178,11 @@ class TorchModuleSource(Source):
             names[id(child)] = next((n for n, m in parent._modules.items() if m is child), None)
         return names[id(child)]
 
-    def _root_name(self, root: Any, module: Any) -> str | None:
-        entry = self._roots.get(id(root))
-        if entry is None or entry[0]() is not root or id(module) not in entry[1]:
-            names: dict[int, str] = {}
-            for n, m in root.named_modules(remove_duplicate=False):
-                names.setdefault(id(m), n)
-            entry = (weakref.ref(root), names)
-            self._roots[id(root)] = entry
-        return entry[1].get(id(module))
-
     def _path(self, parent: Any, parent_path: str, module: Any, root: Any) -> str:
         attr = self._child_name(parent, module)
         if attr is not None:
             return f"{parent_path}.{attr}" if parent_path else attr
-        full = self._root_name(root, module)
+        full = self._names.root_name(root, module)
         if full:
             return full
         suffix = f"<{type(module).__name__}>"
@@ -1316,7 +1358,7 @@ class TorchModuleSource(Source):
         static = self._static_of(module)
         name = static.model_name
         if name is None:
-            name = static.model_name = self._model_name(module, sys._getframe(2))
+            name = static.model_name = self._names.name(module, sys._getframe(2))
         attrs = dict(static.attrs)
         counter = self._invocations.get(id(module))
         if counter is None:
@@ -1347,31 +1389,6 @@ class TorchModuleSource(Source):
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
         stack.append(frame)
         return frame
-
-    def _model_name(self, module: Any, frame: Any) -> str:
-        """The name of a module's model spans: its class's; or, where a method of a module that
-        holds it makes the outermost call (a VAE's ``decode`` calling ``self.fc3``, a generate
-        loop calling ``self.encoder``), that module's class and the path to it there
-        (``VAE.fc3``), so that two such submodules of one class are two models. A program that
-        builds a new model per request still has one model. A ``torch.compile`` wrapper
-        (``OptimizedModule``) is named after the module it compiled (``GPT2LMHeadModel
-        (compiled)``): two compiled models are two models, and apart from their eager calls."""
-        for _ in range(_HOLDER_FRAMES):
-            if frame is None:
-                break
-            code = frame.f_code
-            holder = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
-            if holder is not module and isinstance(holder, self._module_cls):
-                path = self._root_name(holder, module)
-                if path:
-                    return f"{_type_name(holder)}.{path}"
-            frame = frame.f_back
-        optimized = self._optimized[0]
-        if optimized is not None and isinstance(module, optimized):
-            inner = getattr(module, "_orig_mod", None)
-            if isinstance(inner, self._module_cls):
-                return f"{_type_name(inner)} (compiled)"
-        return _type_name(module)
 
     def _model_ended(self) -> None:
         """After an outermost call: where the op and layer levels may end (``tracer/windows.py``)."""
