@@ -380,6 +380,55 @@ def test_torchs_cycle_warning_is_not_printed_and_the_programs_filters_stay() -> 
     assert [str(w.message) for w in seen] == ["something else"]
 
 
+def test_a_warning_shown_once_per_place_stays_shown_once_across_profiler_starts() -> None:
+    """Hiding torch's cycle warning must not count as a change of the warning filters: one
+    empties every module's record of the warnings it has shown, and a warning the program
+    shows once per place showed again after each op-level cycle's start."""
+    import warnings
+
+    from mltrace.tracer.sources.torch_ops import _start_quietly
+
+    class Profiler:
+        def start(self) -> None:
+            pass
+
+    def warn_here() -> None:
+        warnings.warn("once per place", UserWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        warn_here()
+        _start_quietly(Profiler())
+        warn_here()
+        _start_quietly(Profiler())
+        warn_here()
+    assert [str(w.message) for w in seen] == ["once per place"]
+
+
+def test_a_programs_default_warning_prints_once_when_traced_at_the_op_level(tmp_path: Path) -> None:
+    """The program warns from one place between model calls for longer than several op-level
+    cycles: its stderr has the warning once, as when it runs plain."""
+    from conftest import run_cli
+
+    script = tmp_path / "warn_once.py"
+    script.write_text(
+        "import time, warnings\n"
+        "import torch\n"
+        "model = torch.nn.Linear(8, 8)\n"
+        "x = torch.randn(4, 8)\n"
+        "end = time.monotonic() + 1.0\n"
+        "while time.monotonic() < end:\n"
+        "    model(x)\n"
+        "    warnings.warn('shown once per place')\n"
+        "print('done')\n"
+    )
+    done = run_cli("python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script))
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode() == "done\n"
+    assert done.stderr.decode().count("UserWarning: shown once per place") == 1, done.stderr.decode()
+    assert load_run(tmp_path / "run").meta["torch_profiler"]["cycles"] > 1
+
+
 def test_a_program_that_runs_torch_profiler_itself(tmp_path: Path) -> None:
     """Kineto keeps one profiling session per process: where the program starts torch.profiler
     itself, mltrace's op level ends first (its ops so far kept) and the program's profiler sees

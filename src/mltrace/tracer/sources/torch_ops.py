@@ -47,6 +47,7 @@ import importlib.metadata
 import importlib.util
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mltrace.formats.kineto import KinetoEvents, KinetoStats, kineto_to_events, load_kineto_json
 from mltrace.run.events import Event
@@ -1004,12 +1005,29 @@ def profiler_running(torch: ModuleType) -> bool:
         return False
 
 
+#: The filter that ignores ``CYCLE_WARNING`` while mltrace's profiler starts (as
+#: ``warnings.filterwarnings`` would compile it).
+_QUIET_CYCLE = ("ignore", re.compile(CYCLE_WARNING, re.I), UserWarning, None, 0)
+
+
 def _start_quietly(prof: Any) -> None:
-    """Starts ``prof`` with torch's ``CYCLE_WARNING`` ignored (the program's own warning filters
-    are restored right after)."""
-    with warnings.catch_warnings(), _own_call():
-        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
-        prof.start()
+    """Starts ``prof`` with torch's ``CYCLE_WARNING`` ignored, the program's warning filters as
+    they were before and after.
+
+    The filter goes into the list and out again by hand: ``warnings.filterwarnings`` and
+    ``catch_warnings`` count as a change of the filters, which empties every module's record
+    of the warnings it has shown, so a warning the program shows once per place would show
+    again after each cycle's start."""
+    filters = cast("list[Any]", warnings.filters)  # the list itself, which the checks read
+    filters.insert(0, _QUIET_CYCLE)
+    try:
+        with _own_call():
+            prof.start()
+    finally:
+        for i, f in enumerate(filters):
+            if f is _QUIET_CYCLE:
+                del filters[i]
+                break
 
 
 #: Set on a thread while mltrace's own profiler starts or stops there (``_own_call``): the
