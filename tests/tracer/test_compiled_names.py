@@ -1,4 +1,5 @@
-"""A torch.compile'd model's spans are named after the module it compiled."""
+"""torch.compile'd models: their spans are named after the module compiled, and the graphs that
+torch's compiler calls as modules are no layers."""
 
 from __future__ import annotations
 
@@ -76,3 +77,53 @@ def test_a_compiled_model_held_by_another_is_named_by_its_path(tmp_path: Path) -
         holder.run(torch.randn(2, 4))
     run = mltrace.load_run(tmp_path / "run")
     assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Holder.body"]
+
+
+AOT_FORWARD = """
+import torch
+from torch import fx, nn
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.traced = fx.symbolic_trace(Block())  # the user's own GraphModule: a layer
+
+    def forward(self, x):
+        return self.traced(self.block(x))
+
+net = Net().eval()
+with torch.no_grad():
+    eager = net(torch.ones(2, 8))
+    net.forward = torch.compile(net.forward, backend="aot_eager")
+    for _ in range(2):
+        print(torch.equal(net(torch.ones(2, 8)), eager))
+    del net.forward
+    print(torch.equal(net(torch.ones(2, 8)), eager))
+"""
+
+
+def test_the_graph_a_compiled_forward_calls_is_no_layer(tmp_path: Path) -> None:
+    """aot_eager runs a compiled forward's graph as an fx GraphModule that the model does not
+    hold: its call is no layer (it was '<<lambda>>', at transformers' or the program's line),
+    while a GraphModule the model holds stays one."""
+    pytest.importorskip("torch._dynamo")
+    (tmp_path / "prog.py").write_text(AOT_FORWARD)
+    res = run_cli("python", "-q", "--level", "layer", "-o", str(tmp_path / "run"), "prog.py", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr.decode()
+    assert res.stdout.decode().split() == ["True"] * 3
+    run = mltrace.load_run(tmp_path / "run")
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    inside = [sorted(s.attrs["ml.layer.path"] for s in layers if m.start_ns <= s.start_ns <= m.end_ns) for m in models]
+    eager = ["block", "block.fc", "traced", "traced.fc"]
+    assert inside == [eager, [], [], eager]
+    assert not [s for s in run.spans if s.level == Level.LAYER and "<" in s.name]

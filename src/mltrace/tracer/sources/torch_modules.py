@@ -367,6 +367,16 @@ def torch_own_module_types() -> frozenset[type]:
     return frozenset(cls for cls in found if isinstance(cls, type))
 
 
+def compiler_graph_type() -> type | None:
+    """torch.fx's ``GraphModule``, once AOTAutograd is imported: the class of the graphs that
+    ``torch.compile``'s AOT backends (``aot_eager``) call as modules inside a compiled
+    ``forward``; None before (a program that compiles nothing through AOTAutograd)."""
+    if "torch._functorch.aot_autograd" not in sys.modules:
+        return None
+    found = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
+    return found if isinstance(found, type) else None
+
+
 def optimized_module_type() -> type | None:
     """torch.compile's module wrapper class (``OptimizedModule``), once TorchDynamo is imported."""
     found = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
@@ -567,6 +577,9 @@ class TorchModuleSource(Source):
         self._generate = GenerateSpans()
         #: The classes of torch's own modules in exported programs imported so far (``_without_torch_own``).
         self._torch_own: frozenset[type] = frozenset()
+        #: Module class → whether its calls are layers, for ``_without_torch_own`` once a compiler
+        #: graph may be called (``compiler_graph_type``); False for those graphs' classes.
+        self._layer_types: dict[type, bool] = {}
         #: id(GraphModule) → (weak reference, its graph id) for ``_note_fx_graph``.
         self._fx_graphs: dict[int, tuple[weakref.ref[Any], int]] = {}
         self._torch_dir = ""
@@ -892,6 +905,7 @@ class TorchModuleSource(Source):
             self._wrapped = None
             self._handles.clear()
             self._clear_caches()  # refilled by the session's last drain at most, and emptied by the next start
+            self._layer_types.clear()
             self._generate.stop()
             if self._import_hook is not None:
                 self._import_hook.remove()
@@ -974,16 +988,41 @@ class TorchModuleSource(Source):
         return spans
 
     def _without_torch_own(self, frames: list[Any]) -> list[Any]:
-        """``frames`` less the calls of torch's own modules in exported programs (``_TORCH_OWN_MODULES``):
-        no layers of the model, their time stays in their parent's. Such a module calls no
-        other module, so no frame kept has a dropped one as its parent. Costs nothing before
-        torch defines one of them (a program that exports nothing)."""
+        """``frames`` less the calls of torch's own modules: those in exported programs
+        (``_TORCH_OWN_MODULES``), and the graphs that a compiled ``forward`` calls as modules
+        (an AOT backend's ``GraphModule``, which is no module of the model: ``_is_layer``). No
+        layers of the model, their time stays in their parent's. Such a module calls no other
+        module, so no frame kept has a dropped one as its parent. Costs nothing before torch
+        defines one of them (a program that exports and compiles nothing)."""
         own = self._torch_own
         if len(own) < len(_TORCH_OWN_MODULES):
             own = self._torch_own = torch_own_module_types()
-            if not own:
-                return frames
-        return [frame for frame in frames if type(frame[MODULE]) not in own]
+        graph = compiler_graph_type()
+        if graph is None:
+            return [frame for frame in frames if type(frame[MODULE]) not in own] if own else frames
+        known = self._layer_types
+        out = []
+        for frame in frames:
+            cls = type(frame[MODULE])
+            keep = known.get(cls)
+            if keep is None:
+                keep = known[cls] = cls not in own and self._is_layer(frame, graph)
+            if keep:
+                out.append(frame)
+        return out
+
+    def _is_layer(self, frame: Any, graph: type) -> bool:
+        """Whether a call is a layer of its model, by its module's class: every class but an fx
+        ``GraphModule`` that the model does not hold (one that AOTAutograd built and a compiled
+        ``forward`` calls; torch.fx gives each graph module a class of its own). A model call
+        (no parent) is kept."""
+        module = frame[MODULE]
+        if frame[PARENT] is None or not isinstance(module, graph):
+            return True
+        root = frame
+        while root[PARENT] is not None:
+            root = root[PARENT]
+        return self._names.root_name(root[MODULE], module) is not None
 
     def _encode_frames(self) -> tuple[bytes, bytes, int]:
         """The layer frames completed since the last drain, as encoded rows (``Recorder.add_producer``).
