@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,6 +23,20 @@ if "MLTRACE_CACHE_DIR" not in os.environ:
     os.environ["MLTRACE_CACHE_DIR"] = _CACHE_DIR
     atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+#: Whether the layer level's C hot path (``mltrace._layercall``) is built here.
+HAVE_LAYERCALL = importlib.util.find_spec("mltrace._layercall") is not None
+
+
+@pytest.fixture(params=["c", "python"])
+def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The layer level's hot path a test runs with: the C helper (skipped where it is not
+    built), then the Python wrapper."""
+    from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
+
+    if request.param == "c" and not HAVE_LAYERCALL:
+        pytest.skip("the C helper mltrace._layercall is not built here")
+    monkeypatch.setenv(HOT_PATH_ENV, request.param)
+    return str(request.param)
 
 
 @pytest.fixture(autouse=True)

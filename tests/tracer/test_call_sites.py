@@ -20,9 +20,6 @@ from torch import nn
 import mltrace
 from mltrace.run.levels import Level
 from mltrace.tracer.callsite import CodeKeyed, is_model_code, is_stdlib
-from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
-
-HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
 
 
 def logged(fn: Any) -> Any:
@@ -68,14 +65,6 @@ class Net(nn.Module):
 def _line(tag: str) -> int:
     lines = inspect.getsource(sys.modules[__name__]).splitlines()
     return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# LINE: {tag}"))
-
-
-@pytest.fixture(params=["c", "python"])
-def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "c" and not HAVE_C:
-        pytest.skip("the C helper mltrace._layercall is not built here")
-    monkeypatch.setenv(HOT_PATH_ENV, request.param)
-    return str(request.param)
 
 
 def test_every_layer_names_the_model_code_line_that_called_it(tmp_path: Path, hot_path: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,24 +13,15 @@ import mltrace
 from conftest import run_cli, run_plain
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
-from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV, exported_class_name
+from mltrace.tracer.sources.torch_modules import exported_class_name
 
 pytest.importorskip("torch.export")
 
-HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
 
 try:  # imported here, not in a test: its import adds a finder to sys.meta_path for good
     import transformers
 except ImportError:  # pragma: no cover - an optional extra
     transformers = None
-
-
-@pytest.fixture(params=["c", "python"])
-def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "c" and not HAVE_C:
-        pytest.skip("the C helper mltrace._layercall is not built here")
-    monkeypatch.setenv(HOT_PATH_ENV, request.param)
-    return str(request.param)
 
 
 class Net(nn.Module):

@@ -25,13 +25,10 @@ from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
 HAVE_C = importlib.util.find_spec("mltrace._layercall") is not None
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def hot_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs with both layer hot paths: the C helper and the Python wrapper."""
-    if request.param == "c" and not HAVE_C:
-        pytest.skip("the C helper mltrace._layercall is not built here")
-    monkeypatch.setenv(HOT_PATH_ENV, request.param)
-    return str(request.param)
+@pytest.fixture(autouse=True)
+def _both_hot_paths(hot_path: str) -> str:
+    """Every test here runs with both layer hot paths (conftest's ``hot_path``)."""
+    return hot_path
 
 
 def _trace(tmp_path: Path, fn, **options) -> Run:  # type: ignore[no-untyped-def]
