@@ -327,6 +327,46 @@ def test_mltrace_flop_counts_agree_with_the_matrix_products_inside_them(tmp_path
     assert counts["aten::scaled_dot_product_attention"] == 2 * 8 * 5 * 7 * (8 + 6)  # B·H = 8, L = 5, S = 7
 
 
+def test_recurrent_layers_count_each_token_through_each_weight_matrix(tmp_path: Path) -> None:
+    """``aten::lstm``/``gru``/``rnn_*`` count 2 · tokens · the elements of their weight matrices
+    (torch counts nothing for them), and so does each oneDNN layer inside an LSTM: before, an
+    LSTM's only counted op was a bias ``add`` (256 FLOP a call), which outranked the layer's
+    formula, so a 50 ms LSTM call was judged overhead-bound at 0.004 % of the roofline."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mltrace.tracer.sources.kineto import kineto_to_events, load_kineto_json
+    from mltrace.tracer.tracks import TrackRegistry
+
+    torch.manual_seed(0)
+    layers = {
+        "lstm": nn.LSTM(6, 8, num_layers=2, bidirectional=True, batch_first=True),
+        "gru": nn.GRU(6, 8),
+        "rnn": nn.RNN(6, 8, nonlinearity="relu"),
+        "projected": nn.LSTM(6, 8, proj_size=4),
+    }
+    x = torch.randn(3, 5, 6)  # 15 tokens
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for layer in layers.values():
+            layer(x)
+        layers["gru"](nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 6), [5, 4, 2]))  # 11 tokens
+    path = tmp_path / "kineto.json"
+    prof.export_chrome_trace(str(path))
+    ids = iter(range(1, 1 << 30))
+    events = kineto_to_events(load_kineto_json(path), TrackRegistry(), lambda: next(ids), lambda t: t)
+    ops = [s for s in events.spans if s.level is Level.OP]
+    outer = [s.attrs.get("ml.flops") for s in ops if s.name in ("aten::lstm", "aten::gru", "aten::rnn_relu")]
+
+    def weights(m: nn.Module) -> int:
+        return sum(p.numel() for p in m.parameters() if p.dim() == 2)
+
+    expected = [2 * 15 * weights(m) for m in layers.values()] + [2 * 11 * weights(layers["gru"])]
+    assert outer == expected
+    children = _op_tree(ops)
+    lstm = next(s for s in ops if s.name == "aten::lstm")
+    onednn = [c.attrs["ml.flops"] for c in children[lstm.id] if c.name == "aten::mkldnn_rnn_layer"]
+    assert len(onednn) == 4 and sum(onednn) == lstm.attrs["ml.flops"]  # 2 layers × 2 directions
+
+
 def test_the_op_level_imports_no_torch_module_the_program_did_not(tmp_path: Path) -> None:
     """torch.profiler.profile's start imports torch._inductor (seconds and tens of MB) to read a
     CUDA graphs setting; the CPU profiler starts without it, and records the ops all the same."""

@@ -5,7 +5,8 @@ shapes) and ``Concrete Inputs`` (scalar and int-list arguments as strings: ``"[2
 ``"4"``), so the program runs without ``with_flops``. The ops torch counts get torch's
 rules; other convolutions, ``linear``, ``matmul``, attention and the fused encoder layer
 get 2 FLOP per multiply-add of their products (softmax, norms, activations and biases
-inside them are not counted). Ops that wrap each other (``aten::conv2d`` →
+inside them are not counted), and so do the recurrent layers (LSTM, GRU, RNN: each token
+through each weight matrix). Ops that wrap each other (``aten::conv2d`` →
 ``aten::convolution`` → ``aten::mkldnn_convolution``) each get the count; sums over a
 layer take only the outermost (``analysis/span_pass``).
 """
@@ -186,6 +187,39 @@ def _encoder_layer(dims: Dims, _concrete: Sequence[Any]) -> int | None:
     return _mha(batch, length, length, e) + 4 * batch * length * e * ffn_1[0]
 
 
+def _tokens(x: Any) -> int | None:
+    """Time steps × batch of a recurrent layer's input: ``[T, B, I]`` (or ``[B, T, I]``), or the
+    ``[N, I]`` data of a packed sequence."""
+    if not (isinstance(x, list) and len(x) in (2, 3) and all(isinstance(d, int) for d in x)):
+        return None
+    return _prod(x[:-1])
+
+
+def _recurrent(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """``aten::lstm``/``gru``/``rnn_tanh``/``rnn_relu``: 2 · tokens · the weights' elements.
+
+    Every layer and direction multiplies each token by its input-hidden and hidden-hidden
+    matrices (and an LSTM's projection), the 2-D tensors of the parameter list (biases and
+    gate arithmetic are not counted); the hidden state's tensors have three dimensions."""
+    tokens = _tokens(dims[0]) if dims else None
+    if tokens is None:
+        return None
+    params = [s for arg in dims[1:] if isinstance(arg, list) for s in arg if isinstance(s, list) and len(s) == 2]
+    if not params or not all(isinstance(d, int) for s in params for d in s):
+        return None
+    return 2 * tokens * sum(_prod(s) for s in params)
+
+
+def _mkldnn_rnn_layer(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """One layer and direction of oneDNN's recurrent layer: 2 · tokens · (W_ih + W_hh elements)."""
+    if len(dims) < 3:
+        return None
+    tokens, w_ih, w_hh = _tokens(dims[0]), _numel(dims[1]), _numel(dims[2])
+    if tokens is None or w_ih is None or w_hh is None:
+        return None
+    return 2 * tokens * (w_ih + w_hh)
+
+
 _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     # torch's own (with_flops)
     "aten::conv2d": _conv2d,
@@ -222,6 +256,11 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::_scaled_dot_product_cudnn_attention": _attention,
     "aten::_native_multi_head_attention": _native_mha,
     "aten::_transformer_encoder_layer_fwd": _encoder_layer,
+    "aten::lstm": _recurrent,
+    "aten::gru": _recurrent,
+    "aten::rnn_tanh": _recurrent,
+    "aten::rnn_relu": _recurrent,
+    "aten::mkldnn_rnn_layer": _mkldnn_rnn_layer,
 }
 
 
