@@ -125,7 +125,7 @@ def test_a_compiled_model_called_once_has_the_eager_models_ops(tmp_path: Path) -
     assert any(is_compile_range(s.name) for s in run.spans), "torch no longer marks its compile time: this test checks nothing"
     a = analyze(run, CPU, include_cold=False)
     (model,) = a.cold.models
-    assert model.name == "OptimizedModule" and model.cold == []  # called once: steady
+    assert model.name == "Sequential (compiled)" and model.cold == []  # called once: steady
     ops = {r.name: r for r in a.ops}
     assert not [name for name in ops if is_compile_range(name) or name in ("dynamo", "PythonDispatchMode")]
     addmm = 2 * (16 * 64 * 64 + 16 * 64 * 8)
@@ -133,7 +133,7 @@ def test_a_compiled_model_called_once_has_the_eager_models_ops(tmp_path: Path) -
     assert ops["aten::relu"].calls == 1
     count, ns = a.compile_ops
     assert count > 10 and ns > 0
-    (row,) = [r for r in a.layers if r.stat.name == "OptimizedModule"]
+    (row,) = [r for r in a.layers if r.stat.name == "Sequential (compiled)"]
     assert row.flops == addmm and ns < row.stat.total_ns
     # torch.compile's region and cache lookup (recorded as ops) are torch's ranges: not ops,
     # and seen through, so the model's own ops are its top ops.
