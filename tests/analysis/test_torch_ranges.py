@@ -33,6 +33,44 @@ def test_torchs_range_names_and_the_programs() -> None:
         assert torch_range_kind(mine) is None
 
 
+def test_torch_compiles_metadata_ranges_are_torchs() -> None:
+    """TorchDynamo's compile events attach their metadata in empty ranges of their own."""
+    for name in ("dynamo_data: compile_id=0/0", "entire_frame_compile_data: fn_name=_compile.compile_inner, compile_id=0/1"):
+        assert torch_range_kind(name) == "torch.compile"
+    for mine in ("load_data: batch=3", "my data_data: compile_id=1", "train_data: compile_id", "_data: compile_id=0/0"):
+        assert torch_range_kind(mine) is None
+
+
+COMPILED = """
+import torch
+from torch import nn
+
+model = torch.compile(nn.Linear(8, 8).eval(), backend="eager")
+with torch.no_grad():
+    for _ in range(3):
+        model(torch.randn(2, 8))
+"""
+
+
+def test_a_compiled_model_adds_no_user_spans_to_the_report(tmp_path: Path) -> None:
+    """A program that opens no range of its own has no user spans in its report: the ranges
+    torch.compile opens while it compiles (its regions, its compile events' metadata) are
+    torch's."""
+    import json
+
+    from conftest import run_cli
+
+    pytest.importorskip("torch._dynamo")
+    (tmp_path / "prog.py").write_text(COMPILED)
+    res = run_cli("python", "-q", "--level", "op", "-o", str(tmp_path / "run"), "prog.py", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr.decode()
+    names = {s.name for s in load_run(tmp_path / "run").spans if s.level == Level.USER}
+    assert any("_data: " in n and "compile_id=" in n for n in names)  # torch opened some
+    report = run_cli("report", str(tmp_path / "run"), "--format", "json", "--include-cold", cwd=tmp_path)
+    levels = {lv["level"] for lv in json.loads(report.stdout)["run"]["levels"]}
+    assert "user" not in levels and "model" in levels
+
+
 def _run() -> Run:
     """Two model calls (0–1000, 3000–4000); between them a DataLoader batch (1200–2800) whose
     collate the program wraps in a span of its own (1250–2750) around an op, after an op of

@@ -2,7 +2,8 @@
 
 torch.profiler records every ``record_function`` range as a ``user_annotation``, the ones a
 program opens and the ones torch opens itself around its own work: the DataLoader's batches,
-optimizer steps, torch.profiler's steps, torch.compile's regions, data-parallel wrappers. The
+optimizer steps, torch.profiler's steps, torch.compile's regions (and the empty ranges that
+carry its compile events' metadata), data-parallel wrappers. The
 ranges torch opens in C++ or with ``_RecordFunctionFast`` (torch.compile's region, its cache
 lookup) it records as ``cpu_op`` instead; the converter makes those user-level spans too
 (``formats/kineto.py``).
@@ -39,12 +40,26 @@ TORCH_RANGE_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: The middle of the empty ranges that TorchDynamo opens to attach a compile event's metadata
+#: (``dynamo_data: compile_id=0/0``, ``build_guards_data: compile_id=0/1``: the event's name,
+#: ``_data: ``, then ``key=value`` pairs, ``compile_id`` always among them).
+COMPILE_DATA_MARK = "_data: "
+
+
 def torch_range_kind(name: str) -> str | None:
     """The kind of torch's own range named ``name``, or None for a range of the program's."""
     for prefix, kind in TORCH_RANGE_PREFIXES:
         if name.startswith(prefix):
             return kind
+    if _is_compile_data(name):
+        return "torch.compile"
     return None
+
+
+def _is_compile_data(name: str) -> bool:
+    """Whether ``name`` is a compile event's metadata range (``COMPILE_DATA_MARK``)."""
+    event, mark, data = name.partition(COMPILE_DATA_MARK)
+    return bool(mark) and event.isidentifier() and "compile_id=" in data
 
 
 #: The name suffix of the ranges TorchDynamo's ``dynamo_timed`` opens around torch.compile's
