@@ -350,6 +350,8 @@ NO_DATA_OPS = frozenset(
         "aten::transpose_", "aten::t_", "aten::detach_",
         "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
         "aten::size", "aten::stride", "aten::numel", "aten::dim", "aten::is_same_size",
+        "aten::cudnn_is_acceptable", "aten::is_pinned", "aten::_has_compatible_shallow_copy_type",
+        "aten::new_empty", "aten::new_empty_strided",
         "aten::view_as_real", "aten::view_as_complex", "aten::conj", "aten::_conj", "aten::_neg_view",
         "aten::real", "aten::imag",
         "aten::_values", "aten::_indices", "aten::values", "aten::indices", "aten::_nnz",
