@@ -50,6 +50,41 @@ def test_a_prefill_is_another_kind_of_call_not_a_cold_one() -> None:
     assert cold_by_kind(slow_start, [None] * 14, kinds) == [0]
 
 
+def test_the_only_prefill_is_cold_when_it_compiled() -> None:
+    """One generate() of a model whose forward torch.compile compiled: three plain calls (the
+    first compiles), the prefill (compiles for its new shape), decode steps (the first two
+    recompile for dynamic shapes)."""
+    kinds = ["", "", "", "prefill", *["decode"] * 8]
+    durations = [900 * MS, 2 * MS, 2 * MS, 1100 * MS, 700 * MS, 800 * MS, *[2 * MS] * 6]
+    compiled = [True, False, False, True, True, True, *[False] * 6]
+    assert cold_by_kind(durations, compiled, kinds) == [0, 4, 5]  # the prefill: no reference
+    assert cold_by_kind(durations, compiled, kinds, compiled=compiled) == [0, 3, 4, 5]
+    warm = [*compiled[:3], False, *compiled[4:]]  # a prefill that compiled nothing is steady
+    assert cold_by_kind(durations, warm, kinds, compiled=warm) == [0, 4, 5]
+    assert cold_by_kind([900 * MS], [True], ["prefill"], compiled=[True]) == []  # a model called once
+
+
+def test_a_generates_prefill_that_compiled_is_cold_in_a_run() -> None:
+    from mltrace.run.events import Span, Track, TrackKind
+
+    spans, next_id, at = [], 1, 0
+    calls = [("", 900, True), ("", 2, False), ("prefill", 1100, True), *[("decode", 2, False)] * 6]
+    for phase, ms, compiles in calls:
+        attrs = {"ml.layer.type": "Net", **({"ml.generate.phase": phase} if phase else {})}
+        spans.append(Span(next_id, None, Level.MODEL, "Net", at, at + ms * MS, 1, attrs))
+        inner = "_compile.compile_inner (dynamo_timed)" if compiles else "aten::mm"
+        spans.append(Span(next_id + 1, next_id, Level.OP, inner, at + MS // 2, at + ms * MS - MS // 2, 1, {}))
+        next_id, at = next_id + 2, at + (ms + 1) * MS
+    run = Run(
+        path=Path("hand-made"),
+        meta={"name": "hand-made", "complete": True},
+        tracks={1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)},
+        spans=spans,
+    )
+    (model,) = find_cold_start(run).models
+    assert model.cold == [0, 2] and list(model.one_time) == ["compile"]
+
+
 def test_prefills_of_a_generate_loop_are_not_cold(tmp_path: Path) -> None:
     """A real GPT-2 generate loop traced twice, its prefill calls then made 20x its decode
     steps in the table (as a long prompt makes them), so that the outcome does not hang on

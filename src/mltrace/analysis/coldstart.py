@@ -16,7 +16,10 @@ durations of every call but the first:
   (no ops, library or API calls under it) is never cold: a GC pause is not warm-up.
 
 A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds of call:
-the rule runs on each kind apart, so a prefill is never cold for being a prefill.
+the rule runs on each kind apart, so a prefill is never cold for being a prefill. The only
+call of its kind (the prefill of a program's one ``generate()``) has no reference to be an
+outlier against: it is cold when torch.compile compiled inside it (one-time work of the
+``compile`` category), so a prefill that compiled for its new shape is not steady.
 A model called once has no steady state to compare with: its call is steady.
 A call that raised (its model span has ``error.type``, ``FAILED_ATTR``) is neither: it is
 left out of the rule and of the steady statistics, and counted apart (``ModelCalls.failed``).
@@ -117,14 +120,23 @@ def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule
     return cold
 
 
-def cold_by_kind(durations: Sequence[int], one_time: Sequence[bool | None], kinds: Sequence[str], rule: ColdRule = COLD_RULE) -> list[int]:
+def cold_by_kind(
+    durations: Sequence[int],
+    one_time: Sequence[bool | None],
+    kinds: Sequence[str],
+    rule: ColdRule = COLD_RULE,
+    compiled: Sequence[bool] | None = None,
+) -> list[int]:
     """``cold_indices`` within each kind of call apart: a generate loop's prefill (the whole
-    prompt) is another kind of call than its decode steps (one token), not a cold one.
+    prompt) is another kind of call than its decode steps (one token), not a cold one. The
+    only call of its kind, among other calls of the model, is cold when it compiled.
 
     Args:
         durations, one_time: as for ``cold_indices``, every call of one model in start order.
         kinds: per call, its kind ("prefill", "decode"; "" for a plain call).
         rule: the constants.
+        compiled: per call, whether torch.compile compiled inside it (one-time work of the
+            ``compile`` category); None: none did.
 
     Returns:
         Indices of the cold calls, ascending.
@@ -134,6 +146,9 @@ def cold_by_kind(durations: Sequence[int], one_time: Sequence[bool | None], kind
         positions.setdefault(kind, []).append(i)
     cold: list[int] = []
     for at in positions.values():
+        if len(at) == 1 and len(durations) > 1:
+            cold += [i for i in at if compiled is not None and compiled[i]]
+            continue
         cold += [at[j] for j in cold_indices([durations[i] for i in at], [one_time[i] for i in at], rule)]
     return sorted(cold)
 
@@ -407,7 +422,8 @@ def _model_calls(
             counts[k] = counts.get(k, 0) + 1
     rare = {k for k, c in counts.items() if 2 * c < len(ok)}  # one-time: in fewer than half the calls
     one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
-    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(attrs[i]) for i in ok], rule)
+    compiled = [any(category_of(names[k]) == "compile" for k in (seen[i] or set()) & rare) for i in ok]
+    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(attrs[i]) for i in ok], rule, compiled)
     model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised))
     for i in model.cold:
         for k in sorted(seen[i] or ()):
