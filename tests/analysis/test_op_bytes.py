@@ -88,3 +88,16 @@ def test_checks_and_bare_allocations_move_nothing(tmp_path: Path) -> None:
     ops = {o.name: o for o in analyze(mltrace.load_run(tmp_path / "run")).ops}
     assert ops["aten::cudnn_is_acceptable"].bytes == 0 and ops["aten::new_empty"].bytes == 0
     assert ops["aten::zero_"].bytes > 0
+
+
+def test_a_product_with_a_sparse_tensor_has_no_flops_from_its_dense_shape(tmp_path: Path) -> None:
+    # torch.sparse.mm's aten::mm records the adjacency as [400, 400]: counted as a dense
+    # product (1.28 MFLOP a call, 25× the dense x @ weight), a GCN layer looked compute-bound.
+    adjacency = (torch.eye(400) + torch.diag(torch.ones(399), 1)).to_sparse()
+    model = SparseMatmul(adjacency)
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="op"), torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(400, 16))
+    analysis = analyze(mltrace.load_run(tmp_path / "run"))
+    (row,) = [r for r in analysis.layers if r.stat.name == "SparseMatmul"]
+    assert row.flops == row.stat.calls * 2 * 400 * 16 * 4  # x @ weight alone

@@ -329,13 +329,23 @@ def explicit_work(attrs: dict[str, Any]) -> tuple[float | None, float | None]:
     return f, b
 
 
-#: Ops that return a view of their input or its metadata, or allocate without writing: they
-#: move no data. Where one must copy (a reshape of a non-contiguous tensor, ``contiguous``,
-#: ``to`` another dtype), the copy is a child op of its own (``aten::clone``, ``aten::copy_``,
-#: ``aten::_to_copy``), counted there.
-#: A sparse tensor's accessors (``_values``, ``_nnz``, ``crow_indices``, …) and the
-#: constructors that wrap given indices and values return parts of it, not copies; its
-#: recorded shape is the dense one, so the generic estimate would count every dense element.
+#: A sparse tensor's accessors, and the constructors that wrap given indices and values: they
+#: return parts of it, not copies. Its recorded shape is the dense one, so an estimate from
+#: shapes counts every element, zeros included (bytes here; FLOPs in the ops around them).
+SPARSE_ACCESSORS = frozenset(
+    {
+        "aten::_values", "aten::_indices", "aten::values", "aten::indices", "aten::_nnz",
+        "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced", "aten::crow_indices",
+        "aten::col_indices", "aten::ccol_indices", "aten::row_indices",
+        "aten::_sparse_coo_tensor_unsafe", "aten::_sparse_coo_tensor_with_dims_and_tensors",
+        "aten::_sparse_compressed_tensor_unsafe", "aten::_sparse_csr_tensor_unsafe",
+    }
+)  # fmt: skip
+
+#: Ops that return a view of their input or its metadata (``SPARSE_ACCESSORS`` among them), or
+#: allocate without writing: they move no data. Where one must copy (a reshape of a
+#: non-contiguous tensor, ``contiguous``, ``to`` another dtype), the copy is a child op of its
+#: own (``aten::clone``, ``aten::copy_``, ``aten::_to_copy``), counted there.
 #: Dropout in inference returns its input; in training its work is its child ops.
 NO_DATA_OPS = frozenset(
     {
@@ -354,13 +364,14 @@ NO_DATA_OPS = frozenset(
         "aten::new_empty", "aten::new_empty_strided",
         "aten::view_as_real", "aten::view_as_complex", "aten::conj", "aten::_conj", "aten::_neg_view",
         "aten::real", "aten::imag",
-        "aten::_values", "aten::_indices", "aten::values", "aten::indices", "aten::_nnz",
-        "aten::sparse_dim", "aten::dense_dim", "aten::is_coalesced", "aten::crow_indices",
-        "aten::col_indices", "aten::ccol_indices", "aten::row_indices",
-        "aten::_sparse_coo_tensor_unsafe", "aten::_sparse_coo_tensor_with_dims_and_tensors",
-        "aten::_sparse_compressed_tensor_unsafe", "aten::_sparse_csr_tensor_unsafe",
     }
-)  # fmt: skip
+) | SPARSE_ACCESSORS  # fmt: skip
+
+
+def reads_sparse(op_name: str) -> bool:
+    """Whether an op runs on a sparse tensor only: one of its accessors (``SPARSE_ACCESSORS``)
+    or a sparse kernel (``aten::_sparse_*``). An op with one inside reads a sparse tensor."""
+    return op_name in SPARSE_ACCESSORS or op_name.startswith("aten::_sparse_")
 
 
 def gather_bytes(attrs: dict[str, Any]) -> int:

@@ -40,6 +40,7 @@ from mltrace.analysis.roofline import (
     io_bytes,
     layer_formula_work,
     op_bytes,
+    reads_sparse,
 )
 from mltrace.analysis.tree import pair_sums, tree_of
 from mltrace.run.events import TrackKind
@@ -288,6 +289,22 @@ def _compile_time(parent: np.ndarray, tree: Any, lv: np.ndarray, name: np.ndarra
     return is_range | tree.ancestor_or(is_range)
 
 
+def _over_sparse(is_op: np.ndarray, parent: np.ndarray, name: np.ndarray, names: list[str]) -> np.ndarray:
+    """The ops with a sparse tensor's op inside them (``reads_sparse``): their inputs' recorded
+    shapes are dense, so the FLOPs counted from them (a sparse ``aten::mm`` as a dense product)
+    are not their work."""
+    marked = np.fromiter((reads_sparse(nm) for nm in names), dtype=bool, count=len(names))
+    over = np.zeros(len(is_op), dtype=bool)
+    rows = np.nonzero(is_op & marked[name])[0]
+    while len(rows):
+        up = parent[rows]
+        up = up[up >= 0]
+        up = np.unique(up[is_op[up] & ~over[up]])
+        over[up] = True
+        rows = up
+    return over
+
+
 def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals [start, end) (ns)."""
     if not len(start):
@@ -341,7 +358,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     is_struct = (lv == MODEL) | (lv == LAYER)
     is_gpu_kernel = (lv == KERNEL) & on_gpu
     is_runtime = (lv == KERNEL) & ~on_gpu
-    flops_set = is_op & t.has_flops
+    flops_set = is_op & t.has_flops & ~_over_sparse(is_op, parent, t.name.astype(np.int64), names)
     torch_range, loading_range = _torch_ranges(g, lv == USER, t.name, names, start, end)
     is_user = (lv == USER) & ~torch_range
     compile_time = _compile_time(parent, tree, lv, t.name.astype(np.int64), names)
