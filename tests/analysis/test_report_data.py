@@ -150,3 +150,16 @@ def test_exit_text_says_how_the_program_ended(meta: dict[str, object], said: str
     assert len(exit_cause(meta)) <= 80
     if not said:
         assert exit_cause(meta) == ""  # no cause after status 0
+
+
+def test_the_bound_finding_says_mostly_only_for_more_than_half() -> None:
+    from mltrace.analysis.bottleneck import Bound, Findings
+    from mltrace.analysis.report_data import _bound_finding
+
+    most = Findings(basis="ops (self time)", bound_ns={Bound.COMPUTE: 60, Bound.MEMORY: 30, Bound.UNKNOWN: 10})
+    (finding,) = _bound_finding(most)
+    assert finding["text"] == "Mostly compute-bound — share of ops (self time): compute 60%, memory 30%, unknown 10%"
+    spread = Findings(basis="ops (self time)", bound_ns={Bound.COMPUTE: 27, Bound.UNKNOWN: 29, Bound.MEMORY: 24, Bound.OVERHEAD: 20})
+    (finding,) = _bound_finding(spread)
+    assert finding["text"].startswith("Mixed, compute-bound the largest known — ") and finding["dominant"] == "compute-bound"
+    assert "unknown 29%, compute 27%, memory 24%, overhead 20%" in finding["text"]

@@ -345,13 +345,16 @@ def _share(part: int, whole: int) -> str:
 
 
 def _bound_finding(f: Findings) -> list[dict[str, Any]]:
-    """The verdicts' shares of the time (none when no verdict holds any)."""
+    """The verdicts' shares of the time (none when no verdict holds any): "Mostly" where the
+    dominant verdict holds more than half of it, else "Mixed" and the largest known verdict."""
     total = sum(f.bound_ns.values())
     if not total:
         return []
     shares = {bound.value: ns for bound, ns in sorted(f.bound_ns.items(), key=lambda kv: -kv[1]) if ns}
     text = ", ".join(f"{bound.split('-')[0]} {100 * ns / total:.0f}%" for bound, ns in shares.items())
-    text = f"Mostly {f.dominant.value} — share of {f.basis}: {text}"
+    dominant = f.dominant
+    lead = f"Mostly {dominant.value}" if 2 * f.bound_ns.get(dominant, 0) > total else f"Mixed, {dominant.value} the largest known"
+    text = f"{lead} — share of {f.basis}: {text}"
     return [{"kind": "bound", "text": text, "dominant": f.dominant.value, "basis": f.basis, "ns": shares}]
 
 
