@@ -209,6 +209,9 @@ typedef struct {
      * class-level access (`nn.Module.__call__`, which Dynamo inlines for every submodule call)
      * gives `original`: Dynamo cannot trace this C function, and would break the graph there. */
     PyObject *compiling, *bound, *owner;  /* owner: the class this is installed on (borrowed use only) */
+    /* raw_shapes with any JIT trace of the thread paused (a read inside one is recorded as
+     * aten::size nodes in the program's graph), for calls inside a trace; NULL: no shapes there. */
+    PyObject *untraced_shapes;
     /* The calling thread's stack (a borrowed reference): TorchModuleSource._stacks keeps every
      * thread's stack alive while this object lives (it holds new_stack, a method of the source),
      * and a thread's stack is never replaced. A thread's first call finds it in tls. */
@@ -300,6 +303,16 @@ static void read_value_shapes(LayerCall *self, PyObject *value, Shapes *s) {
         return;
     }
     PyObject *raw = PyObject_CallOneArg(self->raw_shapes, value);
+    if (!raw) { PyErr_Clear(); return; }
+    untrack(raw);
+    s->raw = raw;
+}
+
+/* What untraced_shapes returns for value (args[1:] or the output) into s, as raw shapes; nothing
+ * where there is no such function or it fails (cleared). */
+static void read_untraced_shapes(LayerCall *self, PyObject *value, Shapes *s) {
+    if (!self->untraced_shapes) return;
+    PyObject *raw = PyObject_CallOneArg(self->untraced_shapes, value);
     if (!raw) { PyErr_Clear(); return; }
     untrack(raw);
     s->raw = raw;
@@ -519,15 +532,16 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
     LayerFrame *frame = frame_new();
     if (!frame) { Py_DECREF(stack); return NULL; }
     /* Inside a JIT trace a shape read is recorded as aten::size nodes in the program's graph:
-     * the call keeps no shapes then. */
+     * the call's shapes are read with the trace paused then (untraced_shapes). */
     int traced = jit_tracing(self);
     if (!traced && nargs == 2 && Py_TYPE(args[1]) == (PyTypeObject *)self->tensor_type) {
         read_value_shapes(self, args[1], &frame->in);
-    } else if (!traced && nargs >= 2) {  /* raw_shapes of the arguments' tuple, as the Python wrapper */
+    } else if (nargs >= 2) {  /* raw_shapes of the arguments' tuple, as the Python wrapper */
         PyObject *t = PyTuple_New(nargs - 1);
         if (!t) { Py_DECREF(frame); Py_DECREF(stack); return NULL; }
         for (Py_ssize_t i = 1; i < nargs; i++) PyTuple_SET_ITEM(t, i - 1, Py_NewRef(args[i]));
-        read_value_shapes(self, t, &frame->in);
+        if (traced) read_untraced_shapes(self, t, &frame->in);
+        else read_value_shapes(self, t, &frame->in);
         Py_DECREF(t);
     }
     find_site(self, frame);
@@ -573,7 +587,10 @@ static PyObject *layer_vectorcall(PyObject *callable, PyObject *const *args, siz
         Py_DECREF(top);
         if (top == (PyObject *)frame) break;
     }
-    if (output && output != Py_None && !traced) read_value_shapes(self, output, &frame->out);
+    if (output && output != Py_None) {
+        if (traced) read_untraced_shapes(self, output, &frame->out);
+        else read_value_shapes(self, output, &frame->out);
+    }
     PyObject *r = call_builtin(self->append_frame, (PyObject *)frame);
     Py_XDECREF(r);
     PyErr_Clear();  /* mltrace's own failures never reach the program */
@@ -623,6 +640,7 @@ static int layer_traverse(LayerCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->tensor_type); Py_VISIT(self->next_id); Py_VISIT(self->append_frame); Py_VISIT(self->original);
     Py_VISIT(self->call_impl); Py_VISIT(self->tracing_state); Py_VISIT(self->hook_globals);
     Py_VISIT(self->internal); Py_VISIT(self->classify); Py_VISIT(self->compiling); Py_VISIT(self->bound); Py_VISIT(self->owner); Py_VISIT(self->id_iter);
+    Py_VISIT(self->untraced_shapes);
     return 0;
 }
 static int layer_clear(LayerCall *self) {
@@ -630,6 +648,7 @@ static int layer_clear(LayerCall *self) {
     Py_CLEAR(self->tensor_type); Py_CLEAR(self->next_id); Py_CLEAR(self->append_frame); Py_CLEAR(self->original);
     Py_CLEAR(self->call_impl); Py_CLEAR(self->tracing_state); Py_CLEAR(self->hook_globals);
     Py_CLEAR(self->internal); Py_CLEAR(self->classify); Py_CLEAR(self->compiling); Py_CLEAR(self->bound); Py_CLEAR(self->owner); Py_CLEAR(self->id_iter);
+    Py_CLEAR(self->untraced_shapes);
     return 0;
 }
 static void layer_dealloc(LayerCall *self) {
@@ -641,15 +660,16 @@ static void layer_dealloc(LayerCall *self) {
 
 static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"tls", "new_stack", "outer", "raw_shapes", "tensor_type", "next_id", "append_frame", "original", "direct",
-                         "forward_check", "internal", "classify", "compiling", "bound", "owner", NULL};
+                         "forward_check", "internal", "classify", "compiling", "bound", "owner", "untraced_shapes", NULL};
     PyObject *o[8], *forward_check = Py_None, *internal = Py_None, *classify = Py_None, *compiling = Py_None, *bound = Py_None;
-    PyObject *owner = Py_None;
+    PyObject *owner = Py_None, *untraced_shapes = Py_None;
     int direct;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
-                                     &forward_check, &internal, &classify, &compiling, &bound, &owner))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOp|OOOOOOO", kw, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &direct,
+                                     &forward_check, &internal, &classify, &compiling, &bound, &owner, &untraced_shapes))
         return NULL;
-    if ((compiling != Py_None && !PyCallable_Check(compiling)) || (bound != Py_None && !PyCallable_Check(bound))) {
-        PyErr_SetString(PyExc_TypeError, "compiling and bound must be callable");
+    if ((compiling != Py_None && !PyCallable_Check(compiling)) || (bound != Py_None && !PyCallable_Check(bound))
+        || (untraced_shapes != Py_None && !PyCallable_Check(untraced_shapes))) {
+        PyErr_SetString(PyExc_TypeError, "compiling, bound and untraced_shapes must be callable");
         return NULL;
     }
     if ((internal == Py_None) != (classify == Py_None) || (internal != Py_None && (!PyDict_Check(internal) || !PyCallable_Check(classify)))) {
@@ -692,6 +712,7 @@ static PyObject *layer_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->hook_globals = Py_XNewRef(hook_globals);
     if (internal != Py_None) { self->internal = Py_NewRef(internal); self->classify = Py_NewRef(classify); }
     if (compiling != Py_None) self->compiling = Py_NewRef(compiling);
+    if (untraced_shapes != Py_None) self->untraced_shapes = Py_NewRef(untraced_shapes);
     if (bound != Py_None) self->bound = Py_NewRef(bound);
     if (owner != Py_None) self->owner = Py_NewRef(owner);
     /* next_id as a bound __next__ of an iterator (itertools.count's): step it directly */

@@ -135,7 +135,8 @@ def test_threads_trace_their_own_models(tmp_path: Path) -> None:
 def test_a_jit_trace_records_the_graph_and_code_it_records_plain(tmp_path: Path) -> None:
     """Inside ``torch.jit.trace`` a shape read is recorded (``aten::size`` nodes that shift the
     graph's value numbers) and a tensor held in a wrapper's local names the value: mltrace reads
-    no shapes there and holds no tensor, so a printed graph and code are the plain ones."""
+    shapes there with the trace paused and holds no tensor, so a printed graph and code are the
+    plain ones, and the layers still have their shapes."""
 
     class Net(nn.Module):
         def __init__(self) -> None:
@@ -155,6 +156,9 @@ def test_a_jit_trace_records_the_graph_and_code_it_records_plain(tmp_path: Path)
     run = _trace(tmp_path, lambda: plain.append(printed()))
     assert plain[1] == plain[0] and "%input" in plain[0][0]
     assert {s.name for s in run.spans if s.level == Level.MODEL} == {"Net"}  # the trace's calls (and its check's)
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    assert sorted({s.name for s in layers}) == ["a", "b"]
+    assert all(s.attrs["ml.input.shapes"] == [[2, 8]] for s in layers)
 
 
 def test_the_c_hot_path_reads_libtorchs_tracing_state_as_torch_does(tmp_path: Path, hot_path: str) -> None:

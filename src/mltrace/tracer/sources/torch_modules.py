@@ -706,7 +706,9 @@ class TorchModuleSource(Source):
             if type(stack[-1][MODULE]) is optimized[0]:  # torch.compile's wrapper calls its module: one span
                 return original(self, *args, **kwargs)
             traced = jit_tracing()  # inside a JIT trace a shape read adds nodes to the program's graph
-            if args and not traced:
+            if traced:
+                shapes_in = _untraced(raw_shapes, args) if args else None
+            elif args:
                 # One plain tensor is the common case: skip the generic walk and
                 # keep the bare (shape, dtype) pair (``_converted`` reads both forms).
                 first = args[0]
@@ -730,7 +732,9 @@ class TorchModuleSource(Source):
                 # try/finally keeps calls strictly nested: the top frame is ours.
                 while stack and stack.pop() is not frame:
                     pass
-                if output is not None and not traced:
+                if output is not None and traced:
+                    frame[OUT] = _untraced(raw_shapes, output)
+                elif output is not None:
                     try:
                         frame[OUT] = (output.shape, output.dtype) if type(output) is tensor else raw_shapes(output)
                     except RuntimeError:  # a nested tensor has no shape
@@ -786,6 +790,7 @@ class TorchModuleSource(Source):
             dynamo_tracing_probe(),
             bound_call,
             module_cls,
+            lambda value: _untraced(self._raw_shapes, value),
         )
         native_call.append(installed)
         return installed
