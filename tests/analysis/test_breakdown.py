@@ -37,6 +37,19 @@ def test_self_time_and_level_time_from_a_table() -> None:
     assert b.model_calls == 1 and b.model_ns == 100
 
 
+def test_user_spans_have_no_share_of_model_time() -> None:
+    """A request span holds its model call: its time as a share of model time (over 100 %)
+    would say nothing, so the level has no base (the viewers print "-")."""
+    spans = [
+        Span(1, None, Level.USER, "POST /predict", 0, 300, 1),
+        Span(2, 1, Level.MODEL, "Net", 50, 150, 1, {"ml.layer.type": "Net"}),
+        Span(3, 2, Level.LAYER, "a", 60, 140, 1, {"ml.layer.type": "Linear"}),
+    ]
+    b = breakdown(_run(spans))
+    assert {t.level: t.time_ns for t in b.levels}[Level.USER] == 300
+    assert b.base_ns(Level.USER) == 0 and b.base_ns(Level.LAYER) == b.base_ns(Level.MODEL) == 100
+
+
 def test_cross_stack_chain_reaches_the_library_call(tmp_path: Path) -> None:
     model = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10)).eval()
     x = torch.randn(1, 3, 96, 96)

@@ -124,7 +124,11 @@ class Breakdown:
     op_model_calls: int | None = None
 
     def base_ns(self, level: Level) -> int:
-        """The model time a level's share is of: the model calls during which it recorded."""
+        """The model time a level's share is of: the model calls during which it recorded; 0
+        (no share: the viewers print "-") for user spans, the program's own marks, which hold
+        model calls (a request, a ``generate()``) as often as they lie inside one."""
+        if level is Level.USER:
+            return 0
         if level is Level.LAYER and self.layer_model_ns is not None:
             return self.layer_model_ns
         if level in _OP_LEVELS and self.op_model_ns is not None:
