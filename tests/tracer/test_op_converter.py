@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +40,14 @@ def _converter_pids(parent: int) -> list[int]:
         if ppid == parent and b"mltrace.formats.kineto_serve" in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def _nice(pid: int) -> int | None:
+    """Process ``pid``'s nice value (None where it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _running(pid: int) -> bool:
@@ -78,6 +87,8 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
         # Its stderr is not the program's: where the library level captures fd 1 and 2
         # together, it would hold the capture's pipe, and the capture's stop would wait for it.
         assert os.readlink(f"/proc/{pid}/fd/2") == os.devnull
+        # It runs below the program's CPU priority (MLTRACE_OP_CONVERTER_NICE, 10 by default).
+        assert _wait_until(lambda: _nice(pid) == min(19, os.nice(0) + 10))
     assert not _running(pid) and not Path(f"/proc/{pid}").exists()  # ended and reaped
     run = mltrace.load_run(tmp_path / "run")
     profiler = run.meta["torch_profiler"]
@@ -319,3 +330,18 @@ def test_a_wait_for_the_converter_is_kept_as_a_pause(tmp_path: Path, monkeypatch
     idle = analyze(run).findings.idle[0]
     assert idle.tracer_ns >= profiler["waited_for_conversion_s"] * 1e9 * 0.9
     assert idle.idle_ns < 100 * 0.01e9 * 2  # the program's own sleeps, not the waits
+
+
+@pytest.mark.parametrize(("value", "increment"), [(None, 10), ("5", 5), ("0", 0), ("-3", 0), ("soon", 10)])
+def test_the_converter_process_runs_below_the_programs_priority(value: str | None, increment: int) -> None:
+    """The converter process lowers its CPU priority (``MLTRACE_OP_CONVERTER_NICE``, 10 unless
+    set), so a program that wants every core runs its model calls first."""
+    env = {k: v for k, v in os.environ.items() if k != "MLTRACE_OP_CONVERTER_NICE"}
+    if value is not None:
+        env["MLTRACE_OP_CONVERTER_NICE"] = value
+    code = (
+        "import os; from mltrace.formats.kineto_serve import lower_priority; "
+        "before = os.nice(0); done = lower_priority(); print(done, os.nice(0) - before)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(increment), str(increment)]
