@@ -187,3 +187,22 @@ def test_dataloader_workers_record_no_deeper_than_the_worker_level(tmp_path: Pat
         assert (ops[w["role"]] > 0) == (worker_level == "op")
     (forked,) = [p for p in by_pid.values() if p.get("mp_name") == "ForkProcess-3"]  # numbered after the 2 workers
     assert ops["main"] > 0 and ops[forked["role"]] > 0 and "level" not in forked
+
+
+def test_children_of_a_rank_are_not_ranks(tmp_path: Path) -> None:
+    """Children inherit torchrun's environment (RANK…) from the rank that starts them: a forked
+    or spawned multiprocessing child, a DataLoader worker and a Python subprocess are named as
+    what they are, not as a second process of that rank, and the report has one rank."""
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), "--level", "model", str(HERE / "inherited_rank.py"), cwd=tmp_path, env=env)
+    assert res.returncode == 0 and res.stdout == b"6\n", res.stderr.decode()
+    run = load_run(tmp_path / "run")
+    roles = [p["role"] for p in run.meta["processes"]]
+    subprocesses = [r for r in roles if r.startswith("pid ")]
+    assert len(subprocesses) == 1, roles
+    assert sorted(set(roles) - set(subprocesses)) == ["DataLoader worker 0", "ForkProcess-1", "SpawnProcess-2", "rank 1"], roles
+    (ranked,) = [p for p in run.meta["processes"] if "distributed" in p]
+    assert ranked["pid"] == run.meta["pid"] and ranked["distributed"]["rank"] == 1
+    assert sum(_model_calls_by_role(run).values()) == 4  # the main process, the two multiprocessing children, the subprocess
+    report = json.loads(run_cli("report", str(tmp_path / "run"), "--format", "json").stdout)
+    assert [r["rank"] for r in report["ranks"]["ranks"]] == [1]

@@ -34,6 +34,8 @@ _context: Callable[[], str | None] | None = None
 #: Python children that are multiprocessing's own helpers, not the program's: their forks are
 #: followed, they themselves are not traced (they live as long as the parent).
 _HELPERS = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+#: The command line of a child that multiprocessing's spawn start method started.
+_SPAWNED = "from multiprocessing.spawn import spawn_main"
 
 
 def set_spec(spec: dict[str, Any]) -> None:
@@ -73,6 +75,10 @@ def start_from_env(text: str, forked: bool = False) -> None:
     argv = " ".join(getattr(sys, "orig_argv", sys.argv))
     if not forked and any(f"from {helper} import" in argv for helper in _HELPERS):
         return
+    if forked or _SPAWNED in argv:  # its environment is its parent's, torchrun's variables too
+        from mltrace.follow.ranks import inherit
+
+        inherit()
     session = start_child(spec, "fork" if forked else "exec")
     if session is not None:
         _cap_at_bootstrap(session)

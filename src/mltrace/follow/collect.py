@@ -114,6 +114,7 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
                 "note": note.get("reason"),
             }
         )
+    _unrank_inherited(processes)
     meta["processes"] = processes
     unfollowed = notes[UNFOLLOWED_PREFIX]
     if unfollowed:
@@ -123,6 +124,27 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
                 f"process {note.get('pid')} ({' '.join(map(str, note.get('argv', [])))}) was not followed: {note.get('reason')}"
             )
     return merger.run()
+
+
+def _unrank_inherited(processes: list[dict[str, Any]]) -> None:
+    """Takes the rank facts off a process that has them from torchrun's environment alone where
+    a process it descends from in the run has the same rank: it inherited the environment (a
+    rank's ``subprocess`` child), it is no rank of its own; its role ``rank N`` becomes ``pid P``."""
+    by_pid = {p.get("pid"): p for p in processes}
+    for process in processes:
+        facts = process.get("distributed")
+        if not isinstance(facts, dict) or facts.get("source") != "environment":
+            continue
+        ancestor, seen = by_pid.get(process.get("ppid")), {process.get("pid")}
+        while ancestor is not None and ancestor.get("pid") not in seen:
+            theirs = ancestor.get("distributed")
+            if isinstance(theirs, dict) and theirs.get("rank") == facts.get("rank"):
+                del process["distributed"]
+                if process.get("role") == f"rank {facts.get('rank')}":
+                    process["role"] = f"pid {process.get('pid')}"
+                break
+            seen.add(ancestor.get("pid"))
+            ancestor = by_pid.get(ancestor.get("ppid"))
 
 
 def _entry(meta: dict[str, Any], spans: int, finished: bool, pid: int | None = None) -> dict[str, Any]:
