@@ -146,6 +146,20 @@ def _libtorch_paths() -> list[str]:
     return [os.path.join(lib, name) for name in names if name.startswith(("libtorch_cpu.", "libtorch."))]
 
 
+def _bind_libtorch_tracing_state() -> bool:
+    """Has the C hot path read libtorch's JIT tracing state itself (``bind_tracing_state``);
+    whether it does. A read that disagrees with torch's own check now (no trace is recorded
+    while a session starts) is not used."""
+    from mltrace._layercall import bind_tracing_state, tracing_now
+
+    if not any(bind_tracing_state(path) for path in _libtorch_paths()):
+        return False
+    if tracing_now() is not jit_tracing_probe()():
+        bind_tracing_state(None)
+        return False
+    return True
+
+
 def _untraced(read: Callable[[Any], Any], value: Any) -> Any:
     """``read(value)`` with any JIT trace of this thread paused: inside ``torch.jit.trace`` a
     parameter count or a shape read would otherwise add nodes to the user's graph (and number
@@ -804,12 +818,12 @@ class TorchModuleSource(Source):
             info["layer_hot_path"] = f"python ({HOT_PATH_ENV}=python)"
             return None
         try:
-            from mltrace._layercall import LayerCall, bind_tracing_state, clear_caches, encode_rows, forget_templates, take_frames
+            from mltrace._layercall import LayerCall, clear_caches, encode_rows, forget_templates, take_frames
         except ImportError as exc:
             info["layer_hot_path"] = f"python (the C helper is not built: {exc})"
             return None
         info["layer_hot_path"] = "c"
-        info["jit_tracing_check"] = "libtorch" if any(bind_tracing_state(path) for path in _libtorch_paths()) else "torch._C"
+        info["jit_tracing_check"] = "libtorch" if _bind_libtorch_tracing_state() else "torch._C"
         self._encode_rows = encode_rows
         self._take_frames = take_frames
         self._forget_templates = forget_templates
