@@ -159,6 +159,23 @@ def test_findings_idle_and_data_movement() -> None:
     assert f.basis == "leaf layers (total time)" and sum(f.bound_ns.values()) == 700 + 100
 
 
+def test_the_headline_says_how_much_of_the_model_its_leaf_layers_hold() -> None:
+    """The headline's verdict shares are over the leaf layers: where those hold little of the
+    model's time (a graph attention layer's own ops around a small LeakyReLU child), the basis
+    says how little, so the shares are not read as the model's."""
+    run = cpu_run(
+        [
+            Span(4, 2, OP, "aten::softmax", 300, 950, 1, {"ml.input.shapes": [[64, 64]], "ml.input.dtypes": ["float"]}),
+            Span(3, 2, L, "attn.act", 100, 200, 1, {"ml.layer.type": "ReLU", "ml.input.shapes": [[4, 16]], "ml.output.shapes": [[4, 16]]}),
+            Span(2, 1, L, "attn", 50, 980, 1, {"ml.layer.type": "Attention"}),
+            Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+        ]
+    )
+    f = analyze(run, CPU).findings
+    assert f.basis == "leaf layers (total time; 10% of model time)" and sum(f.bound_ns.values()) == 100
+    assert analyze(small_cpu_run(), CPU).findings.basis == "leaf layers (total time)"  # 800 of 1500 ns
+
+
 def test_mltrace_pauses_between_model_calls_are_neither_busy_nor_idle() -> None:
     """torch.profiler's cycle switches (run.json ``torch_profiler.pauses``) inside the window
     and outside the model calls are left out of the idle time and end no gap; parts inside a

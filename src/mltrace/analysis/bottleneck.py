@@ -885,6 +885,9 @@ def _findings(
     if peaks is not None:
         if leaf:
             findings.basis = "leaf layers (total time)"
+            covered = sum(r.stat.total_ns for r in leaf)
+            if model_ns and covered < model_ns / 2:  # most of the work is in no leaf layer: say so
+                findings.basis = f"leaf layers (total time; {100 * covered / model_ns:.2g}% of model time)"
             for r in leaf:
                 if r.verdict is not None:
                     findings.bound_ns[r.verdict.bound] = findings.bound_ns.get(r.verdict.bound, 0) + r.stat.total_ns
