@@ -181,6 +181,44 @@ def test_non_empty_output_is_refused_and_untouched(tmp_path: Path) -> None:
     assert res.stdout == b""  # the script never ran
 
 
+def _at_once(n: int, *args: str, cwd: Path) -> list[tuple[int, bytes, bytes]]:
+    """Runs ``mltrace ARGS`` in ``n`` processes started together: (status, stdout, stderr) each."""
+    env = {k: v for k, v in os.environ.items() if k != "MLTRACE_OUTPUT"}
+    procs = [
+        subprocess.Popen(mltrace_cmd(*args), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(n)
+    ]
+    return [(p.returncode, *p.communicate(timeout=120)) for p in procs if p.wait(timeout=120) is not None]
+
+
+def test_one_output_directory_given_to_processes_at_once(tmp_path: Path) -> None:
+    """Processes given the same ``-o`` at once (the ranks of ``torchrun --no-python … mltrace
+    python -o DIR``): one records into it, each other one is refused with one line and exit 2
+    before its program runs, never two runs written into one directory."""
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(1)\nprint('ran')\n")
+    out = tmp_path / "run"
+    results = _at_once(3, "python", "-q", "--level", "model", "-o", str(out), "slow.py", cwd=tmp_path)
+    assert sorted(status for status, _, _ in results) == [0, 2, 2], results
+    for status, stdout, stderr in results:
+        if status == 2:
+            assert stdout == b"" and stderr.count(b"\n") == 1 and stderr.startswith(b"mltrace: error: output directory"), stderr
+        else:
+            assert stdout == b"ran\n"
+    assert json.loads((out / "run.json").read_text())["complete"] is True
+    assert sorted(p.name for p in out.iterdir()) == ["events.jsonl", "run.json", "spans.bin", "trace.pftrace"]
+
+
+def test_default_output_directories_of_processes_started_at_once(tmp_path: Path) -> None:
+    """Processes started in the same second without ``-o`` each get a run directory of their own."""
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(1)\n")
+    results = _at_once(3, "python", "-q", "--level", "model", "slow.py", cwd=tmp_path)
+    assert [status for status, _, _ in results] == [0, 0, 0], results
+    runs = sorted((tmp_path / "mltrace-runs").iterdir())
+    assert len(runs) == 3, runs
+    pids = {json.loads((run / "run.json").read_text())["pid"] for run in runs}
+    assert len(pids) == 3  # one process's run in each
+
+
 def test_report_rejects_torn_and_foreign_files(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

@@ -218,21 +218,46 @@ class StopProgress:
                 say(f"… {step}")
 
 
-def default_run_dir(name: str, base: Path | None = None) -> Path:
-    """``./mltrace-runs/<name>-<YYYYmmdd-HHMMSS>`` (with a suffix if taken)."""
+def default_run_dir(name: str, base: Path | None = None, *, create: bool = False) -> Path:
+    """``./mltrace-runs/<name>-<YYYYmmdd-HHMMSS>`` (with a suffix if taken). With ``create`` the
+    directory is made here, atomically, so that processes started in the same second (the ranks
+    of ``torchrun --no-python … mltrace python``) each get their own."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
     root = (base or Path.cwd()) / "mltrace-runs"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     candidate = root / f"{safe}-{stamp}"
     n = 2
-    while candidate.exists():
+    while not _takes(candidate, create):
         candidate = root / f"{safe}-{stamp}-{n}"
         n += 1
     return candidate
 
 
-def prepare_run_dir(path: Path) -> Path:
-    """Creates ``path`` for a new run; refuses a non-empty or unwritable one.
+def _takes(candidate: Path, create: bool) -> bool:
+    """Whether ``default_run_dir`` may use ``candidate``: absent (``create``: made here, by this
+    process only); one that cannot be made is taken too, for ``prepare_run_dir`` to say why."""
+    if not create:
+        return not candidate.exists()
+    try:
+        candidate.mkdir(parents=True)
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+#: The file a session's run directory holds from ``prepare_run_dir(claim=True)`` until its
+#: run.json is written (``release_run_dir``).
+CLAIM_FILE = ".mltrace-claim"
+
+
+def prepare_run_dir(path: Path, *, claim: bool = False) -> Path:
+    """Creates ``path`` for a new run; refuses a non-empty or unwritable one. With ``claim`` the
+    directory is taken atomically: it holds ``CLAIM_FILE`` (created exclusively) until the
+    session releases it, so a second process given the same directory at the same time (each
+    rank of ``torchrun --no-python … mltrace python -o DIR``) is refused instead of writing into
+    the same run.
 
     Raises:
         UsageError: if the directory cannot be used.
@@ -240,16 +265,36 @@ def prepare_run_dir(path: Path) -> Path:
     if path.exists():
         if not path.is_dir():
             raise UsageError(f"output {path} exists and is not a directory")
-        if any(path.iterdir()):
-            raise UsageError(f"output directory {path} is not empty (choose a new one)")
+        _refuse_taken(path, [p.name for p in path.iterdir()])
+    probe = path / (CLAIM_FILE if claim else f".mltrace-write-test-{os.getpid()}")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".mltrace-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        _refuse_taken(path, [CLAIM_FILE])
     except OSError as exc:
         raise UsageError(f"cannot write output directory {path}: {exc.strerror or exc}") from None
+    if claim:
+        others = [p.name for p in path.iterdir() if p.name != CLAIM_FILE]
+        if others:  # another session claimed it, wrote its run.json and released it meanwhile
+            probe.unlink(missing_ok=True)
+            _refuse_taken(path, others)
+    else:
+        probe.unlink(missing_ok=True)
     return path
+
+
+def _refuse_taken(path: Path, entries: list[str]) -> None:
+    """Raises the usage error for a run directory holding ``entries`` (none: returns)."""
+    if entries == [CLAIM_FILE]:
+        raise UsageError(f"output directory {path} is in use by another mltrace run (choose a new one)")
+    if entries:
+        raise UsageError(f"output directory {path} is not empty (choose a new one)")
+
+
+def release_run_dir(path: Path) -> None:
+    """Removes ``prepare_run_dir``'s claim: the run's own files hold the directory from now on."""
+    (path / CLAIM_FILE).unlink(missing_ok=True)
 
 
 class Session:
@@ -339,7 +384,7 @@ class Session:
             raise UsageError("an mltrace session is already running in this process")
         opts = self.options
         name = opts.name or "profile"
-        self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name))
+        self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name, create=True), claim=True)
         self.meta = base_metadata(opts.command, name, redact=opts.redact)
         self.recorder.redact = opts.redact
         self.meta["run_id"] = uuid.uuid4().hex
@@ -407,8 +452,10 @@ class Session:
         self.meta["started_at_epoch_ns"] = self.anchor.epoch_ns
         try:
             store.write_meta(self.run_dir, self.meta)
+            release_run_dir(self.run_dir)
             self._open_streams()
         except BaseException:
+            release_run_dir(self.run_dir)
             # The run cannot be written: take every hook back out before failing.
             for source in reversed(self.started):
                 try:
