@@ -176,6 +176,39 @@ def test_the_headline_says_how_much_of_the_model_its_leaf_layers_hold() -> None:
     assert analyze(small_cpu_run(), CPU).findings.basis == "leaf layers (total time)"  # 800 of 1500 ns
 
 
+def test_two_models_with_a_layer_at_the_same_path_get_a_row_each() -> None:
+    """A layer span is named by its path inside its model: a GAN's generator and discriminator
+    both have ``main.0``, a ConvTranspose2d and a Conv2d. Their calls were one row (typed as
+    either, with both models' ops and calls); each is now named after its model too, in the
+    rows, their per-call times and their hot lines, and a path only one model has stays."""
+    from mltrace.analysis.report_data import build_report
+
+    def layer(kind: str, lines: list[list[Any]]) -> dict[str, Any]:
+        return {"ml.layer.type": kind, "ml.source.hot_lines": lines}
+
+    spans = [
+        Span(3, 2, OP, "aten::conv_transpose2d", 110, 390, 1, {}),
+        Span(2, 1, L, "main.0", 100, 400, 1, layer("ConvTranspose2d", [["gen.py:5 forward", 300]])),
+        Span(1, None, M, "Generator", 0, 500, 1, {"ml.layer.type": "Generator"}),
+        Span(6, 5, OP, "aten::conv2d", 1110, 1190, 1, {}),
+        Span(5, 4, L, "main.0", 1100, 1200, 1, layer("Conv2d", [["disc.py:9 forward", 100]])),
+        Span(7, 4, L, "head", 1200, 1250, 1, layer("Linear", [])),
+        Span(4, None, M, "Discriminator", 1000, 1300, 1, {"ml.layer.type": "Discriminator"}),
+    ]
+    run = cpu_run(spans)
+    a = analyze(run, CPU)
+    rows = {r.stat.name: r for r in a.layers if r.stat.level is L}
+    assert {n: (r.stat.type, r.stat.calls, r.median_ns) for n, r in rows.items()} == {
+        "Generator.main.0": ("ConvTranspose2d", 1, 300),
+        "Discriminator.main.0": ("Conv2d", 1, 100),
+        "head": ("Linear", 1, 50),
+    }
+    assert list(rows["Generator.main.0"].stat.ops) == ["aten::conv_transpose2d"]
+    layers = {e["name"]: e for e in build_report(run, a)["layers"]}
+    assert layers["Generator.main.0"]["hot_lines"] == [{"line": "gen.py:5", "function": "forward", "ns": 300}]
+    assert [s.name for s in run.spans if s.level is L] == ["main.0", "main.0", "head"]  # the run itself is left as it was
+
+
 def test_mltrace_pauses_between_model_calls_are_neither_busy_nor_idle() -> None:
     """torch.profiler's cycle switches (run.json ``torch_profiler.pauses``) inside the window
     and outside the model calls are left out of the idle time and end no gap; parts inside a

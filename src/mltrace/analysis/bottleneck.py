@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
-from mltrace.analysis.coldstart import ColdStart, call_durations, find_cold_start, left_out_note, percentile_ns, without_rows
+from mltrace.analysis.coldstart import (
+    ColdStart,
+    call_durations,
+    find_cold_start,
+    layers_named_by_model,
+    left_out_note,
+    percentile_ns,
+    without_rows,
+)
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.pauses import TRACER_PAUSE, Pauses
@@ -732,6 +740,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
 
     from mltrace.analysis.span_pass import gather  # numpy: imported when a report is made
 
+    run = layers_named_by_model(run)
     cold = find_cold_start(run)
     generation = generate_calls(run, cold.intervals)  # a generate() call's first model call is its prefill, cold or not
     whole = run

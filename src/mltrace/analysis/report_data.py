@@ -14,7 +14,7 @@ from typing import Any
 
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
 from mltrace.analysis.codepaths import source_line, split_location
-from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
+from mltrace.analysis.coldstart import ModelCalls, call_durations, layers_named_by_model, percentile_ns
 from mltrace.analysis.memory import MemoryReport, MemoryRow
 
 __all__ = ["build_report", "call_durations", "exit_cause", "exit_text", "findings", "hot_lines", "percentile_ns"]
@@ -77,7 +77,7 @@ def hot_lines(run: Run, names: list[str]) -> dict[str, list[tuple[str, int]]]:
     ``[("path:line function", ns), …]`` (empty for layers that were not sampled)."""
     import numpy as np
 
-    t = run.table
+    t = layers_named_by_model(run).table  # the names analyze() gives the layers
     index = {nm: i for i, nm in enumerate(t.names)}
     is_layer = t.level.astype(np.int64) == int(Level.LAYER)
     out: dict[str, list[tuple[str, int]]] = {}

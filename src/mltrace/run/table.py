@@ -156,6 +156,16 @@ class SpanTable:
             self._parent_row = parent_rows(self.id, self.parent_id)
         return self._parent_row
 
+    def renamed(self, name: np.ndarray, names: list[str]) -> SpanTable:
+        """This table with another name column and name list; every other column, the
+        attribute sets and the parent rows are shared."""
+        columns = {c: getattr(self, c) for c in ("id", "parent_id", "level", "start", "end", "track", "attr", "flops", "has_flops")}
+        columns["name"] = name
+        table = SpanTable(columns, names, attr_sets=[], attr_offsets=self._offsets, attr_blob=self._blob)
+        table._sets = self._sets  # decoded once for both
+        table._parent_row = self._parent_row
+        return table
+
     # -- conversions ------------------------------------------------------------
 
     @classmethod
