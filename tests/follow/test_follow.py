@@ -206,3 +206,30 @@ def test_children_of_a_rank_are_not_ranks(tmp_path: Path) -> None:
     assert sum(_model_calls_by_role(run).values()) == 4  # the main process, the two multiprocessing children, the subprocess
     report = json.loads(run_cli("report", str(tmp_path / "run"), "--format", "json").stdout)
     assert [r["rank"] for r in report["ranks"]["ranks"]] == [1]
+
+
+def test_a_child_that_traces_itself_keeps_its_own_run(tmp_path: Path) -> None:
+    """A child that runs mltrace itself, ``mltrace python -o DIR`` or its own ``mltrace.profile()``
+    opened before it imports torch, is traced into its own run, as without the parent's mltrace;
+    the parent's run names it. (Its session's start looked for torch, which opened the follow
+    bootstrap's gate: the child then ran two sessions and died of SIGSEGV.)"""
+    (tmp_path / "model.py").write_text("import torch\nwith torch.no_grad():\n    torch.nn.Linear(2, 2)(torch.ones(1, 2))\n")
+    (tmp_path / "own_profile.py").write_text(
+        "import sys\nimport mltrace\nwith mltrace.profile(output=sys.argv[1], summary=False):\n    import model\n"
+    )
+    (tmp_path / "parent.py").write_text(
+        "import subprocess, sys\n"
+        "cli = subprocess.run([sys.executable, '-m', 'mltrace', 'python', '-q', '-o', 'cli', 'model.py'])\n"
+        "api = subprocess.run([sys.executable, 'own_profile.py', 'api'])\n"
+        "print(cli.returncode, api.returncode)\n"
+    )
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(tmp_path / "parent.py"), cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout == b"0 0\n", (res.stdout, res.stderr.decode())
+    for own in ("cli", "api"):
+        assert sum(1 for s in load_run(tmp_path / own).spans if s.level is Level.MODEL) == 1, own
+    run = load_run(tmp_path / "run")
+    children = [p for p in run.meta["processes"] if p["role"] != "main"]
+    assert sorted(p["note"] for p in children) == [f"traced by its own mltrace session, into {tmp_path / own}" for own in ("api", "cli")], (
+        children
+    )
+    assert not [s for s in run.spans if run.tracks[s.track_id].pid != run.meta["pid"]]

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from mltrace.follow import PROCS_DIR, UNFOLLOWED_PREFIX
+from mltrace.follow import IDLE_PREFIX, PROCS_DIR, UNFOLLOWED_PREFIX
 
 if TYPE_CHECKING:
     from mltrace.run.levels import Level
@@ -75,6 +75,10 @@ def start_from_env(text: str, forked: bool = False) -> None:
     argv = " ".join(getattr(sys, "orig_argv", sys.argv))
     if not forked and any(f"from {helper} import" in argv for helper in _HELPERS):
         return
+    own = _own_session()
+    if own is not None:
+        note_process(Path(spec["run"]), f"traced by its own mltrace session, into {Path(own.run_dir).resolve()}")
+        return
     if forked or _SPAWNED in argv:  # its environment is its parent's, torchrun's variables too
         from mltrace.follow.ranks import inherit
 
@@ -82,6 +86,15 @@ def start_from_env(text: str, forked: bool = False) -> None:
     session = start_child(spec, "fork" if forked else "exec")
     if session is not None:
         _cap_at_bootstrap(session)
+
+
+def _own_session() -> Any:
+    """The mltrace session the child runs or starts itself (``mltrace python`` run by the
+    program, its own ``mltrace.profile()``), or None. Its start looks for the frameworks, which
+    the bootstrap takes for their first import."""
+    from mltrace.tracer.session import session_in_process
+
+    return session_in_process()
 
 
 def _after_fork() -> None:
@@ -316,8 +329,18 @@ def describe() -> dict[str, Any]:
 
 def note_unfollowed(run: Path, reason: str) -> None:
     """Writes ``procs/unfollowed-<pid>.json``: this process, its command line and why it is not traced."""
+    _write_note(run, UNFOLLOWED_PREFIX, reason)
+
+
+def note_process(run: Path, reason: str) -> None:
+    """Writes ``procs/process-<pid>.json``: this process, its command line and why the run
+    records nothing of it (the run lists it with the reason)."""
+    _write_note(run, IDLE_PREFIX, reason)
+
+
+def _write_note(run: Path, prefix: str, reason: str) -> None:
     note = {"pid": os.getpid(), "ppid": os.getppid(), "argv": list(getattr(sys, "orig_argv", sys.argv)), "reason": reason}
     try:
-        (run / PROCS_DIR / f"{UNFOLLOWED_PREFIX}{os.getpid()}.json").write_text(json.dumps(note), encoding="utf-8")
+        (run / PROCS_DIR / f"{prefix}{os.getpid()}.json").write_text(json.dumps(note), encoding="utf-8")
     except OSError:
         pass

@@ -61,11 +61,18 @@ from mltrace.tracer.windows import LevelWindow, can_end_early
 log = logging.getLogger("mltrace")
 
 _active: Session | None = None
+#: The session whose ``start()`` is under way in this process.
+_starting: Session | None = None
 
 
 def active_session() -> Session | None:
     """The running session, if any."""
     return _active
+
+
+def session_in_process() -> Session | None:
+    """The running session, else the one whose ``start()`` is under way, else None."""
+    return _active or _starting
 
 
 class Finish(Protocol):
@@ -377,11 +384,22 @@ class Session:
         """Creates the run directory and starts recording.
 
         Raises:
-            UsageError: for an unusable output directory or a second session.
+            UsageError: for an unusable output directory or a second session (one running, or
+                one whose start is under way: its sources look for the frameworks, which a
+                followed child's bootstrap takes for their first import).
         """
-        global _active
-        if _active is not None:
+        global _starting
+        if _active is not None or _starting is not None:
             raise UsageError("an mltrace session is already running in this process")
+        _starting = self
+        try:
+            return self._start()
+        finally:
+            _starting = None
+
+    def _start(self) -> Session:
+        """``start``'s work, once no other session runs or starts."""
+        global _active
         opts = self.options
         name = opts.name or "profile"
         self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name, create=True), claim=True)
