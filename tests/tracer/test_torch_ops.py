@@ -550,3 +550,33 @@ def test_the_op_level_puts_torchs_profiler_functions_back(tmp_path: Path) -> Non
         assert autograd_profiler._enable_profiler is not originals[1]
     assert (autograd_profiler._prepare_profiler, autograd_profiler._enable_profiler) == originals
     assert sum(1 for s in load_run(tmp_path / "run").spans if s.name == "aten::linear") == 1
+
+
+KINETO_QUIET = """
+import os, sys, time, torch
+model = torch.nn.Linear(4, 4)
+for _ in range(20):
+    model(torch.randn(2, 4))
+    time.sleep(0.01)
+print("KINETO_LOG_LEVEL", os.environ.get("KINETO_LOG_LEVEL"))
+"""
+
+
+@pytest.mark.parametrize("own", [None, "99"])
+def test_kineto_prints_no_line_per_cycle_and_the_program_sees_its_own_environment(
+    tmp_path: Path, own: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kineto prints two lines a profiler start and stop at its default level: the op level's
+    cycles quiet it for their first start only, so the program (and its children) see the
+    environment they would see plain, and a level the user set stays theirs."""
+    from conftest import run_cli
+
+    script = tmp_path / "quiet.py"
+    script.write_text(KINETO_QUIET)
+    env = {"MLTRACE_OP_CYCLE_S": "0.01", **({"KINETO_LOG_LEVEL": own} if own else {})}
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    done = run_cli("python", "-q", "--level", "op", "-o", str(tmp_path / "run"), str(script), env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == f"KINETO_LOG_LEVEL {own}"
+    assert b"USDT:" not in done.stderr and b"STAGE:" not in done.stderr
+    assert load_run(tmp_path / "run").meta["torch_profiler"]["cycles"] >= 3

@@ -230,9 +230,6 @@ class TorchOpSource(Source):
         self.record_kernels = Level.KERNEL in session.levels and not cupti
         self._cuda_activity = self.record_kernels and Level.KERNEL in self.levels
         self._cupti_kernels = Level.KERNEL in session.levels and cupti  # cupti-python records them
-        # Kineto prints "STAGE:"/"USDT:" lines on the program's stderr at every start and
-        # stop; it reads this level when the profiler first starts. The user's own setting wins.
-        os.environ.setdefault("KINETO_LOG_LEVEL", "99")
         self._hook = PostImportHook("torch", self._begin)
 
     def _begin(self, torch: ModuleType) -> None:
@@ -278,7 +275,8 @@ class TorchOpSource(Source):
             keep_primary_contexts_at_exit()  # Kineto's CUPTI callbacks must not run during C++ teardown
             hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
             try:
-                _start_quietly(prof)
+                with _kineto_quiet():
+                    _start_quietly(prof)
                 self._prof = prof
                 self._cycle_began, self._cycle_calls, self._cycle_rss = time.monotonic(), 0, process_rss()
                 if config is None:  # torch stops a one-thread profiler only where it started
@@ -1008,6 +1006,30 @@ def profiler_running(torch: ModuleType) -> bool:
 #: The filter that ignores ``CYCLE_WARNING`` while mltrace's profiler starts (as
 #: ``warnings.filterwarnings`` would compile it).
 _QUIET_CYCLE = ("ignore", re.compile(CYCLE_WARNING, re.I), UserWarning, None, 0)
+
+
+#: Kineto's log level while mltrace's profiler first starts: none of its lines.
+_KINETO_LEVEL = ("KINETO_LOG_LEVEL", "99")
+
+
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Around the first start of mltrace's profiler: Kineto prints "STAGE:"/"USDT:" lines on
+    the program's stderr at every start and stop (two a cycle), at the level it reads from
+    ``KINETO_LOG_LEVEL`` when it first starts. The variable is set for that start where the
+    program has none and taken out again, so the program and its children never see it (the
+    level stays Kineto's for the process: a profiler the program starts later prints none of
+    those lines either)."""
+    name, quiet = _KINETO_LEVEL
+    if name in os.environ:  # the user's own setting wins
+        yield
+        return
+    os.environ[name] = quiet
+    try:
+        yield
+    finally:
+        if os.environ.get(name) == quiet:
+            del os.environ[name]
 
 
 def _start_quietly(prof: Any) -> None:
