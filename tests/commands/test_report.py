@@ -136,3 +136,21 @@ def test_bad_options_say_one_line(traced: Path, args: tuple[str, ...], message: 
     rc, out, err = report(traced, *args)
     assert rc == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_a_run_that_recorded_nothing_says_so(tmp_path: Path) -> None:
+    """A program that runs no model: the report says nothing was recorded, prints no empty
+    table and measures no peaks to judge nothing by."""
+    script = tmp_path / "no_model.py"
+    script.write_text('print("hello")\n')
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(script))
+    assert traced.returncode == 0 and traced.stdout == b"hello\n"
+    cache = {"MLTRACE_CACHE_DIR": str(tmp_path / "cache")}  # empty: a report that judged would measure
+    text = run_cli("report", str(tmp_path / "run"), env=cache)
+    assert text.returncode == 0, text.stderr.decode()
+    out = text.stdout.decode()
+    assert "nothing was recorded" in out and "Time per level" not in out
+    assert b"measuring" not in text.stderr and not (tmp_path / "cache").exists()
+    data = json.loads(run_cli("report", str(tmp_path / "run"), "--format", "json", env=cache).stdout)
+    assert errors(data, REPORT_SCHEMA) == []
+    assert [f["text"] for f in data["findings"] if f["kind"] == "note"][0].startswith("nothing was recorded")

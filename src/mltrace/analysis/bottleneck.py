@@ -721,6 +721,12 @@ def _rows(table: dict[str, NameAcc]) -> list[NameRow]:
     ]
 
 
+#: The note of a run without a span.
+NOTHING_RECORDED = (
+    "nothing was recorded: the program called no PyTorch, TensorFlow or ONNX Runtime model and opened no mltrace.span or OpenTelemetry span"
+)
+
+
 def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS, include_cold: bool = True) -> Analysis:
     """Builds the bottleneck report's data from a run (``span_pass.gather`` does the counting).
 
@@ -787,6 +793,8 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
                 row.achieved_flops = row.flops / (t * 1e-9)
                 row.peak_share = _share_or_none(row.achieved_flops, roofs.top_flops_per_s)
     findings = _findings(g, layer_rows, ops, peaks, model_ns, has_ops, Pauses.of_run(run.meta))
+    if not whole.spans:
+        findings.notes.insert(0, NOTHING_RECORDED)
     if cold.failed_calls:
         findings.notes.append(cold.failed_text())
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]

@@ -74,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
         _say_if_slow(Path(args.run))
         run_obj = load_run(args.run, cache_table=True)
         has_gpu = any(t.kind == "gpu_stream" for t in run_obj.tracks.values())
-        if args.remeasure or read_cached(this_host_key()) is None:
-            sys.stderr.write(f"mltrace: measuring this machine's peak FLOP/s and bandwidth (once; cached in {cache_dir()})\n")
-        peaks = peaks_for_run(run_obj.meta, has_gpu, remeasure=args.remeasure)
+        peaks = None
+        if run_obj.spans:  # nothing to judge in a run without spans: no peaks measured for it
+            if args.remeasure or read_cached(this_host_key()) is None:
+                sys.stderr.write(f"mltrace: measuring this machine's peak FLOP/s and bandwidth (once; cached in {cache_dir()})\n")
+            peaks = peaks_for_run(run_obj.meta, has_gpu, remeasure=args.remeasure)
         analysis = analyze(run_obj, peaks, include_cold=args.include_cold)
         if html_path is None:
             _print(run_obj, analysis, args)

@@ -142,7 +142,8 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         in_scope = a.level_ns_in_scope.get(row.level, row.time_ns)
         cells = (fmt_ns(row.time_ns), *((fmt_ns(in_scope),) if scoped else ()), _pct(in_scope, b.base_ns(row.level)))
         lt.add_row(row.level.label, str(row.spans), *cells)
-    console.print(lt)  # type: ignore[attr-defined]
+    if b.levels:
+        console.print(lt)  # type: ignore[attr-defined]
     outside: list[str] = []
     if b.ops_outside_layers:
         outside.append(f"{b.ops_outside_layers} ops inside model calls but in no layer ({fmt_ns(b.ops_outside_layers_ns)})")
