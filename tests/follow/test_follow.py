@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,29 @@ def test_a_child_that_traces_itself_keeps_its_own_run(tmp_path: Path) -> None:
         children
     )
     assert not [s for s in run.spans if run.tracks[s.track_id].pid != run.meta["pid"]]
+
+
+def test_a_child_that_outlives_the_program_keeps_writing_its_own_folder(tmp_path: Path) -> None:
+    """A child still running when the program's trace is finished (a background ``subprocess``,
+    workers left running by a Ctrl-C of the program alone) is merged with what it streamed, and
+    its folder stays in ``procs/``, where it finishes its own trace: its op-level cycles and its
+    finish found the folder removed and wrote errors to the program's stderr."""
+    (tmp_path / "parent.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "child = 'import time, torch\\nm = torch.nn.Linear(2, 2)\\nm(torch.ones(1, 2))\\nopen(\\'ready\\', \\'w\\').close()\\n"
+        "end = time.monotonic() + 6\\nwhile time.monotonic() < end:\\n    m(torch.ones(1, 2)); time.sleep(0.01)\\n'\n"
+        "subprocess.Popen([sys.executable, '-c', child], stdout=subprocess.DEVNULL, stderr=open('child.err', 'wb'))\n"
+        "while not os.path.exists('ready'):\n    time.sleep(0.05)\n"
+    )
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(tmp_path / "parent.py"), cwd=tmp_path, timeout=120)
+    assert (res.returncode, res.stdout, res.stderr) == (0, b"", b""), res.stderr.decode()
+    run = load_run(tmp_path / "run")
+    (child,) = [p for p in run.meta["processes"] if p["role"] != "main"]
+    assert not child["finished"] and child["spans"] > 0, child
+    assert any(f"process {child['pid']} " in line and "still running" in line for line in run.meta["limitations"])
+    folder = tmp_path / "run" / "procs" / str(child["pid"])
+    deadline = time.monotonic() + 60
+    while not (folder / "run.json").exists() or not json.loads((folder / "run.json").read_text()).get("follow"):
+        assert time.monotonic() < deadline and folder.is_dir(), "the child's folder was removed or never finished"
+        time.sleep(0.2)
+    assert (tmp_path / "child.err").read_bytes() == b""  # nothing written to its stderr

@@ -35,7 +35,7 @@ def finish_parent(run_dir: Path, meta: dict[str, Any], phase: Callable[[str], No
     def extend(run: Any) -> Any:
         notes = _notes(procs, IDLE_PREFIX) + _notes(procs, UNFOLLOWED_PREFIX)  # listed first: a later one is kept
         merged_run = merge_children(run, children, meta, redact=redact)
-        merged.extend(children + notes)
+        merged.extend([c for c in children if not _running(c)] + notes)  # a running child still writes in its own
         return merged_run
 
     def own_process(run: Any) -> None:  # no child to merge: the run's own process
@@ -63,7 +63,7 @@ def wait_for_children(procs: Path, wait_s: float = WAIT_S) -> list[Path]:
     deadline = time.monotonic() + wait_s
     while True:
         children = sorted((p for p in procs.iterdir() if p.is_dir()), key=_pid_of)
-        running = [c for c in children if not _finished(c) and _alive(_pid_of(c))]
+        running = [c for c in children if _running(c)]
         if not running or time.monotonic() >= deadline:
             return children
         time.sleep(0.02)
@@ -92,10 +92,14 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
         if entry.get("pid") in renamed:  # the pid its spans carry (the OTLP export finds its parent span by it)
             entry["pid"] = renamed[entry["pid"]]
         processes.append(entry)
-        if not finished:
+        if not finished and _running(child):
             limitations.append(
-                f"process {entry['pid']} ({entry['role']}) had not finished its trace when the run ended (still running, "
-                "or killed): it has what it streamed"
+                f"process {entry['pid']} ({entry['role']}) was still running when the run ended: the run has what it had "
+                f"streamed; it finishes its own trace in {PROCS_DIR}/{child.name}"
+            )
+        elif not finished:
+            limitations.append(
+                f"process {entry['pid']} ({entry['role']}) had not finished its trace when the run ended (killed): it has what it streamed"
             )
     notes = {prefix: read_notes(run.path / PROCS_DIR, prefix) for prefix in (IDLE_PREFIX, UNFOLLOWED_PREFIX)}
     for note in notes[IDLE_PREFIX] + notes[UNFOLLOWED_PREFIX]:
@@ -183,6 +187,11 @@ def _notes(procs: Path, prefix: str) -> list[Path]:
 def _pid_of(child: Path) -> int:
     head = child.name.split("-", 1)[0]
     return int(head) if head.isdigit() else 0
+
+
+def _running(child: Path) -> bool:
+    """Whether the child of folder ``child`` runs and has not finished its trace."""
+    return not _finished(child) and _alive(_pid_of(child))
 
 
 def _finished(child: Path) -> bool:
