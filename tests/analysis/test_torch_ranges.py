@@ -29,7 +29,9 @@ def test_torchs_range_names_and_the_programs() -> None:
     assert torch_range_kind("Optimizer.step#SGD.step") == "optimizer"
     assert torch_range_kind("ProfilerStep#3") == "profiler step"
     assert torch_range_kind("Torch-Compiled Region: 0/0") == "torch.compile"
-    for mine in ("preprocess", "DataLoader", "enumerate", "my ProfilerStep#1", ""):
+    for collective in ("gloo:all_reduce", "gloo:barrier", "nccl:all_gather", "nccl:_allgather_base"):
+        assert torch_range_kind(collective) == "collectives"  # a DDP run's report had them as 108 ms of user spans
+    for mine in ("preprocess", "DataLoader", "enumerate", "my ProfilerStep#1", "", "my gloo:step"):
         assert torch_range_kind(mine) is None
 
 

@@ -3,7 +3,8 @@
 torch.profiler records every ``record_function`` range as a ``user_annotation``, the ones a
 program opens and the ones torch opens itself around its own work: the DataLoader's batches,
 optimizer steps, torch.profiler's steps, torch.compile's regions (and the empty ranges that
-carry its compile events' metadata), data-parallel wrappers. The
+carry its compile events' metadata), data-parallel wrappers, torch.distributed's collectives
+(``gloo:all_reduce``, ``nccl:all_reduce``: the report's ranks section counts them). The
 ranges torch opens in C++ or with ``_RecordFunctionFast`` (torch.compile's region, its cache
 lookup) it records as ``cpu_op`` instead; the converter makes those user-level spans too
 (``formats/kineto.py``).
@@ -37,6 +38,10 @@ TORCH_RANGE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("DistributedDataParallel.forward", "data parallel"),
     ("FullyShardedDataParallel.", "data parallel"),
     ("FSDP::", "data parallel"),
+    ("gloo:", "collectives"),  # the process group backends' ranges around their collectives
+    ("nccl:", "collectives"),
+    ("mpi:", "collectives"),
+    ("ucc:", "collectives"),
 )
 
 
