@@ -91,9 +91,10 @@ def test_json_report_follows_the_schema(traced: Path) -> None:
     assert rc == 0, err
     data = json.loads(out)
     assert errors(data, REPORT_SCHEMA) == []
-    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate", "memory", "requests", "ranks"]
+    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate", "memory", "requests", "ranks", "processes"]
     assert data["generate"] == []  # no generate() call in this run
     assert data["requests"] is None and data["ranks"] is None and data["run"]["unfollowed"] == []  # no service, no ranks
+    assert data["processes"] is None  # one process
     assert data["memory"] is None  # recorded without --memory
     (model,) = data["models"]
     assert model["name"] == "Net" and model["calls"] == 3

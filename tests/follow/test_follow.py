@@ -86,6 +86,21 @@ def test_one_trace_a_track_per_process(followed: dict[str, Any]) -> None:
             assert run.tracks[by_id[s.parent_id].track_id].pid == run.tracks[s.track_id].pid
 
 
+def test_report_lists_each_process_with_its_model_calls(followed: dict[str, Any]) -> None:
+    """The report's processes section: one row per process, the program's first, with the
+    model calls its tracks hold; the text report shows it."""
+    run = followed["run"]
+    res = run_cli("report", str(followed["dir"]), "--format", "json")
+    assert res.returncode == 0, res.stderr.decode()
+    processes = json.loads(res.stdout)["processes"]
+    assert [p["pid"] for p in processes] == [p["pid"] for p in run.meta["processes"]] and processes[0]["role"] == "main"
+    calls = _model_calls_by_role(run)
+    assert {p["role"]: p["model_calls"] for p in processes if p["model_calls"]} == {r: n for r, n in calls.items() if n}
+    assert all(p["parent"] is None if p["role"] == "main" else p["parent"] for p in processes)
+    text = run_cli("report", str(followed["dir"])).stdout.decode()
+    assert f"Processes: {len(processes)} processes, {sum(1 for p in processes if p['model_calls'])} with model calls" in text
+
+
 def test_no_follow(tmp_path: Path) -> None:
     res = run_cli("python", "-q", "--no-follow", "-o", str(tmp_path / "run"), "--level", "model", str(CHILDREN), cwd=tmp_path, timeout=240)
     assert res.returncode == 3, res.stderr.decode()

@@ -36,6 +36,7 @@ from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.pauses import TRACER_PAUSE, Pauses
 from mltrace.analysis.peaks import Peaks, PeakSet, raised
+from mltrace.analysis.processes import ProcessRow, process_rows
 from mltrace.analysis.ranks import RankTimes, rank_times
 from mltrace.analysis.requests import Requests, find_requests
 from mltrace.analysis.roofline import IO, roofline_time_ns
@@ -546,6 +547,8 @@ class Analysis:
             with no request span.
         ranks: each torch.distributed rank's model and collective time and the straggler
             (``analysis.ranks``), or None in a run with no rank.
+        processes: each process's model calls and spans (``analysis.processes``), or None in
+            a run of one process.
     """
 
     breakdown: Breakdown
@@ -572,6 +575,7 @@ class Analysis:
     memory: MemoryReport | None = None
     requests: Requests | None = None
     ranks: RankTimes | None = None
+    processes: list[ProcessRow] | None = None
 
     def counts_note(self) -> str:
         """What the header's span and model-call counts leave out ("" when they count every call)."""
@@ -824,6 +828,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         memory=memory_report(whole, run),
         requests=find_requests(run=whole),
         ranks=rank_times(run=whole),
+        processes=process_rows(run=whole),
     )
 
 

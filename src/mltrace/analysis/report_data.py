@@ -36,7 +36,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
 
     Returns:
         ``{"run", "models", "layers", "ops", "findings", "generate", "memory", "requests",
-        "ranks"}``; times in ns, memory in bytes.
+        "ranks", "processes"}``; times in ns, memory in bytes.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
@@ -54,6 +54,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         "memory": _memory_entry(mem),
         "requests": a.requests.as_dict() if a.requests is not None else None,
         "ranks": a.ranks.as_dict() if a.ranks is not None else None,
+        "processes": [p.as_dict() for p in a.processes] if a.processes is not None else None,
     }
 
 

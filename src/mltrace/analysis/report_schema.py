@@ -197,6 +197,19 @@ RANK = _object(
     }
 )
 RANKS = {**_object({"world_size": _OPT_INT, "backend": _OPT_STR, "straggler": _OPT_INT, "ranks": _array(RANK)}), "type": ["object", "null"]}
+PROCESS = _object(
+    {
+        "pid": _INT,
+        "role": _STR,
+        "start": _OPT_STR,
+        "parent": _OPT_STR,
+        "model_calls": _INT,
+        "model_ns": _INT,
+        "spans": _INT,
+        "note": _STR,
+    }
+)
+PROCESSES = {**_array(PROCESS), "type": ["array", "null"]}
 
 #: The whole document.
 REPORT_SCHEMA: dict[str, Any] = {
@@ -213,6 +226,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "memory": MEMORY,
             "requests": REQUESTS,
             "ranks": RANKS,
+            "processes": PROCESSES,
         }
     ),
 }

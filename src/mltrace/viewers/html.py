@@ -342,8 +342,8 @@ def render_html(run: Run, a: Analysis, tl: Timeline, top: int = 15, port: int = 
 
 
 def _services(a: Analysis, top: int) -> str:
-    """The requests' latency and the slowest requests' time, and the ranks' time with the straggler
-    ("" for a run with neither)."""
+    """The requests' latency and the slowest requests' time, the ranks' time with the straggler,
+    and the processes' model calls ("" for a run with none of them)."""
     from mltrace.viewers import services as sv
 
     parts = []
@@ -357,6 +357,10 @@ def _services(a: Analysis, top: int) -> str:
         parts += [f"<h2>Ranks: {_e(sv.ranks_headline(ranks))}</h2>", _table(sv.RANK_COLUMNS, rows, left=(0, 5))]
         line = sv.straggler_line(ranks)
         parts += [f"<p>{_e(line)}</p>"] if line else []
+    if a.processes is not None:
+        processes = [p.as_dict() for p in a.processes]
+        rows = [[_e(c) for c in sv.process_cells(p)] for p in processes]
+        parts += [f"<h2>Processes: {_e(sv.processes_headline(processes))}</h2>", _table(sv.PROCESS_COLUMNS, rows, left=(0, 2, 6))]
     return "\n".join(parts)
 
 

@@ -11,8 +11,11 @@ from typing import Any
 from mltrace.analysis.codepaths import short_path, split_location
 from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.viewers.services import (
+    PROCESS_COLUMNS,
     RANK_COLUMNS,
     REQUEST_COLUMNS,
+    process_cells,
+    processes_headline,
     rank_cells,
     ranks_headline,
     request_cells,
@@ -69,7 +72,7 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
     for note in ((n or {}).get("text") for n in notes):
         if note:
             out += [f"_{_cell(note)}_", ""]
-    out += _requests_section(data, top) + _ranks_section(data)
+    out += _requests_section(data, top) + _ranks_section(data) + _processes_section(data)
     if data["models"]:
         out += ["### Models", ""]
         out += _table(
@@ -135,6 +138,15 @@ def _ranks_section(data: dict[str, Any]) -> list[str]:
     out += _table(list(RANK_COLUMNS), [[_cell(c) for c in rank_cells(r)] for r in ranks["ranks"]])
     line = straggler_line(ranks)
     return [*out, *(["", _cell(line) + "."] if line else []), ""]
+
+
+def _processes_section(data: dict[str, Any]) -> list[str]:
+    """Each process's model calls and spans (a run of several processes)."""
+    processes = data.get("processes")
+    if not processes:
+        return []
+    out = ["### Processes", "", _cell(processes_headline(processes)) + ".", ""]
+    return [*out, *_table(list(PROCESS_COLUMNS), [[_cell(c) for c in process_cells(p)] for p in processes]), ""]
 
 
 def _memory_section(data: dict[str, Any], top: int) -> list[str]:

@@ -1,9 +1,10 @@
-"""The words and table cells of the report's requests and ranks sections, and of its line on a
-child that could not be followed, shared by the terminal, Markdown and HTML reports.
+"""The words and table cells of the report's requests, ranks and processes sections, and of its
+line on a child that could not be followed, shared by the terminal, Markdown and HTML reports.
 
-Drawn from the report JSON's ``requests`` and ``ranks`` sections and ``run.unfollowed``
-entries (``Requests.as_dict``, ``RankTimes.as_dict``, ``report_data.unfollowed``); plain
-text, no markup: each viewer escapes it its own way.
+Drawn from the report JSON's ``requests``, ``ranks`` and ``processes`` sections and
+``run.unfollowed`` entries (``Requests.as_dict``, ``RankTimes.as_dict``,
+``ProcessRow.as_dict``, ``report_data.unfollowed``); plain text, no markup: each viewer escapes
+it its own way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from mltrace.analysis.units import fmt_ns
 REQUEST_COLUMNS = ("request", "total", "model", "outside the model", "of which", "top layers (self)", "top ops (self)")
 #: Columns of the ranks table.
 RANK_COLUMNS = ("rank", "pid", "model calls", "model time", "in collectives", "collectives")
+#: Columns of the processes table.
+PROCESS_COLUMNS = ("process", "pid", "started by", "model calls", "model time", "spans", "note")
 _SOURCES = {"otel-server": "OpenTelemetry server spans", "user": "user spans around model calls"}
 
 
@@ -98,3 +101,15 @@ def unfollowed_line(note: dict[str, Any]) -> str:
     report prints run.json's limitation, which says the same)."""
     text = f"Limitation: process {note['pid']} ({' '.join(note['argv'])}) was not followed: {note['reason']}"
     return text.replace("\n", " ")
+
+
+def processes_headline(processes: list[dict[str, Any]]) -> str:
+    """``4 processes, 2 with model calls``."""
+    calling = sum(1 for p in processes if p["model_calls"])
+    return f"{len(processes)} processes, {calling} with model calls"
+
+
+def process_cells(p: dict[str, Any]) -> list[str]:
+    """One process's row, in ``PROCESS_COLUMNS`` order."""
+    started = f"{p['parent']} ({p['start']})" if p["parent"] and p["start"] else p["parent"] or p["start"] or ""
+    return [p["role"], str(p["pid"]), started, str(p["model_calls"]), fmt_ns(p["model_ns"]), str(p["spans"]), p["note"]]

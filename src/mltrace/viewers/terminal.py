@@ -135,6 +135,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     _findings(console, a)
     _requests(console, a, top)
     _ranks(console, a)
+    _processes(console, a)
     scoped = bool(a.unscoped_ops[0])  # then the % column counts only what ran in model calls and user spans
     cols = ("level", "spans", "time", *(("in model & user spans",) if scoped else ()), "% of model")
     lt = _table("Time per level", [(col, col != "level") for col in cols])
@@ -222,6 +223,19 @@ def _ranks(console: Any, a: Analysis) -> None:
     line = straggler_line(data)
     if line:
         console.print(f"  • {_esc(line)}")
+
+
+def _processes(console: Any, a: Analysis) -> None:
+    """Each process's model calls and spans, in a run of several processes (``analysis.processes``)."""
+    from mltrace.viewers.services import PROCESS_COLUMNS, process_cells, processes_headline
+
+    if a.processes is None:
+        return
+    data = [p.as_dict() for p in a.processes]
+    table = _table(f"Processes: {processes_headline(data)}", [(c, 2 < i < 6) for i, c in enumerate(PROCESS_COLUMNS)])
+    for p in data:
+        table.add_row(*(_esc(cell) for cell in process_cells(p)))
+    console.print(table)
 
 
 def _chains(console: object, run: Run, top: int, layers: list[LayerStat]) -> None:

@@ -1,0 +1,105 @@
+"""The run's processes: each one's model calls and spans, for a run of several processes.
+
+A run of ``mltrace python`` that followed children (multiprocessing, pools, DataLoader workers,
+``subprocess``, torchrun's ranks) lists every process in run.json's ``processes``, the
+program's own first. A process's spans are those on its tracks (``Track.pid``); its model calls
+are its outermost model spans, cold ones included (as the ranks section counts them). The
+report's other sections add every process's spans together: this one says which process made
+the model calls and which recorded nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mltrace.analysis.tree import tree_of
+from mltrace.run.levels import Level
+
+if TYPE_CHECKING:
+    from mltrace.run.store import Run
+
+__all__ = ["ProcessRow", "process_rows"]
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    """One process of the run.
+
+    Attributes:
+        pid: its pid (as its spans' tracks carry it).
+        role: what it is to the program (``main``, ``rank 1``, ``DataLoader worker 0``,
+            ``SpawnPoolWorker-2``, ``pid 123``).
+        start: how it started (``exec``, ``fork``), None for the program's own process.
+        parent: the role of the process that started it (``rank 1``; ``pid 123`` for one
+            the run does not list, a forkserver), None for the program's own process.
+        model_calls, model_ns: its outermost model calls and their summed time.
+        spans: its spans.
+        note: what the run says of it ("" for nothing): it had not finished its trace, it
+            recorded nothing (and why), it recorded no deeper than a level.
+    """
+
+    pid: int
+    role: str
+    start: str | None
+    parent: str | None
+    model_calls: int
+    model_ns: int
+    spans: int
+    note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """One entry of the report JSON's ``processes`` section."""
+        return {
+            "pid": self.pid,
+            "role": self.role,
+            "start": self.start,
+            "parent": self.parent,
+            "model_calls": self.model_calls,
+            "model_ns": self.model_ns,
+            "spans": self.spans,
+            "note": self.note,
+        }
+
+
+def process_rows(*, run: Run) -> list[ProcessRow] | None:
+    """One row per process run.json lists, in its order; None where it lists fewer than two."""
+    listed = [p for p in run.meta.get("processes") or [] if isinstance(p, dict) and isinstance(p.get("pid"), int)]
+    if len(listed) < 2:
+        return None
+    import numpy as np
+
+    t = run.table
+    pid_of_track = {tid: tr.pid for tid, tr in run.tracks.items()}
+    pids = np.fromiter((pid_of_track.get(int(x), 0) for x in t.track.tolist()), dtype=np.int64, count=len(t))
+    is_model = t.level.astype(np.int64) == int(Level.MODEL)
+    outer_model = is_model & ~tree_of(t).ancestor_or(is_model) if len(t) else is_model
+    roles = {p["pid"]: str(p.get("role") or f"pid {p['pid']}") for p in listed}
+    rows = []
+    for p in listed:
+        mine = pids == p["pid"]
+        models = np.nonzero(mine & outer_model)[0]
+        rows.append(
+            ProcessRow(
+                pid=int(p["pid"]),
+                role=roles[p["pid"]],
+                start=p.get("start") if isinstance(p.get("start"), str) else None,
+                parent=roles.get(p["ppid"], f"pid {p['ppid']}") if isinstance(p.get("ppid"), int) else None,
+                model_calls=len(models),
+                model_ns=int((t.end[models] - t.start[models]).sum()),
+                spans=int(mine.sum()),
+                note=_note(p),
+            )
+        )
+    return rows
+
+
+def _note(process: dict[str, Any]) -> str:
+    """What run.json says of ``process``: unfinished, its note, its level cap ("" for nothing)."""
+    parts = []
+    if process.get("finished") is False:
+        parts.append("had not finished its trace: what it streamed")
+    for key in ("note", "level"):
+        if isinstance(process.get(key), str) and process[key]:
+            parts.append(process[key])
+    return "; ".join(parts)
