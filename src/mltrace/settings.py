@@ -68,7 +68,8 @@ OUTPUT = Setting(
     f"{PREFIX}OUTPUT",
     "path",
     "`./mltrace-runs/<name>-<YYYYmmdd-HHMMSS>`",
-    "run directory to create (must be absent or empty)",
+    "run directory to create (must be absent or empty; one process at a time: another given it meanwhile is refused with exit 2, "
+    "and default directories made in the same second get suffixes `-2`, `-3`…)",
     option="output",
     flag="-o/--output",
 )
