@@ -18,7 +18,7 @@ from mltrace.analysis.report_schema import REPORT_SCHEMA
 def traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
     home = tmp_path_factory.mktemp("cold")
-    # The profiler held whole: in cycles, the converter process starts at the first cycle and,
+    # The profiler held whole: in cycles, the converter process converts while the program runs and,
     # on a loaded 2-core machine, slows the program's next calls themselves (the program's own
     # timings of calls 1-4 read 6-16 ms against 0.4 ms), which the test would then call cold.
     args = ("-o", str(home / "run"), str(SCRIPTS / "calibrated_model.py"), "12", str(home / "times.json"))

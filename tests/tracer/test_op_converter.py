@@ -79,7 +79,7 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
         for _ in range(20):
             model(x)
             time.sleep(0.02)
-        assert _wait_until(lambda: _converter_pids(os.getpid()))  # started with the second cycle
+        assert _wait_until(lambda: _converter_pids(os.getpid()))  # started with the profiler
         (pid,) = _converter_pids(os.getpid())
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert not any(v.startswith(b"MLTRACE_FOLLOW=") or b"follow/bootstrap" in v for v in environ)
@@ -334,14 +334,17 @@ def test_a_wait_for_the_converter_is_kept_as_a_pause(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize(("value", "increment"), [(None, 10), ("5", 5), ("0", 0), ("-3", 0), ("soon", 10)])
 def test_the_converter_process_runs_below_the_programs_priority(value: str | None, increment: int) -> None:
-    """The converter process lowers its CPU priority (``MLTRACE_OP_CONVERTER_NICE``, 10 unless
-    set), so a program that wants every core runs its model calls first."""
+    """The traced process lowers the converter process's CPU priority as it starts it
+    (``MLTRACE_OP_CONVERTER_NICE``, 10 unless set), so a program that wants every core runs
+    its model calls first."""
     env = {k: v for k, v in os.environ.items() if k != "MLTRACE_OP_CONVERTER_NICE"}
     if value is not None:
         env["MLTRACE_OP_CONVERTER_NICE"] = value
     code = (
-        "import os; from mltrace.formats.kineto_serve import lower_priority; "
-        "before = os.nice(0); done = lower_priority(); print(done, os.nice(0) - before)"
+        "import os, subprocess, sys; from mltrace.tracer.helper_env import lower_priority; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'], stdin=subprocess.PIPE); "
+        "done = lower_priority(child.pid); print(done, os.getpriority(os.PRIO_PROCESS, child.pid) - os.nice(0)); "
+        "child.communicate(b'')"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(increment), str(increment)]

@@ -38,10 +38,6 @@ from mltrace.run.events import Span, Track
 from mltrace.run.jsoncodec import dumps, loads, trimmed
 from mltrace.run.levels import Level
 from mltrace.run.store import encode_batch, span_row
-from mltrace.settings import OP_CONVERTER_NICE
-
-#: The converter's ``nice`` increment where ``MLTRACE_OP_CONVERTER_NICE`` says none.
-DEFAULT_NICE = 10
 
 #: The first template id of the converter's span templates (the session's count from 1).
 TEMPLATE_BASE = 1 << 40
@@ -211,30 +207,10 @@ def serve(inp: IO[bytes], out: IO[bytes]) -> int:
     return 0
 
 
-def lower_priority() -> int:
-    """Lowers this process's CPU priority by ``MLTRACE_OP_CONVERTER_NICE`` (10 where unset or not
-    an integer; 0 or less leaves it): where the traced program's threads want every core,
-    the scheduler runs them first, so the conversion stretches no model call it measures.
-    Returns the increment applied."""
-    text = (OP_CONVERTER_NICE.get() or "").strip()
-    try:
-        increment = int(text) if text else DEFAULT_NICE
-    except ValueError:
-        increment = DEFAULT_NICE
-    if increment <= 0 or not hasattr(os, "nice"):
-        return 0
-    try:
-        os.nice(increment)
-    except OSError:
-        return 0
-    return increment
-
-
 def main() -> int:
     """The process's entry: Ctrl-C in the terminal is the traced program's to handle; this
     process ends at the end of its input."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    lower_priority()
     status = serve(sys.stdin.buffer, sys.stdout.buffer)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,7 +1,8 @@
 """mltrace's own helper processes (the op level's converter, the streamed finish): their
 environment, the traced process's without what would make mltrace follow them as children of
 the program (``MLTRACE_FOLLOW``, the bootstrap folder on ``PYTHONPATH``), with mltrace's own
-folder first on ``PYTHONPATH``; their end; and a forked child's letting go of their pipes."""
+folder first on ``PYTHONPATH``; their end; a forked child's letting go of their pipes; and the
+converter's lower CPU priority."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from mltrace.settings import FOLLOW
+from mltrace.settings import FOLLOW, OP_CONVERTER_NICE
 
 
 def helper_process_env() -> dict[str, str]:
@@ -70,3 +71,27 @@ def forget_helper(proc: subprocess.Popen[bytes]) -> None:
             except (OSError, ValueError):
                 pass
     proc.stdin = proc.stdout = None
+
+
+#: The converter's ``nice`` increment where ``MLTRACE_OP_CONVERTER_NICE`` says none.
+DEFAULT_NICE = 10
+
+
+def lower_priority(pid: int) -> int:
+    """Lowers process ``pid``'s CPU priority (the converter process's, right after its start, by
+    the traced process) by ``MLTRACE_OP_CONVERTER_NICE`` below the caller's (10 where unset or
+    not an integer; 0 or less leaves it): where the traced program's threads want every core,
+    the scheduler runs them first, so the process's start and conversions stretch no model
+    call it measures. Returns the increment applied."""
+    text = (OP_CONVERTER_NICE.get() or "").strip()
+    try:
+        increment = int(text) if text else DEFAULT_NICE
+    except ValueError:
+        increment = DEFAULT_NICE
+    if increment <= 0 or not hasattr(os, "setpriority"):
+        return 0
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + increment))
+    except OSError:
+        return 0
+    return increment

@@ -69,7 +69,7 @@ from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
-from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_env
+from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_env, lower_priority
 from mltrace.tracer.memwatch import process_rss, release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -290,6 +290,7 @@ class TorchOpSource(Source):
             # nothing), and CUDA activity is handed between the two only around the first start.
             if self.cycle_s and not self._records_kernels_here() and not memory:
                 self._cycles = _Converter(self, session)
+                self._cycles.start_process()  # its interpreter starts now, not inside the program's next model call
                 self._ranges.install(torch)
                 session.add_model_call_listener(self._model_call_ended)
             self._guard_program_profiler()
@@ -787,7 +788,7 @@ class _Converter:
         source = self._source
         t0 = time.perf_counter_ns()
         if self._process is None and self.use_process:
-            self._start_process()
+            self.start_process()
         if self._convert_elsewhere(path) is None:
             try:
                 # The cyclic collector is paused meanwhile, process-wide: the load and conversion
@@ -800,9 +801,13 @@ class _Converter:
             self._session.add_events(result.events(with_tracks=False))
         source.export_ns += time.perf_counter_ns() - t0
 
-    def _start_process(self) -> None:
-        """Starts the converter process where it is wanted and the session has a run directory."""
-        if not self.use_process or self._session.run_dir is None:
+    def start_process(self) -> None:
+        """Starts the converter process where it is wanted and the session has a run directory:
+        when the profiler starts (the program is importing torch or building its model), so
+        that the process's own start (an interpreter and mltrace's imports, about 0.1 s of a
+        core) does not take cores from the model call after the first cycle; the first
+        conversion starts it where this did not."""
+        if self._process is not None or not self.use_process or self._session.run_dir is None:
             return
         try:
             self._process = _ConverterProcess(self._session)
@@ -851,9 +856,10 @@ class _ConverterGone(Exception):
 
 class _ConverterProcess:
     """The converter process of a session's op level (``formats/kineto_serve.py``): one child,
-    started at the first cycle, with no torch in it and in a session of its own (the terminal's
-    Ctrl-C goes to the program alone). It asks this process for tracks and ids while it
-    converts; ``close`` ends it (the end of its input) and reaps it."""
+    started with the profiler (``_Converter.start_process``), with no torch in it, in a session
+    of its own (the terminal's Ctrl-C goes to the program alone) and below the program's CPU
+    priority (``lower_priority``). It asks this process for tracks and ids while it converts;
+    ``close`` ends it (the end of its input) and reaps it."""
 
     def __init__(self, session: SessionView) -> None:
         self._session = session
@@ -873,6 +879,7 @@ class _ConverterProcess:
             )
         except OSError as exc:
             raise _ConverterGone(f"could not start: {exc}") from None
+        lower_priority(self._proc.pid)  # before its interpreter has started in earnest
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
