@@ -943,7 +943,7 @@ class TorchModuleSource(Source):
         break, frame and graph; and the helpers the C hot path calls would count as frames."""
 
         def skip(eval_frame: Any) -> None:
-            self._optimized[0] = getattr(eval_frame, "OptimizedModule", None)
+            self._optimized[0] = optimized_module_type()
             skip_code = getattr(eval_frame, "skip_code", None)
             skip_all = _recursive_skip(eval_frame)
             for code, with_callees in dynamo_skipped_code():

@@ -277,8 +277,7 @@ class TorchOpSource(Source):
             try:
                 with _kineto_quiet():
                     _start_quietly(prof)
-                self._prof = prof
-                self._cycle_began, self._cycle_calls, self._cycle_rss = time.monotonic(), 0, process_rss()
+                self._cycle_started(prof)
                 if config is None:  # torch stops a one-thread profiler only where it started
                     self.thread_ident = threading.get_ident()
             finally:
@@ -515,7 +514,7 @@ class TorchOpSource(Source):
         else:
             cycles.hand(path, self._cycle_calls, stopped_ns, _complete_events(path))
         del prof
-        self._cycle_calls = 0
+        self._cycle_calls = 0  # a stop without restart ends the op level: no cycle runs
         if restart:
             self._restart()
         self._note_pause(stopped_ns, t0)
@@ -533,8 +532,13 @@ class TorchOpSource(Source):
                 self._session.errors.append(f"{self.name}: could not start the next cycle: {exc}")
                 self._session.note_limitation(f"op level: torch.profiler did not restart ({exc}); later ops are not recorded")
             return
+        self._cycle_started(prof)
+
+    def _cycle_started(self, prof: Any) -> None:
+        """Keeps ``prof`` as the running cycle's profiler, started now: its start time and the
+        process's size then (``stop_bytes``), no model call yet."""
         self._prof = prof
-        self._cycle_began, self._cycle_rss = time.monotonic(), process_rss()
+        self._cycle_began, self._cycle_calls, self._cycle_rss = time.monotonic(), 0, process_rss()
 
     def _note_pause(self, began_ns: int, began_perf_ns: int) -> None:
         """Counts a cycle switch that held the program's thread from session time ``began_ns``
