@@ -10,7 +10,7 @@ the model calls and which recorded nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.tree import tree_of
@@ -49,17 +49,8 @@ class ProcessRow:
     note: str
 
     def as_dict(self) -> dict[str, Any]:
-        """One entry of the report JSON's ``processes`` section."""
-        return {
-            "pid": self.pid,
-            "role": self.role,
-            "start": self.start,
-            "parent": self.parent,
-            "model_calls": self.model_calls,
-            "model_ns": self.model_ns,
-            "spans": self.spans,
-            "note": self.note,
-        }
+        """One entry of the report JSON's ``processes`` section: every field, by its name."""
+        return asdict(self)
 
 
 def process_rows(*, run: Run) -> list[ProcessRow] | None:
