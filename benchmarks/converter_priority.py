@@ -1,18 +1,22 @@
-"""What the op level's converter process does to the model calls it measures, at two priorities.
+"""What the op level's converter process does to the model calls it measures, at three priorities.
 
 The op level converts each stopped cycle of torch.profiler in a process of its own, which
 runs while the program goes on. Where the program wants every core (torch's intra-op threads
 on all of them), that process takes cores from the program's model calls and stretches them.
-This runs one CPU-bound program (a small CNN, torch threads = cores, 60 timed calls after 5
-untimed ones) three ways in interleaved rounds:
+This runs one CPU-bound program four ways in interleaved rounds: the example models of
+``examples/models.py`` as ``examples/infer.py`` runs them (the ResNet-style CNN at batch 1, 12
+calls, then the encoder, 8 calls; torch's default threads), each model's calls timed after its
+first, with no warm-up, so that the set-up cycle's conversion runs beside the first calls:
 
 - plain: ``python prog.py``;
-- nice 0: ``mltrace python --level op`` with ``MLTRACE_OP_CONVERTER_NICE=0`` (the converter at
+- nice 0: ``mltrace python --level op`` with ``MLTRACE_HELPER_NICE=0`` (the converter at
   the program's priority);
-- nice 10: the same with the default (the converter 10 steps below).
+- nice 10: the same, 10 steps below the program;
+- nice 19: the same at the default, the lowest priority.
 
 The program times each call itself (``time.perf_counter``); this prints, per way, the median
-over rounds of the calls' median and p90, and the loop's wall time, against plain.
+over rounds of the calls' median and p90, and the wall time from building the first model to
+the last call, against plain.
 
     python benchmarks/converter_priority.py [--rounds 6]
 """
@@ -31,24 +35,23 @@ import harness
 from harness import rotation
 
 PROGRAM = """
-import json, os, sys, time, torch
-from torch import nn
-torch.set_num_threads(os.cpu_count() or 1)
-net = nn.Sequential(*[m for _ in range(6) for m in (nn.Conv2d(32, 32, 3, padding=1), nn.ReLU())]).eval()
-x = torch.randn(4, 32, 48, 48)
-times = []
+import json, sys, time, torch
+sys.path.insert(0, sys.argv[2])
+from models import encoder, resnet_small
+torch.manual_seed(0)
+times, t0 = [], time.perf_counter()
 with torch.inference_mode():
-    for _ in range(5):
-        net(x)
-    t0 = time.perf_counter()
-    for _ in range(60):
-        t = time.perf_counter()
-        net(x)
-        times.append(time.perf_counter() - t)
-    loop = time.perf_counter() - t0
+    for model, x, calls in ((resnet_small(), torch.randn(1, 3, 224, 224), 12), (encoder(), torch.randint(0, 30522, (1, 128)), 8)):
+        for i in range(calls):
+            t = time.perf_counter()
+            model(x)
+            if i:  # the first call of each model is cold, plain too
+                times.append(time.perf_counter() - t)
+loop = time.perf_counter() - t0
 json.dump({"calls": times, "loop": loop}, open(sys.argv[1], "w"))
 """
-WAYS = {"plain": None, "nice 0": "0", "nice 10": "10"}
+WAYS = {"plain": None, "nice 0": "0", "nice 10": "10", "nice 19": "19"}
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _one(way: str, prog: Path, home: Path) -> dict[str, list[float] | float]:
@@ -58,11 +61,11 @@ def _one(way: str, prog: Path, home: Path) -> dict[str, list[float] | float]:
     shutil.rmtree(run_dir, ignore_errors=True)
     nice = WAYS[way]
     if nice is None:
-        cmd = [sys.executable, str(prog), str(out)]
+        cmd = [sys.executable, str(prog), str(out), str(EXAMPLES)]
         env = None
     else:
-        cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(run_dir), str(prog), str(out)]
-        env = {**os.environ, "MLTRACE_OP_CONVERTER_NICE": nice}
+        cmd = [sys.executable, "-m", "mltrace", "python", "-q", "--level", "op", "-o", str(run_dir), str(prog), str(out), str(EXAMPLES)]
+        env = {**os.environ, "MLTRACE_HELPER_NICE": nice}
     harness.run_child(cmd, env=env)  # exits with a line where the run fails
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 

@@ -23,6 +23,7 @@ from conftest import mltrace_cmd, run_cli
 from mltrace.run import store
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from support.helper_processes import default_nice_below, parent_pid, placement
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL (no library level on CPU)")
@@ -187,6 +188,14 @@ def test_a_program_killed_while_its_run_streams_leaves_it_as_streamed(tmp_path: 
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         _wait_for(lambda: _finisher_pid(run_dir) is not None, "the finisher process")
         finisher = _finisher_pid(run_dir)
+        assert finisher is not None and parent_pid(finisher) == proc.pid  # the traced process's
+        # below the program's CPU priority, where that priority weighs against the program
+        assert placement(finisher) == {
+            "same_session": True,
+            "same_autogroup": True,
+            "own_group": True,
+            "nice_below_parent": default_nice_below(finisher),
+        }
         _wait_for(lambda: all((run_dir / name).exists() for name in TEMPORARY), "the finisher's temporary files")
     finally:
         proc.send_signal(signal.SIGKILL)

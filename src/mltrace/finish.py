@@ -126,28 +126,17 @@ _unstreamed: dict[Path, str] = {}
 
 class _FinisherProcess:
     """The streamed finish's process of one run (``finish_serve.py``), started once its
-    events.jsonl is ``STREAM_FROM_BYTES`` long, in a session of its own (the terminal's Ctrl-C
-    goes to the program alone). A forked child of the traced process lets go of it."""
+    events.jsonl is ``STREAM_FROM_BYTES`` long, as a helper (``helper_env.start_helper``: a
+    process group of its own, below the program's CPU priority). A forked child of the traced
+    process lets go of it."""
 
     def __init__(self, run_dir: Path) -> None:
         import os
-        import subprocess
-        import sys
 
-        from mltrace.tracer.helper_env import helper_process_env
+        from mltrace.tracer.helper_env import start_helper
 
         self.run_dir = run_dir
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "mltrace.finish_serve", str(run_dir)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            # Not the program's stderr: where the library level captures fd 1 and 2 together,
-            # the process would hold the capture's pipe open. It says what failed in its answer.
-            stderr=subprocess.DEVNULL,
-            env=helper_process_env(),
-            start_new_session=True,
-            close_fds=True,
-        )
+        self._proc = start_helper("mltrace.finish_serve", str(run_dir))
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:

@@ -170,12 +170,12 @@ OP_CONVERTER = Setting(
     "1",
     "convert torch.profiler's cycles in a process of their own (0: on a thread of the traced program)",
 )
-OP_CONVERTER_NICE = Setting(
-    f"{PREFIX}OP_CONVERTER_NICE",
+HELPER_NICE = Setting(
+    f"{PREFIX}HELPER_NICE",
     "integer",
-    "10",
-    "how much lower the converter process's CPU priority is than the program's (`nice`; 0: the same): "
-    "where the program wants every core, its model calls run first and the conversion waits",
+    "19",
+    "how much lower the CPU priority of mltrace's helper processes (the op level's converter, the streamed finish) "
+    "is than the program's (`nice`; 0: the same): where the program wants every core, its model calls run first",
 )
 FINISH_STREAM = Setting(
     f"{PREFIX}FINISH_STREAM",
@@ -260,7 +260,7 @@ SETTINGS: tuple[Setting, ...] = (
     KERNEL_PATH,
     OP_CYCLE_S,
     OP_CONVERTER,
-    OP_CONVERTER_NICE,
+    HELPER_NICE,
     FINISH_STREAM,
     TORCH_HOOKS,
     LAYER_HOT_PATH,

@@ -19,6 +19,7 @@ from conftest import SCRIPTS, mltrace_cmd
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.sources.torch_ops import PAUSED_TRACK
+from support.helper_processes import default_nice_below, placement
 
 torch = pytest.importorskip("torch")
 
@@ -87,8 +88,16 @@ def test_cycles_are_converted_by_a_process_of_their_own_that_ends_with_the_sessi
         # Its stderr is not the program's: where the library level captures fd 1 and 2
         # together, it would hold the capture's pipe, and the capture's stop would wait for it.
         assert os.readlink(f"/proc/{pid}/fd/2") == os.devnull
-        # It runs below the program's CPU priority (MLTRACE_OP_CONVERTER_NICE, 10 by default).
-        assert _wait_until(lambda: _nice(pid) == min(19, os.nice(0) + 10))
+        # It runs below the program's CPU priority (MLTRACE_HELPER_NICE: nice 19 by default), in
+        # the program's session and autogroup, where that priority weighs against the
+        # program's threads, and in a process group of its own (Ctrl-C goes to the program).
+        assert _wait_until(lambda: _nice(pid) == 19)
+        assert placement(pid) == {
+            "same_session": True,
+            "same_autogroup": True,
+            "own_group": True,
+            "nice_below_parent": default_nice_below(pid),
+        }
     assert not _running(pid) and not Path(f"/proc/{pid}").exists()  # ended and reaped
     run = mltrace.load_run(tmp_path / "run")
     profiler = run.meta["torch_profiler"]
@@ -332,14 +341,14 @@ def test_a_wait_for_the_converter_is_kept_as_a_pause(tmp_path: Path, monkeypatch
     assert idle.idle_ns < 100 * 0.01e9 * 2  # the program's own sleeps, not the waits
 
 
-@pytest.mark.parametrize(("value", "increment"), [(None, 10), ("5", 5), ("0", 0), ("-3", 0), ("soon", 10)])
-def test_the_converter_process_runs_below_the_programs_priority(value: str | None, increment: int) -> None:
-    """The traced process lowers the converter process's CPU priority as it starts it
-    (``MLTRACE_OP_CONVERTER_NICE``, 10 unless set), so a program that wants every core runs
-    its model calls first."""
-    env = {k: v for k, v in os.environ.items() if k != "MLTRACE_OP_CONVERTER_NICE"}
+@pytest.mark.parametrize(("value", "increment"), [(None, 19), ("5", 5), ("0", 0), ("-3", 0), ("soon", 19)])
+def test_a_helper_process_runs_below_the_programs_priority(value: str | None, increment: int) -> None:
+    """The traced process lowers a helper process's CPU priority as it starts it
+    (``MLTRACE_HELPER_NICE``, 19 unless set), so a program that wants every core runs its
+    model calls first."""
+    env = {k: v for k, v in os.environ.items() if k != "MLTRACE_HELPER_NICE"}
     if value is not None:
-        env["MLTRACE_OP_CONVERTER_NICE"] = value
+        env["MLTRACE_HELPER_NICE"] = value
     code = (
         "import os, subprocess, sys; from mltrace.tracer.helper_env import lower_priority; "
         "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.read()'], stdin=subprocess.PIPE); "

@@ -1,16 +1,52 @@
-"""mltrace's own helper processes (the op level's converter, the streamed finish): their
-environment, the traced process's without what would make mltrace follow them as children of
-the program (``MLTRACE_FOLLOW``, the bootstrap folder on ``PYTHONPATH``), with mltrace's own
-folder first on ``PYTHONPATH``; their end; a forked child's letting go of their pipes; and the
-converter's lower CPU priority."""
+"""mltrace's own helper processes (the op level's converter, the streamed finish): their start
+(``start_helper``), their environment, the traced process's without what would make mltrace
+follow them as children of the program (``MLTRACE_FOLLOW``, the bootstrap folder on
+``PYTHONPATH``), with mltrace's own folder first on ``PYTHONPATH``; their lower CPU priority;
+their end; a forked child's letting go of their pipes.
+
+A helper runs in a process group of its own, so that the terminal's Ctrl-C goes to the program
+alone, but in the program's session: Linux's autogroup scheduling (``sched_autogroup_enabled``)
+gives each session an equal share of the CPU and weighs a process's nice value only against the
+others of its session, so a helper in a session of its own took a core from the program's
+threads whatever its nice value."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
-from mltrace.settings import FOLLOW, OP_CONVERTER_NICE
+from mltrace.settings import FOLLOW, HELPER_NICE
+
+
+def start_helper(module: str, *args: str) -> subprocess.Popen[bytes]:
+    """Starts ``python -m module args`` as a helper (the module docstring), its stdin and stdout
+    pipes to this process and its stderr discarded (a helper says what failed in its answers;
+    where the library level captures fd 1 and 2, it would hold the capture's pipe open), and
+    lowers its priority (``lower_priority``) before its interpreter has started in earnest.
+    Raises OSError where it cannot start."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=helper_process_env(),
+        close_fds=True,
+        **_own_process_group(),
+    )
+    lower_priority(proc.pid)
+    return proc
+
+
+def _own_process_group() -> dict[str, Any]:
+    """``Popen``'s arguments for a process group of its own in this session (Python 3.11+); a
+    session of its own before (``process_group`` is new in 3.11, and ``preexec_fn`` is unsafe in
+    a process with threads)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"start_new_session": True}
 
 
 def helper_process_env() -> dict[str, str]:
@@ -73,17 +109,21 @@ def forget_helper(proc: subprocess.Popen[bytes]) -> None:
     proc.stdin = proc.stdout = None
 
 
-#: The converter's ``nice`` increment where ``MLTRACE_OP_CONVERTER_NICE`` says none.
-DEFAULT_NICE = 10
+#: A helper's ``nice`` increment where ``MLTRACE_HELPER_NICE`` says none: the lowest priority
+#: there is (nice 19). Beside a program that wants every core, a helper at 10 steps below it
+#: still stretched the model calls it ran beside (docs/PERFORMANCE.md, "The helper processes'
+#: priority"); at 19, where the program leaves a core idle (between calls, at its end) the
+#: helper still has all of it.
+DEFAULT_NICE = 19
 
 
 def lower_priority(pid: int) -> int:
-    """Lowers process ``pid``'s CPU priority (the converter process's, right after its start, by
-    the traced process) by ``MLTRACE_OP_CONVERTER_NICE`` below the caller's (10 where unset or
-    not an integer; 0 or less leaves it): where the traced program's threads want every core,
-    the scheduler runs them first, so the process's start and conversions stretch no model
-    call it measures. Returns the increment applied."""
-    text = (OP_CONVERTER_NICE.get() or "").strip()
+    """Lowers process ``pid``'s CPU priority (a helper's, right after its start, by the traced
+    process) by ``MLTRACE_HELPER_NICE`` below the caller's (19 where unset or not an integer; 0
+    or less leaves it): where the traced program's threads want every core, the scheduler runs
+    them first, so the helper's start and work stretch no model call it measures. Returns the
+    increment applied."""
+    text = (HELPER_NICE.get() or "").strip()
     try:
         increment = int(text) if text else DEFAULT_NICE
     except ValueError:

@@ -49,7 +49,6 @@ import os
 import queue
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -69,7 +68,7 @@ from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
-from mltrace.tracer.helper_env import end_helper, forget_helper, helper_process_env, lower_priority
+from mltrace.tracer.helper_env import end_helper, forget_helper, start_helper
 from mltrace.tracer.memwatch import process_rss, release_free_memory
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
@@ -860,30 +859,18 @@ class _ConverterGone(Exception):
 
 class _ConverterProcess:
     """The converter process of a session's op level (``formats/kineto_serve.py``): one child,
-    started with the profiler (``_Converter.start_process``), with no torch in it, in a session
-    of its own (the terminal's Ctrl-C goes to the program alone) and below the program's CPU
-    priority (``lower_priority``). It asks this process for tracks and ids while it converts;
+    started with the profiler (``_Converter.start_process``), with no torch in it, as a helper
+    (``helper_env.start_helper``: a process group of its own, below the program's CPU
+    priority). It asks this process for tracks and ids while it converts;
     ``close`` ends it (the end of its input) and reaps it."""
 
     def __init__(self, session: SessionView) -> None:
         self._session = session
         self.peak_rss_kb = 0  # the process's peak resident memory, as it last said
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "mltrace.formats.kineto_serve"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                # Not the program's stderr: where the library level captures fd 1 and 2 together,
-                # the process would hold the capture's pipe open, and the tap's stop waited 5 s
-                # for it. It says what failed in its answer.
-                stderr=subprocess.DEVNULL,
-                env=helper_process_env(),
-                start_new_session=True,
-                close_fds=True,
-            )
+            self._proc = start_helper("mltrace.formats.kineto_serve")
         except OSError as exc:
             raise _ConverterGone(f"could not start: {exc}") from None
-        lower_priority(self._proc.pid)  # before its interpreter has started in earnest
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
