@@ -1,6 +1,7 @@
 """The script's own paths under ``mltrace python`` are plain Python's: ``__file__``, the
 traceback's file names, ``sys.argv[0]`` and ``sys.path[0]`` for a script named by a relative
-path or through a symbolic link."""
+path or through a symbolic link, and for a module (``-m``) or a directory run as the program,
+whose traceback shows runpy's frames as plain Python's does."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def test_script_paths_are_plain_pythons(tmp_path: Path, typed: str) -> None:
     plain_tb = plain.stderr.decode().split("Traceback (most recent call last):")[1]
     traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
     assert traced_tb.startswith(plain_tb)  # the same file names and lines
+
+
+@pytest.mark.parametrize("typed", [["-m", "pkg.prog", "a"], ["app", "a"], ["./app"]])
+def test_module_and_directory_runs_are_plain_pythons(tmp_path: Path, typed: list[str]) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "prog.py").write_text(PROGRAM)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__main__.py").write_text(PROGRAM)
+    plain = subprocess.run([sys.executable, *typed], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), *typed, cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 1
+    assert traced.stdout == plain.stdout
+    plain_tb = plain.stderr.decode().split("Traceback (most recent call last):")[1]
+    traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
+    assert '"<frozen runpy>"' in plain_tb or "runpy.py" in plain_tb  # Python's own frames
+    assert traced_tb.startswith(plain_tb)  # the same frames, runpy's as plain Python shows them

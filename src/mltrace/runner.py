@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from mltrace.errors import UsageError
 from mltrace.tracer.callsite import is_stdlib
 
-_RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__}
+_RUNNER_FILE = os.path.abspath(__file__)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
@@ -173,7 +173,7 @@ def _user_traceback(exc: BaseException) -> types.TracebackType | None:
     An error that mltrace's API raises at the program (a bad argument) keeps its frames, as
     plain Python shows a library's."""
     tb = exc.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _RUNNER_FILES:
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _RUNNER_FILE:
         tb = tb.tb_next
     entries: list[types.TracebackType] = []
     while tb is not None:
@@ -214,8 +214,8 @@ def _main_filename(path: str) -> str:
 def _exec_script(path: str, args: list[str]) -> None:
     if os.path.isdir(path):
         sys.argv = [path, *args]
-        sys.path[0] = path
-        runpy.run_path(path, run_name="__main__")
+        sys.path[0] = _main_filename(path)
+        _run_as_main("__main__", alter_argv=False)
         return
     with open(path, "rb") as f:
         source = f.read()
@@ -235,10 +235,22 @@ def _exec_script(path: str, args: list[str]) -> None:
         del saved_main
 
 
+def _run_as_main(name: str, alter_argv: bool) -> None:
+    """Runs a module as ``__main__`` through the function of ``runpy`` that Python itself calls
+    for ``python -m NAME`` and ``python DIRECTORY``, in a new ``__main__`` module that stays in
+    place after the run, as Python's does. The traceback of an uncaught error so shows runpy's
+    frames as plain Python shows them (``_run_module_as_main``, ``_run_code``), where
+    ``runpy.run_module`` and ``runpy.run_path`` add frames of their own. ``alter_argv``: the
+    module's file replaces ``sys.argv[0]`` once the module is found (``-m``)."""
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    runpy._run_module_as_main(name, alter_argv=alter_argv)  # type: ignore[attr-defined]
+
+
 def _exec_module(name: str, args: list[str]) -> None:
-    sys.argv = [name, *args]
+    sys.argv = ["-m", *args]  # as Python's while the module is looked for
     sys.path[0] = os.getcwd()
-    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    _run_as_main(name, alter_argv=True)
 
 
 #: The flags concurrent.futures' exit hooks set (module, attribute): once set, no executor
