@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import itertools
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.analysis.bottleneck import analyze
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
@@ -1177,3 +1179,64 @@ def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path)
     assert [s.attrs["ml.model.invocation"] for s in models] == [1, 1, 2, 2, 3, 3, 1]
     assert [s.attrs["ml.layer.params"] for s in models[:2]] == [8 * 16 + 16 + 16 * 4 + 4, 0]
     assert _names(run) == ["0", "1", "2", "3"] * 3  # the loss has no layers, nor is it one
+
+
+class _SymbolicNet(nn.Module):
+    """A model whose forward also calls a submodule on a tensor it makes itself (a real tensor,
+    even while the model runs on torch.fx proxies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        self.offset = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.offset(torch.ones(8))
+
+
+class _Join(nn.Module):
+    def forward(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, dim=-1)
+
+
+def _graph_by_hand(model: nn.Module, by_keyword: bool) -> torch.fx.GraphModule:
+    """An fx graph of a copy of ``model`` built outside ``torch.fx.symbolic_trace``: a Tracer's
+    proxy passed to the model's ``__call__`` (positionally or by keyword), then a module called
+    on a list of proxies. The copy keeps the graph's tensor constant off ``model``."""
+    net = copy.deepcopy(model)
+    tracer = torch.fx.Tracer()
+    tracer.graph = torch.fx.Graph()
+    tracer.root, tracer.tensor_attrs = net, {}  # what Tracer.trace sets before it runs a model
+    x = tracer.create_proxy("placeholder", "x", (), {})
+    out = net(x=x) if by_keyword else net(x)
+    out = _Join()([out, out])
+    tracer.create_node("output", "output", (out.node,), {})
+    return torch.fx.GraphModule(net, tracer.graph)
+
+
+@pytest.mark.parametrize("level", ["model", "layer"])
+def test_module_calls_on_fx_proxies_are_no_model_or_layer_calls(tmp_path: Path, level: str) -> None:
+    """A module called with torch.fx proxies outside ``symbolic_trace`` (a graph built by hand
+    through a Tracer) records a graph: no inference, so neither that call nor any module call
+    inside it (one on a real tensor included) is a model or layer call, the graph is the one
+    built without mltrace, and run.json counts the calls left out. The graph modules then run
+    as models."""
+    torch.manual_seed(0)
+    net = _SymbolicNet().eval()
+    plain = _graph_by_hand(net, by_keyword=False).code
+    x = torch.randn(2, 8)
+    built: list[torch.fx.GraphModule] = []
+
+    def go() -> None:
+        built.extend(_graph_by_hand(net, by_keyword) for by_keyword in (False, True))
+        with torch.no_grad():
+            for graph_module in built:
+                graph_module(x)
+
+    run = _trace(tmp_path, go, level=level)
+    assert [g.code for g in built] == [plain, plain]
+    assert _names(run, Level.MODEL) == ["GraphModule", "GraphModule"]  # the graph modules' calls alone
+    assert {s.attrs["ml.model.invocation"] for s in run.spans if s.level == Level.MODEL} == {1}
+    assert _names(run) == []  # the graph runs the model's modules as functions: no module call
+    assert run.meta["sources"]["torch.modules"]["fx_symbolic_calls"] == 4  # net and _Join, twice
+    assert "4 module calls on torch.fx proxies left out" in " ".join(analyze(run).findings.notes)

@@ -731,6 +731,18 @@ NOTHING_RECORDED = (
 )
 
 
+def fx_symbolic_text(meta: dict[str, Any]) -> str:
+    """One line on the PyTorch module calls on torch.fx proxies that were left out (run.json
+    ``sources.torch.modules.fx_symbolic_calls``), "" where there were none."""
+    sources = meta.get("sources")
+    source = sources.get("torch.modules") if isinstance(sources, dict) else None
+    n = source.get("fx_symbolic_calls") if isinstance(source, dict) else None
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        return ""
+    calls = "call" if n == 1 else "calls"
+    return f"{n} module {calls} on torch.fx proxies left out: a call on proxies records a graph, no inference (no model or layer spans)"
+
+
 def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS, include_cold: bool = True) -> Analysis:
     """Builds the bottleneck report's data from a run (``span_pass.gather`` does the counting).
 
@@ -801,6 +813,9 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         findings.notes.insert(0, NOTHING_RECORDED)
     if cold.failed_calls:
         findings.notes.append(cold.failed_text())
+    symbolic = fx_symbolic_text(run.meta)
+    if symbolic:
+        findings.notes.append(symbolic)
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(

@@ -134,6 +134,35 @@ def jit_tracing_probe() -> Callable[[], bool]:
     return lambda: False
 
 
+def fx_proxy_check() -> Callable[[tuple[Any, ...], dict[str, Any]], bool]:
+    """A function that tells whether a module call's arguments hold a ``torch.fx.Proxy`` (one
+    of them, or an item of a list, tuple or dict among them): such a call records an fx graph,
+    symbolically, as a ``Tracer`` driven by hand or a graph pass that calls a module on its
+    nodes' proxies do (``torch.fx.symbolic_trace`` puts its own ``Module.__call__`` in place
+    meanwhile). Always false where torch.fx is not imported. It runs on every model call: plain
+    loops, no generator."""
+    proxy = getattr(sys.modules.get("torch.fx"), "Proxy", None)
+    if not isinstance(proxy, type):
+        return lambda args, kwargs: False
+    sequences = (list, tuple)
+
+    def holds_proxy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(value, proxy):
+                return True
+            if isinstance(value, sequences):
+                for item in value:
+                    if isinstance(item, proxy):
+                        return True
+            elif isinstance(value, dict):
+                for item in value.values():
+                    if isinstance(item, proxy):
+                        return True
+        return False
+
+    return holds_proxy
+
+
 def _libtorch_paths() -> list[str]:
     """The libraries of the imported torch that may hold its JIT tracer (``libtorch_cpu``, or a
     single ``libtorch``), for the C hot path's tracing check (``bind_tracing_state``)."""
@@ -611,6 +640,10 @@ class TorchModuleSource(Source):
         #: until each returns: their nested calls still get layer spans (``end_layer_level``).
         self._late: dict[int, list[Any]] = {}
         self._full = False  # the trace is full (``end_recording``)
+        #: Outermost module calls on torch.fx proxies (``_call_symbolic``), left out of the run.
+        self._symbolic_calls = 0
+        #: Whether a call's arguments hold a torch.fx proxy (``fx_proxy_check``, once torch is imported).
+        self._holds_proxy: Callable[[tuple[Any, ...], dict[str, Any]], bool] = lambda args, kwargs: False
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -633,6 +666,7 @@ class TorchModuleSource(Source):
         from torch.nn.modules import module as module_mod
 
         self._tensor = torch.Tensor
+        self._holds_proxy = fx_proxy_check()
         self._module_cls = self._names.module_cls = torch.nn.Module
         self._torch_dir = os.path.dirname(torch.__file__)
         self._skip_in_dynamo()
@@ -689,6 +723,8 @@ class TorchModuleSource(Source):
         compiling = thread_compiling_probe()
         jit_tracing = jit_tracing_probe()
         optimized = self._optimized
+        holds_proxy = self._holds_proxy
+        call_symbolic = self._call_symbolic
 
         # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
         # ``self`` of every frame of ``Module.__call__.__code__`` (it crashed on ``module``).
@@ -700,6 +736,8 @@ class TorchModuleSource(Source):
             except AttributeError:
                 stack = new_stack()
             if not stack:  # the outermost call on this thread: the model span
+                if getattr(tls, "symbolic", False) or holds_proxy(args, kwargs):  # records an fx graph (_call_symbolic)
+                    return call_symbolic(original, self, args, kwargs)
                 frame = model_begin(self, args, stack)
                 span = frame[SPAN]
                 output = None
@@ -853,6 +891,8 @@ class TorchModuleSource(Source):
         late = self._late
         get_ident = threading.get_ident
         compiling = thread_compiling_probe()
+        holds_proxy = self._holds_proxy
+        call_symbolic = self._call_symbolic
 
         # Its module is ``self``, as in torch's own __call__: with_stack's Python tracer reads the
         # ``self`` of every frame of ``Module.__call__.__code__`` (it crashed on ``module``).
@@ -869,6 +909,8 @@ class TorchModuleSource(Source):
                 if direct and self._compiled_call_impl is None:  # what original would do, a frame less
                     return self._call_impl(*args, **kwargs)
                 return original(self, *args, **kwargs)
+            if getattr(tls, "symbolic", False) or holds_proxy(args, kwargs):  # records an fx graph (_call_symbolic)
+                return call_symbolic(original, self, args, kwargs)
             frame = model_begin(self, args, stack)
             output = None
             try:
@@ -910,6 +952,8 @@ class TorchModuleSource(Source):
 
     def stop(self) -> list[Event]:
         self._note_threads()
+        if self._symbolic_calls and self._session is not None:  # run.json says what was left out
+            self._session.meta.setdefault("sources", {}).setdefault(self.name, {})["fx_symbolic_calls"] = self._symbolic_calls
         try:
             truncated = self._truncate_open_frames()
             for handle in self._handles:
@@ -1404,12 +1448,32 @@ class TorchModuleSource(Source):
         if stack is None:
             stack = self._new_stack()
         if not stack:
-            self._model_begin(module, args, stack)
+            if getattr(self._tls, "symbolic", False):  # inside a call on fx proxies (below)
+                return
+            if not self._holds_proxy(args, {}):
+                self._model_begin(module, args, stack)
+                return
+            self._tls.symbolic, self._tls.symbolic_root = True, module  # as _call_symbolic, until _post
+            self._symbolic_calls += 1
             return
         assert self._session is not None
         shapes_in = _untraced(self._raw_shapes, args) if args else None
         site = self._site_of(sys._getframe(1))
         stack.append([module, stack[-1], self._session.new_id(), now_ns(), -1, shapes_in, None, None, None, None, site])
+
+    def _call_symbolic(self, original: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Calls ``module`` as torch would, with no model or layer span: a call on torch.fx
+        proxies records a graph, it runs no inference. The module calls inside it, on proxies
+        or on tensors the model makes meanwhile, are part of it and get no span either."""
+        tls = self._tls
+        inside = getattr(tls, "symbolic", False)
+        if not inside:
+            self._symbolic_calls += 1
+        tls.symbolic = True
+        try:
+            return original(module, *args, **kwargs)
+        finally:
+            tls.symbolic = inside
 
     def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> list[Any]:
         """Opens the model span of an outermost module call and pushes its frame; returns the frame."""
@@ -1543,6 +1607,8 @@ class TorchModuleSource(Source):
         """Global forward hook, and the end of the model-only wrapper's outermost call."""
         stack = getattr(self._tls, "stack", None)
         if not stack:
+            if getattr(self._tls, "symbolic_root", None) is module:  # the end of a call on fx proxies (_pre)
+                self._tls.symbolic, self._tls.symbolic_root = False, None
             return
         frame = stack.pop()
         if frame[MODULE] is not module:  # a post-hook was skipped below us: unwind to this module
