@@ -318,20 +318,33 @@ def test_a_terminated_worker_dies_by_sigterm_as_without_mltrace(tmp_path: Path, 
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_child_killed_before_its_finish_is_listed_by_its_pid(tmp_path: Path) -> None:
-    """A followed worker killed by SIGKILL never wrote its process facts: the run is still
-    finished, the worker listed by the pid its folder is named with, unfinished, and said so."""
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_a_child_killed_before_its_finish_is_listed_with_its_start_facts(tmp_path: Path, start: str) -> None:
+    """A followed worker killed by SIGKILL never wrote its finish's facts (its role): the run is
+    still finished, the worker listed by its pid with what it wrote as it started (its parent,
+    how it started, its command line) and as having ended before it finished its trace, which
+    the processes section of the report says, with the command line of a child started by exec
+    (a forked child's is its parent's)."""
     pytest.importorskip("torch")
     script = SCRIPTS / "killed_child.py"
-    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(script), cwd=tmp_path)
+    args = [] if start == "fork" else ["exec"]
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(script), *args, cwd=tmp_path)
     assert traced.returncode == 0 and traced.stdout == b"worker exit code -9\n", traced.stderr.decode()
     assert b"could not finalize" not in traced.stderr
     run = mltrace.load_run(tmp_path / "run")
     assert run.complete
     main, worker = run.meta["processes"]
-    assert main["role"] == "main" and worker["finished"] is False
+    assert main["role"] == "main" and worker["finished"] is False and worker["running"] is False
     assert isinstance(worker["pid"], int) and worker["pid"] not in (0, main["pid"]) and worker["role"] == f"pid {worker['pid']}"
+    assert worker["ppid"] == main["pid"] and worker["start"] == start
     assert any(f"process {worker['pid']} " in line and "had not finished its trace" in line for line in run.meta["limitations"])
+    report = run_cli("report", str(tmp_path / "run"), "--format", "json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr.decode()
+    row = json.loads(report.stdout)["processes"][1]
+    assert (row["pid"], row["parent"], row["start"]) == (worker["pid"], "main", start)
+    assert 0 < row["model_calls"] <= 20  # what it streamed
+    command = f"; command: {sys.executable} {script} worker" if start == "exec" else ""
+    assert row["note"] == "ended before it finished its trace (killed): what it streamed" + command
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

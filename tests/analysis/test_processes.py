@@ -78,3 +78,25 @@ def test_report_json_and_markdown() -> None:
     at = md.index("### Processes")
     assert md[at + 2] == "4 processes, 1 with model calls."
     assert any(line.startswith("| DataLoader worker 0 | 11 | rank 0 (fork) | 0 |") for line in md[at:])
+
+
+def test_an_unfinished_process_is_said_to_run_on_or_to_have_ended_and_an_anonymous_one_by_its_command() -> None:
+    """run.json's ``running`` of a process that had not finished its trace: still running at
+    the run's end, or ended before its finish (killed); a process known by its pid alone that
+    was started by exec is named by its command line (a forked one's is its parent's)."""
+    command = ["python", "worker.py", "--n", "2"]
+    processes = [
+        PROCESSES[0],
+        {"pid": 13, "ppid": 9, "role": "pid 13", "start": "exec", "finished": False, "running": False, "command": command},
+        {"pid": 14, "ppid": 9, "role": "pid 14", "start": "fork", "finished": False, "running": True, "command": command},
+        {"pid": 15, "ppid": 9, "role": "SpawnProcess-1", "start": "exec", "finished": True, "command": command},
+        {"pid": 16, "ppid": 9, "role": "pid 16", "start": "exec", "finished": True, "command": command},
+    ]
+    rows = process_rows(run=_run(processes))
+    assert rows is not None
+    assert [(r.pid, r.parent, r.note) for r in rows[1:]] == [
+        (13, "main", "ended before it finished its trace (killed): what it streamed; command: python worker.py --n 2"),
+        (14, "main", "was still running when the run ended: what it streamed"),
+        (15, "main", ""),
+        (16, "main", "command: python worker.py --n 2"),
+    ]

@@ -1,9 +1,13 @@
-"""Forks a multiprocessing worker that calls a small torch model, then dies by SIGKILL before
-its trace is finished; prints the worker's exit code."""
+"""Starts a worker that calls a small torch model, then dies by SIGKILL before its trace is
+finished; prints the worker's exit code. The worker is a multiprocessing child forked from the
+script (no argument) or, with the argument ``exec``, this script run by ``subprocess`` with the
+argument ``worker``."""
 
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import torch
@@ -18,7 +22,12 @@ def work() -> None:
 
 
 if __name__ == "__main__":
-    worker = mp.get_context("fork").Process(target=work)
-    worker.start()
-    worker.join()
-    print("worker exit code", worker.exitcode, flush=True)
+    if sys.argv[1:] == ["worker"]:
+        work()
+    elif sys.argv[1:] == ["exec"]:
+        print("worker exit code", subprocess.run([sys.executable, __file__, "worker"]).returncode, flush=True)
+    else:
+        worker = mp.get_context("fork").Process(target=work)
+        worker.start()
+        worker.join()
+        print("worker exit code", worker.exitcode, flush=True)

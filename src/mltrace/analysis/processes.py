@@ -86,11 +86,27 @@ def process_rows(*, run: Run) -> list[ProcessRow] | None:
 
 
 def _note(process: dict[str, Any]) -> str:
-    """What run.json says of ``process``: unfinished, its note, its level cap ("" for nothing)."""
+    """What run.json says of ``process``: unfinished (still running at the run's end, or ended
+    before its finish), its note, its level cap, and the command line of one started by exec
+    that has no role but its pid ("" for nothing)."""
     parts = []
     if process.get("finished") is False:
-        parts.append("had not finished its trace: what it streamed")
+        parts.append(_UNFINISHED.get(process.get("running"), _UNFINISHED[None]))
     for key in ("note", "level"):
         if isinstance(process.get(key), str) and process[key]:
             parts.append(process[key])
+    command = process.get("command")
+    anonymous = process.get("role") in (None, f"pid {process.get('pid')}")
+    if anonymous and process.get("start") == "exec" and isinstance(command, list) and command:
+        parts.append("command: " + " ".join(map(str, command)))
     return "; ".join(parts)
+
+
+#: The note of a process that had not finished its trace, by run.json's ``running``: still
+#: running at the run's end, ended before its finish (a child's finish runs at its exit, in
+#: ``os._exit`` and on SIGTERM, so one that ended without it was killed), or not said.
+_UNFINISHED: dict[object, str] = {
+    True: "was still running when the run ended: what it streamed",
+    False: "ended before it finished its trace (killed): what it streamed",
+    None: "had not finished its trace: what it streamed",
+}

@@ -253,12 +253,13 @@ def _start_session(spec: dict[str, Any], how: str) -> Any:
     session.finish = finish_child
     session.seals = False  # the parent's finish merges and correlates its events
     session.whole_program = True
-    session.start()
-    session.meta["process"] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
+    process: dict[str, Any] = {"pid": os.getpid(), "ppid": os.getppid(), "start": how, "parent_span": spec.get("traceparent")}
     if spec.get("worker_level"):
         from mltrace.run.levels import Level
 
-        session.meta["process"]["level"] = _worker_note(Level.parse(spec["worker_level"]))
+        process["level"] = _worker_note(Level.parse(spec["worker_level"]))
+    session.start_meta = {"process": process}  # in run.json from its start: a child killed before its finish keeps them
+    session.start()
     session.tracks.current_thread()  # the process has a track even where it records nothing
     watch_ranks(session)
     return session

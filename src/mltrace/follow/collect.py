@@ -91,8 +91,10 @@ def merge_children(run: Any, children: list[Path], meta: dict[str, Any], *, reda
         entry = _entry(loaded.meta, loaded.span_count, finished, pid=_pid_of(child))
         if entry.get("pid") in renamed:  # the pid its spans carry (the OTLP export finds its parent span by it)
             entry["pid"] = renamed[entry["pid"]]
+        if not finished:
+            entry["running"] = _running(child)
         processes.append(entry)
-        if not finished and _running(child):
+        if not finished and entry["running"]:
             limitations.append(
                 f"process {entry['pid']} ({entry['role']}) was still running when the run ended: the run has what it had "
                 f"streamed; it finishes its own trace in {PROCS_DIR}/{child.name}"
@@ -153,7 +155,8 @@ def _unrank_inherited(processes: list[dict[str, Any]]) -> None:
 
 def _entry(meta: dict[str, Any], spans: int, finished: bool, pid: int | None = None) -> dict[str, Any]:
     """A process's entry in run.json's ``processes``; ``pid`` stands in for one its run.json
-    lacks (a child killed before it wrote its process facts)."""
+    lacks (a child whose run.json has no process facts: they are written at its session's
+    start, ``Session.start_meta``)."""
     process = dict(meta.get("process") or {})
     if pid is not None:
         process.setdefault("pid", pid)

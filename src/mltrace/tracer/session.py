@@ -376,6 +376,9 @@ class Session:
         #: Whether the finish may correlate and write the run a part at a time while it runs
         #: (``Finish.seal``): not where another process's finish takes its events.
         self.seals = True
+        #: Entries that run.json holds from the start, put in before its first write: a followed
+        #: child's ``process`` facts, listed even where the child is killed before its finish.
+        self.start_meta: dict[str, Any] = {}
         self._os_exit: tuple[Callable[[int], NoReturn], Callable[[int], NoReturn]] | None = None
 
     # -- lifecycle -------------------------------------------------------
@@ -404,6 +407,7 @@ class Session:
         name = opts.name or "profile"
         self.run_dir = prepare_run_dir(opts.output if opts.output is not None else default_run_dir(name, create=True), claim=True)
         self.meta = base_metadata(opts.command, name, redact=opts.redact)
+        self.meta.update(self.start_meta)
         self.recorder.redact = opts.redact
         self.meta["run_id"] = uuid.uuid4().hex
         from mltrace.tracer.otel_context import capture_otel_parent, otel_parent_meta
