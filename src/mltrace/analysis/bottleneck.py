@@ -22,12 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat
+from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat, layers_named_by_model
 from mltrace.analysis.coldstart import (
     ColdStart,
     call_durations,
     find_cold_start,
-    layers_named_by_model,
     left_out_note,
     percentile_ns,
     without_rows,

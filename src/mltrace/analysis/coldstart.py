@@ -465,42 +465,6 @@ def left_out_note(cold_calls: int) -> str:
     return f" (the {cold_calls} cold {'call' if one else 'calls'} and {'its' if one else 'their'} spans left out)"
 
 
-def layers_named_by_model(run: Run) -> Run:
-    """``run`` with each layer path that more than one model has named after its model too.
-
-    A layer's span is named by its path inside its model, so two models with a layer at the
-    same path (a GAN's generator and discriminator, each with a ``main`` Sequential) would
-    share a report row: ``main.0`` as a Conv2d with a ConvTranspose2d's ops. Where a path is
-    under more than one model name, its calls become ``Generator.main.0`` and
-    ``Discriminator.main.0``; every other name, and ``run`` where none is shared, stay."""
-    import numpy as np
-
-    from mltrace.analysis.tree import tree_of
-
-    t = run.table
-    if not len(t):
-        return run
-    level = t.level.astype(np.int64)
-    name = t.name.astype(np.int64)
-    tree = tree_of(t)
-    model = tree.nearest(level == int(Level.MODEL))
-    rows = np.nonzero((level == int(Level.LAYER)) & (model >= 0))[0]
-    owner = name[model[rows]]
-    pairs = np.unique(name[rows] * len(t.names) + owner)
-    paths, per_path = np.unique(pairs // len(t.names), return_counts=True)
-    shared = paths[per_path > 1]
-    if not len(shared):
-        return run
-    rows = rows[np.isin(name[rows], shared)]
-    qualified, which = np.unique(name[rows] * len(t.names) + name[model[rows]], return_inverse=True)
-    names = list(t.names) + [f"{t.names[k % len(t.names)]}.{t.names[k // len(t.names)]}" for k in qualified.tolist()]
-    renamed = name.copy()
-    renamed[rows] = len(t.names) + which.reshape(-1)
-    table = t.renamed(renamed.astype(t.name.dtype), names)
-    table.cache["tree"] = tree  # the same spans and parents
-    return run.replace(spans=None, table=table)
-
-
 def without_rows(run: Run, rows: np.ndarray) -> Run:
     """``run`` without the spans in ``rows`` of its table (tracks and metadata kept)."""
     import numpy as np

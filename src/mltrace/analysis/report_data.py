@@ -13,8 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
+from mltrace.analysis.breakdown import layers_named_by_model
 from mltrace.analysis.codepaths import source_line, split_location
-from mltrace.analysis.coldstart import ModelCalls, call_durations, layers_named_by_model, percentile_ns
+from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
 from mltrace.analysis.memory import MemoryReport, MemoryRow
 
 __all__ = ["build_report", "call_durations", "exit_cause", "exit_text", "findings", "hot_lines", "percentile_ns"]
