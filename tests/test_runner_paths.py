@@ -1,12 +1,14 @@
 """The script's own paths under ``mltrace python`` are plain Python's: ``__file__``, the
 traceback's file names, ``sys.argv[0]`` and ``sys.path[0]`` for a script named by a relative
-path or through a symbolic link, and for a module (``-m``) or a directory run as the program,
-whose traceback shows runpy's frames as plain Python's does."""
+path or through a symbolic link, and for a module (``-m``), a directory or a zip application
+run as the program, whose traceback shows runpy's frames as plain Python's does."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import zipapp
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,35 @@ def test_module_and_directory_runs_are_plain_pythons(tmp_path: Path, typed: list
     traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
     assert '"<frozen runpy>"' in plain_tb or "runpy.py" in plain_tb  # Python's own frames
     assert traced_tb.startswith(plain_tb)  # the same frames, runpy's as plain Python shows them
+
+
+#: PROGRAM without the chdir: a zip's __file__ names no directory to go to.
+ZIP_PROGRAM = "\n".join(line for line in PROGRAM.splitlines() if "chdir" not in line and "still there" not in line) + "\n"
+
+
+@pytest.mark.parametrize("name", ["app.pyz", "app.zip", "app.bin", "with-shebang.pyz"])
+def test_a_zip_application_runs_as_plain_pythons(tmp_path: Path, name: str) -> None:
+    """Python runs a file as a zip application where ``zipimport`` reads it as a zip, whatever
+    its name: the zip is ``sys.path[0]`` and its ``__main__`` module runs; mltrace too."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__main__.py").write_text(ZIP_PROGRAM)
+    interpreter = "/usr/bin/env python3" if name.startswith("with-shebang") else None
+    zipapp.create_archive(tmp_path / "src", tmp_path / name, interpreter=interpreter)
+    plain = subprocess.run([sys.executable, name, "a"], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), name, "a", cwd=tmp_path)
+    assert f"path0 {tmp_path / name}".encode() in plain.stdout  # run as a zip, not as source
+    assert traced.returncode == plain.returncode == 1, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    plain_tb = plain.stderr.decode().split("Traceback (most recent call last):")[1]
+    traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
+    assert traced_tb.startswith(plain_tb)
+
+
+def test_a_zip_without_main_is_a_usage_error(tmp_path: Path) -> None:
+    """As a directory without ``__main__.py``: one line, exit 2, before anything runs."""
+    with zipfile.ZipFile(tmp_path / "lib.zip", "w") as archive:
+        archive.writestr("other.py", "print('ran')\n")
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), "lib.zip", cwd=tmp_path)
+    err = traced.stderr.decode()
+    assert traced.returncode == 2 and err.count("\n") == 1 and "can't find '__main__' module in 'lib.zip'" in err, err
+    assert traced.stdout == b"" and not (tmp_path / "run").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
+import pkgutil
 import runpy
 import signal
 import sys
@@ -59,7 +60,7 @@ def check_target(target: Target) -> None:
     if target.script is not None:
         if not os.path.exists(target.script):
             raise UsageError(f"can't open file {target.script!r}: no such file")
-        if os.path.isdir(target.script) and not os.path.exists(os.path.join(target.script, "__main__.py")):
+        if not _has_main_module(_main_importer(target.script)):
             raise UsageError(f"can't find '__main__' module in {target.script!r}")
     else:
         assert target.module is not None
@@ -211,8 +212,24 @@ def _main_filename(path: str) -> str:
     return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
+def _main_importer(path: str) -> Any:
+    """The importer Python finds for the path it is given to run, through ``sys.path_hooks`` as
+    Python does before it runs the program: a directory's finder, a zip file's ``zipimporter``
+    (a zip application, whatever its name: the hook reads the file's content); None for a
+    script, which Python compiles and runs as source. Finding it executes none of the program."""
+    return pkgutil.get_importer(_main_filename(path))
+
+
+def _has_main_module(importer: Any) -> bool:
+    """Whether ``python PATH`` finds something to run: a script (no importer) always, a
+    directory or zip file where its importer finds a ``__main__`` module (an importer without
+    ``find_spec`` is left to Python's own error at run time)."""
+    find_spec = getattr(importer, "find_spec", None)
+    return importer is None or find_spec is None or find_spec("__main__") is not None
+
+
 def _exec_script(path: str, args: list[str]) -> None:
-    if os.path.isdir(path):
+    if _main_importer(path) is not None:  # a directory or a zip file: its __main__ module runs
         sys.argv = [path, *args]
         sys.path[0] = _main_filename(path)
         _run_as_main("__main__", alter_argv=False)
@@ -237,8 +254,8 @@ def _exec_script(path: str, args: list[str]) -> None:
 
 def _run_as_main(name: str, alter_argv: bool) -> None:
     """Runs a module as ``__main__`` through the function of ``runpy`` that Python itself calls
-    for ``python -m NAME`` and ``python DIRECTORY``, in a new ``__main__`` module that stays in
-    place after the run, as Python's does. The traceback of an uncaught error so shows runpy's
+    for ``python -m NAME``, ``python DIRECTORY`` and ``python ZIPFILE``, in a new ``__main__``
+    module that stays in place after the run, as Python's does. The traceback of an uncaught error so shows runpy's
     frames as plain Python shows them (``_run_module_as_main``, ``_run_code``), where
     ``runpy.run_module`` and ``runpy.run_path`` add frames of their own. ``alter_argv``: the
     module's file replaces ``sys.argv[0]`` once the module is found (``-m``)."""
