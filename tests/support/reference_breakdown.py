@@ -34,13 +34,14 @@ def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
 
 
 def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, int]:
-    """Counts op spans with no layer ancestor (inside a model; and the time of the outermost of
+    """Counts op spans with no layer ancestor (inside a model that has child modules, not one
+    marked ``ml.model.leaf``, which is its own only layer; and the time of the outermost of
     them) and with no model ancestor."""
-    enclosing: dict[int, Level | None] = {}  # span id → innermost model/layer level above or at it
+    enclosing: dict[int, Span | None] = {}  # span id → innermost model/layer span above or at it
 
-    def context(span_id: int | None) -> Level | None:
+    def context(span_id: int | None) -> Span | None:
         chain: list[int] = []
-        found: Level | None = None
+        found: Span | None = None
         while span_id is not None and span_id not in chain:  # a cyclic chain ends the walk
             if span_id in enclosing:
                 found = enclosing[span_id]
@@ -49,7 +50,7 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
             if s is None:
                 break
             if s.level in (Level.LAYER, Level.MODEL):
-                found = s.level
+                found = s
                 enclosing[span_id] = found
                 break
             chain.append(span_id)
@@ -65,7 +66,7 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
         ctx = context(s.parent_id)
         if ctx is None:
             outside_models += 1
-        elif ctx == Level.MODEL:
+        elif ctx.level == Level.MODEL and ctx.attrs.get("ml.model.leaf") is not True:
             in_model += 1
             if not _inside_an_op(s, by_id):  # the time of the outermost ones
                 in_model_ns += s.duration_ns

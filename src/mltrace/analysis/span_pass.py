@@ -747,13 +747,23 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         for k in np.nonzero(tc)[0].tolist():
             g.types[type_names[k]] = TypeAcc(int(tc[k]), int(tt[k]), int(ts[k]), float(tf[k]), float(tb[k]))
 
-    # Ops in a model but in no layer, and ops in no model at all.
+    # Ops in a model but in no layer, and ops in no model at all. A model with no child modules
+    # (``ml.model.leaf``) is its own only layer: its ops are in no other, and not counted.
     own = owner[all_op_rows]
     g.ops_outside_models = int((own < 0).sum())
     in_model = all_op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
+    in_model = in_model[~_leaf_models(t, owner[in_model])]
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model[top_level_op[in_model]]].sum())  # nested ops' time is their outer op's
     return g
+
+
+def _leaf_models(t: SpanTable, rows: np.ndarray) -> np.ndarray:
+    """Per row of a model span: whether its model has no child modules (``ml.model.leaf``), read
+    once per distinct attribute set."""
+    sets, which = np.unique(t.attr[rows], return_inverse=True)
+    leaf = np.fromiter((t.attr_set(k).get("ml.model.leaf") is True for k in sets.tolist()), dtype=bool, count=len(sets))
+    return leaf[which]
 
 
 def site_key(attrs: dict[str, Any]) -> str:

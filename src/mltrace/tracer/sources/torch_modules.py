@@ -204,6 +204,14 @@ def _untraced(read: Callable[[Any], Any], value: Any) -> Any:
         c._set_tracing_state(tracing)  # type: ignore[union-attr]
 
 
+def _has_children(module: Any) -> bool:
+    """Whether a module holds child modules (``_modules``; true where that cannot be read)."""
+    try:
+        return bool(module._modules)
+    except Exception:  # noqa: BLE001 - a module that reads its attributes oddly: as one with layers
+        return True
+
+
 def _parameter_count(module: Any) -> int:
     """The module's parameter count (0 where it cannot be read), counted outside any JIT trace."""
     try:
@@ -1487,6 +1495,8 @@ class TorchModuleSource(Source):
             with self._lock:
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
+        if not _has_children(module):  # the model is its own only layer: its ops are in no other
+            attrs["ml.model.leaf"] = True
         self._note_fx_graph(module, attrs)
         generate_site = self._generate.tag(attrs, module)
         if generate_site is None:
