@@ -154,6 +154,8 @@ def test_level_model_records_only_models(tmp_path: Path) -> None:
         (["python"], "no script given"),
         (["python", "missing_script.py"], "can't open file"),
         (["python", "-m", "no_such_module_xyz"], "no module named"),
+        (["python", "-m", "no_such_package_xyz.mod"], "no module named 'no_such_package_xyz'"),
+        (["python", "-m", ".x"], "cannot import module '.x'"),
         (["python", "--level", "deep", "x.py"], "unknown level"),
         (["report", "does-not-exist"], "no such run directory"),
         (["frobnicate"], "invalid choice"),

@@ -60,6 +60,35 @@ def test_module_and_directory_runs_are_plain_pythons(tmp_path: Path, typed: list
     assert traced_tb.startswith(plain_tb)  # the same frames, runpy's as plain Python shows them
 
 
+BROKEN_INIT = """\
+import sys
+print("init argv", sys.argv)
+raise RuntimeError("the package's own error")
+"""
+
+
+@pytest.mark.parametrize("typed", [["-m", "broken.prog", "a"], ["-m", "pkg.nosuch", "a"], ["-m", "pkg"]])
+def test_a_modules_packages_are_imported_in_the_program(tmp_path: Path, typed: list[str]) -> None:
+    """``-m PKG.MOD`` imports PKG while the program runs, as Python does: with the program's
+    ``sys.argv`` (``-m`` first), an error in it shown as Python shows it, and a submodule or
+    ``__main__`` that is not there reported in Python's words, with its exit status 1."""
+    for package, init in (("pkg", ""), ("broken", BROKEN_INIT)):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(init)
+        (tmp_path / package / "prog.py").write_text(PROGRAM)
+    plain = subprocess.run([sys.executable, *typed], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), *typed, cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 1, traced.stderr.decode()
+    assert traced.stdout == plain.stdout
+    if "Traceback" in plain.stderr.decode():
+        assert b"init argv ['-m', 'a']" in plain.stdout
+        plain_tb = plain.stderr.decode().split("Traceback (most recent call last):")[1]
+        traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
+        assert traced_tb.startswith(plain_tb)
+    else:
+        assert traced.stderr == plain.stderr  # "python: No module named ..."
+
+
 #: PROGRAM without the chdir: a zip's __file__ names no directory to go to.
 ZIP_PROGRAM = "\n".join(line for line in PROGRAM.splitlines() if "chdir" not in line and "still there" not in line) + "\n"
 

@@ -55,7 +55,7 @@ def check_target(target: Target) -> None:
     """Fails early, before tracing starts, if the target cannot run.
 
     Raises:
-        UsageError: missing script, or module that cannot be found.
+        UsageError: missing script, or module whose top-level package cannot be found.
     """
     if target.script is not None:
         if not os.path.exists(target.script):
@@ -64,17 +64,32 @@ def check_target(target: Target) -> None:
             raise UsageError(f"can't find '__main__' module in {target.script!r}")
     else:
         assert target.module is not None
-        saved = sys.path[0] if sys.path else None
-        sys.path.insert(0, os.getcwd())
-        try:
-            spec = importlib.util.find_spec(target.module)
-        except (ImportError, ValueError) as exc:
-            raise UsageError(f"cannot import module {target.module!r}: {exc}") from None
-        finally:
-            sys.path.pop(0)
-            del saved
-        if spec is None:
-            raise UsageError(f"no module named {target.module!r}")
+        _check_top_level_module(target.module)
+
+
+def _check_top_level_module(name: str) -> None:
+    """Fails where the top-level package (or module) of ``-m NAME`` is nowhere Python would
+    look for it (the working directory first). Only that name is looked for, which imports
+    nothing: the parent packages of a submodule are imported at run time by runpy, inside the
+    program with its own ``sys.argv``, as Python does, which there reports an error in them or a
+    missing submodule as it does (a traceback, or one line, and exit 1).
+
+    Raises:
+        UsageError: the top-level name is not found, or is no module name.
+    """
+    top = name.partition(".")[0]
+    if not top:
+        raise UsageError(f"cannot import module {name!r}: a relative or empty module name")
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"cannot import module {name!r}: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    if spec is None:
+        of_name = f" (the top-level package of {name!r})" if top != name else ""
+        raise UsageError(f"no module named {top!r}{of_name}")
 
 
 class _Terminated(SystemExit):
