@@ -179,3 +179,16 @@ def test_report_json_has_requests_ranks_and_unfollowed_children() -> None:
     empty = build_report(_run([]), analyze(_run([]), PEAKS))
     assert (empty["requests"], empty["ranks"], empty["run"]["unfollowed"]) == (None, None, [])
     assert errors(empty, REPORT_SCHEMA) == []
+
+
+def test_a_profiler_stop_inside_the_op_levels_early_end_counts_once() -> None:
+    """The op level's early end (run.json ``op_window``: 8,000..9,500) holds torch.profiler's last
+    stop, which ``torch_profiler.pauses`` keeps too (8,200..8,900): request 1 (0..10,000, last
+    model call ending at 8,000) has 1,500 ns left out, not 2,200, and 500 after its last model
+    call, not -200."""
+    end = {"ended_ns": 8_000, "pause_s": 1_500e-9, "thread": 1}
+    meta = {"torch_profiler": {"pauses": [[1, 8_200, 8_900]]}, "op_window": {**end, "frameworks": {"pytorch": dict(end)}}}
+    req = find_requests(run=_run(_service(), meta=meta))
+    assert req is not None
+    slow = req.slowest[0]
+    assert (slow.paused_ns, slow.total_ns, slow.after_model_ns) == (1_500, 8_500, 500)

@@ -21,7 +21,7 @@ class Pauses:
     """The run's pauses as sorted, disjoint (begin, end) session-clock intervals (ns)."""
 
     def __init__(self, intervals: list[tuple[int, int]]) -> None:
-        self.intervals = sorted((b, e) for b, e in intervals if e > b)
+        self.intervals = _merged(intervals)
         self._begins = [b for b, _ in self.intervals]
 
     @classmethod
@@ -47,6 +47,18 @@ class Pauses:
                 break
             total += max(0, min(e, end) - max(b, begin))
         return total
+
+
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``intervals`` sorted, the overlapping ones joined: the op level's early end holds
+    torch.profiler's last stop, which run.json keeps as a pause of its own."""
+    out: list[tuple[int, int]] = []
+    for b, e in sorted((b, e) for b, e in intervals if e > b):
+        if out and b <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((b, e))
+    return out
 
 
 def _op_window_pauses(window: dict[str, Any]) -> list[list[Any]]:
