@@ -192,3 +192,19 @@ def test_a_profiler_stop_inside_the_op_levels_early_end_counts_once() -> None:
     assert req is not None
     slow = req.slowest[0]
     assert (slow.paused_ns, slow.total_ns, slow.after_model_ns) == (1_500, 8_500, 500)
+
+
+def test_torchs_own_ranges_around_model_calls_are_no_requests() -> None:
+    """An LBFGS ``Optimizer.step`` range holds the model calls of its closure; it is torch's range,
+    not the program's span (``run/ranges.py``), so it is no request, while a span of the
+    program's inside it is."""
+    step = {"torch.range": "optimizer"}
+    spans = [
+        Span(1, None, Level.USER, "Optimizer.step#LBFGS.step", 0, 10_000, 1, step),
+        Span(2, 1, Level.MODEL, "Net", 1_000, 2_000, 1, {}),
+        Span(3, 1, Level.MODEL, "Net", 3_000, 4_000, 1, {}),
+    ]
+    assert find_requests(run=_run(spans)) is None
+    spans += [Span(4, 1, Level.USER, "closure", 4_500, 6_000, 1, {}), Span(5, 4, Level.MODEL, "Net", 5_000, 5_500, 1, {})]
+    req = find_requests(run=_run(spans))
+    assert req is not None and (req.names, req.count, req.model_ns) == (["closure"], 1, 500)

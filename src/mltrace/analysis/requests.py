@@ -5,7 +5,9 @@ A *request* is a span that stands for one piece of work the program was asked to
 - the program's own OpenTelemetry server spans (user spans with ``mltrace.otel.kind`` =
   ``server``), where the run has any;
 - else each outermost user span (``mltrace.span(...)``, an OpenTelemetry span that is not a
-  server span) that has a model call inside it.
+  server span) that has a model call inside it; torch's own ``record_function`` ranges
+  (``run/ranges.py``: an LBFGS ``Optimizer.step`` holds the model calls of its closure) are not
+  the program's spans and are no requests.
 
 A request nested in another request counts once, as the outer one. A request's time is
 split into the model calls inside it (``model_ns``: their union, so calls overlapping on
@@ -27,6 +29,7 @@ from mltrace.analysis.coldstart import percentile_ns
 from mltrace.analysis.pauses import Pauses, PausesByTrack
 from mltrace.analysis.tree import Tree, tree_of
 from mltrace.run.levels import Level
+from mltrace.run.ranges import torch_range_kind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -203,6 +206,8 @@ def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.nda
     import numpy as np
 
     user = np.nonzero(level == int(Level.USER))[0]
+    torchs = [i for i, name in enumerate(t.names) if torch_range_kind(name) is not None]
+    user = user[~np.isin(t.name[user], torchs)]  # torch's own ranges are not the program's spans
     server_sets = {k for k in np.unique(t.attr[user]).tolist() if t.attr_set(k).get("mltrace.otel.kind") == "server"}
     if server_sets:
         return "otel-server", user[np.isin(t.attr[user], list(server_sets))]
