@@ -100,6 +100,14 @@ def test_names_are_escaped() -> None:
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in text
 
 
+def test_the_headline_says_mixed_where_no_verdict_holds_half() -> None:
+    from viewers.test_terminal import mostly_unknown_run
+
+    text = page(mostly_unknown_run())
+    assert "Mostly" not in text
+    assert re.search(r"Mixed, <span[^>]*>compute-bound</span> the largest known — share of leaf layers", text)
+
+
 def test_gpu_run_has_a_gpu_roof_and_kernel_table() -> None:
     tracks = {1: Track(1, TrackKind.THREAD, "main", 1, 1), 2: Track(2, TrackKind.GPU_STREAM, "s", 1, 0, 0, 7)}
     spans = [

@@ -92,6 +92,23 @@ def test_report_without_peaks_or_layers() -> None:
     assert "Top layers" not in text and "By op (self time)" in text and "aten::mm" in text
 
 
+def mostly_unknown_run() -> Run:
+    """hand_run and a second model whose one layer (5 s) has no shapes and no ops: its verdict
+    is unknown, 70 % of the leaf layers' time, compute-bound 28 %."""
+    run = hand_run()
+    run.spans.append(Span(8, None, M, "Other", 4_000_000_000, 9_000_000_000, 1, {"ml.layer.type": "Other"}))
+    run.spans.append(Span(9, 8, L, "mystery", 4_000_000_000, 9_000_000_000, 1, {"ml.layer.type": "Mystery"}))
+    return run
+
+
+def test_the_headline_says_mixed_where_no_verdict_holds_half() -> None:
+    """The terminal's headline says what the JSON and Markdown reports say: "Mostly" only where
+    the dominant verdict holds more than half the time (unknown 70 % is not mostly compute)."""
+    text = rendered(mostly_unknown_run())
+    (line,) = [line for line in text.splitlines() if "share of leaf layers" in line]
+    assert "Mixed, compute-bound the largest known — share of leaf layers (total time): unknown 70%, compute 28%" in line
+
+
 def test_gpu_sections() -> None:
     tracks = {1: Track(1, TrackKind.THREAD, "main", 1, 1), 2: Track(2, TrackKind.GPU_STREAM, "s", 1, 0, 0, 7)}
     spans = [

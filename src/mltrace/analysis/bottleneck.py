@@ -479,6 +479,12 @@ class Findings:
         known = {b: t for b, t in self.bound_ns.items() if b is not Bound.UNKNOWN and t > 0}
         return max(known, key=lambda b: known[b]) if known else Bound.UNKNOWN
 
+    @property
+    def mostly(self) -> bool:
+        """Whether the dominant verdict holds more than half the time of every verdict, unknown
+        included: the headline says "Mostly" then, else "Mixed" and the largest known."""
+        return 2 * self.bound_ns.get(self.dominant, 0) > sum(self.bound_ns.values())
+
 
 @dataclass
 class RooflinePoint:

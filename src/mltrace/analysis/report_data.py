@@ -355,7 +355,7 @@ def _bound_finding(f: Findings) -> list[dict[str, Any]]:
     shares = {bound.value: ns for bound, ns in sorted(f.bound_ns.items(), key=lambda kv: -kv[1]) if ns}
     text = ", ".join(f"{bound.split('-')[0]} {100 * ns / total:.0f}%" for bound, ns in shares.items())
     dominant = f.dominant
-    lead = f"Mostly {dominant.value}" if 2 * f.bound_ns.get(dominant, 0) > total else f"Mixed, {dominant.value} the largest known"
+    lead = f"Mostly {dominant.value}" if f.mostly else f"Mixed, {dominant.value} the largest known"
     text = f"{lead} — share of {f.basis}: {text}"
     return [{"kind": "bound", "text": text, "dominant": f.dominant.value, "basis": f.basis, "ns": shares}]
 

@@ -601,7 +601,8 @@ def _findings(a: Analysis) -> str:
             if ns
         )
         dominant = f'<span class="v" style="color:{BOUND_COLORS[f.dominant]}">{_e(f.dominant.value)}</span>'
-        items.append(f"Mostly {dominant} — share of {_e(f.basis)}: {shares}")
+        lead = f"Mostly {dominant}" if f.mostly else f"Mixed, {dominant} the largest known"
+        items.append(f"{lead} — share of {_e(f.basis)}: {shares}")
     for idle in f.idle:
         text = _e(idle.headline())
         if idle.gaps:

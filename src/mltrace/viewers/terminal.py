@@ -305,7 +305,9 @@ def _findings(console: object, a: Analysis) -> None:
             for bound, ns in sorted(f.bound_ns.items(), key=lambda kv: -kv[1])
             if ns
         )
-        lines.append(f"Mostly [bold]{f.dominant.value}[/bold] — share of {f.basis}: {shares}")
+        dominant = f"[bold]{f.dominant.value}[/bold]"
+        lead = f"Mostly {dominant}" if f.mostly else f"Mixed, {dominant} the largest known"
+        lines.append(f"{lead} — share of {f.basis}: {shares}")
     for idle in f.idle:
         text = _esc(idle.headline())
         if idle.gaps:
