@@ -237,6 +237,24 @@ def test_the_op_levels_early_end_is_mltraces_pause_too() -> None:
     assert Pauses.of_run(run.meta, thread=11).intervals == [(1100, 1500)]
 
 
+def test_an_op_level_that_ended_before_every_counted_call_measures_no_framework_overhead() -> None:
+    """The op level ended (memory budget) before the first model call: no call has ops, so the
+    report claims no framework overhead (it read "0 ns (- of model time)") and says why."""
+    run = cpu_run(
+        [
+            Span(1, None, OP, "aten::randn", 0, 100, 1, {}),
+            Span(2, None, M, "Net", 1000, 2000, 1, {"ml.layer.type": "Net"}),
+            Span(3, 2, L, "a", 1100, 1900, 1, linear_attrs(4, 8, 16)),
+            Span(4, None, M, "Net", 3000, 4000, 1, {"ml.layer.type": "Net"}),
+            Span(5, 4, L, "a", 3100, 3900, 1, linear_attrs(4, 8, 16)),
+        ]
+    )
+    run.meta["op_window"] = {"ended_ns": 500, "reason": "memory budget", "ended_after_model_calls": 0}
+    f = analyze(run, CPU).findings
+    assert f.framework_ns is None
+    assert "ops were recorded in 0 of 2 model calls; framework overhead and ops per call are not measured" in f.notes[0]
+
+
 def test_span_order_does_not_matter() -> None:
     run = small_cpu_run()
     expected = analyze(run, CPU)

@@ -961,6 +961,8 @@ def _findings(
             findings.framework_base_ns = sum(r.op_calls_ns for r in models) or sum(
                 r.op_calls_ns for r in layer_rows if not r.has_child_layers
             )
+            if not findings.framework_base_ns:  # no counted call ran with ops: nothing measured it
+                findings.framework_ns = None
         if p.op_ends.ended:
             by_framework: dict[str, list[int]] = {}
             for r in models:
@@ -970,9 +972,11 @@ def _findings(
             each = ""
             if len(by_framework) > 1:  # each framework's op level ends after its own calls
                 each = " (" + ", ".join(f"{fw}: {n} of {m}" for fw, (n, m) in sorted(by_framework.items())) + ")"
+            recorded = sum(r.op_calls for r in models)
+            counted = "count those calls only" if recorded else "are not measured"
             findings.notes.append(
-                f"the op level ended early: ops were recorded in {sum(r.op_calls for r in models)} of {calls} model "
-                f"calls{each}; framework overhead and ops per call count those calls only"
+                f"the op level ended early: ops were recorded in {recorded} of {calls} model "
+                f"calls{each}; framework overhead and ops per call {counted}"
             )
     elif layer_rows:
         findings.notes.append("no op spans: FLOPs come from layer formulas; framework overhead is not measured")
