@@ -10,7 +10,12 @@ cannot flip a verdict:
 - an add over 64 Mi floats: ≤ 0.13 FLOP/byte, far left of the ridge, at the
   speed of memory → memory-bound;
 - 2000 additions on a 16-element tensor: the roofline allows well under a
-  microsecond for what takes milliseconds → overhead-bound.
+  microsecond for what takes milliseconds → overhead-bound;
+- a layer whose forward runs its own matmuls and softmax over a 2048×2048 score
+  matrix (as a graph-attention layer does), with a child layer on its small output:
+  ≈ 0.3 FLOP/byte, at 15–26 % of the roofline by the bytes its ops move (one torch
+  thread, on a busy 2-core machine) → memory-bound; judged by its inputs
+  and outputs alone, the same layer sat at 0.3 % of the roofline (overhead-bound).
 """
 
 from __future__ import annotations
@@ -125,3 +130,48 @@ def test_user_spans_with_explicit_work(tmp_path: Path, peaks: PeakSet) -> None:
     assert verdict_of(a, "copy") is Bound.MEMORY
     assert verdict_of(a, "tiny") is Bound.OVERHEAD
     assert {r.stat.name: r.work_source for r in a.layers} == {"gemm": "explicit", "copy": "explicit", "tiny": "explicit"}
+
+
+class DenseAttention(nn.Module):  # type: ignore[misc]
+    """Attention over every pair of n nodes, run in its own forward (matmuls, softmax), then a
+    child layer (Tanh) on its small output: the work is in ops directly in the layer."""
+
+    def __init__(self, n: int, d: int) -> None:
+        super().__init__()
+        self.wq = nn.Parameter(torch.randn(d, d))
+        self.wk = nn.Parameter(torch.randn(d, d))
+        self.wv = nn.Parameter(torch.randn(d, d))
+        self.register_buffer("bias", torch.randn(n, n))
+        self.act = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.addmm(self.bias, x @ self.wq, (x @ self.wk).t())  # n×n
+        return self.act(torch.softmax(scores, dim=-1) @ (x @ self.wv))  # n×d
+
+
+def test_a_layer_running_its_own_ops_is_judged_by_what_they_move(tmp_path: Path, peaks: PeakSet) -> None:
+    n, d = 2048, 2
+    model = nn.Sequential(DenseAttention(n, d)).eval()
+    x = torch.randn(n, d)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no thread pool waiting on a busy machine: the ops run at one core's speed
+    try:
+        with torch.inference_mode():
+            model(x)  # warm-up
+            with mltrace.profile(output=tmp_path / "run", summary=False):
+                for _ in range(3):
+                    model(x)
+    finally:
+        torch.set_num_threads(threads)
+    a = analyze(mltrace.load_run(tmp_path / "run"), peaks)
+    layer = next(r for r in a.layers if r.stat.name == "0")
+    child = next(r for r in a.layers if r.stat.name == "0.act")
+    ops = {o.name: o for o in a.ops}
+    # The layer's own ops: the projections and the attention product (aten::matmul, the
+    # aten::mm inside each not counted again), the scores (aten::addmm), the softmax; each
+    # name's calls are all directly in the layer.
+    own = sum(ops[name].bytes for name in ("aten::matmul", "aten::addmm", "aten::softmax"))
+    assert own >= 3 * 5 * n * n * 4  # per call: scores written, softmax read and written, product read
+    assert layer.has_child_layers and layer.bytes == pytest.approx(child.bytes + own)
+    assert layer.flops >= 3 * 2 * (2 * n * n * d)  # the scores and the product, from the ops' FLOPs
+    assert layer.verdict is not None and layer.verdict.bound is Bound.MEMORY, layer.verdict

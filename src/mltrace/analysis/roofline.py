@@ -14,7 +14,10 @@ A layer's work comes, in order of preference, from:
 
 Bytes are the tensors read and written plus the weights: inputs + outputs +
 parameters, times the element size of the data type. This counts each tensor
-once (perfect caching), so it is a lower bound of the real traffic.
+once (perfect caching), so it is a lower bound of the real traffic. A layer
+with neither explicit bytes nor a formula moves what its child layers and its
+own ops (those directly in it, ``op_bytes`` each) move, and at least its
+inputs, outputs and parameters.
 
 All numbers are per call: FLOP and bytes. See docs/ANALYSIS.md.
 """
@@ -351,6 +354,7 @@ NO_DATA_OPS = frozenset(
     {
         "aten::view", "aten::_unsafe_view", "aten::view_as", "aten::reshape", "aten::_reshape_alias",
         "aten::as_strided", "aten::select", "aten::slice", "aten::narrow", "aten::transpose", "aten::t",
+        "aten::numpy_T", "aten::mT", "aten::mH", "aten::adjoint", "aten::matrix_H",
         "aten::permute", "aten::movedim", "aten::swapaxes", "aten::expand", "aten::expand_as",
         "aten::squeeze", "aten::unsqueeze", "aten::flatten", "aten::unflatten", "aten::split",
         "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::diagonal", "aten::unfold",

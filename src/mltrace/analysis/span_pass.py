@@ -5,7 +5,8 @@ level of nesting rather than one Python step per span, so a report over a
 million spans costs well under a second here. Python loops remain only over
 what is small: distinct names, distinct attribute sets, GPU kernels and API
 calls (whose names live in attributes), and a sample of op calls per op name
-for bytes estimates.
+(and per layer row and op name, for the bytes of a layer's own ops) for bytes
+estimates.
 
 Definitions (docs/ANALYSIS.md; ``analysis.breakdown`` is the plain reference
 implementation of the shared ones):
@@ -53,7 +54,9 @@ if TYPE_CHECKING:
 
 MODEL, LAYER, OP, LIB, KERNEL, USER = (int(x) for x in (Level.MODEL, Level.LAYER, Level.OP, Level.LIBRARY, Level.KERNEL, Level.USER))
 _FLOPS_BIT = 1 << 20  # in an ancestor mask: an enclosing op already carries ml.flops
+_BYTES_BIT = 1 << 21  # in an ancestor mask: an enclosing op moves data (its bytes count its contents')
 BYTES_SAMPLES = 256  # op calls per name whose bytes are estimated (the rest are scaled)
+OWN_BYTES_SAMPLES = 32  # op calls per layer row and op name whose bytes give a layer's own ops' (``_own_op_bytes``)
 
 _GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
 
@@ -305,6 +308,50 @@ def _over_sparse(is_op: np.ndarray, parent: np.ndarray, name: np.ndarray, names:
     return over
 
 
+def _no_data_names(names: list[str]) -> np.ndarray:
+    """Per name: whether the op moves no data itself (``roofline.NO_DATA_OPS``: views, metadata,
+    dropout)."""
+    return np.fromiter((nm in NO_DATA_OPS for nm in names), dtype=bool, count=len(names))
+
+
+def _sparse_names(names: list[str]) -> np.ndarray:
+    """Per name: whether the op runs on a sparse tensor only (``roofline.reads_sparse``)."""
+    return np.fromiter((reads_sparse(nm) for nm in names), dtype=bool, count=len(names))
+
+
+def _op_call_bytes(t: SpanTable, rows: np.ndarray, name: np.ndarray, names: list[str]) -> np.ndarray:
+    """Bytes each op call in ``rows`` moves (``roofline.op_bytes``, or its name's rule in
+    ``OP_BYTES_RULES``), worked out once per distinct name and attribute set."""
+    if not len(rows):
+        return np.zeros(0)
+    nset = max(t.attr_set_count, 1)
+    keys = name[rows] * nset + t.attr[rows].astype(np.int64)
+    distinct, which = np.unique(keys, return_inverse=True)
+    per_key = np.fromiter(
+        (OP_BYTES_RULES.get(names[k // nset], op_bytes)(t.attr_set(k % nset)) for k in distinct.tolist()),
+        dtype=np.float64,
+        count=len(distinct),
+    )
+    return per_key[which]
+
+
+def _own_op_bytes(
+    t: SpanTable, rows: np.ndarray, call: np.ndarray, row_of_call: np.ndarray, name: np.ndarray, names: list[str], ncall: int
+) -> np.ndarray:
+    """Bytes the op calls ``rows`` move, summed per layer call (``call``: the call each is
+    in; ``row_of_call``: each call's report row). Each op call counts the mean over the last
+    ``OWN_BYTES_SAMPLES`` calls of its op name in its layer row (all of them where there are
+    no more), so the Python work is bounded by rows × op names, not by op calls (an imported
+    trace gives every op call attributes of its own)."""
+    if not len(rows):
+        return np.zeros(ncall)
+    distinct, which = np.unique(row_of_call[call] * len(names) + name[rows], return_inverse=True)
+    sample = _first_n_by_key(np.arange(len(rows)), which, OWN_BYTES_SAMPLES)
+    sums = np.bincount(which[sample], weights=_op_call_bytes(t, rows[sample], name, names), minlength=len(distinct))
+    mean = sums / np.bincount(which[sample], minlength=len(distinct))  # every key has a sample
+    return np.bincount(call, weights=mean[which], minlength=ncall)
+
+
 def union_ns(start: np.ndarray, end: np.ndarray) -> int:
     """Length of the union of the intervals [start, end) (ns)."""
     if not len(start):
@@ -358,14 +405,16 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     is_struct = (lv == MODEL) | (lv == LAYER)
     is_gpu_kernel = (lv == KERNEL) & on_gpu
     is_runtime = (lv == KERNEL) & ~on_gpu
-    flops_set = is_op & t.has_flops & ~_over_sparse(is_op, parent, t.name.astype(np.int64), names)
+    over_sparse = _over_sparse(is_op, parent, t.name.astype(np.int64), names)
+    flops_set = is_op & t.has_flops & ~over_sparse
+    moves_data = is_op & ~_no_data_names(names)[t.name.astype(np.int64)]
     torch_range, loading_range = _torch_ranges(g, lv == USER, t.name, names, start, end)
     is_user = (lv == USER) & ~torch_range
     compile_time = _compile_time(parent, tree, lv, t.name.astype(np.int64), names)
 
     # What each span inherits from its ancestors.
     # torch's ranges pass no level on: a span of the program's inside one is still counted
-    bits = np.where(torch_range, 0, np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0)
+    bits = np.where(torch_range, 0, np.int64(1) << lv) | np.where(flops_set, _FLOPS_BIT, 0) | np.where(moves_data, _BYTES_BIT, 0)
     mask = tree.ancestor_or(bits)
     owner = tree.nearest(is_struct)
     top_above = tree.nearest(is_op & ~((mask & (1 << OP)) != 0))  # the outermost op above, if any
@@ -456,6 +505,12 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     # (not compiling: the ops a compile traces on fake tensors compute nothing).
     counted = flops_set & ~compile_time & ((mask & _FLOPS_BIT) == 0) & ~np.isnan(t.flops)
     cf_rows = np.nonzero(counted)[0]
+    # Bytes summed over a layer's own ops: the outermost ops that move data, each call's own
+    # (not inside another such op, whose bytes count its contents'; not over a sparse tensor,
+    # whose recorded shapes are dense; not compiling). Inside a view or dropout, the ops that
+    # do its work count.
+    own_moves = moves_data & ~over_sparse & ~_sparse_names(names)[name] & ~compile_time & ((mask & _BYTES_BIT) == 0) & (owner >= 0)
+    cb_rows = np.nonzero(own_moves)[0]
 
     # Bytes of ops: estimated from the last BYTES_SAMPLES calls of each name, scaled.
     outer_op_rows = op_rows[~op_in_itself[op_rows]]
@@ -649,6 +704,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         io[i] = float(io_bytes(a))
     cf_exp, cb_exp = f_exp[set_of_call], b_exp[set_of_call]
     cform_f, cform_b, cform_src, cio = form_f[set_of_call], form_b[set_of_call], form_src[set_of_call], io[set_of_call]
+    # Own ops' bytes, for the calls whose bytes they make up (no explicit bytes, no formula).
+    needs_own = np.isnan(cb_exp) & np.isnan(cform_b)
+    cb_rows = cb_rows[needs_own[call_of[owner[cb_rows]]]]
+    own_op_bytes = _own_op_bytes(t, cb_rows, call_of[owner[cb_rows]], crow, name, names, ncall)
     flops = np.zeros(ncall)
     moved = np.zeros(ncall)
     source = np.zeros(ncall, dtype=np.int64)
@@ -660,7 +719,9 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         flops[cs] = np.where(has_fe, fe, np.where(hof, fo, np.where(has_ff, ff, np.where(kids, child_flops[cs], 0.0))))
         source[cs] = np.where(has_fe, 0, np.where(hof, 1, np.where(has_ff, cform_src[cs], np.where(kids, 2, 3))))
         be, fb = cb_exp[cs], cform_b[cs]
-        moved[cs] = np.where(~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.where(kids, np.maximum(cio[cs], child_bytes[cs]), cio[cs])))
+        # Else what its children and its own ops move (a layer whose forward runs ops itself),
+        # at least its inputs, outputs and parameters.
+        moved[cs] = np.where(~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.maximum(cio[cs], child_bytes[cs] + own_op_bytes[cs])))
         up = cowner[cs]
         m = up >= 0
         if m.any():
