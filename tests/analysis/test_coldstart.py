@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,57 @@ def test_a_generates_prefill_that_compiled_is_cold_in_a_run() -> None:
     )
     (model,) = find_cold_start(run).models
     assert model.cold == [0, 2] and list(model.one_time) == ["compile"]
+
+
+def _keras_run(calls: list[tuple[str, float]]) -> Run:
+    """A hand-made run of one Keras model's calls: (``ml.keras.method``, ms) each, in order."""
+    from mltrace.run.events import Span, Track, TrackKind
+
+    spans, at = [], 0
+    for i, (method, ms) in enumerate(calls):
+        attrs = {"ml.framework": "tensorflow", "ml.layer.type": "Functional", "ml.keras.method": method}
+        spans.append(Span(i + 1, None, Level.MODEL, "mobilenetv2_1.00_224", at, at + int(ms * MS), 1, attrs))
+        at += int((ms + 1) * MS)
+    return Run(
+        path=Path("hand-made"),
+        meta={"name": "hand-made", "complete": True},
+        tracks={1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)},
+        spans=spans,
+    )
+
+
+#: A traced MobileNetV2 (batch 4, 2 CPU cores): predict() batches, eager calls, then a
+#: tf.function around the model; each way's first call is its warm-up.
+KERAS_CALLS = [
+    *[("predict", ms) for ms in (1348, 125, 190, 176)],
+    *[("__call__", ms) for ms in (577, 130, 234, 128, 136, 148, 132, 123, 140, 159, 140, 320)],
+    *[("tf.function", ms) for ms in (213, 24, 24, 25, 24, 24, 24, 24, 24, 25, 24, 24)],
+]
+
+
+def test_a_keras_models_graph_and_eager_calls_are_kinds_of_call() -> None:
+    """As one sequence, the 24 ms graph calls and the 130 ms eager calls make a spread so wide
+    that only the 1.3 s first predict() stands out: the first eager call (577 ms) and the first
+    tf.function call (213 ms) would count as steady. Each way of calling is judged apart."""
+    durations = [int(ms * MS) for _, ms in KERAS_CALLS]
+    assert cold_indices(durations, [None] * len(durations)) == [0]
+    (model,) = find_cold_start(_keras_run(KERAS_CALLS)).models
+    assert model.cold == [0, 4, 16]
+    assert [(kind, len(d), statistics.median(d) / MS) for kind, d in model.steady_by_kind()] == [
+        ("predict", 3, 176),
+        ("__call__", 11, 140),
+        ("tf.function", 11, 24),
+    ]
+
+
+def test_the_cold_finding_gives_a_steady_median_per_kind_of_call() -> None:
+    run = _keras_run(KERAS_CALLS)
+    (cold,) = (f for f in build_report(run, analyze(run, PEAKS, include_cold=False))["findings"] if f["kind"] == "cold_start")
+    assert "mobilenetv2_1.00_224 3 of 28" in cold["text"]
+    assert "steady median predict 176.00 ms, __call__ 140.00 ms, tf.function 24.00 ms" in cold["text"]
+    one_kind = _keras_run([("__call__", ms) for _, ms in KERAS_CALLS[4:16]])
+    (cold,) = (f for f in build_report(one_kind, analyze(one_kind, PEAKS))["findings"] if f["kind"] == "cold_start")
+    assert "1 of 12 (577.00 ms; steady median 140.00 ms)" in cold["text"]
 
 
 def test_prefills_of_a_generate_loop_are_not_cold(tmp_path: Path) -> None:

@@ -15,8 +15,11 @@ durations of every call but the first:
   from most of the model's calls. A later call whose contents were not recorded
   (no ops, library or API calls under it) is never cold: a GC pause is not warm-up.
 
-A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds of call:
-the rule runs on each kind apart, so a prefill is never cold for being a prefill. The only
+A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds of call,
+and so are a Keras model's ``predict()`` batches, eager calls and ``tf.function`` graph calls
+(``ml.keras.method``): the rule runs on each kind apart, so a prefill is never cold for being
+a prefill, and the first eager call after warm ``predict()`` calls is judged among the eager
+calls, not hidden among faster graph calls. The only
 call of its kind (the prefill of a program's one ``generate()``) has no reference to be an
 outlier against: it is cold when torch.compile compiled inside it (one-time work of the
 ``compile`` category), so a prefill that compiled for its new shape is not steady.
@@ -199,6 +202,7 @@ class ModelCalls:
         cold: indices of the cold calls.
         one_time: one-time work seen in the cold calls: category → names.
         failed: indices of the calls that raised (never cold, never steady).
+        kinds: every call's kind (``call_kind``), in start order; empty when not known.
     """
 
     name: str
@@ -206,6 +210,7 @@ class ModelCalls:
     cold: list[int] = field(default_factory=list)
     one_time: dict[str, list[str]] = field(default_factory=dict)
     failed: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
 
     @property
     def steady(self) -> list[int]:
@@ -227,6 +232,16 @@ class ModelCalls:
     def steady_p90_ns(self) -> int | None:
         """90th percentile of the steady calls' durations (ns)."""
         return percentile_ns(self.steady, 90)
+
+    def steady_by_kind(self) -> list[tuple[str, list[int]]]:
+        """The steady calls' durations (ns) per kind of call, in the order each kind first
+        ran; one entry ("", all of them) when the calls are of one kind."""
+        apart = {*self.cold, *self.failed}
+        by_kind: dict[str, list[int]] = {}
+        for i, d in enumerate(self.durations):
+            if i not in apart:
+                by_kind.setdefault(self.kinds[i] if i < len(self.kinds) else "", []).append(d)
+        return list(by_kind.items()) if len(by_kind) > 1 else [("", self.steady)]
 
 
 @dataclass
@@ -423,8 +438,9 @@ def _model_calls(
     rare = {k for k, c in counts.items() if 2 * c < len(ok)}  # one-time: in fewer than half the calls
     one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
     compiled = [any(category_of(names[k]) == "compile" for k in (seen[i] or set()) & rare) for i in ok]
-    cold = cold_by_kind([durations[i] for i in ok], one_time, [_call_kind(attrs[i]) for i in ok], rule, compiled)
-    model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised))
+    kinds = [call_kind(a) for a in attrs]
+    cold = cold_by_kind([durations[i] for i in ok], one_time, [kinds[i] for i in ok], rule, compiled)
+    model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised), kinds=kinds)
     for i in model.cold:
         for k in sorted(seen[i] or ()):
             found = model.one_time.setdefault(category_of(names[k]), [])
@@ -433,10 +449,15 @@ def _model_calls(
     return model
 
 
-def _call_kind(attrs: dict[str, Any]) -> str:
-    """A model call's kind, from its attributes: its ``ml.generate.phase`` (prefill, decode), else ""."""
-    phase = attrs.get("ml.generate.phase")
-    return phase if isinstance(phase, str) else ""
+def call_kind(attrs: dict[str, Any]) -> str:
+    """A model call's kind, from its attributes: its ``ml.generate.phase`` (prefill, decode),
+    else the Keras method it ran through (``ml.keras.method``: predict, __call__, tf.function,
+    saved_model…), else ""."""
+    for key in ("ml.generate.phase", "ml.keras.method"):
+        kind = attrs.get(key)
+        if isinstance(kind, str):
+            return kind
+    return ""
 
 
 def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], owner: np.ndarray, weight: np.ndarray) -> list[Spent]:
