@@ -302,6 +302,29 @@ def test_node_and_kernel_spans_under_live_model_spans() -> None:
     assert out.stats.module_spans == len([s for s in out.spans if s.attrs.get("ml.ort.module")]) > 0
 
 
+def test_kernels_that_return_their_input_move_no_bytes() -> None:
+    """ORT's Reshape, Squeeze and Unsqueeze kernels return their input's buffer: the profile
+    still gives their input and output sizes (a 4 MB reshape in 6 µs read as 1.3 TB/s, which
+    raised the report's bandwidth roof and its ridge 40-fold). Other nodes keep the sizes."""
+    events, start = profile("encoder_tiny_dynamo", "all")
+    out = convert("encoder_tiny_dynamo", "all", live_runs=live_runs_around(events, start))
+    sizes = {
+        e["name"].removesuffix("_kernel_time"): sum(
+            max(int(e["args"].get(k, 0)), 0) for k in ("parameter_size", "activation_size", "output_size")
+        )
+        for e in events
+        if e["cat"] == "Node" and e["name"].endswith("_kernel_time")
+    }
+    nodes = [s for s in out.spans if s.level == Level.LAYER and not s.attrs.get("ml.ort.module")]
+    alias = [s for s in nodes if s.attrs["ml.layer.type"] in ("Reshape", "Squeeze", "Unsqueeze")]
+    assert len(alias) == 40 and all(sizes[s.name] > 0 for s in alias)
+    assert all(s.attrs["ml.bytes"] == 0 for s in alias)
+    others = [s for s in nodes if s not in alias]
+    assert others and all(s.attrs["ml.bytes"] == sizes[s.name] > 0 for s in others)
+    ops = {s.parent_id: s for s in out.spans if s.level == Level.OP}
+    assert all(ops[s.id].attrs["ml.bytes"] == s.attrs["ml.bytes"] for s in nodes)
+
+
 def test_session_events_and_unmatched_runs() -> None:
     events, start = profile("resnet_tiny_dynamo", "all")
     out = convert("resnet_tiny_dynamo", "all", model_name="ResNet", model_attrs={"ml.ort.session": 1})

@@ -1006,19 +1006,25 @@ def _static_attrs(
     return layer, kernel
 
 
+#: Kernels whose output is their first input's buffer (ORT registers them with ``Alias(0, 0)``):
+#: they move no data, whatever sizes the profile gives their input and output.
+ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+
+
 def _work_attrs(
     args: dict[str, Any], op: str, in_shapes: list[list[int]], out_shapes: list[list[int]], weight: Sequence[int] | None
 ) -> dict[str, Any]:
     """``ml.flops`` (FLOP, from the op type and run-time shapes; ``onnx_flops``) and
     ``ml.bytes``: the sizes ORT reports for the node's inputs, initializers and outputs
-    (bytes; weights ORT pre-packed are not among them, so it is a lower bound)."""
+    (bytes; weights ORT pre-packed are not among them, so it is a lower bound), 0 for a
+    kernel that returns its input's buffer (``ALIAS_OPS``)."""
     out: dict[str, Any] = {}
     flops = onnx_flops(op, in_shapes, out_shapes, weight)
     if flops is not None:
         out["ml.flops"] = flops
     sizes = [_int(args.get(key)) for key, _ in _SIZE_ATTRS]
     if any(v is not None for v in sizes):
-        out["ml.bytes"] = sum(v for v in sizes if v is not None and v > 0)
+        out["ml.bytes"] = 0 if op in ALIAS_OPS else sum(v for v in sizes if v is not None and v > 0)
     return out
 
 
