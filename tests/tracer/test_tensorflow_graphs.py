@@ -200,3 +200,43 @@ def test_an_exported_models_signatures_are_named_by_their_keys(tmp_path: Path) -
         ("tiny_export:restored_function", "saved_model"): 1,
     }
     assert (tf.saved_model.load, ConcreteFunction.__dict__["_call_flat"]) == before  # put back at stop
+
+
+def test_eager_calls_count_the_flops_their_graph_calls_count(tmp_path: Path) -> None:
+    """The profiler records no shapes for eager ops, so an eager call's FLOPs come from its layer's
+    input and output shapes and settings: per call they equal the graph calls' (counted on the
+    function's graph), and the hand counts. Before, eager calls had none while their time counted,
+    which halved the achieved FLOP/s of a layer called both ways."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 4), name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same", name="conv")(inp)
+    x = keras.layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same", name="dw")(x)
+    x = keras.layers.Reshape((256, 16), name="tokens")(x)
+    x = keras.layers.Dense(12, name="fc")(x)
+    out = keras.layers.EinsumDense("abc,cd->abd", output_shape=(None, 6), name="proj")(x)
+    model = keras.Model(inp, out, name="tiny_work")
+    serve = tf.function(lambda x: model(x, training=False))
+    batch = tf.constant(np.random.default_rng(1).standard_normal((2, 16, 16, 4)).astype(np.float32))
+
+    run = traced(tmp_path, lambda: [(model(batch, training=False), serve(batch)) for _ in range(3)])
+    # By hand for a batch of 2: 2 x output elements x inner dimension.
+    per_call = {
+        "conv": 2 * (2 * 16 * 16 * 8) * (9 * 4),
+        "dw": 2 * (2 * 16 * 16 * 16) * 9,
+        "fc": 2 * (2 * 256 * 12) * 16,
+        "proj": 2 * (2 * 256 * 6) * 12,
+    }
+    by_id = run.span_by_id()
+    ops_flops: Counter[int] = Counter()
+    for s in run.spans:
+        if s.level == Level.OP and "ml.flops" in s.attrs:
+            ops_flops[s.parent_id] += s.attrs["ml.flops"]
+    seen: Counter[tuple[str, str]] = Counter()
+    for s in run.spans:
+        if s.level != Level.LAYER or s.name not in per_call:
+            continue
+        mode = s.attrs["ml.tf.mode"]
+        flops = s.attrs.get("ml.flops") if mode == "eager" else ops_flops[s.id]
+        assert flops == per_call[s.name], (s.name, mode, by_id[s.parent_id].attrs.get("ml.keras.method"))
+        seen[(s.name, mode)] += 1
+    assert seen == {(name, mode): 3 for name in per_call for mode in ("eager", "graph")}

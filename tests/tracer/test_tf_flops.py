@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from mltrace.formats.tf_flops import FlopTable, OpWork, graph_work, op_flops, runtime_kind, scope_of, top_scopes
+from mltrace.formats.tf_flops import (
+    FlopTable,
+    OpWork,
+    graph_work,
+    keras_layer_flops,
+    keras_layer_kind,
+    op_flops,
+    runtime_kind,
+    scope_of,
+    top_scopes,
+)
 
 # Imported here, not in a test: TensorFlow's import adds import hooks, which conftest counts as leaked.
 tf = pytest.importorskip("tensorflow")
@@ -21,6 +31,29 @@ def test_formulas_by_hand() -> None:
     assert op_flops("matmul", [[5, 7], [7, 3]], [5, 3]) == (2.0 * 15 * 7, False)
     assert op_flops("matmul", [[7, 5], [7, 3]], [5, 3], transpose_a=True) == (2.0 * 15 * 7, False)
     assert op_flops("matmul", [[None, None, 7], [7, 3]], [None, None, 3]) is None  # two unknown dimensions
+
+
+def test_eager_keras_layers_by_hand() -> None:
+    assert keras_layer_kind(["Conv2D", "BaseConv", "Layer"]) == "conv"
+    assert keras_layer_kind(["DepthwiseConv2D", "BaseDepthwiseConv", "Layer"]) == "depthwise"
+    assert keras_layer_kind(["DepthwiseConv2D", "DepthwiseConv", "Conv2D", "Conv", "Layer"]) == "depthwise"  # tf_keras
+    assert keras_layer_kind(["EinsumDense", "Layer"]) == "einsum" and keras_layer_kind(["Dense", "Layer"]) == "dense"
+    assert keras_layer_kind(["Conv2DTranspose", "Conv2D", "Conv", "Layer"]) is None  # tf_keras: a transposed Conv2D
+    assert keras_layer_kind(["SeparableConv2D", "BaseSeparableConv", "Layer"]) is None
+    assert keras_layer_kind(["MultiHeadAttention", "Layer"]) is None
+    # Dense on (2, 5, 7) → (2, 5, 3): 2 x 30 x 7.
+    assert keras_layer_flops("dense", [2, 5, 7], [2, 5, 3]) == 2.0 * 30 * 7
+    # Conv2D 3x3, 8 input channels in 2 groups, 16 filters: 2 x output elements x 9 x 4.
+    assert keras_layer_flops("conv", [1, 8, 8, 8], [1, 8, 8, 16], kernel_size=(3, 3), groups=2) == 2.0 * 1024 * 36
+    assert keras_layer_flops("conv", [1, 8, 8, 8], [1, 16, 8, 8], kernel_size=(3, 3), channels_first=True) == 2.0 * 1024 * 72
+    assert keras_layer_flops("conv", [1, 8, 8, 6], [1, 8, 8, 16], kernel_size=(3, 3), groups=4) is None  # 6 channels, 4 groups
+    # Depthwise 3x3, multiplier 2 on 4 channels: 2 x 512 x 9.
+    assert keras_layer_flops("depthwise", [1, 8, 8, 4], [1, 8, 8, 8], kernel_size=(3, 3)) == 2.0 * 512 * 9
+    # EinsumDense: the input dimensions the kernel sums over (c; with "...", aligned from the right).
+    assert keras_layer_flops("einsum", [2, 128, 256], [2, 128, 8, 32], equation="abc,cde->abde") == 2.0 * 2 * 128 * 256 * 256
+    assert keras_layer_flops("einsum", [2, 4, 5, 7], [2, 4, 5, 3], equation="...b,bc->...c") == 2.0 * 120 * 7
+    assert keras_layer_flops("einsum", [2, 7], [2, 3], equation="ab,bc") is None
+    assert keras_layer_flops("dense", [-1, 7], [-1, 3]) is None  # an unknown dimension
 
 
 def test_runtime_ops_take_their_scopes_counts_in_order() -> None:

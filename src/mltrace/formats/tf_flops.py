@@ -81,6 +81,81 @@ def op_flops(kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: boo
     return 2.0 * out * inner, unknown == 1
 
 
+def keras_layer_kind(mro_names: Iterable[str]) -> str | None:
+    """The kind of work of a Keras layer class, from the names of its classes (``type(layer).__mro__``):
+    ``dense``, ``einsum`` (EinsumDense), ``depthwise`` (DepthwiseConv1D/2D), ``conv`` (Conv1D/2D/3D), or
+    None for other layers (transposed and separable convolutions among them)."""
+    names = set(mro_names)
+    if any("Transpose" in n or "Separable" in n for n in names):
+        return None
+    if "EinsumDense" in names:
+        return "einsum"
+    if "Dense" in names:
+        return "dense"
+    if any("Depthwise" in n for n in names):
+        return "depthwise"
+    if "BaseConv" in names or "Conv" in names:
+        return "conv"
+    return None
+
+
+def keras_layer_flops(
+    kind: str,
+    inputs: Shape,
+    output: Shape,
+    *,
+    kernel_size: Sequence[int] = (),
+    groups: int = 1,
+    channels_first: bool = False,
+    equation: str | None = None,
+) -> float | None:
+    """FLOPs of one eager call of a Keras layer, from its input and output shapes and its settings,
+    counted as ``op_flops`` counts the op it runs in a graph: 2 x output elements x the inner
+    dimension, which is a Dense layer's input features, a convolution's kernel volume x input
+    channels per group, a depthwise convolution's kernel volume, and for an EinsumDense the input
+    dimensions its ``equation`` sums over with the kernel (``abc,cde->abde``: c). Bias adds and
+    activations are not counted; None when a dimension is unknown or the shapes do not fit the kind."""
+    if not output or not inputs or any(d is None or d < 0 for d in (*output, *inputs)):
+        return None
+    ins = [int(d) for d in inputs if d is not None]
+    if kind == "dense":
+        inner = ins[-1]
+    elif kind in ("conv", "depthwise") and kernel_size and len(ins) >= 3:
+        inner = prod(kernel_size)
+        if kind == "conv":
+            channels = ins[1] if channels_first else ins[-1]
+            if groups < 1 or channels % groups:
+                return None
+            inner *= channels // groups
+    elif kind == "einsum" and equation is not None:
+        found = _contracted(equation, ins)
+        if found is None:
+            return None
+        inner = found
+    else:
+        return None
+    return 2.0 * prod(int(d) for d in output if d is not None) * inner
+
+
+def _contracted(equation: str, inputs: Sequence[int]) -> int | None:
+    """The product of the input dimensions an EinsumDense equation (``input,kernel->output``) sums
+    over with its kernel: the kernel's letters not in the output, sized by the input (its letters
+    aligned from the right, after a leading ``...``)."""
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    operands = lhs.split(",")
+    if not arrow or len(operands) != 2:
+        return None
+    spec, kernel = operands
+    letters = spec.removeprefix("...")
+    if "." in letters or "." in kernel or len(letters) > len(inputs) or (letters == spec and len(letters) != len(inputs)):
+        return None
+    size = dict(zip(letters, inputs[len(inputs) - len(letters) :]))
+    summed = [c for c in kernel if c not in out]
+    if any(c not in size for c in summed):
+        return None
+    return prod(size[c] for c in summed)
+
+
 def scope_of(node: str) -> str:
     """A node's name scope less function-call wrapper scopes: ``StatefulPartitionedCall/m_1/fc_1/MatMul`` → ``m_1/fc_1``."""
     comps = [c for c in node.split("/")[:-1] if c not in _WRAPPER_SCOPES]

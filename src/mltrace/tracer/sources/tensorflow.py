@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mltrace.formats.tf_flops import FlopTable, graph_work, top_scopes
+from mltrace.formats.tf_flops import FlopTable, graph_work, keras_layer_flops, keras_layer_kind, top_scopes
 from mltrace.formats.xspace import (
     FunctionCall,
     KerasModelInfo,
@@ -128,6 +128,7 @@ class TensorFlowSource(FrameworkSource):
         self._function_calls: list[FunctionCall] = []
         self._function_graphs: dict[str, Any] = {}  # runtime function name → its FuncGraph
         self._signatures: dict[str, str] = {}  # a loaded SavedModel's signature function name → its key
+        self._work_kinds: dict[type, str | None] = {}  # a Keras layer class → its kind of work (tf_flops.keras_layer_kind)
 
     def available(self) -> str | None:
         if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
@@ -557,6 +558,7 @@ class TensorFlowSource(FrameworkSource):
         if output is not None and span.level == Level.LAYER:
             try:
                 self._shapes(_first_tensor((output,), {}), span.attrs, "output")
+                self._eager_flops(frame[0], span.attrs)
             except Exception:
                 pass
         self._end(span)
@@ -564,6 +566,32 @@ class TensorFlowSource(FrameworkSource):
             self._live.append(LiveModelSpan(span.id, span.start_ns, span.end_ns, threading.get_native_id(), frame[3], frame[4]))
             if self._session is not None:
                 self._session.model_call_ended("tensorflow")
+
+    def _eager_flops(self, layer: Any, attrs: dict[str, Any]) -> None:
+        """Sets ``ml.flops`` of an eager call of a Dense, EinsumDense or (depthwise) convolution
+        layer from its input and output shapes and its settings (``tf_flops.keras_layer_flops``;
+        no weight is read, so nothing runs): the profiler records no shapes for eager ops, so
+        without it only the layer's graph calls (predict(), tf.function) would have FLOPs, while
+        all its calls count in its time."""
+        cls = type(layer)
+        kind = self._work_kinds.get(cls, "")
+        if kind == "":
+            kind = self._work_kinds[cls] = keras_layer_kind(c.__name__ for c in cls.__mro__)
+        inputs, outputs = attrs.get("ml.input.shapes"), attrs.get("ml.output.shapes")
+        if kind is None or not inputs or not outputs:
+            return
+        kernel_size = getattr(layer, "kernel_size", ())
+        flops = keras_layer_flops(
+            kind,
+            inputs[0],
+            outputs[0],
+            kernel_size=tuple(kernel_size) if isinstance(kernel_size, (tuple, list)) else (),
+            groups=int(getattr(layer, "groups", 1) or 1),
+            channels_first=getattr(layer, "data_format", None) == "channels_first",
+            equation=getattr(layer, "equation", None),
+        )
+        if flops is not None:
+            attrs["ml.flops"] = flops
 
     def _graph_wrapper(self, orig: Callable[..., Any], method: str) -> Callable[..., Any]:
         """Wraps ``predict``, ``evaluate``…: one model span per call. They run the model as a graph
