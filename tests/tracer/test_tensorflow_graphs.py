@@ -240,3 +240,35 @@ def test_eager_calls_count_the_flops_their_graph_calls_count(tmp_path: Path) -> 
         assert flops == per_call[s.name], (s.name, mode, by_id[s.parent_id].attrs.get("ml.keras.method"))
         seen[(s.name, mode)] += 1
     assert seen == {(name, mode): 3 for name in per_call for mode in ("eager", "graph")}
+
+
+def test_a_tf_function_call_that_traces_holds_its_tracing(tmp_path: Path) -> None:
+    """The first call of a tf.function traces the model into a graph before running it: its model
+    span begins with the call (TensorFlow's event around ``Function.__call__``, ``traced-…``), so
+    the tracing is in the call (``ml.tf.trace_ns``) rather than idle time before it."""
+    from mltrace.tracer.clock import now_ns
+
+    model = build("tiny_traced")
+    serve = tf.function(lambda x: model(x, training=False))
+    batch = tf.constant(DATA[:2])
+    times: list[int] = []
+
+    def body() -> None:
+        for _ in range(3):
+            times.append(now_ns())
+            serve(batch)
+        times.append(now_ns())
+
+    run = traced(tmp_path, body)
+    calls = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.attrs["ml.keras.method"] for s in calls] == ["tf.function"] * 3
+    first = calls[0]
+    trace_ns = first.attrs["ml.tf.trace_ns"]
+    assert trace_ns > 0 and all("ml.tf.trace_ns" not in s.attrs for s in calls[1:])
+    # The span holds the whole Python call but for the wrapper's own few steps: it begins
+    # before the tracing ends, where the graph's run would have begun it.
+    assert times[0] <= first.start_ns < first.start_ns + trace_ns <= first.end_ns <= times[1]
+    assert first.start_ns - times[0] < trace_ns
+    layers = [s for s in run.spans if s.level == Level.LAYER and s.parent_id == first.id]
+    assert {s.name for s in layers} == set(LAYERS)
+    assert all(s.start_ns >= first.start_ns + trace_ns for s in layers)  # the graph ran after the tracing

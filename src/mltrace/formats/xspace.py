@@ -164,7 +164,7 @@ class HostProfile:
     clock: str = "relative"
 
 
-_WANTED_STATS = frozenset({"eager_op", "is_func"})
+_WANTED_STATS = frozenset({"eager_op", "is_func", "tf_function_call"})
 
 
 def host_profile(space: Any, wanted_stats: Iterable[str] = _WANTED_STATS) -> HostProfile:
@@ -647,6 +647,7 @@ def _function_model(
     site: Mapping[str, Any],
     xla_model: str | None = None,
     signatures: Mapping[str, str] | None = None,
+    traced_from: int | None = None,
 ) -> LiveModelSpan | None:
     """A model span for one graph-function call whose ops ran a Keras model (None: no model found).
 
@@ -657,7 +658,9 @@ def _function_model(
     ``site``: the ``code.*`` attributes of the Python line that made the call.
     ``xla_model``: the model of an XLA-compiled call, whose ops the profiler
     does not show (``ml.tf.xla``; no layers). ``signatures``: signature keys by
-    function name, where ``tf.saved_model.load`` gave them.
+    function name, where ``tf.saved_model.load`` gave them. ``traced_from``: the start of the
+    ``tf.function`` call around it, when that call traced the function first: the span
+    begins there, so the call's tracing is in it (``ml.tf.trace_ns``), not idle time before it.
     """
     start, end, row = call
     method, entry = function_entry(str(row.stats["eager_op"]))
@@ -686,6 +689,9 @@ def _function_model(
         attrs["ml.tf.model_from_scopes"] = True
     if xla_model is not None:
         attrs["ml.tf.xla"] = True
+    if traced_from is not None and traced_from < start:
+        attrs["ml.tf.trace_ns"] = start - traced_from
+        start = traced_from
     attrs.update(known[model_name].defined)
     if site:
         attrs.update(site)
@@ -776,12 +782,16 @@ class HostEvents:
         functions: graph-function calls (``EagerExecute`` with ``is_func``).
         eager: eager ops (``EagerExecute`` of one op).
         xla_runs: (line id, function) → starts of the events that ran the whole function as one op.
+        traced: ``tf.function`` calls that traced their function first (the event TensorFlow
+            records around ``Function.__call__``, stat ``tf_function_call`` ``traced-…``), as
+            (start, end, (start, line id)).
     """
 
     graph: list[_GraphOp] = field(default_factory=list)
     functions: list[_Call] = field(default_factory=list)
     eager: list[_Call] = field(default_factory=list)
     xla_runs: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    traced: list[tuple[int, int, tuple[int, int]]] = field(default_factory=list)
 
 
 def sort_host_events(rows: Iterable[XEventRow], to_session_ns: Callable[[int], int]) -> HostEvents:
@@ -790,10 +800,18 @@ def sort_host_events(rows: Iterable[XEventRow], to_session_ns: Callable[[int], i
     Graph execution (``predict``, ``tf.function``) shows one executor TraceMe per op,
     ``<node name>:<op type>``, on the inter-op pool's threads (``tf_Compute``); eager execution
     an ``EagerExecute`` on the calling thread, with stats ``eager_op`` (the op type, or the
-    function's name) and ``is_func``.
+    function's name) and ``is_func``. Around each ``tf.function`` call, on the calling thread,
+    an event named after the Python function has stat ``tf_function_call``: ``traced-…`` when
+    the call traced its function before running it.
     """
     out = HostEvents()
     for row in rows:
+        mode = row.stats.get("tf_function_call")
+        if mode is not None:
+            if str(mode).startswith("traced"):
+                start = to_session_ns(row.start_ns)
+                out.traced.append((start, to_session_ns(row.end_ns), (start, row.line_id)))
+            continue
         parsed = parse_op_event(row.name)
         if parsed is not None:
             out.graph.append((to_session_ns(row.start_ns), to_session_ns(row.end_ns), row, parsed[0], parsed[1]))
@@ -874,6 +892,7 @@ class _Converter:
         self.out = XSpaceEvents(stats=XSpaceStats(events=len(profile.events)))
         self.skipped: Counter[str] = Counter()
         self.used: dict[int, Track] = {}
+        self.traced = _Intervals([])  # tf.function calls that traced (``HostEvents.traced``)
 
     def track_of(self, line_id: int) -> Track:
         """The track of a host line (``line_thread``)."""
@@ -892,8 +911,20 @@ class _Converter:
     ) -> LiveModelSpan | None:
         """``_function_model`` for a call on its line's track."""
         track = self.track_of(call[2].line_id).id
+        line = call[2].line_id
+        traced = self.traced.containing(call[0], call[1], lambda item: item[1] == line)
         return _function_model(
-            call, nodes, self.known, self.new_id, track, self.pythons, self.out, self.site_of(call), xla_model, signatures
+            call,
+            nodes,
+            self.known,
+            self.new_id,
+            track,
+            self.pythons,
+            self.out,
+            self.site_of(call),
+            xla_model,
+            signatures,
+            traced_from=traced[0] if traced is not None else None,
         )
 
 
@@ -1092,6 +1123,7 @@ def xspace_to_events(
     stats = cv.out.stats
     stats.lines_matched = sum(1 for line_id in profile.lines if line_id in pythons)
     host = sort_host_events(profile.events, to_session_ns)
+    cv.traced = _Intervals(host.traced)
     stats.graph_ops = len(host.graph)
     owners = _function_call_models(cv, host, signatures)
     _xla_models(cv, host, owners, function_model_names or {}, signatures)
