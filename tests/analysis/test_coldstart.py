@@ -131,7 +131,7 @@ def test_the_cold_finding_gives_a_steady_median_per_kind_of_call() -> None:
     run = _keras_run(KERAS_CALLS)
     (cold,) = (f for f in build_report(run, analyze(run, PEAKS, include_cold=False))["findings"] if f["kind"] == "cold_start")
     assert "mobilenetv2_1.00_224 3 of 28" in cold["text"]
-    assert "steady median predict 176.00 ms, __call__ 140.00 ms, tf.function 24.00 ms" in cold["text"]
+    assert "steady median predict 176.00 ms, eager 140.00 ms, tf.function 24.00 ms" in cold["text"]
     one_kind = _keras_run([("__call__", ms) for _, ms in KERAS_CALLS[4:16]])
     (cold,) = (f for f in build_report(one_kind, analyze(one_kind, PEAKS))["findings"] if f["kind"] == "cold_start")
     assert "1 of 12 (577.00 ms; steady median 140.00 ms)" in cold["text"]

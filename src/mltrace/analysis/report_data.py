@@ -333,6 +333,11 @@ def cold_start_text(a: Analysis, *, name: Callable[[str], str] = str, text: Call
     return f"Cold start: {text(a.cold_text())} — " + "; ".join(per_model) + (f". Extra time in: {spent}" if spent else "")
 
 
+#: How the cold finding names a kind of model call (``coldstart.call_kind``) where its name
+#: would not read as words (``__call__`` would also turn bold in Markdown).
+_KIND_LABELS = {"": "other calls", "__call__": "eager"}
+
+
 def _steady_text(m: ModelCalls, text: Callable[[str], str], p90: bool) -> str:
     """A model's steady median (and p90), per kind of call when its steady calls are of
     several kinds (``predict 176.02 ms, __call__ 134.10 ms``): one median over a Keras model's
@@ -345,7 +350,7 @@ def _steady_text(m: ModelCalls, text: Callable[[str], str], p90: bool) -> str:
         if len(by_kind) == 1:
             parts.append(median + (f", p90 {tail}" if p90 else ""))
         else:
-            parts.append(f"{text(kind or 'other calls')} {median}" + (f" (p90 {tail})" if p90 else ""))
+            parts.append(f"{text(_KIND_LABELS.get(kind, kind))} {median}" + (f" (p90 {tail})" if p90 else ""))
     return ", ".join(parts)
 
 
