@@ -70,6 +70,24 @@ def test_what_the_stop_would_add_counts_against_the_budget() -> None:
     assert message is not None and "grew by 0.2 GiB while traced (its stop would add about 0.8 GiB more)" in message
 
 
+def test_growth_counts_only_where_a_profiler_holds_every_event() -> None:
+    """torch.profiler in cycles holds only its running cycle: the process's growth is then the
+    program's own (neither past the budget nor with memory low does it fire), and only what
+    the running cycle's stop would take counts."""
+    rss = [GIB]
+    low = (GIB, 24 * GIB)
+    watch = MemoryWatch("the op level (torch.profiler)", rss=lambda: rss[0], meminfo=lambda: low)
+    watch.arm(GIB)
+    rss[0] = 4 * GIB  # the program's own 3 GiB, with little memory left
+    assert watch.check(stop_bytes=GIB // 4, growth=False) is None
+    message = watch.check(stop_bytes=GIB + GIB // 10, growth=False)
+    assert message == (
+        "stopping torch.profiler's running cycle would take about 1.1 GiB, "
+        "past the op level's memory budget of 1.0 GiB (MLTRACE_OP_MEMORY_GIB)"
+    )
+    assert watch.check(growth=True) is None  # once
+
+
 def test_the_default_budget_is_5_percent_of_what_is_available_and_at_least_one_gib() -> None:
     assert memwatch.default_budget(80 * GIB) == 4 * GIB
     assert memwatch.default_budget(2 * GIB) == GIB

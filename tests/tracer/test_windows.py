@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -914,3 +915,34 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
     # Ops count as they are recorded (the running cycle's by the ops per call of the last one
     # converted), so the run stops near 2 N spans, not 2 N model and layer spans plus every op.
     assert 800 <= run.meta["trace_full"]["spans"] and len(run.spans) <= 1.25 * 800
+
+
+@pytest.mark.parametrize("cycle_s", ["0.05", "0"])
+def test_the_programs_own_growth_ends_the_op_level_only_where_the_profiler_holds_every_op(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cycle_s: str
+) -> None:
+    """A program that keeps 320 MB of its own tensors, under a 0.1 GiB budget: torch.profiler in
+    cycles holds only the running cycle, so the growth is the program's and the op level goes
+    on (every call has its ops); held whole (``MLTRACE_OP_CYCLE_S=0``) it holds every op, and
+    the growth ends the op level."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", cycle_s)
+    monkeypatch.setenv("MLTRACE_OP_MEMORY_GIB", "0.1")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    held = []
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False, flush_interval_s=0.05):
+        for _ in range(16):
+            held.append(torch.ones(5 << 20))  # 20 MB a call, kept
+            model(x)
+            time.sleep(0.03)
+    del held
+    run = mltrace.load_run(tmp_path / "run")
+    window = run.meta["op_window"]
+    linear = sum(s.name == "aten::linear" for s in run.spans)
+    if cycle_s == "0":
+        assert window["reason"] == "memory budget" and linear < 16
+        assert "this process grew by" in capsys.readouterr().err
+    else:
+        assert "reason" not in window and linear == 16
+        assert "memory budget" not in capsys.readouterr().err

@@ -1,12 +1,15 @@
 """Noticing, once, that a traced program's held events are growing too large.
 
-torch.profiler (the op level, and the library level placed under it) keeps every event
-in memory until the session stops: about 1.5 MB a CNN inference on the example model, so a
-long run at those levels can exhaust the machine. The session's flusher calls
-``MemoryWatch.check`` every flush. It fires once, when the process has grown past its
-budget since the watch was armed (when torch.profiler started), or when available memory
-is low *and* the process has grown by a good amount. The session then ends the op level between two inferences where it can
-(``tracer/windows.py``), and otherwise says what to do instead.
+A profiler of the op level that holds every event until it stops (TensorFlow's, ONNX Runtime's,
+torch.profiler held whole) grows with the run: about 1.5 MB a CNN inference on the example
+model, so a long run at those levels can exhaust the machine. The session's flusher calls
+``MemoryWatch.check`` every flush. It fires once, when what stopping the profilers would take,
+plus the process's growth since the watch was armed (when torch.profiler started) where a
+profiler holds every event until it stops, passes its budget, or, there, when available memory
+is low *and* the process has grown by a good amount. torch.profiler in cycles holds only its
+running cycle: the growth is then the program's own and does not count. The session then ends
+the op level between two inferences where it can (``tracer/windows.py``), and otherwise says
+what to do instead.
 """
 
 from __future__ import annotations
@@ -122,21 +125,19 @@ class MemoryWatch:
         self._start_rss = self._rss()
         self.budget = budget
 
-    def check(self, stop_bytes: int = 0) -> str | None:
+    def check(self, stop_bytes: int = 0, growth: bool = True) -> str | None:
         """What happened, as a clause for a warning, or None; a watch fires at most once.
         ``stop_bytes``: what stopping the profilers would add still (the events they hold,
-        materialised), counted with the growth so far against the budget."""
+        materialised), counted against the budget with the growth so far where ``growth``
+        (a profiler holds every event until it stops; one that hands them over in cycles
+        holds only its running cycle, and the growth is then the program's own)."""
         if self.warned:
             return None
         grown = self._rss() - self._start_rss
-        if self.budget is not None and grown + stop_bytes >= self.budget:
+        if self.budget is not None and (grown if growth else 0) + stop_bytes >= self.budget:
             self.warned = True
-            stop = f" (its stop would add about {stop_bytes / _GIB:.1f} GiB more)" if stop_bytes else ""
-            return (
-                f"this process grew by {grown / _GIB:.1f} GiB while traced{stop}, past the op level's memory budget of "
-                f"{self.budget / _GIB:.1f} GiB (MLTRACE_OP_MEMORY_GIB): {self.holding} keeps every event in memory until it stops"
-            )
-        info = self._meminfo()
+            return self._past_budget(self.budget, grown, stop_bytes, growth)
+        info = self._meminfo() if growth else None  # a cycle's stop frees little of the program's memory
         if info is None:
             return None
         available, total = info
@@ -146,4 +147,15 @@ class MemoryWatch:
         return (
             f"memory is running low ({available / _GIB:.1f} of {total / _GIB:.1f} GiB available; this process grew by "
             f"{grown / _GIB:.1f} GiB while traced): {self.holding} keeps every event in memory until it stops"
+        )
+
+    def _past_budget(self, budget: int, grown: int, stop_bytes: int, growth: bool) -> str:
+        """The warning's clause for a watch past ``budget``."""
+        limit = f"the op level's memory budget of {budget / _GIB:.1f} GiB (MLTRACE_OP_MEMORY_GIB)"
+        if not growth:
+            return f"stopping torch.profiler's running cycle would take about {stop_bytes / _GIB:.1f} GiB, past {limit}"
+        stop = f" (its stop would add about {stop_bytes / _GIB:.1f} GiB more)" if stop_bytes else ""
+        return (
+            f"this process grew by {grown / _GIB:.1f} GiB while traced{stop}, past {limit}: "
+            f"{self.holding} keeps every event in memory until it stops"
         )

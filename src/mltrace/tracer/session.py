@@ -362,6 +362,9 @@ class Session:
         self._pending_counts: list[Callable[[], int]] = []  # sources' ``pending_spans``
         #: Sources' ``stop_bytes``: what their stop would add, which the memory budget counts ahead.
         self._stop_costs: list[Callable[[], int]] = []
+        #: The sources the op level's memory budget ends (``_watch_op_level``): the process's
+        #: growth counts toward it only while one of them holds every event until it stops.
+        self._budget_sources: list[EndsEarly] = []
         self._model_call_listeners: list[Callable[[str | None], None]] = []
         self._endless_layers: list[str] = []  # sources whose layer level the span limit cannot end
         self.full = False
@@ -541,6 +544,7 @@ class Session:
         budget = default_budget(info[0] if info else None, self.options.op_memory_gib)
         watch = self._memory_watch = MemoryWatch(f"the op level ({', '.join(s.name for s in endable)})")
         self._stop_costs = [s.stop_bytes for s in endable if isinstance(s, CostsMemoryToStop)]
+        self._budget_sources = endable
         for source in endable:  # the budget counts from the profilers' start, not the frameworks' imports
             if isinstance(source, StartsAProfiler):
                 source.around_profiler_start(lambda: None, lambda: watch.arm(budget))
@@ -891,7 +895,8 @@ class Session:
         self._check_span_count()
         watch = self._memory_watch
         if watch is not None:
-            message = watch.check(_sum_said(self._stop_costs))
+            growth = not self._budget_sources or any(s.holds_run_events for s in self._budget_sources)
+            message = watch.check(_sum_said(self._stop_costs), growth)
             if message is None:
                 return
             profiling = any(can_end_early(s) and s.profiling for s in self.started)

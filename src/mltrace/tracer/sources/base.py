@@ -104,6 +104,10 @@ class Source(Protocol):
         can_end_early: it may end before the session does (``end_early()``, ``EndsEarly``).
         profiling: a profiler of its own records now; ending the op level early frees
             what it holds (the memory budget ends the op level only then). Default False.
+        holds_run_events: what its profiler holds grows with the run until it stops, so the
+            process's growth counts toward the op level's memory budget. Default: while it
+            profiles; a profiler that hands its events over in cycles says False (its running
+            cycle's cost is its ``stop_bytes``).
         recording_ops: its part of the op level records now; a source whose profiler
             starts later (at its framework's import) or has ended says False. Default
             True: it records from ``start()`` on.
@@ -128,6 +132,11 @@ class Source(Protocol):
     def recording_ops(self) -> bool:
         """Whether its part of the op level records now."""
         return True
+
+    @property
+    def holds_run_events(self) -> bool:
+        """Whether what its profiler holds grows with the run until it stops."""
+        return self.profiling
 
     def available(self) -> str | None:
         """Returns None when the source can run here, else the reason it cannot."""

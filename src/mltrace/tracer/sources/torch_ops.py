@@ -204,6 +204,12 @@ class TorchOpSource(Source):
         return self._prof is not None
 
     @property
+    def holds_run_events(self) -> bool:
+        """Whether the profiler holds every op until it stops: held whole (no cycles, or cycles
+        stopped for good); a running cycle's cost is ``stop_bytes``."""
+        return self._prof is not None and (self._cycles is None or bool(self.cycles_stopped))
+
+    @property
     def can_end_early(self) -> bool:
         """Whether the session may stop this source before it ends: not with CUDA activity,
         whose hand-over between Kineto and cupti-python is only done at the session's end."""
@@ -211,8 +217,13 @@ class TorchOpSource(Source):
 
     def around_profiler_start(self, before: Callable[[], None], after: Callable[[], None]) -> None:
         """Calls ``before`` right before torch.profiler starts and ``after`` right after
-        (CuptiSource hands CUPTI over to Kineto and takes it back). Failures are recorded."""
-        self._around_start.append((before, after))
+        (CuptiSource hands CUPTI over to Kineto and takes it back; the session arms the op
+        level's memory budget); where it has started already (the program imported torch
+        before the session began), ``after`` now. Failures are recorded."""
+        if self._prof is not None:
+            self._call_hooks([(before, after)], 1)
+        else:
+            self._around_start.append((before, after))
 
     def available(self) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -350,7 +361,11 @@ class TorchOpSource(Source):
         return self._cuda_activity or self._cupti_kernels
 
     def _call_around(self, which: int) -> None:
-        for pair in self._around_start:
+        self._call_hooks(self._around_start, which)
+
+    def _call_hooks(self, pairs: list[tuple[Callable[[], None], Callable[[], None]]], which: int) -> None:
+        """Calls each pair's ``before`` (``which`` 0) or ``after`` (1) hook."""
+        for pair in pairs:
             try:
                 pair[which]()
             except Exception as exc:  # a hook's failure stops neither the profiler nor the program
