@@ -223,7 +223,7 @@ def parse_mkl_line(line: str) -> MklCall | None:
             nthr = int(value)
         else:
             settings.append((key, value))
-    args = tuple(a.strip() for a in m["args"].split(",")) if m["args"] else ()
+    args = tuple(map(str.strip, m["args"].split(","))) if m["args"] else ()
     return MklCall(
         function=m["func"].upper(),
         args=args,

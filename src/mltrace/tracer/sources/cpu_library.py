@@ -62,7 +62,8 @@ def _users_verbose(environ: Mapping[str, str]) -> tuple[bool, bool]:
     return onednn_on, mkl.isdigit() and int(mkl) > 0
 
 
-_POINTER = re.compile(r"0x[0-9a-fA-F]+\Z")
+#: An MKL argument that is a pointer: a whole comma-separated field, ``0x`` and hex digits.
+_POINTER_FIELD = re.compile(r"(?<![^,])0x[0-9a-fA-F]+(?![^,])")
 
 
 def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
@@ -81,14 +82,15 @@ def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
     return attrs
 
 
+def _mkl_desc(call: MklCall) -> str:
+    """An MKL call's arguments, each pointer as ``*``: pointers change every call and say
+    nothing, so this keeps its sizes, flags and strides, and names the call's template."""
+    return _POINTER_FIELD.sub("*", ",".join(call.args))
+
+
 def _mkl_attrs(call: MklCall) -> dict[str, Any]:
     """The attributes of an MKL call but its thread fields (``_mkl_thread_attrs``)."""
-    return {
-        "ml.library.name": "MKL",
-        "ml.library.kind": call.function,
-        # pointers change every run and say nothing: keep sizes, flags and strides
-        "ml.library.desc": ",".join("*" if _POINTER.match(a) else a for a in call.args),
-    }
+    return {"ml.library.name": "MKL", "ml.library.kind": call.function, "ml.library.desc": _mkl_desc(call)}
 
 
 def _mkl_thread_attrs(call: MklCall, attrs: dict[str, Any]) -> None:
@@ -185,7 +187,7 @@ class LibrarySpanMaker:
                         counts["unparsed"] += 1
                     continue
                 counts["mkl"] += 1
-                name, head, flops = template((blas.function, blas.args), _mkl_template, blas)
+                name, head, flops = template((blas.function, _mkl_desc(blas)), _mkl_template, blas)
                 attrs = head.copy()
                 _mkl_thread_attrs(blas, attrs)
                 duration = blas.duration_ns
