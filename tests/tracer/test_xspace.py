@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 
 from mltrace.formats.xspace import (
+    BOOKKEEPING_OPS,
     SYNTHETIC_TID_BASE,
     HostProfile,
     KerasModelInfo,
     LiveModelSpan,
+    XEventRow,
     host_profile,
     layer_of_node,
     parse_op_event,
@@ -304,3 +306,92 @@ def test_graph_function_names() -> None:
     assert whole_function_op("net_1/conv_1/Relu:_MklNativeFusedConv2D") is None
     guessed = models_from_scopes(["StatefulPartitionedCall/tiny_1/stem_conv_1/Relu", "StatefulPartitionedCall/tiny_1/fc_1/MatMul", "range"])
     assert list(guessed) == ["tiny"] and dict(guessed["tiny"].layers) == {"stem_conv": "", "fc": ""} and guessed["tiny"].from_scopes
+
+
+def test_fragments_on_two_threads_at_once_are_one_call() -> None:
+    """An attention layer's ``query`` runs on one thread while its ``key`` runs on another: one call of it."""
+    from mltrace.formats.xspace import merge_layer_fragments
+    from mltrace.run.events import Span
+
+    def frag(sid: int, parent: int, path: str, start: int, end: int, track: int) -> Span:
+        return Span(sid, parent, Level.LAYER, path, start, end, track, {"ml.layer.path": path})
+
+    layers = [
+        frag(10, 1, "att", 100, 300, 7),
+        frag(11, 10, "att/key", 100, 200, 7),
+        frag(12, 1, "att", 105, 400, 8),  # the same call, on thread 8 meanwhile
+        frag(13, 12, "att/query", 105, 190, 8),
+        frag(14, 12, "att/out", 345, 400, 8),
+        frag(15, 1, "att", 500, 520, 8),  # after the call: not joined, moved up
+    ]
+    work = {10: 100, 11: 100, 12: 140, 13: 85, 14: 55, 15: 20}
+    merged = merge_layer_fragments(layers, 1, work)
+    assert [(s.id, s.name, s.parent_id, s.start_ns, s.end_ns) for s in merged.kept] == [
+        (12, "att", 1, 100, 400),  # grown to cover the fragment it joined
+        (11, "att/key", 12, 100, 200),
+        (13, "att/query", 12, 105, 190),
+        (14, "att/out", 12, 345, 400),
+    ]
+    assert merged.resolve(10) == 12 and merged.resolve(15) == 1
+
+
+def _tx_profile() -> tuple[HostProfile, dict[str, str]]:
+    """One call of a Transformer block whose ops ran on two executor threads (times as TensorFlow 2.21
+    interleaved them in a Keras MultiHeadAttention block: ``key`` and ``value`` on one, ``query``, the
+    attention and its output projection on the other)."""
+    a, b = 11, 22
+    ops = [
+        (a, "tx_1/block_1/mha_1/key_1/einsum/Einsum:_MklBatchMatMulV2", 100, 200),
+        (b, "tx_1/block_1/mha_1/query_1/einsum/Einsum:_MklBatchMatMulV2", 105, 190),
+        (b, "tx_1/block_1/mha_1/query_1/Add/ReadVariableOp:ReadVariableOp", 191, 192),
+        (b, "tx_1/block_1/mha_1/einsum/Einsum:_MklEinsum", 195, 260),
+        (a, "tx_1/block_1/mha_1/value_1/einsum/Einsum:_MklBatchMatMulV2", 210, 300),
+        (b, "tx_1/block_1/mha_1/Softmax:_MklSoftmax", 262, 280),
+        (b, "tx_1/block_1/mha_1/einsum_1/Einsum:_MklEinsum", 305, 340),
+        (b, "tx_1/block_1/mha_1/attention_output_1/einsum/Einsum:_MklBatchMatMulV2", 345, 400),
+        (b, "tx_1/block_1/add:AddV2", 402, 410),
+        (a, "tx_1/block_1/ln_1/moments/mean:Mean", 412, 450),
+        (b, "tx_1/block_1/ln_1/mul:Mul", 430, 440),
+        (a, "tx_1/dense_1/MatMul:_MklMatMul", 460, 500),
+    ]
+    profile = HostProfile(lines={a: "tf_Compute", b: "tf_Compute"})
+    profile.events = [XEventRow(line, name, s, e, {}) for line, name, s, e in ops]
+    layers = {
+        "block": "TransformerBlock",
+        "block/mha": "MultiHeadAttention",
+        **{f"block/mha/{p}": "EinsumDense" for p in ("query", "key", "value", "attention_output")},
+        "block/ln": "LayerNormalization",
+        "dense": "Dense",
+    }
+    return profile, layers
+
+
+def test_a_layer_call_on_two_threads_holds_its_ops_from_both() -> None:
+    """Each op's layer is the one its name scopes name, whichever thread ran it; every span lies in its parent."""
+    profile, layers = _tx_profile()
+    out = xspace_to_events(
+        profile,
+        to_session_ns=lambda ns: ns,
+        tracks=TrackRegistry(pid=1),
+        new_id=itertools.count(1000).__next__,
+        levels=frozenset(HIERARCHY),
+        live_models=[LiveModelSpan(1, 0, 600, 99, "tx", False)],
+        models={"tx": KerasModelInfo("tx", layers)},
+    )
+    by_id = {s.id: s for s in out.spans}
+
+    def parent_path(s: Any) -> str:  # "" for the model
+        return "" if s.parent_id == 1 else by_id[s.parent_id].name
+
+    spans = [s for s in out.spans if s.level == Level.LAYER]
+    assert sorted(s.name for s in spans) == sorted(layers)  # one span per layer
+    assert all(parent_path(s) == s.name.rpartition("/")[0] for s in spans)
+    for s in out.spans:
+        parent = by_id.get(s.parent_id) if s.parent_id is not None else None
+        if parent is not None:
+            assert parent.start_ns <= s.start_ns and s.end_ns <= parent.end_ns, (s, parent)
+    model = KerasModelInfo("tx", layers)
+    for op in (s for s in out.spans if s.level == Level.OP and s.name not in BOOKKEEPING_OPS):
+        found = layer_of_node(op.attrs["ml.tf.node"], {"tx": model})
+        assert found is not None and parent_path(op) == found[1], op.attrs["ml.tf.node"]
+    assert out.stats.ops_outside_layers == 1  # the variable read after its layer's run: the model's

@@ -552,11 +552,17 @@ def merge_layer_fragments(layers: Sequence[Span], model_id: int, work: Mapping[i
     TensorFlow's executor runs a layer's ops as soon as their inputs are ready,
     so one layer call can show as several runs of ops (a BatchNormalization's
     ``Rsqrt`` of its variance before the convolution that feeds it, its
-    ``Mul`` after), each a fragment span. Per path, top-down, the fragment
-    with the most compute time (``work``, ns) is kept, preferring one whose
-    parent layer was kept; the others are dropped and their ops and nested
-    spans move to the dropped span's nearest kept ancestor (which contains
-    them in time), so no span lies outside its parent.
+    ``Mul`` after), each a fragment span, and on several threads at once (a
+    MultiHeadAttention's ``query`` projection on one, its ``key`` and ``value``
+    on another). Per path, top-down, the fragment with the most compute time
+    (``work``, ns) is kept, preferring one inside the kept span of its parent
+    layer. A fragment on another thread that runs while the kept span does (their
+    intervals overlap) and under the same parent is the same call: it joins the
+    kept span, which grows to cover it (and then may overlap more such
+    fragments), so its ops and nested spans are the layer's whichever thread ran
+    them. The other fragments are dropped and their ops and nested spans move to
+    the dropped span's nearest kept ancestor (which contains them in time), so no
+    span lies outside its parent.
 
     Args:
         layers: the fragment spans (parents first within each path's nesting).
@@ -564,26 +570,48 @@ def merge_layer_fragments(layers: Sequence[Span], model_id: int, work: Mapping[i
         work: compute time per span id (ns).
 
     Returns:
-        The kept spans (their ``parent_id`` updated) and the moves.
+        The kept spans (their ``parent_id`` and times updated) and the moves.
     """
     by_path: dict[str, list[Span]] = {}
     for s in layers:
         by_path.setdefault(s.name, []).append(s)
     merged = MergedLayers([], {})
-    kept_ids: set[int] = {model_id}
+    kept_by_path: dict[str, int] = {}
+
+    def call_of(s: Span) -> int:  # the kept span (or model) a fragment's parent now is
+        return merged.resolve(s.parent_id if s.parent_id is not None else model_id)
+
     for path in sorted(by_path, key=lambda p: p.count("/")):
+        parent_call = kept_by_path.get(path.rpartition("/")[0], model_id) if "/" in path else model_id
         fragments = by_path[path]
-        best = max(fragments, key=lambda s: (s.parent_id in kept_ids, work.get(s.id, 0), -s.start_ns))
-        kept_ids.add(best.id)
+        best = max(fragments, key=lambda s: (call_of(s) == parent_call, work.get(s.id, 0), -s.start_ns))
+        kept_by_path[path] = best.id
         merged.kept.append(best)
-        for s in fragments:
-            if s is not best:
-                merged.moved_to[s.id] = s.parent_id if s.parent_id is not None else model_id
+        for s in _join_concurrent(best, [s for s in fragments if s is not best], merged, call_of):
+            merged.moved_to[s.id] = s.parent_id if s.parent_id is not None else model_id
     for s in merged.kept:
         if s.parent_id is not None:
             s.parent_id = merged.resolve(s.parent_id)
     merged.kept.sort(key=lambda s: (s.start_ns, -s.end_ns))
     return merged
+
+
+def _join_concurrent(kept: Span, others: Sequence[Span], merged: MergedLayers, call_of: Callable[[Span], int]) -> list[Span]:
+    """Joins to ``kept`` the fragments of its path that ran on another thread while it ran, under
+    the same parent call (``call_of``; see ``merge_layer_fragments``): they move to it and it grows
+    to cover them, until no other one overlaps it. Returns the fragments not joined."""
+    home = call_of(kept)
+    left = list(others)
+    grown = True
+    while grown:
+        grown = False
+        for s in list(left):
+            if s.track_id != kept.track_id and s.start_ns <= kept.end_ns and kept.start_ns <= s.end_ns and call_of(s) == home:
+                merged.moved_to[s.id] = kept.id
+                kept.start_ns, kept.end_ns = min(kept.start_ns, s.start_ns), max(kept.end_ns, s.end_ns)
+                left.remove(s)
+                grown = True
+    return left
 
 
 def _ops_by_function_call(
