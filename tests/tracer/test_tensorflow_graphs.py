@@ -272,3 +272,36 @@ def test_a_tf_function_call_that_traces_holds_its_tracing(tmp_path: Path) -> Non
     layers = [s for s in run.spans if s.level == Level.LAYER and s.parent_id == first.id]
     assert {s.name for s in layers} == set(LAYERS)
     assert all(s.start_ns >= first.start_ns + trace_ns for s in layers)  # the graph ran after the tracing
+
+
+def test_attention_products_count_in_graph_calls(tmp_path: Path) -> None:
+    """A MultiHeadAttention's two attention products are Einsum ops (run as ``_MklEinsum``): they count
+    from their equation and the function graph's shapes, so each graph call of the layer has the hand
+    count, its four projections and the two products. Before, the products had none."""
+    keras.utils.set_random_seed(0)
+    b, t, s, d, heads, key_dim, value_dim = 2, 10, 12, 16, 2, 4, 3
+    query, memory = keras.Input((t, d), name="query"), keras.Input((s, d), name="memory")
+    att = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=key_dim, value_dim=value_dim, name="att")
+    model = keras.Model([query, memory], att(query, memory), name="tiny_att")
+    serve = tf.function(lambda q, m: model([q, m], training=False))
+    rng = np.random.default_rng(2)
+    q, m = (tf.constant(rng.standard_normal((b, n, d)).astype(np.float32)) for n in (t, s))
+
+    run = traced(tmp_path, lambda: [serve(q, m) for _ in range(2)])
+    products = {2.0 * b * heads * t * s * key_dim, 2.0 * b * heads * t * s * value_dim}  # scores, then their use
+    projections = 2.0 * b * d * heads * (t * key_dim + s * key_dim + s * value_dim) + 2.0 * b * t * heads * value_dim * d
+    by_id = run.span_by_id()
+    calls = [s for s in run.spans if s.level == Level.LAYER and s.name == "att"]
+    assert len(calls) == 2
+    for call in calls:
+        ops = [s for s in run.spans if s.level == Level.OP and _under(s, call.id, by_id)]
+        einsums = {s.attrs.get("ml.flops") for s in ops if "Einsum" in s.name}
+        assert einsums == products
+        assert sum(s.attrs.get("ml.flops", 0.0) for s in ops) == projections + sum(products)
+
+
+def _under(span: Any, ancestor: int, by_id: dict[int, Any]) -> bool:
+    parent = span.parent_id
+    while parent is not None and parent != ancestor:
+        parent = by_id[parent].parent_id if parent in by_id else None
+    return parent == ancestor

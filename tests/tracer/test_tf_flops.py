@@ -33,6 +33,22 @@ def test_formulas_by_hand() -> None:
     assert op_flops("matmul", [[None, None, 7], [7, 3]], [None, None, 3]) is None  # two unknown dimensions
 
 
+def test_einsums_by_hand() -> None:
+    """Attention's products as Keras's MultiHeadAttention writes them: 2 x output elements x the summed letters."""
+    key, query, scores = [2, 16, 4, 8], [2, 10, 4, 8], [2, 4, 10, 16]
+    assert op_flops("einsum", [key, query], scores, equation="aecd,abcd->acbe") == (2.0 * (2 * 4 * 10 * 16) * 8, False)
+    assert op_flops("einsum", [scores, [2, 16, 4, 6]], [2, 10, 4, 6], equation="acbe,aecd->abcd") == (2.0 * 480 * 16, False)
+    # "...", an implicit output (the letters written once: ik), an outer product, an unknown batch (per row).
+    assert op_flops("einsum", [[3, 5, 7], [7, 2]], [3, 5, 2], equation="...j,jk->...k") == (2.0 * 30 * 7, False)
+    assert op_flops("einsum", [[5, 7], [7, 2]], [5, 2], equation="ij,jk") == (2.0 * 10 * 7, False)
+    assert op_flops("einsum", [[5], [3]], [5, 3], equation="i,j->ij") == (2.0 * 15, False)
+    assert op_flops("einsum", [[None, 5, 7], [None, 7, 2]], [None, 5, 2], equation="bij,bjk->bik") == (2.0 * 10 * 7, True)
+    # Not counted: three operands, a summed dimension of unknown size, no equation.
+    assert op_flops("einsum", [[2, 3], [3, 4], [4, 5]], [2, 5], equation="ij,jk,kl->il") is None
+    assert op_flops("einsum", [[5, None], [None, 2]], [5, 2], equation="ij,jk->ik") is None
+    assert op_flops("einsum", [[5, 7], [7, 2]], [5, 2]) is None
+
+
 def test_eager_keras_layers_by_hand() -> None:
     assert keras_layer_kind(["Conv2D", "BaseConv", "Layer"]) == "conv"
     assert keras_layer_kind(["DepthwiseConv2D", "BaseDepthwiseConv", "Layer"]) == "depthwise"
@@ -59,6 +75,7 @@ def test_eager_keras_layers_by_hand() -> None:
 def test_runtime_ops_take_their_scopes_counts_in_order() -> None:
     assert runtime_kind("_MklNativeFusedConv2D") == "conv" and runtime_kind("_MklNativeFusedDepthwiseConv2dNative") == "depthwise"
     assert runtime_kind("_MklNativeFusedMatMul") == "matmul" and runtime_kind("Relu") is None
+    assert runtime_kind("_MklEinsum") == "einsum" and runtime_kind("Einsum") == "einsum"
     assert scope_of("StatefulPartitionedCall/m_1/fc_1/BiasAdd") == "m_1/fc_1"
     table = FlopTable(
         {"m_1/conv_1": [OpWork("conv", 100.0, True)], "m_1/fc_1": [OpWork("matmul", 10.0, False), OpWork("matmul", 20.0, False)]}
@@ -81,9 +98,15 @@ def test_a_real_function_graph() -> None:
             with tf.name_scope("conv"):
                 y = tf.nn.conv2d(x, tf.ones([3, 3, 4, 16]), strides=1, padding="SAME")
             with tf.name_scope("fc"):
-                return tf.matmul(tf.reshape(y, [-1, 1024]), tf.ones([1024, 10]))
+                z = tf.matmul(tf.reshape(y, [-1, 1024]), tf.ones([1024, 10]))
+            with tf.name_scope("att"):
+                return tf.einsum("bi,bj->bij", z, z)
 
     graph = f.get_concrete_function().graph
     table = graph_work(graph)
     assert top_scopes(graph).most_common(1)[0][0] == "net"
-    assert table.by_scope == {"net/conv": [OpWork("conv", 2.0 * 1024 * 36, True)], "net/fc": [OpWork("matmul", 2.0 * 10 * 1024, True)]}
+    assert table.by_scope == {
+        "net/conv": [OpWork("conv", 2.0 * 1024 * 36, True)],
+        "net/fc": [OpWork("matmul", 2.0 * 10 * 1024, True)],
+        "net/att/einsum": [OpWork("einsum", 2.0 * 100, True)],  # tf.einsum opens a scope of its own
+    }

@@ -2,7 +2,7 @@
 
 TensorFlow's profiler records no shapes for CPU graph ops and runs rewritten ops
 (``Conv2D`` + ``BiasAdd`` + ``Relu`` as one ``_MklNativeFusedConv2D`` named after the
-``Relu``), so ``graph_work`` counts the convolutions and matrix products of the Python
+``Relu``), so ``graph_work`` counts the convolutions, matrix products and einsums of the Python
 graph of the function that ran, by name scope (nested function calls included), and
 ``FlopTable.take`` hands them to the runtime ops of the same scope and kind in order.
 """
@@ -25,6 +25,7 @@ GRAPH_KINDS = {
     "BatchMatMul": "matmul",
     "BatchMatMulV2": "matmul",
     "BatchMatMulV3": "matmul",
+    "Einsum": "einsum",
 }
 _CALL_OPS = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
 _WRAPPER_SCOPES = frozenset({"StatefulPartitionedCall", "PartitionedCall"})
@@ -35,6 +36,8 @@ Shape = Sequence[int | None]
 
 def runtime_kind(op_type: str) -> str | None:
     """The kind of work of a runtime op type (``_MklNativeFusedConv2D`` → ``"conv"``), or None."""
+    if "Einsum" in op_type:
+        return "einsum"
     if "Depthwise" in op_type:
         return "depthwise"
     if "Conv2D" in op_type or "Conv3D" in op_type:
@@ -44,20 +47,24 @@ def runtime_kind(op_type: str) -> str | None:
     return None
 
 
-def op_flops(kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: bool = False) -> tuple[float, bool] | None:
+def op_flops(
+    kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: bool = False, equation: str | None = None
+) -> tuple[float, bool] | None:
     """FLOPs of one graph op, and whether they are per batch row (the output's one unknown dimension taken as 1).
 
     Multiply-adds × 2: a convolution's output elements × its kernel volume × input channels
     per group; a depthwise convolution's output elements × its kernel area; a matrix
-    product's output elements × its inner dimension. Fused bias adds and activations are
+    product's output elements × its inner dimension; a two-operand einsum's output elements ×
+    the sizes of the letters it sums over (``_einsum_summed``). Fused bias adds and activations are
     not counted. A shape whose batch dimension is unknown (a SavedModel signature's
     ``(None, 16, 16, 3)``) is counted per row, to be scaled by the call's batch size.
 
     Args:
-        kind: ``conv``, ``depthwise`` or ``matmul`` (``GRAPH_KINDS``).
+        kind: ``conv``, ``depthwise``, ``matmul`` or ``einsum`` (``GRAPH_KINDS``).
         inputs: the op's input shapes (None: unknown dimension).
         output: its output shape.
         transpose_a: a matrix product's ``transpose_a``/``adj_x``.
+        equation: an einsum's ``equation`` attribute (``BTNH,BSNH->BNTS``).
 
     Returns:
         (FLOP, per batch row), or None when a shape is unknown beyond one output dimension.
@@ -76,9 +83,43 @@ def op_flops(kind: str, inputs: Sequence[Shape], output: Shape, transpose_a: boo
         if k is None:
             return None
         inner = k
+    elif kind == "einsum" and equation is not None:
+        summed = _einsum_summed(equation, inputs)
+        if summed is None:
+            return None
+        inner = summed
     else:
         return None
     return 2.0 * out * inner, unknown == 1
+
+
+def _einsum_summed(equation: str, inputs: Sequence[Shape]) -> int | None:
+    """The product of the sizes of the letters a two-operand einsum sums over (those of its
+    operands missing from its output: ``BTNH,BSNH->BNTS`` → H), 1 where it sums over none (an
+    outer or elementwise product); a letter's size is its largest in the operands (a size-1
+    dimension broadcasts), a ``...`` stands for the dimensions between the letters before and after
+    it. None for another number of operands (TensorFlow contracts three or more pairwise, in an
+    order the equation does not give) or a summed dimension of unknown size."""
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    specs = lhs.split(",")
+    if len(specs) != 2 or len(inputs) != 2:
+        return None
+    if not arrow:  # implicit output: the letters written once
+        letters = lhs.replace(",", "").replace(".", "")
+        out = "".join(c for c in letters if letters.count(c) == 1)
+    sizes: dict[str, int] = {}
+    for spec, shape in zip(specs, inputs):
+        head, dots, tail = spec.partition("...")
+        if "." in head or "." in tail or len(head) + len(tail) > len(shape) or (not dots and len(spec) != len(shape)):
+            return None
+        dims = [*shape[: len(head)], *shape[len(shape) - len(tail) :]]
+        for letter, dim in zip(head + tail, dims):
+            if letter in out:
+                continue
+            if dim is None:
+                return None
+            sizes[letter] = max(sizes.get(letter, 1), dim)
+    return prod(sizes.values())
 
 
 def keras_layer_kind(mro_names: Iterable[str]) -> str | None:
@@ -167,7 +208,7 @@ class OpWork:
     """The work of one graph op.
 
     Attributes:
-        kind: ``conv``, ``depthwise`` or ``matmul``.
+        kind: ``conv``, ``depthwise``, ``matmul`` or ``einsum``.
         flops: FLOP (per batch row when ``per_row``).
         per_row: whether ``flops`` scales with the call's batch size.
     """
@@ -214,7 +255,7 @@ def _shape(tensor: Any) -> list[int | None] | None:
 
 
 def graph_work(graph: Any, depth: int = 0) -> FlopTable:
-    """Counts a TensorFlow ``FuncGraph``'s convolutions and matrix products, nested function calls included.
+    """Counts a TensorFlow ``FuncGraph``'s convolutions, matrix products and einsums, nested function calls included.
 
     Args:
         graph: a ``FuncGraph`` (``ConcreteFunction.graph``).
@@ -245,9 +286,18 @@ def _add(table: FlopTable, op: Any, kind: str) -> None:
             break
         except ValueError:
             continue
-    work = op_flops(kind, [s for s in ins if s is not None], out, transpose)
+    work = op_flops(kind, [s for s in ins if s is not None], out, transpose, _equation(op) if kind == "einsum" else None)
     if work is not None:
         table.by_scope.setdefault(scope_of(op.name), []).append(OpWork(kind, work[0], work[1]))
+
+
+def _equation(op: Any) -> str | None:
+    """An einsum op's ``equation`` attribute, None if it has none."""
+    try:
+        value = op.get_attr("equation")
+    except ValueError:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _called_graph(graph: Any, op: Any) -> Any:
