@@ -86,6 +86,35 @@ def test_a_generates_prefill_that_compiled_is_cold_in_a_run() -> None:
     assert model.cold == [0, 2] and list(model.one_time) == ["compile"]
 
 
+def _lstm_run(ops_in: int) -> Run:
+    """A model's first call, cold (90 ms: aten::copy_ 60 ms, aten::mm 20 ms), then six steady
+    calls of 10 ms (aten::copy_ 6 ms, aten::mm 2 ms each), the first ``ops_in`` of them with
+    their ops recorded (the op level ended after them)."""
+    from mltrace.run.events import Span, Track, TrackKind
+
+    spans, next_id, at = [], 1, 0
+    for i, ms in enumerate([90, 10, 10, 10, 10, 10, 10]):
+        spans.append(Span(next_id, None, Level.MODEL, "Sequence", at, at + ms * MS, 1, {"ml.layer.type": "Sequence"}))
+        if i <= ops_in:
+            copy_ms, mm_ms = (60, 20) if i == 0 else (6, 2)
+            spans.append(Span(next_id + 1, next_id, Level.OP, "aten::copy_", at, at + copy_ms * MS, 1, {}))
+            spans.append(Span(next_id + 2, next_id, Level.OP, "aten::mm", at + copy_ms * MS, at + (copy_ms + mm_ms) * MS, 1, {}))
+        next_id, at = next_id + 3, at + (ms + 1) * MS
+    tracks = {1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)}
+    return Run(path=Path("hand-made"), meta={"name": "hand-made", "complete": True}, tracks=tracks, spans=spans)
+
+
+def test_the_cold_calls_extra_time_is_measured_against_steady_calls_with_ops() -> None:
+    """Where the op level ended early, the steady calls after its end have no ops: the cold
+    call's ops are compared with those of the steady calls that have some (60 - 6 ms of
+    aten::copy_), and with none of them, nothing is listed (it read "aten::copy_ +60 ms")."""
+    cs = find_cold_start(_lstm_run(ops_in=2))
+    assert cs.models[0].cold == [0]
+    assert {x.name: x.ns for x in cs.spent} == {"aten::copy_": 54 * MS, "aten::mm": 18 * MS}
+    cs = find_cold_start(_lstm_run(ops_in=0))
+    assert cs.models[0].cold == [0] and cs.spent == []
+
+
 def _keras_run(calls: list[tuple[str, float]]) -> Run:
     """A hand-made run of one Keras model's calls: (``ml.keras.method``, ms) each, in order."""
     from mltrace.run.events import Span, Track, TrackKind

@@ -27,7 +27,9 @@ A model called once has no steady state to compare with: its call is steady.
 A call that raised (its model span has ``error.type``, ``FAILED_ATTR``) is neither: it is
 left out of the rule and of the steady statistics, and counted apart (``ModelCalls.failed``).
 What the cold calls spent time on is the excess of their ops', library calls' and
-CUDA API calls' self time over as many steady calls (``Spent``).
+CUDA API calls' self time over as many steady calls (``Spent``), both with such work
+recorded in them (none after the op level ended early): a model with no such steady call
+lists none.
 """
 
 from __future__ import annotations
@@ -392,10 +394,14 @@ def find_cold_start(run: Run, rule: ColdRule = COLD_RULE, spent: bool = True) ->
             cold_flag[cold_rows] = True
             out.intervals += [(int(t.start[r]), int(t.end[r]), f"{name} (cold)") for r in cold_rows]
             apart = {*model.cold, *model.failed}
-            steady_rows = [r for i, r in enumerate(rows) if i not in apart]
-            weight[cold_rows] = 1.0
-            if steady_rows:
-                weight[steady_rows] = -len(cold_rows) / len(steady_rows)
+            # Only calls with work recorded in them are compared: where the op level ended
+            # early, the steady calls after its end have none, and subtracting nothing would
+            # make every op of the cold calls look like extra time.
+            cold_worked = [r for r in cold_rows if r in markers]
+            steady_worked = [r for i, r in enumerate(rows) if i not in apart and r in markers]
+            if cold_worked and steady_worked:
+                weight[cold_worked] = 1.0
+                weight[steady_worked] = -len(cold_worked) / len(steady_worked)
     if not cold_flag.any():
         return out
     inside = cold_flag | tree.ancestor_or(cold_flag)
