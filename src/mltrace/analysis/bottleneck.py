@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat, layers_named_by_model
@@ -240,6 +240,29 @@ class NameTime:
     total_ns: int = 0
 
 
+@dataclass(frozen=True)
+class KnownWork:
+    """The calls of a row whose work is known in full, where they are fewer than all its calls
+    (the op level ended early): its verdict and achieved FLOP/s are over these calls alone.
+
+    Attributes:
+        calls: their number.
+        time_ns: their summed durations (ns).
+        flops: their FLOPs.
+        bytes: their bytes.
+    """
+
+    calls: int
+    time_ns: int
+    flops: float
+    bytes: float
+
+
+def known_work(calls: int, known_calls: int, time_ns: int, flops: float, moved: float) -> KnownWork | None:
+    """The calls whose work is known in full, or None where that is every call."""
+    return None if known_calls >= calls else KnownWork(known_calls, time_ns, flops, moved)
+
+
 @dataclass
 class LayerRow:
     """One layer (or model), aggregated over its calls, with its verdict.
@@ -264,6 +287,9 @@ class LayerRow:
         kernels: GPU kernels in the subtree, by name, largest first.
         kernel_ns: their summed GPU time (ns).
         kernel_count: their number.
+        known: where the op level ended early and some calls' work is not known in full
+            (docs/ANALYSIS.md), the calls whose work is: the verdict and achieved FLOP/s are
+            over them alone. None where every call's work is known.
         has_child_layers: whether any call contained layer spans.
         dtype: data type of the first input of the first call ("" if unknown).
         verdict: the verdict, or None when no peaks were given.
@@ -289,6 +315,7 @@ class LayerRow:
     kernels: list[NameTime] = field(default_factory=list)
     kernel_ns: int = 0
     kernel_count: int = 0
+    known: KnownWork | None = None
     has_child_layers: bool = False
     dtype: str = ""
     verdict: Verdict | None = None
@@ -309,7 +336,8 @@ class TypeRow:
         self_ns: summed self times (ns).
         flops: FLOP over all calls.
         bytes: bytes over all calls.
-        verdict: the verdict over the summed numbers, or None without peaks.
+        known: the calls whose work is known in full (as ``LayerRow.known``).
+        verdict: the verdict over the summed numbers (of those calls), or None without peaks.
     """
 
     type: str
@@ -318,6 +346,7 @@ class TypeRow:
     self_ns: int = 0
     flops: float = 0.0
     bytes: float = 0.0
+    known: KnownWork | None = None
     verdict: Verdict | None = None
 
 
@@ -861,8 +890,10 @@ def fit_peaks(peaks: PeakSet, rows: list[LayerRow], ops: list[NameRow]) -> PeakS
     """The peaks, a measured bandwidth roof raised to the highest bytes/s a layer or op reached
     on its device (a raised roof carries a note); FLOP roofs are never raised."""
     reached = {"cpu": 0.0, "gpu": 0.0}  # bytes/s
-    work = [(r.kernel_count, r.kernel_ns, r.stat.total_ns, r.bytes) for r in rows]
-    work += [(o.kernels, o.device_ns, o.total_ns, o.bytes) for o in ops]
+    work = [(o.kernels, o.device_ns, o.total_ns, o.bytes) for o in ops]
+    for r in rows:
+        time_ns, _, moved = _judged(r.stat.total_ns, r.flops, r.bytes, r.known)
+        work.append((r.kernel_count, r.kernel_ns, time_ns, moved))
     for kernels, device_ns, total_ns, moved in work:
         t = _work_time_ns(kernels, device_ns, total_ns)
         if t > 0:
@@ -894,9 +925,10 @@ def _judge(rows: list[LayerRow], types: list[TypeRow], peaks: PeakSet, th: Thres
     for row in rows:
         row.verdict = _layer_verdict(row, peaks, th)
         roofs = _peaks_for(row.kernel_count, peaks)
-        t = _work_time_ns(row.kernel_count, row.kernel_ns, row.stat.total_ns)
-        if roofs is not None and row.flops > 0 and t > 0:
-            row.achieved_flops = row.flops / (t * 1e-9)
+        time_ns, flops, _ = _judged(row.stat.total_ns, row.flops, row.bytes, row.known)
+        t = _work_time_ns(row.kernel_count, row.kernel_ns, time_ns)
+        if roofs is not None and flops > 0 and t > 0:
+            row.achieved_flops = flops / (t * 1e-9)
             peak = roofs.flops_for(row.dtype) if row.dtype else roofs.top_flops_per_s
             row.peak_share = _share_or_none(row.achieved_flops, peak)
         if row.stat.level is Level.LAYER:
@@ -1030,13 +1062,25 @@ def _layer_rows(g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Threshold
             kernels=_name_times(acc.kernels),
             kernel_ns=acc.kernel_ns,
             kernel_count=acc.kernel_count,
+            known=known_work(acc.calls, acc.known_calls, acc.known_ns, acc.known_flops, acc.known_bytes),
             has_child_layers=acc.has_child_layers,
             dtype=str(dtypes[0]) if isinstance(dtypes, list) and dtypes else "",
         )
         if peaks is not None:
             row.verdict = _layer_verdict(row, peaks, th)
         rows.append(row)
-    types = [TypeRow(name, t.calls, t.total_ns, t.self_ns, t.flops, t.bytes) for name, t in g.types.items()]
+    types = [
+        TypeRow(
+            name,
+            t.calls,
+            t.total_ns,
+            t.self_ns,
+            t.flops,
+            t.bytes,
+            known_work(t.calls, t.known_calls, t.known_ns, t.known_flops, t.known_bytes),
+        )
+        for name, t in g.types.items()
+    ]
     if peaks is not None:
         members: dict[str, list[LayerRow]] = {}
         for row in rows:
@@ -1053,27 +1097,56 @@ def _peaks_for(row_kernels: int, peaks: PeakSet) -> Peaks | None:
     return peaks.cpu
 
 
+def _judged(total_ns: int, flops: float, moved: float, known: KnownWork | None) -> tuple[int, float, float]:
+    """(time ns, FLOPs, bytes) a row is judged over: those of its calls whose work is known in
+    full (``known``), else of all its calls."""
+    return (total_ns, flops, moved) if known is None else (known.time_ns, known.flops, known.bytes)
+
+
+def _basis_text(source: str, calls: int, known: KnownWork | None) -> str:
+    """A verdict's basis: the work's source, and how many calls it is over where not all."""
+    return source if known is None else f"{source} ({known.calls} of {calls} calls)"
+
+
+def _over_known(v: Verdict, calls: int, known: KnownWork | None) -> Verdict:
+    """The verdict, its reason saying what calls it is over where not all of them."""
+    if known is None:
+        return v
+    return replace(v, reason=f"{v.reason}; over the {known.calls} of {calls} calls whose work is known in full")
+
+
+def _no_known_calls(calls: int, basis: str) -> Verdict:
+    """The verdict of a row none of whose calls has its work known in full."""
+    return Verdict(Bound.UNKNOWN, f"no work estimate: the op level ended before any of its {calls} calls did", basis=basis)
+
+
 def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
     roofs = _peaks_for(row.kernel_count, peaks)
     known = row.work_source != IO  # inputs and outputs alone give bytes, and no FLOPs: not the work
+    calls = row.stat.calls
+    basis = _basis_text(row.work_source, calls, row.known)
+    if row.known is not None and row.known.calls == 0:
+        return _no_known_calls(calls, basis)
+    time_ns, flops, moved = _judged(row.stat.total_ns, row.flops, row.bytes, row.known)
     if roofs is None:  # kernels on a GPU not in the table: only the launch rule can speak
-        return classify(
-            time_ns=row.stat.total_ns,
+        v = classify(
+            time_ns=time_ns,
             flops=0,
             moved_bytes=0,
             peak_flops=1,
             peak_bytes=1,
             work_known=False,
-            calls=row.stat.calls,
+            calls=calls,
             kernels=row.kernel_count,
             device_ns=row.kernel_ns,
-            basis=row.work_source,
+            basis=basis,
             th=th,
         )
-    return classify(
-        time_ns=row.stat.total_ns,
-        flops=row.flops,
-        moved_bytes=row.bytes,
+        return _over_known(v, calls, row.known)
+    v = classify(
+        time_ns=time_ns,
+        flops=flops,
+        moved_bytes=moved,
         peak_flops=roofs.flops_for(row.dtype),
         peak_bytes=roofs.bytes_per_s,
         work_known=known,
@@ -1082,23 +1155,28 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         op_ns=row.op_ns,
         kernels=row.kernel_count,
         device_ns=row.kernel_ns,
-        basis=row.work_source,
+        basis=basis,
         th=th,
     )
+    return _over_known(v, calls, row.known)
 
 
 def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thresholds) -> Verdict:
     kernels = sum(r.kernel_count for r in members)
     roofs = _peaks_for(kernels, peaks)
     sources = {r.work_source for r in members}
-    basis = sources.pop() if len(sources) == 1 else "mixed"
-    return classify(
-        time_ns=t.total_ns,
-        flops=t.flops if roofs is not None else 0,
-        moved_bytes=t.bytes if roofs is not None else 0,
+    source = sources.pop() if len(sources) == 1 else "mixed"
+    basis = _basis_text(source, t.calls, t.known)
+    if t.known is not None and t.known.calls == 0:
+        return _no_known_calls(t.calls, basis)
+    time_ns, flops, moved = _judged(t.total_ns, t.flops, t.bytes, t.known)
+    v = classify(
+        time_ns=time_ns,
+        flops=flops if roofs is not None else 0,
+        moved_bytes=moved if roofs is not None else 0,
         peak_flops=roofs.flops_for(members[0].dtype if members else None) if roofs is not None else 1,
         peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
-        work_known=roofs is not None and basis != IO,
+        work_known=roofs is not None and source != IO,
         calls=t.calls,
         ops=sum(r.op_count for r in members),
         op_ns=sum(r.op_ns for r in members),
@@ -1107,6 +1185,7 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
         basis=basis,
         th=th,
     )
+    return _over_known(v, t.calls, t.known)
 
 
 def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:

@@ -136,6 +136,14 @@ class RowAcc:
     layer_calls_ns: int = 0  # their summed durations
     kernel_ns: int = 0
     kernel_count: int = 0
+    # The calls whose work is known in full, which the verdict is over (all of them unless the
+    # op level ended early): calls with ops, calls whose work comes from a formula or explicit
+    # attributes, and calls of a row without ops of its own whose children's work is all known;
+    # where the row ran kernels, calls with ops only. Their count, time, FLOPs and bytes.
+    known_calls: int = 0
+    known_ns: int = 0
+    known_flops: float = 0.0
+    known_bytes: float = 0.0
     has_child_layers: bool = False
     direct_ops: dict[str, list[int]] = field(default_factory=dict)
     libraries: dict[str, list[int]] = field(default_factory=dict)
@@ -151,6 +159,10 @@ class TypeAcc:
     self_ns: int = 0
     flops: float = 0.0
     bytes: float = 0.0
+    known_calls: int = 0  # as ``RowAcc``'s, each call on its row's basis
+    known_ns: int = 0
+    known_flops: float = 0.0
+    known_bytes: float = 0.0
 
 
 @dataclass
@@ -708,11 +720,21 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     needs_own = np.isnan(cb_exp) & np.isnan(cform_b)
     cb_rows = cb_rows[needs_own[call_of[owner[cb_rows]]]]
     own_op_bytes = _own_op_bytes(t, cb_rows, call_of[owner[cb_rows]], crow, name, names, ncall)
+    g.op_ends = op_ends(run)
+    g.layer_end_ns = window_end(run, "layer_window")
+    # A call has layer spans if it started before the layer level's end (calls in flight then
+    # finish theirs), and ops if it also ended before its framework's op level did.
+    with_layers = start[call_rows] <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
+    with_ops = with_layers & (end[call_rows] <= _op_end_per_call(g.op_ends, t, call_rows, cowner, cdepth))
+    # Rows with ops of their own (in any call): a call of theirs without ops misses their work.
+    own_ops = (_count_by(crow[call_of[above[direct]]], nrow) > 0)[crow]
     flops = np.zeros(ncall)
     moved = np.zeros(ncall)
     source = np.zeros(ncall, dtype=np.int64)
+    known = np.zeros(ncall, dtype=bool)  # the call's work is known in full (``RowAcc.known_calls``)
     child_flops = np.zeros(ncall)
     child_bytes = np.zeros(ncall)
+    unknown_children = np.zeros(ncall, dtype=np.int64)
     for cs in levels_desc:
         fe, fo, ff = cf_exp[cs], op_flops[cs], cform_f[cs]
         has_fe, has_ff, kids, hof = ~np.isnan(fe), ~np.isnan(ff), has_children[cs], has_op_flops[cs]
@@ -722,20 +744,17 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         # Else what its children and its own ops move (a layer whose forward runs ops itself),
         # at least its inputs, outputs and parameters.
         moved[cs] = np.where(~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.maximum(cio[cs], child_bytes[cs] + own_op_bytes[cs])))
+        children_known = kids & (unknown_children[cs] == 0) & ~own_ops[cs]
+        known[cs] = with_ops[cs] | has_fe | has_ff | children_known
         up = cowner[cs]
         m = up >= 0
         if m.any():
             np.add.at(child_flops, up[m], flops[cs][m])
             np.add.at(child_bytes, up[m], moved[cs][m])
+            np.add.at(unknown_children, up[m], ~known[cs][m])
 
     self_ns = np.maximum(cdur - child_ns, 0)
     framework = np.maximum(self_ns - direct_op_ns, 0)
-    g.op_ends = op_ends(run)
-    g.layer_end_ns = window_end(run, "layer_window")
-    # A call has layer spans if it started before the layer level's end (calls in flight then
-    # finish theirs), and ops if it also ended before its framework's op level did.
-    with_layers = start[call_rows] <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
-    with_ops = with_layers & (end[call_rows] <= _op_end_per_call(g.op_ends, t, call_rows, cowner, cdepth))
     framework = np.where(with_ops, framework, 0)
     r_opcalls = _count_by(crow[with_ops], nrow)
     r_opcalls_ns = _sum_by(crow[with_ops], cdur[with_ops].astype(np.float64), nrow)
@@ -755,6 +774,13 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     r_kc = _sum_by(crow, kern_count.astype(np.float64), nrow)
     r_fw = _sum_by(crow, framework.astype(np.float64), nrow)
     r_kids = _count_by(crow[has_children], nrow) > 0
+    # The calls each row is judged over (``RowAcc.known_calls``): those whose work is known in
+    # full; where the row ran kernels, only those with ops (kernels exist in them alone).
+    basis = known & (with_ops | (r_kc == 0)[crow])
+    r_known = _count_by(crow[basis], nrow)
+    r_known_ns = _sum_by(crow[basis], cdur[basis].astype(np.float64), nrow)
+    r_known_flops = np.bincount(crow[basis], weights=flops[basis], minlength=nrow)
+    r_known_bytes = np.bincount(crow[basis], weights=moved[basis], minlength=nrow)
     # The call that describes each row: the deepest, then one with ops (where the op level
     # ended early, its work basis is the ops'), then the last-ending (lowest call index).
     pick = np.lexsort((np.arange(ncall), ~with_ops, -cdepth, crow))
@@ -787,6 +813,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
             layer_calls_ns=int(r_layercalls_ns[r]),
             kernel_ns=int(r_kns[r]),
             kernel_count=int(r_kc[r]),
+            known_calls=int(r_known[r]),
+            known_ns=int(r_known_ns[r]),
+            known_flops=float(r_known_flops[r]),
+            known_bytes=float(r_known_bytes[r]),
             has_child_layers=bool(r_kids[r]),
             direct_ops=direct_tables.get(r, {}),
             libraries=lib_tables.get(r, {}),
@@ -805,8 +835,26 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         ts = _sum_by(tix, self_ns[lay].astype(np.float64), nt)
         tf = np.bincount(tix, weights=flops[lay], minlength=nt)
         tb = np.bincount(tix, weights=moved[lay], minlength=nt)
+        kb = basis[lay]  # each call on its row's basis
+        kt, kc = tix[kb], lay[kb]
+        known_sums = (
+            _count_by(kt, nt),
+            _sum_by(kt, cdur[kc].astype(np.float64), nt),
+            np.bincount(kt, weights=flops[kc], minlength=nt),
+            np.bincount(kt, weights=moved[kc], minlength=nt),
+        )
         for k in np.nonzero(tc)[0].tolist():
-            g.types[type_names[k]] = TypeAcc(int(tc[k]), int(tt[k]), int(ts[k]), float(tf[k]), float(tb[k]))
+            g.types[type_names[k]] = TypeAcc(
+                int(tc[k]),
+                int(tt[k]),
+                int(ts[k]),
+                float(tf[k]),
+                float(tb[k]),
+                known_calls=int(known_sums[0][k]),
+                known_ns=int(known_sums[1][k]),
+                known_flops=float(known_sums[2][k]),
+                known_bytes=float(known_sums[3][k]),
+            )
 
     # Ops in a model but in no layer, and ops in no model at all. A model with no child modules
     # (``ml.model.leaf``) is its own only layer: its ops are in no other, and not counted.

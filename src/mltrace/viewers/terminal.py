@@ -403,7 +403,7 @@ def _why_table(console: object, rows: list[LayerRow]) -> None:
             fmt_si(r.achieved_flops, "FLOP/s") if r.achieved_flops else "",
             f"{100 * r.peak_share:.2g}%" if r.peak_share is not None else "",
             f"{100 * v.efficiency:.2g}%" if v is not None and v.efficiency is not None else "",
-            r.work_source,
+            _esc(v.basis) if v is not None else r.work_source,
             _esc(v.reason) if v is not None else "",
         )
     console.print(table)  # type: ignore[attr-defined]
