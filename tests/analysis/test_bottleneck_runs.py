@@ -255,6 +255,31 @@ def test_an_op_level_that_ended_before_every_counted_call_measures_no_framework_
     assert "ops were recorded in 0 of 2 model calls; framework overhead and ops per call are not measured" in f.notes[0]
 
 
+def test_idle_time_after_the_op_levels_early_end_is_said_to_have_no_ops_recorded() -> None:
+    """Three model calls, an op of the program's between the first two (1,200..1,600), the op
+    level ended at 2,600 (no pause recorded): of the idle 1,000..2,000 and 2,500..5,000, 400 ns
+    ran ops and 2,400 ns lie after the end, where the program's ops (a backward pass) were
+    not recorded: the finding says so rather than leave that time unexplained."""
+    run = cpu_run(
+        [
+            Span(1, None, M, "Net", 0, 1000, 1, {"ml.layer.type": "Net"}),
+            Span(2, 1, L, "a", 100, 900, 1, linear_attrs(4, 8, 16)),
+            Span(3, 2, OP, "aten::linear", 110, 890, 1, {}),
+            Span(4, None, OP, "aten::mul", 1200, 1600, 1, {}),
+            Span(5, None, M, "Net", 2000, 2500, 1, {"ml.layer.type": "Net"}),
+            Span(6, 5, L, "a", 2100, 2400, 1, linear_attrs(4, 8, 16)),
+            Span(7, None, M, "Net", 5000, 5500, 1, {"ml.layer.type": "Net"}),
+            Span(8, 7, L, "a", 5100, 5400, 1, linear_attrs(4, 8, 16)),
+        ]
+    )
+    run.meta["op_window"] = {"ended_ns": 2600, "reason": "memory budget", "ended_after_model_calls": 2}
+    idle = analyze(run, CPU).findings.idle[0]
+    assert (idle.idle_ns, idle.ops_ns, idle.unrecorded_ns) == (3500, 400, 2400)
+    assert "2.4 µs of it (69%) after the op level ended, where the program's ops were not recorded" in idle.headline()
+    del run.meta["op_window"]
+    assert analyze(run, CPU).findings.idle[0].unrecorded_ns == 0
+
+
 def test_span_order_does_not_matter() -> None:
     run = small_cpu_run()
     expected = analyze(run, CPU)

@@ -425,6 +425,8 @@ class Idle:
         ops_ns: of the rest of the idle time, the time the program's process ran ops outside
             every model call and user span (ns): its own tensor code (a training step's
             backward pass and optimizer, pre- and post-processing).
+        unrecorded_ns: of the idle time, the part after the op level ended early (ns), where
+            no op was recorded: ``ops_ns`` cannot count the program's tensor code there.
     """
 
     where: str
@@ -434,6 +436,7 @@ class Idle:
     tracer_ns: int = 0
     loading_ns: int = 0
     ops_ns: int = 0
+    unrecorded_ns: int = 0
 
     @property
     def idle_ns(self) -> int:
@@ -462,6 +465,11 @@ class Idle:
             if ns:
                 share = 100 * ns / self.idle_ns if self.idle_ns > 0 else 100.0
                 out += f"; {fmt_ns(ns)} of it ({share:.0f}%) {what}"
+        if self.unrecorded_ns:
+            share = 100 * self.unrecorded_ns / self.idle_ns if self.idle_ns > 0 else 100.0
+            out += (
+                f"; {fmt_ns(self.unrecorded_ns)} of it ({share:.0f}%) after the op level ended, where the program's ops were not recorded"
+            )
         return out
 
     @property
@@ -706,11 +714,13 @@ def _idle(
     pauses: Pauses | None = None,
     loading: list[tuple[int, int]] | None = None,
     outside_ops: tuple[np.ndarray, np.ndarray] | None = None,
+    ops_end_ns: int | None = None,
 ) -> Idle:
     """Idle time of ``intervals``' window; ``pauses`` (mltrace's own, session ns) inside the
     window and outside the intervals are neither busy nor idle, and end no gap; of the idle
     time, what ``loading`` (the DataLoader's batches) covers is counted as ``loading_ns``, and
-    what ``outside_ops`` (starts, ends: ops outside model calls) covers of the rest as ``ops_ns``."""
+    what ``outside_ops`` (starts, ends: ops outside model calls) covers of the rest as ``ops_ns``;
+    what lies after ``ops_end_ns`` (the op level's early end) as ``unrecorded_ns``."""
     begin, end = min(s for s, _, _ in intervals), max(e for _, e, _ in intervals)
     inside = [(max(s, begin), min(e, end), TRACER_PAUSE) for s, e in (pauses.intervals if pauses else ()) if s < end and e > begin]
     busy, gaps = _union(list(intervals))
@@ -721,9 +731,12 @@ def _idle(
     accounted = [(s, e) for s, e, _ in (*intervals, *inside)]
     loading_ns = _covered_ns(accounted, _as_arrays(loading or []), begin, end)
     ops_ns = _covered_ns([*accounted, *(loading or [])], outside_ops, begin, end) if outside_ops is not None else 0
+    unrecorded_ns = sum(max(0, e - max(s, ops_end_ns)) for s, e, _, _ in gaps) if ops_end_ns is not None else 0
     gaps.sort(key=lambda g: (g[0] - g[1], g[0]))
     kept = [Gap(s, e, where, b, a) for s, e, b, a in gaps[:keep]]
-    return Idle(where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns, ops_ns=ops_ns)
+    return Idle(
+        where, end - begin, busy, kept, tracer_ns=with_pauses - busy, loading_ns=loading_ns, ops_ns=ops_ns, unrecorded_ns=unrecorded_ns
+    )
 
 
 def _as_arrays(intervals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -971,8 +984,16 @@ def _findings(
                 if row.verdict is not None:
                     findings.bound_ns[row.verdict.bound] = findings.bound_ns.get(row.verdict.bound, 0) + row.self_ns
     if len(p.model_intervals) >= 2:
+        ends = [e for e in (p.op_ends.default, *p.op_ends.by_framework.values()) if e is not None]
         findings.idle.append(
-            _idle("between model calls", p.model_intervals, pauses=pauses, loading=p.loading_intervals, outside_ops=p.outside_op_intervals)
+            _idle(
+                "between model calls",
+                p.model_intervals,
+                pauses=pauses,
+                loading=p.loading_intervals,
+                outside_ops=p.outside_op_intervals,
+                ops_end_ns=min(ends) if ends else None,
+            )
         )
     for device in sorted(p.gpu_busy):
         idle = _idle(f"GPU {device}", p.gpu_busy[device])

@@ -392,6 +392,8 @@ def _idle_finding(idle: Idle) -> dict[str, Any]:
         entry["loading_ns"] = idle.loading_ns
     if idle.ops_ns:
         entry["ops_ns"] = idle.ops_ns
+    if idle.unrecorded_ns:
+        entry["unrecorded_ns"] = idle.unrecorded_ns
     if idle.gaps:
         g = idle.gaps[0]
         entry["text"] += f"; largest {fmt_ns(g.duration_ns)} after {g.before} before {g.after}"
