@@ -33,22 +33,29 @@ def linear_attrs(m: int, k: int, n: int) -> dict[str, Any]:
     }
 
 
-def custom_attrs() -> dict[str, Any]:
+def custom_attrs(rows: int = 4) -> dict[str, Any]:
     """A layer type with no formula: its work is its ops'."""
-    return {"ml.layer.type": "DenseAttention", "ml.input.shapes": [[4, 8]], "ml.input.dtypes": ["float32"], "ml.output.shapes": [[4, 8]]}
+    return {
+        "ml.layer.type": "DenseAttention",
+        "ml.input.shapes": [[rows, 8]],
+        "ml.input.dtypes": ["float32"],
+        "ml.output.shapes": [[rows, 8]],
+    }
 
 
-def cpu_calls(with_ops: int) -> list[Span]:
+def cpu_calls(with_ops: int, other_shapes: bool = True) -> list[Span]:
     """``CALLS`` model calls, each: a custom layer ``att`` (10 µs) running its own matmul, a
     container ``block`` with no ops of its own around a Linear ``fc``, and a container ``mixed``
-    with an add of its own around a Linear ``fc2``. The first ``with_ops`` calls have ops."""
+    with an add of its own around a Linear ``fc2``. The first ``with_ops`` calls have ops; with
+    ``other_shapes``, ``att``'s later calls have inputs of other shapes than those."""
     linear_flops = {"ml.flops": 2 * 4 * 8 * 16}
     spans: list[Span] = []
     for c in range(CALLS):
         t, i = c * 100_000, 100 * c + 1
+        rows = 5 if other_shapes and c >= with_ops else 4
         spans += [
             Span(i, None, M, "Net", t, t + CALL_NS, 1, {"ml.layer.type": "Net"}),
-            Span(i + 1, i, L, "att", t + 1000, t + 11_000, 1, custom_attrs()),
+            Span(i + 1, i, L, "att", t + 1000, t + 11_000, 1, custom_attrs(rows)),
             Span(i + 2, i, L, "block", t + 12_000, t + 15_000, 1, {"ml.layer.type": "Block"}),
             Span(i + 3, i + 2, L, "block.fc", t + 12_500, t + 14_500, 1, linear_attrs(4, 8, 16)),
             Span(i + 4, i, L, "mixed", t + 16_000, t + 19_000, 1, {"ml.layer.type": "Mixed"}),
@@ -64,12 +71,12 @@ def cpu_calls(with_ops: int) -> list[Span]:
     return spans
 
 
-def cpu_run(with_ops: int) -> Run:
+def cpu_run(with_ops: int, other_shapes: bool = True) -> Run:
     run = Run(
         path=Path("hand-made"),
         meta={"name": "hand-made", "complete": True},
         tracks={1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)},
-        spans=cpu_calls(with_ops),
+        spans=cpu_calls(with_ops, other_shapes),
     )
     if with_ops < CALLS:  # the op level ended after the last call with ops
         run.meta["op_window"] = {
@@ -103,16 +110,30 @@ def test_a_custom_layer_is_judged_over_its_calls_with_ops() -> None:
 
 def test_rows_with_work_known_in_every_call_keep_all_their_calls() -> None:
     """Linear layers (a formula) and a container with no ops of its own around one are known in
-    every call; a container with ops of its own, and the model above the custom layer, are not."""
+    every call; so is a container with an op of its own whose inputs are those of its call with
+    ops (its add's FLOPs are that call's); the model above the custom layer, whose later calls
+    had other shapes, is not."""
     early = rows(analyze(cpu_run(1), CPU))
-    for name in ("block.fc", "mixed.fc2", "block"):
+    for name in ("block.fc", "mixed.fc2", "block", "mixed"):
         v = early[name].verdict
         assert early[name].known is None and v is not None and "of 10 calls" not in v.basis, name
     assert early["block"].flops == CALLS * 2 * 4 * 8 * 16
-    for name in ("mixed", "Net"):
-        known = early[name].known
-        assert known is not None and (known.calls, known.time_ns) == (1, early[name].stat.total_ns // CALLS), name
-    assert early["Net"].known is not None and early["Net"].known.flops == OWN_FLOPS + 2 * (2 * 4 * 8 * 16) + 64
+    assert early["mixed"].flops == CALLS * (2 * 4 * 8 * 16 + 64)
+    known = early["Net"].known
+    assert known is not None and (known.calls, known.time_ns) == (1, early["Net"].stat.total_ns // CALLS)
+    assert known.flops == OWN_FLOPS + 2 * (2 * 4 * 8 * 16) + 64
+
+
+def test_calls_after_the_end_on_the_same_inputs_do_the_work_of_those_with_ops() -> None:
+    """Every later call's inputs are those of the call with ops: each does its work, so every
+    row reads as in the run whose op level did not end, over all its calls."""
+    full, early = rows(analyze(cpu_run(CALLS), CPU)), rows(analyze(cpu_run(1, other_shapes=False), CPU))
+    assert set(early) == set(full)
+    for name, row in early.items():
+        got, want = row.verdict, full[name].verdict
+        assert row.known is None and got is not None and want is not None, name
+        assert (row.flops, row.bytes) == (pytest.approx(full[name].flops), pytest.approx(full[name].bytes)), name
+        assert (got.bound, got.basis) == (want.bound, want.basis) and got.efficiency == pytest.approx(want.efficiency), name
 
 
 def test_layer_types_are_judged_over_the_same_calls() -> None:
@@ -181,13 +202,15 @@ def test_a_gpu_layer_is_judged_over_the_calls_whose_kernels_were_recorded() -> N
 
 
 def test_a_traced_custom_layer_after_the_op_level_ended(tmp_path: Path) -> None:
-    """A real run (``op_inferences=1``, 4 calls): the custom layer and the model above it are
-    judged over the 1 call with ops; the Linear (a formula) over all 4."""
+    """A real run (``op_inferences=1``, 4 calls: three on 256 nodes, the first with ops, then
+    one on 128): the calls after the op level's end on inputs of the same shapes do the work of
+    the one with ops, so the custom layer and the model above it are judged over those 3 of 4
+    calls; the call on other shapes has no known work. The Linear (a formula) over all 4."""
     torch = pytest.importorskip("torch")
     import mltrace
 
     class DenseAttention(torch.nn.Module):  # type: ignore[misc,name-defined]
-        """Attention over 256 nodes, run in its own forward: no formula, its work is its ops'."""
+        """Attention over the input's nodes, run in its own forward: no formula, its work is its ops'."""
 
         def __init__(self, d: int) -> None:
             super().__init__()
@@ -197,18 +220,23 @@ def test_a_traced_custom_layer_after_the_op_level_ended(tmp_path: Path) -> None:
             return torch.softmax((x @ self.wq) @ (x @ self.wk).t(), dim=-1) @ (x @ self.wv)
 
     model = torch.nn.Sequential(DenseAttention(16), torch.nn.Linear(16, 16)).eval()
-    x = torch.randn(256, 16)
+    x, smaller = torch.randn(256, 16), torch.randn(128, 16)
     with torch.inference_mode():
         model(x)
         with mltrace.profile(output=tmp_path / "run", summary=False, op_inferences=1):
-            for _ in range(4):
-                model(x)
+            for inputs in (x, x, x, smaller):
+                model(inputs)
     run = mltrace.load_run(tmp_path / "run")
     assert run.meta["op_window"]["ended_after_model_calls"] == 1
     got = rows(analyze(run, CPU))
     for name in ("0", "Sequential"):
         row, v = got[name], got[name].verdict
-        assert row.known is not None and row.known.calls == row.op_calls == 1 and row.known.time_ns < row.stat.total_ns, name
-        assert v is not None and v.basis == "ops (1 of 4 calls)", name
+        assert row.op_calls == 1 and row.known is not None and row.known.calls == 3 and row.known.time_ns < row.stat.total_ns, name
+        assert v is not None and v.basis == "ops (3 of 4 calls)", name
         assert row.achieved_flops == pytest.approx(row.known.flops / (row.known.time_ns * 1e-9)), name
+    # Each of the 3 calls on 256 nodes counts its two 256x16x256 products at least; the call on
+    # 128 nodes counts nothing.
+    attention = got["0"]
+    assert attention.known is not None and attention.flops == pytest.approx(attention.known.flops)
+    assert attention.known.flops >= 3 * 2 * (2 * 256 * 16 * 256)
     assert got["1"].known is None and got["1"].verdict is not None and got["1"].verdict.basis == "ops"

@@ -695,9 +695,12 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     sources = [EXPLICIT, OPS, CHILDREN, IO]
     site_index: dict[str, int] = {}
     set_site = np.zeros(nset, dtype=np.int64)
+    content_index: dict[str, int] = {}
+    set_content = np.zeros(nset, dtype=np.int64)  # equal attributes, one number (``_like_calls_with_ops``)
     for i, k in enumerate(sets.tolist()):
         a = t.attr_set(k)
         set_site[i] = site_index.setdefault(site_key(a), len(site_index))
+        set_content[i] = content_index.setdefault(repr(sorted(a.items())), len(content_index))
         ltype = str(a.get("ml.layer.type", ""))
         ltypes.append(ltype)
         type_index.setdefault(ltype, len(type_index))
@@ -735,6 +738,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     child_flops = np.zeros(ncall)
     child_bytes = np.zeros(ncall)
     unknown_children = np.zeros(ncall, dtype=np.int64)
+    like = _LikeCalls(crow * nset + set_content[set_of_call], child_flops, child_bytes)
     for cs in levels_desc:
         fe, fo, ff = cf_exp[cs], op_flops[cs], cform_f[cs]
         has_fe, has_ff, kids, hof = ~np.isnan(fe), ~np.isnan(ff), has_children[cs], has_op_flops[cs]
@@ -746,6 +750,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         moved[cs] = np.where(~np.isnan(be), be, np.where(~np.isnan(fb), fb, np.maximum(cio[cs], child_bytes[cs] + own_op_bytes[cs])))
         children_known = kids & (unknown_children[cs] == 0) & ~own_ops[cs]
         known[cs] = with_ops[cs] | has_fe | has_ff | children_known
+        like.give_own_work(cs[~known[cs] & (unknown_children[cs] == 0)], cs[with_ops[cs]], known, flops, moved)
         up = cowner[cs]
         m = up >= 0
         if m.any():
@@ -865,6 +870,34 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model[top_level_op[in_model]]].sum())  # nested ops' time is their outer op's
     return g
+
+
+@dataclass
+class _LikeCalls:
+    """Where the op level ended early, a call after its end whose children's work is known does
+    the work of its own ops that its like calls with ops did (``kind``: its row and attributes,
+    so the same inputs' shapes and types); ``child_flops`` and ``child_bytes`` per call."""
+
+    kind: np.ndarray
+    child_flops: np.ndarray
+    child_bytes: np.ndarray
+
+    def give_own_work(self, todo: np.ndarray, donors: np.ndarray, known: np.ndarray, flops: np.ndarray, moved: np.ndarray) -> None:
+        """Gives each call in ``todo`` its children's work plus the mean own work (beyond the
+        children's) of the calls in ``donors`` of its kind, and marks it known; a call with no
+        like call among them stays unknown."""
+        if not len(todo) or not len(donors):
+            return
+        kinds, which = np.unique(self.kind[donors], return_inverse=True)
+        count = np.bincount(which)
+        pos = np.minimum(np.searchsorted(kinds, self.kind[todo]), len(kinds) - 1)
+        like = kinds[pos] == self.kind[todo]
+        todo, pos = todo[like], pos[like]
+        own_flops = np.maximum(flops[donors] - self.child_flops[donors], 0)
+        own_bytes = np.maximum(moved[donors] - self.child_bytes[donors], 0)
+        flops[todo] = self.child_flops[todo] + (np.bincount(which, weights=own_flops) / count)[pos]
+        moved[todo] = np.maximum(moved[todo], self.child_bytes[todo] + (np.bincount(which, weights=own_bytes) / count)[pos])
+        known[todo] = True
 
 
 def _leaf_models(t: SpanTable, rows: np.ndarray) -> np.ndarray:
