@@ -8,6 +8,7 @@ line as a user would.
 
 from __future__ import annotations
 
+import gc
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,32 @@ def test_evaluate_and_a_users_tf_function(tmp_path: Path, mobilenet: Any) -> Non
         mine = [s for s in run.spans if s.level == Level.LAYER and by_id[s.parent_id] is model]
         assert any(s.name == "Conv1" for s in mine), method
     check(run)
+
+
+def test_eager_layer_calls_leave_no_tracked_object_until_the_flush(tmp_path: Path, mobilenet: Any) -> None:
+    """Between two flushes an eager layer call leaves nothing that the cyclic garbage collector
+    tracks (it used to leave a Span, its attribute dict and its shape lists: promoted to the
+    oldest generation by the thousand, they brought the program's full collections sooner and
+    made them longer). The calls are all in the run, with their shapes."""
+    options = ProfileOptions(output=tmp_path / "run", summary=False, level=Level.LAYER, flush_interval_s=60)
+    session = Session(options, sources=[TensorFlowSource()]).start()
+    alive = []
+    try:
+        for i in range(4):  # one line: every call shares its layers' templates
+            if i == 2:
+                gc.collect()
+                alive.append(len(gc.get_objects()))
+            mobilenet(IMAGES, training=False)
+        gc.collect()
+        alive.append(len(gc.get_objects()))
+    finally:
+        path = session.stop()
+    run = mltrace.load_run(path)
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    per_call = len(mobilenet.layers) - 1
+    assert len(layers) == 4 * per_call
+    assert all(s.attrs["ml.input.shapes"] and s.attrs["ml.output.shapes"] for s in layers)
+    assert alive[1] - alive[0] < per_call  # two calls, 2 × per_call layer calls: not one tracked object each
 
 
 def test_building_a_model_records_nothing(tmp_path: Path) -> None:

@@ -160,11 +160,16 @@ class Recorder:
 
     def end(self, span: Span, end_ns: int | None = None) -> None:
         """Closes ``span`` and makes its parent current again."""
+        self.close(span, end_ns)
+        self.done.append(span)
+
+    def close(self, span: Span, end_ns: int | None = None) -> None:
+        """Closes ``span`` as ``end`` does, without queueing it: the source that began it keeps
+        the call in a form of its own and hands it over as a producer (``add_producer``)."""
         span.end_ns = now_ns() if end_ns is None else end_ns
         current_span.set(span._up)
         span._up = None
         self._open.pop(span.id, None)
-        self.done.append(span)
 
     def open_here(self, level: Level) -> bool:
         """Whether a span of ``level`` begun on the calling thread is still open."""

@@ -41,12 +41,15 @@ from mltrace.tracer.callsite import defined_attrs, frame_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import FrameworkSource
+from mltrace.tracer.sources.tf_layer_records import LayerRecords
 
 if TYPE_CHECKING:
     from mltrace.tracer.sources.base import SessionView
 
 _GRAPH_METHODS = ("predict", "evaluate", "predict_on_batch", "test_on_batch")
 _ONEDNN_ENV = "ONEDNN_VERBOSE"
+#: Layers whose attributes ``_layer_facts`` keeps at most; the cache starts over beyond.
+_LAYER_FACTS_KEPT = 4096
 
 
 def keras_layer_paths(model: Any) -> dict[str, str]:
@@ -73,6 +76,20 @@ def keras_layer_paths(model: Any) -> dict[str, str]:
 
     walk(model, "", 0)
     return out
+
+
+def _shape_key(x: Any) -> tuple[tuple[int, ...], str] | None:
+    """A tensor's dimensions (-1 for an unknown one) and dtype name, or None where it has no
+    shape (``_shapes`` writes the same as attributes)."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return None
+    try:
+        dims = tuple([-1 if d is None else int(d) for d in tuple(shape)])
+    except (TypeError, ValueError):
+        return None
+    dtype = getattr(x, "dtype", None)
+    return dims, str(getattr(dtype, "name", dtype))
 
 
 def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -129,6 +146,12 @@ class TensorFlowSource(FrameworkSource):
         self._function_graphs: dict[str, Any] = {}  # runtime function name → its FuncGraph
         self._signatures: dict[str, str] = {}  # a loaded SavedModel's signature function name → its key
         self._work_kinds: dict[type, str | None] = {}  # a Keras layer class → its kind of work (tf_flops.keras_layer_kind)
+        #: Eager layer calls since the last flush, as compact records (``tf_layer_records``).
+        self._layer_records = LayerRecords()
+        #: (id(layer), model name, path) → (weak reference to the layer, its facts' number, its
+        #: attributes that do not change from call to call): ``_layer_facts``.
+        self._layer_facts: dict[tuple[int, str, str], tuple[weakref.ref[Any], int, dict[str, Any]]] = {}
+        self._fact_numbers = itertools.count()
 
     def available(self) -> str | None:
         if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tensorflow") is None:
@@ -142,6 +165,8 @@ class TensorFlowSource(FrameworkSource):
         self._record_layers = Level.LAYER in session.levels
         self._begin = session.recorder.begin
         self._end = session.recorder.end
+        self._close = session.recorder.close
+        session.recorder.add_producer(self._layer_records.spans, self._layer_records.encode)
         try:
             self._hooks.append(PostImportHook("tensorflow", self._install_tf))
             self._hooks.append(PostImportHook("keras", self._install_keras))
@@ -489,6 +514,22 @@ class TensorFlowSource(FrameworkSource):
             # Re-entry (predict → model.__call__), or a model call begun while layers were off.
             return [layer, None, parent[2], parent[3], False, False]
         path = f"{parent[2]}/{layer.name}" if parent[2] else str(layer.name)
+        number, attrs = self._layer_facts_of(layer, parent[3], path)
+        site = frame_site(sys._getframe(1))
+        self._recorded_layers = True
+        # The span's attributes while it is open (those of a call still running at stop); its
+        # end gives it its template's (``_layer_ended``), shapes included.
+        span = self._begin(path, Level.LAYER, {**attrs, **site})
+        return [layer, span, path, parent[3], False, True, (number, tuple(site.values()), _shape_key(x))]
+
+    def _layer_facts_of(self, layer: Any, model: str, path: str) -> tuple[int, dict[str, Any]]:
+        """The number and the unchanging attributes of a layer at a path in a model: the same
+        for each of its calls, and new for another layer object (checked by weak reference,
+        so that one that reuses a dead layer's id is not taken for it)."""
+        key = (id(layer), model, path)
+        facts = self._layer_facts.get(key)
+        if facts is not None and facts[0]() is layer:
+            return facts[1], facts[2]
         attrs: dict[str, Any] = {
             "ml.framework": "tensorflow",
             "ml.layer.path": path,
@@ -496,10 +537,11 @@ class TensorFlowSource(FrameworkSource):
             "ml.tf.mode": "eager",
         }
         self._class_location(layer, attrs)
-        attrs.update(frame_site(sys._getframe(1)))
-        self._shapes(x, attrs, "input")
-        self._recorded_layers = True
-        return [layer, self._begin(path, Level.LAYER, attrs), path, parent[3], False, True]
+        if len(self._layer_facts) >= _LAYER_FACTS_KEPT:
+            self._layer_facts.clear()
+        number = next(self._fact_numbers)
+        self._layer_facts[key] = (weakref.ref(layer), number, attrs)
+        return number, attrs
 
     def _model_info(self, model: Any, name: str) -> KerasModelInfo:
         """A Keras model's layer paths, and where its ``call`` is defined."""
@@ -555,17 +597,45 @@ class TensorFlowSource(FrameworkSource):
         span: Span | None = frame[1]
         if span is None:
             return
-        if output is not None and span.level == Level.LAYER:
-            try:
-                self._shapes(_first_tensor((output,), {}), span.attrs, "output")
-                self._eager_flops(frame[0], span.attrs)
-            except Exception:
-                pass
+        if span.level == Level.LAYER:
+            self._layer_ended(frame, span, output)
+            return
         self._end(span)
         if span.level == Level.MODEL:
             self._live.append(LiveModelSpan(span.id, span.start_ns, span.end_ns, threading.get_native_id(), frame[3], frame[4]))
             if self._session is not None:
                 self._session.model_call_ended("tensorflow")
+
+    def _layer_ended(self, frame: list[Any], span: Span, output: Any) -> None:
+        """Ends an eager layer call's span and records the call as a compact record
+        (``tf_layer_records``): its attributes are a template that every call of the layer from
+        the same call site with the same input and output shapes shares, built at the first."""
+        self._close(span)
+        number, site, shapes_in = frame[6]
+        shapes_out = None
+        if output is not None:
+            try:
+                shapes_out = _shape_key(_first_tensor((output,), {}))
+            except Exception:
+                pass
+        key = (number, site, shapes_in, shapes_out)
+        records = self._layer_records
+        if records.add(span.id, span.parent_id, span.start_ns, span.end_ns, span.track_id, key):
+            return
+        attrs = dict(span.attrs)
+        try:
+            for which, shapes in (("input", shapes_in), ("output", shapes_out)):
+                if shapes is not None:
+                    attrs[f"ml.{which}.shapes"] = [list(shapes[0])]
+                    attrs[f"ml.{which}.dtypes"] = [shapes[1]]
+            self._eager_flops(frame[0], attrs)
+        except Exception:
+            pass
+        records.add_new(span.id, span.parent_id, span.start_ns, span.end_ns, span.track_id, key, span.name, attrs)
+
+    def pending_spans(self) -> int:
+        """Eager layer calls recorded and not flushed yet (the session's span limit counts them)."""
+        return len(self._layer_records)
 
     def _eager_flops(self, layer: Any, attrs: dict[str, Any]) -> None:
         """Sets ``ml.flops`` of an eager call of a Dense, EinsumDense or (depthwise) convolution
