@@ -20,6 +20,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     """
     from mltrace.tracer.sources.cpu_library import CpuLibrarySource
     from mltrace.tracer.sources.cupti import CuptiSource
+    from mltrace.tracer.sources.gc_pauses import GcPauseSource
     from mltrace.tracer.sources.nvml import NvmlSampler
     from mltrace.tracer.sources.onnxruntime import OrtSource
     from mltrace.tracer.sources.otel_spans import OtelSpanSource
@@ -39,6 +40,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
         TensorFlowSource(),
         NvmlSampler(),
         OtelSpanSource(),
+        GcPauseSource(),
     ]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
