@@ -1,4 +1,5 @@
-"""The program's garbage collections as the session records them (``sources/gc_pauses.py``)."""
+"""The program's garbage collections as the session records them (``sources/gc_pauses.py``),
+and the report charging them to the layer they ran in (``analysis/gcpauses.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.peaks import Peaks, PeakSet
 from mltrace.run.events import TrackKind
 from mltrace.run.levels import Level
 from mltrace.tracer.recorder import Recorder
@@ -43,7 +46,7 @@ class Collecting(nn.Module):
         return x * 2
 
 
-def test_a_collection_inside_a_layer_is_recorded(tmp_path: Path) -> None:
+def test_a_collection_inside_a_layer_is_recorded_and_charged_to_it(tmp_path: Path) -> None:
     net = nn.Sequential(nn.Linear(4, 4), Collecting(), nn.ReLU())
     before = list(gc.callbacks)
     with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
@@ -59,6 +62,11 @@ def test_a_collection_inside_a_layer_is_recorded(tmp_path: Path) -> None:
     assert any(p[0] == main and s.start_ns <= p[1] <= p[2] <= s.end_ns for p in full for s in layers)
     track = next(t for t in run.tracks.values() if t.name == GC_TRACK)
     assert track.kind == TrackKind.COUNTER and any(c.track_id == track.id and c.value == 3 for c in run.counters)
+    analysis = analyze(run, PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed")), include_cold=True)
+    row = next(r for r in analysis.layers if r.stat.name == "1")
+    assert row.gc is not None and row.gc.full >= 1 and 0 < row.gc.ns <= row.stat.self_ns
+    assert row.verdict is not None and "garbage collection" in row.verdict.reason
+    assert next(r for r in analysis.layers if r.stat.name == "0").gc is None
 
 
 def test_every_run_records_collections() -> None:

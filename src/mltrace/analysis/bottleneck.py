@@ -31,6 +31,7 @@ from mltrace.analysis.coldstart import (
     percentile_ns,
     without_rows,
 )
+from mltrace.analysis.gcpauses import GcTime, gc_by_row, gc_note
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
 from mltrace.analysis.pauses import TRACER_PAUSE, Pauses
@@ -298,6 +299,10 @@ class LayerRow:
         achieved_flops: FLOP/s reached over its kernels' GPU time when kernels ran,
             else over its CPU time; None without FLOPs or peaks.
         peak_share: that as a fraction of the FLOP/s peak of its device and dtype (≤ 1).
+        gc: the program's garbage collections charged to its own calls (the innermost call
+            running then), which its self time includes; None where none was.
+        gc_within: those inside its calls at any depth, which its total time includes; the
+            verdict and achieved FLOP/s leave them out.
     """
 
     stat: LayerStat
@@ -323,6 +328,13 @@ class LayerRow:
     p90_ns: int | None = None
     achieved_flops: float | None = None
     peak_share: float | None = None
+    gc: GcTime | None = None
+    gc_within: GcTime | None = None
+
+    @property
+    def own_ns(self) -> int:
+        """Its self time less the garbage collections charged to its own calls (ns)."""
+        return self.stat.self_ns - (self.gc.ns if self.gc is not None else 0)
 
 
 @dataclass
@@ -671,9 +683,10 @@ class Analysis:
         return f"torch's own record_function ranges, not counted as user spans: {kinds}{window}"
 
     def top_by_self(self, n: int) -> list[LayerRow]:
-        """The ``n`` layers (not models) with the most self time."""
+        """The ``n`` layers (not models) with the most self time, the program's garbage
+        collections in it left out (``LayerRow.own_ns``): a collection is not the layer's work."""
         rows = [r for r in self.layers if r.stat.level is Level.LAYER]
-        return sorted(rows, key=lambda r: (-r.stat.self_ns, r.stat.name))[:n]
+        return sorted(rows, key=lambda r: (-r.own_ns, r.stat.name))[:n]
 
 
 # -- the analysis -------------------------------------------------------------------
@@ -821,6 +834,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     ops = _rows(g.ops)
     has_ops = g.counts.get(int(Level.OP), 0) > 0
     layer_rows, type_rows = _layer_rows(g, has_ops, None, th)
+    _charge_gc(run, g, layer_rows)
     _per_call(run, layer_rows)
     if peaks is not None:
         peaks = fit_peaks(peaks, layer_rows, ops)
@@ -863,6 +877,12 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     symbolic = fx_symbolic_text(run.meta)
     if symbolic:
         findings.notes.append(symbolic)
+    collections = gc_note(
+        [(r.stat.name, r.gc_within) for r in models if r.gc_within is not None],
+        [(r.stat.name, r.gc) for r in layer_rows if r.stat.level is Level.LAYER and r.gc is not None],
+    )
+    if collections:
+        findings.notes.append(collections)
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(
@@ -939,7 +959,7 @@ def _judge(rows: list[LayerRow], types: list[TypeRow], peaks: PeakSet, th: Thres
         row.verdict = _layer_verdict(row, peaks, th)
         roofs = _peaks_for(row.kernel_count, peaks)
         time_ns, flops, _ = _judged(row.stat.total_ns, row.flops, row.bytes, row.known)
-        t = _work_time_ns(row.kernel_count, row.kernel_ns, time_ns)
+        t = _work_time_ns(row.kernel_count, row.kernel_ns, time_ns - _gc_judged_ns(row))
         if roofs is not None and flops > 0 and t > 0:
             row.achieved_flops = flops / (t * 1e-9)
             peak = roofs.flops_for(row.dtype) if row.dtype else roofs.top_flops_per_s
@@ -948,6 +968,31 @@ def _judge(rows: list[LayerRow], types: list[TypeRow], peaks: PeakSet, th: Thres
             members.setdefault(row.stat.type, []).append(row)
     for t_row in types:
         t_row.verdict = _type_verdict(t_row, members.get(t_row.type, []), peaks, th)
+
+
+def _charge_gc(run: Run, g: Gathered, rows: list[LayerRow]) -> None:
+    """Sets the program's garbage collections of each row (run.json ``gc``, ``analysis/gcpauses``)."""
+    charged = gc_by_row(g.table, run.tracks, run.meta)
+    if not charged.within:
+        return
+    for r in rows:
+        key = (r.stat.name, r.stat.level)
+        r.gc, r.gc_within = charged.own.get(key), charged.within.get(key)
+
+
+def _gc_judged_ns(row: LayerRow) -> int:
+    """The garbage collections left out of the time a row is judged over: those inside its
+    calls, where it is judged over all of them (a collection is not told apart by whether its
+    call's work is known)."""
+    return row.gc_within.ns if row.gc_within is not None and row.known is None else 0
+
+
+def _with_gc(v: Verdict, gc: GcTime | None, left_out: bool) -> Verdict:
+    """The verdict, its reason saying how much of the time was the program's garbage collection."""
+    if gc is None:
+        return v
+    how = ", left out of this verdict" if left_out else ""
+    return replace(v, reason=f"{v.reason}; its time includes {gc.text()}{how}")
 
 
 def _per_call(run: Run, rows: list[LayerRow]) -> None:
@@ -975,9 +1020,9 @@ def _findings(
             covered = sum(r.stat.total_ns for r in leaf)
             if model_ns and covered < model_ns / 2:  # most of the work is in no leaf layer: say so
                 findings.basis = f"leaf layers (total time; {100 * covered / model_ns:.2g}% of model time)"
-            for r in leaf:
+            for r in leaf:  # a layer's share is its time less the program's collections in it, as its verdict's
                 if r.verdict is not None:
-                    findings.bound_ns[r.verdict.bound] = findings.bound_ns.get(r.verdict.bound, 0) + r.stat.total_ns
+                    findings.bound_ns[r.verdict.bound] = findings.bound_ns.get(r.verdict.bound, 0) + r.stat.total_ns - _gc_judged_ns(r)
         elif ops:
             findings.basis = "ops (self time)"
             for row in ops:
@@ -1149,6 +1194,8 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
     if row.known is not None and row.known.calls == 0:
         return _no_known_calls(calls, basis)
     time_ns, flops, moved = _judged(row.stat.total_ns, row.flops, row.bytes, row.known)
+    gc_ns = _gc_judged_ns(row)
+    time_ns -= gc_ns
     if roofs is None:  # kernels on a GPU not in the table: only the launch rule can speak
         v = classify(
             time_ns=time_ns,
@@ -1163,7 +1210,7 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
             basis=basis,
             th=th,
         )
-        return _over_known(v, calls, row.known)
+        return _with_gc(_over_known(v, calls, row.known), row.gc_within, gc_ns > 0)
     v = classify(
         time_ns=time_ns,
         flops=flops,
@@ -1179,7 +1226,7 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         basis=basis,
         th=th,
     )
-    return _over_known(v, calls, row.known)
+    return _with_gc(_over_known(v, calls, row.known), row.gc_within, gc_ns > 0)
 
 
 def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thresholds) -> Verdict:
@@ -1191,8 +1238,10 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
     if t.known is not None and t.known.calls == 0:
         return _no_known_calls(t.calls, basis)
     time_ns, flops, moved = _judged(t.total_ns, t.flops, t.bytes, t.known)
+    gc = _members_gc(members)
+    gc_ns = gc.ns if gc is not None and t.known is None else 0
     v = classify(
-        time_ns=time_ns,
+        time_ns=time_ns - gc_ns,
         flops=flops if roofs is not None else 0,
         moved_bytes=moved if roofs is not None else 0,
         peak_flops=roofs.flops_for(members[0].dtype if members else None) if roofs is not None else 1,
@@ -1206,7 +1255,15 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
         basis=basis,
         th=th,
     )
-    return _over_known(v, t.calls, t.known)
+    return _with_gc(_over_known(v, t.calls, t.known), gc, gc_ns > 0)
+
+
+def _members_gc(members: list[LayerRow]) -> GcTime | None:
+    """The garbage collections inside the calls of a layer type's layers, summed."""
+    within = [r.gc_within for r in members if r.gc_within is not None]
+    if not within:
+        return None
+    return GcTime(sum(g.count for g in within), sum(g.ns for g in within), sum(g.full for g in within))
 
 
 def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:

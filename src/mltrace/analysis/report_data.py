@@ -274,6 +274,8 @@ def _layer_entry(r: LayerRow, hot: list[tuple[str, int]]) -> dict[str, Any]:
         "verdict": bound,
         "why": why,
         "hot_lines": [_hot_entry(loc, ns) for loc, ns in hot],
+        "gc_self_ns": r.gc.ns if r.gc is not None else 0,
+        "gc_total_ns": r.gc_within.ns if r.gc_within is not None else 0,
     }
 
 

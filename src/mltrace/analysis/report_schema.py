@@ -99,6 +99,8 @@ LAYER = _object(
         "verdict": _VERDICT,
         "why": _OPT_STR,
         "hot_lines": _array(_HOT_LINE),
+        "gc_self_ns": _INT,
+        "gc_total_ns": _INT,
         "alloc_bytes": _OPT_INT,
         "peak_alloc_bytes": _OPT_INT,
     }

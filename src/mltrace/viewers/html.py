@@ -268,7 +268,7 @@ def _layer_rows(rows: Sequence[LayerRow], b: Breakdown) -> list[list[str]]:
                 _e(x.type),
                 str(x.calls),
                 _e(fmt_ns(x.total_ns)),
-                _e(fmt_ns(x.self_ns)),
+                _e(fmt_ns(x.self_ns) + (f" (GC {fmt_ns(r.gc.ns)})" if r.gc is not None else "")),
                 _pct(x.total_ns, b.base_ns(x.level)),
                 _verdict_html(v),
                 _e(fmt_si(r.flops, "FLOP")),

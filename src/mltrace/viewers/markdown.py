@@ -90,7 +90,7 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
             ],
         )
         out.append("")
-    layers = sorted(data["layers"], key=lambda x: (-x["self_ns"], x["name"]))[:top]
+    layers = sorted(data["layers"], key=lambda x: (-(x["self_ns"] - x.get("gc_self_ns", 0)), x["name"]))[:top]
     if layers:
         out += ["### Top layers by self time", ""]
         out += _table(
@@ -212,7 +212,7 @@ def _layer_row(x: dict[str, Any]) -> list[str]:
         _code(x["name"]),
         _cell(x["type"]),
         str(x["calls"]),
-        fmt_ns(x["self_ns"]),
+        fmt_ns(x["self_ns"]) + (f" (GC {fmt_ns(x['gc_self_ns'])})" if x.get("gc_self_ns") else ""),
         fmt_ns(x["total_ns"]),
         _opt_ns(x["median_ns"]),
         _verdict(x["verdict"]),

@@ -365,7 +365,7 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown
             _esc(x.type),
             str(x.calls),
             fmt_ns(x.total_ns),
-            fmt_ns(x.self_ns),
+            fmt_ns(x.self_ns) + (f" (GC {fmt_ns(r.gc.ns)})" if r.gc is not None else ""),
             fmt_ns(r.median_ns) if r.median_ns is not None else "",
             fmt_ns(r.p90_ns) if r.p90_ns is not None else "",
             _pct(x.total_ns, b.base_ns(x.level)),
