@@ -5,6 +5,7 @@ the layer level once --max-spans spans were streamed (the model level goes on)."
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import threading
 import time
@@ -917,6 +918,16 @@ def test_the_span_limit_ends_the_deepest_levels_first_and_says_so_once_for_the_f
     assert 800 <= run.meta["trace_full"]["spans"] and len(run.spans) <= 1.25 * 800
 
 
+def _fresh_pages(size: int) -> mmap.mmap:
+    """``size`` bytes of new anonymous memory, every page written: the process's resident size
+    grows by them (a tensor may reuse heap pages that earlier tests freed and that are still
+    resident, and the process then does not grow)."""
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    return block
+
+
 @pytest.mark.parametrize("cycle_s", ["0.05", "0"])
 def test_the_programs_own_growth_ends_the_op_level_only_where_the_profiler_holds_every_op(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cycle_s: str
@@ -936,7 +947,7 @@ def test_the_programs_own_growth_ends_the_op_level_only_where_the_profiler_holds
         session = p._session
         assert session is not None
         for _ in range(16):
-            held.append(torch.ones(5 << 20))  # 20 MB a call, kept
+            held.append(_fresh_pages(20 << 20))  # 20 MB a call, kept
             model(x)
             time.sleep(0.06)  # past a cycle
             session.flush()
