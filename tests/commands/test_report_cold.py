@@ -57,10 +57,11 @@ def test_the_first_call_is_cold_and_the_steady_median_is_the_programs_own(traced
     own = json.loads((traced / "times.json").read_text())
     (model,) = data["models"]
     assert model["calls"] == 12
-    # The calibrating call, and maybe a warm-up call right after it (first use of ops under
-    # the tracer); never a slow call later with nothing one-time in it.
+    # The calibrating call, and maybe warm-up calls right after it (first use of ops under the
+    # tracer: one, or two on a loaded machine, where a CI run read 1.56 s, 219 us, 260 us, then
+    # 85-108 us); never a slow call later with nothing one-time in it.
     cold = model["cold_indices"]
-    assert cold[0] == 0 and cold == list(range(len(cold))) and len(cold) <= 2, own
+    assert cold[0] == 0 and cold == list(range(len(cold))) and len(cold) <= 3, own
     assert model["cold_calls"] == len(cold) and model["cold_ns"] > 3 * model["steady_median_ns"]
     _assert_steady_median_is_the_programs_own(traced / "run", model, own)
     assert data["run"]["cold_calls"] == len(cold) and data["run"]["include_cold"] is False

@@ -60,16 +60,18 @@ def _run(path: Path, n: int) -> Run:
 
 def test_the_timeout_bounds_the_whole_export(tmp_path: Path) -> None:
     """Five requests of 2,048 spans to a receiver that answers each after 1 s, with a 2.5 s
-    deadline: the first two are acknowledged and counted, the export then stops (each request
-    alone was within the old per-request bound, so all five went, 5 s in all)."""
+    deadline: the first two (one, where encoding and sending the first are slow on a loaded
+    machine) are acknowledged and counted, the export then stops (each request alone was
+    within the old per-request bound, so all five went, 5 s in all)."""
     receiver = SlowReceiver(delay_s=1.0)
     try:
         result = export_otlp(_run(tmp_path / "run", 5 * 2048), receiver.url, protocol="grpc", timeout_s=2.5, log_failure=False)
     finally:
         receiver.server.stop(grace=None)
     assert result.spans_total == 10_240
-    assert result.spans_sent == 2 * 2048 and result.batches == 2
-    assert result.dropped == 3 * 2048
+    assert result.batches in (1, 2) and result.spans_sent == result.batches * 2048
+    sent = result.spans_sent
+    assert result.dropped == 10_240 - sent
     assert "deadline for the whole export" in result.errors[0]
-    assert "4096 of 10240 spans sent" in result.status_line() and "6144 not delivered" in result.status_line()
+    assert f"{sent} of 10240 spans sent" in result.status_line() and f"{10_240 - sent} not delivered" in result.status_line()
     assert result.elapsed_ns < 10e9  # a hang bound, not a timing claim
