@@ -52,3 +52,27 @@ def test_a_host_without_cpufreq_takes_its_clock_from_cpuinfo(tmp_path: Path) -> 
     assert cpu_frequency_hz("AMD EPYC", cpufreq=missing, cpuinfo=missing) is None
     (tmp_path / "max").write_text("3700000\n")
     assert cpu_frequency_hz("AMD EPYC", cpufreq=str(tmp_path / "max"), cpuinfo=str(cpuinfo)) == 3.7e9
+
+
+def test_a_raised_bandwidth_roof_bounds_efficiency_but_not_the_ridge() -> None:
+    """A measured memory roof raised to what cache-resident work reached keeps the measured
+    bandwidth as the ridge's: a GEMV at 0.64 FLOP/B stays memory-bound whatever one op of the
+    run reached (a raised ridge of 0.5 called it compute-bound in one run and not the next),
+    while its efficiency is against the raised roof (never above 100 %)."""
+    from mltrace.analysis.bottleneck import Bound, classify
+    from mltrace.analysis.peaks import raised
+
+    measured = Peaks("cpu", "test CPU", 100e9, 25e9, "measured")
+    roof = raised(measured, 0.0, 0.0, 200e9, "this run's layers and ops")
+    assert (roof.bytes_per_s, roof.bound_bytes_per_s, roof.memory_bytes_per_s) == (200e9, 25e9, 25e9)
+    assert roof.ridge == 0.5 and roof.ridge_for("float32") == 4.0 and "roofs raised" in roof.note
+    assert raised(roof, 0.0, 0.0, 300e9, "again").bound_bytes_per_s == 25e9  # raised twice: still the measured one
+    assert raised(measured, 0.0, 0.0, 10e9, "x") is measured and measured.bound_bytes_per_s == 25e9
+    gemv = {"flops": 64e6, "moved_bytes": 100e6}  # 0.64 FLOP/B, at 150 GB/s: above the measured roof
+    v = classify(
+        time_ns=100e6 / 150e9 * 1e9, **gemv, peak_flops=roof.flops_per_s, peak_bytes=roof.bytes_per_s, ridge_bytes=roof.bound_bytes_per_s
+    )
+    assert v.bound is Bound.MEMORY and v.efficiency is not None and 0.7 < v.efficiency <= 1.0
+    assert "ridge 4.0" in v.reason
+    was = classify(time_ns=100e6 / 150e9 * 1e9, **gemv, peak_flops=roof.flops_per_s, peak_bytes=roof.bytes_per_s)
+    assert was.bound is Bound.COMPUTE  # the raised roof's ridge (0.5), as before

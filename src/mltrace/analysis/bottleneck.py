@@ -131,6 +131,7 @@ def classify(
     device_ns: float = 0,
     basis: str = "",
     th: Thresholds = THRESHOLDS,
+    ridge_bytes: float = 0.0,
 ) -> Verdict:
     """The verdict for one piece of work, from plain numbers.
 
@@ -163,6 +164,8 @@ def classify(
         device_ns: their summed duration on the GPU (ns).
         basis: where the work numbers come from (copied into the verdict).
         th: thresholds.
+        ridge_bytes: the bandwidth of rule 5's ridge (bytes/s; ``Peaks.bound_bytes_per_s``:
+            the measured memory bandwidth where the roof was raised); 0: ``peak_bytes``.
     """
     if time_ns <= 0:
         return Verdict(Bound.UNKNOWN, "no time recorded", basis=basis)
@@ -199,7 +202,8 @@ def classify(
             achieved,
             basis,
         )
-    ridge = peak_flops / peak_bytes if peak_bytes > 0 else float("inf")
+    ridge_bw = ridge_bytes or peak_bytes
+    ridge = peak_flops / ridge_bw if ridge_bw > 0 else float("inf")
     if intensity >= ridge:
         return Verdict(
             Bound.COMPUTE,
@@ -1217,6 +1221,7 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         moved_bytes=moved,
         peak_flops=roofs.flops_for(row.dtype),
         peak_bytes=roofs.bytes_per_s,
+        ridge_bytes=roofs.bound_bytes_per_s,
         work_known=known,
         calls=row.op_calls,  # the ops-per-call rule: calls without recorded ops do not count
         ops=row.op_count,
@@ -1246,6 +1251,7 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
         moved_bytes=moved if roofs is not None else 0,
         peak_flops=roofs.flops_for(members[0].dtype if members else None) if roofs is not None else 1,
         peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
+        ridge_bytes=roofs.bound_bytes_per_s if roofs is not None else 0.0,
         work_known=roofs is not None and source != IO,
         calls=t.calls,
         ops=sum(r.op_count for r in members),
@@ -1274,6 +1280,7 @@ def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:
         moved_bytes=row.bytes if roofs is not None else 0,
         peak_flops=roofs.top_flops_per_s if roofs is not None else 1,  # an op's dtype is not known: the top roof
         peak_bytes=roofs.bytes_per_s if roofs is not None else 1,
+        ridge_bytes=roofs.bound_bytes_per_s if roofs is not None else 0.0,
         work_known=roofs is not None and (row.flops > 0 or row.bytes > 0),
         calls=row.calls,
         kernels=row.kernels,

@@ -48,6 +48,8 @@ class Peaks:
         half_flops_per_s: float16/bfloat16 dense tensor peak (FLOP/s); 0 means
             the same as ``flops_per_s``.
         note: why these peaks were chosen, when that is not obvious.
+        memory_bytes_per_s: the measured memory bandwidth where ``bytes_per_s`` was raised to
+            what cache-resident work reached (``raised``); 0 where it was not.
     """
 
     device: str
@@ -57,11 +59,25 @@ class Peaks:
     source: str
     half_flops_per_s: float = 0.0
     note: str = ""
+    memory_bytes_per_s: float = 0.0
 
     @property
     def ridge(self) -> float:
         """Arithmetic intensity (FLOP/byte) where the two roofs meet."""
         return self.flops_per_s / self.bytes_per_s if self.bytes_per_s > 0 else float("inf")
+
+    @property
+    def bound_bytes_per_s(self) -> float:
+        """The bandwidth that tells memory- from compute-bound work (``ridge_for``): the measured
+        memory bandwidth, never the roof raised to cache-resident work's bytes/s, which one
+        layer or op of a run sets (a single cache-resident op moved the ridge of every verdict,
+        and the same program's verdicts flipped from one run to the next)."""
+        return self.memory_bytes_per_s or self.bytes_per_s
+
+    def ridge_for(self, dtype: str | None) -> float:
+        """The intensity (FLOP/byte) at and above which work of ``dtype`` is compute-bound:
+        its FLOP/s roof over ``bound_bytes_per_s``."""
+        return self.flops_for(dtype) / self.bound_bytes_per_s if self.bound_bytes_per_s > 0 else float("inf")
 
     def flops_for(self, dtype: str | None) -> float:
         """Peak FLOP/s for a data type name ("float32", "bfloat16", "c10::Half", …)."""
@@ -101,12 +117,14 @@ def raised(p: Peaks, flops: float, half_flops: float, bytes_per_s: float, what: 
         p.source,
         max(p.half_flops_per_s, half_flops) if p.half_flops_per_s or half_flops > p.flops_per_s else 0.0,
         p.note,
+        p.memory_bytes_per_s,
     )
     if new == p:
         return p
     note = f"roofs raised to what {what} reached (the {p.source} peaks were lower)"
     notes = "; ".join(x for x in (p.note, note) if x)
-    return Peaks(new.device, new.name, new.flops_per_s, new.bytes_per_s, new.source, new.half_flops_per_s, notes)
+    memory = p.bound_bytes_per_s if new.bytes_per_s > p.bytes_per_s else p.memory_bytes_per_s
+    return Peaks(new.device, new.name, new.flops_per_s, new.bytes_per_s, new.source, new.half_flops_per_s, notes, memory)
 
 
 def cpu_flags() -> set[str]:

@@ -118,6 +118,7 @@ def _peaks_entry(p: Peaks) -> dict[str, Any]:
         "flops_per_s": p.flops_per_s,
         "half_flops_per_s": p.half_flops_per_s or None,
         "bytes_per_s": p.bytes_per_s,
+        "memory_bytes_per_s": p.memory_bytes_per_s or None,
         "source": p.source,
         "note": p.note or None,
     }

@@ -32,7 +32,16 @@ def _array(items: dict[str, Any]) -> dict[str, Any]:
 
 _OPT_NUM = {"type": ["number", "null"]}
 _PEAKS = _object(
-    {"device": _STR, "name": _STR, "flops_per_s": _NUM, "half_flops_per_s": _OPT_NUM, "bytes_per_s": _NUM, "source": _STR, "note": _OPT_STR}
+    {
+        "device": _STR,
+        "name": _STR,
+        "flops_per_s": _NUM,
+        "half_flops_per_s": _OPT_NUM,
+        "bytes_per_s": _NUM,
+        "memory_bytes_per_s": _OPT_NUM,
+        "source": _STR,
+        "note": _OPT_STR,
+    }
 )
 _LEVEL = _object({"level": _STR, "spans": _INT, "time_ns": _INT})
 _HOT_LINE = _object({"line": _OPT_STR, "function": _STR, "ns": _INT})

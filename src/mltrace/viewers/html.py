@@ -634,7 +634,7 @@ def _findings(a: Analysis) -> str:
             if p is not None:
                 items.append(
                     f'<span class="muted">Roofline peaks — {_e(p.device.upper())} {_e(p.name)}: {_e(fmt_si(p.flops_per_s, "FLOP/s"))}, '
-                    f"{_e(fmt_si(p.bytes_per_s, 'B/s'))} (ridge {p.ridge:.1f} FLOP/B; {_e(p.source)})</span>"
+                    f"{_e(fmt_si(p.bytes_per_s, 'B/s'))} (ridge {p.ridge_for(None):.1f} FLOP/B; {_e(p.source)})</span>"
                 )
     if not items:
         return ""

@@ -106,7 +106,7 @@ def _peaks_line(p: Peaks) -> str:
     half = f", {fmt_si(p.half_flops_per_s, 'FLOP/s')} fp16/bf16" if p.half_flops_per_s else ""
     return (
         f"{p.device.upper()} {p.name}: {fmt_si(p.flops_per_s, 'FLOP/s')}{half}, {fmt_si(p.bytes_per_s, 'B/s')} "
-        f"(ridge {p.ridge:.1f} FLOP/B; {p.source}{extra})"
+        f"(ridge {p.ridge_for(None):.1f} FLOP/B; {p.source}{extra})"
     )
 
 
