@@ -76,3 +76,11 @@ def test_a_raised_bandwidth_roof_bounds_efficiency_but_not_the_ridge() -> None:
     assert "ridge 4.0" in v.reason
     was = classify(time_ns=100e6 / 150e9 * 1e9, **gemv, peak_flops=roof.flops_per_s, peak_bytes=roof.bytes_per_s)
     assert was.bound is Bound.COMPUTE  # the raised roof's ridge (0.5), as before
+
+
+def test_a_raised_roof_is_printed_with_the_memory_bandwidth_beside_it() -> None:
+    from mltrace.analysis.peaks import bandwidth_text, raised
+
+    measured = Peaks("cpu", "test CPU", 100e9, 25e9, "measured")
+    assert bandwidth_text(measured) == "25 GB/s"
+    assert bandwidth_text(raised(measured, 0.0, 0.0, 200e9, "x")) == "200 GB/s, memory 25 GB/s"

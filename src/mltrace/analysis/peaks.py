@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mltrace.analysis.units import fmt_si
 from mltrace.run.metadata import cpu_model
 from mltrace.settings import CACHE_DIR
 
@@ -104,6 +105,13 @@ CPU_HALF_FACTORS: tuple[tuple[str, float], ...] = (("amx_bf16", 16.0), ("amx_fp1
 def is_half(dtype: str | None) -> bool:
     """Whether a dtype name is float16 or bfloat16."""
     return dtype in _HALF_DTYPES
+
+
+def bandwidth_text(p: Peaks) -> str:
+    """The bandwidth roof as reports print it: a roof raised to cache-resident work's bytes/s
+    with the measured memory bandwidth beside it, which the ridge is set by."""
+    text = fmt_si(p.bytes_per_s, "B/s")
+    return f"{text}, memory {fmt_si(p.memory_bytes_per_s, 'B/s')}" if p.memory_bytes_per_s else text
 
 
 def raised(p: Peaks, flops: float, half_flops: float, bytes_per_s: float, what: str) -> Peaks:

@@ -20,7 +20,7 @@ from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, Roof
 from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.memory import MemoryReport
-from mltrace.analysis.peaks import Peaks
+from mltrace.analysis.peaks import Peaks, bandwidth_text
 from mltrace.analysis.report_data import cold_start_text, exit_text
 from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
@@ -634,7 +634,7 @@ def _findings(a: Analysis) -> str:
             if p is not None:
                 items.append(
                     f'<span class="muted">Roofline peaks — {_e(p.device.upper())} {_e(p.name)}: {_e(fmt_si(p.flops_per_s, "FLOP/s"))}, '
-                    f"{_e(fmt_si(p.bytes_per_s, 'B/s'))} (ridge {p.ridge_for(None):.1f} FLOP/B; {_e(p.source)})</span>"
+                    f"{_e(bandwidth_text(p))} (ridge {p.ridge_for(None):.1f} FLOP/B; {_e(p.source)})</span>"
                 )
     if not items:
         return ""

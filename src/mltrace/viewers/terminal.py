@@ -13,7 +13,7 @@ from mltrace.analysis.codepaths import location, source_line, split_location
 from mltrace.analysis.coldstart import left_out_note
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
-from mltrace.analysis.peaks import Peaks
+from mltrace.analysis.peaks import Peaks, bandwidth_text
 from mltrace.analysis.report_data import cold_start_text, exit_text
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
@@ -105,7 +105,7 @@ def _peaks_line(p: Peaks) -> str:
     extra = f"; {p.note}" if p.note else ""
     half = f", {fmt_si(p.half_flops_per_s, 'FLOP/s')} fp16/bf16" if p.half_flops_per_s else ""
     return (
-        f"{p.device.upper()} {p.name}: {fmt_si(p.flops_per_s, 'FLOP/s')}{half}, {fmt_si(p.bytes_per_s, 'B/s')} "
+        f"{p.device.upper()} {p.name}: {fmt_si(p.flops_per_s, 'FLOP/s')}{half}, {bandwidth_text(p)} "
         f"(ridge {p.ridge_for(None):.1f} FLOP/B; {p.source}{extra})"
     )
 
