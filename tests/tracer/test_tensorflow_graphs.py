@@ -305,3 +305,35 @@ def _under(span: Any, ancestor: int, by_id: dict[int, Any]) -> bool:
     while parent is not None and parent != ancestor:
         parent = by_id[parent].parent_id if parent in by_id else None
     return parent == ancestor
+
+
+def test_eager_attention_calls_count_their_products(tmp_path: Path) -> None:
+    """The eager einsums of a MultiHeadAttention carry no shapes, so an eager call's FLOPs come from the
+    layer's settings and its query's, value's and output's shapes: its four projections and the two
+    attention products, as its graph calls count them. The layer's row has them once: its EinsumDense
+    children's FLOPs are in its own, not added to it. Before, an eager call had the projections only."""
+    keras.utils.set_random_seed(0)
+    b, t, s, d, heads, key_dim, value_dim = 2, 10, 12, 16, 2, 4, 3
+    query, memory = keras.Input((t, d), name="query"), keras.Input((s, d), name="memory")
+    att = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=key_dim, value_dim=value_dim, name="att")
+    model = keras.Model([query, memory], att(query, memory), name="tiny_att")
+    serve = tf.function(lambda q, m: model([q, m], training=False))
+    rng = np.random.default_rng(2)
+    q, m = (tf.constant(rng.standard_normal((b, n, d)).astype(np.float32)) for n in (t, s))
+
+    run = traced(tmp_path, lambda: [(model([q, m], training=False), serve(q, m)) for _ in range(2)])
+    projections = 2.0 * b * d * heads * (t * key_dim + s * key_dim + s * value_dim) + 2.0 * b * t * heads * value_dim * d
+    per_call = projections + 2.0 * b * heads * t * s * (key_dim + value_dim)  # QK^T, then A.V
+    by_id = run.span_by_id()
+    calls = [x for x in run.spans if x.level == Level.LAYER and x.name == "att"]
+    eager = [x for x in calls if x.attrs["ml.tf.mode"] == "eager"]
+    assert len(calls) == 4 and len(eager) == 2
+    for call in eager:
+        assert call.attrs["ml.flops"] == per_call
+        assert call.attrs["ml.input.shapes"] == [[b, t, d], [b, s, d]]
+        children = [x for x in run.spans if x.level == Level.LAYER and x.parent_id == call.id]
+        assert sum(x.attrs.get("ml.flops", 0.0) for x in children) == projections
+    for call in (x for x in calls if x.attrs["ml.tf.mode"] == "graph"):
+        assert sum(x.attrs.get("ml.flops", 0.0) for x in run.spans if x.level == Level.OP and _under(x, call.id, by_id)) == per_call
+    (row,) = [r for r in json_report(tmp_path, "--include-cold")["layers"] if r["name"] == "att"]
+    assert (row["calls"], row["flops"]) == (4, 4 * per_call)

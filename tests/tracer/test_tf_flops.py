@@ -8,6 +8,7 @@ from mltrace.formats.tf_flops import (
     FlopTable,
     OpWork,
     graph_work,
+    keras_attention_flops,
     keras_layer_flops,
     keras_layer_kind,
     op_flops,
@@ -56,7 +57,7 @@ def test_eager_keras_layers_by_hand() -> None:
     assert keras_layer_kind(["EinsumDense", "Layer"]) == "einsum" and keras_layer_kind(["Dense", "Layer"]) == "dense"
     assert keras_layer_kind(["Conv2DTranspose", "Conv2D", "Conv", "Layer"]) is None  # tf_keras: a transposed Conv2D
     assert keras_layer_kind(["SeparableConv2D", "BaseSeparableConv", "Layer"]) is None
-    assert keras_layer_kind(["MultiHeadAttention", "Layer"]) is None
+    assert keras_layer_kind(["MultiHeadAttention", "Layer"]) == "attention"
     # Dense on (2, 5, 7) → (2, 5, 3): 2 x 30 x 7.
     assert keras_layer_flops("dense", [2, 5, 7], [2, 5, 3]) == 2.0 * 30 * 7
     # Conv2D 3x3, 8 input channels in 2 groups, 16 filters: 2 x output elements x 9 x 4.
@@ -70,6 +71,24 @@ def test_eager_keras_layers_by_hand() -> None:
     assert keras_layer_flops("einsum", [2, 4, 5, 7], [2, 4, 5, 3], equation="...b,bc->...c") == 2.0 * 120 * 7
     assert keras_layer_flops("einsum", [2, 7], [2, 3], equation="ab,bc") is None
     assert keras_layer_flops("dense", [-1, 7], [-1, 3]) is None  # an unknown dimension
+
+
+def test_eager_attention_by_hand() -> None:
+    # Cross-attention: query (2, 10, 16), value (2, 12, 8), 3 heads, key_dim 4, value_dim 5, output (2, 10, 16).
+    projections = 2.0 * 3 * ((2 * 10 * 16 + 2 * 12 * 8) * 4 + 2 * 12 * 8 * 5 + 2 * 10 * 16 * 5)
+    products = 2.0 * 2 * 3 * 10 * 12 * (4 + 5)  # QK^T over key_dim, then A.V over value_dim
+    kw = {"num_heads": 3, "key_dim": 4, "value_dim": 5}
+    assert keras_attention_flops([2, 10, 16], [2, 12, 8], [2, 12, 8], [2, 10, 16], **kw) == projections + products
+    # A key of its own (12 x 6): its projection, not the value's, sums over key_dim.
+    with_key = projections + 2.0 * 3 * (2 * 12 * 6 - 2 * 12 * 8) * 4 + products
+    assert keras_attention_flops([2, 10, 16], [2, 12, 8], [2, 12, 6], [2, 10, 16], **kw) == with_key
+    # Attention over axis 2 of (2, 4, 10, 8): the 4 rows are a batch dimension; by default axes 1 and 2 (7 x 9 positions).
+    over_2 = keras_attention_flops([2, 4, 10, 8], [2, 4, 12, 8], [2, 4, 12, 8], [2, 4, 10, 8], attention_axes=(2,), **kw)
+    assert over_2 == 2.0 * 3 * ((640 + 768) * 4 + 768 * 5 + 640 * 5) + 2.0 * 8 * 3 * 10 * 12 * 9
+    both = keras_attention_flops([2, 7, 9, 8], [2, 7, 9, 8], [2, 7, 9, 8], [2, 7, 9, 8], **kw)
+    assert both == 2.0 * 3 * 1008 * (4 + 4 + 5 + 5) + 2.0 * 2 * 3 * 63 * 63 * 9
+    assert keras_attention_flops([-1, 10, 16], [2, 12, 8], [2, 12, 8], [2, 10, 16], **kw) is None  # unknown batch
+    assert keras_attention_flops([2, 10, 16], [2, 12, 8], [2, 12, 8], [2, 10, 16], attention_axes=(-1,), **kw) is None
 
 
 def test_runtime_ops_take_their_scopes_counts_in_order() -> None:

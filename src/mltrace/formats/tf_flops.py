@@ -124,9 +124,12 @@ def _einsum_summed(equation: str, inputs: Sequence[Shape]) -> int | None:
 
 def keras_layer_kind(mro_names: Iterable[str]) -> str | None:
     """The kind of work of a Keras layer class, from the names of its classes (``type(layer).__mro__``):
-    ``dense``, ``einsum`` (EinsumDense), ``depthwise`` (DepthwiseConv1D/2D), ``conv`` (Conv1D/2D/3D), or
-    None for other layers (transposed and separable convolutions among them)."""
+    ``dense``, ``einsum`` (EinsumDense), ``depthwise`` (DepthwiseConv1D/2D), ``conv`` (Conv1D/2D/3D),
+    ``attention`` (MultiHeadAttention), or None for other layers (transposed and separable convolutions
+    among them)."""
     names = set(mro_names)
+    if "MultiHeadAttention" in names:
+        return "attention"
     if any("Transpose" in n or "Separable" in n for n in names):
         return None
     if "EinsumDense" in names:
@@ -176,6 +179,38 @@ def keras_layer_flops(
     else:
         return None
     return 2.0 * prod(int(d) for d in output if d is not None) * inner
+
+
+def keras_attention_flops(
+    query: Shape,
+    value: Shape,
+    key: Shape,
+    output: Shape,
+    *,
+    num_heads: int,
+    key_dim: int,
+    value_dim: int,
+    attention_axes: Sequence[int] | None = None,
+) -> float | None:
+    """FLOPs of one eager call of a Keras MultiHeadAttention, counted as ``op_flops`` counts its ops in
+    a graph: its four projections (2 x each input's elements x heads x key_dim, value_dim for the value;
+    2 x output elements x heads x value_dim for the output) and its two attention products, the scores
+    QK^T (2 x B x heads x T x S x key_dim) and their use on V (the same with value_dim). T and S are the
+    products of the query's and the key's ``attention_axes`` (by default all but the first and last),
+    B that of the query's other dimensions but the last. The projections are its EinsumDense child
+    layers' FLOPs too: this is the layer's whole work. None when a dimension is unknown or the axes do not fit."""
+    shapes = (query, value, key, output)
+    if any(not s or any(d is None or d < 0 for d in s) for s in shapes) or len(key) != len(query):
+        return None
+    q, v, k, out = ([int(d) for d in s if d is not None] for s in shapes)
+    rank = len(q)
+    axes = {a % rank for a in attention_axes} if attention_axes is not None else set(range(1, rank - 1))
+    if not axes or rank - 1 in axes:
+        return None
+    batch = prod(q[i] for i in range(rank - 1) if i not in axes)
+    t, s = prod(q[i] for i in axes), prod(k[i] for i in axes)
+    projections = 2.0 * num_heads * ((prod(q) + prod(k)) * key_dim + prod(v) * value_dim + prod(out) * value_dim)
+    return projections + 2.0 * batch * num_heads * t * s * (key_dim + value_dim)
 
 
 def _contracted(equation: str, inputs: Sequence[int]) -> int | None:

@@ -24,7 +24,14 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mltrace.formats.tf_flops import FlopTable, graph_work, keras_layer_flops, keras_layer_kind, top_scopes
+from mltrace.formats.tf_flops import (
+    FlopTable,
+    graph_work,
+    keras_attention_flops,
+    keras_layer_flops,
+    keras_layer_kind,
+    top_scopes,
+)
 from mltrace.formats.xspace import (
     FunctionCall,
     KerasModelInfo,
@@ -102,6 +109,21 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         else:
             break
     return x
+
+
+def _attention_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A MultiHeadAttention call's ``query`` and ``value``, and its ``key`` where one is given."""
+    query = args[0] if args else kwargs.get("query")
+    value = args[1] if len(args) > 1 else kwargs.get("value")
+    key = args[2] if len(args) > 2 else kwargs.get("key")
+    return (query, value) if key is None else (query, value, key)
+
+
+def _plain_attention(cls: type) -> bool:
+    """Whether a MultiHeadAttention class runs the layer's own ``call`` and ``_compute_attention``
+    (a subclass with a cache or an attention of its own does other work than its inputs say)."""
+    methods = (getattr(cls, m, None) for m in ("call", "_compute_attention"))
+    return all(str(getattr(m, "__qualname__", "")).startswith("MultiHeadAttention.") for m in methods)
 
 
 class TensorFlowSource(FrameworkSource):
@@ -520,7 +542,10 @@ class TensorFlowSource(FrameworkSource):
         # The span's attributes while it is open (those of a call still running at stop); its
         # end gives it its template's (``_layer_ended``), shapes included.
         span = self._begin(path, Level.LAYER, {**attrs, **site})
-        return [layer, span, path, parent[3], False, True, (number, tuple(site.values()), _shape_key(x))]
+        shapes_in: tuple[Any, ...] = (_shape_key(x),)
+        if self._work_kind(type(layer)) == "attention":
+            shapes_in = tuple(_shape_key(t) for t in _attention_inputs(args, kwargs))
+        return [layer, span, path, parent[3], False, True, (number, tuple(site.values()), shapes_in)]
 
     def _layer_facts_of(self, layer: Any, model: str, path: str) -> tuple[int, dict[str, Any]]:
         """The number and the unchanging attributes of a layer at a path in a model: the same
@@ -624,10 +649,11 @@ class TensorFlowSource(FrameworkSource):
             return
         attrs = dict(span.attrs)
         try:
-            for which, shapes in (("input", shapes_in), ("output", shapes_out)):
-                if shapes is not None:
-                    attrs[f"ml.{which}.shapes"] = [list(shapes[0])]
-                    attrs[f"ml.{which}.dtypes"] = [shapes[1]]
+            for which, shapes in (("input", shapes_in), ("output", (shapes_out,))):
+                known = [k for k in shapes if k is not None]
+                if len(known) == len(shapes):  # one per tensor (a MultiHeadAttention's query, value, key)
+                    attrs[f"ml.{which}.shapes"] = [list(k[0]) for k in known]
+                    attrs[f"ml.{which}.dtypes"] = [k[1] for k in known]
             self._eager_flops(frame[0], attrs)
         except Exception:
             pass
@@ -637,18 +663,29 @@ class TensorFlowSource(FrameworkSource):
         """Eager layer calls recorded and not flushed yet (the session's span limit counts them)."""
         return len(self._layer_records)
 
-    def _eager_flops(self, layer: Any, attrs: dict[str, Any]) -> None:
-        """Sets ``ml.flops`` of an eager call of a Dense, EinsumDense or (depthwise) convolution
-        layer from its input and output shapes and its settings (``tf_flops.keras_layer_flops``;
-        no weight is read, so nothing runs): the profiler records no shapes for eager ops, so
-        without it only the layer's graph calls (predict(), tf.function) would have FLOPs, while
-        all its calls count in its time."""
-        cls = type(layer)
+    def _work_kind(self, cls: type) -> str | None:
+        """A Keras layer class's kind of work (``tf_flops.keras_layer_kind``), kept per class; None
+        for a MultiHeadAttention subclass with a ``call`` or an attention of its own."""
         kind = self._work_kinds.get(cls, "")
         if kind == "":
-            kind = self._work_kinds[cls] = keras_layer_kind(c.__name__ for c in cls.__mro__)
+            kind = keras_layer_kind(c.__name__ for c in cls.__mro__)
+            if kind == "attention" and not _plain_attention(cls):
+                kind = None
+            self._work_kinds[cls] = kind
+        return kind
+
+    def _eager_flops(self, layer: Any, attrs: dict[str, Any]) -> None:
+        """Sets ``ml.flops`` of an eager call of a Dense, EinsumDense, (depthwise) convolution or
+        MultiHeadAttention layer from its input and output shapes and its settings
+        (``tf_flops.keras_layer_flops``, ``keras_attention_flops``; no weight is read, so nothing
+        runs): the profiler records no shapes for eager ops, so without it only the layer's graph
+        calls (predict(), tf.function) would have FLOPs, while all its calls count in its time."""
+        kind = self._work_kind(type(layer))
         inputs, outputs = attrs.get("ml.input.shapes"), attrs.get("ml.output.shapes")
         if kind is None or not inputs or not outputs:
+            return
+        if kind == "attention":
+            self._attention_flops(layer, inputs, outputs[0], attrs)
             return
         kernel_size = getattr(layer, "kernel_size", ())
         flops = keras_layer_flops(
@@ -659,6 +696,37 @@ class TensorFlowSource(FrameworkSource):
             groups=int(getattr(layer, "groups", 1) or 1),
             channels_first=getattr(layer, "data_format", None) == "channels_first",
             equation=getattr(layer, "equation", None),
+        )
+        if flops is not None:
+            attrs["ml.flops"] = flops
+
+    @staticmethod
+    def _attention_flops(layer: Any, inputs: list[Any], output: Any, attrs: dict[str, Any]) -> None:
+        """Sets ``ml.flops`` of an eager MultiHeadAttention call (inputs: query, value, and key
+        where given): its projections and its two attention products, the whole layer's work, so
+        that its row counts the products its eager einsums carry none for, and its EinsumDense
+        children's FLOPs once (an explicit ``ml.flops`` is a layer's, its children's not added)."""
+        if len(inputs) < 2:
+            return
+        # Keras 3 has them as properties; tf_keras only as the private attributes they return.
+        heads, key_dim, value_dim, axes = (
+            getattr(layer, name, None) or getattr(layer, f"_{name}", None)
+            for name in ("num_heads", "key_dim", "value_dim", "attention_axes")
+        )
+        value_dim = value_dim or key_dim
+        if not (isinstance(heads, int) and isinstance(key_dim, int) and isinstance(value_dim, int)):
+            return
+        if min(heads, key_dim, value_dim) <= 0:
+            return
+        flops = keras_attention_flops(
+            inputs[0],
+            inputs[1],
+            inputs[2] if len(inputs) > 2 else inputs[1],
+            output,
+            num_heads=heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            attention_axes=tuple(axes) if isinstance(axes, (tuple, list)) else None,
         )
         if flops is not None:
             attrs["ml.flops"] = flops
