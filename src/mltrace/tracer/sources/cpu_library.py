@@ -4,7 +4,8 @@
 switches once the program imports torch, or through the environment for TensorFlow:
 ``use_env``), reads the lines from fd 1 with ``FdTap`` and turns them into LIBRARY spans
 (``LibrarySpanMaker``), handed to the session while the program runs (``drain_events``, before
-every flush) and the rest at ``stop()``. While MKL's verbose mode is on, its timer reads the vDSO clock
+every flush, as compact records the recorder's drain writes: ``library_records``) and the rest
+at ``stop()``. While MKL's verbose mode is on, its timer reads the vDSO clock
 (``_redirect_mkl_timer``). Where the user's environment turned a library's verbose output on
 (``_users_verbose``), its lines are the program's output: the tap forwards them as well, and
 mltrace leaves that library's verbosity as the user set it. The lines carry no thread id, so
@@ -40,6 +41,7 @@ from mltrace.tracer.clock import now_ns
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
+from mltrace.tracer.sources.library_records import ABSENT, LibraryRecords, LibraryTemplate, new_template
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -122,17 +124,18 @@ _TEMPLATES_KEPT = 4096
 PARSE_CHUNK = 64
 
 
-def _parse_in_chunks(maker: LibrarySpanMaker, lines: list[TappedLine]) -> list[Span]:
+def _parse_in_chunks(maker: LibrarySpanMaker, lines: list[TappedLine], records: LibraryRecords | None = None) -> list[Span]:
     """``maker.add(lines)``, ``PARSE_CHUNK`` lines at a time, the GIL given up between two
-    chunks. Parsing holds the GIL; a program thread that wants it back after a torch op waits
+    chunks; with ``records``, the calls go there (``add_records``) and no span is returned.
+    Parsing holds the GIL; a program thread that wants it back after a torch op waits
     until the holder drops it, up to the interpreter's switch interval (5 ms) each time, so a
     flush's parsing in one piece stretched the model call it overlapped by many such waits."""
-    spans: list[Span] = []
+    into = LibraryRecords() if records is None else records
     for i in range(0, len(lines), PARSE_CHUNK):
         if i:
             time.sleep(0)  # a thread waiting for the GIL takes it now
-        spans += maker.add(lines[i : i + PARSE_CHUNK])
-    return spans
+        maker.add_records(lines[i : i + PARSE_CHUNK], into)
+    return into.spans() if records is None else []
 
 
 class LibrarySpanMaker:
@@ -165,71 +168,84 @@ class LibrarySpanMaker:
         self._seq = 0
         # The name, leading attributes and FLOPs of each distinct call seen (``_template``): a
         # loop repeats the same calls, whose attributes and FLOPs cost more than their parse.
-        self._templates: dict[tuple[Any, ...], _Template] = {}
+        self._templates: dict[tuple[Any, ...], LibraryTemplate] = {}
 
-    def _template(self, key: tuple[Any, ...], make: Callable[[Any], _Template], call: Any) -> _Template:
+    def _template(self, key: tuple[Any, ...], make: Callable[[Any], _Template], call: Any) -> LibraryTemplate:
         """The span name, leading attributes (to copy) and FLOPs of the call ``key`` names
-        (``make(call)``'s, the first time)."""
+        (``make(call)``'s, the first time), as a template with its own id."""
         template = self._templates.get(key)
         if template is None:
             if len(self._templates) >= _TEMPLATES_KEPT:
-                self._templates.clear()
+                self._templates.clear()  # the templates of waiting records stay with them
             name, attrs, flops = make(call)
             head: dict[str, Any] = {"mltrace.level": Level.LIBRARY.label}
             if self._framework:
                 head["ml.framework"] = self._framework
             head.update(attrs)
-            template = self._templates[key] = (name, head, flops)
+            template = self._templates[key] = new_template(name, head, flops)
         return template
 
     def add(self, lines: list[TappedLine]) -> list[Span]:
         """The spans of ``lines`` (the lines that follow those added before), in arrival order."""
-        spans: list[Span] = []
+        records = LibraryRecords()
+        self.add_records(lines, records)
+        return records.spans()
+
+    def add_records(self, lines: list[TappedLine], records: LibraryRecords) -> None:
+        """Appends the calls of ``lines`` (the lines that follow those added before) to
+        ``records``, in arrival order: ``library_records.FIELDS`` integers a call, no object."""
+        out = array("q")
+        used: dict[int, LibraryTemplate] = {}
         counts, lags, track_id, new_id, epoch_to_session = self.counts, self._lags, self._track_id, self._new_id, self._epoch_to_session
-        template, seq = self._template, self._seq
+        template_of, seq = self._template, self._seq
         for receive_ns, text in lines:
             dnn = parse_onednn_line(text)
             start_epoch: int | None = None
+            tid = nthr = ABSENT
             if dnn is not None:
                 if not dnn.is_exec:
                     continue  # creation lines (verbose level 2) are not calls to trace
-                counts["onednn"] += 1
                 key = (dnn.kind, dnn.impl, dnn.prop, dnn.memory, dnn.attrs, dnn.aux, dnn.desc)
-                name, head, flops = template(key, _onednn_template, dnn)
-                attrs = head.copy()
+                template = template_of(key, _onednn_template, dnn)
                 start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
+                kind = "onednn"
             else:
                 blas = parse_mkl_line(text)
                 if blas is None:
                     if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
                         counts["unparsed"] += 1
                     continue
-                counts["mkl"] += 1
-                name, head, flops = template((blas.function, _mkl_desc(blas)), _mkl_template, blas)
-                attrs = head.copy()
-                _mkl_thread_attrs(blas, attrs)
+                template = template_of((blas.function, _mkl_desc(blas)), _mkl_template, blas)
                 duration = blas.duration_ns
-            attrs["ml.library.exec_ns"] = duration
-            attrs["ml.library.seq"] = seq
-            seq += 1
-            if flops is not None:
-                attrs["ml.flops"] = flops
+                if blas.tid is not None:
+                    tid = blas.tid
+                if blas.nthr is not None:
+                    nthr = blas.nthr
+                kind = "mkl"
             if start_epoch is not None:
                 start = epoch_to_session(start_epoch)
                 end = start + duration
+                received = ABSENT
+            else:
+                end = received = receive_ns
+                start = end - duration
+            try:
+                out.extend((new_id(), start, end, track_id, template.id, duration, seq, tid, nthr, received))
+            except OverflowError:  # a number past 64 bits: no call a library makes
+                counts["unparsed"] += 1
+                continue
+            counts[kind] += 1
+            seq += 1
+            used[template.id] = template
+            if start_epoch is not None:
                 if end > receive_ns + 2_000:
                     counts["late"] += 1
                 lags.append(receive_ns - end)
             else:
                 counts["untimed"] += 1
-                attrs["ml.library.untimed"] = True
-                attrs["ml.library.receive_ns"] = receive_ns
-                end = receive_ns
-                start = end - duration
-            spans.append(Span(new_id(), None, Level.LIBRARY, name, start, end, track_id, attrs))
         self._seq = seq
         self.lines += len(lines)
-        return spans
+        records.add(out, used)
 
     def summary(self) -> dict[str, int]:
         """The counts so far, with ``receive_lag_ns_median`` and ``receive_lag_ns_max`` over
@@ -309,6 +325,9 @@ class CpuLibrarySource(Source):
         # the tap's lines under this lock, so that each line is turned into a span once, in order.
         self._lock = threading.Lock()
         self._maker: LibrarySpanMaker | None = None  # from start() to stop()
+        #: Where ``drain_events`` puts the calls for the recorder's next drain (a producer of the
+        #: session's recorder, ``library_records``); None without a recorder: it returns spans.
+        self._records: LibraryRecords | None = None
         self._tap_open = False  # lines may be taken from the tap (cleared before it is stopped)
         self._taken = 0  # lines taken from the tap: handed over, held, or the warm-up's
         self._held: list[TappedLine] = []  # lines restoring the tap returned, not handed over yet
@@ -372,6 +391,11 @@ class CpuLibrarySource(Source):
         with self._lock:
             # No ml.framework: set from the issuing op by the attach pass (torch and TF share oneDNN).
             self._maker = LibrarySpanMaker(session.anchor.epoch_to_session, self._track_id, session.new_id)
+            self._records = None
+            recorder = getattr(session, "recorder", None)
+            if recorder is not None:  # the calls wait for the flush as records, not spans
+                self._records = LibraryRecords()
+                recorder.add_producer(self._records.spans, self._records.encode)
             self._taken, self._held, self._ended, self._sealed_ns = 0, [], False, 0
         try:
             self._tap.start()
@@ -548,8 +572,10 @@ class CpuLibrarySource(Source):
         """The LIBRARY spans of the lines captured since the last call (the session calls it on
         its flusher thread before every flush), none while MKL's warm-up runs.
 
-        ``ml.library.seq`` and the counts go on across calls (``LibrarySpanMaker``); ``stop()``
-        returns only the spans not handed over yet. Costs the new lines only.
+        With a session recorder, the calls go to the recorder's next drain as records instead
+        (``library_records``: no object per call) and none is returned. ``ml.library.seq`` and
+        the counts go on across calls (``LibrarySpanMaker``); ``stop()`` returns only the spans
+        not handed over yet. Costs the new lines only.
         """
         with self._lock:
             maker = self._maker
@@ -563,7 +589,7 @@ class CpuLibrarySource(Source):
                 self._sealed_ns = max(self._sealed_ns, lines[-1].receive_ns)
             if emptied:
                 self._sealed_ns = max(self._sealed_ns, checked_ns)
-            return list(_parse_in_chunks(maker, lines))
+            return list(_parse_in_chunks(maker, lines, self._records))
 
     def sealed_until_ns(self) -> int | None:
         """The session time up to which every library call that ended then or earlier has been
