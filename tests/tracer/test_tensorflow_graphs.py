@@ -274,22 +274,41 @@ def test_a_tf_function_call_that_traces_holds_its_tracing(tmp_path: Path) -> Non
     assert all(s.start_ns >= first.start_ns + trace_ns for s in layers)  # the graph ran after the tracing
 
 
-def test_attention_products_count_in_graph_calls(tmp_path: Path) -> None:
-    """A MultiHeadAttention's two attention products are Einsum ops (run as ``_MklEinsum``): they count
-    from their equation and the function graph's shapes, so each graph call of the layer has the hand
-    count, its four projections and the two products. Before, the products had none."""
+#: The cross-attention of the attention tests: batch, query length, memory length, width, heads,
+#: key and value widths (T != S and value_dim != key_dim, so each product has its own count).
+_ATT = (2, 10, 12, 16, 2, 4, 3)
+
+
+def _cross_attention() -> tuple[Any, Any, Any, Any]:
+    """A Keras model of one MultiHeadAttention ``att`` over a query and a memory (``_ATT``), its
+    ``tf.function``, and a query and memory: (model, serve, query, memory)."""
     keras.utils.set_random_seed(0)
-    b, t, s, d, heads, key_dim, value_dim = 2, 10, 12, 16, 2, 4, 3
+    b, t, s, d, heads, key_dim, value_dim = _ATT
     query, memory = keras.Input((t, d), name="query"), keras.Input((s, d), name="memory")
     att = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=key_dim, value_dim=value_dim, name="att")
     model = keras.Model([query, memory], att(query, memory), name="tiny_att")
     serve = tf.function(lambda q, m: model([q, m], training=False))
     rng = np.random.default_rng(2)
     q, m = (tf.constant(rng.standard_normal((b, n, d)).astype(np.float32)) for n in (t, s))
+    return model, serve, q, m
+
+
+def _att_projections() -> float:
+    """The FLOPs of ``_cross_attention``'s four projections in one call."""
+    b, t, s, d, heads, key_dim, value_dim = _ATT
+    return 2.0 * b * d * heads * (t * key_dim + s * key_dim + s * value_dim) + 2.0 * b * t * heads * value_dim * d
+
+
+def test_attention_products_count_in_graph_calls(tmp_path: Path) -> None:
+    """A MultiHeadAttention's two attention products are Einsum ops (run as ``_MklEinsum``): they count
+    from their equation and the function graph's shapes, so each graph call of the layer has the hand
+    count, its four projections and the two products. Before, the products had none."""
+    model, serve, q, m = _cross_attention()
+    b, t, s, d, heads, key_dim, value_dim = _ATT
 
     run = traced(tmp_path, lambda: [serve(q, m) for _ in range(2)])
     products = {2.0 * b * heads * t * s * key_dim, 2.0 * b * heads * t * s * value_dim}  # scores, then their use
-    projections = 2.0 * b * d * heads * (t * key_dim + s * key_dim + s * value_dim) + 2.0 * b * t * heads * value_dim * d
+    projections = _att_projections()
     by_id = run.span_by_id()
     calls = [s for s in run.spans if s.level == Level.LAYER and s.name == "att"]
     assert len(calls) == 2
@@ -312,17 +331,11 @@ def test_eager_attention_calls_count_their_products(tmp_path: Path) -> None:
     layer's settings and its query's, value's and output's shapes: its four projections and the two
     attention products, as its graph calls count them. The layer's row has them once: its EinsumDense
     children's FLOPs are in its own, not added to it. Before, an eager call had the projections only."""
-    keras.utils.set_random_seed(0)
-    b, t, s, d, heads, key_dim, value_dim = 2, 10, 12, 16, 2, 4, 3
-    query, memory = keras.Input((t, d), name="query"), keras.Input((s, d), name="memory")
-    att = keras.layers.MultiHeadAttention(num_heads=heads, key_dim=key_dim, value_dim=value_dim, name="att")
-    model = keras.Model([query, memory], att(query, memory), name="tiny_att")
-    serve = tf.function(lambda q, m: model([q, m], training=False))
-    rng = np.random.default_rng(2)
-    q, m = (tf.constant(rng.standard_normal((b, n, d)).astype(np.float32)) for n in (t, s))
+    model, serve, q, m = _cross_attention()
+    b, t, s, d, heads, key_dim, value_dim = _ATT
 
     run = traced(tmp_path, lambda: [(model([q, m], training=False), serve(q, m)) for _ in range(2)])
-    projections = 2.0 * b * d * heads * (t * key_dim + s * key_dim + s * value_dim) + 2.0 * b * t * heads * value_dim * d
+    projections = _att_projections()
     per_call = projections + 2.0 * b * heads * t * s * (key_dim + value_dim)  # QK^T, then A.V
     by_id = run.span_by_id()
     calls = [x for x in run.spans if x.level == Level.LAYER and x.name == "att"]
