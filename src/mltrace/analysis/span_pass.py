@@ -138,8 +138,9 @@ class RowAcc:
     kernel_count: int = 0
     # The calls whose work is known in full, which the verdict is over (all of them unless the
     # op level ended early): calls with ops, calls whose work comes from a formula or explicit
-    # attributes, and calls of a row without ops of its own whose children's work is all known;
-    # where the row ran kernels, calls with ops only. Their count, time, FLOPs and bytes.
+    # attributes, calls of a row without ops of its own whose children's work is all known, and
+    # calls like one with ops (``_LikeCalls``); where the row ran kernels, calls with ops only.
+    # Their count, time, FLOPs and bytes.
     known_calls: int = 0
     known_ns: int = 0
     known_flops: float = 0.0
@@ -696,7 +697,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     site_index: dict[str, int] = {}
     set_site = np.zeros(nset, dtype=np.int64)
     content_index: dict[str, int] = {}
-    set_content = np.zeros(nset, dtype=np.int64)  # equal attributes, one number (``_like_calls_with_ops``)
+    set_content = np.zeros(nset, dtype=np.int64)  # equal attributes, one number (``_LikeCalls``)
     for i, k in enumerate(sets.tolist()):
         a = t.attr_set(k)
         set_site[i] = site_index.setdefault(site_key(a), len(site_index))
