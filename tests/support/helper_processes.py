@@ -28,8 +28,10 @@ def placement(pid: int) -> dict[str, object]:
 
 
 def _group(pid: int) -> str:
-    """The autogroup ``pid`` is in (``/autogroup-N``, its nice value left out)."""
-    return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    """The autogroup ``pid`` is in (``/autogroup-N``, its nice value left out); empty where the
+    kernel shows none because the process's cgroup, not an autogroup, holds its scheduling."""
+    words = Path(f"/proc/{pid}/autogroup").read_text().split()
+    return words[0] if words else ""
 
 
 def default_nice_below(pid: int) -> int:
