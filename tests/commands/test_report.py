@@ -91,7 +91,7 @@ def test_json_report_follows_the_schema(traced: Path) -> None:
     assert rc == 0, err
     data = json.loads(out)
     assert errors(data, REPORT_SCHEMA) == []
-    assert list(data) == ["run", "models", "layers", "ops", "findings", "generate", "memory", "requests", "ranks", "processes"]
+    assert list(data) == ["run", "models", "layers", "ops", "types", "findings", "generate", "memory", "requests", "ranks", "processes"]
     assert data["generate"] == []  # no generate() call in this run
     assert data["requests"] is None and data["ranks"] is None and data["run"]["unfollowed"] == []  # no service, no ranks
     assert data["processes"] is None  # one process

@@ -23,6 +23,7 @@ from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.diff import ADDED, REMOVED, diff_runs
 from mltrace.analysis.report_data import build_report
 from mltrace.config import ProfileOptions
+from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.onnxruntime import OrtSource
@@ -123,3 +124,19 @@ def test_int8_copy_keeps_module_paths_and_diff_pairs_them(tmp_path: Path, models
         assert row is not None and row.status not in (ADDED, REMOVED), (name, row)
     model_rows = [r for r in d.layers if r.calls_a and r.calls_b and r.name in ("ResNet", f"{exporter} → {exporter}.int8")]
     assert len(model_rows) == 1, [r.name for r in d.layers if r.status in (ADDED, REMOVED)]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_layer_types_count_each_flop_once(tmp_path: Path, models: dict[str, Any], exporter: str) -> None:
+    """The torch modules hold the ORT nodes that ran them: the "By layer type" table counts each
+    node's FLOPs in its own type alone (a module type, ``Module`` for the legacy exporter's, holds
+    none of them), so the column sums to the model's FLOPs, not to several times them."""
+    run = traced(tmp_path / "run", models["dir"] / f"{exporter}.onnx")
+    a = analyze(run)
+    (model,) = [r for r in a.layers if r.stat.level is Level.MODEL]
+    flops = {t.type: t.flops for t in a.types}
+    assert sum(flops.values()) == pytest.approx(model.flops) and model.flops >= RUNS * sum(models["flops"].values())
+    for container in ("Module", "Sequential", "BasicBlock", "Conv2d"):
+        assert flops.get(container, 0) == 0, (container, flops)
+    assert flops.get("Conv", 0) + flops.get("FusedConv", 0) > 0, flops
+    assert [(t["type"], t["flops"]) for t in build_report(run, a)["types"]] == list(flops.items())

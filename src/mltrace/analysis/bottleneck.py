@@ -343,17 +343,25 @@ class LayerRow:
 
 @dataclass
 class TypeRow:
-    """All layers of one type together (leaf and container calls alike).
+    """All layers of one type together (leaf and container calls alike), each call with what it
+    does itself: a container's row holds its own time and its own ops' work, none of its
+    children's, so that no work is counted in two rows (docs/ANALYSIS.md, "Aggregations").
 
     Attributes:
         type: the layer type.
         calls: number of calls.
-        total_ns: summed durations (ns).
+        total_ns: summed durations of its calls that are in no other call of its type (ns).
         self_ns: summed self times (ns).
-        flops: FLOP over all calls.
-        bytes: bytes over all calls.
-        known: the calls whose work is known in full (as ``LayerRow.known``).
-        verdict: the verdict over the summed numbers (of those calls), or None without peaks.
+        flops: FLOP of its calls' own ops (their work less their child layers').
+        bytes: bytes of the same.
+        known: the calls whose work is known in full (as ``LayerRow.known``; their self time
+            and own work).
+        verdict: the verdict over the self time and own work (of those calls), or None without
+            peaks.
+        op_ns: time of its calls' own top-level ops (ns).
+        op_count: their number.
+        kernel_ns: GPU time of the kernels those ops launched (ns).
+        kernel_count: their number.
     """
 
     type: str
@@ -364,6 +372,10 @@ class TypeRow:
     bytes: float = 0.0
     known: KnownWork | None = None
     verdict: Verdict | None = None
+    op_ns: int = 0
+    op_count: int = 0
+    kernel_ns: int = 0
+    kernel_count: int = 0
 
 
 @dataclass
@@ -1148,6 +1160,10 @@ def _layer_rows(g: Gathered, has_ops: bool, peaks: PeakSet | None, th: Threshold
             t.flops,
             t.bytes,
             known_work(t.calls, t.known_calls, t.known_ns, t.known_flops, t.known_bytes),
+            op_ns=t.op_ns,
+            op_count=t.op_count,
+            kernel_ns=t.kernel_ns,
+            kernel_count=t.kernel_count,
         )
         for name, t in g.types.items()
     ]
@@ -1235,14 +1251,14 @@ def _layer_verdict(row: LayerRow, peaks: PeakSet, th: Thresholds) -> Verdict:
 
 
 def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thresholds) -> Verdict:
-    kernels = sum(r.kernel_count for r in members)
-    roofs = _peaks_for(kernels, peaks)
+    """A layer type's verdict over its calls' self time and own work (``TypeRow``)."""
+    roofs = _peaks_for(t.kernel_count, peaks)
     sources = {r.work_source for r in members}
     source = sources.pop() if len(sources) == 1 else "mixed"
     basis = _basis_text(source, t.calls, t.known)
     if t.known is not None and t.known.calls == 0:
         return _no_known_calls(t.calls, basis)
-    time_ns, flops, moved = _judged(t.total_ns, t.flops, t.bytes, t.known)
+    time_ns, flops, moved = _judged(t.self_ns, t.flops, t.bytes, t.known)
     gc = _members_gc(members)
     gc_ns = gc.ns if gc is not None and t.known is None else 0
     v = classify(
@@ -1254,10 +1270,10 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
         ridge_bytes=roofs.bound_bytes_per_s if roofs is not None else 0.0,
         work_known=roofs is not None and source != IO,
         calls=t.calls,
-        ops=sum(r.op_count for r in members),
-        op_ns=sum(r.op_ns for r in members),
-        kernels=kernels,
-        device_ns=sum(r.kernel_ns for r in members),
+        ops=t.op_count,
+        op_ns=t.op_ns,
+        kernels=t.kernel_count,
+        device_ns=t.kernel_ns,
         basis=basis,
         th=th,
     )
@@ -1265,11 +1281,12 @@ def _type_verdict(t: TypeRow, members: list[LayerRow], peaks: PeakSet, th: Thres
 
 
 def _members_gc(members: list[LayerRow]) -> GcTime | None:
-    """The garbage collections inside the calls of a layer type's layers, summed."""
-    within = [r.gc_within for r in members if r.gc_within is not None]
-    if not within:
+    """The garbage collections charged to the calls of a layer type's layers themselves (part of
+    their self time), summed."""
+    own = [r.gc for r in members if r.gc is not None]
+    if not own:
         return None
-    return GcTime(sum(g.count for g in within), sum(g.ns for g in within), sum(g.full for g in within))
+    return GcTime(sum(g.count for g in own), sum(g.ns for g in own), sum(g.full for g in own))
 
 
 def _op_verdict(row: NameRow, peaks: PeakSet, th: Thresholds) -> Verdict:
@@ -1302,7 +1319,8 @@ def _roofline_points(leaf: Iterable[LayerRow], types: Iterable[TypeRow]) -> list
         v = t.verdict
         if v is None or v.intensity is None or not v.achieved_flops:
             continue
-        points.append(RooflinePoint(t.type, "type", "cpu", v.intensity, v.achieved_flops, t.total_ns, v.bound))
+        device = "gpu" if t.kernel_count else "cpu"
+        points.append(RooflinePoint(t.type, "type", device, v.intensity, v.achieved_flops, t.self_ns, v.bound))
     return points
 
 

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, Verdict
+from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, TypeRow, Verdict
 from mltrace.analysis.breakdown import layers_named_by_model
 from mltrace.analysis.codepaths import source_line, split_location
 from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
@@ -36,8 +36,8 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         a: its analysis (``analysis.bottleneck.analyze``).
 
     Returns:
-        ``{"run", "models", "layers", "ops", "findings", "generate", "memory", "requests",
-        "ranks", "processes"}``; times in ns, memory in bytes.
+        ``{"run", "models", "layers", "ops", "types", "findings", "generate", "memory",
+        "requests", "ranks", "processes"}``; times in ns, memory in bytes.
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
@@ -50,6 +50,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
         "models": [_model_entry(run, r, a.cold.model(r.stat.name)) for r in rows if r.stat.level is Level.MODEL],
         "layers": [_layer_entry(r, hot.get(r.stat.name, [])) | _memory_of(mem_layers.get(r.stat.name)) for r in layer_rows],
         "ops": [_op_entry(r) | _memory_of(mem_ops.get(r.name)) for r in a.ops],
+        "types": [_type_entry(t) for t in a.types],
         "findings": findings(a),
         "generate": [g.as_dict() for g in a.generation],
         "memory": _memory_entry(mem),
@@ -277,6 +278,21 @@ def _layer_entry(r: LayerRow, hot: list[tuple[str, int]]) -> dict[str, Any]:
         "hot_lines": [_hot_entry(loc, ns) for loc, ns in hot],
         "gc_self_ns": r.gc.ns if r.gc is not None else 0,
         "gc_total_ns": r.gc_within.ns if r.gc_within is not None else 0,
+    }
+
+
+def _type_entry(t: TypeRow) -> dict[str, Any]:
+    """A layer type's entry: what its calls do themselves (``TypeRow``), as the report's table."""
+    bound, why = _verdict(t.verdict)
+    return {
+        "type": t.type,
+        "calls": t.calls,
+        "total_ns": t.total_ns,
+        "self_ns": t.self_ns,
+        "flops": t.flops,
+        "bytes": t.bytes,
+        "verdict": bound,
+        "why": why,
     }
 
 

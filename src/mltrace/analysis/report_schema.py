@@ -131,6 +131,18 @@ OP = _object(
         "peak_alloc_bytes": _OPT_INT,
     }
 )
+TYPE = _object(
+    {
+        "type": _STR,
+        "calls": _INT,
+        "total_ns": _INT,
+        "self_ns": _INT,
+        "flops": _NUM,
+        "bytes": _NUM,
+        "verdict": _VERDICT,
+        "why": _OPT_STR,
+    }
+)
 MEMORY_PEAK = _object({"track": _STR, "device": _INT, "bytes": _INT, "ts_ns": _INT, "layer": _OPT_STR, "samples": _INT})
 MEMORY = {"type": ["object", "null"], "properties": {"peaks": _array(MEMORY_PEAK)}, "required": ["peaks"], "additionalProperties": False}
 FINDING = _object(
@@ -232,6 +244,7 @@ REPORT_SCHEMA: dict[str, Any] = {
             "models": _array(MODEL),
             "layers": _array(LAYER),
             "ops": _array(OP),
+            "types": _array(TYPE),
             "findings": _array(FINDING),
             "generate": _array(GENERATE),
             "memory": MEMORY,

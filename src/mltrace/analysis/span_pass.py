@@ -153,17 +153,25 @@ class RowAcc:
 
 @dataclass
 class TypeAcc:
-    """All layer-level calls of one layer type."""
+    """All layer-level calls of one layer type, each with what it does itself: its self time,
+    the work of its own ops (its work less its child layers'), its own ops and kernels, so that a
+    container (``Sequential``, an exported module holding its nodes) counts none of its
+    children's and the columns sum over types without counting any work twice. ``total_ns`` is
+    the duration of its calls that are in no other call of its type."""
 
     calls: int = 0
     total_ns: int = 0
     self_ns: int = 0
     flops: float = 0.0
     bytes: float = 0.0
-    known_calls: int = 0  # as ``RowAcc``'s, each call on its row's basis
+    known_calls: int = 0  # as ``RowAcc``'s, each call on its row's basis; their self time and own work
     known_ns: int = 0
     known_flops: float = 0.0
     known_bytes: float = 0.0
+    op_ns: int = 0  # its calls' own top-level ops: time and number
+    op_count: int = 0
+    kernel_ns: int = 0  # GPU kernels its own ops launched: time and number
+    kernel_count: int = 0
 
 
 @dataclass
@@ -667,6 +675,8 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     kern_ns = per_call(gko, durf[gko])
     kern_count = per_call(gko)
 
+    # Each call's own ops and kernels (not its child layers'), for the layer type table.
+    own_op_ns, own_op_count, own_kern_ns, own_kern_count = op_ns.copy(), op_count.copy(), kern_ns.copy(), kern_count.copy()
     # Subtree sums, deepest calls first.
     has_children = np.zeros(ncall, dtype=bool)
     levels_desc = [np.nonzero(cdepth == d)[0] for d in range(int(cdepth.max()) if ncall else 0, 0, -1)]
@@ -830,25 +840,30 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         )
         g.rows.append(racc)
 
-    # Layer types (layer level only).
+    # Layer types (layer level only), each call with what it does itself (``TypeAcc``).
     lay = np.nonzero(lv[call_rows] == LAYER)[0]
     if len(lay):
         type_names = list(type_index)
-        tix = np.asarray([type_index[x] for x in ltypes], dtype=np.int64)[set_of_call[lay]]
+        call_type = np.asarray([type_index[x] for x in ltypes], dtype=np.int64)[set_of_call]
+        tix = call_type[lay]
         nt = len(type_names)
+        own_flops = np.maximum(flops - child_flops, 0.0)
+        own_moved = np.maximum(moved - child_bytes, 0.0)
+        outer = lay[~_in_own_type(lay, cowner, np.where(lv[call_rows] == LAYER, call_type, -1))]
         tc = _count_by(tix, nt)
-        tt = _sum_by(tix, cdur[lay].astype(np.float64), nt)
+        tt = _sum_by(call_type[outer], cdur[outer].astype(np.float64), nt)
         ts = _sum_by(tix, self_ns[lay].astype(np.float64), nt)
-        tf = np.bincount(tix, weights=flops[lay], minlength=nt)
-        tb = np.bincount(tix, weights=moved[lay], minlength=nt)
+        tf = np.bincount(tix, weights=own_flops[lay], minlength=nt)
+        tb = np.bincount(tix, weights=own_moved[lay], minlength=nt)
         kb = basis[lay]  # each call on its row's basis
         kt, kc = tix[kb], lay[kb]
         known_sums = (
             _count_by(kt, nt),
-            _sum_by(kt, cdur[kc].astype(np.float64), nt),
-            np.bincount(kt, weights=flops[kc], minlength=nt),
-            np.bincount(kt, weights=moved[kc], minlength=nt),
+            _sum_by(kt, self_ns[kc].astype(np.float64), nt),
+            np.bincount(kt, weights=own_flops[kc], minlength=nt),
+            np.bincount(kt, weights=own_moved[kc], minlength=nt),
         )
+        own_sums = [_sum_by(tix, x[lay].astype(np.float64), nt) for x in (own_op_ns, own_op_count, own_kern_ns, own_kern_count)]
         for k in np.nonzero(tc)[0].tolist():
             g.types[type_names[k]] = TypeAcc(
                 int(tc[k]),
@@ -860,6 +875,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
                 known_ns=int(known_sums[1][k]),
                 known_flops=float(known_sums[2][k]),
                 known_bytes=float(known_sums[3][k]),
+                op_ns=int(own_sums[0][k]),
+                op_count=int(own_sums[1][k]),
+                kernel_ns=int(own_sums[2][k]),
+                kernel_count=int(own_sums[3][k]),
             )
 
     # Ops in a model but in no layer, and ops in no model at all. A model with no child modules
@@ -899,6 +918,20 @@ class _LikeCalls:
         flops[todo] = self.child_flops[todo] + (np.bincount(which, weights=own_flops) / count)[pos]
         moved[todo] = np.maximum(moved[todo], self.child_bytes[todo] + (np.bincount(which, weights=own_bytes) / count)[pos])
         known[todo] = True
+
+
+def _in_own_type(calls: np.ndarray, cowner: np.ndarray, call_type: np.ndarray) -> np.ndarray:
+    """Per call of ``calls``: whether a layer call of its own type encloses it (a ``Sequential``
+    in a ``Sequential``), walking up ``cowner``, the enclosing call of each; ``call_type`` is
+    each call's type, -1 for model calls."""
+    inside = np.zeros(len(calls), dtype=bool)
+    up = cowner[calls]
+    while True:
+        live = up >= 0
+        if not live.any():
+            return inside
+        inside |= live & (call_type[np.maximum(up, 0)] == call_type[calls])
+        up = np.where(live, cowner[np.maximum(up, 0)], -1)
 
 
 def _leaf_models(t: SpanTable, rows: np.ndarray) -> np.ndarray:
