@@ -17,6 +17,7 @@ import pytest
 
 import mltrace
 from conftest import mltrace_cmd
+from mltrace.formats.verbose_logs import parse_mkl_line
 from mltrace.run import store
 from mltrace.run.events import Span
 from mltrace.run.levels import Level
@@ -87,6 +88,28 @@ def test_mkl_calls_that_differ_in_their_pointers_alone_share_one_template() -> N
     assert {s.attrs["ml.library.desc"] for s in spans[:50]} == {"N,N,64,1,34,*,*,64,*,34,*,*,64"}
     assert {s.attrs["ml.flops"] for s in spans[:50]} == {2 * 64 * 1 * 34}
     assert spans[50].attrs["ml.library.desc"] == "N,0x10z,a0x10,0x,*"
+
+
+def test_a_repeated_mkl_call_is_read_as_a_whole_parse_reads_its_line() -> None:
+    """A line like one seen before is split, not parsed whole: each call still gets its own
+    line's duration (exactly, every unit, exponent forms too), thread fields and template."""
+    gemm = "MKL_VERBOSE SGEMM(N,N,64,1,34,{},{},64,{},34,{},{},64) {} CNR:OFF Dyn:1 FastMM:1 TID:{}  NThr:{}"
+    times = ["4.78us", "4.7849us", "0.0005us", "12ns", "1.5ms", "2e-06s", "3.25us", "0.0015us"]
+    lines = [
+        TappedLine(10**9 + 1_000 * i, gemm.format(*(hex(0x7F00 + 16 * i + k) for k in range(5)), times[i % 8], i % 2, 1 + i % 3))
+        for i in range(48)
+    ]
+    lines.insert(20, TappedLine(10**9 + 20_500, "MKL_VERBOSE SGEMV(N,64,34,0x7f,0x7e,64,0x7d,1,0x7c,0x7b,1) 2.5us TID:0"))
+    spans = LibrarySpanMaker(lambda ns: ns, 7, iter(range(1, 10**6)).__next__).add(lines)
+    calls = [parse_mkl_line(line.text) for line in lines]
+    assert len(spans) == len(calls) == 49
+    for span, call in zip(spans, calls, strict=True):
+        assert call is not None
+        assert span.end_ns - span.start_ns == call.duration_ns
+        assert span.attrs["ml.library.kind"] == call.function
+        assert span.attrs.get("ml.library.mkl_tid") == call.tid and span.attrs.get("ml.library.nthr") == call.nthr
+    assert spans[20].attrs["ml.library.kind"] == "SGEMV" and "ml.library.nthr" not in spans[20].attrs
+    assert {spans[i].end_ns - spans[i].start_ns for i in (3, 11)} == {12} and spans[4].end_ns - spans[4].start_ns == 1_500_000
 
 
 def test_a_drain_parses_in_chunks_handing_the_gil_over_between_them(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,19 @@ def test_gemm_flops_of_real_log() -> None:
     assert gemm_flops(sgemv) == 2 * 16 * 8
     batches = [c for c in calls if c.function == "SGEMM_BATCH"]
     assert len(batches) == 2 and all(gemm_flops(c) is None for c in batches)
+
+
+@pytest.mark.parametrize(
+    "number",
+    ["30.36", "0.5", "7", "12.", "0.0005", "0.0015", "0.00250", "2.5", "3.5", "0.0004999", "1795322145360.506104", "1e-05", "1.5e+3"],
+)
+def test_durations_and_stamps_read_exactly_as_decimal_reads_them(number: str) -> None:
+    """Plain decimals are read with integers, not ``Decimal``: the same ns, halves rounded to even."""
+    for unit, scale in (("ns", 1), ("us", 10**3), ("ms", 10**6), ("s", 10**9)):
+        call = parse_mkl_line(f"MKL_VERBOSE SGEMV(N,2,2) {number}{unit} TID:0")
+        assert call is not None and call.duration_ns == int((Decimal(number) * scale).to_integral_value())
+    if "e" not in number:
+        stamped = parse_onednn_line(
+            f"onednn_verbose,v1,{number},primitive,exec,cpu,eltwise,jit,forward_inference,src:f32,,alg:eltwise_relu,2x2,{number}"
+        )
+        assert stamped is not None and stamped.start_epoch_ns == stamped.duration_ns == int((Decimal(number) * 10**6).to_integral_value())

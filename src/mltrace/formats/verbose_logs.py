@@ -33,6 +33,7 @@ _MKL_LINE = re.compile(
     r"(?P<time>\d+(?:\.\d*)?(?:e[-+]?\d+)?)(?P<unit>ns|us|ms|s)\b(?P<rest>.*)\Z"
 )
 _MKL_UNIT_NS = {"ns": Decimal(1), "us": Decimal(1_000), "ms": Decimal(1_000_000), "s": Decimal(1_000_000_000)}
+_MKL_UNIT_DIGITS = {"ns": 0, "us": 3, "ms": 6, "s": 9}
 _DESC_FIELD = re.compile(r"([a-z]+)(\d+)")
 
 
@@ -110,6 +111,9 @@ def _ms_to_ns(text: str) -> int | None:
     oneDNN stamps times with ``gettimeofday`` (µs resolution) and prints ms with 6 decimals;
     reading the decimals exactly, with no binary floating point on the way, adds no error.
     """
+    exact = _plain_decimal_ns(text, 6)
+    if exact is not None:
+        return exact
     try:
         value = Decimal(text)
     except InvalidOperation:
@@ -206,9 +210,8 @@ def parse_mkl_line(line: str) -> MklCall | None:
     m = _MKL_LINE.match(line.rstrip("\r\n"))
     if m is None:
         return None
-    try:
-        duration = Decimal(m["time"]) * _MKL_UNIT_NS[m["unit"]]
-    except InvalidOperation:
+    duration = _mkl_duration_ns(m["time"], m["unit"])
+    if duration is None:
         return None
     tid: int | None = None
     nthr: int | None = None
@@ -227,11 +230,51 @@ def parse_mkl_line(line: str) -> MklCall | None:
     return MklCall(
         function=m["func"].upper(),
         args=args,
-        duration_ns=int(duration.to_integral_value()),
+        duration_ns=duration,
         tid=tid,
         nthr=nthr,
         settings=tuple(settings),
     )
+
+
+def split_mkl_line(line: str) -> tuple[str, str, int, str] | None:
+    """The parts of an MKL verbose line: the function and arguments as printed, the duration
+    (ns) and the text after it (settings, ``TID``, ``NThr``); None where ``parse_mkl_line``
+    gives None. Two lines whose parts other than the duration are equal (pointers aside)
+    are the same call; a caller that has parsed one of them whole need not parse the other.
+    """
+    m = _MKL_LINE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    duration = _mkl_duration_ns(m["time"], m["unit"])
+    if duration is None:
+        return None
+    return m["func"], m["args"], duration, m["rest"]
+
+
+def _plain_decimal_ns(number: str, scale: int) -> int | None:
+    """A plain decimal number (``"30.36"``, ``"12."``, ``"7"``) times ``10**scale``, read with
+    integers and rounded half even, as ``Decimal`` reads it; None for any other form."""
+    whole, _, fraction = number.partition(".")
+    if not whole.isdigit() or not (fraction.isdigit() or not fraction) or not whole.isascii() or not fraction.isascii():
+        return None
+    ns = int(whole) * 10**scale + int(fraction[:scale].ljust(scale, "0") or "0")
+    rest = fraction[scale:]
+    if rest and (rest[0] > "5" or (rest[0] == "5" and (rest[1:].strip("0") or ns % 2))):
+        ns += 1
+    return ns
+
+
+def _mkl_duration_ns(number: str, unit: str) -> int | None:
+    """An MKL duration (``"30.36"``, ``"us"``) as integer ns, read exactly and rounded half
+    even; plain decimals are read with integers, exponent forms (``"1e-05"``) with ``Decimal``."""
+    exact = _plain_decimal_ns(number, _MKL_UNIT_DIGITS[unit])
+    if exact is not None:
+        return exact
+    try:
+        return int((Decimal(number) * _MKL_UNIT_NS[unit]).to_integral_value())
+    except InvalidOperation:
+        return None
 
 
 # -- FLOP estimates -------------------------------------------------------

@@ -33,10 +33,12 @@ from mltrace.formats.verbose_logs import (
     onednn_flops,
     parse_mkl_line,
     parse_onednn_line,
+    split_mkl_line,
 )
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.settings import MKL_TIMER
+from mltrace.tracer import c_environ
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
@@ -169,6 +171,9 @@ class LibrarySpanMaker:
         # The name, leading attributes and FLOPs of each distinct call seen (``_template``): a
         # loop repeats the same calls, whose attributes and FLOPs cost more than their parse.
         self._templates: dict[tuple[Any, ...], LibraryTemplate] = {}
+        # Per MKL call as printed (pointers masked), its template and thread fields
+        # (``_mkl_call``): a parse of the line's parts instead of all of it.
+        self._mkl_calls: dict[tuple[str, str, str], tuple[LibraryTemplate, int, int]] = {}
 
     def _template(self, key: tuple[Any, ...], make: Callable[[Any], _Template], call: Any) -> LibraryTemplate:
         """The span name, leading attributes (to copy) and FLOPs of the call ``key`` names
@@ -177,6 +182,7 @@ class LibrarySpanMaker:
         if template is None:
             if len(self._templates) >= _TEMPLATES_KEPT:
                 self._templates.clear()  # the templates of waiting records stay with them
+                self._mkl_calls.clear()
             name, attrs, flops = make(call)
             head: dict[str, Any] = {"mltrace.level": Level.LIBRARY.label}
             if self._framework:
@@ -184,6 +190,28 @@ class LibrarySpanMaker:
             head.update(attrs)
             template = self._templates[key] = new_template(name, head, flops)
         return template
+
+    def _mkl_call(self, text: str) -> tuple[LibraryTemplate, int, int, int] | None:
+        """An MKL line's template, duration (ns), ``TID`` and ``NThr`` (``ABSENT`` where not
+        printed); None for a line that is no call. A loop repeats the same few calls: a line
+        like one seen before (pointers aside) is split, not parsed whole."""
+        parts = split_mkl_line(text)
+        if parts is None:
+            return None
+        function, args, duration, rest = parts
+        key = (function, _POINTER_FIELD.sub("*", args), rest)
+        known = self._mkl_calls.get(key)
+        if known is None:
+            call = parse_mkl_line(text)
+            if call is None:
+                return None
+            template = self._template((call.function, _mkl_desc(call)), _mkl_template, call)
+            tid = ABSENT if call.tid is None else call.tid
+            nthr = ABSENT if call.nthr is None else call.nthr
+            if len(self._mkl_calls) >= _TEMPLATES_KEPT:
+                self._mkl_calls.clear()
+            known = self._mkl_calls[key] = (template, tid, nthr)
+        return known[0], duration, known[1], known[2]
 
     def add(self, lines: list[TappedLine]) -> list[Span]:
         """The spans of ``lines`` (the lines that follow those added before), in arrival order."""
@@ -197,7 +225,7 @@ class LibrarySpanMaker:
         out = array("q")
         used: dict[int, LibraryTemplate] = {}
         counts, lags, track_id, new_id, epoch_to_session = self.counts, self._lags, self._track_id, self._new_id, self._epoch_to_session
-        template_of, seq = self._template, self._seq
+        template_of, mkl_call, seq = self._template, self._mkl_call, self._seq
         for receive_ns, text in lines:
             dnn = parse_onednn_line(text)
             start_epoch: int | None = None
@@ -210,17 +238,12 @@ class LibrarySpanMaker:
                 start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
                 kind = "onednn"
             else:
-                blas = parse_mkl_line(text)
+                blas = mkl_call(text)
                 if blas is None:
                     if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
                         counts["unparsed"] += 1
                     continue
-                template = template_of((blas.function, _mkl_desc(blas)), _mkl_template, blas)
-                duration = blas.duration_ns
-                if blas.tid is not None:
-                    tid = blas.tid
-                if blas.nthr is not None:
-                    nthr = blas.nthr
+                template, duration, tid, nthr = blas
                 kind = "mkl"
             if start_epoch is not None:
                 start = epoch_to_session(start_epoch)
@@ -301,7 +324,7 @@ class CpuLibrarySource(Source):
 
     Args:
         use_env: also set ``ONEDNN_VERBOSE=profile_exec`` and ``MKL_VERBOSE=1``
-            in ``os.environ`` at start, for frameworks without a runtime
+            in the C environment at start (``c_environ``), for frameworks without a runtime
             switch (TensorFlow 2.21 reads them at its first oneDNN call, so
             setting them after ``import tensorflow`` works). They cannot be
             switched off again: such a framework keeps printing verbose lines
@@ -319,7 +342,7 @@ class CpuLibrarySource(Source):
         self._hook: PostImportHook | None = None
         self._torch: ModuleType | None = None
         self._track_id = 0
-        self._saved_env: dict[str, str | None] = {}
+        self._saved_env: dict[str, str] = {}  # the variables start() put in the C environment
         self._problems: list[str] = []
         # drain_events (on the session's flusher thread), the warm-up, end_early and stop take
         # the tap's lines under this lock, so that each line is turned into a span once, in order.
@@ -354,7 +377,8 @@ class CpuLibrarySource(Source):
         return None
 
     def start(self, session: SessionView) -> None:
-        """Sets ``ONEDNN_VERBOSE_TIMESTAMP``, starts the fd tap, and switches verbosity on once
+        """Sets ``ONEDNN_VERBOSE_TIMESTAMP`` in the C environment (``c_environ``: the program's
+        ``os.environ`` does not show it), starts the fd tap, and switches verbosity on once
         torch is imported (now, if it already is; this source never imports torch itself).
 
         oneDNN reads ``ONEDNN_VERBOSE_TIMESTAMP`` once, when it first prints verbose output,
@@ -376,8 +400,9 @@ class CpuLibrarySource(Source):
             if self._users_mkl:
                 del settings["MKL_VERBOSE"]
             self._problems.append("verbose output switched on through the environment stays on after the session (TensorFlow)")
-        self._saved_env = {k: os.environ.get(k) for k in settings}
-        os.environ.update(settings)
+        self._saved_env = settings
+        for name, value in settings.items():  # for the libraries' getenv, not the program's os.environ
+            c_environ.put(name, value)
         # Read every line in batches: waking the reader once per line took the
         # GIL from the program 80 times a ResNet-18 inference (+9 % against +5 %),
         # and on a machine whose cores the program fills each wake-up still
@@ -536,12 +561,9 @@ class CpuLibrarySource(Source):
         return lines
 
     def _restore_env(self) -> None:
-        """Puts back the environment variables ``start()`` set."""
-        for key, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        """Puts back the environment variables ``start()`` set (as the program sees them)."""
+        for name in self._saved_env:
+            c_environ.take_back(name)
         self._saved_env = {}
 
     def release_in_forked_child(self) -> None:
