@@ -112,14 +112,15 @@ def test_no_follow(tmp_path: Path) -> None:
 
 def test_unfollowable_child_is_named(tmp_path: Path) -> None:
     """A child whose interpreter cannot import mltrace (here a broken ``mltrace`` package ahead
-    of the real one) runs as it would, and the run names it with the reason."""
+    of the real one: the program gives the child its own ``PYTHONPATH``, the bootstrap goes
+    before it) runs as it would, and the run names it with the reason."""
     broken = tmp_path / "broken" / "mltrace"
     broken.mkdir(parents=True)
     (broken / "__init__.py").write_text("raise ImportError('not this one')\n")
     script = tmp_path / "parent.py"
     script.write_text(
         "import os, subprocess, sys\n"
-        f"env = dict(os.environ, PYTHONPATH=os.environ['PYTHONPATH'] + os.pathsep + {str(broken.parent)!r})\n"
+        f"env = dict(os.environ, PYTHONPATH={str(broken.parent)!r})\n"
         "sys.exit(subprocess.run([sys.executable, '-c', 'import torch; print(\"child ran\")'], env=env).returncode)\n"
     )
     res = run_cli("python", "-q", "-o", str(tmp_path / "run"), "--level", "model", str(script), cwd=tmp_path, timeout=120)

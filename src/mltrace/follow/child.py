@@ -47,6 +47,11 @@ def set_spec(spec: dict[str, Any]) -> None:
         _fork_handler_registered = True
 
 
+def current_spec() -> dict[str, Any] | None:
+    """This process's follow spec (``set_spec``), None where nothing is followed."""
+    return _spec
+
+
 def clear_spec() -> None:
     """Stops following this process's forks (the parent's session has stopped)."""
     global _spec, _context

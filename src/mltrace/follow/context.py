@@ -13,9 +13,12 @@ would: a model call in a trace of its own, other work in its process's program t
 - A forked child takes it from its copy of the forking thread's state (``child._after_fork``).
 - A child started from an interpreter (spawn, ``subprocess``, torchrun) gets it through its
   environment: ``install`` wraps ``_posixsubprocess.fork_exec`` (which multiprocessing's spawn
-  and ``subprocess`` call) so that the follow variable of the child's environment carries the
-  context of the calling thread. Children started otherwise (``os.posix_spawn``, ``os.exec*``,
-  a forkserver's children) keep the context of the follow spec they inherit.
+  and ``subprocess`` call) so that the child's environment holds the follow variable, with the
+  context of the calling thread, and the bootstrap on ``PYTHONPATH``, whatever environment the
+  program gave it (the program's ``os.environ`` holds neither: ``parent.Following``). Children
+  started otherwise (``os.posix_spawn``, ``os.exec*``, ``os.system``, a forkserver's children)
+  inherit the C environment's follow spec, with its context; one the program gives an
+  environment of its own there is not followed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mltrace.follow import BOOTSTRAP_DIR
+from mltrace.tracer.c_environ import children_environ, starting_own_child
 
 
 class ChildContext:
@@ -71,24 +77,49 @@ class ChildContext:
         return f"00-{ids[0]:032x}-{ids[1]:016x}-01"
 
     def environment(self, env: Any) -> list[bytes] | None:
-        """``env`` (a ``fork_exec`` environment list; None: this process's) with the follow
-        spec's ``traceparent`` that of the calling thread (``traceparent``); None where it holds
-        no follow spec or needs no change. Never raises."""
+        """The environment of a child that ``fork_exec`` starts with ``env`` (a list of
+        ``NAME=value`` entries; None: this process's), with the follow spec, its ``traceparent``
+        the calling thread's (``traceparent``), and the bootstrap folder first on ``PYTHONPATH``.
+        None: ``env`` as it is (the child is one of mltrace's own, ``c_environ.own_child``; or
+        ``env`` holds a follow variable that is no spec; or nothing could be read). Never raises.
+
+        The follow variables are in the C environment alone (``parent.Following``), so an
+        environment the program built from ``os.environ`` has none; a child started from this
+        process's own environment gets it as the program would have it
+        (``c_environ.children_environ``: without the variables mltrace set for the libraries)."""
+        if starting_own_child():
+            return None
         try:
-            items = list(env) if env is not None else [k + b"=" + v for k, v in os.environb.items()]
-            prefix = self._prefix
-            for i, item in enumerate(items):
-                if bytes(item).startswith(prefix):
-                    spec = json.loads(bytes(item)[len(prefix) :])
-                    traceparent = self.traceparent()
-                    if not isinstance(spec, dict) or spec.get("traceparent") == traceparent:
+            items = [bytes(item) for item in env] if env is not None else children_environ()
+            spec: Any = None
+            pythonpath: str | None = None
+            kept: list[bytes] = []
+            for item in items:
+                if item.startswith(self._prefix):
+                    spec = json.loads(item[len(self._prefix) :])
+                    if not isinstance(spec, dict):
                         return None
-                    spec["traceparent"] = traceparent
-                    items[i] = prefix + json.dumps(spec).encode()
-                    return items
+                elif item.startswith(b"PYTHONPATH="):
+                    pythonpath = os.fsdecode(item[len(b"PYTHONPATH=") :])
+                else:
+                    kept.append(item)
+            if spec is None:
+                spec = self._spec()
+                if spec is None:
+                    return None
+            spec["traceparent"] = self.traceparent()
+            kept.append(self._prefix + json.dumps(spec).encode())
+            kept.append(b"PYTHONPATH=" + os.fsencode(with_bootstrap(pythonpath)))
+            return kept
         except Exception:  # noqa: BLE001 - the program's child starts as it would
             return None
-        return None
+
+    def _spec(self) -> dict[str, Any] | None:
+        """This process's follow spec (a copy), None where nothing is followed."""
+        from mltrace.follow.child import current_spec
+
+        spec = current_spec()
+        return dict(spec) if spec is not None else None
 
     def install(self) -> None:
         """Wraps ``_posixsubprocess.fork_exec`` (and ``subprocess``'s copy of it) so that every
@@ -119,3 +150,9 @@ class ChildContext:
             if getattr(owner, name, None) is wrapper:
                 setattr(owner, name, original)
         self._patched.clear()
+
+
+def with_bootstrap(pythonpath: str | None) -> str:
+    """``pythonpath`` (a ``PYTHONPATH`` value, None: unset) with the bootstrap folder first."""
+    entries = [p for p in pythonpath.split(os.pathsep) if p != str(BOOTSTRAP_DIR)] if pythonpath else []
+    return os.pathsep.join([str(BOOTSTRAP_DIR), *entries])

@@ -8,24 +8,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mltrace.follow import BOOTSTRAP_DIR, PROCS_DIR
+from mltrace.follow import PROCS_DIR
 from mltrace.follow.child import clear_spec, set_context, set_spec
-from mltrace.follow.context import ChildContext
+from mltrace.follow.context import ChildContext, with_bootstrap
 from mltrace.settings import FOLLOW
+from mltrace.tracer import c_environ
 
 
 class Following:
     """Children followed into ``session``'s run: ``enable`` sets it up, ``disable`` (before the
-    session stops) puts the environment back."""
+    session stops) puts the environment back. The follow variables are set in the C environment
+    alone (``tracer/c_environ.py``): the program's ``os.environ`` stays as it was, and the
+    children it starts through ``subprocess`` or multiprocessing get them from the wrapper of
+    ``context.ChildContext``."""
 
     def __init__(self, session: Any) -> None:
         self.session = session
-        self._saved: dict[str, str | None] = {}
         self._context: ChildContext | None = None
 
     def enable(self) -> Following:
         """Puts the bootstrap on ``PYTHONPATH`` and the spec in ``MLTRACE_FOLLOW`` for every
-        child, follows forks, and makes the session's finish merge the children."""
+        child (in the C environment), follows forks, and makes the session's finish merge the children."""
         from mltrace.follow.collect import finish_parent
         from mltrace.follow.ranks import watch_ranks
 
@@ -36,9 +39,8 @@ class Following:
         spec = self.spec()
         import json
 
-        for name, value in ((FOLLOW.name, json.dumps(spec)), ("PYTHONPATH", _with_bootstrap(os.environ.get("PYTHONPATH")))):
-            self._saved[name] = os.environ.get(name)
-            os.environ[name] = value
+        c_environ.put(FOLLOW.name, json.dumps(spec))
+        c_environ.put("PYTHONPATH", with_bootstrap(os.environ.get("PYTHONPATH")))
         set_spec(spec)
         set_context(self._context.traceparent)
         self._context.install()
@@ -67,17 +69,8 @@ class Following:
 
     def disable(self) -> None:
         """Puts ``PYTHONPATH`` and ``MLTRACE_FOLLOW`` back and stops following forks."""
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        self._saved.clear()
+        for name in (FOLLOW.name, "PYTHONPATH"):
+            c_environ.take_back(name)
         clear_spec()
         if self._context is not None:
             self._context.uninstall()
-
-
-def _with_bootstrap(pythonpath: str | None) -> str:
-    entries = [p for p in pythonpath.split(os.pathsep) if p != str(BOOTSTRAP_DIR)] if pythonpath else []
-    return os.pathsep.join([str(BOOTSTRAP_DIR), *entries])

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mltrace.settings import FOLLOW, HELPER_NICE
+from mltrace.tracer import c_environ
 
 
 def start_helper(module: str, *args: str) -> subprocess.Popen[bytes]:
@@ -27,15 +28,16 @@ def start_helper(module: str, *args: str) -> subprocess.Popen[bytes]:
     where the library level captures fd 1 and 2, it would hold the capture's pipe open), and
     lowers its priority (``lower_priority``) before its interpreter has started in earnest.
     Raises OSError where it cannot start."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=helper_process_env(),
-        close_fds=True,
-        **_own_process_group(),
-    )
+    with c_environ.own_child():  # the follow wrapper leaves its environment as it is
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=helper_process_env(),
+            close_fds=True,
+            **_own_process_group(),
+        )
     lower_priority(proc.pid)
     return proc
 

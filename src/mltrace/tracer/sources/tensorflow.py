@@ -44,6 +44,7 @@ from mltrace.formats.xspace import (
 )
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
+from mltrace.tracer import c_environ
 from mltrace.tracer.callsite import defined_attrs, frame_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
@@ -159,7 +160,6 @@ class TensorFlowSource(FrameworkSource):
         self._eager: Callable[[], bool] = lambda: True
         self._symbolic: type | None = None
         self._model_cls: type | None = None
-        self._onednn_env: str | None = None
         self._set_onednn = False
         self._ended_early = False  # the op level ended before the session (``end_early``)
         self._recorded_layers = False  # any eager layer span so far
@@ -485,8 +485,7 @@ class TensorFlowSource(FrameworkSource):
             return
         if os.environ.get(_ONEDNN_ENV):
             return  # the program's own setting
-        self._onednn_env = os.environ.get(_ONEDNN_ENV)
-        os.environ[_ONEDNN_ENV] = "1"
+        c_environ.put(_ONEDNN_ENV, "1")  # for oneDNN's getenv, not the program's os.environ
         self._set_onednn = True
 
     # -- wrappers (hot path; they never raise into the program on mltrace's account) -----
@@ -789,11 +788,8 @@ class TensorFlowSource(FrameworkSource):
             finally:
                 self._remove_hooks()
                 if self._set_onednn:
-                    # TensorFlow's oneDNN has read it already; restoring keeps child processes as they were.
-                    if self._onednn_env is None:
-                        os.environ.pop(_ONEDNN_ENV, None)
-                    else:
-                        os.environ[_ONEDNN_ENV] = self._onednn_env
+                    # TensorFlow's oneDNN has read it already; taking it back keeps child processes as they were.
+                    c_environ.take_back(_ONEDNN_ENV)
                     self._set_onednn = False
         session = self._session
         events: list[Event] = []

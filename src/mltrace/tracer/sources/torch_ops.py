@@ -66,6 +66,7 @@ from mltrace.run.jsoncodec import dumps, loads
 from mltrace.run.levels import Level
 from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
+from mltrace.tracer import c_environ
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.deferred_signals import signals_held
 from mltrace.tracer.helper_env import end_helper, forget_helper, start_helper
@@ -1034,15 +1035,14 @@ def _kineto_quiet() -> Iterator[None]:
     level stays Kineto's for the process: a profiler the program starts later prints none of
     those lines either)."""
     name, quiet = _KINETO_LEVEL
-    if name in os.environ:  # the user's own setting wins
+    if name in os.environ or c_environ.is_put(name):  # the user's own setting wins
         yield
         return
-    os.environ[name] = quiet
+    c_environ.put(name, quiet)  # for Kineto's getenv, not the program's os.environ
     try:
         yield
     finally:
-        if os.environ.get(name) == quiet:
-            del os.environ[name]
+        c_environ.take_back(name)
 
 
 def _start_quietly(prof: Any) -> None:
