@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 import mltrace
+from mltrace.analysis.bottleneck import analyze
 from mltrace.analysis.coldstart import find_cold_start, without_rows
+from mltrace.analysis.gcpauses import gc_by_row
 from mltrace.analysis.summary import summarize
 from mltrace.config import ProfileOptions
 from mltrace.importers import import_kineto
-from mltrace.run.events import Span, Track
+from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.session import Session
@@ -28,8 +30,10 @@ def reference(run: Run, top: int = 5, include_cold: bool = False) -> dict[str, A
     """The summary from ``breakdown``, the definitions' plain implementation, of the run
     without its cold calls unless ``include_cold`` (as ``mltrace report`` counts)."""
     cold = find_cold_start(run)
-    b = breakdown(run if include_cold or cold.rows is None else without_rows(run, cold.rows))
-    layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -x.self_ns)[:top]
+    counted = run if include_cold or cold.rows is None else without_rows(run, cold.rows)
+    b = breakdown(counted)
+    gc = {name: g.ns for (name, lv), g in gc_by_row(counted.table, counted.tracks, counted.meta).own.items() if lv is Level.LAYER}
+    layers = sorted((x for x in b.layers if x.level == Level.LAYER), key=lambda x: -(x.self_ns - gc.get(x.name, 0)))[:top]
     return {
         "spans": b.span_count,
         "flows": len(run.flows),
@@ -43,7 +47,8 @@ def reference(run: Run, top: int = 5, include_cold: bool = False) -> dict[str, A
         "include_cold": include_cold,
         **({"layer_model_calls": b.layer_model_calls, "layer_model_time_ns": b.layer_model_ns} if b.layer_model_ns is not None else {}),
         "top_layers_by_self_time": [
-            {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "location": x.location} for x in layers
+            {"layer": x.name, "type": x.type, "calls": x.calls, "self_ns": x.self_ns, "gc_ns": gc.get(x.name, 0), "location": x.location}
+            for x in layers
         ],
     }
 
@@ -76,7 +81,14 @@ def test_hand_made_edge_cases() -> None:
     got = summarize(_run(spans, meta), include_cold=True)
     assert got["levels"]["layer"] == {"spans": 7, "time_ns": 40 + 30 + 5 + 70}
     assert got["levels"]["op"]["time_ns"] == 18 and got["layer_model_calls"] == 1
-    assert got["top_layers_by_self_time"][0] == {"layer": "a", "type": "Linear", "calls": 2, "self_ns": 30 + 70, "location": "m.py:3"}
+    assert got["top_layers_by_self_time"][0] == {
+        "layer": "a",
+        "type": "Linear",
+        "calls": 2,
+        "self_ns": 30 + 70,
+        "gc_ns": 0,
+        "location": "m.py:3",
+    }
     assert summarize(_run([])) == reference(_run([]))
     # The first Net call (100 ns) is an outlier against the second (60 ns): cold, and left out
     # with its spans by default, as ``mltrace report`` does.
@@ -123,6 +135,48 @@ def test_a_live_library_level_run_with_an_early_layer_end(tmp_path: Path, monkey
     (calls,) = find_cold_start(run).models
     assert run.meta["summary"]["layer_model_calls"] == 4 - sum(1 for i in calls.cold if i < 4)
     assert summarize(run, include_cold=True)["layer_model_calls"] == 4
+
+
+MS = 1_000_000
+TID = 10
+
+
+def gc_run() -> Run:
+    """Six calls of Net: ``fc`` (2 ms) and ``tag`` (0.1 ms). The first call is cold (its fc takes
+    40 ms) and holds a 30 ms collection in fc; the fourth call's tag holds a 20 ms one."""
+    spans: list[Span] = []
+    pauses: list[list[int]] = []
+    for c in range(6):
+        t, i = c * 100 * MS, 10 * c + 1
+        fc_ns = 40 * MS if c == 0 else 2 * MS
+        tag_ns = 20 * MS + MS // 10 if c == 3 else MS // 10
+        spans += [
+            Span(i, None, Level.MODEL, "Net", t, t + fc_ns + tag_ns + 2, 1, {"ml.layer.type": "Net"}),
+            Span(i + 1, i, Level.LAYER, "fc", t + 1, t + 1 + fc_ns, 1, {"ml.layer.type": "Linear"}),
+            Span(i + 2, i, Level.LAYER, "tag", t + 1 + fc_ns, t + 1 + fc_ns + tag_ns, 1, {"ml.layer.type": "Tag"}),
+        ]
+        if c == 0:
+            pauses.append([TID, t + 2, t + 2 + 30 * MS, 2])
+        if c == 3:
+            pauses.append([TID, t + 2 + fc_ns, t + 2 + fc_ns + 20 * MS, 2])
+    meta = {"name": "gc", "complete": True, "pid": 5, "gc": {"pauses": pauses}}
+    return Run(path=Path("gc"), meta=meta, tracks={1: Track(1, TrackKind.THREAD, "MainThread", 5, TID)}, spans=spans)
+
+
+@pytest.mark.parametrize("include_cold", [False, True])
+def test_the_top_layers_are_ranked_as_the_report_ranks_them(include_cold: bool) -> None:
+    """``tag`` spent 20.5 ms of self time in the steady calls, 20 of them in a collection: the
+    report ranks it below ``fc``'s 10 ms and shows the collection; so does the summary. The cold call's collection is
+    in fc's self time only where the cold call counts, as in the report."""
+    run = gc_run()
+    top = summarize(run, include_cold=include_cold)["top_layers_by_self_time"]
+    report = analyze(run, include_cold=include_cold).top_by_self(5)
+    assert [x["layer"] for x in top] == [r.stat.name for r in report] == ["fc", "tag"]
+    got = [(x["layer"], x["self_ns"], x["gc_ns"]) for x in top]
+    assert got == [(r.stat.name, r.stat.self_ns, r.gc.ns if r.gc is not None else 0) for r in report]
+    fc_ns, fc_gc, tags = (50 * MS, 30 * MS, 6) if include_cold else (10 * MS, 0, 5)
+    assert got == [("fc", fc_ns, fc_gc), ("tag", 20 * MS + tags * MS // 10, 20 * MS)]
+    assert summarize(run, include_cold=include_cold) == reference(run, include_cold=include_cold)
 
 
 @pytest.mark.parametrize("name", ["a100_alexnet_train.json.gz", "h100_cuda_models.json.gz", "cpu_modules_torch.json.gz"])

@@ -185,6 +185,42 @@ def test_run_summary_from_run_json_equals_the_one_computed_from_the_events(tmp_p
     assert stored.getvalue().replace("copy", "run") == computed.getvalue().replace("copy", "run")
 
 
+def test_run_summary_ranks_layers_without_their_garbage_collections(tmp_path: Path) -> None:
+    """A cheap layer inside which the program's full collections ran: the end-of-run summary
+    ranks the layers as the report's "Top layers by self time" does (the collections left out)
+    and shows them beside the layer's self time."""
+    import gc
+    import json
+
+    from mltrace.viewers.terminal import print_run_summary
+
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    heap = [[i] for i in range(300_000)]  # tracked objects: a full collection takes a while
+
+    class Tag(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gc.collect()
+            return x
+
+    model = nn.Sequential(nn.Linear(8, 8), Tag(), nn.Linear(8, 2))
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        for _ in range(4):
+            model(torch.ones(4, 8))
+    del heap
+    summary = json.loads((tmp_path / "run" / "run.json").read_text())["summary"]
+    top = summary["top_layers_by_self_time"]
+    report = analyze(mltrace.load_run(tmp_path / "run"), include_cold=False).top_by_self(5)
+    assert [x["layer"] for x in top] == [r.stat.name for r in report]
+    assert [x["gc_ns"] for x in top] == [r.gc.ns if r.gc is not None else 0 for r in report]
+    (tag,) = [x for x in top if x["type"] == "Tag"]
+    assert tag["gc_ns"] > 0
+    out = io.StringIO()
+    print_run_summary(tmp_path / "run", file=out)
+    (row,) = [line for line in out.getvalue().splitlines() if " Tag " in line]
+    assert "(GC " in row
+
+
 def test_hot_lines_and_defined_location_are_shown(tmp_path: Path) -> None:
     """Sampled model-code lines per layer (``--py-spy``), the line's code read now, and the
     ``forward`` definition beside the call site."""

@@ -79,10 +79,14 @@ class GcByRow:
     within: dict[tuple[str, Level], GcTime]
 
 
-def gc_by_row(table: SpanTable, tracks: dict[int, Track], meta: dict[str, Any]) -> GcByRow:
+def gc_by_row(table: SpanTable, tracks: dict[int, Track], meta: dict[str, Any], keep: np.ndarray | None = None) -> GcByRow:
     """Charges each collection of the traced process to the innermost layer or model call
     running on its thread when it began (the part of it before that call's end), and counts it
-    inside that call's enclosing layer and model calls too."""
+    inside that call's enclosing layer and model calls too.
+
+    ``keep`` (a mask over the table's rows) leaves out the calls it does not mark, as if they
+    were not in the table: the summary's cold calls (whole model calls with their subtrees),
+    whose collections are then charged to nothing, as in the report's table without them."""
     pauses = gc_pauses(meta)
     if not pauses or not len(table):
         return GcByRow({}, {})
@@ -91,6 +95,8 @@ def gc_by_row(table: SpanTable, tracks: dict[int, Track], meta: dict[str, Any]) 
     pid = meta.get("pid")
     tid_of = {t.id: t.tid for t in tracks.values() if t.kind == TrackKind.THREAD and (pid is None or t.pid == pid)}
     calls = ((table.level == int(Level.LAYER)) | (table.level == int(Level.MODEL))) & (table.end >= table.start)
+    if keep is not None:
+        calls &= keep
     rows = np.nonzero(calls)[0]
     if not len(rows):
         return GcByRow({}, {})

@@ -20,7 +20,8 @@ _STRUCTURAL = (int(Level.MODEL), int(Level.LAYER), int(Level.USER))
 
 
 def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_cold: bool = False) -> dict[str, Any]:
-    """Counts per level, model calls and the top layers by self time (ns); where the layer level
+    """Counts per level, model calls and the top layers by self time (ns), ranked as the report
+    ranks them (the program's garbage collections in a layer left out); where the layer level
     ended early, the model calls it recorded and their time (the base of layer shares).
 
     Like ``mltrace report``, it counts the steady calls: the models' cold calls
@@ -81,14 +82,25 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
             if with_layers is not None
             else {}
         ),
-        "top_layers_by_self_time": _top_layers(t, level, dur, parent, keep, top),
+        "top_layers_by_self_time": _top_layers(t, level, dur, parent, keep, top, _gc_own(run, t, keep)),
     }
 
 
-def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, keep: Any, top: int) -> list[dict[str, Any]]:
+def _gc_own(run: Run, t: SpanTable, keep: Any) -> dict[str, int]:
+    """Per layer name, the program's garbage collections charged to its own calls among the rows
+    ``keep`` marks (ns), as the report charges them (``analysis.gcpauses``): part of its self time."""
+    from mltrace.analysis.gcpauses import gc_by_row
+
+    charged = gc_by_row(t, run.tracks, run.meta, keep=keep)
+    return {name: g.ns for (name, lv), g in charged.own.items() if lv is Level.LAYER}
+
+
+def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, keep: Any, top: int, gc_own: dict[str, int]) -> list[dict[str, Any]]:
     """The layers with the most self time among the rows ``keep`` marks: a call's duration less
     its direct children's at the model, layer or user level, summed over the calls of each layer
-    path."""
+    path. As the report's "Top layers by self time", they are ranked by it less the program's
+    garbage collections charged to their calls (``gc_own``, per name: not the layer's work),
+    which each entry gives as ``gc_ns`` (0 where none)."""
     import numpy as np
 
     structural_child = np.isin(level, _STRUCTURAL) & (parent >= 0) & keep
@@ -105,8 +117,9 @@ def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, keep: Any, top:
     np.add.at(total, group, dur[rows])
     np.add.at(self_sum, group, self_ns)
     label = [t.names[int(k)] for k in names]
-    # By self time; ties by total time, then name (the reference's order).
-    order = sorted(range(len(names)), key=lambda g: (-int(self_sum[g]), -int(total[g]), label[g]))[:top]
+    gc_ns = [gc_own.get(x, 0) for x in label]
+    # By self time less the collections in it; ties by total time, then name (the reference's order).
+    order = sorted(range(len(names)), key=lambda g: (-(int(self_sum[g]) - gc_ns[g]), -int(total[g]), label[g]))[:top]
     out = []
     for g in order:
         attrs = t.attrs(int(rows[first[g]]))  # the layer's first call, in the run's order
@@ -117,6 +130,7 @@ def _top_layers(t: SpanTable, level: Any, dur: Any, parent: Any, keep: Any, top:
                 "type": str(attrs.get("ml.layer.type", "")),
                 "calls": int(calls[g]),
                 "self_ns": int(self_sum[g]),
+                "gc_ns": gc_ns[g],
                 "location": f"{file}:{line}" if file else "",
             }
         )
