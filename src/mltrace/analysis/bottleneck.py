@@ -31,6 +31,7 @@ from mltrace.analysis.coldstart import (
     percentile_ns,
     without_rows,
 )
+from mltrace.analysis.flushes import flushes_of
 from mltrace.analysis.gcpauses import GcTime, gc_by_row, gc_note
 from mltrace.analysis.generation import GenerateCall, generate_calls
 from mltrace.analysis.memory import MemoryReport, memory_report
@@ -899,6 +900,9 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     )
     if collections:
         findings.notes.append(collections)
+    flushes = flushes_of(whole, cold.models)
+    if flushes is not None:
+        findings.notes.append(flushes.text())
     leaf = [r for r in layer_rows if r.stat.level is Level.LAYER and not r.has_child_layers]
     type_rows.sort(key=lambda t: (-t.self_ns, t.type))
     return Analysis(

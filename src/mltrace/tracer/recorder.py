@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -262,8 +263,13 @@ class Recorder:
         return batch
 
 
+#: Flushes whose times a ``Flusher`` keeps; later ones are counted and not kept.
+FLUSHES_KEPT = 100_000
+
+
 class Flusher(threading.Thread):
-    """Calls ``flush()`` every ``interval_s`` seconds, and at once when woken (``wake``), until stopped."""
+    """Calls ``flush()`` every ``interval_s`` seconds, and at once when woken (``wake``), until
+    stopped; keeps each flush's times (``flushes``), mltrace's own work beside the program's."""
 
     def __init__(self, flush: Callable[[], None], interval_s: float) -> None:
         super().__init__(name="mltrace-flusher", daemon=True)
@@ -271,6 +277,12 @@ class Flusher(threading.Thread):
         self._interval_s = interval_s
         self._stopped = threading.Event()
         self._woken = threading.Event()
+        #: (begin ns, end ns, CPU ns of the flusher's thread) of each flush kept, session clock.
+        self.flushes: list[tuple[int, int, int]] = []
+        #: Flushes run, kept or not, and their summed wall and CPU time (ns).
+        self.count = 0
+        self.wall_ns = 0
+        self.cpu_ns = 0
 
     def run(self) -> None:
         while True:
@@ -278,10 +290,31 @@ class Flusher(threading.Thread):
             if self._stopped.is_set():
                 return
             self._woken.clear()
+            began, cpu = now_ns(), time.thread_time_ns()
             try:
                 self._flush()
             except Exception as exc:  # never into the user's program
                 log.warning("mltrace: streaming flush failed: %s", exc)
+            self._count(began, now_ns(), time.thread_time_ns() - cpu)
+
+    def _count(self, began: int, ended: int, cpu_ns: int) -> None:
+        """Counts one flush and keeps its times while fewer than ``FLUSHES_KEPT`` are kept."""
+        self.count += 1
+        self.wall_ns += ended - began
+        self.cpu_ns += cpu_ns
+        if len(self.flushes) < FLUSHES_KEPT:
+            self.flushes.append((began, ended, cpu_ns))
+
+    def summary(self) -> dict[str, Any]:
+        """What run.json keeps of the flushes (``flushes``): counts, sums and each kept flush's
+        [begin ns, end ns, CPU ns]."""
+        return {
+            "count": self.count,
+            "wall_ns": self.wall_ns,
+            "cpu_ns": self.cpu_ns,
+            "interval_s": self._interval_s,
+            "kept": [list(f) for f in self.flushes],
+        }
 
     def wake(self) -> None:
         """Has the next flush run now rather than at the end of the interval."""

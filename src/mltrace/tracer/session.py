@@ -1124,6 +1124,7 @@ class Session:
         truncated = self.recorder.close_open_spans(stop_ns)
         if self._flusher is not None:
             self._flusher.stop()
+            self.meta["flushes"] = self._flusher.summary()
         with self._flush_lock:  # a flusher still busy (join timed out) finishes first
             self._close_streams(quiet=False)
         self.meta["stopped_at_epoch_ns"] = self.anchor.session_to_epoch(now_ns())
