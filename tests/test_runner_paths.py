@@ -119,3 +119,50 @@ def test_a_zip_without_main_is_a_usage_error(tmp_path: Path) -> None:
     err = traced.stderr.decode()
     assert traced.returncode == 2 and err.count("\n") == 1 and "can't find '__main__' module in 'lib.zip'" in err, err
     assert traced.stdout == b"" and not (tmp_path / "run").exists()
+
+
+SHADOW_MAIN = """\
+import os, sys
+import {top}
+print("module", {top}.__name__, os.path.dirname({top}.__file__) == os.getcwd() + "/{top}", "path0", sys.path[0] == os.getcwd())
+"""
+
+
+def _package(root: Path, top: str) -> None:
+    (root / top).mkdir()
+    (root / top / "__init__.py").write_text("")
+    (root / top / "prog.py").write_text(SHADOW_MAIN.format(top=top))
+
+
+@pytest.mark.parametrize("top", ["numpy", "mltrace_user"])
+def test_a_local_package_named_like_a_library_runs_as_plain_pythons(tmp_path: Path, top: str) -> None:
+    """``-m TOP.prog`` where the working directory holds a package ``TOP``, one mltrace has not
+    imported before the program (``numpy``: mltrace's finish imports it after): the program runs
+    the directory's package, with the working directory as ``sys.path[0]``, and the run still
+    finishes with mltrace's own ``numpy``."""
+    _package(tmp_path, top)
+    plain = subprocess.run([sys.executable, "-m", f"{top}.prog"], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), "-m", f"{top}.prog", cwd=tmp_path)
+    assert traced.returncode == plain.returncode == 0, traced.stderr.decode()
+    assert traced.stdout == plain.stdout == f"module {top} True path0 True\n".encode()
+    assert traced.stderr == b""  # no warning: the run finished
+    assert (tmp_path / "run" / "run.json").exists()
+
+
+def test_a_package_that_mltrace_imported_first_is_named_on_stderr(tmp_path: Path) -> None:
+    """``-m json.prog`` with a ``json`` package in the working directory: mltrace itself imported
+    the standard library's ``json`` before the program, so Python uses that one, where plain
+    ``python -m`` runs the directory's. One warning line says so, naming the package. Run through
+    the ``mltrace`` command: ``python -m mltrace`` there would import the directory's ``json``
+    for mltrace itself, as ``python -m`` puts the working directory first for any module."""
+    command = Path(sys.executable).with_name("mltrace")
+    if not command.exists():
+        pytest.skip("no mltrace command beside this interpreter")
+    _package(tmp_path, "json")
+    plain = subprocess.run([sys.executable, "-m", "json.prog"], cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert plain.returncode == 0 and plain.stdout == b"module json True path0 True\n"
+    argv = [str(command), "python", "-q", "-o", str(tmp_path / "run"), "-m", "json.prog"]
+    traced = subprocess.run(argv, cwd=tmp_path, capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    warnings = [ln for ln in traced.stderr.decode().splitlines() if ln.startswith("mltrace: warning:")]
+    assert len(warnings) == 1 and "'json'" in warnings[0] and "standard library" in warnings[0], traced.stderr.decode()
+    assert str(tmp_path / "json") in warnings[0]

@@ -159,8 +159,7 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
     """``mltrace python|run …``: trace the program and return its exit status."""
     from mltrace.config import ProfileOptions
     from mltrace.finish import print_summary
-    from mltrace.runner import Target, check_target, run_target
-    from mltrace.tracer.messages import warn
+    from mltrace.runner import Target, check_target, mltrace_first, run_target
     from mltrace.tracer.session import Session
 
     opt_argv, script, module, script_args = split_trace_argv(argv)
@@ -203,22 +202,32 @@ def trace_main(command: str, argv: Sequence[str]) -> int:
         session.meta["exit_status"] = status
         if outcome:
             session.meta["exit_cause"] = outcome["cause"]
-        if following is not None:
-            following.disable()
-        if live is not None:
-            live.stop(session)
-        run_dir = session.stop()
-        parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
-        if options.otlp is not None and parent:
-            from mltrace.exporters.otlp_live import send_rest
-
-            send_rest(run_dir, options.otlp or None, live)
-        if options.summary and parent:
-            try:
-                print_summary(run_dir)
-            except Exception as exc:
-                warn(f"summary failed: {exc}")
+        with mltrace_first():  # the finish's imports are mltrace's, not the program's folder's
+            _finish(session, following, live, print_summary)
     return status
+
+
+def _finish(session: Any, following: Any, live: Any, print_summary: Callable[[Any], Any]) -> None:
+    """Stops following, the live export and the session (which finishes the run), sends the
+    rest of an OTLP export and prints the summary."""
+    from mltrace.tracer.messages import warn
+
+    options = session.options
+    if following is not None:
+        following.disable()
+    if live is not None:
+        live.stop(session)
+    run_dir = session.stop()
+    parent = not session.forked_copy  # in a child the script forked, the run and its summary are the parent's
+    if options.otlp is not None and parent:
+        from mltrace.exporters.otlp_live import send_rest
+
+        send_rest(run_dir, options.otlp or None, live)
+    if options.summary and parent:
+        try:
+            print_summary(run_dir)
+        except Exception as exc:
+            warn(f"summary failed: {exc}")
 
 
 def _live_otlp(session: Any) -> Any:

@@ -15,6 +15,7 @@ finish is left, and it has its own guard (``tracer/finishguard.py``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import os
 import pkgutil
@@ -24,6 +25,7 @@ import sys
 import threading
 import traceback
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -246,13 +248,13 @@ def _has_main_module(importer: Any) -> bool:
 def _exec_script(path: str, args: list[str]) -> None:
     if _main_importer(path) is not None:  # a directory or a zip file: its __main__ module runs
         sys.argv = [path, *args]
-        sys.path[0] = _main_filename(path)
+        _set_program_path(_main_filename(path))
         _run_as_main("__main__", alter_argv=False)
         return
     with open(path, "rb") as f:
         source = f.read()
     sys.argv = [path, *args]
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    _set_program_path(os.path.dirname(os.path.realpath(path)))
     filename = _main_filename(path)
     code = compile(source, filename, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
@@ -281,8 +283,95 @@ def _run_as_main(name: str, alter_argv: bool) -> None:
 
 def _exec_module(name: str, args: list[str]) -> None:
     sys.argv = ["-m", *args]  # as Python's while the module is looked for
-    sys.path[0] = os.getcwd()
+    cwd = os.getcwd()
+    _set_program_path(cwd)
+    shadowed = shadowed_package(name, cwd)
+    if shadowed is not None:
+        from mltrace.tracer.messages import warn
+
+        warn(
+            f"the program's package {shadowed!r} ({os.path.join(cwd, shadowed)}) cannot run: "
+            f"mltrace imported the {shadowed!r} of {_module_home(shadowed)} before it, which Python uses instead"
+        )
     _run_as_main(name, alter_argv=True)
+
+
+def shadowed_package(name: str, directory: str) -> str | None:
+    """The top-level package of ``-m NAME`` where ``directory`` (the program's ``sys.path[0]``)
+    holds it but this process imported another before the program ran (mltrace's own import):
+    Python then takes the copy already in ``sys.modules``, where plain ``python -m`` takes the
+    directory's. None where there is no such clash. Never raises."""
+    top = name.partition(".")[0]
+    module = sys.modules.get(top)
+    if module is None:
+        return None
+    try:
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(top, [directory])
+    except Exception:  # noqa: BLE001 - an unreadable directory: Python would find nothing there either
+        return None
+    if spec is None or (spec.origin is None and spec.loader is None):  # nothing, or a namespace portion
+        return None
+    loaded = getattr(module, "__file__", None)
+    if loaded is not None and os.path.realpath(loaded) == os.path.realpath(spec.origin or ""):
+        return None
+    return top
+
+
+def _module_home(name: str) -> str:
+    """Where the imported module ``name`` comes from, in words: the standard library, or its folder."""
+    path = getattr(sys.modules.get(name), "__file__", None) or ""
+    if is_stdlib(path):
+        return "the standard library"
+    return os.path.dirname(path) or "elsewhere"
+
+
+#: The program's ``sys.path[0]`` (``_set_program_path``) and the entry it replaced (mltrace's).
+_program_path: tuple[str, str] | None = None
+
+
+def _set_program_path(entry: str) -> None:
+    """Makes ``entry`` ``sys.path[0]``, as Python does for the program, remembering mltrace's
+    own first entry for the finish (``mltrace_first``)."""
+    global _program_path
+    _program_path = (entry, sys.path[0])
+    sys.path[0] = entry
+
+
+@contextlib.contextmanager
+def mltrace_first() -> Iterator[None]:
+    """Around mltrace's work after the program (the finish): the imports it makes find
+    mltrace's modules, not a program's of the same name. ``sys.path[0]`` is mltrace's own entry
+    again (the program's folder holds a ``numpy`` package, say), and the modules the program
+    imported from its folder are out of ``sys.modules``; both are put back after, and the
+    modules imported meanwhile under those names are taken out again."""
+    if _program_path is None:
+        yield
+        return
+    entry, own = _program_path
+    index = next((i for i, p in enumerate(sys.path) if p == entry), None)
+    if index is not None:
+        sys.path[index] = own
+    programs = {name: m for name, m in list(sys.modules.items()) if name not in ("__main__", "__mp_main__") and _under(m, entry)}
+    for name in programs:
+        del sys.modules[name]
+    tops = {name.partition(".")[0] for name in programs}
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n.partition(".")[0] in tops]:
+            del sys.modules[name]
+        sys.modules.update(programs)
+        if index is not None and index < len(sys.path) and sys.path[index] == own:
+            sys.path[index] = entry
+
+
+def _under(module: Any, folder: str) -> bool:
+    """Whether ``module`` was loaded from a file in ``folder`` or below it, as found through the
+    ``sys.path`` entry ``folder`` (its ``__file__`` starts with it)."""
+    path = getattr(module, "__file__", None)
+    return isinstance(path, str) and bool(folder) and path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 #: The flags concurrent.futures' exit hooks set (module, attribute): once set, no executor

@@ -8,12 +8,15 @@ from pathlib import Path
 import pytest
 
 import mltrace
+from analysis.schema_check import errors
 from mltrace.analysis.bottleneck import Bound, analyze
-from mltrace.analysis.coldstart import category_of, cold_by_kind, cold_indices, find_cold_start
+from mltrace.analysis.coldstart import MAX_BATCH_KINDS, call_kinds, category_of, cold_by_kind, cold_indices, find_cold_start, kind_parts
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
+from mltrace.analysis.report_schema import REPORT_SCHEMA
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.viewers.markdown import render_markdown
 from support.runs import unpack_run
 
 try:  # imported with the module: its import hooks are in place before a test's check of them
@@ -164,6 +167,106 @@ def test_the_cold_finding_gives_a_steady_median_per_kind_of_call() -> None:
     one_kind = _keras_run([("__call__", ms) for _, ms in KERAS_CALLS[4:16]])
     (cold,) = (f for f in build_report(one_kind, analyze(one_kind, PEAKS))["findings"] if f["kind"] == "cold_start")
     assert "1 of 12 (577.00 ms; steady median 140.00 ms)" in cold["text"]
+
+
+def _torch_run(calls: list[tuple[bool, bool, list[int], float]], name: str = "Net") -> Run:
+    """A hand-made run of one torch model's calls: (``module.training``, grad mode, first input's
+    shape, ms) each, in order."""
+    from mltrace.run.events import Span, Track, TrackKind
+
+    spans, at = [], 0
+    for i, (training, grad, shape, ms) in enumerate(calls):
+        attrs = {
+            "ml.framework": "pytorch",
+            "ml.layer.type": name,
+            "ml.model.training": training,
+            "ml.grad.enabled": grad,
+            "ml.input.shapes": [shape],
+        }
+        spans.append(Span(i + 1, None, Level.MODEL, name, at, at + int(ms * MS), 1, attrs))
+        at += int((ms + 1) * MS)
+    return Run(
+        path=Path("hand-made"),
+        meta={"name": "hand-made", "complete": True},
+        tracks={1: Track(1, TrackKind.THREAD, "MainThread", 10, 10)},
+        spans=spans,
+    )
+
+
+def _mnist_calls(first_eval_ms: float = 100) -> list[tuple[bool, bool, list[int], float]]:
+    """An mnist-like program's model calls: three epochs of 20 training steps at batch 64
+    (about 25 ms) then 4 evaluation calls under ``torch.no_grad()`` at batch 250 (about 100 ms);
+    the first evaluation call takes ``first_eval_ms``."""
+    calls: list[tuple[bool, bool, list[int], float]] = []
+    for epoch in range(3):
+        calls += [(True, True, [64, 1, 28, 28], 25 + (i % 3)) for i in range(20)]
+        calls += [(False, False, [250, 1, 28, 28], (first_eval_ms if epoch == 0 and i == 0 else 100 + (i % 3))) for i in range(4)]
+    return calls
+
+
+def test_train_and_eval_calls_at_their_batch_sizes_are_kinds_of_call() -> None:
+    """An mnist-like loop: 60 training calls at batch 64 and 12 evaluation calls at batch 250. As
+    one sequence their steady median is the training step's and their p90 the evaluation's, and the
+    first evaluation call (nearly twice the others: a new batch size's first call) is a late slow
+    call with nothing recorded in it, so steady. Each (mode, batch size) is a kind of call: the
+    first evaluation call is its kind's warm-up, and each kind has its own median and p90."""
+    (model,) = find_cold_start(_torch_run(_mnist_calls(first_eval_ms=190))).models
+    assert set(model.kinds) == {"train, batch 64", "eval, batch 250"}
+    assert model.cold == [20]
+    kinds = [(k.kind, k.calls, k.cold, k.steady_median_ns, k.steady_p90_ns) for k in model.by_kind()]
+    assert kinds == [("train, batch 64", 60, 0, 26 * MS, 27 * MS), ("eval, batch 250", 12, 1, 101 * MS, 102 * MS)]
+    durations = [int(ms * MS) for *_, ms in _mnist_calls(first_eval_ms=190)]
+    assert cold_indices(durations, [None] * len(durations)) == []  # as one sequence: steady
+
+
+def test_a_kind_of_call_is_only_what_differs_between_the_calls() -> None:
+    """The parts the same in every call are left out; a sequence length (a dimension after the
+    leading one) is never a kind; batch sizes that vary call to call (more than
+    ``MAX_BATCH_KINDS``) are none either; calls without shapes are their own kind."""
+
+    def attrs(training: bool, grad: bool, shape: list[int] | None) -> dict[str, object]:
+        out: dict[str, object] = {"ml.model.training": training, "ml.grad.enabled": grad}
+        return out | ({"ml.input.shapes": [shape, [1]]} if shape is not None else {})
+
+    assert call_kinds([attrs(False, False, [1, 3, 224, 224])] * 3) == ["", "", ""]
+    assert call_kinds([attrs(False, False, [4, n]) for n in (7, 19, 33)]) == ["", "", ""]  # sequence lengths
+    assert call_kinds([attrs(False, False, [4, 7]), attrs(False, False, [8, 7])]) == ["batch 4", "batch 8"]
+    assert call_kinds([attrs(True, True, [4, 7]), attrs(False, True, [4, 7]), attrs(True, False, [4, 7])]) == [
+        "train",
+        "eval with grad",
+        "train without grad",
+    ]
+    varying = [attrs(False, False, [n, 16]) for n in range(1, MAX_BATCH_KINDS + 2)]  # sequence-first, or a dynamic batcher
+    assert set(call_kinds(varying)) == {""}
+    assert call_kinds([attrs(False, False, [2, 3]), attrs(False, False, None)]) == ["batch 2", ""]
+    generate = [{"ml.generate.phase": "prefill", "ml.input.shapes": [[2, 9]]}, {"ml.generate.phase": "decode", "ml.input.shapes": [[2, 1]]}]
+    assert call_kinds(generate) == ["prefill", "decode"]
+    assert [kind_parts(k) for k in ("eval with grad, batch 250", "predict, batch 32", "")] == [
+        ("", "eval with grad", 250),
+        ("predict", "", 32),
+        ("", "", None),
+    ]
+
+
+def test_the_report_gives_each_kind_of_call_its_steady_figures() -> None:
+    """The JSON report's model entry lists its kinds of call; a finding and the Markdown Models
+    table give each kind's calls, steady median and p90, not one median over all of them."""
+    run = _torch_run(_mnist_calls())
+    data = build_report(run, analyze(run, PEAKS))
+    assert errors(data, REPORT_SCHEMA) == []
+    (net,) = data["models"]
+    assert [(k["kind"], k["mode"], k["batch"], k["calls"], k["steady_median_ns"], k["steady_p90_ns"]) for k in net["kinds"]] == [
+        ("train at batch 64", "train", 64, 60, 26 * MS, 27 * MS),
+        ("eval at batch 250", "eval", 250, 12, 100.5 * MS, 102 * MS),
+    ]
+    (kinds,) = (f["text"] for f in data["findings"] if f["kind"] == "call_kinds")
+    assert "Net — train at batch 64, 60 calls: 26.00 ms (p90 27.00 ms); eval at batch 250, 12 calls: 100.50 ms (p90 102.00 ms)" in kinds
+    md = render_markdown(data)
+    assert "| Net | 72 | 0 | per kind | per kind |" in md
+    assert "| ↳ eval at batch 250 | 12 | 0 | 100.50 ms | 102.00 ms |  |" in md
+    one_kind = _torch_run([c for c in _mnist_calls() if c[0]])
+    data = build_report(one_kind, analyze(one_kind, PEAKS))
+    assert data["models"][0]["kinds"] == [] and not [f for f in data["findings"] if f["kind"] == "call_kinds"]
 
 
 def test_prefills_of_a_generate_loop_are_not_cold(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 
 import mltrace
 from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.report_data import build_report
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.tracer.sources.torch_modules import HOT_PATH_ENV
@@ -1156,9 +1157,11 @@ def test_a_transformers_generate_computes_the_same_tokens_and_logits_as_plain(tm
 
 
 def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path) -> None:
-    """Every outermost module call is a model call, parameters or not: a loss called beside the
-    model is its own model (its own calls and invocation numbers, the model's left as they are),
-    and so is a frozen TorchScript model, which has no parameters and no children either."""
+    """Every outermost module call is a model call, parameters or not, but a loss's: a frozen
+    TorchScript model, which has no parameters and no children, is a model. A loss called beside
+    the model (``torch.nn.modules.loss._Loss``) is a region of the training step, not a model a
+    program infers with: a user-level span marked ``ml.region: loss``, with its own invocation
+    numbers and none of the model's layers."""
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4), nn.LogSoftmax(dim=1)).eval()
     loss = nn.NLLLoss()
     with warnings.catch_warnings():
@@ -1175,10 +1178,43 @@ def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path)
 
     run = _trace(tmp_path, go)
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["Sequential", "NLLLoss"] * 3 + ["Sequential"]  # the frozen one: the scripted class's name
-    assert [s.attrs["ml.model.invocation"] for s in models] == [1, 1, 2, 2, 3, 3, 1]
-    assert [s.attrs["ml.layer.params"] for s in models[:2]] == [8 * 16 + 16 + 16 * 4 + 4, 0]
+    assert [s.name for s in models] == ["Sequential"] * 4  # the frozen one: the scripted class's name
+    assert [s.attrs["ml.model.invocation"] for s in models] == [1, 2, 3, 1]
+    assert models[0].attrs["ml.layer.params"] == 8 * 16 + 16 + 16 * 4 + 4
+    losses = [s for s in run.spans if s.level == Level.USER]
+    assert [(s.name, s.attrs["ml.region"], s.attrs["ml.model.invocation"]) for s in losses] == [("NLLLoss", "loss", n) for n in (1, 2, 3)]
     assert _names(run) == ["0", "1", "2", "3"] * 3  # the loss has no layers, nor is it one
+    data = build_report(run, analyze(run))
+    assert [m["name"] for m in data["models"]] == ["Sequential"] and data["run"]["model_calls"] == 4
+
+
+@pytest.mark.parametrize("level", ["model", "layer"])
+def test_a_model_call_records_its_mode_and_grad_mode(tmp_path: Path, level: str) -> None:
+    """Each model call says whether the model was in training mode (``module.training``) and
+    autograd on (``torch.is_grad_enabled()``) when it was called: what tells a training step from
+    an evaluation (``analysis.coldstart.call_kinds``)."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
+    x = torch.randn(8, 4)
+
+    def go() -> None:
+        net.train()
+        net(x).sum().backward()
+        net.eval()
+        with torch.no_grad():
+            net(x[:2])
+        with torch.inference_mode():
+            net(x)
+        net(x)
+
+    run = _trace(tmp_path, go, level=level)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [(s.attrs["ml.model.training"], s.attrs["ml.grad.enabled"]) for s in models] == [
+        (True, True),
+        (False, False),
+        (False, False),
+        (False, True),
+    ]
+    assert [s.attrs["ml.input.shapes"][0][0] for s in models] == [8, 2, 8, 8]
 
 
 class _SymbolicNet(nn.Module):

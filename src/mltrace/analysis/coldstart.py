@@ -19,7 +19,10 @@ A generate loop's prefill and decode calls (``ml.generate.phase``) are two kinds
 and so are a Keras model's ``predict()`` batches, eager calls and ``tf.function`` graph calls
 (``ml.keras.method``): the rule runs on each kind apart, so a prefill is never cold for being
 a prefill, and the first eager call after warm ``predict()`` calls is judged among the eager
-calls, not hidden among faster graph calls. The only
+calls, not hidden among faster graph calls. A torch model's training and evaluation calls
+(``ml.model.training``, ``ml.grad.enabled``) and the calls at each batch size (the leading
+dimension of the first input) are kinds of call too (``call_kinds``): a training step at batch
+64 and an evaluation at batch 250 are not one workload. The only
 call of its kind (the prefill of a program's one ``generate()``) has no reference to be an
 outlier against: it is cold when torch.compile compiled inside it (one-time work of the
 ``compile`` category), so a prefill that compiled for its new shape is not steady.
@@ -195,6 +198,35 @@ def call_durations(run: Run, keys: list[tuple[str, Level]]) -> dict[tuple[str, L
 
 
 @dataclass
+class KindCalls:
+    """One kind of a model's calls (``call_kinds``).
+
+    Attributes:
+        kind: the kind ("train, batch 64"; "" for the calls with none of the others' parts).
+        calls: how many calls of this kind.
+        cold: how many of them were cold.
+        failed: how many of them raised.
+        steady: the steady calls' durations (ns), in start order.
+    """
+
+    kind: str
+    calls: int = 0
+    cold: int = 0
+    failed: int = 0
+    steady: list[int] = field(default_factory=list)
+
+    @property
+    def steady_median_ns(self) -> int | None:
+        """Median duration of the kind's steady calls (ns)."""
+        return percentile_ns(self.steady, 50)
+
+    @property
+    def steady_p90_ns(self) -> int | None:
+        """90th percentile of the kind's steady calls' durations (ns)."""
+        return percentile_ns(self.steady, 90)
+
+
+@dataclass
 class ModelCalls:
     """One model's calls, cold and steady.
 
@@ -204,7 +236,7 @@ class ModelCalls:
         cold: indices of the cold calls.
         one_time: one-time work seen in the cold calls: category → names.
         failed: indices of the calls that raised (never cold, never steady).
-        kinds: every call's kind (``call_kind``), in start order; empty when not known.
+        kinds: every call's kind (``call_kinds``), in start order; empty when not known.
     """
 
     name: str
@@ -234,6 +266,23 @@ class ModelCalls:
     def steady_p90_ns(self) -> int | None:
         """90th percentile of the steady calls' durations (ns)."""
         return percentile_ns(self.steady, 90)
+
+    def by_kind(self) -> list[KindCalls]:
+        """The calls per kind of call, in the order each kind first ran; empty when the calls
+        are of one kind (the model's own figures are then the kind's)."""
+        if len(set(self.kinds)) < 2:
+            return []
+        cold, failed = set(self.cold), set(self.failed)
+        out: dict[str, KindCalls] = {}
+        for i, d in enumerate(self.durations):
+            name = self.kinds[i] if i < len(self.kinds) else ""
+            kind = out.setdefault(name, KindCalls(name))
+            kind.calls += 1
+            kind.cold += i in cold
+            kind.failed += i in failed
+            if i not in cold and i not in failed:
+                kind.steady.append(d)
+        return list(out.values())
 
     def steady_by_kind(self) -> list[tuple[str, list[int]]]:
         """The steady calls' durations (ns) per kind of call, in the order each kind first
@@ -444,7 +493,7 @@ def _model_calls(
     rare = {k for k, c in counts.items() if 2 * c < len(ok)}  # one-time: in fewer than half the calls
     one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
     compiled = [any(category_of(names[k]) == "compile" for k in (seen[i] or set()) & rare) for i in ok]
-    kinds = [call_kind(a) for a in attrs]
+    kinds = call_kinds(attrs)
     cold = cold_by_kind([durations[i] for i in ok], one_time, [kinds[i] for i in ok], rule, compiled)
     model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised), kinds=kinds)
     for i in model.cold:
@@ -464,6 +513,72 @@ def call_kind(attrs: dict[str, Any]) -> str:
         if isinstance(kind, str):
             return kind
     return ""
+
+
+#: Beyond this many batch sizes among a model's calls, the batch size is no kind of call: sizes
+#: that change call to call (a dynamic batcher, a sequence-first model whose leading dimension is
+#: the sequence length) would make kinds of a call or two, which the cold rule cannot judge.
+MAX_BATCH_KINDS = 8
+#: Joins the parts of a kind of call ("eval, batch 250").
+KIND_SEP = ", "
+
+
+def call_mode(attrs: dict[str, Any]) -> str:
+    """A torch model call's mode, from ``ml.model.training`` (``module.training``) and
+    ``ml.grad.enabled`` (autograd on) at the call: "train", "eval", "eval with grad" (no
+    ``torch.no_grad()`` around an evaluation), "train without grad"; "" where not recorded."""
+    training, grad = attrs.get("ml.model.training"), attrs.get("ml.grad.enabled")
+    if not isinstance(training, bool) or not isinstance(grad, bool):
+        return ""
+    if training:
+        return "train" if grad else "train without grad"
+    return "eval with grad" if grad else "eval"
+
+
+def call_batch(attrs: dict[str, Any]) -> int | None:
+    """A model call's batch size: the leading dimension of its first input (``ml.input.shapes``),
+    None where it has no input shape or its first input is a scalar."""
+    shapes = attrs.get("ml.input.shapes")
+    if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or not shapes[0]:
+        return None
+    first = shapes[0][0]
+    return first if isinstance(first, int) and not isinstance(first, bool) else None
+
+
+#: The modes ``call_mode`` names.
+MODES = ("train", "eval", "eval with grad", "train without grad")
+
+
+def kind_parts(kind: str) -> tuple[str, str, int | None]:
+    """A kind of call (``call_kinds``) taken apart: its ``call_kind`` ("" where the kind has
+    none), its mode ("" likewise) and its batch size (None likewise)."""
+    how, mode, batch = "", "", None
+    for part in kind.split(KIND_SEP) if kind else ():
+        size = part.removeprefix("batch ")
+        if size != part and size.isdigit():
+            batch = int(size)
+        elif part in MODES:
+            mode = part
+        else:
+            how = part
+    return how, mode, batch
+
+
+def call_kinds(attrs: Sequence[dict[str, Any]]) -> list[str]:
+    """Every call's kind among one model's calls (``attrs``: each call's attributes, in start
+    order): its ``call_kind``, its mode (``call_mode``: train, eval) and its batch size
+    (``call_batch``: "batch 64"), joined by ``KIND_SEP``. A part the same in every call is left
+    out (a model only evaluated at batch 1 has one kind, ""), and so is the batch size where the
+    calls have more than ``MAX_BATCH_KINDS`` of them. A sequence length is never a kind: the
+    dimensions after the leading one are not read."""
+    batches = [call_batch(a) for a in attrs]
+    parts = [
+        [call_kind(a) for a in attrs],
+        [call_mode(a) for a in attrs],
+        [f"batch {b}" if b is not None else "" for b in batches] if len(set(batches)) <= MAX_BATCH_KINDS else [],
+    ]
+    varying = [column for column in parts if len(set(column)) > 1]
+    return [KIND_SEP.join(p for p in (column[i] for column in varying) if p) for i in range(len(attrs))]
 
 
 def _spent(t: SpanTable, parent: np.ndarray, key: np.ndarray, names: list[str], owner: np.ndarray, weight: np.ndarray) -> list[Spent]:

@@ -15,7 +15,7 @@ from typing import Any
 from mltrace.analysis.bottleneck import Analysis, Findings, Idle, LayerRow, NameRow, TypeRow, Verdict
 from mltrace.analysis.breakdown import layers_named_by_model
 from mltrace.analysis.codepaths import source_line, split_location
-from mltrace.analysis.coldstart import ModelCalls, call_durations, percentile_ns
+from mltrace.analysis.coldstart import KindCalls, ModelCalls, call_durations, kind_parts, percentile_ns
 from mltrace.analysis.memory import MemoryReport, MemoryRow
 
 __all__ = ["build_report", "call_durations", "exit_cause", "exit_text", "findings", "hot_lines", "percentile_ns"]
@@ -238,8 +238,27 @@ def _model_entry(run: Run, r: LayerRow, calls: ModelCalls | None) -> dict[str, A
         "failed_indices": list(calls.failed),
         "steady_median_ns": calls.steady_median_ns,
         "steady_p90_ns": calls.steady_p90_ns,
+        "kinds": [_kind_entry(k) for k in calls.by_kind()],
         "one_time": [{"category": cat, "names": names} for cat, names in calls.one_time.items()],
         "source": source,
+    }
+
+
+def _kind_entry(k: KindCalls) -> dict[str, Any]:
+    """One kind of a model's calls: its name as the report writes it (``kind_label``) and its parts
+    (``coldstart.kind_parts``: null where the kinds do not differ by it), its calls, cold and
+    failed calls, and its steady calls' median and p90."""
+    how, mode, batch = kind_parts(k.kind)
+    return {
+        "kind": kind_label(k.kind),
+        "call": how or None,
+        "mode": mode or None,
+        "batch": batch,
+        "calls": k.calls,
+        "cold_calls": k.cold,
+        "failed_calls": k.failed,
+        "steady_median_ns": k.steady_median_ns,
+        "steady_p90_ns": k.steady_p90_ns,
     }
 
 
@@ -319,10 +338,10 @@ def _op_entry(r: NameRow) -> dict[str, Any]:
 
 
 def findings(a: Analysis) -> list[dict[str, Any]]:
-    """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``cold_start``, ``bound``,
+    """The run-wide findings, each ``{"kind", "text", …numbers}`` (kinds: ``cold_start``, ``call_kinds``, ``bound``,
     ``idle``, ``generate``, ``cpu_vs_gpu``, ``data_movement``, ``framework_overhead``, ``note``)."""
     f = a.findings
-    out = _cold_finding(a) + _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
+    out = _cold_finding(a) + _kinds_finding(a) + _bound_finding(f) + [_idle_finding(idle) for idle in f.idle]
     out += [{"kind": "generate", "text": g.text(), "ttft_ns": g.ttft_ns, "tpot_median_ns": g.tpot_median_ns} for g in a.generation]
     if f.device_ns and f.cpu_ns:
         text = f"CPU time {fmt_ns(f.cpu_ns)} vs GPU busy {fmt_ns(f.device_ns)}: ratio {f.cpu_ns / f.device_ns:.2f}"
@@ -352,9 +371,19 @@ def cold_start_text(a: Analysis, *, name: Callable[[str], str] = str, text: Call
     return f"Cold start: {text(a.cold_text())} — " + "; ".join(per_model) + (f". Extra time in: {spent}" if spent else "")
 
 
-#: How the cold finding names a kind of model call (``coldstart.call_kind``) where its name
+#: How the report names a part of a kind of model call (``coldstart.call_kinds``) where its name
 #: would not read as words (``__call__`` would also turn bold in Markdown).
 _KIND_LABELS = {"": "other calls", "__call__": "eager"}
+
+
+def kind_label(kind: str) -> str:
+    """A kind of model call as the report writes it: "train at batch 64", "eval", "eager at batch
+    4", "batch 250"; "other calls" for the calls with none of the others' parts ("")."""
+    how, mode, batch = kind_parts(kind)
+    words = " ".join(w for w in (_KIND_LABELS.get(how, how) if how else "", mode) if w)
+    if batch is None:
+        return words or _KIND_LABELS[""]
+    return f"{words} at batch {batch}" if words else f"batch {batch}"
 
 
 def _steady_text(m: ModelCalls, text: Callable[[str], str], p90: bool) -> str:
@@ -369,8 +398,38 @@ def _steady_text(m: ModelCalls, text: Callable[[str], str], p90: bool) -> str:
         if len(by_kind) == 1:
             parts.append(median + (f", p90 {tail}" if p90 else ""))
         else:
-            parts.append(f"{text(_KIND_LABELS.get(kind, kind))} {median}" + (f" (p90 {tail})" if p90 else ""))
+            parts.append(f"{text(kind_label(kind))} {median}" + (f" (p90 {tail})" if p90 else ""))
     return ", ".join(parts)
+
+
+def call_kinds_text(a: Analysis, *, name: Callable[[str], str] = str, text: Callable[[str], str] = str) -> str:
+    """The models whose calls are of several kinds (``coldstart.call_kinds``: train and eval, batch
+    sizes, a generate loop's prefill and decode, Keras's ways of calling), each kind's calls and its
+    steady calls' median and p90: one median over all of them would describe none. "" where every
+    model's calls are of one kind. ``name`` and ``text`` as for ``cold_start_text``."""
+    per_model = []
+    for m in a.cold.models:
+        kinds = m.by_kind()
+        if kinds:
+            per_model.append(f"{name(m.name)} — " + "; ".join(_kind_text(k, text) for k in kinds))
+    return "Model calls of several kinds, each kind's steady median: " + ". ".join(per_model) if per_model else ""
+
+
+def _kind_text(k: KindCalls, text: Callable[[str], str]) -> str:
+    """ "train at batch 64, 60 calls: 25.00 ms (p90 30.00 ms)"; the cold and failed calls named."""
+    calls = f"{k.calls} {'call' if k.calls == 1 else 'calls'}"
+    apart = ", ".join(f"{n} {what}" for n, what in ((k.cold, "cold"), (k.failed, "failed")) if n)
+    head = text(f"{kind_label(k.kind)}, {calls}" + (f" ({apart})" if apart else ""))
+    median, tail = k.steady_median_ns, k.steady_p90_ns
+    if median is None or tail is None:
+        return f"{head}: no steady call"
+    return f"{head}: {text(fmt_ns(median))} (p90 {text(fmt_ns(tail))})"
+
+
+def _kinds_finding(a: Analysis) -> list[dict[str, Any]]:
+    """The models whose calls are of several kinds (``call_kinds_text``)."""
+    text = call_kinds_text(a)
+    return [{"kind": "call_kinds", "text": text}] if text else []
 
 
 def _cold_finding(a: Analysis) -> list[dict[str, Any]]:

@@ -85,6 +85,21 @@ MODEL = _object(
         "failed_indices": _array(_INT),
         "steady_median_ns": _OPT_INT,
         "steady_p90_ns": _OPT_INT,
+        "kinds": _array(
+            _object(
+                {
+                    "kind": _STR,
+                    "call": _OPT_STR,
+                    "mode": _OPT_STR,
+                    "batch": _OPT_INT,
+                    "calls": _INT,
+                    "cold_calls": _INT,
+                    "failed_calls": _INT,
+                    "steady_median_ns": _OPT_INT,
+                    "steady_p90_ns": _OPT_INT,
+                }
+            )
+        ),
         "one_time": _array(_object({"category": _STR, "names": _array(_STR)})),
         "source": _OPT_STR,
     }
@@ -149,7 +164,7 @@ FINDING = _object(
     {
         "kind": {
             "type": "string",
-            "enum": ["cold_start", "bound", "idle", "generate", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"],
+            "enum": ["cold_start", "call_kinds", "bound", "idle", "generate", "cpu_vs_gpu", "data_movement", "framework_overhead", "note"],
         },
         "text": _STR,
     },

@@ -21,7 +21,7 @@ from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks, bandwidth_text
-from mltrace.analysis.report_data import cold_start_text, exit_text
+from mltrace.analysis.report_data import call_kinds_text, cold_start_text, exit_text
 from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
@@ -592,6 +592,8 @@ def _cold_item(a: Analysis) -> str:
 def _findings(a: Analysis) -> str:
     f = a.findings
     items: list[str] = [_cold_item(a)] if a.cold_text() else []
+    kinds = call_kinds_text(a, name=lambda s: f"<code>{_e(s)}</code>", text=_e)
+    items += [kinds] if kinds else []
     items += [_e(g.text()) for g in a.generation]
     total = sum(f.bound_ns.values())
     if total:

@@ -77,17 +77,7 @@ def render_markdown(data: dict[str, Any], top: int = 15) -> str:
         out += ["### Models", ""]
         out += _table(
             ["model", "calls", "cold", "steady median", "steady p90", "called from"],
-            [
-                [
-                    _cell(m["name"]),
-                    str(m["calls"]),
-                    f"{m['cold_calls']} ({fmt_ns(m['cold_ns'])})" if m["cold_calls"] else "0",
-                    _opt_ns(m["steady_median_ns"]),
-                    _opt_ns(m["steady_p90_ns"]),
-                    _code(_short(m["source"])),
-                ]
-                for m in data["models"]
-            ],
+            [row for m in data["models"] for row in _model_rows(m)],
         )
         out.append("")
     layers = sorted(data["layers"], key=lambda x: (-(x["self_ns"] - x.get("gc_self_ns", 0)), x["name"]))[:top]
@@ -189,6 +179,20 @@ def _generate_section(data: dict[str, Any]) -> list[str]:
     ]
     headers = ["generate", "new tokens", "total", "first token", "per token (median)", "per token (p90)", "tokens/s", "called from"]
     return ["### Generation", "", *_table(headers, rows), ""]
+
+
+def _model_rows(m: dict[str, Any]) -> list[list[str]]:
+    """A model's row in the Models table and, where its calls are of several kinds (``kinds``),
+    a row per kind under it: the model's own steady figures would mix them, so its row leaves
+    them to the kinds' rows."""
+    kinds = m.get("kinds") or []
+    cold = f"{m['cold_calls']} ({fmt_ns(m['cold_ns'])})" if m["cold_calls"] else "0"
+    steady = [_opt_ns(m["steady_median_ns"]), _opt_ns(m["steady_p90_ns"])] if not kinds else ["per kind", "per kind"]
+    rows = [[_cell(m["name"]), str(m["calls"]), cold, *steady, _code(_short(m["source"]))]]
+    for k in kinds:
+        median, p90 = _opt_ns(k["steady_median_ns"]), _opt_ns(k["steady_p90_ns"])
+        rows.append([f"↳ {_cell(k['kind'])}", str(k["calls"]), str(k["cold_calls"]), median, p90, ""])
+    return rows
 
 
 def _opt_ns(ns: int | None) -> str:

@@ -14,7 +14,7 @@ from mltrace.analysis.coldstart import left_out_note
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks, bandwidth_text
-from mltrace.analysis.report_data import cold_start_text, exit_text
+from mltrace.analysis.report_data import call_kinds_text, cold_start_text, exit_text
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.run.levels import Level
@@ -297,6 +297,8 @@ def _findings(console: object, a: Analysis) -> None:
     f = a.findings
     b = a.breakdown
     lines: list[str] = [_cold_line(a)] if a.cold_text() else []
+    kinds = call_kinds_text(a, name=_esc, text=_esc)
+    lines += [kinds] if kinds else []
     lines += [_esc(g.text()) for g in a.generation]
     total = sum(f.bound_ns.values())
     if total:

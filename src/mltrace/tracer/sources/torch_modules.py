@@ -503,6 +503,11 @@ def _module_sites(stack_trace: object, depth: int) -> list[tuple[str, int] | Non
 
 #: ``MLTRACE_LAYER_HOT_PATH=python`` keeps the layer level's hot path in Python (the C helper is the default where built).
 HOT_PATH_ENV = LAYER_HOT_PATH.name
+#: The attribute that says what region of the program a user-level span is; a loss module
+#: (``torch.nn.modules.loss._Loss``) called outermost is the ``LOSS_REGION`` of the training step:
+#: a user-level span, not a model call (no model of the report, no kinds of call, no cold rule).
+REGION_ATTR = "ml.region"
+LOSS_REGION = "loss"
 
 
 # One module call on a thread's stack: a list, indexed by these slots.
@@ -561,7 +566,7 @@ class _Static:
     """Per-module facts computed once: type, parameters, class source location, and the name
     of its model spans (``model_name``, at its first outermost call)."""
 
-    __slots__ = ("ref", "type_name", "attrs", "kids", "model_name")
+    __slots__ = ("ref", "type_name", "attrs", "kids", "model_name", "loss")
 
     def __init__(self, module: Any, params: int, file: str | None, line: int | None) -> None:
         self.ref = weakref.ref(module)
@@ -569,6 +574,9 @@ class _Static:
         self.kids: dict[tuple[str, int], _Kid] = {}
         self.type_name = _type_name(module)
         self.model_name: str | None = None
+        #: Whether the module is a loss (``torch.nn.modules.loss._Loss``): called outermost, a
+        #: region of the training step (``LOSS_REGION``), not a model.
+        self.loss = False
         self.attrs: dict[str, Any] = {
             "ml.framework": "pytorch",
             "ml.layer.type": self.type_name,
@@ -636,6 +644,9 @@ class TorchModuleSource(Source):
         self._torch_dir = ""
         self._tensor: Any = object
         self._module_cls: Any = ()  # torch.nn.Module once torch is imported
+        self._loss_cls: Any = ()  # torch.nn.modules.loss._Loss once torch is imported
+        #: torch.is_grad_enabled once torch is imported (``ml.grad.enabled`` of a model call).
+        self._grad_enabled: Callable[[], Any] = _nothing
         self._script_module: type | None = None
         self._lock = threading.Lock()
         #: Completed layer frames, waiting for the recorder's next drain.
@@ -676,6 +687,8 @@ class TorchModuleSource(Source):
         self._tensor = torch.Tensor
         self._holds_proxy = fx_proxy_check()
         self._module_cls = self._names.module_cls = torch.nn.Module
+        self._loss_cls = getattr(getattr(torch.nn.modules, "loss", None), "_Loss", ())
+        self._grad_enabled = torch.is_grad_enabled
         self._torch_dir = os.path.dirname(torch.__file__)
         self._skip_in_dynamo()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
@@ -762,7 +775,7 @@ class TorchModuleSource(Source):
                     if output is not None:
                         span.attrs["_out"] = _untraced(raw_shapes, output)
                     end(span)
-                    model_ended()
+                    model_ended(span)
             if type(stack[-1][MODULE]) is optimized[0]:  # torch.compile's wrapper calls its module: one span
                 return original(self, *args, **kwargs)
             traced = jit_tracing()  # inside a JIT trace a shape read adds nodes to the program's graph
@@ -1275,6 +1288,7 @@ class TorchModuleSource(Source):
             config = None
         if config is not None:
             info.attrs["ml.layer.config"] = config
+        info.loss = isinstance(module, self._loss_cls)
         self._static[id(module)] = info
         return info
 
@@ -1495,6 +1509,12 @@ class TorchModuleSource(Source):
             with self._lock:
                 counter = self._invocations.setdefault(id(module), itertools.count(1))
         attrs["ml.model.invocation"] = next(counter)  # one step of a C iterator: atomic under the GIL
+        training = getattr(module, "training", None)  # its kind of call (analysis.coldstart.call_kinds)
+        if type(training) is bool:
+            attrs["ml.model.training"] = training
+        grad = self._grad_enabled()
+        if type(grad) is bool:
+            attrs["ml.grad.enabled"] = grad
         if not _has_children(module):  # the model is its own only layer: its ops are in no other
             attrs["ml.model.leaf"] = True
         self._note_fx_graph(module, attrs)
@@ -1515,21 +1535,25 @@ class TorchModuleSource(Source):
             if otel is not None:
                 attrs[OTEL_PARENT_ATTR] = f"{otel[0]:032x}-{otel[1]:016x}"
         self._note_opaque(module)
-        span = self._begin(name, Level.MODEL, attrs)
+        if static.loss:
+            attrs[REGION_ATTR] = LOSS_REGION
+        span = self._begin(name, Level.USER if static.loss else Level.MODEL, attrs)
         span._fin = self._finish
         span.attrs["_cpu0"] = thread_usage()  # ml.thread.cpu_ns and .minor_faults, with "_cpu1" at the end (_finish)
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
         stack.append(frame)
         return frame
 
-    def _model_ended(self) -> None:
-        """After an outermost call: where the op and layer levels may end (``tracer/windows.py``)."""
+    def _model_ended(self, span: Span) -> None:
+        """After an outermost call: where the op and layer levels may end (``tracer/windows.py``);
+        a loss's call (a user-level span) is no model call for them."""
         session = self._session
         if session is None:
             return
         if self._late:  # this thread's model call from before the layer level's end has returned
             self._late.pop(threading.get_ident(), None)
-        session.model_call_ended("pytorch")
+        if span.level is Level.MODEL:
+            session.model_call_ended("pytorch")
 
     def end_layer_level(self) -> bool:
         """Stops recording layer spans; outermost calls go on as model spans (``tracer/windows.py``).
@@ -1632,7 +1656,7 @@ class TorchModuleSource(Source):
             if output is not None:
                 span.attrs["_out"] = _untraced(self._raw_shapes, output)
             self._end(span)
-            self._model_ended()
+            self._model_ended(span)
             return
         frame[END] = now_ns()
         if output is not None:
