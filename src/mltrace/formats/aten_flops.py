@@ -6,7 +6,10 @@ shapes) and ``Concrete Inputs`` (scalar and int-list arguments as strings: ``"[2
 rules; other convolutions, ``linear``, ``matmul``, attention and the fused encoder layer
 get 2 FLOP per multiply-add of their products (softmax, norms, activations and biases
 inside them are not counted), and so do the recurrent layers (LSTM, GRU, RNN: each token
-through each weight matrix). Ops that wrap each other (``aten::conv2d`` →
+through each weight matrix). The activation functions (``aten::relu``, ``gelu``, ``silu``,
+``sigmoid``, …, in place or not) get 1 FLOP per element of their input, as the layer
+formula counts their modules (``analysis/roofline.FORMULAS``), so a module that calls one
+(a model library's own activation wrapper) has its work known. Ops that wrap each other (``aten::conv2d`` →
 ``aten::convolution`` → ``aten::mkldnn_convolution``) each get the count; sums over a
 layer take only the outermost (``analysis/span_pass``).
 """
@@ -220,6 +223,24 @@ def _mkldnn_rnn_layer(dims: Dims, _concrete: Sequence[Any]) -> int | None:
     return 2 * tokens * (w_ih + w_hh)
 
 
+def _per_element(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """An activation function: 1 FLOP per element of its input."""
+    return _numel(dims[0]) if dims else None
+
+
+#: The activation functions' ops (torch counts none of them), in place or not: ``relu6``
+#: and ``selu`` nest ``hardtanh`` and ``elu``, ``prelu`` its kernel, ``log_sigmoid`` its forward
+#: (a layer sums only the outermost op with a count).
+ACTIVATION_OPS = frozenset(
+    f"aten::{name}{suffix}"
+    for name in (
+        "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "mish", "sigmoid", "tanh",
+        "hardtanh", "hardswish", "hardsigmoid", "softplus", "threshold", "prelu", "_prelu_kernel",
+        "log_sigmoid", "log_sigmoid_forward",
+    )
+    for suffix in ("", "_")
+)  # fmt: skip
+
 _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     # torch's own (with_flops)
     "aten::conv2d": _conv2d,
@@ -261,6 +282,7 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::rnn_tanh": _recurrent,
     "aten::rnn_relu": _recurrent,
     "aten::mkldnn_rnn_layer": _mkldnn_rnn_layer,
+    **dict.fromkeys(ACTIVATION_OPS, _per_element),
 }
 
 
