@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
@@ -67,6 +68,34 @@ def test_cross_stack_chain_reaches_the_library_call(tmp_path: Path) -> None:
     assert conv.links[1].total_ns <= conv.links[0].total_ns
     linear = next(c for c in chains if c.type == "Linear")
     assert linear.links[-1].detail == "MKL"
+
+
+def test_variable_reads_that_name_their_layer_are_not_the_models_ops() -> None:
+    """TensorFlow ran two variable reads of layer ``fc`` before fc's span began: they name it
+    (``ml.tf.layer``) and are counted apart, not as ops the model ran in no layer."""
+    from mltrace.analysis.bottleneck import analyze
+    from mltrace.viewers.terminal import render_report
+
+    read = {"ml.tf.node": "net_1/fc_1/MatMul/ReadVariableOp", "ml.tf.layer": "fc"}
+    spans = [
+        Span(1, None, Level.MODEL, "net", 0, 100, 1, {"ml.layer.type": "Functional"}),
+        Span(2, 1, Level.OP, "ReadVariableOp", 1, 3, 1, read),
+        Span(3, 1, Level.OP, "ReadVariableOp", 4, 7, 1, {**read, "ml.tf.node": "net_1/fc_1/BiasAdd/ReadVariableOp"}),
+        Span(4, 1, Level.OP, "IteratorGetNext", 8, 18, 1),
+        Span(5, 1, Level.LAYER, "fc", 20, 90, 1, {"ml.layer.type": "Dense"}),
+        Span(6, 5, Level.OP, "MatMul", 21, 89, 1),
+    ]
+    run = _run(spans)
+    a = analyze(run)
+    b = a.breakdown
+    assert (b.ops_outside_layers, b.ops_outside_layers_ns) == (1, 10)
+    assert (b.reads_outside_layers, b.reads_outside_layers_ns) == (2, 5)
+    assert b == breakdown(run)
+    out = io.StringIO()
+    render_report(run, a, file=out, width=400)
+    text = out.getvalue()
+    assert "1 ops inside model calls but in no layer (10 ns)" in text
+    assert "2 variable reads outside their layer's span (5 ns)" in text
 
 
 def test_ops_outside_layers_and_models_are_counted() -> None:

@@ -23,6 +23,7 @@ tf = pytest.importorskip("tensorflow")
 
 from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run  # noqa: E402
+from support.reference_breakdown import breakdown  # noqa: E402
 from support.tf_session import traced  # noqa: E402
 
 LAYERS = ("stem_conv", "stem_bn", "block_conv", "pool", "fc", "classifier")
@@ -350,3 +351,35 @@ def test_eager_attention_calls_count_their_products(tmp_path: Path) -> None:
         assert sum(x.attrs.get("ml.flops", 0.0) for x in run.spans if x.level == Level.OP and _under(x, call.id, by_id)) == per_call
     (row,) = [r for r in json_report(tmp_path, "--include-cold")["layers"] if r["name"] == "att"]
     assert (row["calls"], row["flops"]) == (4, 4 * per_call)
+
+
+def test_variable_reads_ahead_of_their_layers_name_them(tmp_path: Path) -> None:
+    """predict() runs each step's variable reads before the layers that read them begin: such a
+    read stays the model's child (it ran outside its layer's span) but names its layer, and the
+    report counts it apart from the ops the model ran in no layer."""
+    from mltrace.analysis.bottleneck import analyze
+
+    model = build("tiny_reads")
+    run = traced(tmp_path, lambda: model.predict(DATA, batch_size=4, verbose=0))
+    (call,) = [s for s in run.spans if s.level == Level.MODEL]
+    in_model = [s for s in run.spans if s.level == Level.OP and s.parent_id == call.id]
+    reads = [s for s in in_model if s.name == "ReadVariableOp"]
+    assert reads, Counter(s.name for s in in_model)
+    layers = {s.name for s in run.spans if s.level == Level.LAYER}
+    assert all(s.attrs.get("ml.tf.layer") in layers for s in reads), [s.attrs for s in reads[:3]]
+    assert {s.attrs["ml.tf.layer"] for s in reads} <= set(LAYERS)
+    by_id = run.span_by_id()
+
+    def in_no_layer(s: Any) -> bool:  # the nearest model or layer span above it is the model
+        up = by_id.get(s.parent_id)
+        while up is not None and up.level == Level.OP:
+            up = by_id.get(up.parent_id)
+        return up is call
+
+    b = analyze(run).breakdown
+    assert b.reads_outside_layers == len(reads)
+    no_layer = [s for s in run.spans if s.level == Level.OP and in_no_layer(s)]
+    assert b.ops_outside_layers == len(no_layer) - len(reads)
+    assert b == breakdown(run)
+    info = run.meta["sources_info"]["tensorflow"]["profiles"][0]
+    assert info["variable_reads_outside_layers"] == len(reads)

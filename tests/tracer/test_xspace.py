@@ -395,3 +395,7 @@ def test_a_layer_call_on_two_threads_holds_its_ops_from_both() -> None:
         found = layer_of_node(op.attrs["ml.tf.node"], {"tx": model})
         assert found is not None and parent_path(op) == found[1], op.attrs["ml.tf.node"]
     assert out.stats.ops_outside_layers == 1  # the variable read after its layer's run: the model's
+    # It names the layer that read the variable, so the report counts it as that layer's read.
+    (read,) = [s for s in out.spans if s.level == Level.OP and s.parent_id == 1]
+    assert read.name == "ReadVariableOp" and read.attrs["ml.tf.layer"] == "block/mha/query"
+    assert out.stats.variable_reads_outside_layers == 1

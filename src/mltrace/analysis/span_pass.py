@@ -196,6 +196,8 @@ class Gathered:
     wall_ns: int = 0
     ops_outside_layers: int = 0
     ops_outside_layers_ns: int = 0
+    reads_outside_layers: int = 0  # variable reads in no layer that name theirs (``ml.tf.layer``)
+    reads_outside_layers_ns: int = 0
     ops_outside_models: int = 0
     # When the run has model, layer or user spans, the name tables (ops, library calls, API
     # calls, kernels) and data movement count only what ran inside one; what ran outside
@@ -887,6 +889,12 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_models = int((own < 0).sum())
     in_model = all_op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
     in_model = in_model[~_leaf_models(t, owner[in_model])]
+    # A variable read that names the layer it read for (``ml.tf.layer``) ran outside that
+    # layer's span, before it began: the layer's, not the model's own work; counted apart.
+    reads = _reads_for_a_layer(t, in_model)
+    g.reads_outside_layers = int(reads.sum())
+    g.reads_outside_layers_ns = int(dur[in_model[reads & top_level_op[in_model]]].sum())
+    in_model = in_model[~reads]
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model[top_level_op[in_model]]].sum())  # nested ops' time is their outer op's
     return g
@@ -932,6 +940,14 @@ def _in_own_type(calls: np.ndarray, cowner: np.ndarray, call_type: np.ndarray) -
             return inside
         inside |= live & (call_type[np.maximum(up, 0)] == call_type[calls])
         up = np.where(live, cowner[np.maximum(up, 0)], -1)
+
+
+def _reads_for_a_layer(t: SpanTable, rows: np.ndarray) -> np.ndarray:
+    """Per op row: whether it is a variable read that names the layer it read for
+    (``ml.tf.layer``, TensorFlow graph runs)."""
+    sets, which = np.unique(t.attr[rows], return_inverse=True)
+    named = np.fromiter((bool(t.attr_set(int(k)).get("ml.tf.layer")) for k in sets.tolist()), dtype=bool, count=len(sets))
+    return named[which.reshape(-1)] if len(rows) else np.zeros(0, dtype=bool)
 
 
 def _leaf_models(t: SpanTable, rows: np.ndarray) -> np.ndarray:

@@ -35,6 +35,12 @@ TASK_PLANE = "Task Environment"
 #: later layers early, which would cut layers into fragments).
 BOOKKEEPING_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "Const", "NoOp", "Identity", "_Send", "_Recv", "_Arg", "_Retval"})
 
+#: Ops that read a variable: their node sits in the scope of the layer that reads it
+#: (``net_1/conv_1/Conv2D/ReadVariableOp``). The executor runs them as soon as it can, at the
+#: start of a step, before that layer's span begins; such a read stays the model's span's child
+#: (it ran outside the layer's time) and names its layer in ``ml.tf.layer``.
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
+
 #: Synthetic thread ids for TensorFlow's own threads start here: above Linux's
 #: largest pid (2^22), so they never collide with a real thread id.
 SYNTHETIC_TID_BASE = 0x40000000
@@ -345,6 +351,8 @@ class XSpaceStats:
         layer_spans: layer spans made from name scopes.
         op_spans: op spans made.
         ops_outside_layers: op spans of a model outside every layer.
+        variable_reads_outside_layers: of them, the variable reads whose node names their
+            layer (``VARIABLE_READ_OPS``, ``ml.tf.layer``): run before (or after) its span.
         function_models: model spans made for ``tf.function`` calls.
         function_calls_unmatched: graph-function calls outside model spans
             whose ops led to no Keras model (not recorded as model calls).
@@ -364,6 +372,7 @@ class XSpaceStats:
     layer_spans: int = 0
     op_spans: int = 0
     ops_outside_layers: int = 0
+    variable_reads_outside_layers: int = 0
     function_models: int = 0
     fragments_merged: int = 0
     function_calls_unmatched: int = 0
@@ -383,6 +392,7 @@ class XSpaceStats:
             "layer_spans": self.layer_spans,
             "op_spans": self.op_spans,
             "ops_outside_layers": self.ops_outside_layers,
+            "variable_reads_outside_layers": self.variable_reads_outside_layers,
             "function_models": self.function_models,
             "fragments_merged": self.fragments_merged,
             "function_calls_unmatched": self.function_calls_unmatched,
@@ -1062,12 +1072,24 @@ def _group_spans(
             s, e, row, node, op_type = graph[i]
             parent = moved.resolve(parent_of[i])
             stats.ops_with_flops += f is not None
-            cv.out.spans.append(
-                Span(cv.new_id(), parent, Level.OP, op_type, s, e, cv.track_of(row.line_id).id, graph_op_attrs(node, op_type, f))
-            )
+            attrs = graph_op_attrs(node, op_type, f)
+            if parent == model_id and op_type in VARIABLE_READ_OPS:
+                layer = _layer_read(node, cv.known)
+                if layer:
+                    attrs["ml.tf.layer"] = layer
+                    stats.variable_reads_outside_layers += 1
+            cv.out.spans.append(Span(cv.new_id(), parent, Level.OP, op_type, s, e, cv.track_of(row.line_id).id, attrs))
             stats.op_spans += 1
             stats.ops_outside_layers += parent == model_id
     stats.graph_ops_in_models += len(idxs)
+
+
+def _layer_read(node: str, known: Mapping[str, KerasModelInfo]) -> str:
+    """The path of the layer whose scope a variable read's node is in (the layer that reads the
+    variable: ``net_1/head_1/fc1_1/MatMul/ReadVariableOp`` → ``head/fc1``), or "" where its
+    scopes name no layer of a known model."""
+    found = layer_of_node(node, known)
+    return found[1] if found is not None else ""
 
 
 def _eager_spans(cv: _Converter, eager: Sequence[_Call]) -> None:

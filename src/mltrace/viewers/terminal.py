@@ -148,6 +148,11 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
     outside: list[str] = []
     if b.ops_outside_layers:
         outside.append(f"{b.ops_outside_layers} ops inside model calls but in no layer ({fmt_ns(b.ops_outside_layers_ns)})")
+    if b.reads_outside_layers:
+        outside.append(
+            f"{b.reads_outside_layers} variable reads outside their layer's span ({fmt_ns(b.reads_outside_layers_ns)}): "
+            "TensorFlow ran them ahead of the layer that reads them, which their ml.tf.layer names; not counted as the model's"
+        )
     if a.unscoped_ops[0]:
         outside.append(a.unscoped_text())
     elif b.ops_outside_models:
