@@ -295,13 +295,25 @@ VIEW_TYPES = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "Ident
 GATHER_TYPES = frozenset({"Embedding", "EmbeddingBag"})
 
 
+def formula_type(layer_type: str, attrs: dict[str, Any]) -> str:
+    """The type whose formula a layer's work comes from: its own (``ml.layer.type``) where it has
+    one, else the torch.nn class it derives from (``ml.layer.base_type``: a model library's
+    ``nn.Embedding`` subclass is an Embedding)."""
+    if layer_type in FORMULAS:
+        return layer_type
+    base = attrs.get("ml.layer.base_type")
+    return base if isinstance(base, str) and base in FORMULAS else layer_type
+
+
 def layer_formula_work(layer_type: str, attrs: dict[str, Any]) -> Work | None:
-    """Work of one call of a layer from its type's formula, or None if the type has none.
+    """Work of one call of a layer from its type's formula (``formula_type``), or None if the
+    type has none.
 
     Args:
         layer_type: ``ml.layer.type`` ("Conv2d").
-        attrs: the layer span's attributes (shapes, dtypes, params).
+        attrs: the layer span's attributes (shapes, dtypes, params, ``ml.layer.base_type``).
     """
+    layer_type = formula_type(layer_type, attrs)
     formula = FORMULAS.get(layer_type)
     if formula is None:
         return None

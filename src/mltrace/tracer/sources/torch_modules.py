@@ -562,6 +562,22 @@ def _type_name(module: Any) -> str:
     return name
 
 
+#: The package of torch.nn's layer classes (``torch.nn.modules.linear``).
+_TORCH_NN = "torch.nn.modules."
+
+
+def torch_nn_base(cls: type) -> str | None:
+    """The name of the nearest ``torch.nn`` layer class that ``cls`` derives from, where ``cls``
+    is not one of torch.nn's own (``WhisperPositionalEmbedding`` → ``Embedding``, a timm
+    ``StdConv2d`` → ``Conv2d``); None where it derives from ``Module`` alone or is torch.nn's."""
+    if str(getattr(cls, "__module__", "")).startswith(_TORCH_NN):
+        return None
+    for base in cls.__mro__[1:]:
+        if str(getattr(base, "__module__", "")).startswith(_TORCH_NN) and base.__name__ != "Module":
+            return base.__name__
+    return None
+
+
 class _Static:
     """Per-module facts computed once: type, parameters, class source location, and the name
     of its model spans (``model_name``, at its first outermost call)."""
@@ -582,6 +598,9 @@ class _Static:
             "ml.layer.type": self.type_name,
             "ml.layer.params": params,
         }
+        base = torch_nn_base(type(module))
+        if base is not None:
+            self.attrs["ml.layer.base_type"] = base
         if file is not None:
             self.attrs["ml.defined.file.path"] = file
             self.attrs["ml.defined.line.number"] = line
