@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import statistics
 from pathlib import Path
 
@@ -9,14 +10,16 @@ import pytest
 
 import mltrace
 from analysis.schema_check import errors
-from mltrace.analysis.bottleneck import Bound, analyze
+from mltrace.analysis.bottleneck import Bound, analyze, timeline
 from mltrace.analysis.coldstart import MAX_BATCH_KINDS, call_kinds, category_of, cold_by_kind, cold_indices, find_cold_start, kind_parts
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
 from mltrace.analysis.report_schema import REPORT_SCHEMA
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
+from mltrace.viewers.html import render_html
 from mltrace.viewers.markdown import render_markdown
+from mltrace.viewers.terminal import render_report
 from support.runs import unpack_run
 
 try:  # imported with the module: its import hooks are in place before a test's check of them
@@ -264,6 +267,12 @@ def test_the_report_gives_each_kind_of_call_its_steady_figures() -> None:
     md = render_markdown(data)
     assert "| Net | 72 | 0 | per kind | per kind |" in md
     assert "| ↳ eval at batch 250 | 12 | 0 | 100.50 ms | 102.00 ms |  |" in md
+    a = analyze(run, PEAKS)
+    out = io.StringIO()
+    render_report(run, a, file=out, width=400)
+    assert "Net — train at batch 64, 60 calls: 26.00 ms (p90 27.00 ms); eval at batch 250" in out.getvalue()
+    page = render_html(run, a, timeline(run))
+    assert "<code>Net</code> — train at batch 64, 60 calls: 26.00 ms (p90 27.00 ms)" in page
     one_kind = _torch_run([c for c in _mnist_calls() if c[0]])
     data = build_report(one_kind, analyze(one_kind, PEAKS))
     assert data["models"][0]["kinds"] == [] and not [f for f in data["findings"] if f["kind"] == "call_kinds"]
