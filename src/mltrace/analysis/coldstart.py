@@ -27,6 +27,9 @@ call of its kind (the prefill of a program's one ``generate()``) has no referenc
 outlier against: it is cold when torch.compile compiled inside it (one-time work of the
 ``compile`` category), so a prefill that compiled for its new shape is not steady.
 A model called once has no steady state to compare with: its call is steady.
+A call made while ``torch.jit.trace`` recorded a graph (``ml.jit.trace``: the trace, its check's
+trace, the TorchScript ONNX exporter's) is cold whatever its time, and is no reference for the
+rule: recording a graph is one-time work, as compiling is.
 A call that raised (its model span has ``error.type``, ``FAILED_ATTR``) is neither: it is
 left out of the rule and of the steady statistics, and counted apart (``ModelCalls.failed``).
 What the cold calls spent time on is the excess of their ops', library calls' and
@@ -73,6 +76,11 @@ _SPENT: tuple[tuple[str, re.Pattern[str]], ...] = (
 _TOP_SPENT = 8
 #: The attribute a model span has when its call raised (the exception's type; OpenTelemetry's).
 FAILED_ATTR = "error.type"
+#: The attribute of a PyTorch model call made while ``torch.jit.trace`` (or the TorchScript ONNX
+#: exporter) recorded a graph: cold, whatever its time (``JIT_TRACE_WORK``).
+JIT_TRACE_ATTR = "ml.jit.trace"
+#: The one-time work a JIT-traced call did: (category, name), as ``ModelCalls.one_time`` lists it.
+JIT_TRACE_WORK = ("compile", "torch.jit.trace")
 
 
 @dataclass(frozen=True)
@@ -484,7 +492,9 @@ def _model_calls(
     durations = np.maximum(t.end[at] - t.start[at], 0).tolist()
     attrs = [t.attr_set(k) for k in t.attr[at].tolist()]
     raised = {i for i, a in enumerate(attrs) if FAILED_ATTR in a}
-    ok = [i for i in range(len(rows)) if i not in raised]  # the calls that returned
+    traced = [i for i, a in enumerate(attrs) if a.get(JIT_TRACE_ATTR) is True and i not in raised]
+    apart = raised.union(traced)
+    ok = [i for i in range(len(rows)) if i not in apart]  # the calls that returned, no graph recorded
     seen = [markers.get(r) for r in rows]
     counts: dict[int, int] = {}
     for i in ok:
@@ -495,7 +505,9 @@ def _model_calls(
     compiled = [any(category_of(names[k]) == "compile" for k in (seen[i] or set()) & rare) for i in ok]
     kinds = call_kinds(attrs)
     cold = cold_by_kind([durations[i] for i in ok], one_time, [kinds[i] for i in ok], rule, compiled)
-    model = ModelCalls(name, durations, [ok[j] for j in cold], failed=sorted(raised), kinds=kinds)
+    model = ModelCalls(name, durations, sorted([ok[j] for j in cold] + traced), failed=sorted(raised), kinds=kinds)
+    if traced:
+        model.one_time.setdefault(JIT_TRACE_WORK[0], []).append(JIT_TRACE_WORK[1])
     for i in model.cold:
         for k in sorted(seen[i] or ()):
             found = model.one_time.setdefault(category_of(names[k]), [])

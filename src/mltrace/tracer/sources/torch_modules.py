@@ -507,6 +507,9 @@ HOT_PATH_ENV = LAYER_HOT_PATH.name
 #: (``torch.nn.modules.loss._Loss``) called outermost is the ``LOSS_REGION`` of the training step:
 #: a user-level span, not a model call (no model of the report, no kinds of call, no cold rule).
 REGION_ATTR = "ml.region"
+#: The attribute of a model call made while a JIT trace was recorded (``torch.jit.trace``, the
+#: TorchScript ONNX exporter): it records a graph, one-time work (``analysis.coldstart``).
+JIT_TRACE_ATTR = "ml.jit.trace"
 LOSS_REGION = "loss"
 
 
@@ -666,6 +669,9 @@ class TorchModuleSource(Source):
         self._loss_cls: Any = ()  # torch.nn.modules.loss._Loss once torch is imported
         #: torch.is_grad_enabled once torch is imported (``ml.grad.enabled`` of a model call).
         self._grad_enabled: Callable[[], Any] = _nothing
+        #: Whether a JIT trace is being recorded on this thread once torch is imported
+        #: (``ml.jit.trace`` of a model call).
+        self._jit_tracing: Callable[[], bool] = bool
         self._script_module: type | None = None
         self._lock = threading.Lock()
         #: Completed layer frames, waiting for the recorder's next drain.
@@ -708,6 +714,7 @@ class TorchModuleSource(Source):
         self._module_cls = self._names.module_cls = torch.nn.Module
         self._loss_cls = getattr(getattr(torch.nn.modules, "loss", None), "_Loss", ())
         self._grad_enabled = torch.is_grad_enabled
+        self._jit_tracing = jit_tracing_probe()
         self._torch_dir = os.path.dirname(torch.__file__)
         self._skip_in_dynamo()
         self._script_module = getattr(torch.jit, "ScriptModule", None)
@@ -1534,6 +1541,8 @@ class TorchModuleSource(Source):
         grad = self._grad_enabled()
         if type(grad) is bool:
             attrs["ml.grad.enabled"] = grad
+        if self._jit_tracing():  # torch.jit.trace (or the TorchScript ONNX exporter) records a graph
+            attrs[JIT_TRACE_ATTR] = True
         if not _has_children(module):  # the model is its own only layer: its ops are in no other
             attrs["ml.model.leaf"] = True
         self._note_fx_graph(module, attrs)
