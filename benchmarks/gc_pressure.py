@@ -22,6 +22,14 @@ another checkout's ``src`` (a before/after comparison in one interleaved run).
 adds to a collection: blocks of young collections (``gc.collect(0)``) without and with it,
 interleaved, in this process.
 
+``--start-objects`` counts the objects the collector tracks (``len(gc.get_objects())`` after
+``gc.collect()``) at the program's first statement and after it imports a framework (none,
+torch, onnxruntime), plain and under ``mltrace python`` at each level: what mltrace's modules
+and its session's start leave for the program's every full collection to scan. The counts do
+not vary from run to run; one run each.
+
+    python benchmarks/gc_pressure.py --start-objects
+
 The children run with one intra-op thread (``OMP_NUM_THREADS=1``, TensorFlow's too).
 """
 
@@ -112,7 +120,7 @@ def program(workload: str, iters: int, size: int) -> str:
 
 
 def command(condition: str, script: Path, out: Path) -> list[str]:
-    """The child's command line for a condition (``plain``, ``layer``, ``default``)."""
+    """The child's command line for a condition (``plain``, ``default``, or a level's name)."""
     if condition == "plain":
         return [sys.executable, str(script)]
     level = [] if condition == "default" else ["--level", condition]
@@ -181,6 +189,45 @@ def callback_cost(rounds: int, block: int = 20_000) -> None:
     print(f"callback  {with_callback / 1e3:7.2f} µs  (+{(with_callback - plain) / 1e3:.2f} µs a collection)")
 
 
+START_OBJECTS = r"""
+import gc, json, sys
+gc.collect()
+first = len(gc.get_objects())
+FRAMEWORK
+gc.collect()
+own = sum(1 for name in sys.modules if name == "mltrace" or name.startswith("mltrace."))
+print("RESULT " + json.dumps({"first": first, "after": len(gc.get_objects()), "mltrace_modules": own}), flush=True)
+"""
+
+#: ``--start-objects``' conditions: plain, then ``mltrace python`` at each level and at the default.
+START_CONDITIONS = ("plain", "model", "layer", "op", "library", "default")
+
+
+def start_objects(frameworks: list[str]) -> dict[str, dict[str, Any]]:
+    """Prints, per framework and condition, the tracked objects at the program's start and after
+    its framework import, and the traced conditions' excess over plain."""
+    results: dict[str, dict[str, Any]] = {}
+    print(f"# tracked objects (gc.get_objects() after gc.collect()); load {harness.loadavg()}")
+    print(f"{'framework':12} {'condition':10} {'at start':>9} {'+mltrace':>8} {'after import':>12} {'+mltrace':>8}  mltrace modules")
+    with tempfile.TemporaryDirectory(prefix="mltrace-gc-") as tmp:
+        scratch = Path(tmp)
+        for framework in frameworks:
+            script = scratch / f"start_{framework}.py"
+            script.write_text(START_OBJECTS.replace("FRAMEWORK", f"import {framework}" if framework != "none" else ""))
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            for condition in START_CONDITIONS:
+                out = scratch / f"run-{framework}-{condition}"
+                child = harness.run_child(command(condition, script, out), env=env)
+                got: dict[str, Any] = json.loads(" ".join(child.result_line()))
+                results[f"{framework}/{condition}"] = got
+                plain = results[f"{framework}/plain"]
+                print(
+                    f"{framework:12} {condition:10} {got['first']:9,} {got['first'] - plain['first']:+8,} "
+                    f"{got['after']:12,} {got['after'] - plain['after']:+8,}  {got['mltrace_modules']}"
+                )
+    return results
+
+
 def main() -> None:
     p = harness.parser(__doc__)
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="keras")
@@ -190,11 +237,16 @@ def main() -> None:
     p.add_argument("--size", type=int, help="image size (keras, cnn)")
     p.add_argument("--compare-src", metavar="DIR", help="also run the traced conditions with mltrace from DIR (a checkout's src)")
     p.add_argument("--callback-cost", action="store_true", help="time the session's gc callback alone (see above)")
+    p.add_argument("--start-objects", action="store_true", help="count the tracked objects at the program's start (see above)")
+    p.add_argument("--frameworks", nargs="+", default=["none", "torch", "onnxruntime"], help="--start-objects: what the program imports")
     harness.add_quick(p)
     harness.add_json(p)
     args = p.parse_args()
     if args.callback_cost:
         callback_cost(3 if args.quick else 15)
+        return
+    if args.start_objects:
+        harness.write_json(args.json, {"start_objects": start_objects(args.frameworks)})
         return
     iters, size = SETTINGS[args.workload]
     iters = args.iters or (max(2, iters // 10) if args.quick else iters)

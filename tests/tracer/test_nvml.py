@@ -249,3 +249,15 @@ def test_no_driver_prints_no_warning(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "pynvml", None)
     _record(tmp_path, NvmlSampler(interval_s=0.02))
     assert "mltrace: warning" not in capsys.readouterr().err
+
+
+def test_without_a_driver_pynvml_is_not_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the system shows no NVIDIA driver, the sampler records the reason without importing
+    ``pynvml`` (thousands of objects the program's garbage collections would scan)."""
+    pytest.importorskip("pynvml")
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.setattr(nvml, "_DRIVER_PATHS", (str(tmp_path / "no-such-device"),))
+    sampler = NvmlSampler(interval_s=0.02)
+    _, meta = _record(tmp_path, sampler)
+    assert sampler.gpu_reason == nvml.NO_DRIVER and meta["sources"]["nvml"]["gpu"] == f"unavailable: {nvml.NO_DRIVER}"
+    assert "pynvml" not in sys.modules

@@ -42,14 +42,26 @@ class ChildContext:
     """
 
     def __init__(self, session: Any, variable: str) -> None:
-        from mltrace.exporters.otlp import TraceRule, parse_otel_parent, run_key
-        from mltrace.run.store import Run
+        self._meta = dict(session.meta)  # as the session started: the ids' run key
+        self._parent: tuple[int, int] | None = None
+        if self._meta.get("otel_parent") is not None:
+            from mltrace.exporters.otlp import parse_otel_parent
 
-        meta = session.meta
-        self._parent = parse_otel_parent(meta.get("otel_parent"))
-        self._rule = TraceRule(run_key(Run(Path("."), dict(meta))), "invocation", self._parent, {})
+            self._parent = parse_otel_parent(self._meta["otel_parent"])
+        self._rule: Any = None  # the export's TraceRule, made for the first open span (``_place``)
         self._prefix = variable.encode() + b"="
         self._patched: list[tuple[Any, str, Any, Any]] = []
+
+    def _place(self, span: Any, outer: Any) -> Any:
+        """Where the OTLP export puts ``span`` inside ``outer`` (``TraceRule.place``). The
+        exporter is imported here, at the first child started inside an open span, not at the
+        session's start: the program's garbage collections would scan its objects."""
+        if self._rule is None:
+            from mltrace.exporters.otlp import TraceRule, run_key
+            from mltrace.run.store import Run
+
+            self._rule = TraceRule(run_key(Run(Path("."), self._meta)), "invocation", self._parent, {})
+        return self._rule.place(span, outer)
 
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` of the span current in the calling thread or task, else of
@@ -64,7 +76,7 @@ class ChildContext:
             span = span._up
         place = None
         for open_span in reversed(chain):  # the outermost first, as the export places them
-            place = self._rule.place(open_span, place)
+            place = self._place(open_span, place)
         otel = capture_otel_parent()
         if otel is not None and (place is None or otel[1] != place.context):
             ids = otel  # the program's own span, opened inside the innermost open span

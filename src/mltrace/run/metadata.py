@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
-import socket
+import re
 import sys
 from typing import Any
 
@@ -47,15 +46,57 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def installed_versions() -> dict[str, str]:
-    """Versions of the installed frameworks (distribution name → version)."""
+def installed_versions(path: list[str] | None = None) -> dict[str, str]:
+    """Versions of the installed frameworks (``FRAMEWORK_DISTRIBUTIONS``: distribution name →
+    version), as ``distribution_versions`` reads them from ``path`` (``sys.path``)."""
+    return distribution_versions(FRAMEWORK_DISTRIBUTIONS, path)
+
+
+def distribution_versions(distributions: tuple[str, ...], path: list[str] | None = None) -> dict[str, str]:
+    """The versions of those of ``distributions`` installed (name → version, in their order):
+    the ``Version`` of the first ``NAME-….dist-info`` or ``NAME-….egg-info`` of each on ``path``
+    (``sys.path``), where ``importlib.metadata.version`` finds it. Read here without
+    ``importlib.metadata``, whose import (its email, zipfile and csv modules) left some 7,000
+    objects in a traced program that had none of them, for its every full garbage collection
+    to scan."""
+    wanted = {_distribution_key(d): d for d in distributions}
     out: dict[str, str] = {}
-    for dist in FRAMEWORK_DISTRIBUTIONS:
+    for entry in sys.path if path is None else path:
         try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
+            names = sorted(os.listdir(entry or os.curdir))
+        except OSError:  # not a folder (a zip file), or gone
             continue
-    return out
+        for name in names:
+            stem, ext = os.path.splitext(name)
+            dist = wanted.get(_distribution_key(stem.partition("-")[0]))
+            if ext in (".dist-info", ".egg-info") and dist is not None and dist not in out:
+                version = _metadata_version(os.path.join(entry or os.curdir, name))
+                if version:
+                    out[dist] = version
+    return {d: out[d] for d in distributions if d in out}
+
+
+def _distribution_key(name: str) -> str:
+    """A distribution's name as metadata folder names spell it in any form (PEP 503, ``_`` for
+    runs of ``-``, ``_`` and ``.``, lower case)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _metadata_version(path: str) -> str | None:
+    """The ``Version`` header of a ``.dist-info`` folder's ``METADATA``, an ``.egg-info``
+    folder's ``PKG-INFO`` or an ``.egg-info`` file; None where there is none."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "METADATA" if path.endswith(".dist-info") else "PKG-INFO")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the end of the headers
+                if line.startswith("Version:"):
+                    return line.partition(":")[2].strip() or None
+    except OSError:
+        pass
+    return None
 
 
 def recorded_environment() -> dict[str, str]:
@@ -69,10 +110,20 @@ def recorded_environment() -> dict[str, str]:
     return env
 
 
+def _hostname() -> str:
+    """The host's name, as ``socket.gethostname`` gives it (``uname``'s node name on POSIX,
+    read without importing ``socket``)."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket
+
+    return socket.gethostname()
+
+
 def host_metadata() -> dict[str, Any]:
     """Host, OS, CPU and Python facts."""
     return {
-        "hostname": socket.gethostname(),
+        "hostname": _hostname(),
         "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
         "cpu": cpu_model(),

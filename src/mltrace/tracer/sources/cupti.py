@@ -36,7 +36,6 @@ from mltrace.run.levels import Level
 from mltrace.settings import CUPTI_DUMP, KERNEL_PATH
 from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
 from mltrace.tracer.sources.base import Source
-from mltrace.tracer.sources.kineto import link_launches
 from mltrace.tracer.tracks import TrackRegistry
 
 if TYPE_CHECKING:
@@ -710,6 +709,8 @@ def cupti_records_to_events(
         if corr is not None:
             attrs["gpu.correlation_id"] = corr
         out.instants.append(Instant(sync_name, s0, track.id, Level.KERNEL, attrs))
+
+    from mltrace.tracer.sources.kineto import link_launches  # the formats' Kineto reader: only where kernels were recorded
 
     flows, missing, unmatched = link_launches(gpu_spans, launch_by_corr, new_id)
     out.flows.extend(flows)

@@ -11,6 +11,8 @@ counter, ``nvml_error_reason`` words NVML's failures.
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +44,17 @@ _NVML_ERROR_NOT_SUPPORTED = 3
 _NVML_ERROR_DRIVER_NOT_LOADED = 9
 _NVML_ERROR_LIBRARY_NOT_FOUND = 12
 _NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+
+#: What a Linux system with an NVIDIA driver has: the driver's control device (on WSL, the
+#: GPU paravirtualization device) or its folder in /proc.
+_DRIVER_PATHS = ("/dev/nvidiactl", "/dev/dxg", "/proc/driver/nvidia")
+
+
+def no_nvidia_driver() -> bool:
+    """Whether this is Linux without any sign of an NVIDIA driver (``_DRIVER_PATHS``), where
+    NVML cannot load. False elsewhere: there, only NVML says."""
+    return sys.platform.startswith("linux") and not any(os.path.exists(p) for p in _DRIVER_PATHS)
 
 
 # -- CPU utilisation from /proc/stat (pure helpers) --------------------------------------
@@ -341,7 +354,14 @@ class NvmlSampler(Source):
     # -- internals -------------------------------------------------------------------------
 
     def _open_nvml(self) -> str | None:
-        """Initialises NVML and lists the GPUs; returns why not, or None."""
+        """Initialises NVML and lists the GPUs; returns why not, or None. Where the system shows
+        no NVIDIA driver (``no_nvidia_driver``), ``pynvml`` is not imported: it adds some 5,600
+        objects that the program's every full garbage collection would scan."""
+        if "pynvml" not in sys.modules:
+            if importlib.util.find_spec("pynvml") is None:
+                return NOT_INSTALLED
+            if no_nvidia_driver():
+                return NO_DRIVER
         try:
             import pynvml as nv
         except ImportError:

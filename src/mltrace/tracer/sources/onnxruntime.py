@@ -25,14 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mltrace.formats.ort_profile import (
-    LiveRun,
-    OnnxGraph,
-    TorchModuleMapper,
-    iter_ort_profile,
-    ort_profile_to_events,
-    read_onnx_graph,
-)
 from mltrace.run.events import Event
 from mltrace.run.levels import Level
 from mltrace.tracer.callsite import frame_site
@@ -40,6 +32,7 @@ from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import FrameworkSource
 
 if TYPE_CHECKING:
+    from mltrace.formats.ort_profile import LiveRun, OnnxGraph
     from mltrace.tracer.sources.base import SessionView
 
 _RUN_METHODS = ("run", "run_with_iobinding", "run_with_ort_values")
@@ -287,6 +280,8 @@ class OrtSource(FrameworkSource):
                 self._after_start.pop(0)()
 
     def _register(self, sess: Any, info: _OrtSession, path_or_bytes: Any) -> None:
+        from mltrace.formats.ort_profile import read_onnx_graph  # once onnxruntime is used: not at the session's start
+
         path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         graph: OnnxGraph | None = None
         if isinstance(path_or_bytes, (str, os.PathLike, bytes)) and (info.prefix is not None or info.user_profiling):
@@ -349,6 +344,8 @@ class OrtSource(FrameworkSource):
     def _run_wrapper(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """Wraps ``Session.run``, ``run_with_iobinding`` or ``run_with_ort_values``: one model
         span per call, on the calling thread, through the live recorder."""
+        from mltrace.formats.ort_profile import LiveRun  # once onnxruntime is used: not at the session's start
+
         source = self
 
         def run(sess: Any, *args: Any, **kwargs: Any) -> Any:
@@ -450,6 +447,8 @@ class OrtSource(FrameworkSource):
         return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
 
     def _collect(self, session: SessionView) -> list[Event]:
+        from mltrace.formats.ort_profile import TorchModuleMapper, iter_ort_profile, ort_profile_to_events
+
         events: list[Event] = []
         infos: list[dict[str, Any]] = []
         for info in self._all:

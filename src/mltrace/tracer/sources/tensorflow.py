@@ -24,24 +24,6 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mltrace.formats.tf_flops import (
-    FlopTable,
-    graph_work,
-    keras_attention_flops,
-    keras_layer_flops,
-    keras_layer_kind,
-    top_scopes,
-)
-from mltrace.formats.xspace import (
-    FunctionCall,
-    KerasModelInfo,
-    LiveModelSpan,
-    find_xplane_files,
-    host_profile,
-    read_xspace,
-    std_thread_hash,
-    xspace_to_events,
-)
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.tracer import c_environ
@@ -52,6 +34,24 @@ from mltrace.tracer.sources.base import FrameworkSource
 from mltrace.tracer.sources.tf_layer_records import LayerRecords
 
 if TYPE_CHECKING:
+    from mltrace.formats.tf_flops import (
+        FlopTable,
+        graph_work,
+        keras_attention_flops,
+        keras_layer_flops,
+        keras_layer_kind,
+        top_scopes,
+    )
+    from mltrace.formats.xspace import (
+        FunctionCall,
+        KerasModelInfo,
+        LiveModelSpan,
+        find_xplane_files,
+        host_profile,
+        read_xspace,
+        std_thread_hash,
+        xspace_to_events,
+    )
     from mltrace.tracer.sources.base import SessionView
 
 _GRAPH_METHODS = ("predict", "evaluate", "predict_on_batch", "test_on_batch")
@@ -125,6 +125,34 @@ def _plain_attention(cls: type) -> bool:
     (a subclass with a cache or an attention of its own does other work than its inputs say)."""
     methods = (getattr(cls, m, None) for m in ("call", "_compute_attention"))
     return all(str(getattr(m, "__qualname__", "")).startswith("MultiHeadAttention.") for m in methods)
+
+
+def _load_formats() -> None:
+    """Binds this module's names from ``formats.tf_flops`` and ``formats.xspace`` once the
+    program imports TensorFlow or Keras (``_install_tf``, ``_install_keras``), not at the
+    session's start: a program without them never has their objects for its garbage
+    collections to scan."""
+    global FlopTable, graph_work, keras_attention_flops, keras_layer_flops, keras_layer_kind, top_scopes
+    global FunctionCall, KerasModelInfo, LiveModelSpan, find_xplane_files, host_profile, read_xspace
+    global std_thread_hash, xspace_to_events
+    from mltrace.formats.tf_flops import (
+        FlopTable,
+        graph_work,
+        keras_attention_flops,
+        keras_layer_flops,
+        keras_layer_kind,
+        top_scopes,
+    )
+    from mltrace.formats.xspace import (
+        FunctionCall,
+        KerasModelInfo,
+        LiveModelSpan,
+        find_xplane_files,
+        host_profile,
+        read_xspace,
+        std_thread_hash,
+        xspace_to_events,
+    )
 
 
 class TensorFlowSource(FrameworkSource):
@@ -250,6 +278,7 @@ class TensorFlowSource(FrameworkSource):
     def _install_tf(self, tf: Any) -> None:
         if not self._active:
             return
+        _load_formats()
         self._tf = tf
         try:
             from tensorflow.python.eager import context
@@ -274,6 +303,7 @@ class TensorFlowSource(FrameworkSource):
     def _install_keras(self, keras: Any) -> None:
         if not self._active:
             return
+        _load_formats()
         try:
             from keras.src.backend.common.keras_tensor import KerasTensor
             from keras.src.layers.layer import Layer
@@ -807,9 +837,11 @@ class TensorFlowSource(FrameworkSource):
         events: list[Event] = []
         info: dict[str, Any] = {"model_spans": len(self._live), "models": sorted(self._models), "profiles": []}
         threads = dict(self._threads)
-        for t in threading.enumerate():
-            if t.ident is not None and t.native_id is not None:
-                threads.setdefault(std_thread_hash(t.ident), (t.native_id, t.name))
+        if self._logdirs:  # profiles to read: their formats are needed (bound already where TensorFlow was imported)
+            _load_formats()
+            for t in threading.enumerate():
+                if t.ident is not None and t.native_id is not None:
+                    threads.setdefault(std_thread_hash(t.ident), (t.native_id, t.name))
         flops = self._function_flops()
         model_names = self._function_model_names()
         for logdir in self._logdirs:

@@ -43,7 +43,6 @@ does not start its own.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import importlib.util
 import os
 import queue
@@ -64,6 +63,7 @@ from mltrace.run.events import Event
 from mltrace.run.gcpause import gc_paused
 from mltrace.run.jsoncodec import dumps, loads
 from mltrace.run.levels import Level
+from mltrace.run.metadata import distribution_versions
 from mltrace.run.store import EVENTS_FILE, track_row
 from mltrace.settings import OP_CONVERTER, OP_CYCLE_S
 from mltrace.tracer import c_environ
@@ -129,9 +129,8 @@ def _cuda_possible() -> bool:
             return bool(torch.cuda.is_available())
         except Exception:
             return False
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+    version = distribution_versions(("torch",)).get("torch")
+    if version is None:
         return False
     if "+cpu" in version:
         return False
@@ -233,11 +232,13 @@ class TorchOpSource(Source):
 
     def start(self, session: SessionView) -> None:
         self._session = session
-        from mltrace.tracer.sources.cupti import requested_kernel_path
-
         # With MLTRACE_KERNEL_PATH=cupti-python, CUDA activity stays out from the start: the
         # profiler may start right now (torch already imported), before CuptiSource runs.
-        cupti = requested_kernel_path() == "cupti-python"
+        cupti = False
+        if Level.KERNEL in session.levels:  # the cupti source's module is imported for the kernel level only
+            from mltrace.tracer.sources.cupti import requested_kernel_path
+
+            cupti = requested_kernel_path() == "cupti-python"
         self.record_kernels = Level.KERNEL in session.levels and not cupti
         self._cuda_activity = self.record_kernels and Level.KERNEL in self.levels
         self._cupti_kernels = Level.KERNEL in session.levels and cupti  # cupti-python records them
@@ -281,10 +282,11 @@ class TorchOpSource(Source):
             self._kwargs = kwargs
             self._call_around(0)
             from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
-            from mltrace.tracer.sources.cupti import hand_back_buffers
 
             keep_primary_contexts_at_exit()  # Kineto's CUPTI callbacks must not run during C++ teardown
-            hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
+            cupti_source = sys.modules.get("mltrace.tracer.sources.cupti")  # not imported: none of its buffers exist
+            if cupti_source is not None:
+                cupti_source.hand_back_buffers()  # Kineto takes CUPTI's buffer callbacks now: none of cupti-python's may be in flight
             try:
                 with _kineto_quiet():
                     _start_quietly(prof)
