@@ -63,6 +63,10 @@ DTYPE_BYTES: dict[str, int] = {
     "tensor(float16)": 2,
     "tensor(int64)": 8,
 }
+#: Integer element types: the indices of a lookup.
+_INTEGER = frozenset(
+    ("int64", "long int", "long", "int32", "int", "int16", "short int", "int8", "signed char", "uint8", "unsigned char", "tensor(int64)")
+)
 _FLOATING = frozenset("float32 float float64 double float16 half c10::Half bfloat16 c10::BFloat16 tensor(float) tensor(float16)".split())
 _DEFAULT_ELEMENT = 4
 
@@ -392,17 +396,24 @@ def reads_sparse(op_name: str) -> bool:
 
 def gather_bytes(attrs: dict[str, Any]) -> int:
     """Bytes an embedding lookup or ``index_select`` moves: the rows it reads, written out
-    once, plus its indices; not the whole table its first input is. Where the shapes are
-    missing, ``op_bytes``."""
+    once, plus its indices; not the whole table. The indices are the first integer tensor
+    after the first input (the first tensor there where no dtype says), the table the tensor
+    just before them: TorchScript's interpreter can record values of its stack ahead of an op's
+    own inputs (``aten::embedding`` as ``[[2, 16, 64], [512, 64], [1, 16], …]``: the previous
+    op's output, the table, the indices). Where the shapes are missing, ``op_bytes``."""
     ins = _shapes(attrs, "ml.input.shapes")
     types = _dtypes(attrs, "ml.input.dtypes", len(ins))
-    table = ins[0] if ins else None
-    at = next((i for i, s in enumerate(ins) if i > 0 and s is not None and len(s) >= 1), None)
-    if not table or at is None:
+    tensors = [i for i, s in enumerate(ins) if i > 0 and s]
+    integer = [i for i in tensors if types[i] in _INTEGER]
+    if not tensors:
         return op_bytes(attrs)
-    row = numel(table[1:]) if len(table) > 1 else 1
+    at = (integer or tensors)[0]
+    table = next((j for j in range(at - 1, -1, -1) if ins[j]), None)
+    if table is None:
+        return op_bytes(attrs)
+    row = numel(ins[table][1:]) if len(ins[table]) > 1 else 1
     rows = numel(ins[at])
-    return 2 * rows * row * element_bytes(types[0]) + rows * element_bytes(types[at])
+    return 2 * rows * row * element_bytes(types[table]) + rows * element_bytes(types[at])
 
 
 def element_gather_bytes(attrs: dict[str, Any]) -> int:
