@@ -260,8 +260,8 @@ def _op_tree(ops: list[Span]) -> dict[int, list[Span]]:
 def test_mltrace_flop_counts_agree_with_the_matrix_products_inside_them(tmp_path: Path) -> None:
     """Where torch counts no FLOPs, ``aten_flops`` counts the multiply-adds of an op's matrix
     products or convolutions. Those ops wrap others: a count must equal the sum of the counts
-    of the outermost counted ops inside it (scaling and residual ``mul``/``add`` and the
-    activation functions, counted per element, aside), so the
+    of the outermost counted ops inside it (scaling and residual ``mul``/``add``, the
+    activation functions, normalizations and softmax, counted per element, aside), so the
     convolution wrappers, ``linear``, ``matmul``, attention, the native multi-head attention and
     the fused encoder layer are each checked against what they call."""
     import torch.nn.functional as F
@@ -294,13 +294,13 @@ def test_mltrace_flop_counts_agree_with_the_matrix_products_inside_them(tmp_path
     ops = [s for s in events.spans if s.level is Level.OP]
     children = _op_tree(ops)
 
-    from mltrace.formats.aten_flops import ACTIVATION_OPS
+    from mltrace.formats.aten_flops import ACTIVATION_OPS, NORMALIZATION_OPS
 
     def counted_inside(op: Span) -> list[Span]:
         out = []
         for child in children.get(op.id, []):
             if "ml.flops" in child.attrs:
-                if child.name not in ("aten::mul", "aten::add", *ACTIVATION_OPS):
+                if child.name not in ("aten::mul", "aten::add", *ACTIVATION_OPS, *NORMALIZATION_OPS):
                     out.append(child)
             else:
                 out.extend(counted_inside(child))

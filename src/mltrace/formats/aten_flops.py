@@ -9,7 +9,10 @@ inside them are not counted), and so do the recurrent layers (LSTM, GRU, RNN: ea
 through each weight matrix). The activation functions (``aten::relu``, ``gelu``, ``silu``,
 ``sigmoid``, …, in place or not) get 1 FLOP per element of their input, as the layer
 formula counts their modules (``analysis/roofline.FORMULAS``), so a module that calls one
-(a model library's own activation wrapper) has its work known. Ops that wrap each other (``aten::conv2d`` →
+(a model library's own activation wrapper) has its work known; the normalizations and
+softmax get 5 per element, as the formula counts ``nn.LayerNorm`` and ``nn.Softmax`` (a
+layer of an exported program, whose spans carry no shapes for the formula, then has its
+work from its ops in every call). Ops that wrap each other (``aten::conv2d`` →
 ``aten::convolution`` → ``aten::mkldnn_convolution``) each get the count; sums over a
 layer take only the outermost (``analysis/span_pass``).
 """
@@ -241,6 +244,27 @@ ACTIVATION_OPS = frozenset(
     for suffix in ("", "_")
 )  # fmt: skip
 
+
+def _five_per_element(dims: Dims, _concrete: Sequence[Any]) -> int | None:
+    """A normalization or softmax: 5 FLOP per element of its input."""
+    n = _per_element(dims, _concrete)
+    return 5 * n if n is not None else None
+
+
+#: The normalizations' and softmax's ops (torch counts none of them), counted as the layer
+#: formula counts ``nn.LayerNorm`` and ``nn.Softmax``: each wrapper and the kernel it calls
+#: (a layer sums only the outermost op with a count).
+NORMALIZATION_OPS = frozenset(
+    f"aten::{name}"
+    for name in (
+        "batch_norm", "_batch_norm_impl_index", "native_batch_norm", "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional", "cudnn_batch_norm",
+        "miopen_batch_norm", "layer_norm", "native_layer_norm", "group_norm", "native_group_norm",
+        "instance_norm", "rms_norm", "_fused_rms_norm", "softmax", "_softmax", "_safe_softmax",
+        "log_softmax", "_log_softmax",
+    )
+)  # fmt: skip
+
 _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     # torch's own (with_flops)
     "aten::conv2d": _conv2d,
@@ -283,6 +307,7 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     "aten::rnn_relu": _recurrent,
     "aten::mkldnn_rnn_layer": _mkldnn_rnn_layer,
     **dict.fromkeys(ACTIVATION_OPS, _per_element),
+    **dict.fromkeys(NORMALIZATION_OPS, _five_per_element),
 }
 
 
