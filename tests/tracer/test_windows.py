@@ -657,7 +657,8 @@ def test_the_op_level_streams_in_cycles_while_the_program_runs(tmp_path: Path, m
 def test_a_cycle_waits_while_another_thread_has_a_span_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The all-threads profiler's stop drops the ops running on other threads at that moment, so
     a cycle does not end while another thread is inside a span (a request): every op of the
-    request thread is kept, and cycles go on once it is done."""
+    request thread is kept, and cycles go on once it is done. (A span begun on another thread
+    before the first switch keeps every cycle on all threads.)"""
     import threading
     import time
 
@@ -680,7 +681,14 @@ def test_a_cycle_waits_while_another_thread_has_a_span_open(tmp_path: Path, monk
                 adds += 1
         done.set()
 
+    def span_elsewhere() -> None:
+        with mltrace.span("another thread"):
+            pass
+
     with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        first = threading.Thread(target=span_elsewhere)
+        first.start()
+        first.join()
         model(x)
         worker = threading.Thread(target=request)
         worker.start()
@@ -697,6 +705,7 @@ def test_a_cycle_waits_while_another_thread_has_a_span_open(tmp_path: Path, monk
     run = mltrace.load_run(tmp_path / "run")
     assert calls_during > 5
     assert run.meta["torch_profiler"]["cycles"] >= 2  # the first call's, and one after the request
+    assert run.meta["torch_profiler"]["one_thread_cycles"] == 0
     assert len([s for s in run.spans if s.name == "aten::add"]) == adds
 
 

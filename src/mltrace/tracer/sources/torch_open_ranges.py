@@ -49,6 +49,10 @@ class RecordFunctionDepth:
         here = threading.get_ident()
         return any(depth and ident != here for ident, depth in list(self._depths.items()))
 
+    def seen_elsewhere(self, ident: int) -> bool:
+        """Whether a thread other than ``ident`` has entered a range since ``install``."""
+        return any(other != ident for other in list(self._depths))
+
     def install(self, torch: Any) -> None:
         """Wraps ``record_function.__enter__`` and ``__exit__`` (``uninstall`` puts them back)."""
         cls = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "record_function", None)

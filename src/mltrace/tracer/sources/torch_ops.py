@@ -19,7 +19,10 @@ directory is one being converted: ``mltrace import`` reads it). A cycle waits wh
 thread has a span open, since the all-threads profiler's stop drops the ops running
 elsewhere, and while a torch range may be open (``torch_open_ranges``: a range spanning a stop
 and the next start crashes a later stop); a ``record_function`` range's end tries again, and
-run.json ``torch_profiler.switches_deferred`` counts the waits. Where kernels are recorded
+run.json ``torch_profiler.switches_deferred`` counts the waits. While every model call, span
+and range came from the main thread, the cycles after the first record it alone
+(``_one_thread_ok``): the all-threads profiler's stop races with ops that other threads run
+outside every span. Where kernels are recorded
 (Kineto's CUDA activity, or cupti-python's path, whose CUPTI callbacks each profiler start
 would replace) the profiler runs whole and is converted at ``stop()``. The memory budget counts
 what the running cycle's stop would add (``stop_bytes``).
@@ -177,6 +180,14 @@ class TorchOpSource(Source):
         self._cycle_calls = 0  # model calls that returned in the running cycle
         self._cycles: _Converter | None = None
         self._cycling_thread: int | None = None  # the thread of the first model call that returned
+        #: The profiler's arguments for a cycle of the cycling thread alone (``_one_thread_ok``),
+        #: None where torch cannot record all threads anyway.
+        self._one_thread_kwargs: dict[str, Any] | None = None
+        #: Cycles that recorded the cycling thread alone, and whether the running one does.
+        self.one_thread_cycles = 0
+        self._one_thread = False
+        self._unrecorded_said = False  # the limitation of other threads' ops a one-thread cycle missed
+        self._forked = False  # the program forked from the main thread: cycles record every thread
         #: Why the cycles stopped and the profiler runs on whole ("" while they go on).
         self.cycles_stopped = ""
         #: Cycle switches so far, and the program's time in them (stop, export, restart).
@@ -280,6 +291,8 @@ class TorchOpSource(Source):
                 session.note_limitation("op level: this torch.profiler records ops only on the thread that started profiling")
             prof = _new_profiler(profile, kwargs)
             self._kwargs = kwargs
+            if config is not None:
+                self._one_thread_kwargs = {**kwargs, "experimental_config": _one_thread_config()}
             self._call_around(0)
             from mltrace.tracer.cuda_exit import keep_primary_contexts_at_exit
 
@@ -305,6 +318,7 @@ class TorchOpSource(Source):
                 self._cycles.start_process()  # its interpreter starts now, not inside the program's next model call
                 self._ranges.install(torch)
                 session.add_model_call_listener(self._model_call_ended)
+                _switch_before_forks(self)
             self._guard_program_profiler()
         except Exception as exc:  # never into the user's program
             session.errors.append(f"{self.name}: could not start torch.profiler: {exc}")
@@ -406,6 +420,7 @@ class TorchOpSource(Source):
             return
         self._cycle_calls += 1
         if self._cycles is not None and not self._one_model_thread():
+            self._widen_if_owner()
             return
         self._switch_if_due()
 
@@ -419,7 +434,10 @@ class TorchOpSource(Source):
         if cycles is None:
             return
         first = cycles.handed < 2
-        if not first and time.monotonic() - self._cycle_began < self.cycle_s:
+        widen = self._one_thread and self._others_traced()  # their ops are wanted from now
+        if widen:
+            self._note_unrecorded("spans or record_function ranges")
+        if not first and not widen and time.monotonic() - self._cycle_began < self.cycle_s:
             return
         backlog = not first and cycles.cycles < cycles.handed
         if backlog and self._cycle_calls * cycles.spans_per_call < CYCLE_OPS_MAX:
@@ -439,7 +457,8 @@ class TorchOpSource(Source):
         threads meanwhile made to wait for its end (``Recorder.holding_new_spans``): a request
         that begins during the switch would run its first ops while no profiler records them."""
         session = self._session
-        release = session.recorder.holding_new_spans() if session is not None else None
+        gate = session is not None and not self._one_thread  # a one-thread cycle records no other thread
+        release = session.recorder.holding_new_spans() if gate and session is not None else None
         try:
             if not self._deferred():
                 self._next_cycle(restart=True)
@@ -463,11 +482,11 @@ class TorchOpSource(Source):
         a request, a model call), or a torch range that may be open (``torch_open_ranges``: a
         ``record_function`` on any thread, or one torch opened around this thread's Python
         code), which a switch would leave open across the next start, crashing a later stop."""
-        if self._session is not None and self._session.recorder.open_on_other_threads():
+        if not self._one_thread and self._session is not None and self._session.recorder.open_on_other_threads():
             return "span open on another thread"
         if self._ranges.open_here():
             return "record_function"
-        if self._ranges.open_elsewhere():
+        if not self._one_thread and self._ranges.open_elsewhere():
             return "record_function on another thread"
         return range_frame_on_stack()
 
@@ -521,8 +540,8 @@ class TorchOpSource(Source):
         self._held = False
         stopped_ns = now_ns()  # every op of the cycle ended by now
         t0 = time.perf_counter_ns()
-        with _own_call():
-            prof.stop()
+        if not self._stop_cycle(prof, cycles.handed + 1):
+            return
         try:
             path = self._export_cycle(prof, cycles.handed + 1)
         except Exception as exc:  # the cycle lost (a full disk), never the program or the next cycle
@@ -536,12 +555,26 @@ class TorchOpSource(Source):
             self._restart()
         self._note_pause(stopped_ns, t0)
 
+    def _stop_cycle(self, prof: Any, number: int) -> bool:
+        """Stops a cycle's profiler; False where it cannot be (a one-thread cycle stopped from
+        another thread: torch finds no profiler there), the cycle then lost and said."""
+        try:
+            with _own_call():
+                prof.stop()
+        except Exception as exc:  # never into the user's program
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: stopping cycle {number} failed: {exc}")
+                self._session.note_limitation(f"op level: cycle {number} could not be stopped ({exc}); its ops are not in the run")
+            return False
+        return True
+
     def _restart(self) -> None:
         """Starts the next cycle's profiler; one that fails to start ends the op level here."""
+        one_thread = self._one_thread_ok()
         try:
             from torch.profiler import profile
 
-            prof = _new_profiler(profile, self._kwargs)
+            prof = _new_profiler(profile, self._one_thread_kwargs if one_thread and self._one_thread_kwargs else self._kwargs)
             _start_quietly(prof)
         except Exception as exc:  # never into the user's program
             self._ended = True
@@ -549,7 +582,77 @@ class TorchOpSource(Source):
                 self._session.errors.append(f"{self.name}: could not start the next cycle: {exc}")
                 self._session.note_limitation(f"op level: torch.profiler did not restart ({exc}); later ops are not recorded")
             return
+        self._one_thread = one_thread
+        self.thread_ident = threading.get_ident() if one_thread else None
+        self.one_thread_cycles += one_thread
         self._cycle_started(prof)
+
+    def _one_thread_ok(self) -> bool:
+        """Whether the next cycle may record the cycling thread alone: while every model call,
+        span and ``record_function`` range came from the program's main thread (which lives
+        until the session stops it; ``_others_traced``). Stopped
+        while another thread runs torch ops, the all-threads profiler reads that thread's
+        records as it writes them (heap corruption, a crash every few hundred to few thousand
+        switches in a stress test); a one-thread profiler records no other thread, and the
+        other threads' ops outside model calls are no load on the converter."""
+        return (
+            self._one_thread_kwargs is not None
+            and not self.cycles_stopped
+            and not self._forked
+            and self._cycling_thread == threading.get_ident() == threading.main_thread().ident
+            and not self._others_traced()
+        )
+
+    def _others_traced(self) -> bool:
+        """Whether a thread other than the main one began a span (a user or OpenTelemetry span,
+        a model call) or a ``record_function`` range: its ops are wanted, so cycles record
+        every thread from then on."""
+        main = threading.main_thread().ident
+        session = self._session
+        if session is not None:
+            recorder = session.recorder
+            if any(ident != main for ident in list(recorder.thread_idents)) or recorder.open_on_other_threads():
+                return True
+        return main is not None and self._ranges.seen_elsewhere(main)
+
+    def _widen_if_owner(self) -> None:
+        """After model calls came from a second thread (``_one_model_thread``): on the thread
+        whose one-thread cycle runs, stops that cycle and starts an all-threads profiler, held
+        whole from here; the second thread's ops until then were not recorded (said once). A
+        range open here would span the stop and the start: the next model call tries again."""
+        if not self._one_thread or self._prof is None or self._session is None:
+            return
+        if threading.get_ident() != self.thread_ident:
+            self._note_unrecorded("model calls")
+            return
+        if self._ranges.open_here() or range_frame_on_stack() is not None:
+            return
+        self._next_cycle(restart=True)
+
+    def _note_unrecorded(self, what: str) -> None:
+        """Says once that ``what`` began on another thread while a one-thread cycle ran."""
+        if self._unrecorded_said or self._session is None:
+            return
+        self._unrecorded_said = True
+        self._session.note_limitation(
+            f"op level: {what} on another thread began while torch.profiler recorded the main thread alone; "
+            "their ops until the main thread's next model call returned were not recorded"
+        )
+
+    def _before_fork(self) -> None:
+        """Before the program forks from the main thread (a DataLoader's workers, a fork of its
+        own): a one-thread cycle's profiler would be the child's main thread's, where the child's
+        own session could start none; the cycle switches to one of every thread, and every later
+        cycle records every thread. Never raises."""
+        if self._ended or not self._one_thread or self._prof is None or threading.get_ident() != self.thread_ident:
+            return
+        self._forked = True
+        try:
+            if self._held_by() is None:
+                self._next_cycle(restart=True)
+        except Exception as exc:  # noqa: BLE001 - nothing may fail the program's fork
+            if self._session is not None:
+                self._session.errors.append(f"{self.name}: switching cycles before a fork failed: {exc}")
 
     def _cycle_started(self, prof: Any) -> None:
         """Keeps ``prof`` as the running cycle's profiler, started now: its start time and the
@@ -696,6 +799,7 @@ class TorchOpSource(Source):
             stats["switches"] = self.switches
             stats["switch_s"] = round(self.switch_ns / 1e9, 6)
             stats["pauses"] = [list(p) for p in self.pauses]
+            stats["one_thread_cycles"] = self.one_thread_cycles
             if self.cycles_stopped:
                 stats["cycles_stopped"] = self.cycles_stopped
             if self.switches_deferred:
@@ -1090,6 +1194,32 @@ def _release(prof: Any) -> None:
         for name in ("kineto_results", "_function_events", "_old_function_events"):
             if hasattr(inner, name):
                 setattr(inner, name, None)
+
+
+def _switch_before_forks(source: TorchOpSource) -> None:
+    """Has ``source._before_fork`` run before every ``os.fork()`` of the process while the
+    source lives (``os.register_at_fork`` keeps its handlers for good: a weak reference)."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.ref(source)
+
+    def before() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._before_fork()
+
+    os.register_at_fork(before=before)
+
+
+def _one_thread_config() -> Any:
+    """Kineto's config for a profiler of the starting thread alone that builds the trace alone
+    at its stop (``trace_only``), or None where torch lacks it."""
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        return _ExperimentalConfig(trace_only=True)
+    except (ImportError, TypeError):
+        return None
 
 
 def _all_threads_config(trace_only: bool = False) -> Any:
