@@ -400,7 +400,9 @@ def gather_bytes(attrs: dict[str, Any]) -> int:
     after the first input (the first tensor there where no dtype says), the table the tensor
     just before them: TorchScript's interpreter can record values of its stack ahead of an op's
     own inputs (``aten::embedding`` as ``[[2, 16, 64], [512, 64], [1, 16], …]``: the previous
-    op's output, the table, the indices). Where the shapes are missing, ``op_bytes``."""
+    op's output, the table, the indices), which the conversion drops only where the op's range
+    shows that the interpreter called it (``aten_flops.own_arguments``). Where the shapes are
+    missing, ``op_bytes``."""
     ins = _shapes(attrs, "ml.input.shapes")
     types = _dtypes(attrs, "ml.input.dtypes", len(ins))
     tensors = [i for i, s in enumerate(ins) if i > 0 and s]

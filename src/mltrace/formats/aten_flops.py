@@ -14,7 +14,8 @@ softmax get 5 per element, as the formula counts ``nn.LayerNorm`` and ``nn.Softm
 layer of an exported program, whose spans carry no shapes for the formula, then has its
 work from its ops in every call). Ops that wrap each other (``aten::conv2d`` →
 ``aten::convolution`` → ``aten::mkldnn_convolution``) each get the count; sums over a
-layer take only the outermost (``analysis/span_pass``).
+layer take only the outermost (``analysis/span_pass``). An op that TorchScript's interpreter
+called is read from its own arguments (``own_arguments``).
 """
 
 from __future__ import annotations
@@ -309,6 +310,63 @@ _RULES: dict[str, Callable[[Dims, Sequence[Any]], int | None]] = {
     **dict.fromkeys(ACTIVATION_OPS, _per_element),
     **dict.fromkeys(NORMALIZATION_OPS, _five_per_element),
 }
+
+
+#: How many arguments each op with a rule takes, as torch declares its main overload (the out=
+#: tensors of its ``.out`` overload not counted), and those of the ops whose bytes follow their
+#: own rule (``analysis/roofline.OP_BYTES_RULES``).
+ARITY: dict[str, int] = {
+    "aten::linear": 3, "aten::matmul": 2, "aten::mm": 2, "aten::bmm": 2, "aten::addmm": 5,
+    "aten::baddbmm": 5, "aten::_addmm_activation": 6, "aten::mul": 2, "aten::add": 3,
+    "aten::conv1d": 7, "aten::conv2d": 7, "aten::conv3d": 7, "aten::convolution": 9, "aten::_convolution": 13,
+    "aten::conv_transpose1d": 8, "aten::conv_transpose2d": 8, "aten::conv_transpose3d": 8,
+    "aten::slow_conv_transpose2d": 8, "aten::mkldnn_convolution": 7, "aten::_slow_conv2d_forward": 6,
+    "aten::thnn_conv2d": 6, "aten::cudnn_convolution": 9, "aten::cudnn_convolution_transpose": 10,
+    "aten::miopen_convolution": 9, "aten::_nnpack_spatial_convolution": 5,
+    "aten::scaled_dot_product_attention": 8, "aten::_scaled_dot_product_attention_math": 9,
+    "aten::_scaled_dot_product_flash_attention_for_cpu": 7, "aten::_scaled_dot_product_flash_attention": 7,
+    "aten::_scaled_dot_product_efficient_attention": 8, "aten::_scaled_dot_product_cudnn_attention": 9,
+    "aten::_native_multi_head_attention": 13, "aten::_transformer_encoder_layer_fwd": 20,
+    "aten::lstm": 9, "aten::gru": 9, "aten::rnn_tanh": 9, "aten::rnn_relu": 9, "aten::mkldnn_rnn_layer": 16,
+    "aten::relu": 1, "aten::relu_": 1, "aten::relu6": 1, "aten::relu6_": 1, "aten::leaky_relu": 2,
+    "aten::leaky_relu_": 2, "aten::elu": 4, "aten::elu_": 4, "aten::selu": 1, "aten::selu_": 1,
+    "aten::celu": 2, "aten::celu_": 2, "aten::gelu": 2, "aten::gelu_": 2, "aten::silu": 1, "aten::silu_": 1,
+    "aten::mish": 1, "aten::mish_": 1, "aten::sigmoid": 1, "aten::sigmoid_": 1, "aten::tanh": 1,
+    "aten::tanh_": 1, "aten::hardtanh": 3, "aten::hardtanh_": 3, "aten::hardswish": 1, "aten::hardswish_": 1,
+    "aten::hardsigmoid": 1, "aten::hardsigmoid_": 1, "aten::softplus": 3, "aten::threshold": 3,
+    "aten::threshold_": 3, "aten::prelu": 2, "aten::_prelu_kernel": 2, "aten::log_sigmoid": 1,
+    "aten::log_sigmoid_forward": 1,
+    "aten::batch_norm": 9, "aten::_batch_norm_impl_index": 9, "aten::native_batch_norm": 8,
+    "aten::_native_batch_norm_legit": 8, "aten::_native_batch_norm_legit_no_training": 7,
+    "aten::_native_batch_norm_legit_functional": 8, "aten::cudnn_batch_norm": 8, "aten::miopen_batch_norm": 8,
+    "aten::layer_norm": 6, "aten::native_layer_norm": 5, "aten::group_norm": 6, "aten::native_group_norm": 8,
+    "aten::instance_norm": 9, "aten::rms_norm": 4, "aten::_fused_rms_norm": 4, "aten::softmax": 3,
+    "aten::_softmax": 3, "aten::_safe_softmax": 3, "aten::log_softmax": 3, "aten::_log_softmax": 3,
+    "aten::embedding": 5, "aten::index_select": 3, "aten::gather": 4,
+}  # fmt: skip
+#: The args of an op's record that hold one value per input, as ``Input Dims`` does.
+_PER_INPUT = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+
+
+def own_arguments(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The record of an op that TorchScript's interpreter called, without the values of the
+    interpreter's stack that torch records ahead of the op's own arguments (a scripted
+    model's ``aten::linear`` as ``[[2, 16, 8], [2, 16, 8], [8, 8], [8]]``: a value that waits
+    on the stack for a later op, then the input, weight and bias): the last ``ARITY`` values of
+    each per-input list. ``args`` itself where the op's arity is not known or the record holds
+    no more values than it (an out= overload's record, one value longer, is read as one
+    stack value ahead of the main overload's)."""
+    arity = ARITY.get(name)
+    dims = args.get("Input Dims")
+    if arity is None or not isinstance(dims, list) or len(dims) <= arity:
+        return args
+    extra = len(dims) - arity
+    own = dict(args)
+    for key in _PER_INPUT:
+        values = args.get(key)
+        if isinstance(values, list) and len(values) == len(dims):
+            own[key] = values[extra:]
+    return own
 
 
 def aten_flops(name: str, args: dict[str, Any]) -> int | None:

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mltrace.formats.aten_flops import aten_flops
+from mltrace.formats.aten_flops import aten_flops, own_arguments
 from mltrace.run.events import CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.ranges import torch_range_kind
@@ -509,6 +509,49 @@ def _rejected(cat: str, name: str) -> str | None:
     return None
 
 
+#: An autograd node's range (``MulBackward0``): the ops of its backward formula are called from C++.
+_AUTOGRAD_NODE = re.compile(r"Backward\d*$")
+
+
+def _is_torchscript_range(e: dict[str, Any]) -> bool:
+    """Whether a ``cpu_op`` is the range of a graph that TorchScript's interpreter runs: a
+    function or method (``forward``), or the forward or backward graph of a differentiable
+    graph (``<forward op>``, ``<backward op>``): an op without an operator namespace
+    (``aten::``) that is neither one of torch's own ranges nor an autograd node. (An autograd
+    Function's range, ``CompiledFunction``, looks the same.)"""
+    name = e.get("name")
+    if e.get("cat") != "cpu_op" or not isinstance(name, str) or "::" in name:
+        return False
+    return torch_range_kind(name) is None and _AUTOGRAD_NODE.search(name) is None
+
+
+def interpreted_ops(complete: list[dict[str, Any]]) -> set[int]:
+    """The ``args`` (by ``id``) of the ``cpu_op`` events that TorchScript's interpreter called:
+    those whose innermost enclosing ``cpu_op`` on their thread is a TorchScript range. Their
+    records may hold values of the interpreter's stack ahead of their own arguments
+    (``aten_flops.own_arguments``); the ops they call in turn are called from C++ and record
+    their own arguments only. Empty, at the cost of one pass, where the trace has no such range."""
+    ops = [e for e in complete if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)]
+    if not any(_is_torchscript_range(e) for e in ops):
+        return set()
+    by_thread: dict[tuple[int | None, int | None], list[tuple[float, float, dict[str, Any]]]] = {}
+    for e in ops:
+        checked = _checked_times(e.get("ts"), e.get("dur", 0))
+        if checked is not None:
+            by_thread.setdefault((_as_int(e.get("pid")), _as_int(e.get("tid"))), []).append((checked[0], -checked[1], e))
+    found: set[int] = set()
+    for events in by_thread.values():
+        events.sort(key=lambda t: (t[0], t[1]))
+        open_ranges: list[tuple[float, bool]] = []  # (end, is a TorchScript range), outermost first
+        for ts, negative_dur, e in events:
+            while open_ranges and open_ranges[-1][0] <= ts:
+                open_ranges.pop()
+            if open_ranges and open_ranges[-1][1]:
+                found.add(id(e["args"]))
+            open_ranges.append((ts - negative_dur, _is_torchscript_range(e)))
+    return found
+
+
 class _Conversion:
     """The state of one ``kineto_to_events`` call: the trace's events sorted by kind, the
     counts for its stats, the tracks used and the launches seen so far."""
@@ -545,6 +588,7 @@ class _Conversion:
             self.skipped["malformed (a name, category, phase or args of another type)"] += len(given) - len(events)
         self.modules = _module_paths([e for e in self.complete if e.get("cat") == "python_function"])
         self.cuda_major = trace_cuda_major(trace)
+        self.interpreted = interpreted_ops(self.complete)
         self.module_span = {pyid: new_id() for pyid in self.modules}  # Python id → span id
         self.used_tracks: dict[int, Track] = {}
         self.launch_by_corr: dict[int, Span] = {}
@@ -707,6 +751,8 @@ def _op_attrs(c: _Conversion, cat: str, name: str, args: dict[str, Any], track: 
     if torch_range_kind(name) is not None:
         return _user_attrs(c, cat, name, args, track)
     attrs: dict[str, Any] = {"ml.framework": "pytorch", "ml.op.name": name}
+    if id(args) in c.interpreted:
+        args = own_arguments(name, args)
     if "Input Dims" in args:
         attrs["ml.input.shapes"] = args["Input Dims"]
     if "Input type" in args:
