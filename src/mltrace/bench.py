@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -202,25 +202,27 @@ class OutermostCallTimer:
         self._tls = threading.local()
         self._module_cls: Any = None
         self._original: Any = None
-        self._skip_dirs: tuple[str, ...] = ()
         self.samples: dict[tuple[str, str | None, int | None], list[int]] = {}
         self._names: Any = None  # torch_modules.ModelNames once torch is imported
+        #: ``callsite.model_call_site``, the tracer's call site of a model call, once installed.
+        self._call_site: Callable[[Any], dict[str, Any]] = lambda frame: {}
         #: id(module) → (weak reference, its model name), named once as the tracer names it.
         self._named: dict[int, tuple[Any, str]] = {}
 
     def install(self, torch: Any) -> None:
         """Wraps ``torch.nn.Module.__call__`` (idempotent)."""
+        from mltrace.tracer.callsite import model_call_site
         from mltrace.tracer.sources.torch_modules import ModelNames, calls_impl_directly
 
         if self._original is not None:
             return
         module_cls = torch.nn.Module
         self._names = ModelNames(module_cls)
+        self._call_site = model_call_site
         original = module_cls.__call__
         tls = self._tls
         clock = time.monotonic_ns  # the tracer's clock, so plain and traced figures compare
         record = self._record
-        self._skip_dirs = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)))
 
         # Nested calls take the same short path as mltrace's model-level wrapper (thread-local
         # attribute, then ``_call_impl`` directly when ``__call__`` is torch's own): a slower
@@ -257,15 +259,10 @@ class OutermostCallTimer:
 
     def _record(self, module: Any, duration_ns: int) -> None:
         # Same call-site and naming rules as the tracer's model spans, so keys match across runs.
-        caller = frame = sys._getframe(2)
-        site: tuple[str | None, int | None] = (None, None)
-        while frame is not None:
-            fn = frame.f_code.co_filename
-            if not fn.startswith(self._skip_dirs):
-                site = (fn, frame.f_lineno)
-                break
-            frame = frame.f_back  # type: ignore[assignment]
-        self.samples.setdefault((self._model_name(module, caller), site[0], site[1]), []).append(duration_ns)
+        caller = sys._getframe(2)
+        site = self._call_site(caller)
+        key = (self._model_name(module, caller), site.get("code.file.path"), site.get("code.line.number"))
+        self.samples.setdefault(key, []).append(duration_ns)
 
     def _model_name(self, module: Any, caller: Any) -> str:
         """The module's model name as the tracer gives it at its first call (``ModelNames``)."""

@@ -254,8 +254,12 @@ def test_plain_timings_file(tmp_path: Path) -> None:
 
 
 NAMED_MODELS = """
+import sys
 import torch
 from torch import nn
+
+sys.path.insert(0, sys.argv[1])  # a site-packages folder holding an installed helper
+import fakeinfer
 
 class VAE(nn.Module):
     def __init__(self):
@@ -276,25 +280,35 @@ with torch.no_grad():
         vae(x)
         compiled(x)
         exported(x)
+        fakeinfer.infer(vae, x)
 """
 
 
 def test_plain_timings_name_models_as_the_tracer_does(tmp_path: Path) -> None:
     """The plain run's keys are the traced run's: a submodule called from its holder's method
-    (``VAE.fc3``), a compiled model and an exported one are named alike in both, so the leveled
-    estimates find their plain timings."""
+    (``VAE.fc3``), a compiled model, an exported one and a model an installed library calls
+    (at the script's line that called the library) are named and placed alike in both, so
+    the leveled estimates find their plain timings."""
     pytest.importorskip("torch")
     script = tmp_path / "named.py"
     script.write_text(NAMED_MODELS)
-    plain = subprocess.run([sys.executable, "-m", "mltrace.bench", "plain", str(tmp_path / "plain.json"), str(script)], capture_output=True)
+    library = tmp_path / "lib" / "site-packages"
+    library.mkdir(parents=True)
+    (library / "fakeinfer.py").write_text("def infer(model, x):\n    return model(x)\n")
+    plain = subprocess.run(
+        [sys.executable, "-m", "mltrace.bench", "plain", str(tmp_path / "plain.json"), str(script), str(library)], capture_output=True
+    )
     assert plain.returncode == 0, plain.stderr.decode()
-    traced = run_cli("python", "-q", "--level", "model", "-o", str(tmp_path / "run"), str(script))
+    traced = run_cli("python", "-q", "--level", "model", "-o", str(tmp_path / "run"), str(script), str(library))
     assert traced.returncode == 0, traced.stderr.decode()
     plain_keys = {key: len(runs[0]) for key, runs in load_plain_timings([tmp_path / "plain.json"]).items()}
     run = mltrace.load_run(tmp_path / "run")
     traced_keys = collections.Counter(model_key(s) for s in run.spans if s.level == M)
     assert plain_keys == dict(traced_keys)
     assert {key[0] for key in plain_keys} == {"VAE", "VAE.fc3", "Sequential (compiled)", "Sequential"}
+    lines = NAMED_MODELS.splitlines()
+    sites = {(str(script), lines.index(text) + 1) for text in ("        vae(x)", "        fakeinfer.infer(vae, x)")}
+    assert {(key[1], key[2]) for key in plain_keys if key[0] == "VAE"} == sites
 
 
 # Known per-layer costs (ms) of the synthetic workload below.

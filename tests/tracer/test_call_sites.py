@@ -354,3 +354,95 @@ def test_is_stdlib_knows_the_standard_library_from_packages_and_scripts() -> Non
 
     assert is_stdlib(json.__file__) and is_stdlib(os.__file__)
     assert not is_stdlib(torch.__file__) and not is_stdlib(__file__) and not is_stdlib("<string>")
+
+
+#: An installed model library: a pipeline that calls the program's model on its behalf.
+_LIBRARY = '''"""A pipeline as model libraries write them."""
+
+import threading
+
+
+class Pipeline:
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x):
+        return self._forward(x)
+
+    def _forward(self, x):
+        return self.model(x)  # LIBRARY: model call
+
+
+def _collect(pipe, x, out):
+    out.append(pipe(x))
+
+
+def in_a_thread(pipe, x):
+    out = []
+    thread = threading.Thread(target=_collect, args=(pipe, x, out))
+    thread.start()
+    thread.join()
+    return out[0]
+'''
+
+
+@pytest.fixture
+def installed_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``_LIBRARY`` as the package ``fakepipe`` in a ``site-packages/`` folder on ``sys.path``."""
+    root = tmp_path / "lib" / "site-packages"
+    (root / "fakepipe").mkdir(parents=True)
+    (root / "fakepipe" / "__init__.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(root))
+    sys.modules.pop("fakepipe", None)
+    module = importlib.import_module("fakepipe")
+    yield module
+    sys.modules.pop("fakepipe", None)
+
+
+class Tower(nn.Module):
+    """A model of the program's own, which an installed library's pipeline calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.act = nn.Sequential(nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.proj(x))  # LINE: tower layers
+
+
+def _site(span: Any) -> tuple[str, int]:
+    return span.attrs["code.file.path"], span.attrs["code.line.number"]
+
+
+def test_a_model_called_by_an_installed_library_names_the_programs_line(tmp_path: Path, hot_path: str, installed_library: Any) -> None:
+    """A model call's call site is the program's line past the installed library that made the
+    call (none on a thread the library started: then the library's line); its layers keep
+    the line that called each of them."""
+    pipe = installed_library.Pipeline(Tower().eval())
+    bare = installed_library.Pipeline(nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval())
+    x = torch.randn(2, 8)
+    with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"), torch.no_grad():
+        pipe(x)  # LINE: pipeline call
+        bare(x)  # LINE: bare pipeline call
+        installed_library.in_a_thread(pipe, x)
+    run = mltrace.load_run(tmp_path / "run")
+    assert run.meta["sources"]["torch.modules"]["layer_hot_path"].split(" ")[0] == hot_path
+    library = (installed_library.__file__, next(i for i, t in enumerate(_LIBRARY.splitlines(), 1) if t.endswith("# LIBRARY: model call")))
+    here = __file__
+    tower, sequential, threaded = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert _site(tower) == (here, _line("pipeline call"))
+    assert (tower.attrs["ml.call.file.path"], tower.attrs["ml.call.line.number"]) == _site(tower)
+    assert tower.attrs["code.function.name"].endswith("test_a_model_called_by_an_installed_library_names_the_programs_line")
+    assert _site(sequential) == (here, _line("bare pipeline call"))
+    assert _site(threaded) == library  # no frame of the program's on the library's thread
+    layers: dict[tuple[int, str], set[tuple[str, int]]] = {}
+    for s in run.spans:
+        if s.level == Level.LAYER:
+            model = next(m for m in (tower, sequential, threaded) if m.start_ns <= s.start_ns <= m.end_ns)
+            layers.setdefault((model.start_ns, s.name.rsplit("/", 1)[-1]), set()).add(_site(s))
+    inside = here, _line("tower layers")
+    for model in (tower, threaded):
+        assert layers[(model.start_ns, "proj")] == layers[(model.start_ns, "act")] == layers[(model.start_ns, "act.0")] == {inside}
+    # torch's own modules all the way down: the line that called the outermost, the library's
+    assert layers[(sequential.start_ns, "0")] == layers[(sequential.start_ns, "1")] == {library}

@@ -359,6 +359,33 @@ def test_iobinding_runs_are_model_spans(tmp_path: Path, exported: dict[str, Any]
     assert any(s.parent_id == model.id and s.level == Level.LAYER for s in run.spans)
 
 
+def test_a_run_an_installed_library_makes_names_the_programs_line(
+    tmp_path: Path, exported: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model call made by an installed library (an inference helper calling ``run``) names
+    the program's line that called the helper (docs/CONVENTIONS.md, "Call sites")."""
+    root = tmp_path / "lib" / "site-packages"
+    (root / "fakeinfer").mkdir(parents=True)
+    (root / "fakeinfer" / "__init__.py").write_text("def infer(sess, feed):\n    return sess.run(None, feed)\n")
+    monkeypatch.syspath_prepend(str(root))
+    sys.modules.pop("fakeinfer", None)
+    try:
+        infer = __import__("fakeinfer").infer
+    finally:
+        sys.modules.pop("fakeinfer", None)
+    lines: list[int] = []
+
+    def body() -> None:
+        sess = ort.InferenceSession(str(exported["legacy"]), providers=["CPUExecutionProvider"])
+        lines.append(sys._getframe().f_lineno + 1)
+        infer(sess, {"x": IMAGE})
+
+    run = traced(tmp_path, body, level=Level.MODEL)
+    (model,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert (model.attrs["code.file.path"], model.attrs["code.line.number"]) == (__file__, lines[0])
+    assert (model.attrs["ml.call.file.path"], model.attrs["ml.call.line.number"]) == (__file__, lines[0])
+
+
 _REGISTERED = """
 import sys
 import mltrace.tracer.sources as sources

@@ -192,6 +192,30 @@ def test_model_level_only(tmp_path: Path, mobilenet: Any) -> None:
     assert "profiles" not in run.meta["sources_info"]["tensorflow"] or not run.meta["sources_info"]["tensorflow"]["profiles"]
 
 
+def test_a_call_an_installed_library_makes_names_the_programs_line(tmp_path: Path, mobilenet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model call made by an installed library (an inference helper) names the program's
+    line that called the helper (docs/CONVENTIONS.md, "Call sites")."""
+    root = tmp_path / "lib" / "site-packages"
+    (root / "fakeinfer").mkdir(parents=True)
+    (root / "fakeinfer" / "__init__.py").write_text("def infer(model, x):\n    return model(x, training=False)\n")
+    monkeypatch.syspath_prepend(str(root))
+    sys.modules.pop("fakeinfer", None)
+    try:
+        infer = __import__("fakeinfer").infer
+    finally:
+        sys.modules.pop("fakeinfer", None)
+    lines: list[int] = []
+
+    def body() -> None:
+        lines.append(sys._getframe().f_lineno + 1)
+        infer(mobilenet, IMAGES)
+
+    run = traced(tmp_path, body, level=Level.MODEL)
+    (model,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert (model.attrs["code.file.path"], model.attrs["code.line.number"]) == (__file__, lines[0])
+    assert (model.attrs["ml.call.file.path"], model.attrs["ml.call.line.number"]) == (__file__, lines[0])
+
+
 def test_the_programs_own_profiler_still_works(tmp_path: Path, mobilenet: Any) -> None:
     mine = tmp_path / "mine"
 

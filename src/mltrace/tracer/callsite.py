@@ -1,9 +1,11 @@
 """Call sites: the line of model code that called a layer, a model or a user span.
 
-The rule (docs/CONVENTIONS.md, "Call sites" and "Model code and hot lines"): a span's call site is the
-innermost Python frame outside the frameworks (torch, TensorFlow/Keras, ONNX
+The rule (docs/CONVENTIONS.md, "Call sites" and "Model code and hot lines"): a layer's call site is
+the innermost Python frame outside the frameworks (torch, TensorFlow/Keras, ONNX
 Runtime, the standard library, mltrace); packages installed beside them, such
-as transformers and torchvision, are model code. It goes to OpenTelemetry's
+as transformers and torchvision, are model code. A model call's is the innermost
+frame of the program's own code (outside every installed package too), else the
+layer rule's. It goes to OpenTelemetry's
 ``code.file.path``, ``code.line.number`` and ``code.function.name``; where the
 layer's own code is defined (its ``forward``/``call``, decorators unwrapped) goes
 to ``ml.defined.file.path``, ``ml.defined.line.number`` and
@@ -115,6 +117,28 @@ def is_model_code(path: str) -> bool:
     return not any(real.startswith(root) for root in _excluded_roots())
 
 
+@functools.lru_cache(maxsize=4096)
+def is_program_code(path: str) -> bool:
+    """Whether a Python frame's file is the program's own code: model code (``is_model_code``)
+    that is not installed under a ``site-packages/`` or ``dist-packages/`` directory, so not a
+    model library's (transformers, torchvision) nor any other installed package's."""
+    return is_model_code(path) and package_path(path) is None
+
+
+def program_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame from ``frame`` outwards that is the program's own code
+    (``is_program_code``), or None where every frame is installed or framework code."""
+    while frame is not None and not is_program_code(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def program_site(frame: FrameType | None) -> tuple[CodeType, int] | None:
+    """``(code, instruction offset)`` of ``program_frame(frame)``, or None where there is none."""
+    own = program_frame(frame)
+    return (own.f_code, own.f_lasti) if own is not None else None
+
+
 def line_of(code: CodeType, lasti: int) -> int:
     """The source line of the instruction at byte offset ``lasti`` (``co_lines``), else the first line."""
     for start, end, line in code.co_lines():
@@ -143,6 +167,17 @@ def frame_site(frame: FrameType | None, outside: str = "") -> dict[str, Any]:
             return code_attrs(code, frame.f_lineno or code.co_firstlineno)
         frame = frame.f_back
     return {}
+
+
+def model_call_site(frame: FrameType | None, outside: str = "") -> dict[str, Any]:
+    """The ``code.*`` attributes of a model call's call site: the program's own line that led
+    to it (``program_frame``), past the installed libraries that made the call on its behalf
+    (``model.get_image_features()`` calling ``self.vision_model``, a pipeline); else, where no
+    frame is the program's, ``frame_site(frame, outside)``."""
+    own = program_frame(frame)
+    if own is not None:
+        return code_attrs(own.f_code, own.f_lineno or own.f_code.co_firstlineno)
+    return frame_site(frame, outside)
 
 
 def _in_package(frame: FrameType, package: str) -> bool:

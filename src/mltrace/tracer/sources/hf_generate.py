@@ -7,9 +7,10 @@ imported (it never imports it), and removes the wrapper at ``stop()``:
 
 - each outermost ``generate()`` call is a ``user``-level span named ``generate``
   (``ml.generate.model``: the model's class; ``code.*``: the user's line that
-  called it, the innermost frame outside the frameworks and outside transformers,
-  so a pipeline's ``generate()`` names the line that called the pipeline), and the
-  model calls inside it are its children;
+  called it, a model call's call site (``callsite.model_call_site``): the innermost
+  frame of the program's own code, else the innermost outside the frameworks and
+  outside transformers, so a pipeline's ``generate()`` names the line that called
+  the pipeline), and the model calls inside it are its children;
 - those model calls are tagged in order (``TorchModuleSource._model_begin`` calls
   ``tag``): ``ml.generate.step`` (0, 1, …) and ``ml.generate.phase``: ``encode`` for a
   call of another module before the generating model's first (an encoder-decoder's
@@ -32,7 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import frame_site
+from mltrace.tracer.callsite import model_call_site
 from mltrace.tracer.sources._imports import PostImportHook
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ class GenerateSpans:
             session = spans._session
             if session is None or session.full or spans._tls.state is not None:
                 return original(model, *args, **kwargs)  # no session, or a generate() inside one
-            site = frame_site(sys._getframe(1), outside=LIBRARY)
+            site = model_call_site(sys._getframe(1), outside=LIBRARY)
             span = session.recorder.begin("generate", Level.USER, {"ml.generate.model": type(model).__name__, **site})
             state = [0, site, model, False]
             spans._tls.state = state

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from mltrace.run.events import Event
 from mltrace.run.levels import Level
-from mltrace.tracer.callsite import frame_site
+from mltrace.tracer.callsite import model_call_site
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import FrameworkSource
 
@@ -383,7 +383,7 @@ class OrtSource(FrameworkSource):
             if shapes:
                 attrs["ml.input.shapes"] = shapes
                 attrs["ml.input.dtypes"] = dtypes
-        site = frame_site(sys._getframe(1))
+        site = model_call_site(sys._getframe(1))
         if site:
             attrs.update(site)
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.tracer import c_environ
-from mltrace.tracer.callsite import defined_attrs, frame_site
+from mltrace.tracer.callsite import defined_attrs, frame_site, model_call_site
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import FrameworkSource
@@ -466,7 +466,7 @@ class TensorFlowSource(FrameworkSource):
                 if shape is not None and len(shape) >= 1 and shape[0] is not None:
                     batch = int(shape[0])
                     break
-            site = frame_site(sys._getframe(3))  # past this, the wrapper and its caller
+            site = model_call_site(sys._getframe(3))  # past this, the wrapper and its caller
             self._function_calls.append(FunctionCall(start, end, name, batch, site or None))
         except Exception:
             pass
@@ -635,7 +635,7 @@ class TensorFlowSource(FrameworkSource):
                 self._idents.add(ident)
                 self._threads[std_thread_hash(ident)] = (threading.get_native_id(), threading.current_thread().name)
         self._class_location(model, attrs)
-        site = frame_site(sys._getframe(1))
+        site = model_call_site(sys._getframe(1))
         if site:
             attrs.update(site)
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = site["code.file.path"], site["code.line.number"]

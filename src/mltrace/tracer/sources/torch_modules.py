@@ -40,7 +40,7 @@ from mltrace.run import store
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
 from mltrace.settings import LAYER_HOT_PATH, TORCH_HOOKS
-from mltrace.tracer.callsite import CodeKeyed, is_model_code, line_of, unwrapped
+from mltrace.tracer.callsite import CodeKeyed, is_model_code, line_of, program_site, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.recorder import take_all
 from mltrace.tracer.sources._imports import PostImportHook
@@ -1547,8 +1547,9 @@ class TorchModuleSource(Source):
             attrs["ml.model.leaf"] = True
         self._note_fx_graph(module, attrs)
         generate_site = self._generate.tag(attrs, module)
-        if generate_site is None:
-            site = self._site_of(sys._getframe(2))
+        if generate_site is None:  # the program's line, past the libraries that called the model for it
+            caller = sys._getframe(2)
+            site = program_site(caller) or self._site_of(caller)
             if site is not None:
                 attrs.update(self._site_attrs(*site))
         else:  # the user's line that called generate(), not the decode loop's inside transformers
