@@ -305,7 +305,7 @@ def test_plain_timings_name_models_as_the_tracer_does(tmp_path: Path) -> None:
     run = mltrace.load_run(tmp_path / "run")
     traced_keys = collections.Counter(model_key(s) for s in run.spans if s.level == M)
     assert plain_keys == dict(traced_keys)
-    assert {key[0] for key in plain_keys} == {"VAE", "VAE.fc3", "Sequential (compiled)", "Sequential"}
+    assert {key[0] for key in plain_keys} == {"VAE", "VAE.fc3", "Sequential (compiled)", "Sequential (exported)"}
     lines = NAMED_MODELS.splitlines()
     sites = {(str(script), lines.index(text) + 1) for text in ("        vae(x)", "        fakeinfer.infer(vae, x)")}
     assert {(key[1], key[2]) for key in plain_keys if key[0] == "VAE"} == sites

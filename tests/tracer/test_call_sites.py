@@ -333,7 +333,7 @@ def test_torch_export_inside_a_session_records_only_the_exported_programs_calls(
     assert installed is not torch.nn.modules.module.Module._wrapped_call_impl  # still mltrace's
     run = mltrace.load_run(tmp_path / "run")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert [s.name for s in models] == ["Compiled", "Compiled"]  # the exported class, not torch's GraphModule
+    assert [s.name for s in models] == ["Compiled (exported)"] * 2  # the exported class, not torch's GraphModule
     assert {s.attrs["code.line.number"] for s in models} == {_line("exported call")}
     assert not [n for n in run.meta.get("limitations", []) if "re-wrapped" in n]
 

@@ -50,7 +50,7 @@ def _trace_exported(tmp_path: Path, level: str, calls: int = 2) -> Run:
 def test_an_exported_program_has_the_eager_models_layer_paths(tmp_path: Path) -> None:
     run = _trace_exported(tmp_path, "op")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert [s.name for s in models] == ["Net", "Net"]  # the exported class, not torch's GraphModule
+    assert [s.name for s in models] == ["Net (exported)"] * 2  # the exported class, not torch's GraphModule
     by_id = run.span_by_id()
     layers = [s for s in run.spans if s.level == Level.LAYER and s.attrs.get("ml.layer.from") == "fx.nn_module_stack"]
     names = {s.name for s in layers}
@@ -79,7 +79,7 @@ def test_an_exported_program_has_the_eager_models_layer_paths(tmp_path: Path) ->
 
 def test_without_the_op_level_an_exported_call_keeps_its_model_span_only(tmp_path: Path) -> None:
     run = _trace_exported(tmp_path, "layer")
-    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net", "Net"]
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net (exported)"] * 2
     assert not [s for s in run.spans if s.level == Level.LAYER]  # torch's input guards (_guards_fn) are none
     assert run.meta["correlation"]["fx_layers"]["calls_without_ops"] == 2
     assert any("torch.export" in note and "--level op" in note for note in run.meta["limitations"])
@@ -117,7 +117,7 @@ def test_an_exported_program_is_named_after_the_exported_class_and_torchs_guards
         holder(x)
     run = mltrace.load_run(tmp_path / "run")
     models = [s for s in run.spans if s.level == Level.MODEL]
-    assert [(s.name, s.attrs["ml.layer.type"]) for s in models] == [("Net", "Net"), ("Net", "Net"), ("Holder", "Holder")]
+    assert [(s.name, s.attrs["ml.layer.type"]) for s in models] == [("Net (exported)", "Net")] * 2 + [("Holder", "Holder")]
     layers = [s for s in run.spans if s.level == Level.LAYER]
     assert {(s.name, s.attrs["ml.layer.type"]) for s in layers} == {("exported", "Net"), ("out", "Linear")}
     assert all(s.parent_id == models[2].id for s in layers)
@@ -158,7 +158,7 @@ def test_an_exported_hugging_face_model_is_named_after_its_class(tmp_path: Path)
     with mltrace.profile(output=tmp_path / "run", summary=False, level="layer"), torch.no_grad():
         program(ids)
     run = mltrace.load_run(tmp_path / "run")
-    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["BertModel"]
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["BertModel (exported)"]
     assert not [s for s in run.spans if s.level == Level.LAYER]
 
 
@@ -199,5 +199,5 @@ def test_the_report_names_an_exported_model_after_its_class_with_no_row_for_torc
     report = run_cli("report", "--format", "json", str(out))
     assert report.returncode == 0, report.stderr.decode()
     data = json.loads(report.stdout)
-    assert [(m["name"], m["calls"]) for m in data["models"]] == [("Tiny", 6)]
+    assert [(m["name"], m["type"], m["calls"]) for m in data["models"]] == [("Tiny (exported)", "Tiny", 6)]
     assert {(row["name"], row["type"]) for row in data["layers"]} == {("fc", "Linear"), ("act", "ReLU"), ("head", "Linear")}

@@ -461,7 +461,9 @@ class ModelNames:
         to it there (``VAE.fc3``), so that two such submodules of one class are two models. A
         program that builds a new model per request still has one model. A ``torch.compile``
         wrapper (``OptimizedModule``) is named after the module it compiled (``GPT2LMHeadModel
-        (compiled)``): two compiled models are two models, and apart from their eager calls."""
+        (compiled)``): two compiled models are two models, and apart from their eager calls; so
+        are a TorchScript module (scripted, traced or frozen: ``MLP (TorchScript)``) and an
+        exported program's module (``torch.export``'s ``.module()``: ``Net (exported)``)."""
         for _ in range(_HOLDER_FRAMES):
             if frame is None:
                 break
@@ -477,7 +479,22 @@ class ModelNames:
             inner = getattr(module, "_orig_mod", None)
             if isinstance(inner, self.module_cls):
                 return f"{_type_name(inner)} (compiled)"
-        return _type_name(module)
+        return _type_name(module) + _form_suffix(module)
+
+
+def _form_suffix(module: Any) -> str:
+    """What a model name adds for a module that runs its model in another form than its eager
+    ``forward``: `` (TorchScript)`` for a TorchScript module (``torch.jit.script``, ``trace``,
+    ``freeze``: a ``ScriptModule``), `` (exported)`` for an exported program's module (a
+    ``GraphModule`` whose graph names the exported class, ``exported_class_name``); else ``""``."""
+    script_module = getattr(sys.modules.get("torch.jit"), "ScriptModule", None)
+    if isinstance(script_module, type) and isinstance(module, script_module):
+        return " (TorchScript)"
+    if type(module).__name__ == "GraphModule":
+        graph_module = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
+        if graph_module is not None and isinstance(module, graph_module) and exported_class_name(module):
+            return " (exported)"
+    return ""
 
 
 _TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
