@@ -130,9 +130,13 @@ def test_a_live_library_level_run_with_an_early_layer_end(tmp_path: Path, monkey
     models = sorted((s for s in run.spans if s.level is Level.MODEL), key=lambda s: s.start_ns)
     assert "trace_full" not in run.meta or run.meta["trace_full"]["at_ns"] > models[3].end_ns
     assert summarize(run) == reference(run) == run.meta["summary"]
-    assert {"model", "layer", "op"} <= set(run.meta["summary"]["levels"])
-    # The summary counts the steady calls: of the 4 calls with layers, those not judged cold.
+    # The summary counts the steady calls: of the 4 calls with layers, those not judged cold
+    # (on a loaded machine the 4 calls with layers and ops may all read as cold beside the 4
+    # without, and the stored summary then has the model level alone).
     (calls,) = find_cold_start(run).models
+    assert {"model", "layer", "op"} <= set(summarize(run, include_cold=True)["levels"])
+    if any(i not in calls.cold for i in range(4)):
+        assert {"model", "layer"} <= set(run.meta["summary"]["levels"])
     assert run.meta["summary"]["layer_model_calls"] == 4 - sum(1 for i in calls.cold if i < 4)
     assert summarize(run, include_cold=True)["layer_model_calls"] == 4
 

@@ -60,15 +60,17 @@ PRODUCER = """
 import threading, time
 import torch
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-stop = threading.Event()
+stop, running = threading.Event(), threading.Event()
 
 def producer():  # torch ops outside every model call, on a thread of their own
     while not stop.is_set():
         torch.randn(16, 16).mul(2).sum()
+        running.set()
         time.sleep(0.001)
 
 worker = threading.Thread(target=producer)
 worker.start()
+running.wait(30)  # the first cycle (until the first model call returns) has some of its ops
 with torch.inference_mode():
     for _ in range(12):
         model(torch.randn(2, 8))
