@@ -20,6 +20,7 @@ from torch import nn
 
 import mltrace
 from mltrace.analysis.bottleneck import analyze
+from mltrace.analysis.coldstart import call_kinds
 from mltrace.analysis.report_data import build_report
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
@@ -637,6 +638,8 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
         tables[path] = _span_table(_trace(tmp_path / path, work))
     assert len(tables["python"]) > 60
     assert tables["c"] == tables["python"]
+    (encoder,) = [row for row in tables["c"] if row[:2] == ("model", "TransformerEncoder")]
+    assert "('ml.input.keywords', ['src_key_padding_mask'])" in encoder[3]  # its keyword tensor's shape too
 
 
 def test_shapes_of_every_rank_and_dtype_reach_the_spans(tmp_path: Path) -> None:
@@ -1217,6 +1220,80 @@ def test_a_model_call_records_its_mode_and_grad_mode(tmp_path: Path, level: str)
         (False, True),
     ]
     assert [s.attrs["ml.input.shapes"][0][0] for s in models] == [8, 2, 8, 8]
+
+
+@pytest.mark.parametrize("level", ["model", "layer"])
+def test_a_model_call_records_the_shapes_of_its_keyword_tensors(tmp_path: Path, level: str) -> None:
+    """A model span's input shapes are its positional tensors', then its keyword tensors' in
+    call order (a tuple of tensors gives one shape each), and ``ml.input.keywords`` names the
+    latter; a keyword that holds no tensor is left out. A layer called with keywords keeps its
+    positional tensors' shapes only (the layer hot path reads no keywords)."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor | None = None, mask: torch.Tensor | None = None, **extra: Any) -> torch.Tensor:
+            assert x is not None and mask is not None
+            return self.proj(input=x) * mask
+
+    net = Masked()
+    x, mask = torch.randn(3, 4), torch.ones(3, 1, dtype=torch.bool)
+
+    def go() -> None:
+        net(x, mask=mask, pair=(x[:1], x[:2]), scale=2.0)
+        net(x=x[:2], mask=mask[:2])
+        net(x, mask)
+
+    run = _trace(tmp_path, go, level=level)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.attrs["ml.input.shapes"] for s in models] == [
+        [[3, 4], [3, 1], [1, 4], [2, 4]],
+        [[2, 4], [2, 1]],
+        [[3, 4], [3, 1]],
+    ]
+    assert [s.attrs.get("ml.input.keywords") for s in models] == [["mask", "pair", "pair"], ["x", "mask"], None]
+    assert models[0].attrs["ml.input.dtypes"] == ["float32", "bool", "float32", "float32"]
+    assert [call_kinds([s.attrs for s in models])] == [["batch 3", "batch 2", "batch 3"]]
+    layers = [s for s in run.spans if s.level == Level.LAYER]
+    assert len(layers) == (3 if level == "layer" else 0)
+    assert all("ml.input.shapes" not in s.attrs and "ml.input.keywords" not in s.attrs for s in layers)
+
+
+@pytest.fixture(scope="module")
+def bert() -> Any:
+    """A small BERT, built from its config (transformers imported before the per-test check of
+    import hooks, as for ``gpt2``)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, max_position_embeddings=32
+    )
+    return transformers.BertModel(config).eval()
+
+
+def test_a_hugging_face_model_called_with_a_batch_dict_has_batch_kinds(tmp_path: Path, bert: Any) -> None:
+    """BERT called as ``model(**encoding)``, as Hugging Face models are: its spans record the
+    encoding's shapes and keywords, so its two batch sizes are two kinds of call."""
+
+    def encoding(batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 64, (batch, 6))
+        return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids)}
+
+    def go() -> None:
+        with torch.no_grad():
+            for batch in (2, 2, 5, 5):
+                bert(**encoding(batch))
+
+    run = _trace(tmp_path, go)
+    models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    assert [s.attrs["ml.input.shapes"] for s in models] == [[[b, 6]] * 3 for b in (2, 2, 5, 5)]
+    assert {tuple(s.attrs["ml.input.keywords"]) for s in models} == {("input_ids", "token_type_ids", "attention_mask")}
+    assert call_kinds([s.attrs for s in models]) == ["batch 2", "batch 2", "batch 5", "batch 5"]
+    data = build_report(run, analyze(run))
+    (model,) = data["models"]
+    assert [(k["kind"], k["calls"]) for k in model["kinds"]] == [("batch 2", 2), ("batch 5", 2)]
 
 
 class _SymbolicNet(nn.Module):

@@ -548,8 +548,9 @@ def call_mode(attrs: dict[str, Any]) -> str:
 
 
 def call_batch(attrs: dict[str, Any]) -> int | None:
-    """A model call's batch size: the leading dimension of its first input (``ml.input.shapes``),
-    None where it has no input shape or its first input is a scalar."""
+    """A model call's batch size: the leading dimension of its first input (``ml.input.shapes``:
+    a torch model's first positional tensor, else its first keyword tensor, as in
+    ``model(**batch)``), None where it has no input shape or its first input is a scalar."""
     shapes = attrs.get("ml.input.shapes")
     if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or not shapes[0]:
         return None

@@ -802,7 +802,7 @@ class TorchModuleSource(Source):
             if not stack:  # the outermost call on this thread: the model span
                 if getattr(tls, "symbolic", False) or holds_proxy(args, kwargs):  # records an fx graph (_call_symbolic)
                     return call_symbolic(original, self, args, kwargs)
-                frame = model_begin(self, args, stack)
+                frame = model_begin(self, args, stack, kwargs)
                 span = frame[SPAN]
                 output = None
                 try:
@@ -975,7 +975,7 @@ class TorchModuleSource(Source):
                 return original(self, *args, **kwargs)
             if getattr(tls, "symbolic", False) or holds_proxy(args, kwargs):  # records an fx graph (_call_symbolic)
                 return call_symbolic(original, self, args, kwargs)
-            frame = model_begin(self, args, stack)
+            frame = model_begin(self, args, stack, kwargs)
             output = None
             try:
                 output = original(self, *args, **kwargs)
@@ -1380,12 +1380,27 @@ class TorchModuleSource(Source):
                 out.extend((w.shape, w.dtype) for w in v if isinstance(w, tensor) and not w.is_nested)
         return out
 
+    def _keyword_shapes(self, kwargs: dict[str, Any]) -> tuple[list[Any], list[str]]:
+        """The raw shapes of a call's tensor keyword arguments (``_raw_shapes`` of each value, in
+        call order) and the keyword of each: a keyword whose value holds several tensors is
+        named once per tensor."""
+        shapes: list[Any] = []
+        keywords: list[str] = []
+        for keyword, value in kwargs.items():
+            found = self._raw_shapes(value)
+            shapes.extend(found)
+            keywords.extend([keyword] * len(found))
+        return shapes, keywords
+
     def _finish(self, span: Span) -> None:
         """Completes a model span's attributes when the recorder drains it (flusher thread): shapes,
-        and the calling thread's CPU time and minor page faults over the call (``ml.thread.cpu_ns``,
-        ``ml.thread.minor_faults``)."""
+        the keywords of its keyword tensors (``ml.input.keywords``), and the calling thread's CPU
+        time and minor page faults over the call (``ml.thread.cpu_ns``, ``ml.thread.minor_faults``)."""
         attrs = span.attrs
         self._add_shapes(attrs, attrs.pop("_in", None), attrs.pop("_out", None))
+        keywords = attrs.pop("_kw", None)
+        if keywords:
+            attrs["ml.input.keywords"] = keywords
         u0, u1 = attrs.pop("_cpu0", None), attrs.pop("_cpu1", None)
         if u0 is not None and u1 is not None:  # none for a call the end of the run truncated
             attrs["ml.thread.cpu_ns"] = u1[0] - u0[0]
@@ -1508,7 +1523,9 @@ class TorchModuleSource(Source):
     # -- hooks (hot path) ------------------------------------------------
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> None:
-        """Global forward pre-hook (``MLTRACE_TORCH_HOOKS=global``): a frame as the wrapper makes it."""
+        """Global forward pre-hook (``MLTRACE_TORCH_HOOKS=global``): a frame as the wrapper makes it
+        (torch's global pre-hooks see no keyword arguments: a model span's shapes are its
+        positional tensors' only)."""
         stack = getattr(self._tls, "stack", None)
         if stack is None:
             stack = self._new_stack()
@@ -1540,8 +1557,13 @@ class TorchModuleSource(Source):
         finally:
             tls.symbolic = inside
 
-    def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any]) -> list[Any]:
-        """Opens the model span of an outermost module call and pushes its frame; returns the frame."""
+    def _model_begin(self, module: Any, args: tuple[Any, ...], stack: list[Any], kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Opens the model span of an outermost module call and pushes its frame; returns the frame.
+
+        Its input shapes are those of the tensors passed positionally, then of those passed by
+        keyword (``model(**batch)``), whose keywords it keeps apart (``ml.input.keywords``).
+        Layer calls keep their positional tensors' shapes only (the hot path).
+        """
         static = self._static_of(module)
         name = static.model_name
         if name is None:
@@ -1574,6 +1596,11 @@ class TorchModuleSource(Source):
         if "code.file.path" in attrs:
             attrs["ml.call.file.path"], attrs["ml.call.line.number"] = attrs["code.file.path"], attrs.get("code.line.number")
         attrs["_in"] = _untraced(self._raw_shapes, args)
+        if kwargs:
+            shapes, keywords = _untraced(self._keyword_shapes, kwargs)
+            if keywords:
+                attrs["_in"] = [*attrs["_in"], *shapes]
+                attrs["_kw"] = keywords
         if "opentelemetry.trace" in sys.modules:  # a serving request's span becomes the model's parent
             from mltrace.tracer.otel_context import OTEL_PARENT_ATTR, capture_otel_parent
 
