@@ -1,11 +1,16 @@
 """Source level: Python stack samples from py-spy, attributed to spans.
 
 py-spy samples this process from outside (``py-spy record -p PID -f
-chrometrace``), so sampling costs the program little. Its timestamps count
-from py-spy's own start; they are aligned to the session clock by a marker: a
-uniquely named busy function run for a known interval right after py-spy
-attaches. The first sample inside the marker fixes the offset, with an error of
-at most one sampling period (recorded in run.json).
+chrometrace --idle``), so sampling costs the program little. Its chrometrace
+output opens a frame at the first sample that shows it and closes it at the
+first sample that no longer does; ``--idle`` keeps the samples of a waiting
+thread (sleep, lock, I/O), which py-spy otherwise leaves out, so that a frame's
+slice never spans time in which its thread was not sampled. Its timestamps
+count from py-spy's own start; they are aligned to the session clock by a
+marker: a uniquely named busy function run for a known interval right after
+py-spy attaches. The first sample inside the marker and the first one after it
+each bound the offset to one sampling period; the offset is the middle of what
+both allow (its half-width recorded in run.json).
 
 Samples become ``Level.SOURCE`` slices on a "(python)" track next to each
 thread; the ``attribute_samples`` pass then gives every span the hottest
@@ -86,6 +91,7 @@ class PySpySource(Source):
         self._tmp = tempfile.TemporaryDirectory(prefix="mltrace-pyspy-")
         out = os.path.join(self._tmp.name, "samples.json")
         cmd = [exe, "record", "-p", str(os.getpid()), "-f", "chrometrace", "-o", out, "-r", str(self.rate_hz), "-t", "--nonblocking"]
+        cmd.append("--idle")  # a waiting thread's samples too: else its last stack spans the wait
         if self.native:
             cmd.append("--native")
         self._out = out
@@ -146,17 +152,19 @@ class PySpySource(Source):
         session = self._session
         assert session is not None and self._marker is not None
         events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
-        offset = marker_offset_ns(events, self._marker[0])
         period = 1_000_000_000 // self.rate_hz
+        alignment = marker_offset_ns(events, self._marker, period)
         session.meta.setdefault("sources", {})["py-spy"] = {
             "rate_hz": self.rate_hz,
             "native": self.native,
-            "alignment_uncertainty_ns": period,
-            "aligned": offset is not None,
+            "idle_samples": True,
+            "alignment_uncertainty_ns": alignment[1] if alignment is not None else period,
+            "aligned": alignment is not None,
         }
-        if offset is None:
+        if alignment is None:
             session.note_limitation("py-spy samples could not be aligned to the trace (marker not sampled); samples dropped")
             return []
+        offset = alignment[0]
         idents = session.recorder.thread_idents
         out: list[Event] = []
         tracks: dict[int, Track] = {}
@@ -211,14 +219,29 @@ def _sample_track(session: SessionView, parent: Track | None, base: str, tid: in
     )
 
 
-def marker_offset_ns(events: list[dict[str, Any]], marker_start_ns: int) -> int | None:
-    """Offset (ns) to add to py-spy timestamps (µs × 1000) to get session ns.
+def marker_offset_ns(events: list[dict[str, Any]], marker: tuple[int, int], period_ns: int) -> tuple[int, int] | None:
+    """Offset (ns) to add to py-spy timestamps (µs × 1000) to get session ns, and its
+    uncertainty (half-width, ns); None when no sample fell inside the marker.
 
-    The first ``B`` event of the marker function marks the first sample taken
-    inside it, which happened within one sampling period after the marker
-    began, so ``marker_start - ts`` is the offset up to that period.
+    ``marker`` is the marker's ``(start, end)`` in session ns. The first ``B`` event of
+    the marker function is the first sample inside it, taken within one period after
+    the marker began; its last ``E`` event is the first sample after it, taken within
+    one period after the marker ended. Each bounds the offset to one period; the
+    offset is the middle of the range both allow (of the first alone when py-spy's
+    timing jittered so that they do not meet).
     """
+    first_in = last_out = None
     for ev in events:
-        if ev.get("ph") == "B" and ev.get("name") == MARKER:
-            return marker_start_ns - int(float(ev["ts"]) * 1000)
-    return None
+        if ev.get("name") != MARKER:
+            continue
+        ts = int(float(ev.get("ts", 0)) * 1000)
+        if ev.get("ph") == "B" and first_in is None:
+            first_in = ts
+        elif ev.get("ph") == "E":
+            last_out = ts
+    if first_in is None:
+        return None
+    low, high = marker[0] - first_in, marker[0] - first_in + period_ns
+    if last_out is not None and max(low, marker[1] - last_out) <= min(high, marker[1] - last_out + period_ns):
+        low, high = max(low, marker[1] - last_out), min(high, marker[1] - last_out + period_ns)
+    return (low + high) // 2, (high - low + 1) // 2
