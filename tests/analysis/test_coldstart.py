@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import statistics
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from mltrace.analysis.coldstart import MAX_BATCH_KINDS, call_kinds, category_of,
 from mltrace.analysis.peaks import Peaks, PeakSet, gpu_peaks
 from mltrace.analysis.report_data import build_report
 from mltrace.analysis.report_schema import REPORT_SCHEMA
+from mltrace.analysis.units import fmt_ns
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.viewers.html import render_html
@@ -399,3 +401,52 @@ def test_a_point_above_a_roof_gets_no_efficiency_and_no_share(run: Run) -> None:
     assert len(over) > 50
     assert all(r.verdict.efficiency is None and r.peak_share is None for r in over if r.verdict is not None)
     assert {r.verdict.bound for r in over if r.verdict is not None} <= {Bound.UNKNOWN, Bound.OVERHEAD}
+
+
+def test_the_layer_tables_model_row_gives_each_kind_its_own_figures() -> None:
+    """A model's row in the layer tables counts all its calls (the tables' calls: steady ones,
+    or every one with ``--include-cold``), so its median and p90 would mix the training steps with
+    the evaluations: the terminal row says "per kind" there, and a row per kind under it (terminal,
+    HTML) gives that kind's calls, total, share, median and p90, over the calls the table counts."""
+    run = _torch_run(_mnist_calls(first_eval_ms=190))
+    for include_cold, eval_calls in ((False, 11), (True, 12)):
+        a = analyze(run, PEAKS, include_cold=include_cold)
+        (row,) = [r for r in a.layers if r.stat.level is Level.MODEL]
+        assert [(k.kind, k.calls) for k in row.kinds] == [("train, batch 64", 60), ("eval, batch 250", eval_calls)]
+        assert sum(k.calls for k in row.kinds) == row.stat.calls and sum(k.total_ns for k in row.kinds) == row.stat.total_ns
+    a = analyze(run, PEAKS, include_cold=False)  # the report's default: the cold first evaluation left out
+    (row,) = [r for r in a.layers if r.stat.level is Level.MODEL]
+    (steady_eval,) = [k for k in a.cold.models[0].by_kind() if k.kind == "eval, batch 250"]
+    train, evals = row.kinds
+    assert (evals.median_ns, evals.p90_ns) == (steady_eval.steady_median_ns, steady_eval.steady_p90_ns) == (101 * MS, 102 * MS)
+    out = io.StringIO()
+    render_report(run, a, file=out, width=400)
+    lines = out.getvalue().splitlines()
+    (net,) = [line for line in lines if line.startswith("│ Net ")]
+    assert re.search(r"│ +71 │ .* │ +per kind │ +per kind │ +100\.0% │", net)
+    (kind_row,) = [line for line in lines if "↳ eval at batch 250" in line]
+    share = f"{100 * evals.total_ns / row.stat.total_ns:.1f}%"
+    assert re.search(rf"│ +11 │ +{re.escape(fmt_ns(evals.total_ns))} │ +│ +101\.00 ms │ +102\.00 ms │ +{re.escape(share)} │", kind_row)
+    page = render_html(run, a, timeline(run))
+    assert '↳ eval at batch 250<div class="muted">median 101.00 ms, p90 102.00 ms</div>' in page
+    assert f'↳ train at batch 64<div class="muted">median {fmt_ns(train.median_ns or 0)}' in page
+    one_kind = _torch_run([c for c in _mnist_calls() if c[0]])
+    a = analyze(one_kind, PEAKS)
+    assert [r.kinds for r in a.layers] == [[]]
+    out = io.StringIO()
+    render_report(one_kind, a, file=out, width=400)
+    assert "per kind" not in out.getvalue() and "↳" not in out.getvalue()
+
+
+def test_the_json_kinds_give_each_kinds_total_time() -> None:
+    """``models[].kinds[].total_ns``: each kind's calls' summed duration, every call counted as
+    ``models[].total_ns`` counts them: the kinds' totals add up to the model's."""
+    run = _torch_run(_mnist_calls(first_eval_ms=190))
+    data = build_report(run, analyze(run, PEAKS))
+    assert errors(data, REPORT_SCHEMA) == []
+    (net,) = data["models"]
+    # 3 epochs: 20 steps of 25, 26, 27 ms in turn (519 ms), 4 evaluations of 100, 101, 102, 100 ms
+    # (403 ms; the first evaluation took 190 ms instead of 100)
+    totals = [(k["kind"], k["total_ns"]) for k in net["kinds"]]
+    assert totals == [("train at batch 64", 3 * 519 * MS), ("eval at batch 250", (3 * 403 + 90) * MS)]
+    assert sum(k["total_ns"] for k in net["kinds"]) == net["total_ns"]

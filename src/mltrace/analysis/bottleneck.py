@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mltrace.analysis.breakdown import Breakdown, LayerStat, LevelTime, TypeStat, layers_named_by_model
 from mltrace.analysis.coldstart import (
     ColdStart,
+    KindTotals,
     call_durations,
     find_cold_start,
     left_out_note,
@@ -308,6 +309,9 @@ class LayerRow:
             running then), which its self time includes; None where none was.
         gc_within: those inside its calls at any depth, which its total time includes; the
             verdict and achieved FLOP/s leave them out.
+        kinds: a model's row whose counted calls are of several kinds of call
+            (``coldstart.call_kinds``: train and eval, batch sizes): its calls per kind, whose
+            median and p90 its own would mix; empty otherwise, and for a layer's row.
     """
 
     stat: LayerStat
@@ -335,6 +339,7 @@ class LayerRow:
     peak_share: float | None = None
     gc: GcTime | None = None
     gc_within: GcTime | None = None
+    kinds: list[KindTotals] = field(default_factory=list)
 
     @property
     def own_ns(self) -> int:
@@ -853,6 +858,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     layer_rows, type_rows = _layer_rows(g, has_ops, None, th)
     _charge_gc(run, g, layer_rows)
     _per_call(run, layer_rows)
+    _per_kind(layer_rows, cold, include_cold)
     if peaks is not None:
         peaks = fit_peaks(peaks, layer_rows, ops)
         _judge(layer_rows, type_rows, peaks, th)
@@ -1023,6 +1029,14 @@ def _per_call(run: Run, rows: list[LayerRow]) -> None:
     for r in rows:
         calls = durations.get((r.stat.name, r.stat.level), [])
         r.median_ns, r.p90_ns = percentile_ns(calls, 50), percentile_ns(calls, 90)
+
+
+def _per_kind(rows: list[LayerRow], cold: ColdStart, include_cold: bool) -> None:
+    """Sets each model row's calls per kind of call, where the calls it counts are of several."""
+    for r in rows:
+        if r.stat.level is Level.MODEL:
+            calls = cold.model(r.stat.name)
+            r.kinds = calls.counted_by_kind(include_cold) if calls is not None else []
 
 
 def _findings(

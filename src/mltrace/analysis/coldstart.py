@@ -212,6 +212,7 @@ class KindCalls:
     Attributes:
         kind: the kind ("train, batch 64"; "" for the calls with none of the others' parts).
         calls: how many calls of this kind.
+        total_ns: their summed duration, cold and failed calls included (ns).
         cold: how many of them were cold.
         failed: how many of them raised.
         steady: the steady calls' durations (ns), in start order.
@@ -219,6 +220,7 @@ class KindCalls:
 
     kind: str
     calls: int = 0
+    total_ns: int = 0
     cold: int = 0
     failed: int = 0
     steady: list[int] = field(default_factory=list)
@@ -232,6 +234,39 @@ class KindCalls:
     def steady_p90_ns(self) -> int | None:
         """90th percentile of the kind's steady calls' durations (ns)."""
         return percentile_ns(self.steady, 90)
+
+
+@dataclass
+class KindTotals:
+    """One kind of a model's calls as the report's tables count them (``ModelCalls.counted_by_kind``).
+
+    Attributes:
+        kind: the kind (``call_kinds``).
+        durations: the counted calls' durations (ns), in start order.
+    """
+
+    kind: str
+    durations: list[int] = field(default_factory=list)
+
+    @property
+    def calls(self) -> int:
+        """How many calls of this kind the tables count."""
+        return len(self.durations)
+
+    @property
+    def total_ns(self) -> int:
+        """Their summed duration (ns)."""
+        return sum(self.durations)
+
+    @property
+    def median_ns(self) -> int | None:
+        """Their median duration (ns)."""
+        return percentile_ns(self.durations, 50)
+
+    @property
+    def p90_ns(self) -> int | None:
+        """The 90th percentile of their durations (ns)."""
+        return percentile_ns(self.durations, 90)
 
 
 @dataclass
@@ -286,11 +321,24 @@ class ModelCalls:
             name = self.kinds[i] if i < len(self.kinds) else ""
             kind = out.setdefault(name, KindCalls(name))
             kind.calls += 1
+            kind.total_ns += d
             kind.cold += i in cold
             kind.failed += i in failed
             if i not in cold and i not in failed:
                 kind.steady.append(d)
         return list(out.values())
+
+    def counted_by_kind(self, include_cold: bool) -> list[KindTotals]:
+        """The calls the report's tables count (all of them with ``include_cold``, else all but
+        the cold ones; failed calls are counted) per kind of call, in the order each kind first
+        ran; empty when those calls are of one kind (the model's row mixes no kinds)."""
+        cold = set() if include_cold else set(self.cold)
+        out: dict[str, KindTotals] = {}
+        for i, d in enumerate(self.durations):
+            if i not in cold:
+                name = self.kinds[i] if i < len(self.kinds) else ""
+                out.setdefault(name, KindTotals(name)).durations.append(d)
+        return list(out.values()) if len(out) > 1 else []
 
     def steady_by_kind(self) -> list[tuple[str, list[int]]]:
         """The steady calls' durations (ns) per kind of call, in the order each kind first

@@ -246,8 +246,8 @@ def _model_entry(run: Run, r: LayerRow, calls: ModelCalls | None) -> dict[str, A
 
 def _kind_entry(k: KindCalls) -> dict[str, Any]:
     """One kind of a model's calls: its name as the report writes it (``kind_label``) and its parts
-    (``coldstart.kind_parts``: null where the kinds do not differ by it), its calls, cold and
-    failed calls, and its steady calls' median and p90."""
+    (``coldstart.kind_parts``: null where the kinds do not differ by it), its calls and their total
+    time, cold and failed calls, and its steady calls' median and p90."""
     how, mode, batch = kind_parts(k.kind)
     return {
         "kind": kind_label(k.kind),
@@ -255,6 +255,7 @@ def _kind_entry(k: KindCalls) -> dict[str, Any]:
         "mode": mode or None,
         "batch": batch,
         "calls": k.calls,
+        "total_ns": k.total_ns,
         "cold_calls": k.cold,
         "failed_calls": k.failed,
         "steady_median_ns": k.steady_median_ns,
@@ -374,6 +375,11 @@ def cold_start_text(a: Analysis, *, name: Callable[[str], str] = str, text: Call
 #: How the report names a part of a kind of model call (``coldstart.call_kinds``) where its name
 #: would not read as words (``__call__`` would also turn bold in Markdown).
 _KIND_LABELS = {"": "other calls", "__call__": "eager"}
+
+
+#: What a model's row in a layer table says instead of a median or p90 that would mix its kinds of
+#: call (``LayerRow.kinds``): each kind's row under it gives its own.
+PER_KIND = "per kind"
 
 
 def kind_label(kind: str) -> str:

@@ -93,6 +93,7 @@ MODEL = _object(
                     "mode": _OPT_STR,
                     "batch": _OPT_INT,
                     "calls": _INT,
+                    "total_ns": _INT,
                     "cold_calls": _INT,
                     "failed_calls": _INT,
                     "steady_median_ns": _OPT_INT,

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from mltrace.analysis.bottleneck import Analysis, Bound, LayerRow, NameRow, RooflinePoint, Timeline, Verdict
 from mltrace.analysis.breakdown import Breakdown, LayerStat
 from mltrace.analysis.codepaths import context_lines, location, split_location
+from mltrace.analysis.coldstart import KindTotals
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks, bandwidth_text
-from mltrace.analysis.report_data import call_kinds_text, cold_start_text, exit_text
+from mltrace.analysis.report_data import call_kinds_text, cold_start_text, exit_text, kind_label
 from mltrace.run.levels import Level
 from mltrace.run.metadata import limitations, unrecorded_levels
 from mltrace.run.store import TRACE_FILE, Run
@@ -279,7 +280,16 @@ def _layer_rows(rows: Sequence[LayerRow], b: Breakdown) -> list[list[str]]:
                 _source_cell(x),
             ]
         )
+        out += [_kind_row(k, b.base_ns(x.level)) for k in r.kinds]
     return out
+
+
+def _kind_row(k: KindTotals, base_ns: int) -> list[str]:
+    """A row under a model's whose calls are of several kinds (``LayerRow.kinds``): the kind's
+    calls, total time and share, and its calls' median and p90 under its name."""
+    spread = ", ".join(f"{what} {fmt_ns(v)}" for what, v in (("median", k.median_ns), ("p90", k.p90_ns)) if v is not None)
+    name = f"↳ {_e(kind_label(k.kind))}" + (f'<div class="muted">{_e(spread)}</div>' if spread else "")
+    return [name, "", str(k.calls), _e(fmt_ns(k.total_ns)), "", _pct(k.total_ns, base_ns), *[""] * 7]
 
 
 def _name_rows(rows: Sequence[NameRow], verdicts: bool) -> list[list[str]]:

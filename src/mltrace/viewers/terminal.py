@@ -14,7 +14,7 @@ from mltrace.analysis.coldstart import left_out_note
 from mltrace.analysis.diff import RunDiff
 from mltrace.analysis.memory import MemoryReport
 from mltrace.analysis.peaks import Peaks, bandwidth_text
-from mltrace.analysis.report_data import call_kinds_text, cold_start_text, exit_text
+from mltrace.analysis.report_data import PER_KIND, call_kinds_text, cold_start_text, exit_text, kind_label
 from mltrace.analysis.summary import summarize
 from mltrace.analysis.units import fmt_ns, fmt_si
 from mltrace.run.levels import Level
@@ -367,20 +367,24 @@ def _layer_table(console: object, title: str, rows: list[LayerRow], b: Breakdown
     table = _table(title, [(col, col in ("calls", "total", "self", "median", "p90", "% model")) for col in cols])
     for r in rows:
         x = r.stat
+        spread = [PER_KIND, PER_KIND] if r.kinds else [fmt_ns(v) if v is not None else "" for v in (r.median_ns, r.p90_ns)]
         table.add_row(
             _esc(x.name) if x.level.label == "layer" else f"[bold]{_esc(x.name)}[/bold]",
             _esc(x.type),
             str(x.calls),
             fmt_ns(x.total_ns),
             fmt_ns(x.self_ns) + (f" (GC {fmt_ns(r.gc.ns)})" if r.gc is not None else ""),
-            fmt_ns(r.median_ns) if r.median_ns is not None else "",
-            fmt_ns(r.p90_ns) if r.p90_ns is not None else "",
+            *spread,
             _pct(x.total_ns, b.base_ns(x.level)),
             _verdict_text(r.verdict),
             _contents(r),
             _source_cell(x.file, x.line),
             *([_esc(location(x.defined_file, x.defined_line))] if defined else []),
         )
+        for k in r.kinds:  # the model's calls of several kinds: each kind's own figures
+            median, p90 = (fmt_ns(v) if v is not None else "" for v in (k.median_ns, k.p90_ns))
+            kind_cells = [f"  ↳ {_esc(kind_label(k.kind))}", "", str(k.calls), fmt_ns(k.total_ns), "", median, p90]
+            table.add_row(*kind_cells, _pct(k.total_ns, b.base_ns(x.level)), *[""] * (len(cols) - len(kind_cells) - 1))
     console.print(table)  # type: ignore[attr-defined]
 
 
