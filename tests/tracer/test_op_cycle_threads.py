@@ -142,5 +142,5 @@ def test_a_span_begun_on_another_thread_switches_the_cycles_to_every_thread(tmp_
     run = load_run(tmp_path / "run")
     (request,) = [s for s in run.spans if s.name == "request"]
     adds = [s for s in run.spans if s.name == "aten::add" and s.track_id == request.track_id]
-    assert 100 <= len(adds) < 200  # those before the switch (and during it) are missing, the rest kept
+    assert 100 <= len(adds) <= 200  # those it ran before the switch (if any ran) are missing, the rest kept
     assert len([s for s in run.spans if s.name == "aten::linear"]) == len([s for s in run.spans if s.level is Level.MODEL])
