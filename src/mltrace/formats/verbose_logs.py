@@ -207,16 +207,14 @@ def parse_mkl_line(line: str) -> MklCall | None:
     Returns:
         The call, or None for the version header, other output and garbage.
     """
-    m = _MKL_LINE.match(line.rstrip("\r\n"))
-    if m is None:
+    parts = split_mkl_line(line)
+    if parts is None:
         return None
-    duration = _mkl_duration_ns(m["time"], m["unit"])
-    if duration is None:
-        return None
+    function, arguments, duration, rest = parts
     tid: int | None = None
     nthr: int | None = None
     settings: list[tuple[str, str]] = []
-    for item in m["rest"].split():
+    for item in rest.split():
         key, sep, value = item.partition(":")
         if not sep:
             continue
@@ -226,9 +224,9 @@ def parse_mkl_line(line: str) -> MklCall | None:
             nthr = int(value)
         else:
             settings.append((key, value))
-    args = tuple(map(str.strip, m["args"].split(","))) if m["args"] else ()
+    args = tuple(map(str.strip, arguments.split(","))) if arguments else ()
     return MklCall(
-        function=m["func"].upper(),
+        function=function.upper(),
         args=args,
         duration_ns=duration,
         tid=tid,
