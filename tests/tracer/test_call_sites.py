@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import sysconfig
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -297,6 +298,7 @@ def test_framework_files_are_never_call_sites() -> None:
     assert not is_model_code(torch.nn.modules.conv.__file__)
     assert not is_model_code(functools.__file__)  # the standard library
     assert not is_model_code(mltrace.__file__)
+    assert not is_model_code(os.path.join(sysconfig.get_path("scripts"), "mltrace"))  # the console script's launcher
     typing_extensions = importlib.util.find_spec("typing_extensions")
     if typing_extensions is not None and typing_extensions.origin:
         assert not is_model_code(typing_extensions.origin)  # a decorator's wrapper (quantize_dynamic's)

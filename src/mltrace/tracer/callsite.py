@@ -87,9 +87,13 @@ class CodeKeyed(Generic[V]):
 @functools.lru_cache(maxsize=1)
 def _excluded_roots() -> tuple[str, ...]:
     """Directories holding framework or standard-library code outside ``site-packages/``
-    (the standard library, mltrace's own source, frameworks installed from a checkout)."""
+    (the standard library, mltrace's own source, frameworks installed from a checkout), and
+    the environment's scripts directory (the console-script launchers, ``mltrace`` itself)."""
     roots: set[str] = set(_stdlib_roots())
     roots.add(os.path.realpath(_MLTRACE_DIR))
+    scripts = sysconfig.get_path("scripts")
+    if scripts:
+        roots.add(os.path.realpath(scripts))
     for name in sorted(FRAMEWORK_PACKAGES - {"mltrace"}):
         try:
             spec = importlib.util.find_spec(name)  # locates; imports nothing
