@@ -144,3 +144,54 @@ def test_a_span_begun_on_another_thread_switches_the_cycles_to_every_thread(tmp_
     adds = [s for s in run.spans if s.name == "aten::add" and s.track_id == request.track_id]
     assert 100 <= len(adds) <= 200  # those it ran before the switch (if any ran) are missing, the rest kept
     assert len([s for s in run.spans if s.name == "aten::linear"]) == len([s for s in run.spans if s.level is Level.MODEL])
+
+
+def test_the_op_levels_end_waits_for_a_span_open_on_another_thread(tmp_path: Path) -> None:
+    """The op level ends at a model call's return (``--op-inferences``) while another thread is
+    inside a request: the all-threads profiler's last stop waits for the request's span to end
+    (new spans there held meanwhile), so no op of it runs beside the stop, and all are kept."""
+    import threading
+    import time
+
+    import torch
+
+    import mltrace
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8)
+    started = threading.Event()
+    adds = 0
+
+    def request() -> None:
+        nonlocal adds
+        with torch.inference_mode(), mltrace.span("request"):
+            started.set()
+            y = torch.zeros(16)
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                y = torch.add(y, 1)
+                adds += 1
+                time.sleep(0.001)
+
+    def span_elsewhere() -> None:  # every cycle records all threads
+        with mltrace.span("another thread"):
+            pass
+
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False, op_inferences=3):
+        first = threading.Thread(target=span_elsewhere)
+        first.start()
+        first.join()
+        model(x)
+        model(x)
+        worker = threading.Thread(target=request)
+        worker.start()
+        started.wait(10)
+        model(x)  # its return ends the op level while the request runs
+        worker.join()
+        model(x)
+    run = load_run(tmp_path / "run")
+    assert run.meta["op_window"]["ended_after_model_calls"] == 3
+    (span,) = [s for s in run.spans if s.name == "request"]
+    *_, (_, stop_began, _) = run.meta["torch_profiler"]["pauses"]
+    assert stop_began >= span.end_ns  # the stop waited for the request
+    assert len([s for s in run.spans if s.name == "aten::add" and s.track_id == span.track_id]) == adds

@@ -130,15 +130,18 @@ class Recorder:
         span._up = up
         current_span.set(span)
         self._open[span.id] = span
-        if self._switch_done is not None and self.wait_while_switching() and start_ns is None:
+        if self._switch_done is not None and parent_id is None and self.wait_while_switching() and start_ns is None:
             span.start_ns = now_ns()  # the span's work begins once the switch let it go
         return span
 
     def holding_new_spans(self) -> Callable[[], None]:
-        """Makes spans begun from now on other threads wait (``wait_while_switching``) until the
-        returned function is called: a source that stops and restarts a recorder of every
-        thread (torch.profiler's cycles) closes this gate, then checks ``open_on_other_threads``;
-        a span begun meanwhile is either seen open or waits, so none runs inside the switch."""
+        """Makes outermost spans begun from now on other threads wait (``wait_while_switching``)
+        until the returned function is called: a source that stops and restarts a recorder of
+        every thread (torch.profiler's cycles) closes this gate, then checks
+        ``open_on_other_threads``; a span begun meanwhile is either seen open or waits, so none
+        runs inside the switch. A span inside one already open goes on (a request's model
+        call), so that a stop waiting for the open spans to end (``TorchOpSource``'s last stop)
+        waits for their calls, not for its own gate."""
         done = threading.Event()
         self._switching_thread = threading.get_ident()
         self._switch_done = done

@@ -110,6 +110,11 @@ STOP_BYTES_PER_GROWN_BYTE = 4
 #: The holds of the program's thread (cycle switches, waits for the converter) whose intervals
 #: run.json keeps (``torch_profiler.pauses``); later ones are counted only.
 PAUSES_KEPT = 10_000
+#: The longest the op level's early end waits for the spans open on other threads to end before
+#: it stops the all-threads profiler (s; ``_with_others_quiet``), new spans there held meanwhile.
+END_WAIT_S = 2.0
+#: The same at the session's stop, where other threads may be stuck in spans for good.
+STOP_WAIT_S = 0.5
 #: The counter track of the switches in the trace: 1 from a switch's begin to its end, else 0.
 PAUSED_TRACK = "mltrace.paused"
 
@@ -698,9 +703,30 @@ class TorchOpSource(Source):
         without cycles, its export)."""
         self._ended = True
         if self._cycles is not None:
-            self._next_cycle(restart=False)
+            self._with_others_quiet(lambda: self._next_cycle(restart=False), END_WAIT_S)
         else:
-            self._export()
+            self._with_others_quiet(self._export, END_WAIT_S)
+
+    def _with_others_quiet(self, stop: Callable[[], None], wait_s: float) -> None:
+        """Runs ``stop``, a last stop of the profiler: for the all-threads profiler, with spans
+        begun on other threads held (``Recorder.holding_new_spans``) and once the spans open there
+        have ended, for at most ``wait_s``. Stopped beside another thread's running ops, the
+        all-threads profiler reads their records as they are written, which corrupts the heap
+        (``_one_thread_ok``); a request's model call in flight there then ends first. A profiler
+        of one thread stops at once."""
+        session = self._session
+        if session is None or self.thread_ident is not None or self._prof is None:
+            stop()
+            return
+        recorder = session.recorder
+        release = recorder.holding_new_spans()
+        try:
+            deadline = time.monotonic() + wait_s
+            while recorder.open_on_other_threads() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            stop()
+        finally:
+            release()
 
     def _export(self) -> None:
         """Stops the profiler (if running) and writes its Chrome trace to the run directory
@@ -760,11 +786,11 @@ class TorchOpSource(Source):
         try:
             cycles = self._cycles
             if cycles is not None:
-                self._next_cycle(restart=False)
+                self._with_others_quiet(lambda: self._next_cycle(restart=False), STOP_WAIT_S)
                 cycles.finish()
                 self._note_stats(cycles.cycles)
                 return []
-            self._export()
+            self._with_others_quiet(self._export, STOP_WAIT_S)
             if self._exported is None:
                 return []
             t0 = time.perf_counter_ns()
