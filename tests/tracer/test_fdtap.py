@@ -821,3 +821,24 @@ def test_output_that_os_exit_discards_plainly_is_not_printed_under_mltrace(tmp_p
     assert traced[:2] == plain[:2]
     assert traced[2].startswith(plain[2]), traced[2]  # then mltrace's own lines, if any
     assert json.loads((run_dir / "run.json").read_text())["exit_status"] == 5
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b"MKL_VERBOSE SGEMM(N,N,4,4,4) 1.00us\nMKL_VERBOSE SGEMM(N,N,8,8,8) 2.00us\n",
+        b"onednn_verbose,v1,exec\r\r\nonednn_verbose,v1,exec\r",
+        b"MKL_VERBOSE caf\xc3\xa9 \xe2\x82\nMKL_VERBOSE \xff\xfe end",
+        b"MKL_VERBOSE \xe2\r\nMKL_VERBOSE x\n",
+    ],
+)
+def test_captured_blocks_decode_as_their_lines_one_by_one(block: bytes) -> None:
+    """A captured block, decoded in one piece, gives the lines a decode line by line gives:
+    the same texts (invalid bytes replaced, trailing carriage returns dropped), the receive
+    time of the block, as TappedLines."""
+    from mltrace.tracer.fdtap import TappedLine, _lines_of, _tapped_lines
+
+    want = [TappedLine(7, line.rstrip(b"\r").decode("utf-8", "replace")) for line in _lines_of(block)]
+    got = list(_tapped_lines(7, block))
+    assert got == want
+    assert all(type(line) is TappedLine for line in got)

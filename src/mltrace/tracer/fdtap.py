@@ -39,6 +39,7 @@ import tempfile
 import termios
 import threading
 import time
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from mltrace.formats.verbose_logs import VERBOSE_PREFIXES
@@ -600,9 +601,8 @@ class FdTap:
         if native is not None:
             self._raw.extend((ns, [block]) for ns, block in native.take())
         for receive_ns, raw in self._raw:
-            self._lines.extend(
-                TappedLine(receive_ns, line.rstrip(b"\r").decode("utf-8", "replace")) for block in raw for line in _lines_of(block)
-            )
+            for block in raw:
+                self._lines.extend(_tapped_lines(receive_ns, block))
         self._raw.clear()
 
     def __enter__(self) -> FdTap:
@@ -1057,6 +1057,22 @@ def _lines_of(block: bytes) -> list[bytes]:
     """The captured lines of one captured item: a line, or a block of lines each ended by a
     newline (``FdTap._split``). Captured lines are never empty (each starts with a prefix)."""
     return block[:-1].split(b"\n") if block.endswith(b"\n") else block.split(b"\n")
+
+
+_new_tuple = tuple.__new__
+
+
+def _tapped_lines(receive_ns: int, block: bytes) -> map[TappedLine]:
+    """The lines of one captured item (``_lines_of``) as ``TappedLine``s received at
+    ``receive_ns``: each decoded as UTF-8 (invalid bytes replaced) without its trailing carriage
+    returns. The block is decoded in one piece and the tuples are made without a Python call
+    per line (the flusher does this for every verbose line, holding the GIL); a newline never
+    belongs to a multi-byte character, so the lines are those of a decode line by line."""
+    text = block.decode("utf-8", "replace")
+    lines = text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
+    if "\r" in text:
+        lines = [line.rstrip("\r") for line in lines]
+    return map(_new_tuple, repeat(TappedLine), zip(repeat(receive_ns), lines))
 
 
 def _reader_main(config_json: str) -> int:
