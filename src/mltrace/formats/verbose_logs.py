@@ -9,6 +9,7 @@ line each; ``onednn_flops`` and ``gemm_flops`` count the work of a call from it.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -244,10 +245,11 @@ def split_mkl_line(line: str) -> tuple[str, str, int, str] | None:
     m = _MKL_LINE.match(line.rstrip("\r\n"))
     if m is None:
         return None
-    duration = _mkl_duration_ns(m["time"], m["unit"])
+    function, args, number, unit, rest = m.groups()
+    duration = _mkl_duration_ns(number, unit)
     if duration is None:
         return None
-    return m["func"], m["args"], duration, m["rest"]
+    return function, args, duration, rest
 
 
 def _plain_decimal_ns(number: str, scale: int) -> int | None:
@@ -263,9 +265,12 @@ def _plain_decimal_ns(number: str, scale: int) -> int | None:
     return ns
 
 
+@functools.lru_cache(maxsize=4096)
 def _mkl_duration_ns(number: str, unit: str) -> int | None:
     """An MKL duration (``"30.36"``, ``"us"``) as integer ns, read exactly and rounded half
-    even; plain decimals are read with integers, exponent forms (``"1e-05"``) with ``Decimal``."""
+    even; plain decimals are read with integers, exponent forms (``"1e-05"``) with ``Decimal``.
+    Kept for the last 4,096 durations as printed: a loop's calls print the same few hundred
+    again and again, and the flusher reads one for every MKL line (PERFORMANCE.md)."""
     exact = _plain_decimal_ns(number, _MKL_UNIT_DIGITS[unit])
     if exact is not None:
         return exact
