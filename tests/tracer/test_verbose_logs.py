@@ -315,3 +315,11 @@ def test_durations_and_stamps_read_exactly_as_decimal_reads_them(number: str) ->
             f"onednn_verbose,v1,{number},primitive,exec,cpu,eltwise,jit,forward_inference,src:f32,,alg:eltwise_relu,2x2,{number}"
         )
         assert stamped is not None and stamped.start_epoch_ns == stamped.duration_ns == int((Decimal(number) * 10**6).to_integral_value())
+
+
+def test_a_number_past_decimals_range_is_no_call() -> None:
+    """A duration or stamp past ``Decimal``'s exponent range is garbage, not an exception on
+    the flusher's thread."""
+    assert parse_mkl_line("MKL_VERBOSE SGEMV(N,2,2) 1e99999999s TID:0") is None
+    line = "onednn_verbose,v1,primitive,exec,cpu,eltwise,jit,forward_inference,src:f32,,alg:eltwise_relu,2x2,1e99999999"
+    assert parse_onednn_line(line) is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 ONEDNN_PREFIXES: tuple[bytes, ...] = (b"onednn_verbose,", b"dnnl_verbose,")
 """Line prefixes of oneDNN verbose output (``dnnl_`` before oneDNN 2.x renamed it)."""
@@ -117,11 +117,11 @@ def _ms_to_ns(text: str) -> int | None:
         return exact
     try:
         value = Decimal(text)
-    except InvalidOperation:
+        if not value.is_finite() or value < 0:
+            return None
+        return int((value * _NS_PER_MS).to_integral_value())
+    except ArithmeticError:  # not a number, or past Decimal's exponent range ("1e99999999")
         return None
-    if not value.is_finite() or value < 0:
-        return None
-    return int((value * _NS_PER_MS).to_integral_value())
 
 
 def parse_onednn_line(line: str) -> OneDnnCall | None:
@@ -276,7 +276,7 @@ def _mkl_duration_ns(number: str, unit: str) -> int | None:
         return exact
     try:
         return int((Decimal(number) * _MKL_UNIT_NS[unit]).to_integral_value())
-    except InvalidOperation:
+    except ArithmeticError:  # past Decimal's exponent range ("1e99999999")
         return None
 
 
