@@ -595,11 +595,11 @@ class TorchOpSource(Source):
     def _one_thread_ok(self) -> bool:
         """Whether the next cycle may record the cycling thread alone: while every model call,
         span and ``record_function`` range came from the program's main thread (which lives
-        until the session stops it; ``_others_traced``). Stopped
-        while another thread runs torch ops, the all-threads profiler reads that thread's
-        records as it writes them (heap corruption, a crash every few hundred to few thousand
-        switches in a stress test); a one-thread profiler records no other thread, and the
-        other threads' ops outside model calls are no load on the converter."""
+        until the session stops it; ``_others_traced``). Stopped while another thread runs
+        torch ops, the all-threads profiler reads that thread's records as it writes them
+        (heap corruption, a crash every few hundred to few thousand switches in a stress
+        test); a one-thread profiler records no other thread, and the other threads' ops
+        outside model calls are no load on the converter."""
         return (
             self._one_thread_kwargs is not None
             and not self.cycles_stopped
