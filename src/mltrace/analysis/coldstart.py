@@ -459,6 +459,19 @@ def _self_ns(t: SpanTable, parent: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.maximum(dur - sub, 0)
 
 
+def model_call_rows(t: SpanTable) -> dict[str, list[int]]:
+    """Each model's call spans as rows of ``t``, in start order, by the model span's name: the
+    calls that ``ModelCalls``' indices count (its ``durations``, ``cold``, ``failed``)."""
+    import numpy as np
+
+    rows = np.nonzero(t.level.astype(np.int64) == int(Level.MODEL))[0]
+    rows = rows[np.argsort(t.start[rows], kind="stable")]
+    calls_of: dict[str, list[int]] = {}
+    for r in rows.tolist():
+        calls_of.setdefault(t.names[int(t.name[r])], []).append(r)
+    return calls_of
+
+
 def find_cold_start(run: Run, rule: ColdRule = COLD_RULE, spent: bool = True) -> ColdStart:
     """Tells the cold calls of each model from its steady ones (module docstring).
 
@@ -476,18 +489,14 @@ def find_cold_start(run: Run, rule: ColdRule = COLD_RULE, spent: bool = True) ->
 
     t = run.table
     out = ColdStart()
-    lv = t.level.astype(np.int64)
-    model_rows = np.nonzero(lv == int(Level.MODEL))[0]
-    if not len(model_rows):
+    calls_of = model_call_rows(t)
+    if not calls_of:
         return out
-    model_rows = model_rows[np.argsort(t.start[model_rows], kind="stable")]
+    lv = t.level.astype(np.int64)
     tree = tree_of(t)
     is_model = lv == int(Level.MODEL)
     owner = tree.nearest(is_model)  # each span's nearest model call
     key, names = _work_names(run, t)
-    calls_of: dict[str, list[int]] = {}
-    for r in model_rows.tolist():
-        calls_of.setdefault(t.names[int(t.name[r])], []).append(r)
     markers = _one_time_markers(key, names, owner)
     cold_flag = np.zeros(len(t), dtype=bool)
     weight = np.zeros(len(t), dtype=np.float64)  # +1 cold, -n_cold/n_steady steady: for the excess

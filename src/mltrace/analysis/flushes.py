@@ -17,8 +17,6 @@ import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mltrace.run.levels import Level
-
 if TYPE_CHECKING:
     from mltrace.analysis.coldstart import ModelCalls
     from mltrace.run.store import Run
@@ -92,17 +90,13 @@ def flush_intervals(meta: dict[str, Any]) -> list[tuple[int, int]]:
 def flushes_of(run: Run, models: list[ModelCalls]) -> Flushes | None:
     """The steady model calls (``models``, the cold start's) that overlapped a flush; None
     where none did or the run kept no flushes."""
-    import numpy as np
+    from mltrace.analysis.coldstart import model_call_rows
 
     intervals = flush_intervals(run.meta)
     if not intervals or not models:
         return None
     t = run.table
-    rows = np.nonzero(t.level.astype(np.int64) == int(Level.MODEL))[0]
-    rows = rows[np.argsort(t.start[rows], kind="stable")]
-    calls_of: dict[str, list[int]] = {}
-    for r in rows.tolist():
-        calls_of.setdefault(t.names[int(t.name[r])], []).append(r)
+    calls_of = model_call_rows(t)
     begins = [b for b, _ in intervals]
     found = []
     for model in models:

@@ -630,9 +630,8 @@ class TorchOpSource(Source):
         if threading.get_ident() != self.thread_ident:
             self._note_unrecorded("model calls")
             return
-        if self._ranges.open_here() or range_frame_on_stack() is not None:
-            return
-        self._next_cycle(restart=True)
+        if self._held_by() is None:  # in a one-thread cycle: a range open here alone holds it
+            self._next_cycle(restart=True)
 
     def _note_unrecorded(self, what: str) -> None:
         """Says once that ``what`` began on another thread while a one-thread cycle ran."""
