@@ -625,6 +625,10 @@ class Analysis:
             (``analysis.ranks``), or None in a run with no rank.
         processes: each process's model calls and spans (``analysis.processes``), or None in
             a run of one process.
+        counted: the run the tables count: the recorded run with each layer path that several
+            models share named after its model (``layers_named_by_model``), without its cold
+            calls unless ``include_cold``; None in an analysis built by hand. The cross-stack
+            chains and hot lines read it (``tables_run``), so they count the calls the tables do.
     """
 
     breakdown: Breakdown
@@ -652,6 +656,11 @@ class Analysis:
     requests: Requests | None = None
     ranks: RankTimes | None = None
     processes: list[ProcessRow] | None = None
+    counted: Run | None = None
+
+    def tables_run(self, run: Run) -> Run:
+        """The run the tables count (``counted``), or ``run`` where the analysis names none."""
+        return self.counted if self.counted is not None else run
 
     def counts_note(self) -> str:
         """What the header's span and model-call counts leave out ("" when they count every call)."""
@@ -939,6 +948,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         requests=find_requests(run=whole),
         ranks=rank_times(run=whole),
         processes=process_rows(run=whole),
+        counted=run,
     )
 
 

@@ -41,7 +41,7 @@ def build_report(run: Run, a: Analysis) -> dict[str, Any]:
     """
     rows = [r for r in a.layers if r.stat.level in (Level.MODEL, Level.LAYER)]
     layer_rows = [r for r in rows if r.stat.level is Level.LAYER]
-    hot = hot_lines(run, [r.stat.name for r in layer_rows])
+    hot = hot_lines(a.tables_run(run), [r.stat.name for r in layer_rows])
     mem = a.memory
     mem_layers = {r.name: r for r in mem.layers if r.level is Level.LAYER} if mem is not None else {}
     mem_ops = {r.name: r for r in mem.ops} if mem is not None else {}

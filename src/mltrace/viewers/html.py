@@ -516,7 +516,7 @@ def _tables(run: Run, a: Analysis, top: int) -> str:
         parts.append(_table(headers, _layer_rows(a.top_by_self(top), b), left=left, wrap=wrap))
         parts.append("<details><summary>Top layers by total time (table)</summary>")
         parts.append(_table(headers, _layer_rows(a.layers[:top], b), left=left, wrap=wrap) + "</details>")
-        parts.append(_hot_lines(run, a.top_by_self(top)))
+        parts.append(_hot_lines(a.tables_run(run), a.top_by_self(top)))
     if a.types:
         parts.append("<h2>By layer type (self time)</h2>")
         parts.append(

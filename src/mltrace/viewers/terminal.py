@@ -169,7 +169,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
         if by_self:
             _layer_table(console, "Top layers by self time", by_self, b)
             _why_table(console, by_self)
-            _hot_lines(console, run, by_self)
+            _hot_lines(console, a.tables_run(run), by_self)
     if a.types:
         cols = ("type", "calls", "total", "self", "% of model", "FLOP", "bytes", "verdict")
         tt = _table("By layer type (self time)", [(col, col not in ("type", "verdict")) for col in cols])
@@ -185,7 +185,7 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
                 _verdict_text(t.verdict),
             )
         console.print(tt)  # type: ignore[attr-defined]
-    _chains(console, run, top, [r.stat for r in a.top_by_self(min(top, 10))])
+    _chains(console, a.tables_run(run), top, [r.stat for r in a.top_by_self(min(top, 10))])
     _name_table(console, "By op (self time)", a.ops[:top], ops=True)
     _name_table(console, "By library call", a.libraries[:top], detail="library")
     _name_table(console, "By GPU kernel", a.kernels[:top], detail="library")
