@@ -109,3 +109,36 @@ def test_ops_outside_layers_and_models_are_counted() -> None:
     ]
     b = breakdown(_run(spans))
     assert (b.ops_outside_layers, b.ops_outside_layers_ns, b.ops_outside_models) == (2, 10, 1)  # the outermost op's time
+
+
+def test_layer_ops_that_name_their_layer_are_counted_apart_from_reads() -> None:
+    """A BatchNormalization's arithmetic on its weights (``batchnorm/Rsqrt``, ``mul``) ran with the
+    step's variable reads, before the layer's span: those ops name the layer (``ml.tf.layer``) and
+    are counted as its, on a line of their own, not as the model's nor as variable reads."""
+    from mltrace.analysis.bottleneck import analyze
+    from mltrace.viewers.terminal import render_report
+
+    def bn(node: str) -> dict[str, str]:
+        return {"ml.tf.node": f"net_1/bn_1/batchnorm/{node}", "ml.tf.layer": "bn"}
+
+    spans = [
+        Span(1, None, Level.MODEL, "net", 0, 100, 1, {"ml.layer.type": "Functional"}),
+        Span(2, 1, Level.OP, "ReadVariableOp", 1, 3, 1, {**bn("ReadVariableOp"), "ml.tf.node": "net_1/bn_1/Cast/ReadVariableOp"}),
+        Span(3, 1, Level.OP, "Rsqrt", 4, 8, 1, bn("Rsqrt")),
+        Span(4, 1, Level.OP, "Mul", 9, 15, 1, bn("mul")),
+        Span(5, 1, Level.OP, "IteratorGetNext", 16, 18, 1),
+        Span(6, 1, Level.LAYER, "bn", 20, 90, 1, {"ml.layer.type": "BatchNormalization"}),
+        Span(7, 6, Level.OP, "Mul", 21, 60, 1, {"ml.tf.node": "net_1/bn_1/batchnorm/mul_1"}),
+    ]
+    run = _run(spans)
+    a = analyze(run)
+    b = a.breakdown
+    assert (b.ops_outside_layers, b.ops_outside_layers_ns) == (1, 2)
+    assert (b.reads_outside_layers, b.reads_outside_layers_ns) == (1, 2)
+    assert (b.layer_ops_outside_layers, b.layer_ops_outside_layers_ns) == (2, 10)
+    assert b == breakdown(run)
+    out = io.StringIO()
+    render_report(run, a, file=out, width=400)
+    text = out.getvalue()
+    assert "1 ops inside model calls but in no layer (2 ns)" in text
+    assert "2 ops of a layer outside its span (10 ns)" in text

@@ -33,11 +33,12 @@ def _level_times(spans: list[Span], by_id: dict[int, Span]) -> list[LevelTime]:
     return [LevelTime(lv, counts[lv], times.get(lv, 0)) for lv in order if lv in counts]
 
 
-def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, int, int, int]:
+def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, int, int, int, int, int]:
     """Counts op spans with no layer ancestor (inside a model that has child modules, not one
     marked ``ml.model.leaf``, which is its own only layer; and the time of the outermost of
-    them), less the variable reads that name their layer (``ml.tf.layer``), counted apart
-    with the time of the outermost of them; and op spans with no model ancestor."""
+    them), less the ops that name their layer (``ml.tf.layer``), counted apart with the time of
+    the outermost of them: variable reads (``ReadVariableOp``), then the others; and op spans
+    with no model ancestor."""
     enclosing: dict[int, Span | None] = {}  # span id → innermost model/layer span above or at it
 
     def context(span_id: int | None) -> Span | None:
@@ -60,7 +61,7 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
             enclosing[sid] = found
         return found
 
-    in_model = outside_models = in_model_ns = reads = reads_ns = 0
+    in_model = outside_models = in_model_ns = reads = reads_ns = layer_ops = layer_ops_ns = 0
     for s in spans:
         if s.level != Level.OP:
             continue
@@ -69,13 +70,16 @@ def ops_outside(spans: list[Span], by_id: dict[int, Span]) -> tuple[int, int, in
             outside_models += 1
         elif ctx.level == Level.MODEL and ctx.attrs.get("ml.model.leaf") is not True:
             outermost = not _inside_an_op(s, by_id)  # the time of the outermost ones
-            if s.attrs.get("ml.tf.layer"):
+            if s.attrs.get("ml.tf.layer") and s.name == "ReadVariableOp":
                 reads += 1
                 reads_ns += s.duration_ns if outermost else 0
+            elif s.attrs.get("ml.tf.layer"):
+                layer_ops += 1
+                layer_ops_ns += s.duration_ns if outermost else 0
             else:
                 in_model += 1
                 in_model_ns += s.duration_ns if outermost else 0
-    return in_model, in_model_ns, outside_models, reads, reads_ns
+    return in_model, in_model_ns, outside_models, reads, reads_ns, layer_ops, layer_ops_ns
 
 
 def _inside_an_op(span: Span, by_id: dict[int, Span]) -> bool:
@@ -155,13 +159,15 @@ def breakdown(run: Run) -> Breakdown:
             ts.calls += 1
             ts.self_ns += self_ns
     wall = (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) if spans else 0
-    outside_layers, outside_layers_ns, outside_models, reads, reads_ns = ops_outside(spans, by_id)
+    outside_layers, outside_layers_ns, outside_models, reads, reads_ns, layer_ops, layer_ops_ns = ops_outside(spans, by_id)
     return Breakdown(
         ops_outside_layers=outside_layers,
         ops_outside_layers_ns=outside_layers_ns,
         ops_outside_models=outside_models,
         reads_outside_layers=reads,
         reads_outside_layers_ns=reads_ns,
+        layer_ops_outside_layers=layer_ops,
+        layer_ops_outside_layers_ns=layer_ops_ns,
         levels=_level_times(spans, by_id),
         layers=sorted(layers.values(), key=lambda x: (-x.total_ns, x.name)),
         types=sorted(types.values(), key=lambda x: (-x.self_ns, x.type)),

@@ -376,10 +376,17 @@ def test_variable_reads_ahead_of_their_layers_name_them(tmp_path: Path) -> None:
             up = by_id.get(up.parent_id)
         return up is call
 
+    # stem_bn's arithmetic on its weights (batchnorm/Rsqrt …) runs with the reads, before its
+    # span: those ops name it too, and are counted apart from the reads.
+    named = [s for s in in_model if s.attrs.get("ml.tf.layer")]
+    bn_ops = [s for s in in_model if "/batchnorm/" in s.attrs.get("ml.tf.node", "")]
+    assert bn_ops and all(s.attrs.get("ml.tf.layer") == "stem_bn" for s in bn_ops), [s.attrs for s in bn_ops[:3]]
     b = analyze(run).breakdown
     assert b.reads_outside_layers == len(reads)
+    assert b.layer_ops_outside_layers == len(named) - len(reads)
     no_layer = [s for s in run.spans if s.level == Level.OP and in_no_layer(s)]
-    assert b.ops_outside_layers == len(no_layer) - len(reads)
+    assert b.ops_outside_layers == len(no_layer) - len(named)
     assert b == breakdown(run)
     info = run.meta["sources_info"]["tensorflow"]["profiles"][0]
     assert info["variable_reads_outside_layers"] == len(reads)
+    assert info["layer_ops_outside_layers"] == len(named)

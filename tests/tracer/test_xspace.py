@@ -399,3 +399,35 @@ def test_a_layer_call_on_two_threads_holds_its_ops_from_both() -> None:
     (read,) = [s for s in out.spans if s.level == Level.OP and s.parent_id == 1]
     assert read.name == "ReadVariableOp" and read.attrs["ml.tf.layer"] == "block/mha/query"
     assert out.stats.variable_reads_outside_layers == 1
+    assert out.stats.layer_ops_outside_layers == 1
+
+
+def test_batch_norm_arithmetic_run_with_the_reads_names_its_layer() -> None:
+    """MobileNetV2's BatchNormalizations (Keras 3: ``batchnorm/add``, ``Rsqrt``, ``mul``, ``mul_2``,
+    ``sub`` on the layer's weights, then ``mul_1`` and ``add_1`` on its input): the executor runs the
+    weights' arithmetic at the start of the step with the variable reads, long before the layer's
+    main run, so it is a fragment the merge drops and its ops stay in the model span. Each names its
+    BatchNormalization in ``ml.tf.layer``, as the reads do; what is left in no layer is tf.data's."""
+    out, calls, live = convert("mobilenetv2")
+    models = {m.span_id for m in live}
+    by_id = {s.id: s for s in out.spans}
+    graph_ops = [s for s in out.spans if s.level == Level.OP and "ml.tf.node" in s.attrs]
+    in_model = [s for s in graph_ops if s.parent_id in models]
+    bn_ops = [s for s in graph_ops if "/batchnorm/" in s.attrs["ml.tf.node"]]
+    apart = [s for s in bn_ops if s.parent_id in models]
+    assert {s.name for s in apart} == {"AddV2", "Rsqrt", "Mul", "Sub"} and len(apart) >= 200
+    model = {calls["model"]: KerasModelInfo(calls["model"], calls["layers"])}
+    for op in bn_ops:
+        found = layer_of_node(op.attrs["ml.tf.node"], model)
+        assert found is not None and calls["layers"][found[1]] == "BatchNormalization"
+        if op.parent_id in models:  # outside its layer's span: names it
+            assert op.attrs["ml.tf.layer"] == found[1], op.attrs
+        else:  # inside it: in the layer's span, which names no other
+            assert by_id[op.parent_id].name == found[1] and "ml.tf.layer" not in op.attrs
+    named = [s for s in in_model if s.attrs.get("ml.tf.layer")]
+    reads = [s for s in named if s.name == "ReadVariableOp"]
+    assert (out.stats.layer_ops_outside_layers, out.stats.variable_reads_outside_layers) == (len(named), len(reads))
+    assert out.stats.ops_outside_layers == len(in_model)
+    unnamed = [s for s in in_model if not s.attrs.get("ml.tf.layer")]
+    assert unnamed and all(layer_of_node(s.attrs["ml.tf.node"], model) is None for s in unnamed)  # predict's tf.data ops
+    assert len(unnamed) == 10

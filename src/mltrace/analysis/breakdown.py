@@ -94,14 +94,19 @@ class Breakdown:
         model_ns: total model time (ns).
         wall_ns: first start to last end over all spans (ns).
         span_count: number of spans.
-        ops_outside_layers: op spans inside a model span but in no layer span, less the
-            variable reads below.
+        ops_outside_layers: op spans inside a model span but in no layer span, less those
+            that name their layer below.
         ops_outside_layers_ns: the time of the outermost of them (ns): a nested op's is in its
             outer op's.
         reads_outside_layers: variable reads inside a model span and in no layer span that
             name the layer they read for (``ml.tf.layer``: TensorFlow ran them before that
             layer's span began); not counted in ``ops_outside_layers``.
         reads_outside_layers_ns: the time of the outermost of them (ns).
+        layer_ops_outside_layers: the other ops inside a model span and in no layer span that
+            name their layer (``ml.tf.layer``: TensorFlow ran them apart from the rest of that
+            layer's call, a BatchNormalization's arithmetic on its weights alone with the step's
+            variable reads); not counted in ``ops_outside_layers``.
+        layer_ops_outside_layers_ns: the time of the outermost of them (ns).
         ops_outside_models: op spans in no model span at all (program code around the model).
         layer_model_calls: where the layer level ended before the run did
             (run.json ``layer_window``), the model calls that started before it (those
@@ -125,6 +130,8 @@ class Breakdown:
     ops_outside_models: int = 0
     reads_outside_layers: int = 0
     reads_outside_layers_ns: int = 0
+    layer_ops_outside_layers: int = 0
+    layer_ops_outside_layers_ns: int = 0
     layer_model_calls: int | None = None
     layer_model_ns: int | None = None
     op_model_ns: int | None = None

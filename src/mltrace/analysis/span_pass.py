@@ -60,6 +60,10 @@ OWN_BYTES_SAMPLES = 32  # op calls per layer row and op name whose bytes give a 
 
 _GPU_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
 
+#: TensorFlow's variable reads (``formats.xspace.VARIABLE_READ_OPS``, not imported: reading the
+#: span table needs no profile reader).
+VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
+
 #: Ops that only move or re-lay data (PyTorch, ONNX Runtime, TensorFlow names).
 DATA_MOVEMENT_OPS = frozenset(
     {
@@ -198,6 +202,8 @@ class Gathered:
     ops_outside_layers_ns: int = 0
     reads_outside_layers: int = 0  # variable reads in no layer that name theirs (``ml.tf.layer``)
     reads_outside_layers_ns: int = 0
+    layer_ops_outside_layers: int = 0  # other ops in no layer that name theirs (``ml.tf.layer``)
+    layer_ops_outside_layers_ns: int = 0
     ops_outside_models: int = 0
     # When the run has model, layer or user spans, the name tables (ops, library calls, API
     # calls, kernels) and data movement count only what ran inside one; what ran outside
@@ -889,12 +895,17 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     g.ops_outside_models = int((own < 0).sum())
     in_model = all_op_rows[(own >= 0) & (lv[np.maximum(own, 0)] == MODEL)]
     in_model = in_model[~_leaf_models(t, owner[in_model])]
-    # A variable read that names the layer it read for (``ml.tf.layer``) ran outside that
-    # layer's span, before it began: the layer's, not the model's own work; counted apart.
-    reads = _reads_for_a_layer(t, in_model)
+    # An op that names its layer (``ml.tf.layer``) ran outside that layer's span: a variable
+    # read before it began, a BatchNormalization's arithmetic on its weights alone with the
+    # step's reads. The layer's, not the model's own work; counted apart, reads on their own.
+    named = _names_its_layer(t, in_model)
+    reads = named & _variable_read_names(names)[t.name[in_model].astype(np.int64)]
+    layer_ops = named & ~reads
     g.reads_outside_layers = int(reads.sum())
     g.reads_outside_layers_ns = int(dur[in_model[reads & top_level_op[in_model]]].sum())
-    in_model = in_model[~reads]
+    g.layer_ops_outside_layers = int(layer_ops.sum())
+    g.layer_ops_outside_layers_ns = int(dur[in_model[layer_ops & top_level_op[in_model]]].sum())
+    in_model = in_model[~named]
     g.ops_outside_layers = len(in_model)
     g.ops_outside_layers_ns = int(dur[in_model[top_level_op[in_model]]].sum())  # nested ops' time is their outer op's
     return g
@@ -942,12 +953,17 @@ def _in_own_type(calls: np.ndarray, cowner: np.ndarray, call_type: np.ndarray) -
         up = np.where(live, cowner[np.maximum(up, 0)], -1)
 
 
-def _reads_for_a_layer(t: SpanTable, rows: np.ndarray) -> np.ndarray:
-    """Per op row: whether it is a variable read that names the layer it read for
-    (``ml.tf.layer``, TensorFlow graph runs)."""
+def _names_its_layer(t: SpanTable, rows: np.ndarray) -> np.ndarray:
+    """Per op row: whether it names the layer it did work for (``ml.tf.layer``, TensorFlow graph
+    runs)."""
     sets, which = np.unique(t.attr[rows], return_inverse=True)
     named = np.fromiter((bool(t.attr_set(int(k)).get("ml.tf.layer")) for k in sets.tolist()), dtype=bool, count=len(sets))
     return named[which.reshape(-1)] if len(rows) else np.zeros(0, dtype=bool)
+
+
+def _variable_read_names(names: list[str]) -> np.ndarray:
+    """Per name id: whether the name is a TensorFlow variable read's (``VARIABLE_READ_OPS``)."""
+    return np.fromiter((nm in VARIABLE_READ_OPS for nm in names), dtype=bool, count=len(names))
 
 
 def _leaf_models(t: SpanTable, rows: np.ndarray) -> np.ndarray:

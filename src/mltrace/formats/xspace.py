@@ -38,7 +38,8 @@ BOOKKEEPING_OPS = frozenset({"ReadVariableOp", "VarHandleOp", "Const", "NoOp", "
 #: Ops that read a variable: their node sits in the scope of the layer that reads it
 #: (``net_1/conv_1/Conv2D/ReadVariableOp``). The executor runs them as soon as it can, at the
 #: start of a step, before that layer's span begins; such a read stays the model's span's child
-#: (it ran outside the layer's time) and names its layer in ``ml.tf.layer``.
+#: (it ran outside the layer's time) and names its layer in ``ml.tf.layer``, as every op left in
+#: the model's span whose scopes name a layer does (``_group_spans``).
 VARIABLE_READ_OPS = frozenset({"ReadVariableOp"})
 
 #: Synthetic thread ids for TensorFlow's own threads start here: above Linux's
@@ -351,8 +352,12 @@ class XSpaceStats:
         layer_spans: layer spans made from name scopes.
         op_spans: op spans made.
         ops_outside_layers: op spans of a model outside every layer.
-        variable_reads_outside_layers: of them, the variable reads whose node names their
-            layer (``VARIABLE_READ_OPS``, ``ml.tf.layer``): run before (or after) its span.
+        layer_ops_outside_layers: of them, those whose node's scopes name their layer
+            (``ml.tf.layer``): run apart from that layer's span (a fragment of its call that
+            ``merge_layer_fragments`` did not keep: a BatchNormalization's ``Rsqrt`` of its
+            variance, run with the step's variable reads), variable reads included.
+        variable_reads_outside_layers: of those, the variable reads (``VARIABLE_READ_OPS``):
+            run before (or after) their layer's span.
         function_models: model spans made for ``tf.function`` calls.
         function_calls_unmatched: graph-function calls outside model spans
             whose ops led to no Keras model (not recorded as model calls).
@@ -372,6 +377,7 @@ class XSpaceStats:
     layer_spans: int = 0
     op_spans: int = 0
     ops_outside_layers: int = 0
+    layer_ops_outside_layers: int = 0
     variable_reads_outside_layers: int = 0
     function_models: int = 0
     fragments_merged: int = 0
@@ -392,6 +398,7 @@ class XSpaceStats:
             "layer_spans": self.layer_spans,
             "op_spans": self.op_spans,
             "ops_outside_layers": self.ops_outside_layers,
+            "layer_ops_outside_layers": self.layer_ops_outside_layers,
             "variable_reads_outside_layers": self.variable_reads_outside_layers,
             "function_models": self.function_models,
             "fragments_merged": self.fragments_merged,
@@ -1073,21 +1080,20 @@ def _group_spans(
             parent = moved.resolve(parent_of[i])
             stats.ops_with_flops += f is not None
             attrs = graph_op_attrs(node, op_type, f)
-            if parent == model_id and op_type in VARIABLE_READ_OPS:
-                layer = _layer_read(node, cv.known)
-                if layer:
-                    attrs["ml.tf.layer"] = layer
-                    stats.variable_reads_outside_layers += 1
+            if parent == model_id and (layer := _layer_named(node, cv.known)):
+                attrs["ml.tf.layer"] = layer
+                stats.layer_ops_outside_layers += 1
+                stats.variable_reads_outside_layers += op_type in VARIABLE_READ_OPS
             cv.out.spans.append(Span(cv.new_id(), parent, Level.OP, op_type, s, e, cv.track_of(row.line_id).id, attrs))
             stats.op_spans += 1
             stats.ops_outside_layers += parent == model_id
     stats.graph_ops_in_models += len(idxs)
 
 
-def _layer_read(node: str, known: Mapping[str, KerasModelInfo]) -> str:
-    """The path of the layer whose scope a variable read's node is in (the layer that reads the
-    variable: ``net_1/head_1/fc1_1/MatMul/ReadVariableOp`` → ``head/fc1``), or "" where its
-    scopes name no layer of a known model."""
+def _layer_named(node: str, known: Mapping[str, KerasModelInfo]) -> str:
+    """The path of the layer whose scope a node is in (a variable read's: the layer that reads the
+    variable, ``net_1/head_1/fc1_1/MatMul/ReadVariableOp`` → ``head/fc1``; a BatchNormalization's
+    ``net_1/bn_1/batchnorm/Rsqrt`` → ``bn``), or "" where its scopes name no layer of a known model."""
     found = layer_of_node(node, known)
     return found[1] if found is not None else ""
 

@@ -153,6 +153,12 @@ def render_report(run: Run, a: Analysis, top: int = 15, file: IO[str] | None = N
             f"{b.reads_outside_layers} variable reads outside their layer's span ({fmt_ns(b.reads_outside_layers_ns)}): "
             "TensorFlow ran them ahead of the layer that reads them, which their ml.tf.layer names; not counted as the model's"
         )
+    if b.layer_ops_outside_layers:
+        outside.append(
+            f"{b.layer_ops_outside_layers} ops of a layer outside its span ({fmt_ns(b.layer_ops_outside_layers_ns)}): "
+            "TensorFlow ran them apart from the rest of their layer's call (a BatchNormalization's arithmetic on its "
+            "weights alone, with the step's variable reads), which their ml.tf.layer names; not counted as the model's"
+        )
     if a.unscoped_ops[0]:
         outside.append(a.unscoped_text())
     elif b.ops_outside_models:
