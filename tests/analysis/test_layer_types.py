@@ -5,6 +5,7 @@ and its own ops' work, never its children's again, and the FLOP column sums to t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,38 @@ def test_json_types_are_the_tables() -> None:
     got = [(x["type"], x["calls"], x["total_ns"], x["self_ns"], x["flops"], x["bytes"], x["verdict"]) for x in data["types"]]
     assert got == want
     assert [x["type"] for x in data["types"]][:1] == ["Linear"]
+
+
+def test_a_traced_cnns_type_rows_add_up_to_its_flops(tmp_path: Path) -> None:
+    """A Conv-BatchNorm-ReLU CNN, traced: the ops of its AdaptiveAvgPool2d count no FLOPs, so
+    the pool's work is its formula's (1 per input element) while its parent's came from the
+    parent's ops alone; the type rows then summed one pool's work a call above the model's.
+    A call's work is now its own ops' and its child layers' (each on its own basis)."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from torch import nn
+
+    import mltrace
+
+    class Block(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.conv, self.bn, self.act = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()
+
+        def forward(self, x: Any) -> Any:
+            return F.relu(self.act(self.bn(self.conv(x))) + x)
+
+    torch.manual_seed(0)
+    stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+    net = nn.Sequential(stem, Block(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+    with torch.no_grad(), mltrace.profile(output=tmp_path / "run", summary=False, level="op"):
+        for _ in range(CALLS):
+            net(torch.randn(2, 3, 16, 16))
+    a = analyze(mltrace.load_run(tmp_path / "run"), CPU)
+    (model,) = [r for r in a.layers if r.stat.level == M]
+    pool = next(r for r in a.layers if r.stat.type == "AdaptiveAvgPool2d")
+    assert pool.work_source == "formula" and pool.flops == CALLS * 2 * 8 * 16 * 16
+    types = {t.type: t for t in a.types}
+    assert {"Conv2d", "BatchNorm2d", "ReLU", "AdaptiveAvgPool2d", "Block"} <= set(types)
+    assert sum(t.flops for t in types.values()) == pytest.approx(model.flops, rel=1e-12)
+    assert types["Block"].flops == CALLS * 2 * (2 * 8 * 16 * 16)  # its residual add and F.relu

@@ -4,7 +4,8 @@ A layer's work comes, in order of preference, from:
 
 1. explicit attributes on the span (``ml.flops``, ``ml.bytes``), e.g. set with
    ``mltrace.span(..., **{"ml.flops": …})``;
-2. the op spans inside it (their ``ml.flops``, from torch.profiler), for FLOPs;
+2. where op spans inside it have ``ml.flops`` (from torch.profiler), its own ops' plus its
+   child layers' work (each child's by these rules, a pooling child's from its formula);
 3. a formula for its layer type (``ml.layer.type``) over the span's
    ``ml.input.shapes``, ``ml.output.shapes`` and ``ml.layer.params``
    (``FORMULAS`` lists the types);

@@ -677,7 +677,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     op_ns = per_call(tl, durf[tl])
     op_count = per_call(tl)
     cfo = cf_rows[owner[cf_rows] >= 0]
-    op_flops = np.bincount(call_of[owner[cfo]], weights=t.flops[cfo], minlength=ncall) if len(cfo) else np.zeros(ncall)
+    own_op_flops = np.bincount(call_of[owner[cfo]], weights=t.flops[cfo], minlength=ncall) if len(cfo) else np.zeros(ncall)
     has_op_flops = _count_by(call_of[owner[cfo]], ncall) > 0
     gko = gk_rows[owner[gk_rows] >= 0]
     kern_ns = per_call(gko, durf[gko])
@@ -695,7 +695,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
         if not len(cs):
             continue
         has_children[up] = True
-        for arr in (op_ns, op_count, kern_ns, kern_count, op_flops):
+        for arr in (op_ns, op_count, kern_ns, kern_count):
             np.add.at(arr, up, arr[cs])
         np.logical_or.at(has_op_flops, up, has_op_flops[cs])
 
@@ -759,7 +759,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     unknown_children = np.zeros(ncall, dtype=np.int64)
     like = _LikeCalls(crow * nset + set_content[set_of_call], child_flops, child_bytes)
     for cs in levels_desc:
-        fe, fo, ff = cf_exp[cs], op_flops[cs], cform_f[cs]
+        # A call with counted ops in its subtree does its own ops' FLOPs and its child layers'
+        # work, each child's on its own basis: a child whose ops count nothing (a pooling layer)
+        # brings its formula's, so its parent's work holds what its own row shows.
+        fe, fo, ff = cf_exp[cs], own_op_flops[cs] + child_flops[cs], cform_f[cs]
         has_fe, has_ff, kids, hof = ~np.isnan(fe), ~np.isnan(ff), has_children[cs], has_op_flops[cs]
         flops[cs] = np.where(has_fe, fe, np.where(hof, fo, np.where(has_ff, ff, np.where(kids, child_flops[cs], 0.0))))
         source[cs] = np.where(has_fe, 0, np.where(hof, 1, np.where(has_ff, cform_src[cs], np.where(kids, 2, 3))))
