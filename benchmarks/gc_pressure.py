@@ -8,13 +8,17 @@ round by round (``harness.rotation``); each figure is the median over rounds.
 
 Workloads: ``keras`` (keras.applications MobileNetV2 with random weights, eager
 ``model(x)`` calls), ``cnn`` (the example ResNet-18-style CNN) and ``gpt2`` (GPT-2 small
-built from its config, ``generate()`` of 32 tokens, greedy). Conditions: ``plain``,
+built from its config, ``generate()`` of 32 tokens, greedy) and ``mlp`` (a small MLP, 64 wide at
+batch 1, called 20,000 times: a model call every few tens of microseconds). Conditions: ``plain``,
 ``layer`` (``mltrace python --level layer``) and ``default`` (``mltrace python``, every
 level). ``--compare-src DIR`` also runs the traced conditions with mltrace imported from
-another checkout's ``src`` (a before/after comparison in one interleaved run).
+another checkout's ``src`` (a before/after comparison in one interleaved run);
+``--compare-env KEY=VALUE`` runs them again with that variable set (``@env``), such as a
+switch to one of mltrace's Python fallbacks.
 
     python benchmarks/gc_pressure.py --workload keras --rounds 4          # a few minutes on 2 cores
     python benchmarks/gc_pressure.py --workload keras --conditions plain layer --compare-src /tmp/old/src
+    python benchmarks/gc_pressure.py --workload mlp --compare-env MLTRACE_SPAN_UNTRACK=python
     python benchmarks/gc_pressure.py --quick                               # smoke run
     python benchmarks/gc_pressure.py --callback-cost                       # the session's gc callback alone
 
@@ -84,6 +88,16 @@ x = torch.randn(1, 3, SIZE, SIZE)
 def call():
     return model(x)
 """,
+    "mlp": r"""
+import torch
+torch.manual_seed(0)
+torch.set_grad_enabled(False)
+nn = torch.nn
+model = nn.Sequential(nn.Linear(SIZE, SIZE), nn.ReLU(), nn.Linear(SIZE, SIZE), nn.ReLU(), nn.Linear(SIZE, 10)).eval()
+x = torch.randn(1, SIZE)
+def call():
+    return model(x)
+""",
     "gpt2": r"""
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -110,7 +124,7 @@ print("RESULT " + json.dumps({"gc": _stats, "loop_s": loop_s, "objects": objects
 """
 
 #: Default loop length and input size per workload.
-SETTINGS = {"keras": (60, 128), "cnn": (40, 112), "gpt2": (4, 0)}
+SETTINGS = {"keras": (60, 128), "cnn": (40, 112), "mlp": (20_000, 64), "gpt2": (4, 0)}
 
 
 def program(workload: str, iters: int, size: int) -> str:
@@ -127,12 +141,16 @@ def command(condition: str, script: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "mltrace", "python", "-q", *level, "-o", str(out), str(script)]
 
 
-def run_once(kind: str, script: Path, scratch: Path, compare_src: str | None, r: int) -> dict[str, Any]:
-    """One child run of a condition (``layer``, or ``layer@old`` with the other checkout)."""
+def run_once(kind: str, script: Path, scratch: Path, compare: dict[str, str], r: int) -> dict[str, Any]:
+    """One child run of a condition (``layer``; ``layer@old`` with the other checkout, ``layer@env``
+    with the other environment variable): ``compare`` holds what those two change."""
     condition, _, which = kind.partition("@")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
-    if which == "old" and compare_src:
-        env["PYTHONPATH"] = compare_src
+    if which == "old":
+        env["PYTHONPATH"] = compare["src"]
+    elif which == "env":
+        key, _, value = compare["env"].partition("=")
+        env[key] = value
     out = scratch / f"run-{kind.replace('@', '-')}-{r}"
     child = harness.run_child(command(condition, script, out), env=env)
     result: dict[str, Any] = json.loads(" ".join(child.result_line()))
@@ -236,6 +254,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, help="calls in the measured loop (default per workload)")
     p.add_argument("--size", type=int, help="image size (keras, cnn)")
     p.add_argument("--compare-src", metavar="DIR", help="also run the traced conditions with mltrace from DIR (a checkout's src)")
+    p.add_argument("--compare-env", metavar="KEY=VALUE", help="also run the traced conditions with this variable set")
     p.add_argument("--callback-cost", action="store_true", help="time the session's gc callback alone (see above)")
     p.add_argument("--start-objects", action="store_true", help="count the tracked objects at the program's start (see above)")
     p.add_argument("--frameworks", nargs="+", default=["none", "torch", "onnxruntime"], help="--start-objects: what the program imports")
@@ -253,8 +272,15 @@ def main() -> None:
     size = args.size or size
     rounds = 1 if args.quick else args.rounds
     kinds = list(args.conditions)
+    compare: dict[str, str] = {}
     if args.compare_src:
         kinds += [f"{c}@old" for c in args.conditions if c != "plain"]
+        compare["src"] = args.compare_src
+    if args.compare_env:
+        if "=" not in args.compare_env:
+            p.error("--compare-env takes KEY=VALUE")
+        kinds += [f"{c}@env" for c in args.conditions if c != "plain"]
+        compare["env"] = args.compare_env
     print(f"# gc_pressure: {args.workload}, {iters} calls a loop, size {size}, {rounds} rounds; load {harness.loadavg()}")
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory(prefix="mltrace-gc-") as tmp:
@@ -263,7 +289,7 @@ def main() -> None:
         script.write_text(program(args.workload, iters, size))
         for r in range(rounds):
             for kind in harness.rotation(kinds, r):
-                results[kind].append(run_once(kind, script, scratch, args.compare_src, r))
+                results[kind].append(run_once(kind, script, scratch, compare, r))
     print(f"# load after: {harness.loadavg()}")
     print("# medians over rounds of the collections during the loop: count, total ms, longest ms per generation")
     print(f"{'condition':14}  {'gen0 n   total  max':20}  {'gen1 n   total  max':20}  {'gen2 n   total  max':20}  loop s   objects")

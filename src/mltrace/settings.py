@@ -203,6 +203,12 @@ FDTAP_READER = Setting(
     "run the fd tap's reader loop in Python",
 )
 SWEEP = Setting(f"{PREFIX}SWEEP", "`python`", "the C helper where built", "run the correlator's nesting sweeps in Python")
+SPAN_UNTRACK = Setting(
+    f"{PREFIX}SPAN_UNTRACK",
+    "`python`",
+    "the C helper where built",
+    "leave finished spans to the cyclic garbage collector until the flusher drains them",
+)
 PERFETTO_ENCODER = Setting(f"{PREFIX}PERFETTO_ENCODER", "`python`", "the C helper where built", "encode Perfetto span packets in Python")
 MKL_TIMER = Setting(
     f"{PREFIX}MKL_TIMER",
@@ -266,6 +272,7 @@ SETTINGS: tuple[Setting, ...] = (
     LAYER_HOT_PATH,
     FDTAP_READER,
     SWEEP,
+    SPAN_UNTRACK,
     PERFETTO_ENCODER,
     MKL_TIMER,
     CUPTI_DUMP,

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from mltrace.native import c_helper
 from mltrace.run.events import Attrs, CounterSample, Event, Flow, Instant, Span, Track
 from mltrace.run.levels import Level
 from mltrace.run.redact import needs_redaction, redact_values
+from mltrace.settings import SPAN_UNTRACK
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.tracks import TrackRegistry
 
@@ -55,6 +57,11 @@ class Recorder:
         #: pthread ident → track id of every thread that recorded (samplers report idents).
         self.thread_idents: dict[int, int] = {}
         self.done: deque[Span] = deque()
+        helper = c_helper("_untrack", SPAN_UNTRACK)
+        #: Takes a finished span out of the cyclic garbage collector until the flusher drops it
+        #: (``_untrack.c``): queued spans would otherwise be promoted by the program's young
+        #: collections and bring full collections into its threads.
+        self._untrack: Callable[[Span], object] | None = helper.untrack_span if helper is not None else None
         self.instants: deque[Instant] = deque()
         self.counters: deque[CounterSample] = deque()
         self.flows: deque[Flow] = deque()
@@ -163,8 +170,11 @@ class Recorder:
         return True
 
     def end(self, span: Span, end_ns: int | None = None) -> None:
-        """Closes ``span`` and makes its parent current again."""
+        """Closes ``span`` and makes its parent current again; queues it for the flusher, out of
+        the cyclic garbage collector's lists where the C helper is built."""
         self.close(span, end_ns)
+        if self._untrack is not None:
+            self._untrack(span)
         self.done.append(span)
 
     def close(self, span: Span, end_ns: int | None = None) -> None:

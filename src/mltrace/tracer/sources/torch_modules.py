@@ -36,10 +36,11 @@ from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from mltrace.native import c_helper
 from mltrace.run import store
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
-from mltrace.settings import LAYER_HOT_PATH, TORCH_HOOKS
+from mltrace.settings import LAYER_HOT_PATH, SPAN_UNTRACK, TORCH_HOOKS
 from mltrace.tracer.callsite import CodeKeyed, is_model_code, line_of, program_site, unwrapped
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.recorder import take_all
@@ -563,6 +564,10 @@ _TEMPLATE_CACHE_MAX = 4096
 _ENCODE_CHUNK = 256
 
 
+def _nothing_with(_: object) -> None:
+    """Does nothing with its argument."""
+
+
 def _nothing() -> None:
     """Does nothing (the Python encoder caches no template ids by address)."""
 
@@ -658,6 +663,13 @@ class TorchModuleSource(Source):
         self._encode_rows: Callable[..., tuple[bytes, bytes]] | None = None  # the C helper's, where it is used
         self._take_frames: Callable[[deque[Any]], list[Any]] = take_all  # the C helper's take_frames where built
         self._forget_templates: Callable[[], None] = _nothing
+        #: ``_finish`` bound once: every model span holds it, and a bound method a call would be
+        #: one more object for the program's garbage collector until the span is drained.
+        self._finish_span: Callable[[Span], None] = self._finish
+        untrack = c_helper("_untrack", SPAN_UNTRACK)
+        #: Takes a model call's frame out of the cyclic garbage collector: its layer calls'
+        #: frames keep it until the flusher drains them (``_untrack.c``).
+        self._untrack_record: Callable[[list[Any]], None] = untrack.untrack_record if untrack is not None else _nothing_with
         self._clear_caches: Callable[[], None] = lambda: None  # the C helper's, where it is used
         #: id(model) → its invocation counter (a model call takes the next number).
         self._invocations: dict[int, Iterator[int]] = {}
@@ -1611,9 +1623,10 @@ class TorchModuleSource(Source):
         if static.loss:
             attrs[REGION_ATTR] = LOSS_REGION
         span = self._begin(name, Level.USER if static.loss else Level.MODEL, attrs)
-        span._fin = self._finish
+        span._fin = self._finish_span
         span.attrs["_cpu0"] = thread_usage()  # ml.thread.cpu_ns and .minor_faults, with "_cpu1" at the end (_finish)
         frame = [module, None, span.id, span.start_ns, -1, None, None, ("", static, static.attrs, None, None), None, span]
+        self._untrack_record(frame)
         stack.append(frame)
         return frame
 
