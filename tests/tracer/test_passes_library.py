@@ -382,3 +382,60 @@ def test_spans_with_nested_ones_match_the_walk_down_every_open_span() -> None:
         crossing_cases += any(a.start_ns < b.start_ns < a.end_ns < b.end_ns for a in spans for b in spans)
         assert _with_nested(spans) == _nested_by_walk(spans)
     assert crossing_cases > 500  # the case where the shortcut must not be taken was tried
+
+
+def _request_gemm(i: int, start: int, end: int, batch: int, track: int) -> Span:
+    """A request thread's ``aten::addmm`` at batch ``batch``: x [batch, 128] @ w [128, 10]."""
+    o = op(i, "aten::addmm", start, end, track=track)
+    o.attrs["ml.input.shapes"] = [[10], [batch, 128], [128, 10], [], []]
+    return o
+
+
+def _request_call(i: int, seq: int, receive: int, batch: int) -> Span:
+    return mkl(i, seq, receive=receive, exec_ns=20_000, desc=f"T,N,10,{batch},128,*,*,128,*,128,*,*,10")
+
+
+def test_calls_of_server_threads_issued_in_turn_each_find_their_thread_op() -> None:
+    """Two request threads: the worker's op started first, the main thread's call was issued
+    first. Issue order binds each thread's calls, not one thread's calls to another's ops:
+    the worker's call still goes to the worker's op."""
+    spans = [
+        _request_gemm(1, 100_000, 400_000, batch=4, track=WORKER),
+        _request_gemm(2, 150_000, 300_000, batch=1, track=MAIN),
+        _request_gemm(3, 500_000, 700_000, batch=1, track=MAIN),
+        _request_call(10, 0, receive=290_000, batch=1),
+        _request_call(11, 1, receive=390_000, batch=4),
+        _request_call(12, 2, receive=690_000, batch=1),
+    ]
+    out = attach_library_calls(run_of(spans))
+    got = placed(out)
+    assert [got[i][0] for i in (10, 11, 12)] == [2, 1, 3]
+    assert [got[i][3] for i in (10, 11, 12)] == [MAIN, WORKER, MAIN]
+    assert out.meta["correlation"]["attach_library_calls"] == {"timed": 0, "untimed": 3, "unattached": 0}
+
+
+def test_a_thread_never_goes_back_to_its_own_earlier_op() -> None:
+    """Issue order still binds one thread: after a call went to the main thread's second op,
+    a later call with the first op's shapes is not put back into the first op."""
+    spans = [
+        _request_gemm(1, 100_000, 300_000, batch=2, track=MAIN),
+        _request_gemm(2, 400_000, 600_000, batch=1, track=MAIN),
+        _request_call(10, 0, receive=590_000, batch=1),
+        _request_call(11, 1, receive=600_000, batch=2),
+    ]
+    got = placed(attach_library_calls(run_of(spans)))
+    assert got[10][0] == 2
+    assert got[11][0] is None
+
+
+def test_a_call_read_in_one_process_never_goes_to_another_process_op() -> None:
+    """A followed child's calls are read on the child's own track: an op of the parent with
+    the same shapes, running at the time, did not make them."""
+    other = 7
+    tracks = {**TRACKS, other: Track(other, TrackKind.THREAD, "child", 200, 200)}
+    spans = [_request_gemm(1, 100_000, 300_000, batch=1, track=MAIN), _request_call(10, 0, receive=290_000, batch=1)]
+    spans[1] = Span(10, None, LIB, spans[1].name, spans[1].start_ns, spans[1].end_ns, other, spans[1].attrs)
+    got = placed(attach_library_calls(Run(path=Path("."), meta={}, tracks=tracks, spans=spans)))
+    assert got[10][0] is None
+    spans[1] = Span(10, None, LIB, spans[1].name, spans[1].start_ns, spans[1].end_ns, SOURCE, spans[1].attrs)
+    assert placed(attach_library_calls(run_of(spans)))[10][0] == 1

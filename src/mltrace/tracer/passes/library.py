@@ -7,8 +7,9 @@ op and sets its parent:
 - a timed call (oneDNN with ``ONEDNN_VERBOSE_TIMESTAMP``) goes to the innermost span that
   contains it (``_Containing``);
 - an untimed call (every MKL call) goes, in issue order, to the first leaf caller op that can
-  have made it (``_first_fit``, ``_compatible``), an untimed oneDNN call to the op that
-  started last (``_last_started``), and is laid out inside that op;
+  have made it (``_first_fit``, ``_compatible``), each thread's calls from the op its previous
+  call went to on (``_ThreadCursors``), an untimed oneDNN call to the op that started last
+  (``_last_started``), and is laid out inside that op;
 - a call that no op can be shown to have issued is set apart on a lane of its own
   (``_set_apart``).
 """
@@ -326,7 +327,8 @@ def _end_bounds(library: list[Span]) -> dict[int, int]:
 def _first_fit(
     call: Span,
     callers: list[Span],
-    cur: int,
+    rows: list[int],
+    begin: int,
     d: int,
     upper: int,
     lower: int,
@@ -336,7 +338,8 @@ def _first_fit(
     complete: set[int],
     compatible: _Compatibility,
 ) -> tuple[int, int]:
-    """The first caller op, from ``cur`` on, that can have issued ``call``, and where the call starts in it.
+    """The first caller op among ``callers[rows[begin]]``, ``callers[rows[begin + 1]]``, … (in
+    order of start) that can have issued ``call``, and where the call starts in it.
 
     The op must have started before the call could have (``upper - d``, the
     call having ended by ``upper``), still run at ``lower``, not be ruled out by
@@ -348,10 +351,11 @@ def _first_fit(
     (``thread_filled``: track → end; MKL is called from one thread at a time),
     allowing 10 % on the call's own duration. A blocked op (flash attention)
     runs its calls in parallel on its intra-op threads, so each call only has
-    to fit in the op. Returns ``(-1, 0)`` when no op qualifies.
+    to fit in the op. Returns ``(-1, 0)`` when no op qualifies, else the op's index in ``callers``.
     """
     latest_start = upper - d + slack_ns
-    for i in range(cur, len(callers)):
+    for j in range(begin, len(rows)):
+        i = rows[j]
         op = callers[i]
         if op.start_ns > latest_start:
             break  # sorted by start: no later op qualifies
@@ -366,6 +370,61 @@ def _first_fit(
         if t0 + d <= op.end_ns + slack_ns + d // 10:
             return i, t0
     return -1, 0
+
+
+class _ThreadCursors:
+    """Where the search for each MKL call's op begins, thread by thread.
+
+    Calls are taken in issue order, and the calls of one thread were issued in the order of
+    its ops: on each thread track the search begins at the op the thread's previous call went
+    to. A server's request threads issue calls in turn, so one cursor over every thread's ops
+    (in order of start) would pass over the op of a request that started before another
+    thread's op took a call, and leave the rest of that request's calls unplaced. The first
+    fit of a call is the earliest-starting of each track's first fit (``_first_fit``), among
+    the tracks of the process whose track the call was read on; with one track this is the
+    search from the previous call's op on.
+    """
+
+    def __init__(self, callers: list[Span], tracks: dict[int, Track]) -> None:
+        self._rows: dict[int, list[int]] = {}  # track -> indices in callers, by start
+        for i, op in enumerate(callers):
+            self._rows.setdefault(op.track_id, []).append(i)
+        self._tracks = tracks
+        self._reach: dict[int, list[int]] = {}  # track -> greatest end of its ops up to each
+        for track, rows in self._rows.items():
+            reach, top = [], -(1 << 63)
+            for i in rows:
+                top = max(top, callers[i].end_ns)
+                reach.append(top)
+            self._reach[track] = reach
+        self._at: dict[int, int] = dict.fromkeys(self._rows, 0)  # track -> its previous call's op
+
+    def first_fit(self, call: Span, callers: list[Span], d: int, upper: int, lower: int, *rest: Any) -> tuple[int, int]:
+        """``_first_fit`` on each track from its cursor (past the ops that ended before
+        ``lower``): the candidate that started first, or ``(-1, 0)``. ``rest``: the rest of
+        ``_first_fit``'s arguments, from ``slack_ns`` on."""
+        best, best_start = -1, 0
+        pid = self._pid(call.track_id)
+        for track, rows in self._rows.items():
+            if pid is not None and self._pid(track) not in (pid, None):
+                continue  # another process's thread: its calls are read on its own tracks
+            begin = max(self._at[track], bisect.bisect_left(self._reach[track], lower))
+            if begin >= len(rows) or (best >= 0 and rows[begin] > best):
+                continue  # every op left on this track starts after the candidate found
+            i, start = _first_fit(call, callers, rows, begin, d, upper, lower, *rest)
+            if i >= 0 and (best < 0 or i < best):
+                best, best_start = i, start
+        return best, best_start
+
+    def _pid(self, track: int) -> int | None:
+        """The process of a track, or None where the run names none."""
+        t = self._tracks.get(track)
+        return t.pid if t is not None else None
+
+    def chose(self, i: int, callers: list[Span]) -> None:
+        """The call went to ``callers[i]``: its thread's next call is looked for from there."""
+        track = callers[i].track_id
+        self._at[track] = bisect.bisect_left(self._rows[track], i)
 
 
 def _last_started(
@@ -417,8 +476,10 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
     ``r`` is first lowered to the start of the next timed call in issue order
     (``_end_bounds``). MKL calls are taken in issue order (``ml.library.seq``) and given to
     leaf caller ops (``MKL_CALLER_OPS`` with no such op nested in them on their track,
-    leaving out ops that issued a timed oneDNN call): the first, from the previous call's op
-    on, that can have made the call (``_first_fit``). So receipt time only bounds the search,
+    leaving out ops that issued a timed oneDNN call): the first, from the op its thread's
+    previous call went to on (``_ThreadCursors``: each thread track keeps its place, and only
+    the tracks of the process that read the line are searched), that can have made the call
+    (``_first_fit``). So receipt time only bounds the search,
     and a late line lands where a prompt one would (``benchmarks/mkl_placement.py`` measures
     this on a recorded run). Issue order cannot tell a caller op that made no MKL call (a
     tiny matrix on torch's own path) from a later one with compatible shapes that did: the
@@ -498,7 +559,8 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
         op_leaves: list[Span] | None = None  # for untimed oneDNN calls, made when one comes
         issuing_tracks.update(op.track_id for op in mkl_callers)
         bounds = _end_bounds(library) if len(issuing_tracks) <= 1 else {}
-        cursors = {"MKL": 0, "oneDNN": 0}
+        mkl_cursors = _ThreadCursors(mkl_callers, run.tracks)
+        onednn_cursor = 0  # untimed oneDNN calls: the op of the previous one
         used = {"MKL": False, "oneDNN": False}
         last_end: dict[int, int] = {}  # op id -> end of the last call laid out in it
         filled: dict[int, int] = {}  # op id -> end of the MKL calls packed into it from its start
@@ -514,17 +576,19 @@ def attach_library_calls(run: Run, slack_ns: int = 2_000, max_lag_ns: int = 500_
             d = s.attrs.get("ml.library.exec_ns", s.end_ns - s.start_ns)
             received = s.attrs.get("ml.library.receive_ns", s.end_ns)
             r = min(received, bounds.get(s.id, received))
-            cur = cursors[lib]
             if lib == "MKL":
-                chosen, packed_start = _first_fit(
-                    s, callers, cur, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete, compatible
+                chosen, packed_start = mkl_cursors.first_fit(
+                    s, callers, d, r, received - max_lag_ns, slack_ns, filled, thread_filled, complete, compatible
                 )
             else:
-                chosen = _last_started(s, callers, cur, used[lib], d, r, max_lag_ns, slack_ns, compatible)
+                chosen = _last_started(s, callers, onednn_cursor, used[lib], d, r, max_lag_ns, slack_ns, compatible)
             if chosen < 0:
                 unplaced.append(s)
                 continue
-            cursors[lib] = chosen
+            if lib == "MKL":
+                mkl_cursors.chose(chosen, callers)
+            else:
+                onednn_cursor = chosen
             used[lib] = True
             op = callers[chosen]
             if lib == "MKL":
