@@ -439,3 +439,19 @@ def test_a_call_read_in_one_process_never_goes_to_another_process_op() -> None:
     assert got[10][0] is None
     spans[1] = Span(10, None, LIB, spans[1].name, spans[1].start_ns, spans[1].end_ns, SOURCE, spans[1].attrs)
     assert placed(attach_library_calls(run_of(spans)))[10][0] == 1
+
+
+def test_flash_attention_calls_of_a_decode_step_span_the_cached_keys() -> None:
+    """A decode step with a KV cache: one query against 33 cached keys. Its block GEMMs are
+    (33, 1, 32) and (32, 1, 33): the key block is the keys' length, longer than the query's."""
+    flash = op(1, "aten::_scaled_dot_product_flash_attention_for_cpu", 100_000, 200_000)
+    flash.attrs["ml.input.shapes"] = [[1, 4, 1, 32], [1, 4, 33, 32], [1, 4, 33, 32], [], []]
+    calls = [
+        mkl(10, 0, receive=150_000, exec_ns=2_000, desc="T,N,33,1,32,*,*,32,*,32,*,*,33"),
+        mkl(11, 1, receive=160_000, exec_ns=2_000, desc="N,N,32,1,33,*,*,32,*,33,*,*,32"),
+    ]
+    got = placed(attach_library_calls(run_of([flash, *calls])))
+    assert got[10][0] == 1 and got[11][0] == 1
+    # a block longer than both sequences is still ruled out
+    other = mkl(12, 0, receive=150_000, exec_ns=2_000, desc="T,N,64,1,32,*,*,32,*,32,*,*,64")
+    assert placed(attach_library_calls(run_of([flash, other])))[12][0] is None

@@ -157,14 +157,16 @@ class _Compatibility:
             return dims is None or dims.issuperset(sizes)
         if name in BLOCKED_GEMM_OPS:
             # (key block, query block, head dim) or (head dim, query block, key block): the head
-            # dimension (the query's last) is one of them, and no block exceeds the sequence.
+            # dimension (the query's last) is one of them, and no block exceeds the longer of the
+            # query's and the key's sequence (a decode step with a KV cache: 1 query, 33 keys).
             shapes = op.attrs.get("ml.input.shapes")
             if not isinstance(shapes, list) or not shapes or not isinstance(shapes[0], list) or len(shapes[0]) < 2:
                 return True
-            seq, head = shapes[0][-2], shapes[0][-1]
-            if not isinstance(seq, int) or not isinstance(head, int):
+            head = shapes[0][-1]
+            seqs = [x[-2] for x in shapes[:2] if isinstance(x, list) and len(x) >= 2]
+            if not isinstance(head, int) or not all(isinstance(n, int) for n in seqs):
                 return True
-            return head in sizes and all(n <= max(seq, head) for n in sizes)
+            return head in sizes and all(n <= max(*seqs, head) for n in sizes)
         if name in IM2COL_OPS and len(sizes) == 3:
             shapes = op.attrs.get("ml.input.shapes")
             if not isinstance(shapes, list) or len(shapes) < 2 or not isinstance(shapes[1], list) or len(shapes[1]) < 3:
