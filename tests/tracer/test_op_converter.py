@@ -357,3 +357,56 @@ def test_a_helper_process_runs_below_the_programs_priority(value: str | None, in
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(increment), str(increment)]
+
+
+def test_a_converter_that_falls_behind_pauses_the_op_level_instead_of_the_program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its allowance for waiting (``BACKLOG_WAIT_FREE_S``, ``BACKLOG_WAIT_SHARE``), the
+    program waits no longer: the running cycle stops and none starts until the converter has
+    caught up. The intervals are kept (``torch_profiler.unrecorded``), the model calls in them
+    have no ops, later calls have them again, and the report counts the calls with ops only."""
+    from mltrace.analysis.bottleneck import analyze
+    from mltrace.tracer.session import active_session
+    from mltrace.tracer.sources import torch_ops
+
+    real = torch_ops._Converter._convert
+
+    def slow_at_first(self: torch_ops._Converter, path: Path) -> None:
+        if self.cycles < 3:  # behind at first, then quicker than the program
+            time.sleep(0.3)
+        real(self, path)
+
+    monkeypatch.setattr(torch_ops._Converter, "_convert", slow_at_first)
+    monkeypatch.setattr(torch_ops, "CYCLE_OPS_MAX", 1)
+    monkeypatch.setattr(torch_ops, "BACKLOG_WAIT_FREE_S", 0.05)
+    monkeypatch.setattr(torch_ops, "BACKLOG_WAIT_SHARE", 0.0)
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        session = active_session()
+        assert session is not None
+        after_resume = 0
+        for _ in range(2000):  # until 30 calls after the first pause's end
+            model(torch.randn(2, 8))
+            time.sleep(0.005)
+            (source,) = [s for s in session.started if s.name == "torch.profiler"]
+            after_resume += bool(source.unrecorded)  # type: ignore[attr-defined]
+            if after_resume > 30:
+                break
+    run = mltrace.load_run(tmp_path / "run")
+    profiler = run.meta["torch_profiler"]
+    assert profiler["waited_for_conversion_s"] < 0.05 + 0.1  # its allowance, and one wait's overshoot
+    gaps = profiler["unrecorded"]
+    assert gaps and profiler["unrecorded_calls"] > 0
+    calls = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
+    with_ops = {s.parent_id for s in run.spans if s.name == "aten::linear"} | {
+        p.parent_id for p in run.spans if p.level == Level.LAYER and p.id in {s.parent_id for s in run.spans if s.name == "aten::linear"}
+    }
+    in_gap = [any(c.start_ns < end and c.end_ns > begin for begin, end in gaps) for c in calls]
+    for call, gapped in zip(calls, in_gap, strict=True):
+        assert (call.id in with_ops) != gapped, (call, gapped)
+    assert sum(in_gap) == profiler["unrecorded_calls"]
+    assert any(c.start_ns > gaps[0][1] and c.id in with_ops for c in calls), "no cycle ran after the first pause"
+    assert any("its converter fell behind the program; rather than" in note for note in run.meta["limitations"])
+    notes = analyze(run).findings.notes
+    recorded = len(calls) - sum(in_gap)
+    assert any(f"paused while its converter caught up: ops were recorded in {recorded} of" in n for n in notes), notes

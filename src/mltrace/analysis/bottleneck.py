@@ -874,7 +874,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
     models = [r for r in layer_rows if r.stat.level is Level.MODEL]
     model_ns = sum(r.stat.total_ns for r in models)
     layer_ended = g.layer_end_ns is not None
-    op_ended = layer_ended or g.op_ends.ended
+    op_ended = layer_ended or g.op_ends.partial
     order = [*HIERARCHY, Level.USER]
     breakdown = Breakdown(
         levels=[LevelTime(lv, g.counts[int(lv)], g.level_ns[int(lv)]) for lv in order if g.counts.get(int(lv))],
@@ -1103,13 +1103,13 @@ def _findings(
     if has_ops and layer_rows:
         findings.framework_ns = sum(r.framework_ns or 0 for r in layer_rows)
         findings.framework_base_ns = model_ns or sum(r.stat.self_ns for r in layer_rows)
-        if p.op_ends.ended or p.layer_end_ns is not None:  # only the calls with ops in layers
+        if p.op_ends.partial or p.layer_end_ns is not None:  # only the calls with ops in layers
             findings.framework_base_ns = sum(r.op_calls_ns for r in models) or sum(
                 r.op_calls_ns for r in layer_rows if not r.has_child_layers
             )
             if not findings.framework_base_ns:  # no counted call ran with ops: nothing measured it
                 findings.framework_ns = None
-        if p.op_ends.ended:
+        if p.op_ends.partial:
             by_framework: dict[str, list[int]] = {}
             for r in models:
                 counts = by_framework.setdefault(r.stat.framework or "?", [0, 0])
@@ -1120,8 +1120,11 @@ def _findings(
                 each = " (" + ", ".join(f"{fw}: {n} of {m}" for fw, (n, m) in sorted(by_framework.items())) + ")"
             recorded = sum(r.op_calls for r in models)
             counted = "count those calls only" if recorded else "are not measured"
+            why = "ended early" if p.op_ends.ended else "paused while its converter caught up"
+            if p.op_ends.ended and p.op_ends.paused:
+                why += " (and paused while its converter caught up)"
             findings.notes.append(
-                f"the op level ended early: ops were recorded in {recorded} of {calls} model "
+                f"the op level {why}: ops were recorded in {recorded} of {calls} model "
                 f"calls{each}; framework overhead and ops per call {counted}"
             )
     elif layer_rows:

@@ -170,11 +170,25 @@ class OpEnds:
 
     default: int | None = None
     by_framework: dict[str, int | None] = field(default_factory=dict)
+    #: Per framework, the intervals in which its op level recorded nothing while its converter
+    #: caught up (run.json ``torch_profiler.unrecorded``; sorted, session clock ns): a call
+    #: that overlaps one has no ops.
+    gaps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
         """Whether any framework's op level ended before the run did."""
         return self.default is not None or any(v is not None for v in self.by_framework.values())
+
+    @property
+    def paused(self) -> bool:
+        """Whether some framework's op level recorded nothing for a while (``gaps``)."""
+        return any(self.gaps.values())
+
+    @property
+    def partial(self) -> bool:
+        """Whether some model calls ran without the op level: it ended early, or paused."""
+        return self.ended or self.paused
 
     def of(self, framework: object) -> int | None:
         """The end that applies to a call of ``framework`` (its ``ml.framework``), or None."""
@@ -184,12 +198,31 @@ class OpEnds:
 
 
 def op_ends(run: Run) -> OpEnds:
-    """The op level's ends from run.json's ``op_window`` (``OpEnds``)."""
+    """The op level's ends from run.json's ``op_window``, and its pauses from
+    ``torch_profiler.unrecorded`` (``OpEnds``)."""
     window = run.meta.get("op_window")
     frameworks = window.get("frameworks") if isinstance(window, dict) else None
+    gaps = _torch_gaps(run)
     if not isinstance(frameworks, dict) or not frameworks:
-        return OpEnds(window_end(run, "op_window"))
-    return OpEnds(None, {str(fw): _ns(entry.get("ended_ns") if isinstance(entry, dict) else None) for fw, entry in frameworks.items()})
+        return OpEnds(window_end(run, "op_window"), gaps=gaps)
+    ends = {str(fw): _ns(entry.get("ended_ns") if isinstance(entry, dict) else None) for fw, entry in frameworks.items()}
+    return OpEnds(None, ends, gaps)
+
+
+def _torch_gaps(run: Run) -> dict[str, list[tuple[int, int]]]:
+    """The torch op level's pauses (run.json ``torch_profiler.unrecorded``), sorted, for
+    ``OpEnds.gaps``; pairs that are not two session times are left out."""
+    stats = run.meta.get("torch_profiler")
+    raw = stats.get("unrecorded") if isinstance(stats, dict) else None
+    if not isinstance(raw, list):
+        return {}
+    gaps = []
+    for pair in raw:
+        if isinstance(pair, list) and len(pair) == 2:
+            begin, end = _ns(pair[0]), _ns(pair[1])
+            if begin is not None and end is not None and begin <= end:
+                gaps.append((begin, end))
+    return {"pytorch": sorted(gaps)} if gaps else {}
 
 
 def _ns(value: object) -> int | None:

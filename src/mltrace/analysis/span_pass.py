@@ -236,21 +236,36 @@ class Gathered:
     layer_end_ns: int | None = None
 
 
-def _op_end_per_call(ends: OpEnds, t: SpanTable, call_rows: np.ndarray, cowner: np.ndarray, cdepth: np.ndarray) -> np.ndarray:
-    """When the op level of each call's framework ended (``OpEnds``; int64 max where it did
-    not): the outermost calls' own ``ml.framework``, inherited by the calls inside them."""
+def _ops_recorded_per_call(ends: OpEnds, t: SpanTable, call_rows: np.ndarray, cowner: np.ndarray, cdepth: np.ndarray) -> np.ndarray:
+    """Whether the op level of each call's framework recorded it: the call ended before that
+    level's end (``OpEnds``) and overlaps none of its pauses (``OpEnds.gaps``). The outermost
+    calls' own ``ml.framework`` decides, inherited by the calls inside them."""
     never = np.iinfo(np.int64).max
-    if not ends.by_framework:
-        return np.full(len(call_rows), never if ends.default is None else ends.default, dtype=np.int64)
-    out = np.full(len(call_rows), never, dtype=np.int64)
-    for c in np.nonzero(cowner < 0)[0].tolist():
-        end = ends.of(t.attrs(int(call_rows[c])).get("ml.framework"))
-        if end is not None:
-            out[c] = end
+    outer = np.nonzero(cowner < 0)[0]
+    if ends.by_framework:
+        op_end = np.full(len(call_rows), never, dtype=np.int64)
+        for c in outer.tolist():
+            end = ends.of(t.attrs(int(call_rows[c])).get("ml.framework"))
+            if end is not None:
+                op_end[c] = end
+    else:
+        op_end = np.full(len(call_rows), never if ends.default is None else ends.default, dtype=np.int64)
+    recorded = t.end[call_rows] <= op_end
+    for framework, gaps in ends.gaps.items():
+        mine = outer[[t.attrs(int(call_rows[c])).get("ml.framework") == framework for c in outer.tolist()]]
+        recorded[mine] &= ~_overlaps(gaps, t.start[call_rows[mine]], t.end[call_rows[mine]])
     for d in range(2, int(cdepth.max()) + 1 if len(cdepth) else 0):
         inner = np.nonzero((cdepth == d) & (cowner >= 0))[0]
-        out[inner] = out[cowner[inner]]
-    return out
+        recorded[inner] = recorded[cowner[inner]]
+    return recorded
+
+
+def _overlaps(gaps: list[tuple[int, int]], start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Whether each interval (``start``, ``end``) overlaps one of ``gaps`` (sorted, disjoint)."""
+    begins = np.fromiter((g[0] for g in gaps), dtype=np.int64, count=len(gaps))
+    gap_ends = np.fromiter((g[1] for g in gaps), dtype=np.int64, count=len(gaps))
+    last = np.searchsorted(begins, end, side="left") - 1  # the last gap that begins before the call ends
+    return (last >= 0) & (gap_ends[np.maximum(last, 0)] > start)
 
 
 # -- structure ---------------------------------------------------------------------
@@ -747,7 +762,7 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     # A call has layer spans if it started before the layer level's end (calls in flight then
     # finish theirs), and ops if it also ended before its framework's op level did.
     with_layers = start[call_rows] <= g.layer_end_ns if g.layer_end_ns is not None else np.ones(ncall, dtype=bool)
-    with_ops = with_layers & (end[call_rows] <= _op_end_per_call(g.op_ends, t, call_rows, cowner, cdepth))
+    with_ops = with_layers & _ops_recorded_per_call(g.op_ends, t, call_rows, cowner, cdepth)
     # Rows with ops of their own (in any call): a call of theirs without ops misses their work.
     own_ops = (_count_by(crow[call_of[above[direct]]], nrow) > 0)[crow]
     flops = np.zeros(ncall)

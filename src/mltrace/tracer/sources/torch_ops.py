@@ -99,6 +99,13 @@ CYCLE_S = 0.1
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
 CYCLE_OPS_MAX = 25_000
+#: How long the program may wait for the converter in all without it counting against its run
+#: (s), and the share of the op level's time past which it no longer waits: the running cycle
+#: then stops, and no op is recorded until the converter has caught up (``_pause_cycles``). A
+#: converter that the machine's other work starves (it runs at a lower priority) would
+#: otherwise make the program wait for it again and again.
+BACKLOG_WAIT_FREE_S = 1.0
+BACKLOG_WAIT_SHARE = 0.1
 #: What torch.profiler's stop adds to the process for each op it holds (bytes; measured +47 MB
 #: for a cycle of 15,200 ops, docs/PERFORMANCE.md "Long runs"), where recording them took
 #: +10 MB: the memory budget counts it ahead (``stop_bytes``).
@@ -205,6 +212,14 @@ class TorchOpSource(Source):
         #: again.
         self.switches_deferred: dict[str, int] = {}
         self._held = False  # the running cycle's switch was put off
+        #: While no cycle runs because the converter fell behind (``_pause_cycles``): the
+        #: session time the last cycle stopped, else None.
+        self._gap_began: int | None = None
+        #: The intervals without a cycle so far (session ns: begin, end), and the model calls
+        #: that returned in them.
+        self.unrecorded: list[tuple[int, int]] = []
+        self.unrecorded_calls = 0
+        self._began_at = 0.0  # time.monotonic() at the first cycle's start
         self._ranges = RecordFunctionDepth(self._range_closed)
         #: Takes ``_guard_program_profiler``'s wrapper off torch again.
         self._unguard: Callable[[], None] = lambda: None
@@ -216,8 +231,9 @@ class TorchOpSource(Source):
 
     @property
     def recording_ops(self) -> bool:
-        """Its ops are recorded while torch.profiler runs."""
-        return self._prof is not None
+        """Its ops are recorded while torch.profiler runs, and again after a pause while the
+        converter catches up (``_pause_cycles``), which counts as recording."""
+        return self._prof is not None or (self._gap_began is not None and not self._ended)
 
     @property
     def holds_run_events(self) -> bool:
@@ -319,6 +335,7 @@ class TorchOpSource(Source):
             # Kineto's CUPTI buffer callbacks in place of cupti-python's (which then records
             # nothing), and CUDA activity is handed between the two only around the first start.
             if self.cycle_s and not self._records_kernels_here() and not memory:
+                self._began_at = time.monotonic()
                 self._cycles = _Converter(self, session)
                 self._cycles.start_process()  # its interpreter starts now, not inside the program's next model call
                 self._ranges.install(torch)
@@ -366,7 +383,7 @@ class TorchOpSource(Source):
         """The program starts a torch profiler of its own: ends mltrace's op level now (its ops
         so far are kept), through the session's op window where it has one. Never raises."""
         session = self._session
-        if self._prof is None or self._ended or session is None:
+        if (self._prof is None and self._gap_began is None) or self._ended or session is None:
             return
         reason = "the program started torch.profiler itself"
         try:
@@ -421,7 +438,14 @@ class TorchOpSource(Source):
     def _model_call_ended(self, framework: str | None) -> None:
         """After every outermost model call (``Session.add_model_call_listener``): counts the
         call and ends the running cycle where it is due (``_switch_if_due``)."""
-        if framework != self.framework or self._prof is None:
+        if framework != self.framework:
+            return
+        if self._gap_began is not None:
+            self.unrecorded_calls += 1
+            self._one_model_thread()  # a second model thread stops the cycles: the next start is held whole
+            self._resume_if_caught_up()
+            return
+        if self._prof is None:
             return
         self._cycle_calls += 1
         if self._cycles is not None and not self._one_model_thread():
@@ -453,20 +477,60 @@ class TorchOpSource(Source):
             if self._deferred():
                 return
             waited_from = now_ns()
-            cycles.wait_converted()
+            caught_up = cycles.wait_converted(self._wait_left_s(cycles))
             self._note_hold(waited_from)
+            if not caught_up:
+                self._pause_cycles()
+                return
         self._switch_holding_new_spans()
+
+    def _wait_left_s(self, cycles: _Converter) -> float:
+        """How long the program may still wait for the converter (s): ``BACKLOG_WAIT_FREE_S``
+        in all, and ``BACKLOG_WAIT_SHARE`` of the time since the first cycle began."""
+        allowed = max(BACKLOG_WAIT_FREE_S, BACKLOG_WAIT_SHARE * (time.monotonic() - self._began_at))
+        return max(0.0, allowed - cycles.waited_ns / 1e9)
+
+    def _pause_cycles(self) -> None:
+        """The converter is behind and the program may wait no longer: stops the running cycle
+        and hands it over, and starts none until the converter has caught up
+        (``_resume_if_caught_up``); the model calls meanwhile run without the op level, and the
+        interval is kept (``unrecorded``, run.json ``torch_profiler.unrecorded``)."""
+        self._switch_holding_new_spans_then(restart=False)
+        if self._prof is None and not self._ended:
+            self._gap_began = now_ns()
+
+    def _resume_if_caught_up(self) -> None:
+        """After a model call's return in a pause (``_pause_cycles``): starts the next cycle once
+        the converter has converted every cycle handed to it, unless a range holds the start
+        (``_held_by``) or the op level ended meanwhile."""
+        cycles = self._cycles
+        if cycles is None or self._gap_began is None or self._ended:
+            return
+        if cycles.cycles < cycles.handed or self._held_by() is not None:
+            return
+        self._close_gap()
+        self._restart()
+
+    def _close_gap(self) -> None:
+        """Ends a pause (``_pause_cycles``) now, keeping its interval."""
+        if self._gap_began is not None:
+            self.unrecorded.append((self._gap_began, now_ns()))
+            self._gap_began = None
 
     def _switch_holding_new_spans(self) -> None:
         """Switches the cycle unless something holds it (``_deferred``), with spans begun on other
         threads meanwhile made to wait for its end (``Recorder.holding_new_spans``): a request
         that begins during the switch would run its first ops while no profiler records them."""
+        self._switch_holding_new_spans_then(restart=True)
+
+    def _switch_holding_new_spans_then(self, restart: bool) -> None:
+        """``_switch_holding_new_spans``, starting the next cycle where ``restart``."""
         session = self._session
         gate = session is not None and not self._one_thread  # a one-thread cycle records no other thread
         release = session.recorder.holding_new_spans() if gate and session is not None else None
         try:
             if not self._deferred():
-                self._next_cycle(restart=True)
+                self._next_cycle(restart=restart)
         finally:
             if release is not None:
                 release()
@@ -701,6 +765,7 @@ class TorchOpSource(Source):
         what torch held is freed, and the program is paused only for torch's own stop (and,
         without cycles, its export)."""
         self._ended = True
+        self._close_gap()
         if self._cycles is not None:
             self._with_others_quiet(lambda: self._next_cycle(restart=False), END_WAIT_S)
         else:
@@ -838,7 +903,23 @@ class TorchOpSource(Source):
                     f"op level: the program ran quicker than its ops were converted, so it waited {waited:.2f} s in all "
                     f"between model calls, a running cycle holding at most {CYCLE_OPS_MAX:,} ops"
                 )
+            self._note_unrecorded_gaps(stats)
         self._session.meta["torch_profiler"] = stats
+
+    def _note_unrecorded_gaps(self, stats: dict[str, Any]) -> None:
+        """run.json's ``torch_profiler.unrecorded`` (the intervals without a cycle while the
+        converter caught up, one left open at the stop closed there) and the limitation."""
+        self._close_gap()
+        if not self.unrecorded or self._session is None:
+            return
+        stats["unrecorded"] = [list(gap) for gap in self.unrecorded]
+        stats["unrecorded_calls"] = self.unrecorded_calls
+        seconds = sum(end - begin for begin, end in self.unrecorded) / 1e9
+        self._session.note_limitation(
+            f"op level: its converter fell behind the program; rather than make the program wait past "
+            f"{BACKLOG_WAIT_FREE_S:g} s or {BACKLOG_WAIT_SHARE:.0%} of the run, it paused: no ops were recorded in "
+            f"{len(self.unrecorded)} interval(s) ({seconds:.2f} s, {self.unrecorded_calls} model calls) while it caught up"
+        )
 
 
 class _Converter:
@@ -890,14 +971,21 @@ class _Converter:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
 
-    def wait_converted(self) -> None:
-        """Waits until every cycle handed is converted (the program's thread, between two model
-        calls: ``CYCLE_OPS_MAX``), adding the wait to ``waited_ns``."""
+    def wait_converted(self, timeout_s: float) -> bool:
+        """Waits until every cycle handed is converted, for at most ``timeout_s`` (the program's
+        thread, between two model calls: ``CYCLE_OPS_MAX``), adding the wait to ``waited_ns``;
+        whether they are."""
         t0 = time.perf_counter_ns()
+        deadline = time.monotonic() + timeout_s
         with self._converted:
             while self.cycles < self.handed and self._thread is not None:
-                self._converted.wait(0.5)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._converted.wait(min(left, 0.5))
+            caught_up = self.cycles >= self.handed or self._thread is None
         self.waited_ns += time.perf_counter_ns() - t0
+        return caught_up
 
     def finish(self) -> None:
         """Waits until every cycle handed is converted, then ends the converter process."""
