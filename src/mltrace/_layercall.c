@@ -296,13 +296,95 @@ static int read_shapes(LayerCall *self, PyObject *tensor, Shapes *s) {
     return 0;
 }
 
+/* Appends tensor's (shape, dtype) pair to out, as raw_shapes lists it: 0, also where the
+ * tensor has no shape (a nested tensor: left out, its error cleared), -1 on another error. */
+static int append_pair(LayerCall *self, PyObject *tensor, PyObject *out) {
+    int direct = self->get_shape != NULL;
+    PyObject *shape = direct ? self->get_shape(tensor, self->shape_closure) : PyObject_GetAttr(tensor, s_shape);
+    if (!shape) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *dtype = direct ? self->get_dtype(tensor, self->dtype_closure) : PyObject_GetAttr(tensor, s_dtype);
+    if (!dtype) { Py_DECREF(shape); return -1; }
+    PyObject *pair = PyTuple_Pack(2, shape, dtype);
+    Py_DECREF(shape); Py_DECREF(dtype);
+    if (!pair) return -1;
+    int r = PyList_Append(out, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
+/* How walk_item treats a value: a plain tensor, another tensor (a subclass: raw_shapes reads
+ * it in Python), or no tensor. -1 on error. */
+enum { NOT_TENSOR, PLAIN_TENSOR, OTHER_TENSOR };
+static int tensor_kind(LayerCall *self, PyObject *v) {
+    if (Py_TYPE(v) == (PyTypeObject *)self->tensor_type) return PLAIN_TENSOR;
+    if (PyLong_CheckExact(v) || PyFloat_CheckExact(v) || PyUnicode_CheckExact(v) || PyBool_Check(v) || v == Py_None) return NOT_TENSOR;
+    int is = PyObject_IsInstance(v, self->tensor_type);
+    return is < 0 ? -1 : (is ? OTHER_TENSOR : NOT_TENSOR);
+}
+
+/* One item of a tuple, list or dict that raw_shapes walks, into out: a tensor's pair, or the
+ * pairs of the tensors in a tuple or list (one level down). 0 done, 1 where raw_shapes must
+ * read the whole value in Python (a tensor subclass, a tuple or list subclass), -1 on error. */
+static int walk_item(LayerCall *self, PyObject *v, PyObject *out) {
+    int kind = tensor_kind(self, v);
+    if (kind == PLAIN_TENSOR) return append_pair(self, v, out);
+    if (kind != NOT_TENSOR) return kind < 0 ? -1 : 1;
+    if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) {
+        return (PyTuple_Check(v) || PyList_Check(v)) ? 1 : 0;
+    }
+    PyObject *items = PySequence_Fast(v, "");  /* the list itself, or the tuple: a new reference */
+    if (!items) return -1;
+    int r = 0;
+    for (Py_ssize_t i = 0; r == 0 && i < PySequence_Fast_GET_SIZE(items); i++) {
+        PyObject *w = PySequence_Fast_GET_ITEM(items, i);
+        int k = tensor_kind(self, w);
+        r = k == PLAIN_TENSOR ? append_pair(self, w, out) : (k == OTHER_TENSOR ? 1 : (k < 0 ? -1 : 0));
+    }
+    Py_DECREF(items);
+    return r;
+}
+
+/* raw_shapes(value) for the values it takes apart itself: a tuple, list or dict (not a
+ * subclass) of plain tensors, and tuples and lists of them; a new list of (shape, dtype)
+ * pairs. NULL without an error where raw_shapes must read it in Python, NULL with one on
+ * error. Any other value that is no tensor has none: an empty list. */
+static PyObject *walk_raw_shapes(LayerCall *self, PyObject *value) {
+    int tuple_or_list = PyTuple_CheckExact(value) || PyList_CheckExact(value);
+    if (!tuple_or_list && !PyDict_CheckExact(value)) {
+        int kind = tensor_kind(self, value);
+        if (kind < 0) return NULL;
+        if (kind != NOT_TENSOR || PyTuple_Check(value) || PyList_Check(value) || PyDict_Check(value)) return NULL;
+        return PyList_New(0);
+    }
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    int r = 0;
+    if (tuple_or_list) {
+        PyObject *items = PySequence_Fast(value, "");
+        if (!items) { Py_DECREF(out); return NULL; }
+        for (Py_ssize_t i = 0; r == 0 && i < PySequence_Fast_GET_SIZE(items); i++) r = walk_item(self, PySequence_Fast_GET_ITEM(items, i), out);
+        Py_DECREF(items);
+    } else {
+        Py_ssize_t pos = 0;
+        PyObject *key, *item;
+        while (r == 0 && PyDict_Next(value, &pos, &key, &item)) r = walk_item(self, item, out);
+    }
+    if (r != 0) Py_CLEAR(out);  /* 1: raw_shapes reads it; -1: the error stays set */
+    return out;
+}
+
 /* The shapes of a call's arguments (args[1:]) or output into s; errors are cleared (no shapes). */
 static void read_value_shapes(LayerCall *self, PyObject *value, Shapes *s) {
     if (Py_TYPE(value) == (PyTypeObject *)self->tensor_type) {
         if (read_shapes(self, value, s) < 0) PyErr_Clear();
         return;
     }
-    PyObject *raw = PyObject_CallOneArg(self->raw_shapes, value);
+    PyObject *raw = walk_raw_shapes(self, value);
+    if (!raw && !PyErr_Occurred()) raw = PyObject_CallOneArg(self->raw_shapes, value);
     if (!raw) { PyErr_Clear(); return; }
     untrack(raw);
     s->raw = raw;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import importlib.util
 import inspect
@@ -39,6 +40,13 @@ def _trace(tmp_path: Path, fn, **options) -> Run:  # type: ignore[no-untyped-def
     with mltrace.profile(output=tmp_path / "run", summary=False, level=options.pop("level", "layer"), **options):
         fn()
     return mltrace.load_run(tmp_path / "run")
+
+
+class _Echo(nn.Module):
+    """Returns its arguments: one as it came, several as a tuple."""
+
+    def forward(self, *args: Any) -> Any:
+        return args[0] if len(args) == 1 else args
 
 
 def _names(run: Run, level: Level = Level.LAYER) -> list[str]:
@@ -612,7 +620,8 @@ def _span_table(run: Run) -> list[tuple[object, ...]]:
 
 def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C helper and the Python wrapper give identical layer spans (names, parents, shapes,
-    dtypes, every attribute) on the example CNN and a TransformerEncoder."""
+    dtypes, every attribute) on the example CNN, a TransformerEncoder (nested tensors inside)
+    and a module called with and returning containers of tensors."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -624,11 +633,30 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
     cnn = resnet_small().eval()
     enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2).eval()
     images, tokens = torch.randn(1, 3, 32, 32), torch.randn(2, 5, 32)
+    pair = collections.namedtuple("pair", "a b")
+    weight = nn.Parameter(torch.ones(3))
+
+    class Forms(nn.Module):
+        """Values the C hot path takes apart itself and those it leaves to raw_shapes."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.echo = _Echo()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.echo((x, x.int()))  # a tuple of tensors out
+            self.echo([x, (x.half(), 3)], {"k": x})  # a list and a dict in, tensors one level down
+            self.echo(pair(x, x))  # a namedtuple: a tuple subclass
+            self.echo((weight, x))  # a tensor subclass inside
+            self.echo({"a": x, "b": [x, "s"], "c": {"deeper": x}})  # a dict out
+            self.echo(x, 2.0, None, "text")  # tensors among scalars
+            return x
 
     def work() -> None:
         with torch.inference_mode():
             cnn(images)
             enc(tokens, src_key_padding_mask=torch.zeros(2, 5, dtype=torch.bool))
+        Forms()(torch.randn(2, 3))
 
     tables = {}
     for path in ("c", "python"):
@@ -640,6 +668,12 @@ def test_both_hot_paths_record_the_same_spans(tmp_path: Path, hot_path: str, mon
     assert tables["c"] == tables["python"]
     (encoder,) = [row for row in tables["c"] if row[:2] == ("model", "TransformerEncoder")]
     assert "('ml.input.keywords', ['src_key_padding_mask'])" in encoder[3]  # its keyword tensor's shape too
+    echoes = [row[3] for row in tables["c"] if row[:2] == ("layer", "echo")]
+    assert len(echoes) == 6
+    outputs = sorted(re.search(r"\('ml.output.shapes', (\[.*?\]\])\)", row).group(1) for row in echoes)  # type: ignore[union-attr]
+    # the list-and-dict call (the tuple in the list, the dict: none), the plain tensor; the
+    # tuple, the namedtuple and the dict of three; the Parameter with the tensor
+    assert outputs == sorted(["[[2, 3]]", "[[2, 3]]", "[[2, 3], [2, 3]]", "[[2, 3], [2, 3]]", "[[2, 3], [2, 3]]", "[[3], [2, 3]]"])
 
 
 def test_shapes_of_every_rank_and_dtype_reach_the_spans(tmp_path: Path) -> None:
