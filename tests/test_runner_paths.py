@@ -5,6 +5,8 @@ run as the program, whose traceback shows runpy's frames as plain Python's does.
 
 from __future__ import annotations
 
+import ast
+import os
 import subprocess
 import sys
 import zipapp
@@ -58,6 +60,34 @@ def test_module_and_directory_runs_are_plain_pythons(tmp_path: Path, typed: list
     traced_tb = traced.stderr.decode().split("Traceback (most recent call last):")[1]
     assert '"<frozen runpy>"' in plain_tb or "runpy.py" in plain_tb  # Python's own frames
     assert traced_tb.startswith(plain_tb)  # the same frames, runpy's as plain Python shows them
+
+
+SAFE_PATH_PROGRAM = """\
+import sys
+print("path", sys.path)
+import shadow
+"""
+
+
+@pytest.mark.parametrize("typed", [["prog.py"], ["-m", "prog"]])
+def test_a_safe_path_adds_no_program_folder_as_in_python(tmp_path: Path, typed: list[str]) -> None:
+    """Under ``PYTHONSAFEPATH`` (``-P``) Python puts neither the script's folder nor the working
+    directory at the head of ``sys.path``: a module there named as one the program imports is
+    not found, and the path is the interpreter's own, as plain. mltrace used to put the folder
+    in the place of the path's first entry."""
+    (tmp_path / "prog.py").write_text(SAFE_PATH_PROGRAM)
+    (tmp_path / "shadow.py").write_text("print('the folder was on the path')\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "MLTRACE_OUTPUT"}, "PYTHONSAFEPATH": "1"}
+    plain = subprocess.run([sys.executable, *typed], cwd=tmp_path, capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    traced = run_cli("python", "-q", "-o", str(tmp_path / "run"), *typed, cwd=tmp_path, env={"PYTHONSAFEPATH": "1"})
+    if typed[0] == "-m":  # the module itself is not found without its folder: a usage error here
+        assert plain.returncode == 1 and traced.returncode == 2 and b"no module named 'prog'" in traced.stderr
+        return
+    assert plain.returncode == traced.returncode == 1
+    assert b"the folder was on the path" not in traced.stdout and b"ModuleNotFoundError" in traced.stderr
+    plain_path = ast.literal_eval(plain.stdout.decode().partition("path ")[2].splitlines()[0])
+    traced_path = ast.literal_eval(traced.stdout.decode().partition("path ")[2].splitlines()[0])
+    assert traced_path[: len(plain_path)] == plain_path and str(tmp_path) not in traced_path
 
 
 BROKEN_INIT = """\

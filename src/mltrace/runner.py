@@ -82,13 +82,16 @@ def _check_top_level_module(name: str) -> None:
     top = name.partition(".")[0]
     if not top:
         raise UsageError(f"cannot import module {name!r}: a relative or empty module name")
-    sys.path.insert(0, os.getcwd())
+    safe = _safe_path()  # -P: Python does not look in the working directory either
+    if not safe:
+        sys.path.insert(0, os.getcwd())
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError) as exc:
         raise UsageError(f"cannot import module {name!r}: {exc}") from None
     finally:
-        sys.path.pop(0)
+        if not safe:
+            sys.path.pop(0)
     if spec is None:
         of_name = f" (the top-level package of {name!r})" if top != name else ""
         raise UsageError(f"no module named {top!r}{of_name}")
@@ -333,10 +336,19 @@ _program_path: tuple[str, str] | None = None
 
 def _set_program_path(entry: str) -> None:
     """Makes ``entry`` ``sys.path[0]``, as Python does for the program, remembering mltrace's
-    own first entry for the finish (``mltrace_first``)."""
+    own first entry for the finish (``mltrace_first``). Under ``-P`` or ``PYTHONSAFEPATH``
+    Python adds no such entry, and neither did it for mltrace: the path is left as it is."""
     global _program_path
+    if _safe_path():
+        return
     _program_path = (entry, sys.path[0])
     sys.path[0] = entry
+
+
+def _safe_path() -> bool:
+    """Whether the interpreter runs with ``-P`` or ``PYTHONSAFEPATH`` (or ``-I``): no script
+    folder or working directory at the head of ``sys.path``."""
+    return bool(getattr(sys.flags, "safe_path", False))
 
 
 @contextlib.contextmanager
