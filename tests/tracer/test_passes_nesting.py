@@ -106,6 +106,36 @@ def test_nest_by_containment(rows: list[Row], expected: dict[int, int | None]) -
     assert parents(nest_by_containment(make_run(rows))) == expected
 
 
+def _region(i: int, parent: int | None, start: int, end: int, name: str = "request") -> Span:
+    """A region of the program's (``mltrace.span``): a user span with its call site."""
+    return Span(i, parent, U, name, start, end, 1, {"code.file.path": "/srv/app.py", "code.line.number": 7})
+
+
+@pytest.mark.parametrize("sweep", ["python", "c"])
+def test_asyncio_tasks_keep_their_recorded_parents(sweep: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two asyncio tasks on one thread: request 3 (task B) runs while request 2 (task A) awaits,
+    inside its interval. B's request, and the model call it makes, keep the parents the
+    recorder gave them (the batch span, B's request); a layer inside a region of its own
+    module's forward still nests under that region, and a torch range still refines."""
+    if sweep == "c":
+        pytest.importorskip("mltrace._sweep", reason="the C sweeps were not built")
+    monkeypatch.setenv("MLTRACE_SWEEP", sweep)
+    spans = [
+        _region(1, None, 0, 1000, "batch"),
+        _region(2, 1, 10, 900),  # task A's request
+        _region(3, 1, 20, 500),  # task B's request, inside A's interval
+        Span(4, 3, M, "model", 30, 400, 1),  # B's model call
+        Span(5, 4, LY, "encoder", 40, 390, 1),
+        _region(6, 5, 50, 380, "inside forward"),  # opened in encoder's forward
+        Span(7, 5, LY, "encoder.0", 60, 370, 1),  # its module stack knows only encoder
+        Span(8, 7, U, "range", 70, 360, 1, {}),  # a record_function range (from the profiler)
+        _region(9, 7, 80, 350, "step"),  # recorded inside encoder.0, under the range
+    ]
+    out = nest_by_containment(Run(path=Path("."), meta={}, spans=spans))
+    assert parents(out) == {1: None, 2: 1, 3: 1, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7, 9: 8}
+    assert out.meta["correlation"]["nest_by_containment"] == {"parents_set": 0, "parents_refined": 2}
+
+
 def test_nest_is_pure_and_reports() -> None:
     run = make_run([(1, None, LY, 0, 100, 1), (2, None, OP, 10, 50, 1), (3, 1, OP, 20, 40, 1)])
     before = [(s.id, s.parent_id) for s in run.spans]

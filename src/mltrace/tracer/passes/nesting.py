@@ -77,6 +77,23 @@ def may_contain(outer: Level, inner: Level) -> bool:
     return outer is Level.USER or outer <= (USER_HOLDER if inner is Level.USER else inner)
 
 
+def is_program_region(span: Span) -> bool:
+    """Whether ``span`` is a region the program's own code opened live (``mltrace.span``,
+    ``@mltrace.trace``): a user span with its call site (``code.file.path``), not a range torch
+    or the program opened through ``record_function`` (those come from the profiler)."""
+    return span.level is Level.USER and "code.file.path" in span.attrs and "torch.range" not in span.attrs
+
+
+def keeps_recorded_parent(span: Span, container: Span) -> bool:
+    """Whether ``span`` keeps its recorded parent rather than take ``container``, a closer span
+    that contains it: a model call or a user span was given the innermost span open in its
+    context (thread or asyncio task) as it began, program regions included, so a region of the
+    program's that was open without being chosen ran in another task on the same thread (a
+    concurrent request). A layer call's recorded parent is the module that called it, which
+    knows no program region, so a region inside that module is its closer parent."""
+    return span.level in (Level.USER, Level.MODEL) and is_program_region(container)
+
+
 def _copy_with_parent(s: Span, parent_id: int | None) -> Span:
     return Span(s.id, parent_id, s.level, s.name, s.start_ns, s.end_ns, s.track_id, s.attrs)
 
@@ -138,7 +155,9 @@ def nest_by_containment(run: Run) -> Run:
     parent is missing from the run, or when its parent is on the same track
     and that innermost container lies inside the parent (the container is a
     closer ancestor: e.g. a ``record_function`` range between a layer and an
-    op). Parents on other tracks (a kernel's launch call) are kept.
+    op). Parents on other tracks (a kernel's launch call) are kept, and so are
+    the recorded parents of model calls and user spans against a region of
+    the program's from another asyncio task (``keeps_recorded_parent``).
 
     Records ``parents_set`` and ``parents_refined`` under
     ``meta["correlation"]["nest_by_containment"]``.
@@ -177,6 +196,7 @@ def nest_by_containment(run: Run) -> Run:
                 and inner.end_ns <= parent.end_ns
                 and order[parent.id] < order[c]
                 and may_contain(parent.level, inner.level)
+                and not keeps_recorded_parent(s, inner)
             ):
                 new_parent[s.id] = c
                 refined += 1
@@ -300,6 +320,9 @@ def _nest_by_containment_columns(run: Run, sweep: Any) -> Run:
         & (pos[p] < pos[safe])
         & allowed
     )
+    for row in np.nonzero(refine)[0].tolist():  # few: the parents a closer container refines
+        if keeps_recorded_parent(spans[row], spans[int(inner[row])]):
+            refine[row] = False
     rows = np.nonzero(orphan | refine)[0]
     spans_out = _with_parents(sweep, spans, rows, ids[inner[rows]])
     facts = {"parents_set": int(orphan.sum()), "parents_refined": int(refine.sum())}
