@@ -73,3 +73,18 @@ def test_cross_stack_chain_of_a_layer_path_two_models_share() -> None:
     text = out.getvalue()
     assert "aten::linear 6.00 ms" in _chain_line(text, "Generator.main.0"), text
     assert "aten::linear 3.00 ms" in _chain_line(text, "Discriminator.main.0"), text
+
+
+def test_library_calls_no_op_issued_are_counted_in_a_finding() -> None:
+    """An MKL call the library pass set apart (no op could be shown to have issued it) is in
+    no table: a finding says how many of the CPU library calls that is."""
+    spans = _cold_first_call_run().spans
+    apart = {"ml.library.name": "MKL", "ml.library.placement": "unplaced"}
+    run = _run([*spans, Span(99, None, Level.LIBRARY, "MKL SGEMM", 5 * MS, 6 * MS, 1, apart)])
+    a = analyze(run, include_cold=False)
+    (note,) = [n for n in a.findings.notes if "could not be placed" in n]
+    assert note.startswith("1 of 6 CPU library calls (MKL, oneDNN) could not be placed")
+    out = io.StringIO()
+    render_report(run, a, file=out, width=250)
+    assert note in out.getvalue()
+    assert not [n for n in analyze(_cold_first_call_run()).findings.notes if "could not be placed" in n]

@@ -910,6 +910,9 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         findings.notes.insert(0, NOTHING_RECORDED)
     if cold.failed_calls:
         findings.notes.append(cold.failed_text())
+    unplaced = unplaced_library_text(whole)
+    if unplaced:
+        findings.notes.append(unplaced)
     symbolic = fx_symbolic_text(run.meta)
     if symbolic:
         findings.notes.append(symbolic)
@@ -951,6 +954,31 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         ranks=rank_times(run=whole),
         processes=process_rows(run=whole),
         counted=run,
+    )
+
+
+def unplaced_library_text(run: Run) -> str:
+    """One line on the CPU library calls that no op could be shown to have issued (their spans
+    have ``ml.library.placement = "unplaced"``: ``tracer/passes/library.py`` sets them apart on
+    a lane of their own, outside every model call), "" when every call was placed."""
+    import numpy as np
+
+    t = run.table
+    if not len(t):
+        return ""
+    rows = np.flatnonzero(t.level == int(Level.LIBRARY))
+    sets, counts = np.unique(t.attr[rows], return_counts=True)
+    unplaced = cpu = 0
+    for k, n in zip(sets.tolist(), counts.tolist()):
+        attrs = t.attr_set(k)
+        cpu += n if attrs.get("ml.library.name") in ("MKL", "oneDNN") else 0
+        unplaced += n if attrs.get("ml.library.placement") == "unplaced" else 0
+    if not unplaced:
+        return ""
+    return (
+        f"{unplaced} of {cpu} CPU library calls (MKL, oneDNN) could not be placed under the op that issued them "
+        "(their log lines name no thread): set apart on a lane of their own, outside every model call, and left out of "
+        "the layer, op and library tables"
     )
 
 
