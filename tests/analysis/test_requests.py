@@ -18,6 +18,7 @@ from mltrace.run.events import Span, Track, TrackKind
 from mltrace.run.levels import Level
 from mltrace.run.store import Run
 from mltrace.viewers.markdown import render_markdown
+from mltrace.viewers.services import straggler_line
 
 PEAKS = PeakSet(Peaks("cpu", "test CPU", 100e9, 10e9, "assumed"))
 SERVER = {"mltrace.otel.kind": "server"}
@@ -152,6 +153,24 @@ def test_no_straggler_on_a_tie_and_no_ranks_without_torch_distributed() -> None:
     got = rank_times(run=even)
     assert got is not None and got.straggler is None  # both ranks waited 300 ns
     assert rank_times(run=_run(_service())) is None
+
+
+def test_collectives_before_the_first_model_call_are_set_up_not_the_straggler() -> None:
+    """Rank 0 started first and waited 5,000 ns in DDP's set-up all_gather for rank 1's start-up;
+    from their first model calls on, rank 0 waits 900 and rank 1 300: rank 1 is the straggler,
+    and the set-up wait is said apart."""
+    run = _ranked()
+    shift = 10_000
+    spans = [Span(s.id, s.parent_id, s.level, s.name, s.start_ns + shift, s.end_ns + shift, s.track_id, s.attrs) for s in run.spans]
+    spans.append(Span(20, None, Level.USER, "gloo:all_gather", 4_000, 9_000, 2, {}))  # rank 0, before its model call
+    spans.append(Span(21, None, Level.USER, "gloo:all_gather", 8_900, 9_000, 3, {}))  # rank 1, arriving late
+    got = rank_times(run=run.replace(spans=spans))
+    assert got is not None and got.straggler == 1
+    assert [(r.collective_ns, r.setup_ns) for r in got.ranks] == [(5_900, 5_000), (400, 100)]
+    line = straggler_line(got.as_dict())
+    assert line is not None
+    assert line.startswith("Straggler: rank 1 waits least in collectives from their first model call on (300 ns, against 900 ns on rank 0)")
+    assert line.endswith("before it (set-up), rank 0 waited 5.0 µs in collectives for the others' start-up")
 
 
 def test_collective_names() -> None:

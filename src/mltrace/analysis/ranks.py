@@ -6,7 +6,11 @@ process's tracks (``Track.pid``). Its model time is the sum of its outermost mod
 collective time is the union of the time of its collective spans (``is_collective``: c10d's
 ops, the backends' record functions, NCCL kernels), so a c10d op and the backend's work for it
 count once where they overlap. In a collective every rank waits for the last one to arrive,
-so the rank that spends least time in collectives is the slowest: the straggler.
+so the rank that spends least time in collectives is the slowest: the straggler. The
+collectives a rank began before its first model call (``init_process_group``'s barrier,
+DistributedDataParallel's parameter checks and broadcast) wait for the other ranks' start-up,
+not their inference: that part of its collective time is its set-up (``setup_ns``), which
+the straggler leaves out.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ class Rank:
         model_calls, model_ns: its outermost model calls and their summed time.
         collective_ns: the union of its collective spans' time.
         collectives: per collective span name, ``(name, spans, summed time)``, largest first.
+        setup_ns: the part of ``collective_ns`` that the union of its collective spans begun
+            from its first model call on leaves out (its set-up: the others' start-up; 0
+            where it made no model call).
     """
 
     rank: int
@@ -57,6 +64,7 @@ class Rank:
     model_ns: int
     collective_ns: int
     collectives: list[tuple[str, int, int]] = field(default_factory=list)
+    setup_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class RankTimes:
                     "model_ns": r.model_ns,
                     "collective_ns": r.collective_ns,
                     "collectives": [{"name": n, "spans": c, "ns": ns} for n, c, ns in r.collectives],
+                    "setup_ns": r.setup_ns,
                 }
                 for r in self.ranks
             ],
@@ -147,14 +156,20 @@ def _rank(t: Any, proc: dict[str, Any], mine: Any, outer_model: Any, is_coll: An
         entry = per.setdefault(t.names[int(t.name[row])], [0, 0])
         entry[0] += 1
         entry[1] += int(t.end[row] - t.start[row])
+    total = union_ns([(int(t.start[r]), int(t.end[r])) for r in colls.tolist()])
+    past_setup = total
+    if len(models):  # the collectives begun from its first model call on
+        later = colls[t.start[colls] >= t.start[models].min()]
+        past_setup = union_ns([(int(t.start[r]), int(t.end[r])) for r in later.tolist()])
     return Rank(
         rank=int(proc["distributed"]["rank"]),
         pid=int(proc["pid"]),
         role=str(proc.get("role") or f"pid {proc['pid']}"),
         model_calls=len(models),
         model_ns=int((t.end[models] - t.start[models]).sum()),
-        collective_ns=union_ns([(int(t.start[r]), int(t.end[r])) for r in colls.tolist()]),
+        collective_ns=total,
         collectives=sorted(((nm, c, ns) for nm, (c, ns) in per.items()), key=lambda x: (-x[2], x[0])),
+        setup_ns=total - past_setup,
     )
 
 
@@ -165,9 +180,11 @@ def _agreed(values: Any) -> Any:
 
 
 def _straggler(ranks: list[Rank]) -> int | None:
-    waiting = [r for r in ranks if r.collective_ns > 0]
+    """The rank that waited least in collectives past its set-up, or None (fewer than two
+    ranks waited, or a tie)."""
+    waiting = {r.rank: r.collective_ns - r.setup_ns for r in ranks if r.collective_ns - r.setup_ns > 0}
     if len(waiting) < 2:
         return None
-    least = min(r.collective_ns for r in waiting)
-    slowest = [r.rank for r in waiting if r.collective_ns == least]
+    least = min(waiting.values())
+    slowest = [rank for rank, ns in waiting.items() if ns == least]
     return slowest[0] if len(slowest) == 1 else None

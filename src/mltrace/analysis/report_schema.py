@@ -233,6 +233,7 @@ RANK = _object(
         "model_ns": _INT,
         "collective_ns": _INT,
         "collectives": _array(_object({"name": _STR, "spans": _INT, "ns": _INT})),
+        "setup_ns": _INT,
     }
 )
 RANKS = {**_object({"world_size": _OPT_INT, "backend": _OPT_STR, "straggler": _OPT_INT, "ranks": _array(RANK)}), "type": ["object", "null"]}

@@ -88,12 +88,18 @@ def straggler_line(ranks: dict[str, Any]) -> str | None:
     slow = ranks["straggler"]
     if slow is None:
         return None
-    times = {r["rank"]: r["collective_ns"] for r in ranks["ranks"]}
+    setup = {r["rank"]: r.get("setup_ns", 0) for r in ranks["ranks"]}
+    times = {r["rank"]: r["collective_ns"] - setup[r["rank"]] for r in ranks["ranks"]}
     most = max(times, key=lambda k: (times[k], -k))
-    return (
-        f"Straggler: rank {slow} waits least in collectives ({fmt_ns(times[slow])}, against {fmt_ns(times[most])} on rank {most}): "
+    longest = max(setup, key=lambda k: (setup[k], -k))
+    after = " from their first model call on" if setup[longest] else ""
+    line = (
+        f"Straggler: rank {slow} waits least in collectives{after} ({fmt_ns(times[slow])}, against {fmt_ns(times[most])} on rank {most}): "
         "the other ranks wait for it"
     )
+    if setup[longest]:
+        line += f"; before it (set-up), rank {longest} waited {fmt_ns(setup[longest])} in collectives for the others' start-up"
+    return line
 
 
 def unfollowed_line(note: dict[str, Any]) -> str:
