@@ -1,8 +1,9 @@
 """Builds mltrace's C helpers (everything else is in pyproject.toml): the layer level's
 Module.__call__ and row encoder (_layercall), the Perfetto exporter's span packets
 (_pftrace), the correlator's two sweeps (_sweep), and the library level's fd tap reader
-(_tapread) and redirect of oneMKL's verbose timer (_mkltimer), and the recorder's untracking of
-finished spans by the garbage collector (_untrack).
+(_tapread), reading of oneMKL's verbose lines (_mklscan) and redirect of oneMKL's verbose
+timer (_mkltimer), and the recorder's untracking of finished spans by the garbage collector
+(_untrack).
 
 All are optional: without a C compiler the build goes on, and mltrace uses the same code
 written in Python (run.json's ``sources.torch.modules`` says which hot path ran; the trace
@@ -23,6 +24,7 @@ setup(
         Extension("mltrace._sweep", ["src/mltrace/_sweep.c"], optional=True),
         Extension("mltrace._mkltimer", ["src/mltrace/_mkltimer.c"], optional=True),
         Extension("mltrace._tapread", ["src/mltrace/_tapread.c"], optional=True),
+        Extension("mltrace._mklscan", ["src/mltrace/_mklscan.c"], optional=True),
         Extension("mltrace._untrack", ["src/mltrace/_untrack.c"], optional=True),
     ]
 )

@@ -18,10 +18,12 @@ flush intervals):
   events.jsonl rows as the library level's flusher does (``LibrarySpanMaker.add_records``,
   ``LibraryRecords.encode``);
 - ``mltrace --level op`` and ``mltrace --level library``: the whole session (``--level op``
-  records the ``aten::mm`` ops without verbose output).
+  records the ``aten::mm`` ops without verbose output); ``mltrace --level library, lines read
+  in Python``: the same with ``MLTRACE_MKL_PARSER=python`` (the MKL lines read by the Python
+  code instead of the C helper ``mltrace._mklscan``).
 
 Then, in this process, the flusher's CPU time a line (take and decode, parse, encode) on
-20,000 lines as the loop prints them.
+20,000 lines as the loop prints them, with the lines read in C and in Python, in turns.
 
     python benchmarks/library_mkl_call.py --rounds 8 --seconds 3
 """
@@ -41,6 +43,8 @@ from collections.abc import Callable
 
 import harness
 
+from mltrace.settings import MKL_PARSER
+
 CONDITIONS: dict[str, str] = {
     "plain": "plain",
     "MKL verbose to /dev/null, MKL's timer": "env",
@@ -49,6 +53,7 @@ CONDITIONS: dict[str, str] = {
     "fd tap, lines parsed": "parse",
     "mltrace --level op": "op",
     "mltrace --level library": "library",
+    "mltrace --level library, lines read in Python": "library-python",
 }
 #: How often the child's stand-in flusher takes the tap's lines (s): the session's flush interval.
 FLUSH_INTERVAL_S = 0.5
@@ -121,10 +126,14 @@ def command(mode: str, seconds: float, out_dir: str) -> tuple[list[str], dict[st
     env = dict(os.environ)
     env.pop("MKL_VERBOSE", None)
     me = [os.path.abspath(__file__), "--child", mode, "--seconds", str(seconds)]
+    env.pop(MKL_PARSER.name, None)
     if mode == "env":
         env["MKL_VERBOSE"] = "1"
-    if mode in ("op", "library"):
-        return [sys.executable, "-m", "mltrace", "python", "-q", "--level", mode, "-o", out_dir, *me], env
+    if mode == "library-python":
+        env[MKL_PARSER.name] = "python"
+    if mode in ("op", "library", "library-python"):
+        level = mode.split("-", maxsplit=1)[0]
+        return [sys.executable, "-m", "mltrace", "python", "-q", "--level", level, "-o", out_dir, *me], env
     return [sys.executable, *me], env
 
 
@@ -147,31 +156,41 @@ def mkl_line(rng: random.Random) -> bytes:
     ).encode()
 
 
-def flusher_cost(lines: int = 20_000, repeats: int = 5) -> dict[str, float]:
+def flusher_cost(lines: int = 20_000, repeats: int = 5) -> dict[str, dict[str, float]]:
     """The flusher's CPU µs a line (best of ``repeats``): taking and decoding the tap's
-    captured block, parsing, encoding the rows."""
+    captured block, parsing, encoding the rows; with the MKL lines read by the C helper
+    (``c``, where it is built; also the helper's reading alone, which parsing includes) and by
+    the Python code (``python``), in turns."""
     from mltrace.tracer.fdtap import FdTap
     from mltrace.tracer.sources.cpu_library import LibrarySpanMaker, _parse_in_chunks
     from mltrace.tracer.sources.library_records import LibraryRecords
 
     rng = random.Random(0)
     block = b"".join(mkl_line(rng) for _ in range(lines))
-    best: dict[str, float] = {}
+    best: dict[str, dict[str, float]] = {"c": {}, "python": {}}
     ids = itertools.count(1)
     for _ in range(repeats):
-        tap = FdTap()
-        tap._raw.append((1, [block]))
-        maker = LibrarySpanMaker(lambda ns: ns, 1, lambda: next(ids))
-        records = LibraryRecords()
-        t0 = time.thread_time_ns()
-        taken = tap.take_lines()
-        t1 = time.thread_time_ns()
-        _parse_in_chunks(maker, taken, records)
-        t2 = time.thread_time_ns()
-        records.encode()
-        t3 = time.thread_time_ns()
-        for part, ns in (("take", t1 - t0), ("parse", t2 - t1), ("encode", t3 - t2), ("all", t3 - t0)):
-            best[part] = min(best.get(part, float("inf")), ns / lines / 1e3)
+        for parser, cost in best.items():
+            os.environ[MKL_PARSER.name] = parser  # read when the maker is made
+            tap = FdTap()
+            tap._raw.append((1, [block]))
+            maker = LibrarySpanMaker(lambda ns: ns, 1, lambda: next(ids))
+            records = LibraryRecords()
+            t0 = time.thread_time_ns()
+            taken = tap.take_lines()
+            t1 = time.thread_time_ns()
+            _parse_in_chunks(maker, taken, records)
+            t2 = time.thread_time_ns()
+            records.encode()
+            t3 = time.thread_time_ns()
+            parts = [("take", t1 - t0), ("parse", t2 - t1), ("encode", t3 - t2), ("all", t3 - t0)]
+            if maker._scan is not None:  # the C reading alone, within parse
+                t4 = time.thread_time_ns()
+                maker._scan(taken)
+                parts.append(("of which the C reading", time.thread_time_ns() - t4))
+            for part, ns in parts:
+                cost[part] = min(cost.get(part, float("inf")), ns / lines / 1e3)
+    del os.environ[MKL_PARSER.name]
     return best
 
 
@@ -199,8 +218,9 @@ def main() -> int:
         med = statistics.median(per_call[kind])
         print(f"{kind:46} {med:10.2f} {med - plain:+11.2f}")
     print("load", harness.loadavg())
-    cost = flusher_cost()
-    print("flusher CPU a line (best of 5, 20,000 lines): " + ", ".join(f"{k} {v:.2f} µs" for k, v in cost.items()))
+    for parser, cost in flusher_cost().items():
+        parts = ", ".join(f"{k} {v:.2f} µs" for k, v in cost.items())
+        print(f"flusher CPU a line, lines read in {parser} (best of 5, 20,000 lines): {parts}")
     return 0
 
 

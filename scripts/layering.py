@@ -31,6 +31,7 @@ RANKS = {
     "_sweep": 0,
     "_mkltimer": 0,
     "_tapread": 0,
+    "_mklscan": 0,
     "_untrack": 0,
     "errors": 0,
     "native": 0,

@@ -202,6 +202,7 @@ FDTAP_READER = Setting(
     "the C helper where built",
     "run the fd tap's reader loop in Python",
 )
+MKL_PARSER = Setting(f"{PREFIX}MKL_PARSER", "`python`", "the C helper where built", "read oneMKL's verbose lines in Python")
 SWEEP = Setting(f"{PREFIX}SWEEP", "`python`", "the C helper where built", "run the correlator's nesting sweeps in Python")
 SPAN_UNTRACK = Setting(
     f"{PREFIX}SPAN_UNTRACK",
@@ -271,6 +272,7 @@ SETTINGS: tuple[Setting, ...] = (
     TORCH_HOOKS,
     LAYER_HOT_PATH,
     FDTAP_READER,
+    MKL_PARSER,
     SWEEP,
     SPAN_UNTRACK,
     PERFETTO_ENCODER,

@@ -252,6 +252,18 @@ def split_mkl_line(line: str) -> tuple[str, str, int, str] | None:
     return function, args, duration, rest
 
 
+#: An MKL argument that is a pointer: a whole comma-separated field, ``0x`` and hex digits.
+POINTER_FIELD = re.compile(r"(?<![^,])0x[0-9a-fA-F]+(?![^,])")
+
+
+def mkl_call_key(function: str, args: str, rest: str) -> str:
+    """The parts of an MKL line (``split_mkl_line``'s but the duration) as one text, each pointer
+    argument as ``*``: lines of the same key are the same call. The parts hold no newline
+    (``_MKL_LINE``), so newlines join them unambiguously; ``mltrace._mklscan`` makes the same
+    text in C."""
+    return f"{function}\n{POINTER_FIELD.sub('*', args)}\n{rest}"
+
+
 def _plain_decimal_ns(number: str, scale: int) -> int | None:
     """A plain decimal number (``"30.36"``, ``"12."``, ``"7"``) times ``10**scale``, read with
     integers and rounded half even, as ``Decimal`` reads it; None for any other form."""

@@ -17,33 +17,36 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from mltrace.formats.verbose_logs import (
     MKL_PREFIX,
     ONEDNN_PREFIXES,
+    POINTER_FIELD,
     MklCall,
     OneDnnCall,
     gemm_flops,
+    mkl_call_key,
     onednn_flops,
     parse_mkl_line,
     parse_onednn_line,
     split_mkl_line,
 )
+from mltrace.native import c_helper
 from mltrace.run.events import Event, Span
 from mltrace.run.levels import Level
-from mltrace.settings import MKL_TIMER
+from mltrace.settings import MKL_PARSER, MKL_TIMER
 from mltrace.tracer import c_environ
 from mltrace.tracer.clock import now_ns
 from mltrace.tracer.fdtap import FdTap, TappedLine
 from mltrace.tracer.sources._imports import PostImportHook
 from mltrace.tracer.sources.base import Source
-from mltrace.tracer.sources.library_records import ABSENT, LibraryRecords, LibraryTemplate, new_template
+from mltrace.tracer.sources.library_records import ABSENT, FIELDS, LibraryRecords, LibraryTemplate, new_template
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -66,10 +69,6 @@ def _users_verbose(environ: Mapping[str, str]) -> tuple[bool, bool]:
     return onednn_on, mkl.isdigit() and int(mkl) > 0
 
 
-#: An MKL argument that is a pointer: a whole comma-separated field, ``0x`` and hex digits.
-_POINTER_FIELD = re.compile(r"(?<![^,])0x[0-9a-fA-F]+(?![^,])")
-
-
 def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "ml.library.name": "oneDNN",
@@ -89,7 +88,7 @@ def _onednn_attrs(call: OneDnnCall) -> dict[str, Any]:
 def _mkl_desc(call: MklCall) -> str:
     """An MKL call's arguments, each pointer as ``*``: pointers change every call and say
     nothing, so this keeps its sizes, flags and strides, and names the call's template."""
-    return _POINTER_FIELD.sub("*", ",".join(call.args))
+    return POINTER_FIELD.sub("*", ",".join(call.args))
 
 
 def _mkl_attrs(call: MklCall) -> dict[str, Any]:
@@ -124,6 +123,18 @@ _TEMPLATES_KEPT = 4096
 #: Verbose lines parsed between two hand-overs of the GIL on the flusher thread
 #: (``_parse_in_chunks``): a few hundred microseconds of parsing.
 PARSE_CHUNK = 64
+
+#: What ``mltrace._mklscan.scan`` says of a line that is not an MKL call it read: no call,
+#: counted unparsed; no call, not counted (MKL's header, an info line); Python is to read it.
+_UNPARSED, _QUIET, _UNDECIDED = 0, 1, 2
+_LineScan = Callable[[Sequence[TappedLine]], tuple[list[str | int], list[int]]]
+
+
+def _line_scanner() -> _LineScan | None:
+    """``mltrace._mklscan.scan``, which reads MKL lines in C without the GIL, or None: not
+    built, or ``MLTRACE_MKL_PARSER=python`` (the lines are then read in Python, the same way)."""
+    helper = c_helper("_mklscan", MKL_PARSER)
+    return None if helper is None else helper.scan
 
 
 def _parse_in_chunks(maker: LibrarySpanMaker, lines: list[TappedLine], records: LibraryRecords | None = None) -> list[Span]:
@@ -171,9 +182,10 @@ class LibrarySpanMaker:
         # The name, leading attributes and FLOPs of each distinct call seen (``_template``): a
         # loop repeats the same calls, whose attributes and FLOPs cost more than their parse.
         self._templates: dict[tuple[Any, ...], LibraryTemplate] = {}
-        # Per MKL call as printed (pointers masked), its template and thread fields
-        # (``_mkl_call``): a parse of the line's parts instead of all of it.
-        self._mkl_calls: dict[tuple[str, str, str], tuple[LibraryTemplate, int, int]] = {}
+        # Per MKL call as printed (``mkl_call_key``: pointers masked), its template and thread
+        # fields (``_known_mkl_call``): a parse of the line's parts instead of all of it.
+        self._mkl_calls: dict[str, tuple[LibraryTemplate, int, int]] = {}
+        self._scan = _line_scanner()
 
     def _template(self, key: tuple[Any, ...], make: Callable[[Any], _Template], call: Any) -> LibraryTemplate:
         """The span name, leading attributes (to copy) and FLOPs of the call ``key`` names
@@ -199,7 +211,12 @@ class LibrarySpanMaker:
         if parts is None:
             return None
         function, args, duration, rest = parts
-        key = (function, _POINTER_FIELD.sub("*", args), rest)
+        known = self._known_mkl_call(mkl_call_key(function, args, rest), text)
+        return None if known is None else (known[0], duration, known[1], known[2])
+
+    def _known_mkl_call(self, key: str, text: str) -> tuple[LibraryTemplate, int, int] | None:
+        """The template, ``TID`` and ``NThr`` of the MKL call ``key`` (``mkl_call_key``), whose
+        line ``text`` is parsed whole the first time; None where ``text`` is no call."""
         known = self._mkl_calls.get(key)
         if known is None:
             call = parse_mkl_line(text)
@@ -211,7 +228,33 @@ class LibrarySpanMaker:
             if len(self._mkl_calls) >= _TEMPLATES_KEPT:
                 self._mkl_calls.clear()
             known = self._mkl_calls[key] = (template, tid, nthr)
-        return known[0], duration, known[1], known[2]
+        return known
+
+    def _read_line(self, text: str, scanned: str | int, scanned_ns: int) -> tuple[str, LibraryTemplate, int | None, int, int, int] | None:
+        """A line's kind (``onednn``, ``mkl``), template, start (epoch ns, None where the line
+        has none), duration (ns), ``TID`` and ``NThr`` (``ABSENT`` where not printed); None for
+        a line that is no call to trace (counted ``unparsed`` where it is no known other line).
+        ``scanned`` and ``scanned_ns`` are what ``_mklscan.scan`` said of it (a call's key and
+        duration; ``_UNDECIDED`` where it did not run)."""
+        if isinstance(scanned, str):
+            known = self._known_mkl_call(scanned, text)
+            if known is not None:
+                return "mkl", known[0], None, scanned_ns, known[1], known[2]
+        elif scanned == _QUIET:
+            return None
+        elif scanned == _UNDECIDED:
+            dnn = parse_onednn_line(text)
+            if dnn is not None:
+                if not dnn.is_exec:
+                    return None  # creation lines (verbose level 2) are not calls to trace
+                problem = (dnn.kind, dnn.impl, dnn.prop, dnn.memory, dnn.attrs, dnn.aux, dnn.desc)
+                return "onednn", self._template(problem, _onednn_template, dnn), dnn.start_epoch_ns, dnn.duration_ns, ABSENT, ABSENT
+            blas = self._mkl_call(text)
+            if blas is not None:
+                return "mkl", blas[0], None, blas[1], blas[2], blas[3]
+        if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
+            self.counts["unparsed"] += 1
+        return None
 
     def add(self, lines: list[TappedLine]) -> list[Span]:
         """The spans of ``lines`` (the lines that follow those added before), in arrival order."""
@@ -225,26 +268,31 @@ class LibrarySpanMaker:
         out = array("q")
         used: dict[int, LibraryTemplate] = {}
         counts, lags, track_id, new_id, epoch_to_session = self.counts, self._lags, self._track_id, self._new_id, self._epoch_to_session
-        template_of, mkl_call, seq = self._template, self._mkl_call, self._seq
-        for receive_ns, text in lines:
-            dnn = parse_onednn_line(text)
-            start_epoch: int | None = None
-            tid = nthr = ABSENT
-            if dnn is not None:
-                if not dnn.is_exec:
-                    continue  # creation lines (verbose level 2) are not calls to trace
-                key = (dnn.kind, dnn.impl, dnn.prop, dnn.memory, dnn.attrs, dnn.aux, dnn.desc)
-                template = template_of(key, _onednn_template, dnn)
-                start_epoch, duration = dnn.start_epoch_ns, dnn.duration_ns
-                kind = "onednn"
-            else:
-                blas = mkl_call(text)
-                if blas is None:
-                    if not text.startswith("MKL_VERBOSE oneMKL") and ",info," not in text:
-                        counts["unparsed"] += 1
+        mkl_calls, read_line, seq = self._mkl_calls, self._read_line, self._seq
+        # Each line as the C helper read it (without the GIL), or for Python to read.
+        what: Sequence[str | int] | repeat[int] = repeat(_UNDECIDED)
+        durations: Sequence[int] | repeat[int] = repeat(0)
+        if self._scan is not None:
+            what, durations = self._scan(lines)
+        untimed_mkl = 0  # the calls of the first branch, counted at the end
+        for (receive_ns, text), seen, duration in zip(lines, what, durations):
+            known = mkl_calls.get(seen) if isinstance(seen, str) else None
+            if known is not None:  # an MKL call seen before, read in C: most lines of a loop
+                template, tid, nthr = known
+                try:
+                    out.extend((new_id(), receive_ns - duration, receive_ns, track_id, template.id, duration, seq, tid, nthr, receive_ns))
+                except OverflowError:  # a receipt before the duration's length: no call
+                    del out[len(out) - len(out) % FIELDS :]
+                    counts["unparsed"] += 1
                     continue
-                template, duration, tid, nthr = blas
-                kind = "mkl"
+                untimed_mkl += 1
+                seq += 1
+                used[template.id] = template
+                continue
+            call = read_line(text, seen, duration)
+            if call is None:
+                continue
+            kind, template, start_epoch, duration, tid, nthr = call
             if start_epoch is not None:
                 start = epoch_to_session(start_epoch)
                 end = start + duration
@@ -255,6 +303,7 @@ class LibrarySpanMaker:
             try:
                 out.extend((new_id(), start, end, track_id, template.id, duration, seq, tid, nthr, received))
             except OverflowError:  # a number past 64 bits: no call a library makes
+                del out[len(out) - len(out) % FIELDS :]  # the numbers extend appended before it
                 counts["unparsed"] += 1
                 continue
             counts[kind] += 1
@@ -266,6 +315,8 @@ class LibrarySpanMaker:
                 lags.append(receive_ns - end)
             else:
                 counts["untimed"] += 1
+        counts["mkl"] += untimed_mkl
+        counts["untimed"] += untimed_mkl
         self._seq = seq
         self.lines += len(lines)
         records.add(out, used)
