@@ -90,6 +90,54 @@ def test_the_op_level_ends_after_the_given_model_calls_and_stops_once(tmp_path: 
     assert any("ended after 2 model calls (--op-inferences 2)" in x for x in meta["limitations"])
 
 
+class _SlowEndingOps(_EndableOps):
+    """Its early end takes a while (torch.profiler's stop and export of what it held: seconds
+    on a server's run); says whether an end was still under way when the session stopped it."""
+
+    def __init__(self) -> None:
+        super().__init__(None)  # the all-threads profiler: any thread ends it
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.ending = False
+        self.stopped_while_ending: bool | None = None
+
+    def end_early(self) -> None:
+        self.ending = True
+        self.entered.set()
+        self.release.wait(10)
+        self.ended += 1
+        self.ending = False
+
+    def stop(self) -> list[Event]:
+        self.stopped_while_ending = self.ending
+        return super().stop()
+
+
+def test_the_stop_waits_for_an_op_level_end_under_way_on_another_thread(tmp_path: Path) -> None:
+    """A server's request thread ends the op level (memory budget) and SIGTERM stops the session
+    on the main thread meanwhile: the sources stop once the end has handed over their events,
+    not while it writes them (the ops of a whole run were lost, 'write to closed file')."""
+    source = _SlowEndingOps()
+    session = _session(tmp_path, source, op_inferences=1)
+    window = session.op_windows.get(None)
+    assert window is not None
+    request = threading.Thread(target=window.model_ended)
+    request.start()
+    assert source.entered.wait(10)
+    timer = threading.Timer(2.0, source.release.set)  # the end is still writing as the stop begins
+    timer.start()
+    try:
+        run_dir = session.stop()
+    finally:
+        source.release.set()
+        timer.cancel()
+        request.join(10)
+    assert source.ended == 1 and source.stopped == 1
+    assert source.stopped_while_ending is False
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["op_window"]["ended_after_model_calls"] == 1 and meta["errors"] == []
+
+
 def test_only_the_thread_that_started_the_profiler_ends_it(tmp_path: Path) -> None:
     source = _EndableOps(thread_ident=-1)  # some other thread
     session = _session(tmp_path, source, op_inferences=1)

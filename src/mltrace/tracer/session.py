@@ -192,6 +192,9 @@ if hasattr(os, "register_at_fork"):
 
 #: Seconds a stop may take before the user is told the trace is still being written.
 FINISHING_NOTICE_S = 2.0
+#: The longest the session's stop waits for an op level's end that another thread is making
+#: (its profilers stopping and writing what they held: seconds, on a large run).
+OP_LEVEL_END_WAIT_S = 120.0
 
 
 class StopProgress:
@@ -346,6 +349,9 @@ class Session:
         #: its own thread). A sink that raises is removed, with one warning.
         self.batch_sinks: list[Callable[[bytes], None]] = []
         self._stopped = False
+        #: Held while an op level ends (``end_op_level``), which ``stop()`` waits for: a stop
+        #: begun meanwhile on another thread (SIGTERM) would take the sources from under it.
+        self._op_level_ending = threading.RLock()
         self.limitations: list[str] = []
         self.errors: list[str] = []
         self._memory_watch: MemoryWatch | None = None
@@ -664,10 +670,14 @@ class Session:
         windows end here too, where this thread may end them).
 
         Runs on the program's thread between two model calls, which waits while the profilers
-        stop and write what they held (stderr says so when that takes a while).
+        stop and write what they held (stderr says so when that takes a while). The session's
+        stop waits for it (``_wait_for_op_level_end``); once the stop has begun it ends nothing.
         """
-        if self._stopped:
-            return
+        with self._op_level_ending:
+            if not self._stopped:
+                self._end_op_level(window)
+
+    def _end_op_level(self, window: LevelWindow) -> None:
         framework = window.framework
         t0 = time.perf_counter()
         notice = None
@@ -1090,7 +1100,20 @@ class Session:
                     if not quiet:
                         warn(f"closing a stream failed: {exc}")
 
+    def _wait_for_op_level_end(self, progress: StopProgress) -> None:
+        """Waits (up to ``OP_LEVEL_END_WAIT_S``) while another thread ends an op level, so that
+        the sources stop once their early end has handed over what the profilers held."""
+        if self._op_level_ending.acquire(blocking=False):
+            self._op_level_ending.release()
+            return
+        progress.phase("waiting for the op level's end on another thread")
+        if self._op_level_ending.acquire(timeout=OP_LEVEL_END_WAIT_S):
+            self._op_level_ending.release()
+        else:
+            self.errors.append(f"the op level's end on another thread went on past {OP_LEVEL_END_WAIT_S:.0f} s: its events may be missing")
+
     def _stop_and_finalize(self, progress: StopProgress) -> Path:
+        self._wait_for_op_level_end(progress)
         stop_ns = now_ns()
         # Converting what the sources held (torch.profiler's export and load) grows the process
         # too: that is not the recording's growth, and nothing is left to end early.
