@@ -460,5 +460,25 @@ def test_ops_outside_the_models_in_child_processes_are_said_to_be_there() -> Non
     run = Run(path=Path("hand-made"), meta={"name": "hand-made", "complete": True, "pid": 10}, tracks=tracks, spans=spans)
     a = analyze(run, CPU)
     assert a.unscoped_ops == (3, 400) and a.unscoped_ops_elsewhere == 2
-    assert "; 2 of them in the program's child processes, such as DataLoader workers)" in a.unscoped_text()
+    assert "; 2 of them in the program's child processes (pid 20))" in a.unscoped_text()
     assert "child processes" not in analyze(small_cpu_run(), CPU).unscoped_text()
+
+
+def test_ops_outside_the_models_in_child_processes_name_those_processes() -> None:
+    """torchrun's two ranks build their models outside every model call: the line names the
+    ranks (run.json ``processes``' roles), not DataLoader workers, and not the launcher."""
+    tracks = {tid: Track(tid, TrackKind.THREAD, "MainThread", pid, pid) for tid, pid in ((1, 10), (2, 21), (3, 22))}
+    spans = [Span(1, None, OP, "aten::empty", 0, 100, 1, {})]
+    for i, track in enumerate((2, 3, 2, 3)):
+        spans.append(Span(10 + i, None, OP, "aten::uniform_", 200 + 10 * i, 205 + 10 * i, track, {}))
+    spans += [
+        Span(20, None, M, "DistributedDataParallel", 1000, 2000, 2, {}),
+        Span(21, None, M, "DistributedDataParallel", 1000, 2000, 3, {}),
+    ]
+    processes = [{"pid": 10, "role": "main"}, {"pid": 22, "role": "rank 1"}, {"pid": 21, "role": "rank 0"}]
+    run = Run(
+        path=Path("hand-made"), meta={"name": "hand-made", "complete": True, "pid": 10, "processes": processes}, tracks=tracks, spans=spans
+    )
+    a = analyze(run, CPU)
+    assert a.unscoped_ops_elsewhere == 4 and a.unscoped_ops_roles == ["rank 1", "rank 0"]
+    assert "; 4 of them in the program's child processes (rank 1, rank 0))" in a.unscoped_text()

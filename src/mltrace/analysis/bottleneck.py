@@ -602,6 +602,7 @@ class Analysis:
             in a run with no such spans, whose tables count everything.
         unscoped_ops_elsewhere: of those ops, the ones in processes other than the program's
             (followed children: DataLoader workers, subprocesses).
+        unscoped_ops_roles: the roles of those processes (``rank 1``, ``DataLoader worker 0``).
         unscoped_ops_loading: of those ops, the ones inside torch's DataLoader batches.
         unscoped_ops_compile: of those ops, the ones torch.compile ran while compiling.
         compile_ops: the ops torch.compile ran while compiling (``run/ranges.py``: TorchDynamo's
@@ -644,6 +645,7 @@ class Analysis:
     levels: list[Level]
     unscoped_ops: tuple[int, int] = (0, 0)
     unscoped_ops_elsewhere: int = 0
+    unscoped_ops_roles: list[str] = field(default_factory=list)
     unscoped_ops_loading: int = 0
     unscoped_ops_compile: int = 0
     compile_ops: tuple[int, int] = (0, 0)
@@ -683,7 +685,9 @@ class Analysis:
         elsewhere = self.unscoped_ops_elsewhere
         what = "model construction, weight init, the program's own tensor code"
         if elsewhere:
-            what += f"; {elsewhere} of them in the program's child processes, such as DataLoader workers"
+            roles = self.unscoped_ops_roles
+            named = ", ".join(roles[:4]) + (f" and {len(roles) - 4} more" if len(roles) > 4 else "")
+            what += f"; {elsewhere} of them in the program's child processes" + (f" ({named})" if roles else "")
         if self.unscoped_ops_loading:
             what += f"; {self.unscoped_ops_loading} of them in DataLoader batches"
         if self.unscoped_ops_compile:
@@ -941,6 +945,7 @@ def analyze(run: Run, peaks: PeakSet | None = None, th: Thresholds = THRESHOLDS,
         levels=[lv for lv in order if g.counts.get(int(lv))],
         unscoped_ops=(g.unscoped_ops, g.unscoped_ops_ns),
         unscoped_ops_elsewhere=g.unscoped_ops_elsewhere,
+        unscoped_ops_roles=g.unscoped_ops_roles,
         unscoped_ops_loading=g.unscoped_ops_loading,
         unscoped_ops_compile=g.unscoped_ops_compile,
         compile_ops=(g.compile_ops, g.compile_ns),

@@ -178,6 +178,14 @@ class TypeAcc:
     kernel_count: int = 0
 
 
+def child_roles(meta: dict[str, Any], pids: set[int]) -> list[str]:
+    """The roles of the child processes ``pids`` (run.json ``processes``: ``rank 1``,
+    ``DataLoader worker 0``; ``pid N`` where it names none), in the order it lists them."""
+    named = {p.get("pid"): p.get("role") for p in meta.get("processes") or [] if isinstance(p, dict)}
+    order = [pid for pid in named if pid in pids] + sorted(pid for pid in pids if pid not in named)
+    return [str(named.get(pid) or f"pid {pid}") for pid in order]
+
+
 @dataclass
 class Gathered:
     """What the pass found; ``bottleneck.analyze`` turns it into an ``Analysis``."""
@@ -212,6 +220,7 @@ class Gathered:
     unscoped_ops: int = 0
     unscoped_ops_ns: int = 0  # outermost ops only
     unscoped_ops_elsewhere: int = 0  # of them, in processes other than the program's (workers)
+    unscoped_ops_roles: list[str] = field(default_factory=list)  # those processes' roles (``child_roles``)
     unscoped_ops_loading: int = 0  # of them, inside the DataLoader's batches (collate)
     unscoped_ops_compile: int = 0  # of them, torch.compile's compile time (see below)
     # torch.compile's compile time inside model calls and user spans (``_compile_time``): its
@@ -578,7 +587,10 @@ def gather(run: Run) -> Gathered:  # noqa: C901 - one pass, in stages
     main_pid = run.meta.get("pid")
     other = [tid for tid, tr in run.tracks.items() if main_pid is not None and tr.pid not in (None, main_pid)]
     if other:
-        g.unscoped_ops_elsewhere = int((is_op & ~in_scope & np.isin(t.track, np.asarray(other, dtype=np.int64))).sum())
+        elsewhere = is_op & ~in_scope & np.isin(t.track, np.asarray(other, dtype=np.int64))
+        g.unscoped_ops_elsewhere = int(elsewhere.sum())
+        pids = {run.tracks[int(k)].pid for k in np.unique(t.track[elsewhere]).tolist()}
+        g.unscoped_ops_roles = child_roles(run.meta, pids)
     if loading_range.any():
         g.unscoped_ops_loading = int((is_op & ~in_scope & (tree.nearest(loading_range) >= 0)).sum())
     outside = top_level_op & ~in_scope
