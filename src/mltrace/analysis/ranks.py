@@ -182,9 +182,9 @@ def _agreed(values: Any) -> Any:
 def _straggler(ranks: list[Rank]) -> int | None:
     """The rank that waited least in collectives past its set-up, or None (fewer than two
     ranks waited, or a tie)."""
-    waiting = {r.rank: r.collective_ns - r.setup_ns for r in ranks if r.collective_ns - r.setup_ns > 0}
+    waiting = [(r.rank, r.collective_ns - r.setup_ns) for r in ranks if r.collective_ns > r.setup_ns]
     if len(waiting) < 2:
         return None
-    least = min(waiting.values())
-    slowest = [rank for rank, ns in waiting.items() if ns == least]
+    least = min(ns for _, ns in waiting)
+    slowest = [rank for rank, ns in waiting if ns == least]
     return slowest[0] if len(slowest) == 1 else None
