@@ -1389,3 +1389,32 @@ def test_module_calls_on_fx_proxies_are_no_model_or_layer_calls(tmp_path: Path, 
     assert _names(run) == []  # the graph runs the model's modules as functions: no module call
     assert run.meta["sources"]["torch.modules"]["fx_symbolic_calls"] == 4  # net and _Join, twice
     assert "4 module calls on torch.fx proxies left out" in " ".join(analyze(run).findings.notes)
+
+
+def test_an_fx_graph_modules_layer_is_defined_where_the_code_it_was_traced_from_is(tmp_path: Path) -> None:
+    """torch.fx generates a GraphModule's ``forward`` (``<eval_with_key>.N from FILE:LINE in
+    forward``, lines in no file): its model span names the traced ``forward``'s file and line
+    as where it is defined, not the generated name with one of its lines."""
+    import torch.fx
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.lin(x))
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x) + 1
+
+    graph_module = torch.fx.symbolic_trace(Net())
+    run = _trace(tmp_path, lambda: graph_module(torch.ones(2, 3)))
+    (model,) = [s for s in run.spans if s.level == Level.MODEL]
+    assert model.attrs["ml.defined.file.path"] == __file__
+    assert model.attrs["ml.defined.line.number"] == Net.forward.__code__.co_firstlineno

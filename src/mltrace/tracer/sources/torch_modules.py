@@ -205,6 +205,20 @@ def _untraced(read: Callable[[Any], Any], value: Any) -> Any:
         c._set_tracing_state(tracing)  # type: ignore[union-attr]
 
 
+#: The file name torch.fx gives a GraphModule's generated ``forward``: the code it was traced
+#: from is named in it (the generated code's own lines are in no file).
+_FX_GENERATED = re.compile(r"<eval_with_key>\.\d+ from (?P<file>.+):(?P<line>\d+) in \w+")
+
+
+def definition_site(code: CodeType) -> tuple[str, int]:
+    """Where a module's ``forward`` is defined (file, first line): for torch.fx's generated code,
+    the ``forward`` it was traced from."""
+    generated = _FX_GENERATED.fullmatch(code.co_filename)
+    if generated is not None:
+        return generated["file"], int(generated["line"])
+    return code.co_filename, code.co_firstlineno
+
+
 def _has_children(module: Any) -> bool:
     """Whether a module holds child modules (``_modules``; true where that cannot be read)."""
     try:
@@ -1333,7 +1347,7 @@ class TorchModuleSource(Source):
             # The forward() code object gives file:line for free; inspect would read the file.
             # Decorators (transformers wraps many forwards) are unwrapped to the function itself.
             code = getattr(unwrapped(getattr(cls, "forward", None)), "__code__", None)
-            loc = (code.co_filename, code.co_firstlineno) if code is not None else (None, None)
+            loc = definition_site(code) if code is not None else (None, None)
             self._class_loc[cls] = loc
         params = _parameter_count(module)
         info = _Static(module, params, loc[0], loc[1])
