@@ -450,3 +450,22 @@ def test_the_json_kinds_give_each_kinds_total_time() -> None:
     totals = [(k["kind"], k["total_ns"]) for k in net["kinds"]]
     assert totals == [("train at batch 64", 3 * 519 * MS), ("eval at batch 250", (3 * 403 + 90) * MS)]
     assert sum(k["total_ns"] for k in net["kinds"]) == net["total_ns"]
+
+
+def test_a_slow_start_without_more_cpu_is_contention_not_warm_up() -> None:
+    """Calls after the first go on warming up only where the calling thread's CPU time is an
+    outlier too: calls slowed by other processes (waiting for a core) are steady, slow as they
+    were; calls that did more work (a JIT, page faults) stay cold; unknown CPU times change
+    nothing."""
+    ms = 1_000_000
+    durations = [100 * ms, 90 * ms, 90 * ms, 90 * ms] + [10 * ms] * 20
+    none: list[bool | None] = [False] * 24
+    waited = [100 * ms] + [10 * ms] * 23  # the slow calls used the CPU of a steady one
+    worked = [100 * ms, 90 * ms, 90 * ms, 90 * ms] + [10 * ms] * 20
+    assert cold_indices(durations, none, cpu=waited) == [0]
+    assert cold_indices(durations, none, cpu=worked) == [0, 1, 2, 3]
+    assert cold_indices(durations, none) == [0, 1, 2, 3]
+    assert cold_indices(durations, none, cpu=[None] * 24) == [0, 1, 2, 3]
+    assert cold_indices(durations, none, cpu=[100 * ms, 90 * ms, None] + [None] * 21) == [0, 1, 2, 3]  # too few known
+    one_time: list[bool | None] = [False, False, True] + [False] * 21
+    assert cold_indices(durations, one_time, cpu=waited) == [0, 2]  # one-time work is cold whatever its CPU

@@ -8,7 +8,10 @@ durations of every call but the first:
   (``ColdRule``: k = 5, r = 1.5): robust to a slow call among the steady ones, and
   never triggered by ordinary jitter when MAD is tiny;
 - the first call is cold when it is an outlier, and so is each following call while
-  every call before it was cold (a warm-up over several calls);
+  every call before it was cold (a warm-up over several calls), where its calling
+  thread's CPU time (``ml.thread.cpu_ns``, torch model calls) is an outlier too against
+  the CPU times of every call but the first: a call that other processes slowed waited
+  for a core and did no more work, so contention at the start is no warm-up;
 - a later call is cold only when it is an outlier *and* one-time work ran inside it:
   an op, library call or CUDA API call whose name says compile, autotune, kernel
   loading, lazy initialisation or weight transfer (``ONE_TIME``) and which is absent
@@ -42,7 +45,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +79,8 @@ _SPENT: tuple[tuple[str, re.Pattern[str]], ...] = (
 _TOP_SPENT = 8
 #: The attribute a model span has when its call raised (the exception's type; OpenTelemetry's).
 FAILED_ATTR = "error.type"
+#: The calling thread's CPU time over a model call (ns; torch model spans).
+CPU_ATTR = "ml.thread.cpu_ns"
 #: The attribute of a PyTorch model call made while ``torch.jit.trace`` (or the TorchScript ONNX
 #: exporter) recorded a graph: cold, whatever its time (``JIT_TRACE_WORK``).
 JIT_TRACE_ATTR = "ml.jit.trace"
@@ -110,7 +115,9 @@ def outlier_bound(reference: Sequence[int], rule: ColdRule = COLD_RULE) -> float
     return max(m + rule.k * 1.4826 * mad, rule.min_ratio * m)
 
 
-def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule: ColdRule = COLD_RULE) -> list[int]:
+def cold_indices(
+    durations: Sequence[int], one_time: Sequence[bool | None], rule: ColdRule = COLD_RULE, cpu: Sequence[int | None] | None = None
+) -> list[int]:
     """Which calls of one model are cold (the rule of the module docstring).
 
     Args:
@@ -118,6 +125,10 @@ def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule
         one_time: per call, whether one-time work was seen inside it (None: its
             contents were not recorded).
         rule: the constants.
+        cpu: per call, the calling thread's CPU time over it (ns; None where unknown). A
+            warm-up after the first call goes on only through calls whose CPU time is an
+            outlier too (``warming_by_cpu``): a call slowed by other processes on the
+            machine waits for a core, it does no more work.
 
     Returns:
         Indices of the cold calls, ascending.
@@ -126,14 +137,36 @@ def cold_indices(durations: Sequence[int], one_time: Sequence[bool | None], rule
         return []
     bound = outlier_bound(list(durations[1:]), rule)  # once: every call is judged against the same reference
     assert bound is not None
+    busy = warming_by_cpu(cpu, rule)
     cold: list[int] = []
     for i, d in enumerate(durations):
-        warming = len(cold) == i  # every call before this one was cold
+        warming = len(cold) == i and (i == 0 or busy(i))  # every call before this one was cold
         if not d > bound:
             continue
         if warming or one_time[i]:
             cold.append(i)
     return cold
+
+
+#: The fewest calls with a known CPU time (after the first) that make a reference for it.
+MIN_CPU_REFERENCE = 3
+
+
+def warming_by_cpu(cpu: Sequence[int | None] | None, rule: ColdRule = COLD_RULE) -> Callable[[int], bool]:
+    """Whether call ``i`` may go on warming a model up by its CPU time: it is an outlier against
+    the CPU times of every call but the first, as durations are judged; any call where the CPU
+    times are unknown (no ``cpu``, too few known, or not this call's)."""
+    known = [c for c in (cpu or [])[1:] if c is not None]
+    bound = outlier_bound(known, rule) if len(known) >= MIN_CPU_REFERENCE else None
+    if cpu is None or bound is None:
+        return lambda i: True
+    limit, times = bound, cpu
+
+    def busy(i: int) -> bool:
+        own = times[i]
+        return own is None or own > limit
+
+    return busy
 
 
 def cold_by_kind(
@@ -142,6 +175,7 @@ def cold_by_kind(
     kinds: Sequence[str],
     rule: ColdRule = COLD_RULE,
     compiled: Sequence[bool] | None = None,
+    cpu: Sequence[int | None] | None = None,
 ) -> list[int]:
     """``cold_indices`` within each kind of call apart: a generate loop's prefill (the whole
     prompt) is another kind of call than its decode steps (one token), not a cold one. The
@@ -153,6 +187,7 @@ def cold_by_kind(
         rule: the constants.
         compiled: per call, whether torch.compile compiled inside it (one-time work of the
             ``compile`` category); None: none did.
+        cpu: per call, the calling thread's CPU time (``cold_indices``); None: unknown.
 
     Returns:
         Indices of the cold calls, ascending.
@@ -165,7 +200,8 @@ def cold_by_kind(
         if len(at) == 1 and len(durations) > 1:
             cold += [i for i in at if compiled is not None and compiled[i]]
             continue
-        cold += [at[j] for j in cold_indices([durations[i] for i in at], [one_time[i] for i in at], rule)]
+        kind_cpu = [cpu[i] for i in at] if cpu is not None else None
+        cold += [at[j] for j in cold_indices([durations[i] for i in at], [one_time[i] for i in at], rule, kind_cpu)]
     return sorted(cold)
 
 
@@ -561,7 +597,8 @@ def _model_calls(
     one_time = [None if (s := seen[i]) is None else bool(s & rare) for i in ok]
     compiled = [any(category_of(names[k]) == "compile" for k in (seen[i] or set()) & rare) for i in ok]
     kinds = call_kinds(attrs)
-    cold = cold_by_kind([durations[i] for i in ok], one_time, [kinds[i] for i in ok], rule, compiled)
+    cpu = [_cpu_ns(attrs[i]) for i in ok]
+    cold = cold_by_kind([durations[i] for i in ok], one_time, [kinds[i] for i in ok], rule, compiled, cpu)
     model = ModelCalls(name, durations, sorted([ok[j] for j in cold] + traced), failed=sorted(raised), kinds=kinds)
     if traced:
         model.one_time.setdefault(JIT_TRACE_WORK[0], []).append(JIT_TRACE_WORK[1])
@@ -571,6 +608,12 @@ def _model_calls(
             if names[k] not in found:
                 found.append(names[k])
     return model
+
+
+def _cpu_ns(attrs: dict[str, Any]) -> int | None:
+    """A model call's thread CPU time (``ml.thread.cpu_ns``), None where it has none."""
+    value = attrs.get(CPU_ATTR)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def call_kind(attrs: dict[str, Any]) -> str:
