@@ -286,6 +286,30 @@ def test_resource_describes_host_process_gpu_versions_and_run(receiver: Any, two
     assert res["mltrace.levels"] == ["model", "layer", "op"]
 
 
+def test_a_followed_process_has_its_own_command_role_and_rank(two_invocations: Run) -> None:
+    """torchrun's ranks, followed into the run: each rank's resource names its own command line,
+    its role and its torch.distributed rank (they all said the launcher's command, and
+    nothing told rank 0 from rank 1 but the pid)."""
+    from mltrace.exporters.otlp import resource_attributes
+
+    rank1 = ["/venv/bin/python", "-u", "ddp.py"]
+    dist = {"rank": 1, "world_size": 2, "backend": "gloo", "source": "init_process_group"}
+    processes = [
+        {"pid": 4242, "role": "main", "command": ["mltrace", "python", "-m", "torch.distributed.run", "ddp.py"]},
+        {"pid": 4300, "ppid": 4242, "start": "exec", "role": "rank 1", "command": rank1, "distributed": dist},
+    ]
+    run = two_invocations.replace(meta={**two_invocations.meta, "processes": processes})
+    child = resource_attributes(run, 4300)
+    assert child["process.pid"] == 4300 and child["process.command_args"] == tuple(rank1)
+    assert (child["mltrace.process.role"], child["ml.distributed.rank"], child["ml.distributed.world_size"]) == ("rank 1", 1, 2)
+    assert child["ml.distributed.backend"] == "gloo"
+    main = resource_attributes(run, 4242)
+    assert main["process.command_args"] == tuple(processes[0]["command"]) and main["mltrace.process.role"] == "main"
+    assert not any(k.startswith("ml.distributed.") for k in main)
+    alone = resource_attributes(two_invocations)  # a run of one process lists none
+    assert "mltrace.process.role" not in alone and alone["process.command_args"][2] == "resnet_infer.py"
+
+
 def test_trace_per_run_and_reexport_is_idempotent(tmp_path: Path, two_invocations: Run) -> None:
     r = GrpcReceiver()
     try:

@@ -335,8 +335,36 @@ def _gpu_names(meta: dict[str, Any]) -> list[str]:
     return names
 
 
+def _process_entry(meta: dict[str, Any], pid: Any) -> dict[str, Any]:
+    """run.json's ``processes`` entry of ``pid`` ({} where it lists none)."""
+    for entry in meta.get("processes") or []:
+        if isinstance(entry, dict) and isinstance(pid, int) and entry.get("pid") == pid:
+            return entry
+    return {}
+
+
+def _process_attributes(entry: dict[str, Any]) -> dict[str, Any]:
+    """A followed process's own resource attributes (run.json ``processes[]``): its command
+    line, its role (``rank 1``, ``DataLoader worker 0``) and its torch.distributed rank."""
+    attrs: dict[str, Any] = {}
+    command = entry.get("command")
+    if isinstance(command, list) and command:
+        attrs["process.command_args"] = tuple(str(c) for c in command)
+    if isinstance(entry.get("role"), str) and entry["role"]:
+        attrs["mltrace.process.role"] = entry["role"]
+    dist = _dict(entry.get("distributed"))
+    for key in ("rank", "world_size"):
+        if isinstance(dist.get(key), int) and not isinstance(dist.get(key), bool):
+            attrs[f"ml.distributed.{key}"] = dist[key]
+    if isinstance(dist.get("backend"), str) and dist["backend"]:
+        attrs["ml.distributed.backend"] = dist["backend"]
+    return attrs
+
+
 def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
-    """The resource of ``run`` (process ``pid``): host, process, GPUs, versions, run id.
+    """The resource of ``run`` (process ``pid``): host, process, GPUs, versions, run id; a
+    process run.json lists under ``processes`` (a followed child, a torchrun rank) has its
+    own command line, role and rank (``_process_attributes``).
 
     OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override what mltrace derives.
     """
@@ -359,6 +387,7 @@ def resource_attributes(run: Run, pid: int | None = None) -> dict[str, Any]:
     command = meta.get("command")
     if isinstance(command, list) and command:
         attrs["process.command_args"] = tuple(str(c) for c in command)
+    attrs.update(_process_attributes(_process_entry(meta, p)))
     gpus = _gpu_names(meta)
     if gpus:
         attrs["host.gpu.count"] = len(gpus)
