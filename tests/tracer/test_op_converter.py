@@ -410,3 +410,38 @@ def test_a_converter_that_falls_behind_pauses_the_op_level_instead_of_the_progra
     notes = analyze(run).findings.notes
     recorded = len(calls) - sum(in_gap)
     assert any(f"paused while its converter caught up: ops were recorded in {recorded} of" in n for n in notes), notes
+
+
+def test_the_stop_converts_the_cycles_the_converter_has_not_begun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the session's stop, the cycles waiting for a busy converter are converted by the
+    stopping thread beside it (the program is done with its model calls), and every op of
+    every cycle reaches the run once."""
+    import threading
+
+    from mltrace.tracer.sources import torch_ops
+
+    real_elsewhere = torch_ops._Converter._convert_elsewhere
+    real_here = torch_ops._Converter._convert_here
+    converted_by: list[str] = []
+
+    def slow_elsewhere(self: torch_ops._Converter, path: Path) -> int | None:
+        time.sleep(0.3)
+        return real_elsewhere(self, path)
+
+    def noted_here(self: torch_ops._Converter, path: Path) -> None:
+        converted_by.append(threading.current_thread().name)
+        real_here(self, path)
+
+    monkeypatch.setattr(torch_ops._Converter, "_convert_elsewhere", slow_elsewhere)
+    monkeypatch.setattr(torch_ops._Converter, "_convert_here", noted_here)
+    monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
+        for _ in range(40):
+            model(torch.randn(2, 8))
+            time.sleep(0.005)
+    assert threading.main_thread().name in converted_by
+    run = mltrace.load_run(tmp_path / "run")
+    calls = [s for s in run.spans if s.level == Level.MODEL]
+    assert len(calls) == 40
+    assert len([s for s in run.spans if s.name == "aten::linear"]) == 40 - run.meta["torch_profiler"].get("unrecorded_calls", 0)

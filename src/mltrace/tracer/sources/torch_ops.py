@@ -179,6 +179,7 @@ class TorchOpSource(Source):
         self._cupti_kernels = False  # the kernel level's kernels come from cupti-python (set by start)
         self.stats: KinetoStats | None = None
         self.export_ns = 0
+        self._stats_lock = threading.Lock()  # stats and export_ns: the converter thread's and the stop's
         self.thread_ident: int | None = None
         self._tmp: str | None = None  # a temporary directory holding the exported trace, if one was made
         self._exported: Path | None = None
@@ -826,11 +827,18 @@ class TorchOpSource(Source):
         return result
 
     def add_stats(self, stats: KinetoStats) -> None:
-        """Adds a cycle's conversion stats to the source's."""
-        if self.stats is None:
-            self.stats = stats
-        else:
-            self.stats.merge(stats)
+        """Adds a cycle's conversion stats to the source's (from the converter thread, and from
+        the stopping thread at the end: ``_Converter.finish``)."""
+        with self._stats_lock:
+            if self.stats is None:
+                self.stats = stats
+            else:
+                self.stats.merge(stats)
+
+    def add_export_ns(self, ns: int) -> None:
+        """Adds time spent converting cycles (``export_ns``), from either thread."""
+        with self._stats_lock:
+            self.export_ns += ns
 
     def sealed_until_ns(self) -> int | None:
         """In cycles, the stop of the last cycle whose ops are written (``_Converter.sealed_ns``:
@@ -988,9 +996,11 @@ class _Converter:
         return caught_up
 
     def finish(self) -> None:
-        """Waits until every cycle handed is converted, then ends the converter process."""
+        """Waits until every cycle handed is converted (those the converter thread has not begun
+        here meanwhile: ``_convert_queued_here``), then ends the converter process."""
         try:
             if self._thread is not None:
+                self._convert_queued_here()
                 self._queue.put(None)
                 self._thread.join()
                 self._thread = None
@@ -1028,16 +1038,46 @@ class _Converter:
         if self._process is None and self.use_process:
             self.start_process()
         if self._convert_elsewhere(path) is None:
+            self._convert_here(path)
+        source.add_export_ns(time.perf_counter_ns() - t0)
+
+    def _convert_here(self, path: Path) -> None:
+        """Converts the cycle at ``path`` in this process and hands its events to the session."""
+        try:
+            # The cyclic collector is paused meanwhile, process-wide: the load and conversion
+            # build many objects and no cycles, and full collections of a process with torch
+            # loaded, again and again, made them several times slower.
+            with gc_paused():
+                result = self._source.convert(path)
+        finally:
+            path.unlink(missing_ok=True)
+        self._session.add_events(result.events(with_tracks=False))
+
+    def _convert_queued_here(self) -> None:
+        """At the session's stop: converts in this process, beside the converter thread, the
+        cycles it has not begun (the program is done with its model calls). A converter that
+        fell behind, or that the machine's other work starves at its lower priority, leaves
+        only the cycle it converts to the end of the run."""
+        while True:
             try:
-                # The cyclic collector is paused meanwhile, process-wide: the load and conversion
-                # build many objects and no cycles, and full collections of a process with torch
-                # loaded, again and again, made them several times slower.
-                with gc_paused():
-                    result = source.convert(path)
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:  # no thread takes items any more
+                self._queue.put(None)
+                return
+            path, _stopped_ns, counted = item
+            t0 = time.perf_counter_ns()
+            try:
+                self._convert_here(path)
+            except Exception as exc:  # a cycle lost, never the program
+                self._session.errors.append(f"torch.profiler: converting a cycle at the stop failed: {exc}")
             finally:
-                path.unlink(missing_ok=True)
-            self._session.add_events(result.events(with_tracks=False))
-        source.export_ns += time.perf_counter_ns() - t0
+                self._source.add_export_ns(time.perf_counter_ns() - t0)
+                self.queued_spans -= counted
+                with self._converted:
+                    self.cycles += 1
+                    self._converted.notify_all()
 
     def start_process(self) -> None:
         """Starts the converter process where it is wanted and the session has a run directory:
