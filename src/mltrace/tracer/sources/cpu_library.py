@@ -717,8 +717,8 @@ class CpuLibrarySource(Source):
         session.meta.setdefault("sources_info", {})[self.name] = {"lines": maker.lines, **counts, "mkl_timer": self._mkl_timer_used}
         if counts["untimed"]:
             session.note_limitation(
-                f"{counts['untimed']} library calls (MKL) carry no timestamp: placed in their ops by issue order, "
-                "shapes and duration (times estimated)"
+                f"{counts['untimed']} library calls (MKL) carry no timestamp: their ops are found by issue order, "
+                "shapes and duration (times estimated; the report counts those that no op could be shown to have issued)"
             )
         for problem in self._problems:
             session.note_limitation(f"{self.name}: {problem}")
