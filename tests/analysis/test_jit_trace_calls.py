@@ -42,7 +42,7 @@ def test_the_calls_a_jit_trace_makes_are_cold(tmp_path: Path) -> None:
     assert len(tracing) == 2, [s.attrs for s in models]  # the trace and its check's trace
     assert all(6 <= i < 9 for i in tracing)
     rows = {r["name"]: r for r in build_report(run, analyze(run, include_cold=False))["models"]}
-    assert sorted(rows) == ["Net", "Net (TorchScript)"]  # the trace records eager calls of net
+    assert sorted(rows) == ["Net", "Net (TorchScript, traced)"]  # the trace records eager calls of net
     row = rows["Net"]
     assert set(tracing) <= set(row["cold_indices"])
     assert {"category": "compile", "names": ["torch.jit.trace"]} in row["one_time"]

@@ -1,7 +1,8 @@
 """TorchScript models (``torch.jit.script``, ``torch.jit.trace``, ``torch.jit.freeze``) are named
 after the class that was scripted or traced, not torch's wrapper class, so two scripted models
-are two models in the report; and with `` (TorchScript)``, so a TorchScript model is apart from
-its class's eager calls, as an exported program's module is with `` (exported)``."""
+are two models in the report; and with `` (TorchScript)`` (`` (TorchScript, traced)``,
+`` (TorchScript, frozen)``), so a TorchScript model is apart from its class's eager calls and
+from its other TorchScript forms, as an exported program's module is with `` (exported)``."""
 
 from __future__ import annotations
 
@@ -55,14 +56,14 @@ def test_scripted_and_traced_models_keep_their_class_names(tmp_path: Path) -> No
             c(x)
     run = mltrace.load_run(tmp_path / "run")
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["MLP (TorchScript)", "Other (TorchScript)", "Traced (TorchScript)"] * 4
+    assert [s.name for s in models] == ["MLP (TorchScript)", "Other (TorchScript)", "Traced (TorchScript, traced)"] * 4
     assert [s.attrs["ml.layer.type"] for s in models[:3]] == ["MLP", "Other", "Traced"]
     assert [s.attrs["ml.model.invocation"] for s in models[::3]] == [1, 2, 3, 4]
     data = build_report(run, analyze(run))
     assert sorted((m["name"], m["calls"]) for m in data["models"]) == [
         ("MLP (TorchScript)", 4),
         ("Other (TorchScript)", 4),
-        ("Traced (TorchScript)", 4),
+        ("Traced (TorchScript, traced)", 4),
     ]
 
 
@@ -80,11 +81,14 @@ def test_scripted_traced_frozen_and_exported_models_are_apart_from_the_eager_mod
                 model(x)
     run = mltrace.load_run(tmp_path / "run")
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["MLP"] * 3 + ["MLP (TorchScript)"] * 9 + ["MLP (exported)"] * 3
+    forms = ["MLP (TorchScript)"] * 3 + ["MLP (TorchScript, traced)"] * 3 + ["MLP (TorchScript, frozen)"] * 3
+    assert [s.name for s in models] == ["MLP"] * 3 + forms + ["MLP (exported)"] * 3
     assert {s.attrs["ml.layer.type"] for s in models} == {"MLP"}
     data = build_report(run, analyze(run))
     assert sorted((m["name"], m["type"], m["calls"]) for m in data["models"]) == [
         ("MLP", "MLP", 3),
-        ("MLP (TorchScript)", "MLP", 9),
+        ("MLP (TorchScript)", "MLP", 3),
+        ("MLP (TorchScript, frozen)", "MLP", 3),
+        ("MLP (TorchScript, traced)", "MLP", 3),
         ("MLP (exported)", "MLP", 3),
     ]

@@ -1216,14 +1216,14 @@ def test_a_module_called_outside_the_model_is_a_model_of_its_own(tmp_path: Path)
 
     run = _trace(tmp_path, go)
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["Sequential"] * 3 + ["Sequential (TorchScript)"]  # the frozen one: the scripted class's name
+    assert [s.name for s in models] == ["Sequential"] * 3 + ["Sequential (TorchScript, frozen)"]  # the scripted class's name
     assert [s.attrs["ml.model.invocation"] for s in models] == [1, 2, 3, 1]
     assert models[0].attrs["ml.layer.params"] == 8 * 16 + 16 + 16 * 4 + 4
     losses = [s for s in run.spans if s.level == Level.USER]
     assert [(s.name, s.attrs["ml.region"], s.attrs["ml.model.invocation"]) for s in losses] == [("NLLLoss", "loss", n) for n in (1, 2, 3)]
     assert _names(run) == ["0", "1", "2", "3"] * 3  # the loss has no layers, nor is it one
     data = build_report(run, analyze(run))
-    assert sorted((m["name"], m["calls"]) for m in data["models"]) == [("Sequential", 3), ("Sequential (TorchScript)", 1)]
+    assert sorted((m["name"], m["calls"]) for m in data["models"]) == [("Sequential", 3), ("Sequential (TorchScript, frozen)", 1)]
     assert data["run"]["model_calls"] == 4
 
 

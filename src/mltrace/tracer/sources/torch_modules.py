@@ -499,17 +499,36 @@ class ModelNames:
 
 def _form_suffix(module: Any) -> str:
     """What a model name adds for a module that runs its model in another form than its eager
-    ``forward``: `` (TorchScript)`` for a TorchScript module (``torch.jit.script``, ``trace``,
-    ``freeze``: a ``ScriptModule``), `` (exported)`` for an exported program's module (a
-    ``GraphModule`` whose graph names the exported class, ``exported_class_name``); else ``""``."""
-    script_module = getattr(sys.modules.get("torch.jit"), "ScriptModule", None)
+    ``forward``: for a TorchScript module (a ``ScriptModule``) `` (TorchScript)`` where
+    ``torch.jit.script`` made it, `` (TorchScript, traced)`` where ``torch.jit.trace`` did (a
+    ``TracedModule``: one recorded path) and `` (TorchScript, frozen)`` where ``torch.jit.freeze``
+    did (its attributes, ``training`` among them, folded into the graph: no ``training`` left);
+    `` (exported)`` for an exported program's module (a ``GraphModule`` whose graph names the
+    exported class, ``exported_class_name``); else ``""``. The three TorchScript forms run
+    different graphs, so the same class in two of them is two models."""
+    jit = sys.modules.get("torch.jit")
+    script_module = getattr(jit, "ScriptModule", None)
     if isinstance(script_module, type) and isinstance(module, script_module):
+        traced_module = getattr(jit, "TracedModule", None)
+        if isinstance(traced_module, type) and isinstance(module, traced_module):
+            return " (TorchScript, traced)"
+        if not _has_training_attribute(module):
+            return " (TorchScript, frozen)"
         return " (TorchScript)"
     if type(module).__name__ == "GraphModule":
         graph_module = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
         if graph_module is not None and isinstance(module, graph_module) and exported_class_name(module):
             return " (exported)"
     return ""
+
+
+def _has_training_attribute(module: Any) -> bool:
+    """Whether a TorchScript module still has its ``training`` attribute (``torch.jit.freeze``
+    folds it away with the others); True where it cannot be told."""
+    try:
+        return bool(module._c.hasattr("training"))
+    except Exception:  # noqa: BLE001 - another torch: say not frozen
+        return True
 
 
 _TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.MULTILINE)
