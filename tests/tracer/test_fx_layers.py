@@ -124,9 +124,10 @@ def test_an_exported_program_is_named_after_the_exported_class_and_torchs_guards
 
 
 def test_a_graph_module_names_the_exported_class_only_where_its_graph_names_one(tmp_path: Path) -> None:
-    """``torch.fx.symbolic_trace`` names its GraphModule's class after the traced module already;
-    a GraphModule whose nodes carry no ``nn_module_stack`` keeps ``GraphModule``; a graph whose
-    nodes' roots name two classes names none."""
+    """``torch.fx.symbolic_trace`` names its GraphModule's class after the traced module already
+    (a model of its own, `` (fx)``, apart from the eager module's calls); a GraphModule whose
+    nodes carry no ``nn_module_stack`` keeps ``GraphModule``; a graph whose nodes' roots name two
+    classes names none."""
     torch.manual_seed(0)
     net = Net().eval()
     x = torch.randn(2, 3, 8, 8)
@@ -143,7 +144,7 @@ def test_a_graph_module_names_the_exported_class_only_where_its_graph_names_one(
         for module in (traced, plain, mixed):
             module(x)
     run = mltrace.load_run(tmp_path / "run")
-    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net", "GraphModule", "GraphModule"]
+    assert [s.name for s in run.spans if s.level == Level.MODEL] == ["Net (fx)", "GraphModule", "GraphModule"]
 
 
 def test_an_exported_hugging_face_model_is_named_after_its_class(tmp_path: Path) -> None:

@@ -88,6 +88,12 @@ if not (self._backward_hooks or self._backward_pre_hooks or self._forward_hooks 
 """
 
 
+#: ``forward_check``'s answer for each ``_call_impl`` function it read: reading its source costs
+#: milliseconds, and a forked child (whose copy holds its parent's answers) or a later session
+#: asks again of the same function.
+_forward_checks: dict[Any, tuple[Any, Any, dict[str, Any]] | None] = {}
+
+
 def forward_check(module_cls: Any) -> tuple[Any, Any, dict[str, Any]] | None:
     """What the C hot path needs to call ``forward`` itself where ``_call_impl`` would do nothing
     else: ``(Module._call_impl, a tracing check, _call_impl's globals)``. The tracing check is
@@ -100,17 +106,28 @@ def forward_check(module_cls: Any) -> tuple[Any, Any, dict[str, Any]] | None:
     call, which torch's own ``__call__`` pays as well. The C hot path makes the same check and
     calls ``forward`` directly, and calls ``_call_impl`` in every other case. Only where the
     function's first two statements are exactly that check (compared as syntax trees, so
-    comments and layout do not matter); None where they are not, or cannot be read.
+    comments and layout do not matter); None where they are not, or cannot be read. The answer
+    for a ``_call_impl`` read once is kept (``_forward_checks``).
     """
-    import ast
     import inspect
-    import textwrap
 
     call_impl = module_cls.__dict__.get("_call_impl")
     torch_c = getattr(sys.modules.get("torch"), "_C", None)
     tracing_state = getattr(torch_c, "_is_tracing", None) or getattr(torch_c, "_get_tracing_state", None)
     if not inspect.isfunction(call_impl) or not callable(tracing_state):
         return None
+    key = (call_impl, tracing_state)
+    if key not in _forward_checks:
+        _forward_checks[key] = _read_forward_check(call_impl, tracing_state)
+    return _forward_checks[key]
+
+
+def _read_forward_check(call_impl: Any, tracing_state: Any) -> tuple[Any, Any, dict[str, Any]] | None:
+    """``forward_check``'s answer for ``call_impl``, from its source."""
+    import ast
+    import inspect
+    import textwrap
+
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(call_impl)))
     except (OSError, TypeError, SyntaxError):
@@ -504,7 +521,9 @@ def _form_suffix(module: Any) -> str:
     ``TracedModule``: one recorded path) and `` (TorchScript, frozen)`` where ``torch.jit.freeze``
     did (its attributes, ``training`` among them, folded into the graph: no ``training`` left);
     `` (exported)`` for an exported program's module (a ``GraphModule`` whose graph names the
-    exported class, ``exported_class_name``); else ``""``. The three TorchScript forms run
+    exported class, ``exported_class_name``), `` (fx)`` for a ``GraphModule`` whose class
+    ``torch.fx.symbolic_trace`` named after the traced module's (its graph may since have
+    been changed: FX passes, quantization); else ``""``. The three TorchScript forms run
     different graphs, so the same class in two of them is two models."""
     jit = sys.modules.get("torch.jit")
     script_module = getattr(jit, "ScriptModule", None)
@@ -515,10 +534,11 @@ def _form_suffix(module: Any) -> str:
         if not _has_training_attribute(module):
             return " (TorchScript, frozen)"
         return " (TorchScript)"
-    if type(module).__name__ == "GraphModule":
-        graph_module = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
-        if graph_module is not None and isinstance(module, graph_module) and exported_class_name(module):
-            return " (exported)"
+    graph_module = getattr(sys.modules.get("torch.fx"), "GraphModule", None)
+    if isinstance(graph_module, type) and isinstance(module, graph_module):
+        if type(module).__name__ == "GraphModule":
+            return " (exported)" if exported_class_name(module) else ""
+        return " (fx)"  # torch.fx.symbolic_trace names the GraphModule's class after the traced one
     return ""
 
 
