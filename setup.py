@@ -2,8 +2,8 @@
 Module.__call__ and row encoder (_layercall), the Perfetto exporter's span packets
 (_pftrace), the correlator's two sweeps (_sweep), and the library level's fd tap reader
 (_tapread), reading of oneMKL's verbose lines (_mklscan) and redirect of oneMKL's verbose
-timer (_mkltimer), and the recorder's untracking of finished spans by the garbage collector
-(_untrack).
+timer (_mkltimer), the recorder's untracking of finished spans by the garbage collector
+(_untrack), and the call that carries the current span into run_in_executor's worker (_carry).
 
 All are optional: without a C compiler the build goes on, and mltrace uses the same code
 written in Python (run.json's ``sources.torch.modules`` says which hot path ran; the trace
@@ -26,5 +26,6 @@ setup(
         Extension("mltrace._tapread", ["src/mltrace/_tapread.c"], optional=True),
         Extension("mltrace._mklscan", ["src/mltrace/_mklscan.c"], optional=True),
         Extension("mltrace._untrack", ["src/mltrace/_untrack.c"], optional=True),
+        Extension("mltrace._carry", ["src/mltrace/_carry.c"], optional=True),
     ]
 )

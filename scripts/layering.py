@@ -33,6 +33,7 @@ RANKS = {
     "_tapread": 0,
     "_mklscan": 0,
     "_untrack": 0,
+    "_carry": 0,
     "errors": 0,
     "native": 0,
     "config": 0,

@@ -210,6 +210,12 @@ SPAN_UNTRACK = Setting(
     "the C helper where built",
     "leave finished spans to the cyclic garbage collector until the flusher drains them",
 )
+EXECUTOR_CARRY = Setting(
+    f"{PREFIX}EXECUTOR_CARRY",
+    "`python`",
+    "the C helper where built",
+    "carry the current span into run_in_executor's worker in Python (its frame shows in the function's tracebacks)",
+)
 PERFETTO_ENCODER = Setting(f"{PREFIX}PERFETTO_ENCODER", "`python`", "the C helper where built", "encode Perfetto span packets in Python")
 MKL_TIMER = Setting(
     f"{PREFIX}MKL_TIMER",
@@ -275,6 +281,7 @@ SETTINGS: tuple[Setting, ...] = (
     MKL_PARSER,
     SWEEP,
     SPAN_UNTRACK,
+    EXECUTOR_CARRY,
     PERFETTO_ENCODER,
     MKL_TIMER,
     CUPTI_DUMP,

@@ -22,6 +22,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
     would not start them, and the program's garbage collections would scan
     their objects.
     """
+    from mltrace.tracer.sources.asyncio_executor import AsyncioExecutorSource
     from mltrace.tracer.sources.gc_pauses import GcPauseSource
     from mltrace.tracer.sources.nvml import NvmlSampler
     from mltrace.tracer.sources.onnxruntime import OrtSource
@@ -46,7 +47,7 @@ def default_sources(options: ProfileOptions | None = None) -> list[Source]:
         from mltrace.tracer.sources.cupti import CuptiSource
 
         sources.append(CuptiSource())
-    sources += [OrtSource(), TensorFlowSource(), NvmlSampler(), OtelSpanSource(), GcPauseSource()]
+    sources += [OrtSource(), TensorFlowSource(), NvmlSampler(), OtelSpanSource(), GcPauseSource(), AsyncioExecutorSource()]
     if options is not None and options.py_spy:
         from mltrace.tracer.sources.pyspy import PySpySource
 
