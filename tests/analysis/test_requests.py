@@ -107,6 +107,39 @@ def test_without_server_spans_the_outermost_user_spans_around_models_are() -> No
     assert (only.label, only.before_model_ns, only.after_model_ns) == ("5", 200, 200)
 
 
+def test_a_span_holding_several_requests_of_one_name_is_a_group_not_a_request() -> None:
+    """An asyncio task's ``gather`` of request spans (their model calls on worker threads) and a
+    traced ``main`` around them hold two or more ``request`` spans each: the requests are those,
+    and a span around model calls outside any group (``inline``) is one too; a request holding
+    spans of different names (``encode``, ``decode``) stays one request."""
+    spans = [
+        Span(1, None, Level.USER, "main", 0, 100_000, 1, {}),
+        Span(2, 1, Level.USER, "batch_of", 0, 10_000, 1, {}),
+        Span(3, 2, Level.USER, "request", 0, 4_000, 1, {"request_id": 1}),
+        Span(4, 3, Level.MODEL, "Net", 1_000, 2_000, 2, {}),
+        Span(5, 2, Level.USER, "request", 500, 6_000, 1, {"request_id": 2}),
+        Span(6, 5, Level.MODEL, "Net", 2_500, 3_500, 2, {}),
+        Span(7, 1, Level.USER, "batch_of", 20_000, 30_000, 1, {}),
+        Span(8, 7, Level.USER, "request", 20_000, 25_000, 1, {"request_id": 3}),
+        Span(9, 8, Level.USER, "encode", 20_500, 21_500, 1, {}),
+        Span(10, 9, Level.MODEL, "Net", 20_600, 21_400, 2, {}),
+        Span(11, 8, Level.USER, "decode", 22_000, 24_000, 1, {}),
+        Span(12, 11, Level.MODEL, "Net", 22_100, 23_900, 2, {}),
+        Span(13, 7, Level.USER, "request", 21_000, 22_000, 1, {"request_id": 4}),
+        Span(14, 13, Level.MODEL, "Net", 21_100, 21_900, 2, {}),
+        Span(15, 1, Level.USER, "inline", 40_000, 41_000, 1, {}),
+        Span(16, 15, Level.MODEL, "Net", 40_100, 40_900, 1, {}),
+    ]
+    req = find_requests(run=_run(spans), slowest=5)
+    assert req is not None and (req.source, req.names, req.count) == ("user", ["request", "inline"], 5)
+    assert sorted((r.label, r.model_calls, r.model_ns) for r in req.slowest if r.name == "request") == [
+        ("1", 1, 1_000),
+        ("2", 1, 1_000),
+        ("3", 2, 2_600),
+        ("4", 1, 800),
+    ]
+
+
 def test_a_run_without_request_spans_has_no_requests() -> None:
     spans = [Span(1, None, Level.MODEL, "Net", 0, 1_000, 1, {}), Span(2, None, Level.USER, "setup", 2_000, 3_000, 1, {})]
     assert find_requests(run=_run(spans)) is None

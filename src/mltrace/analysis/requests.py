@@ -5,9 +5,12 @@ A *request* is a span that stands for one piece of work the program was asked to
 - the program's own OpenTelemetry server spans (user spans with ``mltrace.otel.kind`` =
   ``server``), where the run has any;
 - else each outermost user span (``mltrace.span(...)``, an OpenTelemetry span that is not a
-  server span) that has a model call inside it; torch's own ``record_function`` ranges
-  (``run/ranges.py``: an LBFGS ``Optimizer.step`` holds the model calls of its closure) are not
-  the program's spans and are no requests.
+  server span) that has a model call inside it, leaving out the groups of requests: such a
+  span that holds two or more such spans of one name (a batch of requests gathered by an
+  asyncio task, a loop over requests, a program's ``main``) is no request, the spans inside
+  it are; torch's own ``record_function`` ranges (``run/ranges.py``: an LBFGS
+  ``Optimizer.step`` holds the model calls of its closure) are not the program's spans and
+  are no requests.
 
 A request nested in another request counts once, as the outer one. A request's time is
 split into the model calls inside it (``model_ns``: their union, so calls overlapping on
@@ -110,7 +113,7 @@ class Requests:
 
     Attributes:
         source: ``otel-server`` (the program's OpenTelemetry server spans) or ``user``
-            (outermost user spans with a model call inside).
+            (outermost user spans with a model call inside, groups of requests left out).
         names: the request spans' names, most frequent first.
         count: how many requests.
         p50_ns, p90_ns, p99_ns: percentiles of their durations (mltrace's own pauses left out).
@@ -202,7 +205,7 @@ def find_requests(*, run: Run, slowest: int = 3, top: int = 3) -> Requests | Non
 
 def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.ndarray) -> tuple[str, np.ndarray]:
     """``("otel-server", rows)`` where the run has OpenTelemetry server spans, else ``("user", rows)``:
-    the user spans that have a model call inside them."""
+    the user spans that have a model call inside them and are no group of requests (``_groups``)."""
     import numpy as np
 
     user = np.nonzero(level == int(Level.USER))[0]
@@ -218,7 +221,35 @@ def _candidates(t: SpanTable, level: np.ndarray, tree: Tree, outer_model: np.nda
         rows = parent[rows]
         rows = rows[(rows >= 0) & ~has_model[np.maximum(rows, 0)]]
         has_model[rows] = True
-    return "user", user[has_model[user]]
+    found = user[has_model[user]]
+    return "user", found[~_groups(t, tree, found)]
+
+
+def _groups(t: SpanTable, tree: Tree, rows: np.ndarray) -> np.ndarray:
+    """For each of ``rows`` (user spans around model calls), whether it holds two or more of
+    them of one name: a group of requests (a batch, a loop over requests, a program's main
+    function), not a request itself."""
+    import numpy as np
+
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    is_row = np.zeros(len(t), dtype=bool)
+    is_row[rows] = True
+    near = tree.nearest(is_row)
+    holders, names = [], []
+    anc, name = near[rows], t.name[rows]
+    while len(anc):  # each row's name, once for every one of ``rows`` above it
+        keep = anc >= 0
+        anc, name = anc[keep], name[keep]
+        holders.append(anc)
+        names.append(name)
+        anc = near[anc]
+    holder, held = np.concatenate(holders), np.concatenate(names).astype(np.int64)
+    width = int(held.max()) + 1 if len(held) else 1
+    pairs, counts = np.unique(holder.astype(np.int64) * width + held, return_counts=True)
+    group = np.zeros(len(t), dtype=bool)
+    group[pairs[counts >= 2] // width] = True
+    return group[rows]
 
 
 def _group(near: np.ndarray, mask: np.ndarray) -> dict[int, list[int]]:
