@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
+import sys
 import sysconfig
 from types import CodeType, FrameType
 from typing import Any, Generic, TypeVar
@@ -124,9 +126,56 @@ def is_model_code(path: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def is_program_code(path: str) -> bool:
     """Whether a Python frame's file is the program's own code: model code (``is_model_code``)
-    that is not installed under a ``site-packages/`` or ``dist-packages/`` directory, so not a
-    model library's (transformers, torchvision) nor any other installed package's."""
-    return is_model_code(path) and package_path(path) is None
+    that is not installed under a ``site-packages/`` or ``dist-packages/`` directory, nor in
+    the project folder of a package installed in editable mode (``pip install -e``) other than
+    the program's own, so not a model library's (transformers, torchvision, from a checkout
+    too) nor any other installed package's."""
+    if not is_model_code(path) or package_path(path) is not None:
+        return False
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    return not any(real.startswith(root) for root in _library_checkouts())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_checkouts() -> tuple[str, ...]:
+    """The project folders of the packages installed in editable mode in this environment
+    (``editable_roots``), less those that hold the program's main script or the working
+    directory (the user's own project, installed so: a script of it, its tests under pytest)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    own = [os.path.realpath(p) + "/" for p in (main if isinstance(main, str) else None, os.getcwd()) if p]
+    return tuple(root for root in editable_roots(_site_dirs()) if not any(place.startswith(root) for place in own))
+
+
+def _site_dirs() -> list[str]:
+    """The ``site-packages/`` and ``dist-packages/`` directories on ``sys.path``."""
+    return [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p)]
+
+
+def editable_roots(site_dirs: list[str]) -> list[str]:
+    """The project folders (real paths, ending in ``/``) of the distributions in ``site_dirs``
+    installed in editable mode: their ``*.dist-info/direct_url.json`` (PEP 610) says
+    ``"dir_info": {"editable": true}`` with a ``file://`` URL. Unreadable entries are skipped."""
+    roots: set[str] = set()
+    for site in site_dirs:
+        try:
+            entries = os.listdir(site)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            try:
+                with open(os.path.join(site, entry, "direct_url.json"), encoding="utf-8") as f:
+                    direct = json.load(f)
+            except (OSError, ValueError):
+                continue
+            url = direct.get("url") if isinstance(direct, dict) else None
+            info = direct.get("dir_info") if isinstance(direct, dict) else None
+            if isinstance(url, str) and url.startswith("file://") and isinstance(info, dict) and info.get("editable") is True:
+                from urllib.parse import unquote, urlparse
+
+                roots.add(os.path.realpath(unquote(urlparse(url).path)).rstrip("/") + "/")
+    return sorted(roots)
 
 
 def program_frame(frame: FrameType | None) -> FrameType | None:
