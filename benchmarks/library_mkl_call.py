@@ -16,7 +16,7 @@ flush intervals):
   and dropping them;
 - ``fd tap, lines parsed``: the same, the thread also turning them into records and
   events.jsonl rows as the library level's flusher does (``LibrarySpanMaker.add_records``,
-  ``LibraryRecords.encode``);
+  ``LibraryRecords.encode``); ``read in Python``: with ``MLTRACE_MKL_PARSER=python``;
 - ``mltrace --level op`` and ``mltrace --level library``: the whole session (``--level op``
   records the ``aten::mm`` ops without verbose output); ``mltrace --level library, lines read
   in Python``: the same with ``MLTRACE_MKL_PARSER=python`` (the MKL lines read by the Python
@@ -25,7 +25,13 @@ flush intervals):
 Then, in this process, the flusher's CPU time a line (take and decode, parse, encode) on
 20,000 lines as the loop prints them, with the lines read in C and in Python, in turns.
 
+``--program-cost LINES``: instead, in this process, the loop (verbose output off) while a
+thread parses and encodes LINES such lines every 0.5 s as the flusher does, its lines read in
+C, in Python, or not at all (no flusher work), in rotating rounds: what the flusher's parse
+costs the program's loop itself, without the tap and MKL's printing around it.
+
     python benchmarks/library_mkl_call.py --rounds 8 --seconds 3
+    python benchmarks/library_mkl_call.py --rounds 12 --seconds 2 --program-cost 30000
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ CONDITIONS: dict[str, str] = {
     "MKL verbose to /dev/null, timer redirected": "redirected",
     "fd tap, lines dropped": "tap",
     "fd tap, lines parsed": "parse",
+    "fd tap, lines parsed, read in Python": "parse-python",
     "mltrace --level op": "op",
     "mltrace --level library": "library",
     "mltrace --level library, lines read in Python": "library-python",
@@ -65,12 +72,12 @@ def child(mode: str, seconds: float) -> None:
 
     torch.set_num_threads(1)
     stop_flusher: Callable[[], None] = lambda: None  # noqa: E731
-    if mode in ("redirected", "tap", "parse"):
+    if mode in ("redirected", "tap", "parse", "parse-python"):
         from mltrace import _mkltimer
 
         _mkltimer.install()
         if mode != "redirected":
-            stop_flusher = start_tap(parse=mode == "parse")
+            stop_flusher = start_tap(parse=mode.startswith("parse"))
         torch._C._verbose.mkl_set_verbose(1)
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     for _ in range(500):
@@ -129,7 +136,7 @@ def command(mode: str, seconds: float, out_dir: str) -> tuple[list[str], dict[st
     env.pop(MKL_PARSER.name, None)
     if mode == "env":
         env["MKL_VERBOSE"] = "1"
-    if mode == "library-python":
+    if mode in ("library-python", "parse-python"):
         env[MKL_PARSER.name] = "python"
     if mode in ("op", "library", "library-python"):
         level = mode.split("-", maxsplit=1)[0]
@@ -194,18 +201,78 @@ def flusher_cost(lines: int = 20_000, repeats: int = 5) -> dict[str, dict[str, f
     return best
 
 
+def program_cost(lines: int, rounds: int, seconds: float) -> dict[str, list[float]]:
+    """The loop's µs a call per round while a stand-in flusher parses and encodes ``lines``
+    lines every ``FLUSH_INTERVAL_S``, read in C (``c``), in Python (``python``), or idle (``none``)."""
+    import torch
+
+    from mltrace.tracer.fdtap import FdTap
+    from mltrace.tracer.sources.cpu_library import LibrarySpanMaker, _parse_in_chunks
+    from mltrace.tracer.sources.library_records import LibraryRecords
+
+    torch.set_num_threads(1)
+    rng = random.Random(0)
+    tap = FdTap()
+    tap._raw.append((1, [b"".join(mkl_line(rng) for _ in range(lines))]))
+    taken = tap.take_lines()
+    ids = itertools.count(1)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    per_call: dict[str, list[float]] = {"none": [], "python": [], "c": []}
+    for r in range(rounds):
+        for parser in harness.rotation(list(per_call), r):
+            os.environ[MKL_PARSER.name] = parser  # read when the maker is made
+            maker = LibrarySpanMaker(lambda ns: ns, 1, lambda: next(ids))
+            done = threading.Event()
+
+            def flusher(maker: LibrarySpanMaker = maker, parser: str = parser, done: threading.Event = done) -> None:
+                while not done.wait(FLUSH_INTERVAL_S):
+                    if parser != "none":
+                        records = LibraryRecords()
+                        _parse_in_chunks(maker, taken, records)
+                        records.encode()
+
+            thread = threading.Thread(target=flusher)
+            thread.start()
+            for _ in range(300):
+                torch.mm(a, b)
+            start = time.perf_counter()
+            end, calls = start + seconds, 0
+            while time.perf_counter() < end:
+                for _ in range(100):
+                    torch.mm(a, b)
+                calls += 100
+            per_call[parser].append((time.perf_counter() - start) / calls * 1e6)
+            done.set()
+            thread.join()
+    del os.environ[MKL_PARSER.name]
+    return per_call
+
+
 def main() -> int:
     parser = harness.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="timed loop a process (s)")
     parser.add_argument("--child", choices=sorted(set(CONDITIONS.values())), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--only", metavar="MODES", help=f"comma-separated conditions to run, plain always among them ({', '.join(CONDITIONS.values())})"
+    )
+    parser.add_argument("--program-cost", type=int, metavar="LINES", help="the flusher's parse against the loop, in this process")
     args = parser.parse_args()
     if args.child:
         child(args.child, args.seconds)
         return 0
+    if args.program_cost:
+        print(f"load {harness.loadavg()}; {args.rounds} rounds, a {args.seconds} s loop a variant, {args.program_cost} lines a flush")
+        for variant, values in program_cost(args.program_cost, args.rounds, args.seconds).items():
+            print(f"flusher parse {variant:7} {statistics.median(values):6.2f} µs a call (median; {min(values):.2f}–{max(values):.2f})")
+        print("load", harness.loadavg())
+        return 0
     import tempfile
 
-    kinds = list(CONDITIONS)
+    only = {"plain", *args.only.split(",")} if args.only else set(CONDITIONS.values())
+    if not only <= set(CONDITIONS.values()):
+        parser.error(f"--only: unknown condition(s) {', '.join(sorted(only - set(CONDITIONS.values())))}")
+    kinds = [k for k, mode in CONDITIONS.items() if mode in only]
     per_call: dict[str, list[float]] = {k: [] for k in kinds}
     print(f"load {harness.loadavg()}; {args.rounds} rounds, a {args.seconds} s loop a process", flush=True)
     with tempfile.TemporaryDirectory(prefix="mkl-call-") as tmp:
