@@ -14,10 +14,19 @@
  * program changes: MKL still measures each call around the same work and prints the same
  * line.
  *
+ * Finding the slots walks every loaded object's relocation tables (torch's are large: a few
+ * milliseconds, more in a forked child, which faults those file pages in again). install()
+ * remembers the slots it found with glibc's count of objects loaded and unloaded
+ * (dlpi_adds, dlpi_subs); where neither changed since, the next install() points the same
+ * slots again without the walk: a later session in the process, and a forked child, whose
+ * address space is its parent's copy (the parent's walk is in it).
+ *
  * install() -> int    slots redirected now (0: no loaded object imports the timer, or some are
  *                     redirected already)
  * remove() -> int     slots restored
  * slots() -> list     (slot address, saved address, address in the slot now) per redirected slot
+ * walks() -> int      relocation-table walks made in this address space (a forked child counts
+ *                     its parent's)
  *
  * Linux with glibc only (dl_iterate_phdr and ELF); elsewhere both return 0.
  */
@@ -27,6 +36,7 @@
 #if defined(__linux__) && defined(__x86_64__)
 #include <elf.h> /* Python.h has defined _GNU_SOURCE, which link.h needs */
 #include <link.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,6 +55,13 @@ typedef struct {
 
 static Saved saved[MAX_SLOTS];
 static int n_saved = 0;
+
+/* The slots the last walk found, and glibc's load and unload counts then (found_valid: a walk
+ * was made and the counts could be read). */
+static void **found[MAX_SLOTS];
+static int n_found = 0, found_valid = 0;
+static unsigned long long found_adds = 0, found_subs = 0;
+static long walks_made = 0;
 
 static double monotonic_seconds(void) {
     struct timespec t;
@@ -147,11 +164,51 @@ static int visit(struct dl_phdr_info *info, size_t size, void *data) {
     return 0;
 }
 
+typedef struct {
+    unsigned long long adds, subs;
+    int known;
+} LoadCounts;
+
+static int read_counts(struct dl_phdr_info *info, size_t size, void *data) {
+    LoadCounts *counts = data;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+        counts->adds = info->dlpi_adds;
+        counts->subs = info->dlpi_subs;
+        counts->known = 1;
+    }
+    return 1; /* the counts are the same in every entry: the first is enough */
+}
+
+/* Points the slots the last walk found again (their values now are what remove() restores). */
+static int redirect_found(void) {
+    int total = 0;
+    for (int i = 0; i < n_found && n_saved < MAX_SLOTS; i++) {
+        void **slot = found[i];
+        int prot = page_protection((uintptr_t)slot);
+        void *original = *slot;
+        if (write_slot(slot, (void *)monotonic_seconds, prot) != 0) continue;
+        saved[n_saved++] = (Saved){slot, original, prot};
+        total++;
+    }
+    return total;
+}
+
 static PyObject *install(PyObject *mod, PyObject *unused) {
     (void)mod;
     (void)unused;
     int total = 0;
-    if (n_saved == 0) dl_iterate_phdr(visit, &total);
+    if (n_saved != 0) return PyLong_FromLong(0);
+    LoadCounts counts = {0, 0, 0};
+    dl_iterate_phdr(read_counts, &counts);
+    if (found_valid && counts.known && counts.adds == found_adds && counts.subs == found_subs)
+        return PyLong_FromLong(redirect_found());
+    dl_iterate_phdr(visit, &total);
+    walks_made++;
+    n_found = 0;
+    for (int i = 0; i < n_saved; i++) found[n_found++] = saved[i].slot;
+    found_valid = counts.known;
+    found_adds = counts.adds;
+    found_subs = counts.subs;
     return PyLong_FromLong(total);
 }
 
@@ -179,6 +236,12 @@ static PyObject *slots(PyObject *mod, PyObject *unused) {
     return out;
 }
 
+static PyObject *walks(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+    return PyLong_FromLong(walks_made);
+}
+
 #else /* not Linux on x86-64: no CPUID to avoid, or no ELF to walk */
 
 static PyObject *install(PyObject *mod, PyObject *unused) {
@@ -199,12 +262,19 @@ static PyObject *slots(PyObject *mod, PyObject *unused) {
     return PyList_New(0);
 }
 
+static PyObject *walks(PyObject *mod, PyObject *unused) {
+    (void)mod;
+    (void)unused;
+    return PyLong_FromLong(0);
+}
+
 #endif
 
 static PyMethodDef methods[] = {
     {"install", install, METH_NOARGS, "Redirects oneMKL's verbose timer to the vDSO clock; returns the slots redirected."},
     {"remove", remove_, METH_NOARGS, "Restores oneMKL's timer; returns the slots restored."},
     {"slots", slots, METH_NOARGS, "(slot, saved, current) addresses of each redirected slot."},
+    {"walks", walks, METH_NOARGS, "Relocation-table walks made in this address space (a forked child counts its parent's)."},
     {NULL, NULL, 0, NULL},
 };
 

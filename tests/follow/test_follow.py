@@ -276,3 +276,23 @@ def test_a_child_that_outlives_the_program_keeps_writing_its_own_folder(tmp_path
         assert time.monotonic() < deadline and folder.is_dir(), "the child's folder was removed or never finished"
         time.sleep(0.2)
     assert (tmp_path / "child.err").read_bytes() == b""  # nothing written to its stderr
+
+
+def test_a_forked_childs_start_reuses_its_parents_work(tmp_path: Path) -> None:
+    """A child forked from a traced program starts its session with what the program's start
+    already did that the fork copied: MKL's timer slots found without walking the loaded
+    libraries again, and no op-level converter process until its first cycle is handed over
+    (its model call comes first). It records what it did before: its three model calls with
+    their layers and ops."""
+    res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(HERE / "fork_start.py"), cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stderr.decode()
+    state = json.loads(res.stdout)
+    assert state["own_session"] and state["cycles"] and not state["converter_at_start"]
+    parent_walks, child_walks = state["walks"]
+    if parent_walks:  # this torch's MKL imports the timer: the child redirected it with no walk of its own
+        assert state["mkl_slots"] > 0 and child_walks == parent_walks
+    run = load_run(tmp_path / "run")
+    (child,) = [p for p in run.meta["processes"] if p.get("start") == "fork"]
+    levels = Counter(s.level for s in run.spans if run.tracks[s.track_id].pid == child["pid"])
+    assert levels[Level.MODEL] == 3 and levels[Level.LAYER] == 9 and levels[Level.OP] > 0
+    assert not run.meta.get("errors")

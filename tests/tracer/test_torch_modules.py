@@ -1139,6 +1139,27 @@ def test_forward_check_needs_call_impl_to_read_as_verified() -> None:
     assert forward_check(object) is None
 
 
+def test_forward_check_reads_each_call_impl_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second session, or a forked child's, gets the answer without reading the source again;
+    another ``_call_impl`` is read."""
+    import inspect
+
+    from mltrace.tracer.sources import torch_modules
+
+    first = torch_modules.forward_check(nn.Module)
+    reads: list[object] = []
+    getsource = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: reads.append(obj) or getsource(obj))
+    assert torch_modules.forward_check(nn.Module) == first and reads == []
+
+    class Other:
+        def _call_impl(self, *args: object, **kwargs: object) -> object:
+            return None
+
+    assert torch_modules.forward_check(Other) is None and reads == [Other.__dict__["_call_impl"]]
+    assert torch_modules.forward_check(Other) is None and len(reads) == 1
+
+
 def test_model_spans_keep_their_own_shapes_when_conversions_are_cached(tmp_path: Path) -> None:
     """Model spans' shapes (a list of pairs, converted once per distinct list and shared): each
     call still gets the shapes it was called with."""

@@ -338,7 +338,8 @@ class TorchOpSource(Source):
             if self.cycle_s and not self._records_kernels_here() and not memory:
                 self._began_at = time.monotonic()
                 self._cycles = _Converter(self, session)
-                self._cycles.start_process()  # its interpreter starts now, not inside the program's next model call
+                if not _in_forked_child(session):  # there the first hand-over starts it (_Converter.start_process)
+                    self._cycles.start_process()  # its interpreter starts now, not inside the program's next model call
                 self._ranges.install(torch)
                 session.add_model_call_listener(self._model_call_ended)
                 _switch_before_forks(self)
@@ -1084,7 +1085,8 @@ class _Converter:
         when the profiler starts (the program is importing torch or building its model), so
         that the process's own start (an interpreter and mltrace's imports, about 0.1 s of a
         core) does not take cores from the model call after the first cycle; the first
-        conversion starts it where this did not."""
+        conversion starts it where this did not: in a forked child, whose start is followed by
+        the model call it was forked for (``_in_forked_child``), the process starts there."""
         if self._process is not None or not self.use_process or self._session.run_dir is None:
             return
         try:
@@ -1120,6 +1122,14 @@ def _complete_events(path: Path) -> int:
         return path.read_bytes().count(b'"ph": "X"')
     except OSError:
         return 0
+
+
+def _in_forked_child(session: SessionView) -> bool:
+    """Whether ``session`` is a forked child's (run.json ``process.start``: ``fork``): it starts
+    with the program's model built and, in a fork-per-request service or a pool's worker, the
+    model call it was forked for coming next."""
+    process = session.meta.get("process")
+    return isinstance(process, dict) and process.get("start") == "fork"
 
 
 def converter_process_wanted() -> bool:

@@ -1,0 +1,47 @@
+"""A forked child's session start, seen from the child: the program makes one model call, then
+forks a child that writes (as JSON on stdout) what its session's start left ready before the
+child's first model call, then makes three model calls. Exits 0."""
+
+import json
+import os
+import sys
+
+import torch
+
+from mltrace import _mkltimer
+from mltrace.tracer import session as mltrace_session
+
+
+def started_source(name):
+    active = mltrace_session._active
+    return next((s for s in active.started if s.name == name), None) if active is not None else None
+
+
+def main():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval()
+    with torch.no_grad():
+        model(torch.ones(1, 8))
+    parent_walks = _mkltimer.walks()
+    pid = os.fork()
+    if pid == 0:
+        ops = started_source("torch.profiler")
+        cycles = getattr(ops, "_cycles", None)
+        state = {
+            "own_session": mltrace_session._active is not None and mltrace_session._active.meta["process"]["start"] == "fork",
+            "cycles": cycles is not None,
+            "converter_at_start": cycles is not None and cycles._process is not None,
+            "mkl_slots": len(_mkltimer.slots()),
+            "walks": [parent_walks, _mkltimer.walks()],
+        }
+        with torch.no_grad():
+            for i in range(3):
+                model(torch.full((1, 8), i / 10))
+        print(json.dumps(state), flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
