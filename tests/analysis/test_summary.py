@@ -195,3 +195,27 @@ def _recorded(reason: str) -> int:
     count, rest = reason.split(" spans recorded, ", 1)
     assert rest == "--max-spans 20"
     return int(count)
+
+
+def test_a_layer_path_of_two_models_is_named_after_each_as_in_the_report(tmp_path: Path) -> None:
+    """Two models with layers at the same paths (an encoder and a decoder, each a Sequential of
+    its own class): the summary names each ``Enc.0``, ``Dec.0``, as the report's layer rows
+    do (``layers_named_by_model``), where it used to add both models' calls under ``0``."""
+
+    class Enc(nn.Sequential):
+        pass
+
+    class Dec(nn.Sequential):
+        pass
+
+    enc = Enc(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    dec = Dec(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    with torch.no_grad(), mltrace.profile(output=tmp_path / "run", summary=False, level="layer"):
+        for _ in range(6):
+            dec(enc(torch.randn(2, 8)))
+    run = mltrace.load_run(tmp_path / "run")
+    summary = summarize(run, top=10, include_cold=True)
+    layers = {row["layer"]: row["calls"] for row in summary["top_layers_by_self_time"]}
+    assert layers == {f"{m}.{i}": 6 for m in ("Enc", "Dec") for i in range(3)}
+    report_rows = {r.name for r in analyze(run, include_cold=True).breakdown.layers if r.level == Level.LAYER}
+    assert set(layers) == report_rows

@@ -347,7 +347,7 @@ def test_model_level_wraps_call_instead_of_global_hooks(tmp_path: Path) -> None:
 
     run = _trace(tmp_path, go, level="model")
     models = sorted((s for s in run.spans if s.level == Level.MODEL), key=lambda s: s.start_ns)
-    assert [s.name for s in models] == ["Sequential", "Sequential", "Sequential"]
+    assert [s.name for s in models] == ["Sequential", "Sequential", "Sequential.1"]  # a submodule on its own: a model apart
     assert [s.attrs["ml.input.shapes"] for s in models] == [[[3, 4]], [[3, 5]], [[3, 4]]]
     assert models[0].attrs["ml.output.shapes"] == [[3, 2]]
     assert "ml.output.shapes" not in models[1].attrs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mltrace.analysis.breakdown import window_end
+from mltrace.analysis.breakdown import layers_named_by_model, window_end
 from mltrace.run.levels import HIERARCHY, Level
 
 if TYPE_CHECKING:
@@ -23,6 +23,9 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
     """Counts per level, model calls and the top layers by self time (ns), ranked as the report
     ranks them (the program's garbage collections in a layer left out); where the layer level
     ended early, the model calls it recorded and their time (the base of layer shares).
+
+    A layer path that more than one model has is named after its model too, as the report names
+    it (``layers_named_by_model``: ``Generator.main.0``, ``Discriminator.main.0``).
 
     Like ``mltrace report``, it counts the steady calls: the models' cold calls
     (``coldstart.find_cold_start``, the report's rule) and every span under them are left out,
@@ -41,7 +44,9 @@ def summarize(run: Run, top: int = 5, table: SpanTable | None = None, include_co
     from mltrace.analysis.tree import tree_of
 
     t = table if table is not None else run.table
-    cold = find_cold_start(run.replace(spans=None, table=t), spent=False)
+    run = layers_named_by_model(run.replace(spans=None, table=t))
+    t = run.table
+    cold = find_cold_start(run, spent=False)
     keep = np.ones(len(t), dtype=bool)
     if not include_cold and cold.rows is not None:
         keep[cold.rows] = False

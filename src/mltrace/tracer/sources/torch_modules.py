@@ -474,6 +474,9 @@ class ModelNames:
         #: torch.nn.Module (an empty tuple, which nothing is an instance of, until torch is imported).
         self.module_cls = module_cls
         self._roots: dict[int, tuple[weakref.ref[Any], dict[int, str]]] = {}
+        #: A model name → the structure of the first module named so (``_structure``), and that module.
+        self._structures: dict[str, tuple[int, int]] = {}
+        self._firsts: dict[str, weakref.ref[Any]] = {}
 
     def root_name(self, root: Any, module: Any) -> str | None:
         """``module``'s path inside ``root`` (``named_modules``' first name), or None."""
@@ -495,7 +498,9 @@ class ModelNames:
         wrapper (``OptimizedModule``) is named after the module it compiled (``GPT2LMHeadModel
         (compiled)``): two compiled models are two models, and apart from their eager calls; so
         are a TorchScript module (scripted, traced or frozen: ``MLP (TorchScript)``) and an
-        exported program's module (``torch.export``'s ``.module()``: ``Net (exported)``)."""
+        exported program's module (``torch.export``'s ``.module()``: ``Net (exported)``). A module
+        named as an earlier one of another structure is told apart (``_apart``)."""
+        caller = frame
         for _ in range(_HOLDER_FRAMES):
             if frame is None:
                 break
@@ -510,8 +515,52 @@ class ModelNames:
         if optimized is not None and isinstance(module, optimized):
             inner = getattr(module, "_orig_mod", None)
             if isinstance(inner, self.module_cls):
-                return f"{_type_name(inner)} (compiled)"
-        return _type_name(module) + _form_suffix(module)
+                return self._apart(f"{_type_name(inner)} (compiled)", module, caller)
+        return self._apart(_type_name(module) + _form_suffix(module), module, caller)
+
+    def _apart(self, name: str, module: Any, frame: Any) -> str:
+        """``name``, where the first module named so has ``module``'s structure (parameters and
+        submodules: a program that builds a new model per request still has one model); else,
+        for a submodule of that first module called on its own, ``name`` and its path there
+        (``Sequential.1``); else ``name`` and the variable the calling line holds ``module`` in
+        (``Sequential (dec)``, an encoder and a decoder built as two ``nn.Sequential``), or its
+        parameter count."""
+        structure = _structure(module)
+        if self._structures.setdefault(name, structure) == structure:
+            self._firsts.setdefault(name, weakref.ref(module))
+            return name
+        first = self._firsts.get(name)
+        root = first() if first is not None else None
+        path = self.root_name(root, module) if root is not None and root is not module else None
+        if path:
+            return f"{name}.{path}"
+        label = _variable_name(module, frame) or f"{structure[0]:,} parameters"
+        return f"{name} ({label})"
+
+
+def _structure(module: Any) -> tuple[int, int]:
+    """A module's parameter count and number of modules (itself included): what tells two
+    models of one class apart; (0, 0) where they cannot be read."""
+    try:
+        return _parameter_count(module), sum(1 for _ in module.modules())
+    except Exception:  # noqa: BLE001 - a name, never an error of the program
+        return 0, 0
+
+
+def _variable_name(module: Any, frame: Any) -> str | None:
+    """The name the line that called ``module`` holds it in (the innermost frame from ``frame``
+    outwards that is model code, not a framework's wrapper such as torch.fx's ``__call__``),
+    among its local and then its global variables (the first in sorted order, names without a
+    leading ``_`` first); None where it holds it in none."""
+    for _ in range(_HOLDER_FRAMES):
+        if frame is None or is_model_code(frame.f_code.co_filename):
+            break
+        frame = frame.f_back
+    for scope in (frame.f_locals, frame.f_globals) if frame is not None else ():
+        names = sorted((k for k, v in list(scope.items()) if v is module and isinstance(k, str)), key=lambda k: (k.startswith("_"), k))
+        if names:
+            return names[0]
+    return None
 
 
 def _form_suffix(module: Any) -> str:
