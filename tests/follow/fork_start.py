@@ -1,6 +1,7 @@
-"""A forked child's session start, seen from the child: the program makes one model call, then
-forks a child that writes (as JSON on stdout) what its session's start left ready before the
-child's first model call, then makes three model calls. Exits 0."""
+"""A forked child's session, seen from the child: the program makes one model call, then forks
+a child that notes what its session's start left ready before the child's first model call,
+makes a model call, notes whether a converter process runs once that call's cycle is converted,
+makes two more and notes it again; it writes its notes as JSON on stdout. Exits 0."""
 
 import json
 import os
@@ -15,6 +16,12 @@ from mltrace.tracer import session as mltrace_session
 def started_source(name):
     active = mltrace_session._active
     return next((s for s in active.started if s.name == name), None) if active is not None else None
+
+
+def converter_runs(cycles):
+    """Whether the op level's converter process runs, once the cycles handed are converted."""
+    cycles.wait_converted(30.0)
+    return cycles._process is not None
 
 
 def main():
@@ -35,8 +42,11 @@ def main():
             "walks": [parent_walks, _mkltimer.walks()],
         }
         with torch.no_grad():
-            for i in range(3):
+            model(torch.full((1, 8), 0.0))
+            state["converter_after_one_call"] = converter_runs(cycles)
+            for i in range(1, 3):
                 model(torch.full((1, 8), i / 10))
+            state["converter_after_three_calls"] = converter_runs(cycles)
         print(json.dumps(state), flush=True)
         os._exit(0)
     _, status = os.waitpid(pid, 0)

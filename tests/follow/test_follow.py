@@ -281,13 +281,15 @@ def test_a_child_that_outlives_the_program_keeps_writing_its_own_folder(tmp_path
 def test_a_forked_childs_start_reuses_its_parents_work(tmp_path: Path) -> None:
     """A child forked from a traced program starts its session with what the program's start
     already did that the fork copied: MKL's timer slots found without walking the loaded
-    libraries again, and no op-level converter process until its first cycle is handed over
-    (its model call comes first). It records what it did before: its three model calls with
-    their layers and ops."""
+    libraries again, and no op-level converter process at its start (its model call comes
+    first), nor for the cycle of its first model call (a fork-per-request service's child makes
+    one): the process starts for a later call's. It records what it did before: its three model
+    calls with their layers and ops."""
     res = run_cli("python", "-q", "-o", str(tmp_path / "run"), str(HERE / "fork_start.py"), cwd=tmp_path, timeout=240)
     assert res.returncode == 0, res.stderr.decode()
     state = json.loads(res.stdout)
     assert state["own_session"] and state["cycles"] and not state["converter_at_start"]
+    assert not state["converter_after_one_call"] and state["converter_after_three_calls"]
     parent_walks, child_walks = state["walks"]
     if parent_walks:  # this torch's MKL imports the timer: the child redirected it with no walk of its own
         assert state["mkl_slots"] > 0 and child_walks == parent_walks

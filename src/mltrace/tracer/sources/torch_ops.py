@@ -946,6 +946,9 @@ class _Converter:
         spans_written: spans the converter process wrote to the run (the session counts them).
         converter_peak_rss_kb: the converter process's peak resident memory, once it ended.
         use_process: cycles go to the converter process (``MLTRACE_OP_CONVERTER``, default on).
+        process_waits: in a forked child, the converter process waits for a cycle with a model
+            call after the first (``hand``): a child that makes one model call (a fork-per-request
+            service's) converts its cycles here and starts no interpreter for them.
         sealed_ns: the session time at which the last converted cycle stopped (0 before the
             first): every op that ended by then is written or queued.
         waited_ns: how long the program waited for conversions in all (``wait_converted``).
@@ -966,6 +969,7 @@ class _Converter:
         self.waited_ns = 0
         self._converted = threading.Condition()
         self.use_process = converter_process_wanted()
+        self.process_waits = self.use_process and _in_forked_child(session)
         self._process: _ConverterProcess | None = None
 
     def hand(self, path: Path, calls: int, stopped_ns: int, spans: int) -> None:
@@ -975,6 +979,7 @@ class _Converter:
         self.queued_spans += spans
         if calls and self.handed > 1:
             self.spans_per_call = spans / calls
+            self.process_waits = False  # a later model call's cycle: the program goes on calling
         self._queue.put((path, stopped_ns, spans))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
@@ -1036,7 +1041,7 @@ class _Converter:
         """Converts the cycle at ``path``: in the converter process where there is one, else here."""
         source = self._source
         t0 = time.perf_counter_ns()
-        if self._process is None and self.use_process:
+        if self._process is None and self.use_process and not self.process_waits:
             self.start_process()
         if self._convert_elsewhere(path) is None:
             self._convert_here(path)
@@ -1086,7 +1091,8 @@ class _Converter:
         that the process's own start (an interpreter and mltrace's imports, about 0.1 s of a
         core) does not take cores from the model call after the first cycle; the first
         conversion starts it where this did not: in a forked child, whose start is followed by
-        the model call it was forked for (``_in_forked_child``), the process starts there."""
+        the model call it was forked for (``_in_forked_child``), the first conversion of a cycle
+        with a later model call does (``process_waits``)."""
         if self._process is not None or not self.use_process or self._session.run_dir is None:
             return
         try:
