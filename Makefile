@@ -12,12 +12,15 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-$(VENV)/.demo: pyproject.toml setup.py src/mltrace/_layercall.c | $(VENV)/bin/python
+# The C helpers: an editable install builds them, so a new or changed one installs again.
+C_HELPERS := $(wildcard src/mltrace/*.c)
+
+$(VENV)/.demo: pyproject.toml setup.py $(C_HELPERS) | $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e .
 	@touch $@
 
-$(VENV)/.test: pyproject.toml setup.py src/mltrace/_layercall.c | $(VENV)/bin/python
+$(VENV)/.test: pyproject.toml setup.py $(C_HELPERS) | $(VENV)/bin/python
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test]'
 	@touch $@ $(VENV)/.demo
