@@ -26,6 +26,16 @@ torch = pytest.importorskip("torch")
 HANG_S = 120
 
 
+def _small_model_calls(run_dir: Path, calls: int, pause_s: float) -> Run:
+    """``calls`` calls of a small torch model at the op level, ``pause_s`` apart; the run."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode(), mltrace.profile(level="op", output=run_dir, summary=False):
+        for _ in range(calls):
+            model(torch.randn(2, 8))
+            time.sleep(pause_s)
+    return mltrace.load_run(run_dir)
+
+
 def _converter_pids(parent: int) -> list[int]:
     """The converter processes started by process ``parent``."""
     found = []
@@ -272,12 +282,7 @@ def test_a_cycle_that_fails_to_export_is_lost_alone(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(torch_ops.TorchOpSource, "_export_cycle", failing_second)
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.05")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
-        for _ in range(20):
-            model(torch.randn(2, 8))
-            time.sleep(0.02)
-    run = mltrace.load_run(tmp_path / "run")
+    run = _small_model_calls(tmp_path / "run", 20, 0.02)
     assert [e for e in run.meta["errors"] if "exporting cycle 2 failed: [Errno 28] No space left on device" in e]
     linear = [s for s in run.spans if s.name == "aten::linear"]
     assert 0 < len(linear) < 20
@@ -324,12 +329,7 @@ def test_a_wait_for_the_converter_is_kept_as_a_pause(tmp_path: Path, monkeypatch
     monkeypatch.setattr(torch_ops._Converter, "_convert", slow)
     monkeypatch.setattr(torch_ops, "CYCLE_OPS_MAX", 1)
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
-        for _ in range(100):  # the estimate of a cycle's ops comes from the second cycle on
-            model(torch.randn(2, 8))
-            time.sleep(0.01)
-    run = mltrace.load_run(tmp_path / "run")
+    run = _small_model_calls(tmp_path / "run", 100, 0.01)  # a cycle's ops are estimated from the second cycle on
     profiler = run.meta["torch_profiler"]
     assert profiler["waited_for_conversion_s"] > 0.1
     waits = len(profiler["pauses"]) - profiler["switches"]
@@ -435,13 +435,8 @@ def test_the_stop_converts_the_cycles_the_converter_has_not_begun(tmp_path: Path
     monkeypatch.setattr(torch_ops._Converter, "_convert_elsewhere", slow_elsewhere)
     monkeypatch.setattr(torch_ops._Converter, "_convert_here", noted_here)
     monkeypatch.setenv("MLTRACE_OP_CYCLE_S", "0.01")
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
-    with torch.inference_mode(), mltrace.profile(level="op", output=tmp_path / "run", summary=False):
-        for _ in range(40):
-            model(torch.randn(2, 8))
-            time.sleep(0.005)
+    run = _small_model_calls(tmp_path / "run", 40, 0.005)
     assert threading.main_thread().name in converted_by
-    run = mltrace.load_run(tmp_path / "run")
     calls = [s for s in run.spans if s.level == Level.MODEL]
     assert len(calls) == 40
     assert len([s for s in run.spans if s.name == "aten::linear"]) == 40 - run.meta["torch_profiler"].get("unrecorded_calls", 0)
