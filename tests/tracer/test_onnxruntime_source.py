@@ -386,6 +386,28 @@ def test_a_run_an_installed_library_makes_names_the_programs_line(
     assert (model.attrs["ml.call.file.path"], model.attrs["ml.call.line.number"]) == (__file__, lines[0])
 
 
+_NO_ORT_SESSION = """
+import sys
+from pathlib import Path
+from mltrace.config import ProfileOptions
+from mltrace.tracer.session import Session
+from mltrace.tracer.sources.onnxruntime import OrtSource
+
+source = OrtSource()
+session = Session(ProfileOptions(output=Path(sys.argv[1]), summary=False), sources=[source]).start()
+session.stop()
+print(source in session.started, "mltrace.formats.ort_profile" in sys.modules)
+"""
+
+
+def test_a_stop_without_an_ort_session_does_not_load_the_profile_converter(tmp_path: Path) -> None:
+    """A session that ran no ONNX Runtime session has no profile to convert: its stop (a forked
+    child's too, at its exit) does not import the converter."""
+    res = subprocess.run([sys.executable, "-c", _NO_ORT_SESSION, str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["True", "False"]
+
+
 _REGISTERED = """
 import sys
 import mltrace.tracer.sources as sources

@@ -447,6 +447,9 @@ class OrtSource(FrameworkSource):
         return ended if isinstance(ended, int) and not isinstance(ended, bool) else None
 
     def _collect(self, session: SessionView) -> list[Event]:
+        if not self._all:  # no ONNX Runtime session ran: no profile, and the converter's import is not paid at every stop
+            self._note_problems(session)
+            return []
         from mltrace.formats.ort_profile import TorchModuleMapper, iter_ort_profile, ort_profile_to_events
 
         events: list[Event] = []
