@@ -9,8 +9,12 @@ import sys
 
 import torch
 
-from mltrace import _mkltimer
 from mltrace.tracer import session as mltrace_session
+
+try:
+    from mltrace import _mkltimer
+except ImportError:  # the C helper is not built: no slots, no walks
+    _mkltimer = None
 
 
 def started_source(name):
@@ -29,7 +33,7 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval()
     with torch.no_grad():
         model(torch.ones(1, 8))
-    parent_walks = _mkltimer.walks()
+    parent_walks = _mkltimer.walks() if _mkltimer is not None else 0
     pid = os.fork()
     if pid == 0:
         ops = started_source("torch.profiler")
@@ -38,8 +42,8 @@ def main():
             "own_session": mltrace_session._active is not None and mltrace_session._active.meta["process"]["start"] == "fork",
             "cycles": cycles is not None,
             "converter_at_start": cycles is not None and cycles._process is not None,
-            "mkl_slots": len(_mkltimer.slots()),
-            "walks": [parent_walks, _mkltimer.walks()],
+            "mkl_slots": len(_mkltimer.slots()) if _mkltimer is not None else 0,
+            "walks": [parent_walks, _mkltimer.walks() if _mkltimer is not None else 0],
         }
         with torch.no_grad():
             model(torch.full((1, 8), 0.0))
