@@ -99,13 +99,20 @@ CYCLE_S = 0.1
 #: model calls, so that a program quicker than the conversion holds a bounded cycle (its stop
 #: takes about 3 KB an op) instead of one that grows with the run.
 CYCLE_OPS_MAX = 25_000
-#: How long the program may wait for the converter in all without it counting against its run
-#: (s), and the share of the op level's time past which it no longer waits: the running cycle
-#: then stops, and no op is recorded until the converter has caught up (``_pause_cycles``). A
-#: converter that the machine's other work starves (it runs at a lower priority) would
-#: otherwise make the program wait for it again and again.
+#: How long the program may wait for a *starved* converter in all without it counting against
+#: its run (s), and the share of the op level's time past which it no longer waits for one: the
+#: running cycle then stops, and no op is recorded until the converter has caught up
+#: (``_pause_cycles``). A converter that the machine's other work starves (it runs at a lower
+#: priority) would otherwise make the program wait for it again and again. A converter that
+#: gets a core (``STARVED_CPU_SHARE``) is waited for as long as it takes: the program outrunning
+#: it would outrun the streamed finish too and leave the run's end to do the rest.
 BACKLOG_WAIT_FREE_S = 1.0
 BACKLOG_WAIT_SHARE = 0.1
+#: Below this share of one core (its CPU time over the wait's wall time) the converter process
+#: counts as starved while the program waits for it, judged over a wait of at least
+#: ``STARVED_WINDOW_S`` (its CPU time is read to the clock tick).
+STARVED_CPU_SHARE = 0.5
+STARVED_WINDOW_S = 0.2
 #: What torch.profiler's stop adds to the process for each op it holds (bytes; measured +47 MB
 #: for a cycle of 15,200 ops, docs/PERFORMANCE.md "Long runs"), where recording them took
 #: +10 MB: the memory budget counts it ahead (``stop_bytes``).
@@ -985,21 +992,34 @@ class _Converter:
             self._thread = threading.Thread(target=self._run, name="mltrace-torch-ops", daemon=True)
             self._thread.start()
 
-    def wait_converted(self, timeout_s: float) -> bool:
-        """Waits until every cycle handed is converted, for at most ``timeout_s`` (the program's
-        thread, between two model calls: ``CYCLE_OPS_MAX``), adding the wait to ``waited_ns``;
-        whether they are."""
+    def wait_converted(self, allowance_s: float) -> bool:
+        """Waits until every cycle handed is converted (the program's thread, between two model
+        calls: ``CYCLE_OPS_MAX``), adding the wait to ``waited_ns``; whether they are. Past
+        ``allowance_s`` it gives up where the converter process is starved (``_starved``):
+        while it gets a core, the wait goes on."""
         t0 = time.perf_counter_ns()
-        deadline = time.monotonic() + timeout_s
+        began = time.monotonic()
+        cpu0 = self._process.cpu_ns() if self._process is not None else None
         with self._converted:
             while self.cycles < self.handed and self._thread is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                waited = time.monotonic() - began
+                judged = max(allowance_s, STARVED_WINDOW_S)
+                if waited >= judged and self._starved(cpu0, waited):
                     break
-                self._converted.wait(min(left, 0.5))
+                self._converted.wait(max(0.01, min(judged - waited, 0.25)) if waited < judged else 0.25)
             caught_up = self.cycles >= self.handed or self._thread is None
         self.waited_ns += time.perf_counter_ns() - t0
         return caught_up
+
+    def _starved(self, cpu0: int | None, waited_s: float) -> bool:
+        """Whether the converter process got less than ``STARVED_CPU_SHARE`` of a core over a
+        wait of ``waited_s`` that began at its CPU time ``cpu0``; a converter on a thread of
+        this process (or one whose CPU time cannot be read) is not (the program's own waits
+        give it the GIL, at the program's priority)."""
+        if cpu0 is None or self._process is None or waited_s <= 0:
+            return False
+        cpu1 = self._process.cpu_ns()
+        return cpu1 is not None and (cpu1 - cpu0) / 1e9 < STARVED_CPU_SHARE * waited_s
 
     def finish(self) -> None:
         """Waits until every cycle handed is converted (those the converter thread has not begun
@@ -1168,6 +1188,15 @@ class _ConverterProcess:
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    def cpu_ns(self) -> int | None:
+        """The process's CPU time so far (ns, to the clock tick), from ``/proc``; None where it
+        cannot be read."""
+        try:
+            fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
 
     def forget(self) -> None:
         """In a forked child of the traced process: closes its copies of the pipes (the process
