@@ -30,6 +30,7 @@ from mltrace.run.store import Run
 from mltrace.tracer.session import Session
 from mltrace.tracer.sources.onnxruntime import OrtSource
 from mltrace.tracer.sources.torch_modules import TorchModuleSource
+from support.installed import installed_infer
 from support.reference_breakdown import breakdown
 
 REPO = Path(__file__).resolve().parents[2]
@@ -364,15 +365,7 @@ def test_a_run_an_installed_library_makes_names_the_programs_line(
 ) -> None:
     """A model call made by an installed library (an inference helper calling ``run``) names
     the program's line that called the helper (docs/CONVENTIONS.md, "Call sites")."""
-    root = tmp_path / "lib" / "site-packages"
-    (root / "fakeinfer").mkdir(parents=True)
-    (root / "fakeinfer" / "__init__.py").write_text("def infer(sess, feed):\n    return sess.run(None, feed)\n")
-    monkeypatch.syspath_prepend(str(root))
-    sys.modules.pop("fakeinfer", None)
-    try:
-        infer = __import__("fakeinfer").infer
-    finally:
-        sys.modules.pop("fakeinfer", None)
+    infer = installed_infer(tmp_path, monkeypatch, "def infer(sess, feed):\n    return sess.run(None, feed)\n")
     lines: list[int] = []
 
     def body() -> None:

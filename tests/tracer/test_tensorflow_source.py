@@ -29,6 +29,7 @@ from mltrace.run.levels import Level  # noqa: E402
 from mltrace.run.store import Run  # noqa: E402
 from mltrace.tracer.session import Session  # noqa: E402
 from mltrace.tracer.sources.tensorflow import TensorFlowSource  # noqa: E402
+from support.installed import installed_infer  # noqa: E402
 from support.tf_session import traced  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,15 +196,7 @@ def test_model_level_only(tmp_path: Path, mobilenet: Any) -> None:
 def test_a_call_an_installed_library_makes_names_the_programs_line(tmp_path: Path, mobilenet: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model call made by an installed library (an inference helper) names the program's
     line that called the helper (docs/CONVENTIONS.md, "Call sites")."""
-    root = tmp_path / "lib" / "site-packages"
-    (root / "fakeinfer").mkdir(parents=True)
-    (root / "fakeinfer" / "__init__.py").write_text("def infer(model, x):\n    return model(x, training=False)\n")
-    monkeypatch.syspath_prepend(str(root))
-    sys.modules.pop("fakeinfer", None)
-    try:
-        infer = __import__("fakeinfer").infer
-    finally:
-        sys.modules.pop("fakeinfer", None)
+    infer = installed_infer(tmp_path, monkeypatch, "def infer(model, x):\n    return model(x, training=False)\n")
     lines: list[int] = []
 
     def body() -> None:
