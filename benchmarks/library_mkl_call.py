@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import harness
 
@@ -79,8 +80,16 @@ def child(mode: str, seconds: float) -> None:
         if mode != "redirected":
             stop_flusher = start_tap(parse=mode.startswith("parse"))
         torch._C._verbose.mkl_set_verbose(1)
-    a, b = torch.randn(64, 64), torch.randn(64, 64)
-    for _ in range(500):
+    us_per_call = mm_loop(torch.randn(64, 64), torch.randn(64, 64), 500, seconds)
+    stop_flusher()
+    print(f"US_PER_CALL {us_per_call:.3f}", file=sys.stderr)
+
+
+def mm_loop(a: Any, b: Any, warm: int, seconds: float) -> float:
+    """``torch.mm(a, b)`` ``warm`` times, then in blocks of 100 for ``seconds``: µs a call."""
+    import torch
+
+    for _ in range(warm):
         torch.mm(a, b)
     start = time.perf_counter()
     end, calls = start + seconds, 0
@@ -88,9 +97,7 @@ def child(mode: str, seconds: float) -> None:
         for _ in range(100):
             torch.mm(a, b)
         calls += 100
-    took = time.perf_counter() - start
-    stop_flusher()
-    print(f"US_PER_CALL {took / calls * 1e6:.3f}", file=sys.stderr)
+    return (time.perf_counter() - start) / calls * 1e6
 
 
 def start_tap(parse: bool) -> Callable[[], None]:
@@ -233,15 +240,7 @@ def program_cost(lines: int, rounds: int, seconds: float) -> dict[str, list[floa
 
             thread = threading.Thread(target=flusher)
             thread.start()
-            for _ in range(300):
-                torch.mm(a, b)
-            start = time.perf_counter()
-            end, calls = start + seconds, 0
-            while time.perf_counter() < end:
-                for _ in range(100):
-                    torch.mm(a, b)
-                calls += 100
-            per_call[parser].append((time.perf_counter() - start) / calls * 1e6)
+            per_call[parser].append(mm_loop(a, b, 300, seconds))
             done.set()
             thread.join()
     del os.environ[MKL_PARSER.name]
